@@ -1,0 +1,1 @@
+//! The autotuner (filled by the autotune issue).

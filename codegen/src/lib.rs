@@ -1,0 +1,1 @@
+//! Tessera's code generation: targets, the tile solver and backends.

@@ -1,0 +1,1 @@
+//! The `kernel!` proc macro (filled by the DSL front-end issue).

@@ -1,0 +1,409 @@
+//! The kernel IR: one `Kernel` type that flows from the DSL to every backend.
+//!
+//! A kernel is a loop nest over named [`Axis`]es, a set of [`Tensor`]s indexed
+//! by those axes (each with a storage [`Format`] and a memory [`Layout`]), one
+//! computation ([`Op`]: the matmul family or attention) and a [`Schedule`]
+//! (which axes are tiled by the solver, which run in parallel, buffering and
+//! softmax options). Everything is plain data with deterministic ordering
+//! (vectors, never hash maps) so that the canonical text form and every
+//! emitter are byte-reproducible.
+//!
+//! Names are ASCII identifiers (`[A-Za-z_][A-Za-z0-9_]*`); kernel names may
+//! also contain `-` (library short names like `matmul-w4a8`).
+
+use std::fmt;
+
+/// Weight/KV quantization group along the reduction axis.
+///
+/// `Size(n)`: one (scale, offset) pair per `n` consecutive reduction elements
+/// of a row. `Row`: one pair per whole row — per output channel for weights,
+/// per token (and KV head) for a KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Group {
+    Size(u32),
+    Row,
+}
+
+impl Group {
+    /// Group length for a row of `cols` reduction elements.
+    pub fn len(self, cols: usize) -> usize {
+        match self {
+            Group::Size(n) => n as usize,
+            Group::Row => cols,
+        }
+    }
+}
+
+impl fmt::Display for Group {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Group::Size(n) => write!(f, "g{n}"),
+            Group::Row => f.write_str("row"),
+        }
+    }
+}
+
+/// Storage format of a tensor's elements.
+///
+/// Float formats hold values directly. Quantized formats hold integer codes
+/// plus per-group parameters; their exact byte layouts and formulas live in
+/// [`crate::quant`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Format {
+    F32,
+    F16,
+    BF16,
+    /// Activations quantized on the fly, per row, symmetric: scale =
+    /// absmax/127, q = round_ties_even(x·127/absmax) in [-127, 127]. The
+    /// caller passes f32; the kernel quantizes (no scalar pre-pass).
+    I8Dyn,
+    /// Asymmetric 4-bit (MNN-LLM formula (1)) stored pre-converted to uint4
+    /// codes 0..=15: w = scale·q + min, per group.
+    U4Asym(Group),
+    /// Symmetric int8: w = scale·q, q in [-127, 127], per group.
+    I8Sym(Group),
+    /// Asymmetric int8 (formula (1) with clip [-128, 127]): w = scale·(q+128) + min.
+    I8Asym(Group),
+    /// E0M4 FP4 (Transformer-Lite 2.3): 4 fraction bits of an fp16 in [2, 4):
+    /// w = (2 + q/8)·scale + bias, per group.
+    E0M4(Group),
+    /// fp8 e4m3 (OCP, finite, max 448), stored as is; used for KV values.
+    Fp8E4M3,
+    /// fp8 e5m2 (OCP, IEEE-like), stored as is; used for KV values.
+    Fp8E5M2,
+}
+
+impl Format {
+    pub fn is_float(self) -> bool {
+        matches!(
+            self,
+            Format::F32 | Format::F16 | Format::BF16 | Format::Fp8E4M3 | Format::Fp8E5M2
+        )
+    }
+
+    /// Has integer codes whose real value needs a scale in the epilogue.
+    pub fn is_quantized(self) -> bool {
+        !self.is_float()
+    }
+
+    /// Has an offset (min / bias) term, so a matmul needs zero-point correction.
+    pub fn is_asymmetric(self) -> bool {
+        matches!(self, Format::U4Asym(_) | Format::I8Asym(_) | Format::E0M4(_))
+    }
+
+    /// Quantization group, if the format has one.
+    pub fn group(self) -> Option<Group> {
+        match self {
+            Format::U4Asym(g) | Format::I8Sym(g) | Format::I8Asym(g) | Format::E0M4(g) => Some(g),
+            Format::I8Dyn => Some(Group::Row),
+            _ => None,
+        }
+    }
+
+    /// Bits per stored element (codes only, parameters excluded).
+    pub fn bits(self) -> u32 {
+        match self {
+            Format::F32 => 32,
+            Format::F16 | Format::BF16 => 16,
+            Format::I8Dyn | Format::I8Sym(_) | Format::I8Asym(_) => 8,
+            Format::Fp8E4M3 | Format::Fp8E5M2 => 8,
+            Format::U4Asym(_) | Format::E0M4(_) => 4,
+        }
+    }
+
+    /// Every format, with a representative group, for exhaustive tests.
+    pub fn examples() -> Vec<Format> {
+        let mut v = vec![
+            Format::F32,
+            Format::F16,
+            Format::BF16,
+            Format::I8Dyn,
+            Format::Fp8E4M3,
+            Format::Fp8E5M2,
+        ];
+        for g in [Group::Size(32), Group::Size(64), Group::Size(128), Group::Row] {
+            v.extend([
+                Format::U4Asym(g),
+                Format::I8Sym(g),
+                Format::I8Asym(g),
+                Format::E0M4(g),
+            ]);
+        }
+        v
+    }
+}
+
+impl fmt::Display for Format {
+    /// Canonical spelling, also accepted by the parser: `f32`, `f16`, `bf16`,
+    /// `i8dyn`, `u4asym:g32`, `i8sym:row`, `i8asym:g64`, `e0m4:g128`,
+    /// `fp8e4m3`, `fp8e5m2`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Format::F32 => f.write_str("f32"),
+            Format::F16 => f.write_str("f16"),
+            Format::BF16 => f.write_str("bf16"),
+            Format::I8Dyn => f.write_str("i8dyn"),
+            Format::U4Asym(g) => write!(f, "u4asym:{g}"),
+            Format::I8Sym(g) => write!(f, "i8sym:{g}"),
+            Format::I8Asym(g) => write!(f, "i8asym:{g}"),
+            Format::E0M4(g) => write!(f, "e0m4:{g}"),
+            Format::Fp8E4M3 => f.write_str("fp8e4m3"),
+            Format::Fp8E5M2 => f.write_str("fp8e5m2"),
+        }
+    }
+}
+
+/// Size of an axis: fixed in the kernel, or bound when the kernel is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Extent {
+    Dyn,
+    Fixed(u32),
+}
+
+/// Whether an axis indexes the output or is summed over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AxisKind {
+    Spatial,
+    Reduce,
+}
+
+/// A named loop axis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Axis {
+    pub name: String,
+    pub extent: Extent,
+    pub kind: AxisKind,
+}
+
+/// What a tensor is to the kernel, which decides who may write it and when
+/// its layout is produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Activations, read each call.
+    Input,
+    /// Weights: packed once offline into `layout`, read each call.
+    Weight,
+    /// Written by the kernel.
+    Output,
+    /// KV cache: persistent state, appended in place along its outermost
+    /// axis, never re-laid out per step.
+    Cache,
+}
+
+/// One dimension of a memory layout, outermost first.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LayoutDim {
+    /// The whole axis: `h`.
+    Whole(String),
+    /// The number of tiles of `axis`: `h/hp`.
+    Outer { axis: String, tile: String },
+    /// The position inside one tile: `hp` (the tile variable names its axis).
+    Inner { tile: String },
+}
+
+/// A memory layout: the order of (possibly tiled) dimensions, outermost
+/// first. Row-major over the tensor's dims is `[d0, d1, ...]`.
+///
+/// Tiled dimensions are padded to a whole number of tiles (tails are zero).
+/// `int4_pair_transpose` (seed 000 IV.D) stores every run of 32 consecutive
+/// 4-bit codes (in layout order) as 16 bytes with byte j = code[j] |
+/// code[j+16] << 4, so unpacking is one `and` and one shift, no `zip`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    pub dims: Vec<LayoutDim>,
+    pub int4_pair_transpose: bool,
+}
+
+impl Layout {
+    /// Row-major over the given axes.
+    pub fn row_major<S: AsRef<str>>(axes: &[S]) -> Layout {
+        Layout {
+            dims: axes
+                .iter()
+                .map(|a| LayoutDim::Whole(a.as_ref().to_string()))
+                .collect(),
+            int4_pair_transpose: false,
+        }
+    }
+
+    /// Is this exactly row-major over `axes`?
+    pub fn is_row_major<S: AsRef<str>>(&self, axes: &[S]) -> bool {
+        *self == Layout::row_major(axes)
+    }
+}
+
+/// A tensor the kernel reads or writes, indexed by axis names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Tensor {
+    pub name: String,
+    pub role: Role,
+    /// Logical dimensions, by axis name, outermost first.
+    pub dims: Vec<String>,
+    pub format: Format,
+    pub layout: Layout,
+}
+
+/// How a tile size is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileSize {
+    /// By the register-constraint solver for the target.
+    Solve,
+    Fixed(u32),
+}
+
+/// A tile variable (`ep`, `hp`, `lp`) splitting one axis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TileVar {
+    pub name: String,
+    pub axis: String,
+    pub size: TileSize,
+}
+
+/// Softmax evaluation for attention. Both modes compute in fp32 and give the
+/// same result; they differ in synchronization.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SoftmaxMode {
+    /// Online softmax: running max with rescaling of partial sums whenever the
+    /// max grows (synchronized).
+    Online,
+    /// FlashDecoding++ section 3: every partial uses one unified max `phi`
+    /// (no synchronization); if any `score - phi` leaves `[lo, hi]` the whole
+    /// row is recomputed with the online mode.
+    Async { phi: f32, lo: f32, hi: f32 },
+}
+
+/// Epilogue activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    None,
+    Relu,
+    Silu,
+}
+
+/// What happens to the accumulators before they are stored.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Epilogue {
+    /// Multiply by the operands' dequantization scales (required when any
+    /// operand is quantized).
+    pub scale: bool,
+    /// Add the offset term of asymmetric weights, `min·Σx` per group
+    /// (required for asymmetric weight formats).
+    pub zero_point: bool,
+    /// Optional bias tensor, indexed by the output-channel axis.
+    pub bias: Option<String>,
+    pub activation: Activation,
+}
+
+/// y[e, h] = Σ_l x[e, l] · w[h, l] (+ epilogue). GEMV, flat GEMM and GEMM
+/// are the same op at different extents of `e`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Matmul {
+    /// Activations `x[e, l]`.
+    pub x: String,
+    /// Weights `w[h, l]`.
+    pub w: String,
+    /// Output `y[e, h]`; its format is the output dtype.
+    pub y: String,
+    /// Rows of x (tokens): `e`.
+    pub e: String,
+    /// Output channels: `h`.
+    pub h: String,
+    /// Reduction: `l`.
+    pub l: String,
+    pub epilogue: Epilogue,
+}
+
+/// Decode attends one query token to the whole cache; prefill attends a
+/// block of query tokens, causally, to the cache that already holds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionKind {
+    Decode,
+    Prefill,
+}
+
+/// o[t, hq, d] = softmax_s(q[t, hq, :] · k[s, hq/group, :]) · v[s, hq/group, d],
+/// with GQA (hq a multiple of the KV heads). The caches `k[s, kvh, d]` and
+/// `v[s, kvh, d]` have the growing sequence axis `s` outermost so appends are
+/// in place. For prefill with `t` query tokens, query i sits at position
+/// `s - t + i` and sees keys `0..=s - t + i`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attention {
+    pub kind: AttentionKind,
+    pub q: String,
+    pub k: String,
+    pub v: String,
+    pub o: String,
+    /// Query tokens: `t` (extent 1 for decode).
+    pub tokens: String,
+    /// Query heads: `hq`.
+    pub heads: String,
+    /// KV heads: `kvh` (divides the query heads).
+    pub kv_heads: String,
+    /// Head dimension: `d`.
+    pub head_dim: String,
+    /// KV sequence (the cache's growing axis): `s`.
+    pub seq: String,
+    /// Q arrives already multiplied by 1/sqrt(d) (MNN-LLM 5.3), so no scale
+    /// is applied to the scores. If false the kernel applies it.
+    pub q_prescaled: bool,
+    pub softmax: SoftmaxMode,
+}
+
+/// The computation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Matmul(Matmul),
+    Attention(Attention),
+}
+
+/// How the loop nest is executed; hints the solver and backends honour.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Schedule {
+    pub tiles: Vec<TileVar>,
+    /// Axes whose iterations are split across threads (or work groups).
+    pub parallel: Vec<String>,
+    /// Axes along which loads are double-buffered (GPU local memory, or
+    /// prefetch on CPUs).
+    pub double_buffer: Vec<String>,
+    /// Axis split across threads with a combine step (flash-decoding split
+    /// over the KV sequence).
+    pub split: Option<String>,
+}
+
+/// The one IR type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub name: String,
+    pub axes: Vec<Axis>,
+    pub tensors: Vec<Tensor>,
+    pub op: Op,
+    pub schedule: Schedule,
+}
+
+impl Kernel {
+    pub fn axis(&self, name: &str) -> Option<&Axis> {
+        self.axes.iter().find(|a| a.name == name)
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    pub fn tile(&self, name: &str) -> Option<&TileVar> {
+        self.schedule.tiles.iter().find(|t| t.name == name)
+    }
+
+    pub fn as_matmul(&self) -> Option<&Matmul> {
+        match &self.op {
+            Op::Matmul(m) => Some(m),
+            Op::Attention(_) => None,
+        }
+    }
+
+    pub fn as_attention(&self) -> Option<&Attention> {
+        match &self.op {
+            Op::Attention(a) => Some(a),
+            Op::Matmul(_) => None,
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! Tessera's kernel description layer.
+//!
+//! Pipeline: a kernel is described (the `kernel!` macro or [`builder`]) as a
+//! [`ir::Kernel`], checked by [`verify::verify`], printed and parsed in its
+//! canonical text form ([`text`]), and given meaning by the reference
+//! interpreter ([`interp`]), the oracle every backend is tested against.
+//! [`quant`] defines every storage format and packed layout byte by byte;
+//! [`library`] holds the built-in kernels.
+
+pub mod builder;
+pub mod ir;
+pub mod verify;
+
+pub use builder::KernelBuilder;
+pub use ir::*;
+pub use verify::{VerifyError, verify};

@@ -1,0 +1,1 @@
+//! The thin runtime (filled by the runtime issue).
