@@ -88,7 +88,10 @@ impl Format {
 
     /// Has an offset (min / bias) term, so a matmul needs zero-point correction.
     pub fn is_asymmetric(self) -> bool {
-        matches!(self, Format::U4Asym(_) | Format::I8Asym(_) | Format::E0M4(_))
+        matches!(
+            self,
+            Format::U4Asym(_) | Format::I8Asym(_) | Format::E0M4(_)
+        )
     }
 
     /// Quantization group, if the format has one.
@@ -121,7 +124,12 @@ impl Format {
             Format::Fp8E4M3,
             Format::Fp8E5M2,
         ];
-        for g in [Group::Size(32), Group::Size(64), Group::Size(128), Group::Row] {
+        for g in [
+            Group::Size(32),
+            Group::Size(64),
+            Group::Size(128),
+            Group::Row,
+        ] {
             v.extend([
                 Format::U4Asym(g),
                 Format::I8Sym(g),

@@ -9,6 +9,7 @@
 
 pub mod builder;
 pub mod ir;
+pub mod quant;
 pub mod verify;
 
 pub use builder::KernelBuilder;
