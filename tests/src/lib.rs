@@ -1,1 +1,4 @@
-//! Cross-crate integration tests live in `tests/tests/`.
+//! Shared test tooling for Tessera's cross-crate tests (in `tests/tests/`):
+//! toolchain cross-checks that more than one backend's tests use.
+
+pub mod llvm_mc;

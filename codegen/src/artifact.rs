@@ -1,0 +1,83 @@
+//! What a backend produces, and the one trait every backend implements.
+//!
+//! Text backends (OpenCL C, PTX) give source; machine-code backends give
+//! [`MachineCode`] (bytes plus a listing). The JIT maps those same bytes
+//! executable ([`crate::jit`]): there is never a second code path for the JIT.
+
+use std::fmt;
+
+use tessera_dsl::Kernel;
+
+/// Instruction set of a piece of machine code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture this process runs on, if Tessera emits code for it.
+    pub fn host() -> Option<Arch> {
+        if cfg!(target_arch = "x86_64") {
+            Some(Arch::X86_64)
+        } else if cfg!(target_arch = "aarch64") {
+            Some(Arch::Aarch64)
+        } else {
+            None
+        }
+    }
+}
+
+/// Emitted machine code: position-independent bytes whose entry is offset 0,
+/// and a listing (one instruction per line, assembler syntax that `llvm-mc`
+/// accepts) taken from the emitter's own instruction log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineCode {
+    pub arch: Arch,
+    pub bytes: Vec<u8>,
+    pub listing: String,
+}
+
+/// The source language of a text artifact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SourceLang {
+    OpenClC,
+    Ptx,
+    /// Cranelift IR text (the portable JIT's listing).
+    Clif,
+}
+
+/// What `Backend::emit` returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Artifact {
+    Source { lang: SourceLang, text: String },
+    Machine(MachineCode),
+}
+
+impl fmt::Display for Artifact {
+    /// The listing or the source: what snapshot tests pin.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Artifact::Source { text, .. } => f.write_str(text),
+            Artifact::Machine(code) => f.write_str(&code.listing),
+        }
+    }
+}
+
+/// Why a kernel could not be emitted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EmitError {
+    #[error("backend {backend} does not support {what}")]
+    Unsupported { backend: &'static str, what: String },
+    #[error("tile {tile} is not valid for this kernel: {why}")]
+    BadTile { tile: String, why: String },
+    #[error("assembler failed: {0}")]
+    Assembler(String),
+}
+
+/// Every backend: kernel plus tile in, artifact out.
+pub trait Backend {
+    /// The target name the CLI accepts.
+    fn name(&self) -> &'static str;
+    fn emit(&self, kernel: &Kernel, tile: &crate::tile::TileConfig) -> Result<Artifact, EmitError>;
+}

@@ -1,0 +1,121 @@
+//! Cross-checks an emitted listing against its bytes with `llvm-mc`.
+//!
+//! The listing is the emitter's own log; the bytes come from dynasm. Both are
+//! reduced to a disassembly by llvm-mc (the listing assembled first) and the
+//! two instruction sequences must be equal. Encodings may legitimately
+//! differ (dynasm keeps a SIB byte for run-time base registers, and picks
+//! rel32 branches), so comparison is on normalized instruction text.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// Why the cross-check could not run or failed.
+#[derive(Debug)]
+pub enum McError {
+    /// llvm-mc is not installed: tests report and skip.
+    Missing,
+    Failed(String),
+}
+
+fn run(args: &[&str], input: &str) -> Result<String, McError> {
+    let mut child = Command::new("llvm-mc")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|_| McError::Missing)?;
+    child
+        .stdin
+        .take()
+        .ok_or_else(|| McError::Failed("no stdin".into()))?
+        .write_all(input.as_bytes())
+        .map_err(|e| McError::Failed(e.to_string()))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| McError::Failed(e.to_string()))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() || stderr.contains("error") {
+        return Err(McError::Failed(format!("llvm-mc {args:?}: {stderr}")));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Bytes as llvm-mc's `--disassemble` input.
+fn byte_text(bytes: &[u8]) -> String {
+    let parts: Vec<String> = bytes.iter().map(|b| format!("0x{b:02x}")).collect();
+    parts.join(" ")
+}
+
+/// Normalized instruction lines of an llvm-mc disassembly.
+fn normalize(disasm: &str) -> Vec<String> {
+    disasm
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty() && !l.starts_with('.'))
+        .map(|l| {
+            let l = l.replace("riz + ", "").replace(" + riz", "");
+            let words: Vec<&str> = l.split_whitespace().collect();
+            match words.first() {
+                // branch targets are offsets that depend on encoding length
+                Some(m) if m.starts_with('j') => m.to_string(),
+                _ => words.join(" "),
+            }
+        })
+        .collect()
+}
+
+/// Parse llvm-mc `-show-encoding` output into bytes.
+fn encoded_bytes(text: &str) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for line in text.lines() {
+        let Some(start) = line.find("encoding: [") else {
+            continue;
+        };
+        let rest = &line[start + 11..];
+        let end = rest.find(']').unwrap_or(rest.len());
+        for item in rest[..end].split(',') {
+            let item = item.trim().trim_start_matches("0x");
+            // relocation placeholders like 'A' mean a branch displacement
+            let v = u8::from_str_radix(item, 16).unwrap_or(0);
+            bytes.push(v);
+        }
+    }
+    bytes
+}
+
+/// x86-64: the listing (Intel syntax) and the bytes disassemble to the same
+/// instructions. `mattr` e.g. "+avx2,+fma,+f16c,+avxvnni".
+pub fn check_x86(listing: &str, bytes: &[u8], mattr: &str) -> Result<(), McError> {
+    let triple = "-triple=x86_64";
+    let mattr = format!("-mattr={mattr}");
+    let ours = run(
+        &[triple, &mattr, "--disassemble", "-output-asm-variant=1"],
+        &byte_text(bytes),
+    )?;
+    let src = format!(".intel_syntax noprefix\n{listing}");
+    let assembled = run(
+        &[triple, &mattr, "-x86-asm-syntax=intel", "-show-encoding"],
+        &src,
+    )?;
+    let theirs = run(
+        &[triple, &mattr, "--disassemble", "-output-asm-variant=1"],
+        &byte_text(&encoded_bytes(&assembled)),
+    )?;
+    let (a, b) = (normalize(&ours), normalize(&theirs));
+    if a.len() != b.len() {
+        return Err(McError::Failed(format!(
+            "bytes hold {} instructions, listing {}",
+            a.len(),
+            b.len()
+        )));
+    }
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        if x != y {
+            return Err(McError::Failed(format!(
+                "instruction {i}: bytes say `{x}`, listing says `{y}`"
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! The x86 instruction layer's listing means what its bytes mean.
+
+use tessera_codegen::x86::asm::*;
+use tessera_tests::llvm_mc::{McError, check_x86};
+
+#[test]
+fn every_instruction_of_the_x86_layer_round_trips_through_llvm_mc() {
+    let mut a = X86Asm::new();
+    let top = a.new_label();
+    a.push(R12);
+    a.load64(RAX, mem(RDI, 8));
+    a.store64(mem(RSP, -16), RAX);
+    a.mov(RCX, RDX);
+    a.mov_imm(R9, -5);
+    a.lea(R10, mem(R11, 4096));
+    a.bind(top);
+    a.add(RAX, RCX);
+    a.add_imm(RSI, 128);
+    a.sub(RAX, RCX);
+    a.sub_imm(R13, 1);
+    a.imul(RAX, R8);
+    a.imul_imm(RAX, R8, 36);
+    a.shl_imm(RBX, 2);
+    a.cmp(RAX, RBX);
+    a.cmp_imm(RAX, 7);
+    a.vmovups_load(Ymm(0), mem(RSI, 32));
+    a.vmovups_store(mem(RDX, -64), Ymm(15));
+    a.vmovdqu_load(Ymm(8), mem(R12, 0));
+    a.vmovdqu_load128(Ymm(9), mem(R13, 16));
+    a.vmaskmovps_load(Ymm(1), Ymm(2), mem(RDI, 0));
+    a.vmaskmovps_store(mem(RDI, 4), Ymm(2), Ymm(3));
+    a.vpbroadcastd_load(Ymm(4), mem(R8, 12));
+    a.vpbroadcastw_load(Ymm(5), mem(R9, 2));
+    a.vbroadcasti128_load(Ymm(6), mem(R10, 48));
+    a.vcvtph2ps_load(Ymm(7), mem(RAX, 16));
+    a.vpmovsxbw_load(Ymm(10), mem(RCX, 16));
+    a.vfmadd231ps_mem(Ymm(11), Ymm(12), mem(RBP, 96));
+    a.vfmadd231ps(Ymm(1), Ymm(2), Ymm(3));
+    a.vaddps(Ymm(1), Ymm(2), Ymm(3));
+    a.vmulps(Ymm(1), Ymm(2), Ymm(3));
+    a.vmaxps(Ymm(1), Ymm(2), Ymm(3));
+    a.vxorps(Ymm(1), Ymm(1), Ymm(1));
+    a.vpaddd(Ymm(13), Ymm(14), Ymm(15));
+    a.vpand(Ymm(1), Ymm(2), Ymm(3));
+    a.vpmaddubsw(Ymm(1), Ymm(2), Ymm(3));
+    a.vpmaddwd(Ymm(1), Ymm(2), Ymm(3));
+    a.vpsignb(Ymm(1), Ymm(2), Ymm(3));
+    a.vpunpcklbw(Ymm(1), Ymm(2), Ymm(3));
+    a.vpunpckhbw(Ymm(1), Ymm(2), Ymm(3));
+    a.vpdpbusd(Ymm(9), Ymm(1), Ymm(12));
+    a.vpabsb(Ymm(1), Ymm(2));
+    a.vcvtdq2ps(Ymm(1), Ymm(2));
+    a.vcvtps2dq(Ymm(1), Ymm(2));
+    a.vpsrlw_imm(Ymm(1), Ymm(2), 4);
+    a.vbroadcastss_reg(Ymm(1), Ymm(2));
+    a.vextractf128_hi(Ymm(1), Ymm(2));
+    a.prefetcht0(mem(RSI, 512));
+    a.jcc(Cond::Ne, top);
+    a.jcc(Cond::B, top);
+    a.jmp(top);
+    a.pop(R12);
+    a.vzeroupper();
+    a.ret();
+    let (bytes, listing) = a.finish().expect("assembles");
+    match check_x86(&listing, &bytes, "+avx2,+fma,+f16c,+avxvnni") {
+        Ok(()) => {}
+        Err(McError::Missing) => {
+            eprintln!("SKIP: llvm-mc not installed (scripts/test.sh installs it)")
+        }
+        Err(McError::Failed(why)) => panic!("{why}\nlisting:\n{listing}"),
+    }
+}
+
+#[test]
+fn a_listing_that_disagrees_with_its_bytes_is_caught() {
+    let mut a = X86Asm::new();
+    a.vfmadd231ps(Ymm(3), Ymm(14), Ymm(15));
+    a.ret();
+    let (bytes, listing) = a.finish().expect("assembles");
+    let wrong = listing.replace("ymm15", "ymm13");
+    match check_x86(&wrong, &bytes, "+avx2,+fma") {
+        Err(McError::Failed(why)) => assert!(why.contains("instruction 0"), "{why}"),
+        Err(McError::Missing) => eprintln!("SKIP: llvm-mc not installed"),
+        Ok(()) => panic!("a wrong listing passed the cross-check"),
+    }
+}
