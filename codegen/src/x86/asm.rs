@@ -13,6 +13,9 @@
 //! - memory operands with a run-time base register always carry a SIB byte
 //!   (`riz` in a disassembly); harmless, one byte longer.
 
+// dynasm! expands run-time register operands to `.into()` calls.
+#![allow(clippy::useless_conversion)]
+
 use dynasmrt::x64::X64Relocation;
 use dynasmrt::{DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler, dynasm};
 
