@@ -1,4 +1,5 @@
 //! Tessera's code generation: targets, the tile solver and backends.
+pub mod abi;
 pub mod artifact;
 pub mod jit;
 pub mod x86;
