@@ -25,6 +25,14 @@
 
 use crate::ir::{Format, Group};
 
+pub mod e0m4;
+pub mod fp8;
+pub mod quantize;
+
+pub use e0m4::{E0M4Group, quantize_group_e0m4};
+pub use fp8::{f32_to_fp8_e4m3, f32_to_fp8_e5m2};
+pub use quantize::quantize;
+
 /// A quantized `[rows, cols]` tensor in logical (unpacked) form: one code per
 /// element, row-major, plus per-group parameters `[rows, groups_per_row]`.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +71,12 @@ pub enum QuantError {
     GroupSize { group: u32 },
     #[error("layout: {0}")]
     Layout(String),
+    #[error("element {index} is not finite ({value})")]
+    NonFinite { index: usize, value: String },
+    #[error("{what} overflows usize")]
+    SizeOverflow { what: &'static str },
+    #[error("quantization parameters overflow f32: {what} is not finite")]
+    ParamOverflow { what: &'static str },
 }
 
 /// Number of groups in a row of `cols` elements (the last may be partial).
