@@ -27,10 +27,17 @@ use crate::ir::{Format, Group};
 
 pub mod e0m4;
 pub mod fp8;
+pub mod layouts;
+pub mod pack;
 pub mod quantize;
 
 pub use e0m4::{E0M4Group, quantize_group_e0m4};
 pub use fp8::{f32_to_fp8_e4m3, f32_to_fp8_e5m2};
+pub use layouts::{
+    PackedWeights, ParamOrder, WeightPacking, activation_layout, gpu_weight_layout,
+    pack_activations, pack_params, pack_weights, unpack_params, weight_layout,
+};
+pub use pack::{ElemWidth, PackPlan, Tile, pack, unpack};
 pub use quantize::quantize;
 
 /// A quantized `[rows, cols]` tensor in logical (unpacked) form: one code per
@@ -75,6 +82,8 @@ pub enum QuantError {
     NonFinite { index: usize, value: String },
     #[error("{what} overflows usize")]
     SizeOverflow { what: &'static str },
+    #[error("4-bit code at element {index} is {byte:#04x}, above 15")]
+    Nibble { index: usize, byte: u8 },
     #[error("quantization parameters overflow f32: {what} is not finite")]
     ParamOverflow { what: &'static str },
 }
