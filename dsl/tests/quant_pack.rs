@@ -188,6 +188,22 @@ fn params_tiled_and_group_major() {
     let gm = pack_params(&s, 3, 2, ParamOrder::GroupMajor).unwrap();
     assert_eq!(gm, [0.0, 10.0, 20.0, 1.0, 11.0, 21.0]);
     assert_eq!(pack_params(&s, 3, 2, ParamOrder::RowMajor).unwrap(), s);
+    assert_eq!(
+        pack_params(&s[..5], 3, 2, ParamOrder::GroupMajor),
+        Err(QuantError::Length {
+            what: "params",
+            expected: 6,
+            got: 5
+        })
+    );
+    assert!(matches!(
+        unpack_params(&s, 3, 2, ParamOrder::RowTiled { tile: 2 }),
+        Err(QuantError::Length {
+            expected: 8,
+            got: 6,
+            ..
+        })
+    ));
     for order in [
         ParamOrder::RowMajor,
         ParamOrder::RowTiled { tile: 2 },

@@ -128,6 +128,7 @@ pub fn pack_params(
     order: ParamOrder,
 ) -> Result<Vec<f32>, QuantError> {
     let plan = param_plan(rows, groups, order)?;
+    check_len("params", plan.logical_elems(), values.len())?;
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     Ok(f32s(&plan.pack(&bytes)?))
 }
@@ -140,8 +141,21 @@ pub fn unpack_params(
     order: ParamOrder,
 ) -> Result<Vec<f32>, QuantError> {
     let plan = param_plan(rows, groups, order)?;
+    check_len("packed params", plan.packed_elems(), packed.len())?;
     let bytes: Vec<u8> = packed.iter().flat_map(|v| v.to_le_bytes()).collect();
     Ok(f32s(&plan.unpack(&bytes)?))
+}
+
+fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(QuantError::Length {
+            what,
+            expected,
+            got,
+        })
+    }
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {

@@ -22,6 +22,18 @@
 //!
 //! The offset form makes zero-point correction uniform for integer
 //! matmuls: Σ x·w over a group = scale·Σ x·q + offset·Σ x.
+//!
+//! Where the rest lives:
+//! - [`quantize()`](quantize::quantize): f32 → [`QuantTensor`] for every
+//!   format (formulas in [`mod@quantize`], E0M4 in [`e0m4`], fp8 encoding in
+//!   [`fp8`]).
+//! - [`mod@pack`]: [`PackPlan`], logical ↔ packed bytes for any IR [`Layout`],
+//!   tiles padded with zero codes, 4-bit nibble order and the int4 pair
+//!   transpose, byte by byte.
+//! - [`layouts`]: the kernels' concrete layouts (activations, CPU weights,
+//!   GPU weights) and the order of their per-group parameters.
+//!
+//! [`Layout`]: crate::ir::Layout
 
 use crate::ir::{Format, Group};
 

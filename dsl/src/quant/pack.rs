@@ -21,7 +21,7 @@
 //!
 //! * 8/16/32-bit: at bytes `[p·w, (p+1)·w)`, `w` the element's byte width.
 //! * 4-bit, plain: in byte `p / 2`, low nibble if `p` is even, high nibble if
-//!   odd (byte j = code[2j] | code[2j+1] << 4).
+//!   odd (byte `j = code[2j] | code[2j+1] << 4`).
 //! * 4-bit with `int4_pair_transpose` (seed 000 IV.D, the `[n, 16, 2] →
 //!   [n, 2, 16]` reshape): every run of 32 positions `32b .. 32b+32` is 16
 //!   bytes `16b .. 16b+16` with byte `16b + j = code[32b + j] |
@@ -294,7 +294,7 @@ impl PackPlan {
                 .map(|&(_, _, s)| s)
                 .product();
             let trailing = parts.last().is_some_and(|&(_, p, _)| p == Part::Inner);
-            if !trailing || block % 32 != 0 {
+            if !trailing || !block.is_multiple_of(32) {
                 return Err(layout_err(format!(
                     "int4_pair_transpose needs the trailing in-tile dims to hold a multiple of 32 codes, they hold {}",
                     if trailing { block } else { 0 }
