@@ -22,8 +22,35 @@
 //!
 //! The offset form makes zero-point correction uniform for integer
 //! matmuls: Σ x·w over a group = scale·Σ x·q + offset·Σ x.
+//!
+//! Where the rest lives:
+//! - [`quantize()`](quantize::quantize): f32 → [`QuantTensor`] for every
+//!   format (formulas in [`mod@quantize`], E0M4 in [`e0m4`], fp8 encoding in
+//!   [`fp8`]).
+//! - [`mod@pack`]: [`PackPlan`], logical ↔ packed bytes for any IR [`Layout`],
+//!   tiles padded with zero codes, 4-bit nibble order and the int4 pair
+//!   transpose, byte by byte.
+//! - [`layouts`]: the kernels' concrete layouts (activations, CPU weights,
+//!   GPU weights) and the order of their per-group parameters.
+//!
+//! [`Layout`]: crate::ir::Layout
 
 use crate::ir::{Format, Group};
+
+pub mod e0m4;
+pub mod fp8;
+pub mod layouts;
+pub mod pack;
+pub mod quantize;
+
+pub use e0m4::{E0M4Group, quantize_group_e0m4};
+pub use fp8::{f32_to_fp8_e4m3, f32_to_fp8_e5m2};
+pub use layouts::{
+    PackedWeights, ParamOrder, WeightPacking, activation_layout, gpu_weight_layout,
+    pack_activations, pack_params, pack_weights, unpack_params, weight_layout,
+};
+pub use pack::{ElemWidth, PackPlan, Tile, pack, unpack};
+pub use quantize::quantize;
 
 /// A quantized `[rows, cols]` tensor in logical (unpacked) form: one code per
 /// element, row-major, plus per-group parameters `[rows, groups_per_row]`.
@@ -63,6 +90,14 @@ pub enum QuantError {
     GroupSize { group: u32 },
     #[error("layout: {0}")]
     Layout(String),
+    #[error("element {index} is not finite ({value})")]
+    NonFinite { index: usize, value: String },
+    #[error("{what} overflows usize")]
+    SizeOverflow { what: &'static str },
+    #[error("4-bit code at element {index} is {byte:#04x}, above 15")]
+    Nibble { index: usize, byte: u8 },
+    #[error("quantization parameters overflow f32: {what} is not finite")]
+    ParamOverflow { what: &'static str },
 }
 
 /// Number of groups in a row of `cols` elements (the last may be partial).
