@@ -8,15 +8,11 @@ use std::fmt;
 
 use tessera_dsl::Kernel;
 
-/// Instruction set of a piece of machine code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum Arch {
-    X86_64,
-    Aarch64,
-}
+pub use crate::target::Arch;
 
 impl Arch {
-    /// The architecture this process runs on, if Tessera emits code for it.
+    /// The CPU architecture this process runs on, if Tessera emits machine
+    /// code for it.
     pub fn host() -> Option<Arch> {
         if cfg!(target_arch = "x86_64") {
             Some(Arch::X86_64)

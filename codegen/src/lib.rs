@@ -1,8 +1,19 @@
 //! Tessera's code generation: targets, the tile solver and backends.
+//!
+//! [`target`] describes each machine as data ([`target::TargetCaps`]);
+//! [`tile`] derives every kernel's tile from it (MNN-LLM formulas (2)-(4)).
+//! Backends implement [`artifact::Backend`]; machine code is mapped by
+//! [`jit`] and called through the one-pointer ABI of [`abi`].
+
 pub mod abi;
 pub mod artifact;
 pub mod jit;
+pub mod target;
+pub mod tile;
 pub mod x86;
-pub mod tile {
-    pub struct TileConfig;
-}
+
+pub use target::{MacClass, MacInstr, TargetCaps, UnknownTarget, mac_class};
+pub use tile::{
+    BlockTile, Problem, RegisterAccounting, Solution, SolveError, TileConfig, neighbours, solve,
+    solve_kernel,
+};

@@ -1,0 +1,553 @@
+//! The register-constraint tile solver (MNN-LLM formulas (2)-(4)).
+//!
+//! For `y[e, h] = x[e, l] · w[h, l]ᵀ` tiled `ep × hp` with reduction step
+//! `lp`, the memory traffic is
+//!
+//! ```text
+//!   cost(ep, hp) = ceil(e/ep) · ceil(h/hp) · (l·ep + l·hp + ep·hp)      (2)
+//! ```
+//!
+//! (ceil: a tail costs a whole tile), minimised over tiles whose registers
+//! fit the budget R (3), with `lp` the MAC instruction's reduction width
+//! (4). Registers are counted whole, per [`crate::target`]'s module doc:
+//!
+//! ```text
+//!   accumulators (ep/ae)·(hp/ah)·acc_regs + A ceil(ep/a_rows)·a_regs
+//!     + B ceil(hp/b_cols)·b_regs + dequant + reserved  ≤  R
+//! ```
+//!
+//! `dequant` is `2·(hp/ah)·acc_regs` (a scale and an offset vector for the
+//! hp columns of the current group) when quantized weights meet a float MAC
+//! and are dequantized in the loop; the int8 path applies scales in the
+//! epilogue, where the A and B registers are free. Weights are the
+//! streamed operand, so among equal costs the larger ep wins (more reuse of
+//! each weight load), then the larger hp.
+//!
+//! # Table 2, from the descriptions alone
+//!
+//! Both ARM rows have 32 registers, 2 reserved (int4 nibble mask, packed
+//! staging), so 30 for the tile; e = h = l = 4096 (see [`REPRESENTATIVE_EXTENT`]).
+//!
+//! - `sdot` (1×4, lp 4, 4 rows or 4 columns per register): 12×8 needs
+//!   24 + 3 + 2 = 29. 13×8 would need 26 + 4 + 2 = 32; 8×12 (24 + 2 + 3)
+//!   costs the same as 12×8 and loses the tie to the larger ep. → 12/8/4.
+//! - `smmla` (2×2, lp 8, 2 rows or columns per register): with x = ep/2,
+//!   y = hp/2 the count is xy + x + y, MNN's own (3) in register units;
+//!   10×8 needs 20 + 5 + 4 = 29, 12×8 needs 34, 8×10 ties and loses. → 10/8/8.
+//!
+//! # x86, derived the same way (and why it differs from MNN's Table 2)
+//!
+//! x86 has no multiply-by-element, so each A row is broadcast into its own
+//! register (a_rows = 1): the count is `ep·(hp/ah) + ep + hp/ah`.
+//!
+//! - `x86-avx2`, int8 via `vpmaddubsw`+`vpmaddwd` (1×8, lp 4): 16 ymm − 2
+//!   (unpack) − 2 (int16 temp, ones vector) = 12. 5×8 needs 5 + 5 + 1 = 11;
+//!   6×8 needs 13; 3×16 needs 6 + 3 + 2 = 11 but costs more. → **5/8/4**.
+//!   MNN-LLM lists 4/8/4, a tile of 4 + 4 + 1 = 9 ymm that leaves 7 for
+//!   temporaries — room, we read it, for one int16 temp per row so the four
+//!   `vpmaddubsw` chains overlap. Our accounting keeps a single temp, which
+//!   leaves room for a fifth row; the autotuner measures 4×8 as a neighbour.
+//! - `x86-avx512`, `vpdpbusd` (1×16, lp 4, no temporaries): 32 zmm − 2 = 30.
+//!   14×16 needs 14 + 14 + 1 = 29 (15×16 needs 31); 9×32 needs 18 + 9 + 2
+//!   = 29 but costs more. → **14/16/4**. MNN-LLM lists 4/64/4 (16
+//!   accumulators + 4 broadcasts + 4 B = 24 registers): a wide-h kernel
+//!   that suits its [h/hp] packing and GEMV, but under formula (2) with all
+//!   32 registers it moves more data for GEMM than 14×16.
+//!
+//! # GPUs
+//!
+//! The same solver runs per thread (OpenCL work-item) or per warp (PTX
+//! `mma`, counted in per-thread fragment registers) against the per-thread
+//! budget of 32-bit registers. Each tile is then given a block tile
+//! ([`BlockTile`]): `units_e × units_h` threads (or warps) each computing
+//! the solved tile, at least one warp/sub-group and at most
+//! `max_threads_per_block`, whose `stages` K slices of `k_slice` elements of
+//! both operands fit shared (local) memory; among those, the one with the
+//! least formula-(2) traffic at block level (ties: more units along h,
+//! where the weights stream). A thread tile no block can hold is dropped.
+//!
+//! # Dyn extents
+//!
+//! A `Dyn` axis is sized [`REPRESENTATIVE_EXTENT`] (a GEMM-sized e, so the
+//! kernel's tile is the prefill tile); the autotuner builds [`Problem`]s
+//! with the real M to get the GEMV and flat-GEMM tiles.
+
+use std::cmp::Reverse;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use tessera_dsl::{Extent, Kernel};
+
+use crate::target::{ClassError, MacClass, MacInstr, TargetCaps, mac_class};
+
+/// The size a `Dyn` axis takes when the solver has no real value.
+pub const REPRESENTATIVE_EXTENT: u64 = 4096;
+
+/// One matmul to tile: extents and the MAC class it runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Rows of x (tokens, M).
+    pub e: u64,
+    /// Output channels (N).
+    pub h: u64,
+    /// Reduction (K).
+    pub l: u64,
+    pub class: MacClass,
+    /// Quantized weights dequantized in the loop for a float MAC (W4A16):
+    /// costs scale and offset registers.
+    pub weight_dequant: bool,
+}
+
+impl Problem {
+    pub fn new(e: u64, h: u64, l: u64, class: MacClass) -> Problem {
+        Problem {
+            e,
+            h,
+            l,
+            class,
+            weight_dequant: false,
+        }
+    }
+
+    /// The problem a matmul kernel poses on `caps`: its class from the
+    /// formats ([`mac_class`]), fixed extents as given, `Dyn` ones
+    /// [`REPRESENTATIVE_EXTENT`].
+    pub fn from_kernel(caps: &TargetCaps, kernel: &Kernel) -> Result<Problem, SolveError> {
+        let class = mac_class(caps, kernel)?;
+        let mm = kernel.as_matmul().ok_or_else(|| ClassError::NotMatmul {
+            kernel: kernel.name.clone(),
+        })?;
+        let extent = |axis: &str| -> Result<u64, SolveError> {
+            match kernel.axis(axis).map(|a| a.extent) {
+                Some(Extent::Fixed(n)) => Ok(u64::from(n)),
+                Some(Extent::Dyn) => Ok(REPRESENTATIVE_EXTENT),
+                None => Err(SolveError::MissingAxis {
+                    kernel: kernel.name.clone(),
+                    axis: axis.to_string(),
+                }),
+            }
+        };
+        let weight_dequant = class != MacClass::Int8
+            && kernel
+                .tensor(&mm.w)
+                .is_some_and(|t| t.format.is_quantized());
+        Ok(Problem {
+            e: extent(&mm.e)?,
+            h: extent(&mm.h)?,
+            l: extent(&mm.l)?,
+            class,
+            weight_dequant,
+        })
+    }
+}
+
+/// Where a tile's registers go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RegisterAccounting {
+    pub accumulators: u32,
+    /// A (activation) registers for one lp-slice of the ep rows.
+    pub a_regs: u32,
+    /// B (weight) registers for one lp-slice of the hp columns.
+    pub b_regs: u32,
+    /// In-loop dequantization scale and offset registers.
+    pub dequant: u32,
+    /// Target and instruction reservations.
+    pub reserved: u32,
+    pub total: u32,
+    /// R: the target's register budget.
+    pub budget: u32,
+}
+
+/// A GPU block (work-group) tile built from the solved per-thread tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct BlockTile {
+    /// Threads (OpenCL) or warps (PTX mma) along e.
+    pub units_e: u32,
+    /// Threads or warps along h.
+    pub units_h: u32,
+    pub threads: u32,
+    /// Block tile rows of e: `units_e · ep`.
+    pub tile_e: u32,
+    /// Block tile columns of h: `units_h · hp`.
+    pub tile_h: u32,
+    pub k_slice: u32,
+    /// Shared memory for `stages` K slices of both operands.
+    pub shared_bytes: u32,
+    pub shared_budget: u32,
+}
+
+/// A feasible tile with its accounting and formula-(2) cost.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct TileConfig {
+    pub ep: u32,
+    pub hp: u32,
+    pub lp: u32,
+    pub accounting: RegisterAccounting,
+    /// Formula (2), exact for costs below 2^53.
+    pub cost: f64,
+    /// GPU targets only.
+    pub block: Option<BlockTile>,
+    #[serde(skip)]
+    exact_cost: u128,
+}
+
+impl TileConfig {
+    /// The cost as an exact integer (what ranking uses).
+    pub fn exact_cost(&self) -> u128 {
+        self.exact_cost
+    }
+
+    /// `ep=E hp=H lp=L` then the accounting, on one line.
+    pub fn summary(&self) -> String {
+        let a = &self.accounting;
+        let mut s = format!(
+            "ep={} hp={} lp={} acc={} a={} b={} dequant={} reserved={} total={}/{}",
+            self.ep,
+            self.hp,
+            self.lp,
+            a.accumulators,
+            a.a_regs,
+            a.b_regs,
+            a.dequant,
+            a.reserved,
+            a.total,
+            a.budget
+        );
+        if let Some(b) = &self.block {
+            let _ = write!(
+                s,
+                " block={}x{} threads={} shared={}/{}",
+                b.tile_e, b.tile_h, b.threads, b.shared_bytes, b.shared_budget
+            );
+        }
+        s
+    }
+}
+
+/// Why no tile can be produced.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SolveError {
+    #[error(transparent)]
+    Class(#[from] ClassError),
+    #[error("kernel `{kernel}` has no axis `{axis}`")]
+    MissingAxis { kernel: String, axis: String },
+    #[error("target {target} has no {class} MAC instruction")]
+    NoInstruction {
+        target: &'static str,
+        class: MacClass,
+    },
+    #[error("problem extent {axis} is 0; every extent must be at least 1")]
+    ZeroExtent { axis: &'static str },
+    #[error(
+        "target {target}: no tile fits the budget of {budget} registers; the smallest {instr} tile \
+         ({ae}x{ah}) needs {needed}"
+    )]
+    Infeasible {
+        target: &'static str,
+        budget: u32,
+        instr: &'static str,
+        ae: u32,
+        ah: u32,
+        needed: u32,
+    },
+    #[error(
+        "target {target}: no block of {ep}x{hp} tiles fits {shared} bytes of shared memory \
+         (one warp needs {needed})"
+    )]
+    NoBlock {
+        target: &'static str,
+        ep: u32,
+        hp: u32,
+        shared: u32,
+        needed: u32,
+    },
+}
+
+/// The registers an `ep × hp` tile needs with `instr` on `caps`.
+pub fn accounting(
+    caps: &TargetCaps,
+    instr: &MacInstr,
+    problem: &Problem,
+    ep: u32,
+    hp: u32,
+) -> RegisterAccounting {
+    let acc_units = (ep / instr.ae) * (hp / instr.ah);
+    let accumulators = acc_units * instr.acc_regs;
+    let a_regs = ep.div_ceil(instr.a_rows) * instr.a_regs;
+    let b_regs = hp.div_ceil(instr.b_cols) * instr.b_regs;
+    let dequant = if problem.weight_dequant {
+        2 * (hp / instr.ah) * instr.acc_regs
+    } else {
+        0
+    };
+    let reserved = caps.reserved_regs() + instr.reserved_regs();
+    RegisterAccounting {
+        accumulators,
+        a_regs,
+        b_regs,
+        dequant,
+        reserved,
+        total: accumulators + a_regs + b_regs + dequant + reserved,
+        budget: caps.registers,
+    }
+}
+
+/// Formula (2) with ceil, exact.
+pub fn cost(problem: &Problem, ep: u32, hp: u32) -> u128 {
+    let (e, h, l) = (
+        u128::from(problem.e),
+        u128::from(problem.h),
+        u128::from(problem.l),
+    );
+    let (ep, hp) = (u128::from(ep), u128::from(hp));
+    e.div_ceil(ep) * h.div_ceil(hp) * (l * ep + l * hp + ep * hp)
+}
+
+fn check(caps: &TargetCaps, problem: &Problem) -> Result<&'static MacInstr, SolveError> {
+    for (axis, v) in [("e", problem.e), ("h", problem.h), ("l", problem.l)] {
+        if v == 0 {
+            return Err(SolveError::ZeroExtent { axis });
+        }
+    }
+    caps.mac(problem.class).ok_or(SolveError::NoInstruction {
+        target: caps.name,
+        class: problem.class,
+    })
+}
+
+fn tile(
+    caps: &TargetCaps,
+    instr: &MacInstr,
+    problem: &Problem,
+    ep: u32,
+    hp: u32,
+) -> Option<TileConfig> {
+    let accounting = accounting(caps, instr, problem, ep, hp);
+    if accounting.total > caps.registers {
+        return None;
+    }
+    let block = match caps.gpu {
+        Some(_) => Some(block_tile(caps, instr, problem, ep, hp)?),
+        None => None,
+    };
+    let exact = cost(problem, ep, hp);
+    Some(TileConfig {
+        ep,
+        hp,
+        lp: instr.lp,
+        accounting,
+        cost: exact as f64,
+        block,
+        exact_cost: exact,
+    })
+}
+
+/// Every tile whose registers fit, unordered. Register use grows with ep
+/// and with hp, so each row of the lattice stops at its first misfit.
+/// GPU tiles without a feasible block are left out.
+pub fn feasible(caps: &TargetCaps, problem: &Problem) -> Result<Vec<TileConfig>, SolveError> {
+    let instr = check(caps, problem)?;
+    let fits = |ep: u32, hp: u32| accounting(caps, instr, problem, ep, hp).total <= caps.registers;
+    let mut out = Vec::new();
+    let mut ep = instr.ae;
+    while fits(ep, instr.ah) {
+        let mut hp = instr.ah;
+        while fits(ep, hp) {
+            out.extend(tile(caps, instr, problem, ep, hp));
+            hp += instr.ah;
+        }
+        ep += instr.ae;
+    }
+    if out.is_empty() {
+        let needed = accounting(caps, instr, problem, instr.ae, instr.ah).total;
+        if needed <= caps.registers {
+            let gpu = caps
+                .gpu
+                .expect("only GPU tiles are dropped for want of a block");
+            return Err(SolveError::NoBlock {
+                target: caps.name,
+                ep: instr.ae,
+                hp: instr.ah,
+                shared: gpu.shared_mem_bytes,
+                needed: shared_bytes(problem, gpu.k_slice, gpu.stages, instr.ae, instr.ah),
+            });
+        }
+        return Err(SolveError::Infeasible {
+            target: caps.name,
+            budget: caps.registers,
+            instr: instr.name,
+            ae: instr.ae,
+            ah: instr.ah,
+            needed,
+        });
+    }
+    Ok(out)
+}
+
+fn rank_key(t: &TileConfig) -> (u128, Reverse<u32>, Reverse<u32>) {
+    (t.exact_cost, Reverse(t.ep), Reverse(t.hp))
+}
+
+/// All feasible tiles, best first: least cost, then larger ep, then larger hp.
+pub fn solve(caps: &TargetCaps, problem: &Problem) -> Result<Vec<TileConfig>, SolveError> {
+    let mut tiles = feasible(caps, problem)?;
+    tiles.sort_by_key(rank_key);
+    Ok(tiles)
+}
+
+/// The `n` feasible tiles nearest `best` on the (ep/ae, hp/ah) lattice
+/// (Chebyshev distance, so the first ring is the 8 one-step moves), nearest
+/// first and by cost within a ring; `best` itself is excluded. These are
+/// the candidates the autotuner measures beside the optimum.
+pub fn neighbours(
+    caps: &TargetCaps,
+    problem: &Problem,
+    best: &TileConfig,
+    n: usize,
+) -> Result<Vec<TileConfig>, SolveError> {
+    let instr = check(caps, problem)?;
+    let steps = |a: u32, b: u32, unit: u32| a.abs_diff(b).div_ceil(unit);
+    let mut tiles: Vec<TileConfig> = feasible(caps, problem)?
+        .into_iter()
+        .filter(|t| (t.ep, t.hp) != (best.ep, best.hp))
+        .collect();
+    tiles.sort_by_key(|t| {
+        let ring = steps(t.ep, best.ep, instr.ae).max(steps(t.hp, best.hp, instr.ah));
+        (ring, rank_key(t))
+    });
+    tiles.truncate(n);
+    Ok(tiles)
+}
+
+fn shared_bytes(problem: &Problem, k_slice: u32, stages: u32, tile_e: u32, tile_h: u32) -> u32 {
+    stages * k_slice * (tile_e + tile_h) * problem.class.operand_bytes()
+}
+
+/// The block tile for a per-thread (per-warp) tile on a GPU target (None on
+/// a CPU, or when no block fits); see the module doc.
+pub fn block_tile(
+    caps: &TargetCaps,
+    instr: &MacInstr,
+    problem: &Problem,
+    ep: u32,
+    hp: u32,
+) -> Option<BlockTile> {
+    let gpu = caps.gpu?;
+    let unit_threads = if instr.mma.is_some() {
+        gpu.warp_width
+    } else {
+        1
+    };
+    let max_units = gpu.max_threads_per_block / unit_threads;
+    let min_units = gpu.warp_width.div_ceil(unit_threads);
+    let powers = || (0..=max_units.ilog2()).map(|p| 1u32 << p);
+    let mut best: Option<(u128, BlockTile)> = None;
+    for units_e in powers() {
+        for units_h in powers() {
+            let units = units_e * units_h;
+            if units > max_units || units < min_units {
+                continue;
+            }
+            let (tile_e, tile_h) = (units_e * ep, units_h * hp);
+            let shared = shared_bytes(problem, gpu.k_slice, gpu.stages, tile_e, tile_h);
+            if shared > gpu.shared_mem_bytes {
+                continue;
+            }
+            let block = BlockTile {
+                units_e,
+                units_h,
+                threads: units * unit_threads,
+                tile_e,
+                tile_h,
+                k_slice: gpu.k_slice,
+                shared_bytes: shared,
+                shared_budget: gpu.shared_mem_bytes,
+            };
+            let c = cost(problem, tile_e, tile_h);
+            let better = match &best {
+                None => true,
+                Some((bc, b)) => (c, Reverse(units_h)) < (*bc, Reverse(b.units_h)),
+            };
+            if better {
+                best = Some((c, block));
+            }
+        }
+    }
+    best.map(|(_, b)| b)
+}
+
+/// The solver's answer for one kernel on one target, as the CLI prints it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Solution {
+    pub target: &'static str,
+    pub kernel: String,
+    pub class: MacClass,
+    pub instr: &'static str,
+    pub problem: Problem,
+    /// Best first.
+    pub tiles: Vec<TileConfig>,
+    /// Nearest feasible neighbours of the best tile.
+    pub neighbours: Vec<TileConfig>,
+}
+
+/// How many neighbours [`solve_kernel`] reports.
+pub const NEIGHBOURS: usize = 8;
+
+/// Solve a matmul kernel on a target: the ranked tiles and the best tile's
+/// neighbours.
+pub fn solve_kernel(caps: &TargetCaps, kernel: &Kernel) -> Result<Solution, SolveError> {
+    let problem = Problem::from_kernel(caps, kernel)?;
+    let tiles = solve(caps, &problem)?;
+    let neighbours = neighbours(caps, &problem, &tiles[0], NEIGHBOURS)?;
+    let instr = check(caps, &problem)?;
+    Ok(Solution {
+        target: caps.name,
+        kernel: kernel.name.clone(),
+        class: problem.class,
+        instr: instr.name,
+        problem,
+        tiles,
+        neighbours,
+    })
+}
+
+impl Solution {
+    /// The `top` best tiles (at least one).
+    pub fn top(&self, top: usize) -> &[TileConfig] {
+        &self.tiles[..top.clamp(1, self.tiles.len())]
+    }
+
+    /// Plain text: the best tile with its accounting on the first line, then
+    /// the `top` best (rank, tile, cost) and the neighbours.
+    pub fn to_text(&self, top: usize) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{} instr={} class={}",
+            self.tiles[0].summary(),
+            self.instr,
+            self.class
+        );
+        let _ = writeln!(
+            s,
+            "target={} kernel={} e={} h={} l={}",
+            self.target, self.kernel, self.problem.e, self.problem.h, self.problem.l
+        );
+        for (rank, t) in self.top(top).iter().enumerate() {
+            let _ = writeln!(s, "#{} {} cost={}", rank + 1, t.summary(), t.exact_cost());
+        }
+        for t in &self.neighbours {
+            let _ = writeln!(s, "neighbour {} cost={}", t.summary(), t.exact_cost());
+        }
+        s
+    }
+
+    /// The same as [`Self::to_text`] as a serializable value: the solution
+    /// with `tiles` cut to the `top` best.
+    pub fn to_report(&self, top: usize) -> Solution {
+        Solution {
+            tiles: self.top(top).to_vec(),
+            ..self.clone()
+        }
+    }
+}
