@@ -185,7 +185,7 @@ impl Operand {
     }
 }
 
-const FORMAT_GRAMMAR: &str = "a format (f32, f16, bf16, f8e4m3, f8e5m2, qsi8dx, or qsi8/qai8/qau4/qae0m4 followed by g<N> or cx)";
+const FORMAT_GRAMMAR: &str = "format: one of f32, f16, bf16, f8e4m3, f8e5m2, qsi8dx, or qsi8/qai8/qau4/qae0m4 followed by g<N> or cx";
 const OPERAND_GRAMMAR: &str = "an operand: a format (f32, f16, bf16, f8e4m3, f8e5m2, qsi8dx, or qsi8/qai8/qau4/qae0m4 followed by g<N> or cx), then optionally p<N>x<N> or pl<N>, then optionally s16s0";
 
 /// Formats without a group, longest-match first where prefixes overlap.
@@ -524,9 +524,9 @@ impl FromStr for AttentionInstance {
         fields.next(ATTENTION_GRAMMAR, |s| (s == "attention").then_some(()))?;
         let kind = fields.next("the phase, decode or prefill", parse_phase)?;
         let output = fields.next(&format!("the output {FORMAT_GRAMMAR}"), format_field)?;
-        let q = fields.next(&format!("q as {FORMAT_GRAMMAR}"), format_field)?;
-        let k = fields.next(&format!("k as {FORMAT_GRAMMAR}"), format_field)?;
-        let v = fields.next(&format!("v as {FORMAT_GRAMMAR}"), format_field)?;
+        let q = fields.next(&format!("the q {FORMAT_GRAMMAR}"), format_field)?;
+        let k = fields.next(&format!("the k {FORMAT_GRAMMAR}"), format_field)?;
+        let v = fields.next(&format!("the v {FORMAT_GRAMMAR}"), format_field)?;
         let softmax = fields.next("the softmax, online or async", |s| match s {
             "online" => Some(SoftmaxKind::Online),
             "async" => Some(SoftmaxKind::Async),
@@ -621,6 +621,11 @@ impl MatmulInstance {
                 _ => Ok(size),
             }
         };
+        // Every tile of the kernel must agree with the instance, used in a
+        // layout or not.
+        for var in &kernel.schedule.tiles {
+            size_of(&var.name)?;
+        }
         let operand = |tensor_name: &str| -> Result<Operand, NamingError> {
             let t = kernel
                 .tensor(tensor_name)
