@@ -169,7 +169,7 @@ main() {
     TOTALS="0 passed, 0 failed, 0 skipped"
     check "rustfmt" cargo fmt --all -- --check
     check "clippy" cargo clippy --workspace --all-targets -- -D warnings
-    check "tests" run_tests
+    check "tests (cargo test --workspace)" run_tests
 
     printf '\n==> summary\n'
     printf '  %s\n' "${SUMMARY[@]}"
