@@ -9,6 +9,8 @@
 
 pub mod builder;
 pub mod ir;
+pub mod library;
+pub mod naming;
 pub mod quant;
 pub mod verify;
 

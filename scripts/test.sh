@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Tessera's one test command (the README's, and what .ci/run calls).
+#
+# 1. Makes sure what the tests need is installed, idempotently, on a fresh
+#    Debian machine: every `ensure_*` function checks first and installs only
+#    what is missing, so a second run installs nothing.
+# 2. Runs the checks: rustfmt, clippy (warnings are errors), every test.
+# 3. Prints one summary line per check and a total test count.
+#
+# Later issues add their toolchains by calling the ready `ensure_*` functions
+# below from `install_requirements` (qemu-user for aarch64 tests,
+# gcc-aarch64-linux-gnu as the linker, PoCL for OpenCL, ptxas for PTX).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { printf '==> %s\n' "$*"; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# --- installers: each checks before it installs -----------------------------
+
+# Runs a command as root (directly when root, else through sudo).
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif have sudo; then
+        sudo "$@"
+    else
+        die "need root (or sudo) to run: $*"
+    fi
+}
+
+APT_UPDATED=0
+# Installs the Debian packages among "$@" that are not installed yet.
+ensure_apt_packages() {
+    local missing=() pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' \
+            || missing+=("$pkg")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    have apt-get || die "apt-get not found; install by hand: ${missing[*]}"
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        log "apt-get update"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        APT_UPDATED=1
+    fi
+    log "apt-get install ${missing[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}"
+}
+
+# cargo and rustc come with the machine (rustup, stable); a missing toolchain
+# cannot be installed from here, so say so plainly.
+ensure_rust() {
+    have cargo && have rustc && return 0
+    die "cargo/rustc not found: install the stable Rust toolchain with rustup (Tessera needs Rust >= 1.95)"
+}
+
+# A C compiler and linker for Rust's host builds and build scripts.
+ensure_c_toolchain() {
+    have cc || ensure_apt_packages gcc libc6-dev
+}
+
+# rustfmt and clippy, added through rustup only when missing.
+ensure_rust_components() {
+    local component missing=()
+    cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
+    cargo clippy --version >/dev/null 2>&1 || missing+=(clippy)
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    have rustup || die "missing ${missing[*]} and rustup is not available to add them"
+    for component in "${missing[@]}"; do
+        log "rustup component add $component"
+        rustup component add "$component"
+    done
+}
+
+# Optional: a faster test runner. Nothing here requires it.
+ensure_cargo_nextest() {
+    have cargo-nextest || cargo install --locked cargo-nextest
+}
+
+# aarch64 NEON tests: run aarch64 test binaries under qemu-aarch64 -cpu max.
+ensure_qemu_user() {
+    have qemu-aarch64 || ensure_apt_packages qemu-user
+}
+
+# aarch64 NEON tests: the cross linker and libc for aarch64-unknown-linux-gnu,
+# plus the Rust standard library for that target.
+ensure_aarch64_cross() {
+    have aarch64-linux-gnu-gcc || ensure_apt_packages gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+    if have rustup && ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+        log "rustup target add aarch64-unknown-linux-gnu"
+        rustup target add aarch64-unknown-linux-gnu
+    fi
+}
+
+# OpenCL tests: PoCL, a CPU OpenCL implementation, with the ICD loader.
+ensure_pocl() {
+    ensure_apt_packages pocl-opencl-icd ocl-icd-libopencl1 clinfo
+}
+
+# PTX checks: ptxas from NVIDIA's pip wheel (no GPU needed to assemble).
+# Exports PTXAS with its path and puts it on PATH.
+ensure_ptxas() {
+    if ! have ptxas; then
+        local pkg=nvidia-cuda-nvcc-cu12 location
+        have python3 || ensure_apt_packages python3 python3-pip
+        if ! python3 -m pip show "$pkg" >/dev/null 2>&1; then
+            log "pip install $pkg"
+            python3 -m pip install --quiet "$pkg"
+        fi
+        location=$(python3 -m pip show "$pkg" | sed -n 's/^Location: //p')
+        [ -x "$location/nvidia/cuda_nvcc/bin/ptxas" ] || die "ptxas not found in $pkg"
+        export PATH="$location/nvidia/cuda_nvcc/bin:$PATH"
+    fi
+    PTXAS=$(command -v ptxas)
+    export PTXAS
+}
+
+# What the tests need today. Later issues add their ensure_* calls here.
+install_requirements() {
+    ensure_rust
+    ensure_c_toolchain
+    ensure_rust_components
+}
+
+# --- checks -------------------------------------------------------------------
+
+FAILED=()
+SUMMARY=()
+
+# Runs one check, keeps going on failure, records the outcome.
+check() {
+    local name=$1
+    shift
+    log "$name: $*"
+    if "$@"; then
+        SUMMARY+=("ok      $name")
+    else
+        SUMMARY+=("FAILED  $name")
+        FAILED+=("$name")
+    fi
+}
+
+run_tests() {
+    local out status
+    out=$(mktemp)
+    set +e
+    cargo test --workspace 2>&1 | tee "$out"
+    status=${PIPESTATUS[0]}
+    set -e
+    # Sum cargo's per-binary "test result:" lines into one total.
+    TOTALS=$(awk '/^test result:/ {
+            for (i = 1; i <= NF; i++) {
+                if ($(i+1) ~ /^passed/) p += $i
+                if ($(i+1) ~ /^failed/) f += $i
+                if ($(i+1) ~ /^ignored/) s += $i
+            }
+        } END { printf "%d passed, %d failed, %d skipped", p, f, s }' "$out")
+    rm -f "$out"
+    return "$status"
+}
+
+main() {
+    install_requirements
+
+    TOTALS="0 passed, 0 failed, 0 skipped"
+    check "rustfmt" cargo fmt --all -- --check
+    check "clippy" cargo clippy --workspace --all-targets -- -D warnings
+    check "tests (cargo test --workspace)" run_tests
+
+    printf '\n==> summary\n'
+    printf '  %s\n' "${SUMMARY[@]}"
+    printf 'tests: %s\n' "$TOTALS"
+    if [ "${#FAILED[@]}" -ne 0 ]; then
+        printf 'failed checks: %s\n' "${FAILED[*]}" >&2
+        exit 1
+    fi
+}
+
+main "$@"
