@@ -74,6 +74,13 @@ pub(crate) fn run(env: &Env<'_>, a: &Attention) -> Result<Outputs, InterpError> 
         return Err(InterpError::SoftmaxBounds { phi, lo, hi });
     }
 
+    if out.shape.len == 0 {
+        // Nothing to write (t, hq or d is 0): no softmax is evaluated.
+        return Ok(Outputs {
+            tensors: vec![(out.name, Vec::new())],
+            softmax: Some(SoftmaxStats::default()),
+        });
+    }
     let qd = q.dense_f64("q")?;
     let kd = k.dense_f64("k cache")?;
     let vd = v.dense_f64("v cache")?;
