@@ -612,3 +612,21 @@ proptest! {
         let _ = run(&w4a8(), &mb);
     }
 }
+
+#[test]
+fn value_from_f32_rounds_to_the_format() {
+    let data = [1.0f32 + 2f32.powi(-12), -3.5];
+    assert_eq!(
+        Value::from_f32(Format::F16, &data),
+        Some(Value::F16(vec![f16::from_f32(1.0), f16::from_f32(-3.5)]))
+    );
+    assert_eq!(
+        Value::from_f32(Format::I8Dyn, &data),
+        Some(Value::F32(data.to_vec()))
+    );
+    assert!(matches!(
+        Value::from_f32(Format::BF16, &data),
+        Some(Value::BF16(v)) if v[0].to_f32() == 1.0
+    ));
+    assert_eq!(Value::from_f32(Format::Fp8E4M3, &data), None);
+}

@@ -63,7 +63,8 @@
 //!     NaN) the asynchronous pass for that row is abandoned and the row is
 //!     recomputed with `Online`. [`SoftmaxStats`] counts those rows.
 //!
-//! Non-finite inputs are not rejected; they propagate as IEEE arithmetic
+//! An attention call whose output is empty (`t`, `hq` or `d` is 0) evaluates
+//! no softmax. Non-finite inputs are not rejected; they propagate as IEEE arithmetic
 //! dictates (typically to NaN outputs).
 //!
 //! # Output rounding
@@ -93,6 +94,22 @@ pub enum Value {
 }
 
 impl Value {
+    /// `data` stored in float `format` (rounded to nearest-even for f16 and
+    /// bf16); `i8dyn` takes f32 as is. `None` for formats bound as
+    /// [`Value::Quant`].
+    pub fn from_f32(format: Format, data: &[f32]) -> Option<Value> {
+        match format {
+            Format::F32 | Format::I8Dyn => Some(Value::F32(data.to_vec())),
+            Format::F16 => Some(Value::F16(
+                data.iter().map(|&x| half::f16::from_f32(x)).collect(),
+            )),
+            Format::BF16 => Some(Value::BF16(
+                data.iter().map(|&x| half::bf16::from_f32(x)).collect(),
+            )),
+            _ => None,
+        }
+    }
+
     /// What kind of value this is, for error messages.
     pub fn kind(&self) -> String {
         match self {
