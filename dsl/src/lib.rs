@@ -8,6 +8,7 @@
 //! [`library`] holds the built-in kernels.
 
 pub mod builder;
+pub mod interp;
 pub mod ir;
 pub mod library;
 pub mod naming;
