@@ -8,9 +8,11 @@
 //! Field offsets are part of the ABI: emitters read them through the
 //! `*_OFFSET` constants below (checked against `std::mem::offset_of!`).
 //!
-//! Threads split the output channels: the caller advances `w`, `w_params`,
-//! `bias` and `y` to a panel boundary (a multiple of the tile's hp) and sets
-//! `n` to the channels that thread computes.
+//! Threads split the output channels. Pointers always point at the start
+//! of the whole tensors; a call computes channels `n0 .. n0 + n` of
+//! `n_total`, where `n0` is a multiple of the tile's hp. The kernel derives
+//! its panel offsets itself, so one convention serves every weight layout
+//! (CPU panels `[h/hp, ...]` and GPU `[l/lp, h, lp]` alike).
 
 use std::mem::offset_of;
 
@@ -29,19 +31,24 @@ pub struct MatmulArgs {
     /// Integer kernels with asymmetric weights: Σ qx per row and weight
     /// group, `[m, groups]` i32, for the zero-point correction.
     pub x_sums: *const i32,
-    /// Packed weights, starting at this call's first output-channel panel.
+    /// Packed weights (the whole tensor).
     pub w: *const u8,
-    /// Packed per-group weight parameters (scales, then offsets where the
-    /// format has them), starting at the same panel.
+    /// Packed per-group weight parameters (see `tessera_codegen::host`
+    /// for their order).
     pub w_params: *const f32,
-    /// Bias per output channel (f32), or null.
+    /// Bias per output channel (f32, `n_total` of them), or null.
     pub bias: *const f32,
     /// Output rows, `y_stride` bytes apart, in the kernel's output format.
     pub y: *mut u8,
     pub y_stride: usize,
     pub m: usize,
+    /// Channels this call computes.
     pub n: usize,
     pub k: usize,
+    /// First channel this call computes (a multiple of hp).
+    pub n0: usize,
+    /// Channels in the whole weight tensor.
+    pub n_total: usize,
 }
 
 /// Arguments of an activation quantizer (the `i8dyn` format's emitted pass).
@@ -86,6 +93,8 @@ offsets!(MatmulArgs {
     m => MM_M,
     n => MM_N,
     k => MM_K,
+    n0 => MM_N0,
+    n_total => MM_N_TOTAL,
 });
 
 offsets!(QuantizeArgs {

@@ -1,0 +1,555 @@
+//! Running emitted matmul kernels on this host, safely.
+//!
+//! [`HostMatmul`] owns the mapped code of one matmul kernel instance (and of
+//! its activation quantizer when x is `i8dyn`); [`HostWeights`] holds weights
+//! packed once, in the layout the kernel's IR declares, for the tile it was
+//! emitted with. [`HostMatmul::run`] checks every shape, length and format
+//! before the single `unsafe` call per thread, then splits the output
+//! channels across threads by whole hp-panels.
+//!
+//! The backend-independent part of every host backend (x86, cranelift,
+//! NEON on an aarch64 host) lives here, so each backend only emits code.
+//!
+//! Parameters (`w_params`) order: for CPU panel layouts `[h/hp, ...]`, per
+//! panel p: its scales `[groups, hp]` then, for asymmetric formats, its
+//! offsets `[groups, hp]` (so one panel's parameters are contiguous: panel
+//! stride = groups·hp·(1 or 2) floats). For other layouts (GPU `[l/lp, h,
+//! lp]`): scales `[groups, n_pad]` then offsets `[groups, n_pad]`, where
+//! `n_pad` is n rounded up to hp.
+
+use half::{bf16, f16};
+use tessera_dsl::ir::{Format, Kernel, LayoutDim, Matmul};
+use tessera_dsl::quant::{
+    self, PackPlan, ParamOrder, QuantError, QuantTensor, groups_per_row, pack_params,
+};
+
+use crate::abi::{KernelFn, MatmulArgs, QuantizeArgs};
+use crate::artifact::MachineCode;
+use crate::jit::{JitCode, JitError};
+use crate::tile::TileConfig;
+
+/// Why a host kernel cannot be prepared or called.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("kernel `{kernel}` is not a matmul")]
+    NotMatmul { kernel: String },
+    #[error("kernel `{kernel}` has x format {format}, which needs {need}")]
+    Quantizer {
+        kernel: String,
+        format: Format,
+        need: &'static str,
+    },
+    #[error("{what}: expected {expected}, got {got}")]
+    Shape {
+        what: &'static str,
+        expected: String,
+        got: String,
+    },
+    #[error("weights were packed for {packed}, this kernel needs {needed}")]
+    WeightsMismatch { packed: String, needed: String },
+    #[error("{0}")]
+    Quant(#[from] QuantError),
+    #[error("{0}")]
+    Jit(#[from] JitError),
+    #[error("size overflow computing {0}")]
+    Overflow(&'static str),
+}
+
+/// Activations as the caller holds them.
+#[derive(Clone, Copy, Debug)]
+pub enum HostInput<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+/// Output buffer as the caller holds it.
+#[derive(Debug)]
+pub enum HostOutput<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [f16]),
+    BF16(&'a mut [bf16]),
+}
+
+/// Weights in their source form.
+#[derive(Clone, Copy, Debug)]
+pub enum WeightsIn<'a> {
+    /// f32 `[n, k]` row-major, converted or quantized to the kernel's format.
+    F32(&'a [f32]),
+    /// Already quantized (rows n, cols k) in the kernel's format.
+    Quant(&'a QuantTensor),
+}
+
+/// The tile sizes a kernel instance was emitted for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostTile {
+    pub ep: usize,
+    pub hp: usize,
+    pub lp: usize,
+}
+
+impl From<&TileConfig> for HostTile {
+    fn from(t: &TileConfig) -> Self {
+        HostTile {
+            ep: t.ep as usize,
+            hp: t.hp as usize,
+            lp: t.lp as usize,
+        }
+    }
+}
+
+/// Weights packed once for one kernel and tile.
+#[derive(Clone, Debug)]
+pub struct HostWeights {
+    pub format: Format,
+    pub n: usize,
+    pub k: usize,
+    pub tile: HostTile,
+    /// Codes or values in the kernel's weight layout (padded to whole tiles).
+    pub codes: Vec<u8>,
+    /// Parameters in the order of the module doc (empty for float formats).
+    pub params: Vec<f32>,
+    /// Whether the layout is a CPU panel layout `[h/hp, ...]`.
+    pub panel_layout: bool,
+}
+
+/// Tensor names and formats of a matmul kernel.
+fn matmul_of(kernel: &Kernel) -> Result<&Matmul, HostError> {
+    kernel.as_matmul().ok_or_else(|| HostError::NotMatmul {
+        kernel: kernel.name.clone(),
+    })
+}
+
+fn format_of(kernel: &Kernel, tensor: &str) -> Result<Format, HostError> {
+    kernel
+        .tensor(tensor)
+        .map(|t| t.format)
+        .ok_or_else(|| HostError::Shape {
+            what: "tensor",
+            expected: tensor.to_string(),
+            got: "missing".into(),
+        })
+}
+
+fn tile_sizes<'a>(mm: &'a Matmul, kernel: &'a Kernel, tile: HostTile) -> Vec<(&'a str, usize)> {
+    let mut out = Vec::new();
+    for tv in &kernel.schedule.tiles {
+        let size = if tv.axis == mm.e {
+            tile.ep
+        } else if tv.axis == mm.h {
+            tile.hp
+        } else if tv.axis == mm.l {
+            tile.lp
+        } else {
+            continue;
+        };
+        out.push((tv.name.as_str(), size));
+    }
+    out
+}
+
+fn is_panel_layout(kernel: &Kernel, mm: &Matmul) -> bool {
+    kernel.tensor(&mm.w).is_some_and(|t| {
+        matches!(t.layout.dims.first(), Some(LayoutDim::Outer { axis, .. }) if *axis == mm.h)
+    })
+}
+
+fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), HostError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(HostError::Shape {
+            what,
+            expected: expected.to_string(),
+            got: got.to_string(),
+        })
+    }
+}
+
+impl HostWeights {
+    /// Pack `w` (`[n, k]`) for `kernel` emitted with `tile`.
+    pub fn pack(
+        kernel: &Kernel,
+        tile: HostTile,
+        n: usize,
+        k: usize,
+        w: WeightsIn<'_>,
+    ) -> Result<HostWeights, HostError> {
+        let mm = matmul_of(kernel)?;
+        let format = format_of(kernel, &mm.w)?;
+        let extents = [(mm.h.as_str(), n), (mm.l.as_str(), k)];
+        let tiles = tile_sizes(mm, kernel, tile);
+        let plan = PackPlan::for_tensor(kernel, &mm.w, &extents, &tiles)?;
+        let panel_layout = is_panel_layout(kernel, mm);
+        let nk = n.checked_mul(k).ok_or(HostError::Overflow("n·k"))?;
+        let (codes, params) = match (format, w) {
+            (Format::F32, WeightsIn::F32(v)) => {
+                check_len("weights", nk, v.len())?;
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                (plan.pack(&bytes)?, Vec::new())
+            }
+            (Format::F16, WeightsIn::F32(v)) => {
+                check_len("weights", nk, v.len())?;
+                let bytes: Vec<u8> = v
+                    .iter()
+                    .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+                    .collect();
+                (plan.pack(&bytes)?, Vec::new())
+            }
+            (Format::BF16, WeightsIn::F32(v)) => {
+                check_len("weights", nk, v.len())?;
+                let bytes: Vec<u8> = v
+                    .iter()
+                    .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+                    .collect();
+                (plan.pack(&bytes)?, Vec::new())
+            }
+            (f, WeightsIn::F32(v)) if f.is_quantized() => {
+                let t = quant::quantize(f, n, k, v)?;
+                Self::pack_quant(&plan, &t, tile, panel_layout)?
+            }
+            (f, WeightsIn::Quant(t)) if f.is_quantized() => {
+                if t.format != f || t.rows != n || t.cols != k {
+                    return Err(HostError::WeightsMismatch {
+                        packed: format!("{} [{}, {}]", t.format, t.rows, t.cols),
+                        needed: format!("{f} [{n}, {k}]"),
+                    });
+                }
+                Self::pack_quant(&plan, t, tile, panel_layout)?
+            }
+            (f, _) => {
+                return Err(HostError::WeightsMismatch {
+                    packed: "quantized weights".into(),
+                    needed: format!("{f} weights given as f32"),
+                });
+            }
+        };
+        Ok(HostWeights {
+            format,
+            n,
+            k,
+            tile,
+            codes,
+            params,
+            panel_layout,
+        })
+    }
+
+    fn pack_quant(
+        plan: &PackPlan,
+        t: &QuantTensor,
+        tile: HostTile,
+        panel_layout: bool,
+    ) -> Result<(Vec<u8>, Vec<f32>), HostError> {
+        t.validate()?;
+        let codes = plan.pack(&t.codes)?;
+        let groups = t.groups_per_row();
+        let hp = tile.hp.max(1);
+        let n_pad = t.rows.div_ceil(hp) * hp;
+        // Pad rows to whole panels so every panel has hp parameters.
+        let pad = |v: &[f32]| {
+            let mut p = v.to_vec();
+            p.resize(n_pad * groups, 0.0);
+            p
+        };
+        let scales = pad(&t.scales);
+        let offsets = if t.offsets.is_empty() {
+            Vec::new()
+        } else {
+            pad(&t.offsets)
+        };
+        let params = if panel_layout {
+            let order = ParamOrder::RowTiled { tile: hp };
+            let s = pack_params(&scales, n_pad, groups, order)?;
+            let o = if offsets.is_empty() {
+                Vec::new()
+            } else {
+                pack_params(&offsets, n_pad, groups, order)?
+            };
+            let per_panel = groups * hp;
+            let mut out = Vec::with_capacity(s.len() + o.len());
+            for p in 0..n_pad / hp {
+                out.extend_from_slice(&s[p * per_panel..(p + 1) * per_panel]);
+                if !o.is_empty() {
+                    out.extend_from_slice(&o[p * per_panel..(p + 1) * per_panel]);
+                }
+            }
+            out
+        } else {
+            let mut out = pack_params(&scales, n_pad, groups, ParamOrder::GroupMajor)?;
+            if !offsets.is_empty() {
+                out.extend(pack_params(
+                    &offsets,
+                    n_pad,
+                    groups,
+                    ParamOrder::GroupMajor,
+                )?);
+            }
+            out
+        };
+        Ok((codes, params))
+    }
+}
+
+/// A matmul kernel instance mapped executable on this host.
+pub struct HostMatmul {
+    kernel: Kernel,
+    tile: HostTile,
+    quantizer: Option<JitCode>,
+    matmul: JitCode,
+}
+
+impl std::fmt::Debug for HostMatmul {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMatmul")
+            .field("kernel", &self.kernel.name)
+            .field("tile", &self.tile)
+            .finish()
+    }
+}
+
+/// Kernel arguments shared by the scoped worker threads of one call.
+struct SharedArgs(MatmulArgs);
+// SAFETY: the pointers refer to buffers borrowed for the whole scoped call;
+// workers only read through them, except `y`, where each worker writes a
+// disjoint column range (see `HostMatmul::run`).
+unsafe impl Sync for SharedArgs {}
+
+impl SharedArgs {
+    /// A copy (a method, so closures capture the Sync wrapper, not the field).
+    fn get(&self) -> MatmulArgs {
+        self.0
+    }
+}
+
+impl HostMatmul {
+    /// Map the code of a kernel instance. `quantizer` is required exactly
+    /// when the kernel's x format is `i8dyn`.
+    pub fn new(
+        kernel: &Kernel,
+        tile: HostTile,
+        quantizer: Option<&MachineCode>,
+        matmul: &MachineCode,
+    ) -> Result<HostMatmul, HostError> {
+        let mm = matmul_of(kernel)?;
+        let x_format = format_of(kernel, &mm.x)?;
+        match (x_format == Format::I8Dyn, quantizer.is_some()) {
+            (true, false) => {
+                return Err(HostError::Quantizer {
+                    kernel: kernel.name.clone(),
+                    format: x_format,
+                    need: "an activation quantizer",
+                });
+            }
+            (false, true) => {
+                return Err(HostError::Quantizer {
+                    kernel: kernel.name.clone(),
+                    format: x_format,
+                    need: "no activation quantizer",
+                });
+            }
+            _ => {}
+        }
+        Ok(HostMatmul {
+            kernel: kernel.clone(),
+            tile,
+            quantizer: quantizer.map(JitCode::map).transpose()?,
+            matmul: JitCode::map(matmul)?,
+        })
+    }
+
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    pub fn tile(&self) -> HostTile {
+        self.tile
+    }
+
+    /// Pack weights for this instance.
+    pub fn pack_weights(
+        &self,
+        n: usize,
+        k: usize,
+        w: WeightsIn<'_>,
+    ) -> Result<HostWeights, HostError> {
+        HostWeights::pack(&self.kernel, self.tile, n, k, w)
+    }
+
+    /// y[m, n] = x[m, k] · wᵀ (+ bias, epilogue), on `threads` threads.
+    pub fn run(
+        &self,
+        x: HostInput<'_>,
+        m: usize,
+        w: &HostWeights,
+        bias: Option<&[f32]>,
+        y: HostOutput<'_>,
+        threads: usize,
+    ) -> Result<(), HostError> {
+        let mm = matmul_of(&self.kernel)?;
+        let (n, k) = (w.n, w.k);
+        let x_format = format_of(&self.kernel, &mm.x)?;
+        let w_format = format_of(&self.kernel, &mm.w)?;
+        let y_format = format_of(&self.kernel, &mm.y)?;
+        if w.format != w_format || w.tile != self.tile {
+            return Err(HostError::WeightsMismatch {
+                packed: format!("{} with tile {:?}", w.format, w.tile),
+                needed: format!("{w_format} with tile {:?}", self.tile),
+            });
+        }
+        let mk = m.checked_mul(k).ok_or(HostError::Overflow("m·k"))?;
+        let mn = m.checked_mul(n).ok_or(HostError::Overflow("m·n"))?;
+        // x: the variant must be the kernel's x format (i8dyn takes f32).
+        let (x_ptr, x_len, x_elem) = match (x, x_format) {
+            (HostInput::F32(v), Format::F32 | Format::I8Dyn) => (v.as_ptr() as *const u8, v.len(), 4),
+            (HostInput::F16(v), Format::F16) => (v.as_ptr() as *const u8, v.len(), 2),
+            (HostInput::BF16(v), Format::BF16) => (v.as_ptr() as *const u8, v.len(), 2),
+            (_, f) => {
+                return Err(HostError::Shape {
+                    what: "x format",
+                    expected: f.to_string(),
+                    got: match x {
+                        HostInput::F32(_) => "f32",
+                        HostInput::F16(_) => "f16",
+                        HostInput::BF16(_) => "bf16",
+                    }
+                    .into(),
+                });
+            }
+        };
+        check_len("x elements (m·k)", mk, x_len)?;
+        let (y_ptr, y_len, y_elem) = match (y, y_format) {
+            (HostOutput::F32(v), Format::F32) => (v.as_mut_ptr() as *mut u8, v.len(), 4),
+            (HostOutput::F16(v), Format::F16) => (v.as_mut_ptr() as *mut u8, v.len(), 2),
+            (HostOutput::BF16(v), Format::BF16) => (v.as_mut_ptr() as *mut u8, v.len(), 2),
+            (_, f) => {
+                return Err(HostError::Shape {
+                    what: "y format",
+                    expected: f.to_string(),
+                    got: "another format".into(),
+                });
+            }
+        };
+        check_len("y elements (m·n)", mn, y_len)?;
+        match (&self.kernel.as_matmul().and_then(|m| m.epilogue.bias.clone()), bias) {
+            (Some(_), Some(b)) => check_len("bias elements (n)", n, b.len())?,
+            (Some(name), None) => {
+                return Err(HostError::Shape {
+                    what: "bias",
+                    expected: format!("tensor `{name}` of {n} elements"),
+                    got: "none".into(),
+                });
+            }
+            (None, Some(_)) => {
+                return Err(HostError::Shape {
+                    what: "bias",
+                    expected: "none (the kernel has no bias)".into(),
+                    got: "a bias".into(),
+                });
+            }
+            (None, None) => {}
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+
+        // Activation quantization (i8dyn): one pass before the threads split.
+        let group = w_format.group().map_or(k, |g| g.len(k)).max(1);
+        let groups = w_format.group().map_or(1, |g| groups_per_row(g, k));
+        let mut qx = Vec::new();
+        let mut qx_scales = Vec::new();
+        let mut qx_sums = Vec::new();
+        if let Some(quantizer) = &self.quantizer {
+            let plan = PackPlan::for_tensor(
+                &self.kernel,
+                &mm.x,
+                &[(mm.e.as_str(), m), (mm.l.as_str(), k)],
+                &tile_sizes(mm, &self.kernel, self.tile),
+            )?;
+            let m_pad = m.div_ceil(self.tile.ep.max(1)) * self.tile.ep.max(1);
+            qx = vec![0u8; plan.packed_bytes()];
+            qx_scales = vec![0f32; m_pad];
+            qx_sums = vec![0i32; m_pad.checked_mul(groups).ok_or(HostError::Overflow("sums"))?];
+            let args = QuantizeArgs {
+                x: x_ptr as *const f32,
+                x_stride: k * 4,
+                out: qx.as_mut_ptr(),
+                out_scales: qx_scales.as_mut_ptr(),
+                out_sums: if w_format.is_asymmetric() {
+                    qx_sums.as_mut_ptr()
+                } else {
+                    std::ptr::null_mut()
+                },
+                m,
+                k,
+                group,
+            };
+            // SAFETY: `quantizer` was emitted for this kernel and tile with the
+            // QuantizeArgs ABI. x holds m·k f32 (checked above); `qx` holds the
+            // packed size of x's layout for (m, k) and this tile, `qx_scales`
+            // m rounded up to ep, `qx_sums` that times the group count; all
+            // live across the call.
+            unsafe {
+                let f: KernelFn<QuantizeArgs> = std::mem::transmute(quantizer.entry());
+                f(&args);
+            }
+        }
+
+        let hp = self.tile.hp.max(1);
+        let panels = n.div_ceil(hp);
+        let threads = threads.clamp(1, panels);
+        let per = panels.div_ceil(threads);
+        let base = SharedArgs(MatmulArgs {
+            x: if self.quantizer.is_some() {
+                qx.as_ptr()
+            } else {
+                x_ptr
+            },
+            x_stride: k * x_elem,
+            x_scales: qx_scales.as_ptr(),
+            x_sums: qx_sums.as_ptr(),
+            w: w.codes.as_ptr(),
+            w_params: w.params.as_ptr(),
+            bias: bias.map_or(std::ptr::null(), |b| b.as_ptr()),
+            y: y_ptr,
+            y_stride: n * y_elem,
+            m,
+            n: 0,
+            k,
+            n0: 0,
+            n_total: n,
+        });
+        let call = |p0: usize, p1: usize| {
+            let n0 = p0 * hp;
+            let n1 = (p1 * hp).min(n);
+            if n0 >= n1 {
+                return;
+            }
+            let args = MatmulArgs {
+                n: n1 - n0,
+                n0,
+                ..base.get()
+            };
+            // SAFETY: the kernel was emitted for this IR kernel and tile with the
+            // MatmulArgs ABI. Every buffer was checked above against (m, n, k):
+            // x (or the quantizer's output), the packed weights and params
+            // (packed for this kernel, format and tile), bias (n), y (m·n).
+            // Calls on different threads write disjoint columns n0..n1 of y.
+            unsafe {
+                let f: KernelFn<MatmulArgs> = std::mem::transmute(self.matmul.entry());
+                f(&args);
+            }
+        };
+        if threads == 1 {
+            call(0, panels);
+        } else {
+            std::thread::scope(|s| {
+                for t in 0..threads {
+                    let call = &call;
+                    s.spawn(move || call(t * per, ((t + 1) * per).min(panels)));
+                }
+            });
+        }
+        Ok(())
+    }
+}
