@@ -10,6 +10,7 @@
 pub mod builder;
 pub mod ir;
 pub mod quant;
+pub mod text;
 pub mod verify;
 
 pub use builder::KernelBuilder;
