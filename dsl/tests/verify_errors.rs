@@ -687,7 +687,9 @@ fn operand_roles() {
 
 #[test]
 fn operand_formats() {
-    let cases: Vec<(fn() -> Kernel, &str, &'static str, Format)> = vec![
+    /// (base kernel, tensor, operand slot, bad format).
+    type Case = (fn() -> Kernel, &'static str, &'static str, Format);
+    let cases: Vec<Case> = vec![
         (mm, "x", "x", Format::Fp8E4M3),
         (mm, "x", "x", Format::I8Sym(Group::Row)),
         (mm, "w", "w", Format::I8Dyn),
