@@ -12,13 +12,22 @@
 //!   whole, or as `axis/tile` plus `tile` with the tile belonging to that axis.
 //!   `pair-transpose` only on 4-bit formats. Group sizes are multiples of 4.
 //! - Matmul `y[e, h] = Σ_l x[e, l] · w[h, l]`: roles x Input, w Weight,
-//!   y Output; `e`, `h` Spatial, `l` Reduce; formats and epilogue as in
-//!   [`check_matmul`].
+//!   y Output; `e`, `h` Spatial, `l` Reduce. x is f32/f16/bf16/i8dyn, w any
+//!   weight format (not i8dyn or fp8), y f32/f16/bf16. The epilogue scales
+//!   iff an operand is quantized and has a zero-point iff w is asymmetric; a
+//!   bias is an Input `[h]` in f32/f16/bf16.
 //! - Attention `o[t, hq, d] = softmax_s(q[t, hq, d] · k[s, kvh, d]) · v[s, kvh, d]`:
 //!   `t`, `hq`, `kvh`, `d` are Spatial (they index outputs or select a cache
 //!   head; `d` is contracted in q·k but indexes o), `s` is Reduce (softmax and
 //!   the weighted sum run over it). q Input, k/v Cache with `s` outermost in
-//!   their layout (appends stay in place), o Output.
+//!   their layout (appends stay in place), o Output. q and o are
+//!   f32/f16/bf16; k f32/f16/bf16 or per-token asymmetric `i8asym:row` /
+//!   `u4asym:row`; v f32/f16/bf16, fp8 or `i8asym:row`. Decode has one (or a
+//!   dyn number of) query tokens; async softmax needs a finite `phi` and
+//!   `lo < hi`; fixed heads are a multiple of fixed kv heads.
+//! - An op's axis slots name distinct axes (matmul `e` ≠ `h`; attention
+//!   `t`, `hq`, `kvh`, `d` pairwise) and attention's k and v are different
+//!   tensors. Tensors the op does not use get only the generic checks.
 //! - Schedule axes exist, appear once per list; `split` is a reduce axis.
 
 use crate::ir::*;
