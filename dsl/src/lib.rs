@@ -13,6 +13,7 @@ pub mod ir;
 pub mod library;
 pub mod naming;
 pub mod quant;
+pub mod text;
 pub mod verify;
 
 pub use builder::KernelBuilder;
