@@ -149,9 +149,9 @@ fn tile_sizes<'a>(mm: &'a Matmul, kernel: &'a Kernel, tile: HostTile) -> Vec<(&'
 }
 
 fn is_panel_layout(kernel: &Kernel, mm: &Matmul) -> bool {
-    kernel.tensor(&mm.w).is_some_and(|t| {
-        matches!(t.layout.dims.first(), Some(LayoutDim::Outer { axis, .. }) if *axis == mm.h)
-    })
+    kernel.tensor(&mm.w).is_some_and(
+        |t| matches!(t.layout.dims.first(), Some(LayoutDim::Outer { axis, .. }) if *axis == mm.h),
+    )
 }
 
 fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), HostError> {
@@ -401,7 +401,9 @@ impl HostMatmul {
         let mn = m.checked_mul(n).ok_or(HostError::Overflow("m·n"))?;
         // x: the variant must be the kernel's x format (i8dyn takes f32).
         let (x_ptr, x_len, x_elem) = match (x, x_format) {
-            (HostInput::F32(v), Format::F32 | Format::I8Dyn) => (v.as_ptr() as *const u8, v.len(), 4),
+            (HostInput::F32(v), Format::F32 | Format::I8Dyn) => {
+                (v.as_ptr() as *const u8, v.len(), 4)
+            }
             (HostInput::F16(v), Format::F16) => (v.as_ptr() as *const u8, v.len(), 2),
             (HostInput::BF16(v), Format::BF16) => (v.as_ptr() as *const u8, v.len(), 2),
             (_, f) => {
@@ -431,7 +433,13 @@ impl HostMatmul {
             }
         };
         check_len("y elements (m·n)", mn, y_len)?;
-        match (&self.kernel.as_matmul().and_then(|m| m.epilogue.bias.clone()), bias) {
+        match (
+            &self
+                .kernel
+                .as_matmul()
+                .and_then(|m| m.epilogue.bias.clone()),
+            bias,
+        ) {
             (Some(_), Some(b)) => check_len("bias elements (n)", n, b.len())?,
             (Some(name), None) => {
                 return Err(HostError::Shape {
@@ -469,7 +477,12 @@ impl HostMatmul {
             let m_pad = m.div_ceil(self.tile.ep.max(1)) * self.tile.ep.max(1);
             qx = vec![0u8; plan.packed_bytes()];
             qx_scales = vec![0f32; m_pad];
-            qx_sums = vec![0i32; m_pad.checked_mul(groups).ok_or(HostError::Overflow("sums"))?];
+            qx_sums = vec![
+                0i32;
+                m_pad
+                    .checked_mul(groups)
+                    .ok_or(HostError::Overflow("sums"))?
+            ];
             let args = QuantizeArgs {
                 x: x_ptr as *const f32,
                 x_stride: k * 4,
