@@ -1,0 +1,153 @@
+//! The CLI's contract: outputs, exit codes and error messages.
+
+use std::io::Write;
+use std::process::{Command, Output};
+
+fn cli(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera-kernels-gen"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn show_list_names_every_library_kernel() {
+    let o = cli(&["show", "--list"]);
+    assert!(o.status.success());
+    let names: Vec<String> = stdout(&o).lines().map(str::to_string).collect();
+    assert_eq!(names, tessera_dsl::library::names());
+}
+
+#[test]
+fn show_prints_canonical_text_that_parses_back() {
+    for name in tessera_dsl::library::names() {
+        let o = cli(&["show", name]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let text = stdout(&o);
+        let k: tessera_dsl::Kernel = text.parse().expect("canonical text parses");
+        assert_eq!(k, tessera_dsl::library::get(name).unwrap());
+        assert_eq!(k.to_string(), text);
+    }
+}
+
+#[test]
+fn unknown_kernel_lists_the_valid_ones() {
+    let o = cli(&["show", "matmul-w5a8"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("matmul-w4a8"), "{}", stderr(&o));
+}
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("tessera-cli-{}-{name}", std::process::id()));
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    path
+}
+
+#[test]
+fn check_accepts_a_valid_file_and_prints_canonical_text() {
+    let k = tessera_dsl::library::get("attention-decode-kv8").unwrap();
+    let text = format!("# a comment\n\n{k}");
+    let path = temp_file("ok.tk", &text);
+    let o = cli(&["check", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), k.to_string());
+}
+
+#[test]
+fn check_names_the_line_and_the_problem() {
+    let k = tessera_dsl::library::get("matmul-w4a8")
+        .unwrap()
+        .to_string();
+    let bad = k.replace("u4asym:g32", "u5asym:g32");
+    let line = bad.lines().position(|l| l.contains("u5asym")).unwrap() + 1;
+    let path = temp_file("bad.tk", &bad);
+    let o = cli(&["check", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains(&format!("line {line}")), "{err}");
+    assert!(err.contains("u5asym"), "{err}");
+}
+
+#[test]
+fn check_reports_verify_errors_and_missing_files() {
+    let k = tessera_dsl::library::get("matmul-w4a8")
+        .unwrap()
+        .to_string();
+    let bad = k.replace(" zero-point", "");
+    let path = temp_file("nozp.tk", &bad);
+    let o = cli(&["check", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("zero"), "{}", stderr(&o));
+    let o = cli(&["check", "/nonexistent/kernel.tk"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("/nonexistent/kernel.tk"));
+}
+
+#[test]
+fn solve_prints_the_table_2_rows_first() {
+    let o = cli(&[
+        "solve",
+        "--target",
+        "aarch64-i8mm",
+        "--kernel",
+        "matmul-w4a8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("ep=10 hp=8 lp=8 "), "{}", stdout(&o));
+    let o = cli(&[
+        "solve",
+        "--target",
+        "aarch64-dotprod",
+        "--kernel",
+        "matmul-w4a8",
+    ]);
+    assert!(stdout(&o).starts_with("ep=12 hp=8 lp=4 "), "{}", stdout(&o));
+}
+
+#[test]
+fn solve_top_and_json() {
+    let o = cli(&[
+        "solve",
+        "--target",
+        "x86-avx2",
+        "--kernel",
+        "matmul-f32",
+        "--top",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().filter(|l| l.starts_with('#')).count(), 3);
+    let o = cli(&[
+        "solve",
+        "--target",
+        "aarch64-i8mm",
+        "--kernel",
+        "matmul-w4a8",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("valid JSON");
+    assert!(v.to_string().contains("\"ep\":10"), "{v}");
+}
+
+#[test]
+fn solve_errors_list_the_choices() {
+    let o = cli(&["solve", "--target", "riscv", "--kernel", "matmul-w4a8"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("aarch64-i8mm"));
+    let o = cli(&["solve", "--target", "opencl-gpu", "--kernel", "matmul-w4a8"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("i8dyn") || stderr(&o).contains("int8"),
+        "{}",
+        stderr(&o)
+    );
+}
