@@ -823,17 +823,24 @@ fn check_matmul(
         }
     }
 
-    let quantized = [x_decl, w_decl]
+    let quantized: Vec<&TensorDecl> = [x_decl, w_decl]
         .into_iter()
-        .find(|t| t.format.is_quantized());
-    match (quantized, scale, epilogue) {
-        (Some(t), None, Some(ep)) => {
+        .filter(|t| t.format.is_quantized())
+        .collect();
+    let described: Vec<String> = quantized
+        .iter()
+        .map(|t| format!("`{}` ({})", t.name, t.format.spelling()))
+        .collect();
+    let (subject, verb) = match described.as_slice() {
+        [one] => (one.clone(), "is"),
+        _ => (described.join(" and "), "are"),
+    };
+    match (quantized.first(), scale, epilogue) {
+        (Some(_), None, Some(ep)) => {
             return fail(
                 ep.keyword.span(),
                 format!(
-                    "the epilogue is missing `scale`: `{}` is {}, a quantized format, so the accumulators must be multiplied by its dequantization scales",
-                    t.name,
-                    t.format.spelling()
+                    "the epilogue is missing `scale`: {subject} {verb} quantized, so the accumulators must be multiplied by the dequantization scales"
                 ),
             );
         }
@@ -846,9 +853,7 @@ fn check_matmul(
             return fail(
                 t.format_loc,
                 format!(
-                    "`{}` is {}, a quantized format, so the kernel needs an epilogue with its dequantization scale: add `{needs}`",
-                    t.name,
-                    t.format.spelling()
+                    "{subject} {verb} quantized, so the kernel needs an epilogue that applies the dequantization scales: add `{needs}`"
                 ),
             );
         }
@@ -956,14 +961,7 @@ fn check_attention(
             ),
         );
     };
-    let q_decl = check_use(scope, q)?;
     let k_decl = check_use(scope, k)?;
-    let v_decl = check_use(scope, v)?;
-    require_indices(
-        q,
-        &[t, hq, d],
-        &format!("the query `{}` (like the output)", q.tensor),
-    )?;
     let [s, kvh, _] = k.indices.as_slice() else {
         return fail(
             k.indices_loc,
@@ -990,6 +988,13 @@ fn check_attention(
             ),
         );
     }
+    let q_decl = check_use(scope, q)?;
+    let v_decl = check_use(scope, v)?;
+    require_indices(
+        q,
+        &[t, hq, d],
+        &format!("the query `{}` (like the output)", q.tensor),
+    )?;
     require_indices(
         k,
         &[s, kvh, d],

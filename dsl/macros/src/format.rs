@@ -250,6 +250,6 @@ mod tests {
         assert!(msg("i8sym:col").contains("invalid quantization group `col`"));
         assert!(msg("u4asym:g99999999999").contains("invalid quantization group"));
         assert!(msg("f16:g32").contains("takes no group"));
-        assert!(msg("[").contains("expected a storage format"));
+        assert!(msg(",").contains("expected a storage format"));
     }
 }

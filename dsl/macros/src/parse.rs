@@ -144,6 +144,15 @@ pub enum SoftmaxMode {
     Async { phi: f32, lo: f32, hi: f32 },
 }
 
+const STATEMENT_KEYWORDS: [&str; 6] = [
+    "tile",
+    "epilogue",
+    "softmax",
+    "parallel",
+    "double_buffer",
+    "split",
+];
+
 const STATEMENT_HELP: &str = "expected a statement: `tile e by ep, ...;`, a tensor `x: input f32 [e, l];`, \
      the computation `y[e, h] = ...;`, `epilogue ...;`, `softmax ...;`, `parallel ...;`, \
      `double_buffer ...;` or `split ...;`";
@@ -474,12 +483,21 @@ fn parse_tensor(input: ParseStream) -> syn::Result<TensorDecl> {
                 decl.prescaled = Some(loc);
             }
             other => {
-                return fail(
-                    loc,
+                // A statement's start right after a declaration means a missing `;`.
+                let starts_statement = input.peek(Token![:])
+                    || input.peek(syn::token::Bracket)
+                    || STATEMENT_KEYWORDS.contains(&other);
+                let message = if starts_statement {
+                    format!(
+                        "expected `;` before `{other}`, to end the declaration of `{}`",
+                        decl.name
+                    )
+                } else {
                     format!(
                         "unknown tensor attribute `{other}`; expected `layout [...]`, `pair_transpose`, `prescaled` or `;`"
-                    ),
-                );
+                    )
+                };
+                return fail(loc, message);
             }
         }
     }
