@@ -4,10 +4,10 @@
 //! canonical text into `kernel!` and back.
 
 use crate::error::Loc;
+use crate::parse::ident_or;
 use proc_macro2::TokenStream;
 use quote::quote;
 use syn::Ident;
-use syn::ext::IdentExt;
 use syn::parse::ParseStream;
 
 /// Quantization group along the reduction axis (`g32` or `row`).
@@ -127,12 +127,7 @@ impl Format {
 /// Parse `f32` or `u4asym:g32` style formats; the returned span covers the
 /// whole spelling so errors about the format point at all of it.
 pub fn parse_format(input: ParseStream) -> syn::Result<(Format, Loc)> {
-    let base = input.call(Ident::parse_any).map_err(|e| {
-        syn::Error::new(
-            e.span(),
-            format!("expected a storage format: {FORMAT_HELP}"),
-        )
-    })?;
+    let base = ident_or(input, format!("expected a storage format: {FORMAT_HELP}"))?;
     let name = base.to_string();
     let plain = match name.as_str() {
         "f32" => Some(Format::F32),
@@ -174,12 +169,10 @@ pub fn parse_format(input: ParseStream) -> syn::Result<(Format, Loc)> {
         ));
     }
     let _colon: syn::Token![:] = input.parse()?;
-    let group_ident = input.call(Ident::parse_any).map_err(|e| {
-        syn::Error::new(
-            e.span(),
-            "expected a quantization group: `gN` (N a positive multiple of 4, e.g. `g32`) or `row`",
-        )
-    })?;
+    let group_ident = ident_or(
+        input,
+        "expected a quantization group: `gN` (N a positive multiple of 4, e.g. `g32`) or `row`",
+    )?;
     let group = parse_group(&group_ident)?;
     Ok((
         make(group),
@@ -205,7 +198,7 @@ fn parse_group(ident: &Ident) -> syn::Result<Group> {
         return Err(bad());
     }
     let n: u32 = digits.parse().map_err(|_| bad())?;
-    if n == 0 || n % 4 != 0 {
+    if n == 0 || !n.is_multiple_of(4) {
         return Err(bad());
     }
     Ok(Group::Size(n))

@@ -205,6 +205,28 @@ impl Parse for KernelDef {
     }
 }
 
+/// Any identifier, keywords included (`async`, `type`), with a raw `r#`
+/// prefix removed. Names end up in the IR, which allows ASCII only.
+pub fn any_ident(input: ParseStream) -> syn::Result<Ident> {
+    let ident = input.call(Ident::parse_any)?.unraw();
+    if !ident.to_string().is_ascii() {
+        return fail(
+            ident.span(),
+            format!("`{ident}`: names in a kernel are ASCII identifiers"),
+        );
+    }
+    Ok(ident)
+}
+
+/// An identifier, or an error at the next token saying what was expected.
+pub fn ident_or(input: ParseStream, expected: impl std::fmt::Display) -> syn::Result<Ident> {
+    if input.peek(Ident::peek_any) {
+        any_ident(input)
+    } else {
+        fail(input.span(), expected)
+    }
+}
+
 /// `matmul-w4a8` (identifiers joined by `-`) or a string literal.
 fn parse_kernel_name(input: ParseStream) -> syn::Result<(String, Loc)> {
     if input.peek(LitStr) {
@@ -225,18 +247,18 @@ fn parse_kernel_name(input: ParseStream) -> syn::Result<(String, Loc)> {
         }
         return Ok((name, Loc::of(lit.span())));
     }
-    let first = input.call(Ident::parse_any).map_err(|e| {
-        Loc::of(e.span()).error("expected a kernel name, e.g. `matmul-w4a8` or `\"my-kernel\"`")
-    })?;
+    let first = ident_or(
+        input,
+        "expected a kernel name, e.g. `matmul-w4a8` or `\"my-kernel\"`",
+    )?;
     let mut name = first.to_string();
     let mut loc = Loc::of(first.span());
     while input.peek(Token![-]) {
         let _dash: Token![-] = input.parse()?;
-        let part = input.call(Ident::parse_any).map_err(|e| {
-            Loc::of(e.span()).error(
-                "expected a name part after `-`; for names such parts cannot spell, use a string literal: `\"my-kernel\"`",
-            )
-        })?;
+        let part = ident_or(
+            input,
+            "expected a name part after `-`; for names such parts cannot spell, use a string literal: `\"my-kernel\"`",
+        )?;
         name.push('-');
         name.push_str(&part.to_string());
         loc = loc.to(Loc::of(part.span()));
@@ -263,9 +285,7 @@ fn parse_comma_list<T>(
 }
 
 fn parse_name(input: ParseStream, what: &str) -> syn::Result<Ident> {
-    input
-        .call(Ident::parse_any)
-        .map_err(|e| Loc::of(e.span()).error(format!("expected {what}")))
+    ident_or(input, format!("expected {what}"))
 }
 
 /// A positive integer literal without suffix.
@@ -323,9 +343,7 @@ fn parse_stmt(input: ParseStream) -> syn::Result<Stmt> {
     if input.peek(Ident::peek_any) && input.peek2(syn::token::Bracket) {
         return parse_compute(input).map(Stmt::Compute);
     }
-    let keyword = input
-        .call(Ident::parse_any)
-        .map_err(|e| Loc::of(e.span()).error(STATEMENT_HELP))?;
+    let keyword = ident_or(input, STATEMENT_HELP)?;
     let what = format!("`{keyword}` statement");
     let stmt = match keyword.to_string().as_str() {
         "tile" => Stmt::Tile(parse_comma_until_semi(input, parse_tile_decl)?),
@@ -370,7 +388,7 @@ fn parse_comma_until_semi<T>(
 
 fn parse_tile_decl(input: ParseStream) -> syn::Result<TileDecl> {
     let axis = parse_name(input, "an axis to tile: `tile e by ep`")?;
-    let by = input.call(Ident::parse_any).ok();
+    let by = any_ident(input).ok();
     if by.as_ref().is_none_or(|b| b != "by") {
         let loc = by.map_or(input.span(), |b| b.span());
         return fail(
@@ -392,9 +410,7 @@ fn parse_tile_decl(input: ParseStream) -> syn::Result<TileDecl> {
 
 fn parse_role(input: ParseStream) -> syn::Result<(Role, Loc)> {
     let help = "expected the tensor's role: `input`, `weight`, `output` or `cache`";
-    let ident = input
-        .call(Ident::parse_any)
-        .map_err(|e| Loc::of(e.span()).error(help))?;
+    let ident = ident_or(input, help)?;
     let role = match ident.to_string().as_str() {
         "input" => Role::Input,
         "weight" => Role::Weight,
@@ -424,7 +440,7 @@ fn parse_axis_list(input: ParseStream, what: &str) -> syn::Result<(Vec<Ident>, L
 }
 
 fn parse_tensor(input: ParseStream) -> syn::Result<TensorDecl> {
-    let name = input.call(Ident::parse_any)?;
+    let name = any_ident(input)?;
     let _colon: Token![:] = input.parse()?;
     let (role, role_loc) = parse_role(input)?;
     let (format, format_loc) = parse_format(input)?;
@@ -442,12 +458,13 @@ fn parse_tensor(input: ParseStream) -> syn::Result<TensorDecl> {
         prescaled: None,
     };
     while !input.peek(Token![;]) {
-        let attr = input.call(Ident::parse_any).map_err(|e| {
-            Loc::of(e.span()).error(format!(
+        let attr = ident_or(
+            input,
+            format!(
                 "expected `layout [...]`, `pair_transpose`, `prescaled` or `;` after tensor `{}`",
                 decl.name
-            ))
-        })?;
+            ),
+        )?;
         let loc = Loc::of(attr.span());
         let duplicate = || {
             fail(
@@ -540,9 +557,7 @@ fn parse_compute(input: ParseStream) -> syn::Result<Compute> {
         );
     }
     let _eq: Token![=] = input.parse()?;
-    let head = input
-        .call(Ident::parse_any)
-        .map_err(|e| Loc::of(e.span()).error(RHS_HELP))?;
+    let head = ident_or(input, RHS_HELP)?;
     let rhs = match head.to_string().as_str() {
         "sum" => {
             if !input.peek(syn::token::Paren) {
@@ -592,9 +607,7 @@ fn parse_compute(input: ParseStream) -> syn::Result<Compute> {
                 );
             }
             let kind_help = "expected `decode` (one query token against the cache) or `prefill` (causal) after `attention(...)`";
-            let kind_ident = input
-                .call(Ident::parse_any)
-                .map_err(|e| Loc::of(e.span()).error(kind_help))?;
+            let kind_ident = ident_or(input, kind_help)?;
             let kind = match kind_ident.to_string().as_str() {
                 "decode" => AttentionKind::Decode,
                 "prefill" => AttentionKind::Prefill,
@@ -625,9 +638,7 @@ fn expect_comma(input: ParseStream, after: &str) -> syn::Result<()> {
 
 fn parse_epilogue_item(input: ParseStream) -> syn::Result<EpilogueItem> {
     let help = "expected an epilogue step: `scale`, `zero_point`, `bias(b)`, `relu` or `silu`";
-    let ident = input
-        .call(Ident::parse_any)
-        .map_err(|e| Loc::of(e.span()).error(help))?;
+    let ident = ident_or(input, help)?;
     Ok(match ident.to_string().as_str() {
         "scale" => EpilogueItem::Scale(ident),
         "zero_point" => EpilogueItem::ZeroPoint(ident),
@@ -654,9 +665,7 @@ fn parse_epilogue_item(input: ParseStream) -> syn::Result<EpilogueItem> {
 
 fn parse_softmax_mode(input: ParseStream) -> syn::Result<SoftmaxMode> {
     let help = "expected `online` or `async(phi = 0.0, lo = -20.0, hi = 20.0)`";
-    let ident = input
-        .call(Ident::parse_any)
-        .map_err(|e| Loc::of(e.span()).error(help))?;
+    let ident = ident_or(input, help)?;
     match ident.to_string().as_str() {
         "online" => Ok(SoftmaxMode::Online),
         "async" => {

@@ -191,6 +191,18 @@ fn statement_order_is_free() {
 }
 
 #[test]
+fn raw_identifiers_lose_their_prefix() {
+    let s = ok("r#fn(e, h, l) {
+        r#type: input f32 [e, l];
+        w: weight f32 [h, l];
+        y: output f32 [e, h];
+        y[e, h] = sum(l) r#type[e, l] * w[h, l];
+    }");
+    assert_eq!(s.name, "fn");
+    assert_eq!(s.tensors[0].name, "type");
+}
+
+#[test]
 fn gpu_layout_and_fixed_tiles() {
     let s = ok("
         matmul-w4a16-gpu(e, h, l) {
@@ -230,6 +242,7 @@ const MISTAKES: &[(&str, &str)] = &[
     ("matmul-(e) {}", "expected a name part after `-`"),
     ("\"bad name!\"(e) {}", "invalid kernel name"),
     ("m() {}", "a kernel needs its axes"),
+    ("m(é) {}", "names in a kernel are ASCII identifiers"),
     ("m(e, e) {}", "axis `e` is declared twice"),
     ("m(e: dyn) {}", "write `e` for an extent bound at call time"),
     ("m(e = 0) {}", "must be a positive integer"),
