@@ -7,6 +7,9 @@
 //! [`quant`] defines every storage format and packed layout byte by byte;
 //! [`library`] holds the built-in kernels.
 
+// Lets `kernel!`'s expansion name `::tessera_dsl::...` inside this crate too.
+extern crate self as tessera_dsl;
+
 pub mod builder;
 pub mod interp;
 pub mod ir;
@@ -18,4 +21,7 @@ pub mod verify;
 
 pub use builder::KernelBuilder;
 pub use ir::*;
+/// Describe a kernel as loops over named axes; expands to a
+/// [`KernelBuilder`] chain whose value is `Result<Kernel, VerifyError>`.
+pub use tessera_macros::kernel;
 pub use verify::{VerifyError, verify};

@@ -1,0 +1,12 @@
+use tessera_dsl::kernel;
+
+fn main() {
+    let _ = kernel! {
+        matmul-f32(e, h, l) {
+            x: input  f32 [e, l];
+            w: weight f32 [h, l];
+            y: output f32 [e, h];
+            y[e, h] = sum(h) x[e, l] * w[h, l];
+        }
+    };
+}
