@@ -277,7 +277,7 @@ fn library_shapes_are_expressible() {
             tile l by lp = 32;
             x: input  f16      [e, l];
             w: weight i8sym:row [h, l] layout [l/lp, h, lp];
-            b: weight f16      [h];
+            b: input  f16      [h];
             y: output f16      [e, h];
             y[e, h] = sum(l) x[e, l] * w[h, l];
             epilogue scale, bias(b), silu;
