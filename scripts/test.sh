@@ -96,6 +96,11 @@ ensure_aarch64_cross() {
     fi
 }
 
+# Listing cross-checks: llvm-mc assembles and disassembles emitted code.
+ensure_llvm_mc() {
+    have llvm-mc || ensure_apt_packages llvm
+}
+
 # OpenCL tests: PoCL, a CPU OpenCL implementation, with the ICD loader.
 ensure_pocl() {
     ensure_apt_packages pocl-opencl-icd ocl-icd-libopencl1 clinfo
@@ -124,6 +129,7 @@ install_requirements() {
     ensure_rust
     ensure_c_toolchain
     ensure_rust_components
+    ensure_llvm_mc
 }
 
 # --- checks -------------------------------------------------------------------
