@@ -71,43 +71,7 @@ pub enum EmitError {
     Assembler(String),
 }
 
-/// Which loop structure a matmul instance uses (FlashDecoding++ section 5:
-/// the runtime switches GEMV → flat GEMM → GEMM at M1 and M2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Variant {
-    /// One token row (M = 1): memory-bound, streams the weights once.
-    Gemv,
-    /// A few token rows (M small, padded to the tile): all rows'
-    /// accumulators in registers, weights read once.
-    FlatGemm,
-    /// Many rows: tiled for reuse from cache or local memory.
-    Gemm,
-}
-
-impl Variant {
-    pub const ALL: [Variant; 3] = [Variant::Gemv, Variant::FlatGemm, Variant::Gemm];
-}
-
-impl fmt::Display for Variant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Variant::Gemv => "gemv",
-            Variant::FlatGemm => "flat-gemm",
-            Variant::Gemm => "gemm",
-        })
-    }
-}
-
-impl std::str::FromStr for Variant {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Variant, String> {
-        Variant::ALL
-            .into_iter()
-            .find(|v| v.to_string() == s)
-            .ok_or_else(|| format!("unknown variant `{s}`; valid: gemv, flat-gemm, gemm"))
-    }
-}
+pub use tessera_dsl::ir::Variant;
 
 /// Every backend: kernel plus tile in, artifact out.
 pub trait Backend {

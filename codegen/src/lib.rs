@@ -18,3 +18,9 @@ pub use tile::{
     BlockTile, Problem, RegisterAccounting, Solution, SolveError, TileConfig, neighbours, solve,
     solve_kernel,
 };
+
+/// This generator's version (the crate version).
+pub const GENERATOR_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A hash of every emitter source file: changes whenever emitted code can.
+pub const TEMPLATE_HASH: &str = env!("TESSERA_TEMPLATE_HASH");

@@ -1,0 +1,396 @@
+//! Tuning records: what the autotuner measured on a device, and what the
+//! runtime loads to dispatch by M.
+//!
+//! A record file holds entries from any number of devices (records merge);
+//! each entry is valid only for its device [`Fingerprint`] and the generator
+//! ([`GeneratorId`]: version and template hash) that produced the kernels it
+//! measured. Every measurement is kept, not only the winners, so a later tool
+//! can re-decide with another policy.
+//!
+//! Schema (JSON, `schema` = [`RECORD_SCHEMA`]):
+//!
+//! ```text
+//! { "schema": 1,
+//!   "entries": [ {
+//!     "fingerprint": { arch, cpu_model, features[], clusters[], logical_cpus, caches[], gpus[] },
+//!     "generator": { "version": "0.1.0", "template_hash": "…" },
+//!     "backend": "host", "format": "w4a8", "model": "qwen2-1.5b", "threads": 2,
+//!     "partial": false, "created_unix": 1700000000,
+//!     "limits": { "read_gbps": 27.4, "mac_gops": 98.0 },
+//!     "core_weights": [1.0, 1.0],
+//!     "shapes": [ { "name": "qkv", "n": 2048, "k": 1536, "m1": 2, "m2": 48,
+//!                   "winners": [ { "variant": "gemv", "target": "x86-avx2", "tile": [1, 32, 4], "kernel": "matmul_…" } ],
+//!                   "measurements": [ { "variant", "target", "tile", "threads", "m", "median_ns", "spread_ns", "samples", "gflops", "gbps", "roofline" } ] } ] } ] }
+//! ```
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tessera_dsl::ir::Variant;
+
+use crate::device::Fingerprint;
+
+/// The record format's version; a different one is refused.
+pub const RECORD_SCHEMA: u32 = 1;
+
+/// Which generator produced the kernels a record measured.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GeneratorId {
+    pub version: String,
+    pub template_hash: String,
+}
+
+/// The device's measured limits, so results print as roofline fractions.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+pub struct Limits {
+    /// Streaming read bandwidth, GB/s.
+    pub read_gbps: f64,
+    /// Peak multiply-accumulate throughput of the chosen instruction, G/s.
+    pub mac_gops: f64,
+}
+
+/// The kernel chosen for one variant of one weight shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Winner {
+    pub variant: Variant,
+    /// Target name (`x86-avx2`, `host`, `aarch64-i8mm`, `opencl`, …).
+    pub target: String,
+    /// ep, hp, lp.
+    pub tile: [u32; 3],
+    /// Full instance name (the naming grammar).
+    pub kernel: String,
+}
+
+/// One timed configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Measurement {
+    pub variant: Variant,
+    pub target: String,
+    pub tile: [u32; 3],
+    pub threads: usize,
+    pub m: usize,
+    pub median_ns: f64,
+    /// Dispersion (median absolute deviation), ns.
+    pub spread_ns: f64,
+    pub samples: u32,
+    pub gflops: f64,
+    pub gbps: f64,
+    /// Fraction of the device roofline reached (0..1).
+    pub roofline: f64,
+}
+
+/// Results for one weight shape [N, K].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShapeEntry {
+    /// Which layer(s) have this shape (`qkv`, `o`, `gate_up`, `down`, …).
+    pub name: String,
+    pub n: usize,
+    pub k: usize,
+    /// GEMV for M < m1.
+    pub m1: usize,
+    /// Flat GEMM for m1 ≤ M < m2, GEMM for M ≥ m2.
+    pub m2: usize,
+    pub winners: Vec<Winner>,
+    pub measurements: Vec<Measurement>,
+}
+
+impl ShapeEntry {
+    /// The variant that serves M rows.
+    pub fn variant_for(&self, m: usize) -> Variant {
+        if m < self.m1 {
+            Variant::Gemv
+        } else if m < self.m2 {
+            Variant::FlatGemm
+        } else {
+            Variant::Gemm
+        }
+    }
+
+    pub fn winner(&self, variant: Variant) -> Option<&Winner> {
+        self.winners.iter().find(|w| w.variant == variant)
+    }
+}
+
+/// Everything measured on one device for one backend and format.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceEntry {
+    pub fingerprint: Fingerprint,
+    pub generator: GeneratorId,
+    pub backend: String,
+    pub format: String,
+    pub model: String,
+    pub threads: usize,
+    /// True when the tuning budget ran out before every shape finished.
+    pub partial: bool,
+    pub created_unix: u64,
+    pub limits: Limits,
+    /// Relative throughput per logical CPU, for the work split (MNN-LLM 5.2).
+    pub core_weights: Vec<f64>,
+    pub shapes: Vec<ShapeEntry>,
+}
+
+impl DeviceEntry {
+    pub fn shape(&self, n: usize, k: usize) -> Option<&ShapeEntry> {
+        self.shapes.iter().find(|s| s.n == n && s.k == k)
+    }
+
+    /// Entries that replace each other on merge.
+    fn key(&self) -> (String, &GeneratorId, &str, &str, &str, usize) {
+        (
+            self.fingerprint.digest(),
+            &self.generator,
+            &self.backend,
+            &self.format,
+            &self.model,
+            self.threads,
+        )
+    }
+}
+
+/// A record file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuningRecord {
+    pub schema: u32,
+    pub entries: Vec<DeviceEntry>,
+}
+
+impl Default for TuningRecord {
+    fn default() -> Self {
+        TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: Vec::new(),
+        }
+    }
+}
+
+/// Why a record cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a tuning record: {source}")]
+    Json {
+        path: String,
+        source: serde_json::Error,
+    },
+    #[error("record schema {found} is not supported (this runtime reads schema {RECORD_SCHEMA})")]
+    Schema { found: u32 },
+    #[error(
+        "the record has no entry for backend `{backend}` and format `{format}` (it has: {available})"
+    )]
+    NoEntry {
+        backend: String,
+        format: String,
+        available: String,
+    },
+    #[error("the record is stale for this device: {why}")]
+    Stale { why: String },
+}
+
+impl TuningRecord {
+    pub fn from_json(text: &str, path: &str) -> Result<TuningRecord, RecordError> {
+        let record: TuningRecord =
+            serde_json::from_str(text).map_err(|source| RecordError::Json {
+                path: path.to_string(),
+                source,
+            })?;
+        if record.schema != RECORD_SCHEMA {
+            return Err(RecordError::Schema {
+                found: record.schema,
+            });
+        }
+        Ok(record)
+    }
+
+    pub fn load(path: &Path) -> Result<TuningRecord, RecordError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| RecordError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::from_json(&text, &shown)
+    }
+
+    pub fn to_json(&self) -> String {
+        // Serializing plain data with string keys cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), RecordError> {
+        std::fs::write(path, self.to_json()).map_err(|source| RecordError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// Combine records from several devices: entries with the same device,
+    /// generator, backend, format, model and thread count are replaced by
+    /// `other`'s (the newer measurement); the rest are kept, in order.
+    pub fn merge(mut self, other: TuningRecord) -> TuningRecord {
+        for entry in other.entries {
+            match self.entries.iter().position(|e| e.key() == entry.key()) {
+                Some(i) => self.entries[i] = entry,
+                None => self.entries.push(entry),
+            }
+        }
+        self
+    }
+
+    /// The entry for this device, generator, backend and format. A record
+    /// measured elsewhere, or by another generator, is refused with the
+    /// reason (the runtime then falls back to solver defaults and says so).
+    pub fn select(
+        &self,
+        device: &Fingerprint,
+        generator: &GeneratorId,
+        backend: &str,
+        format: &str,
+    ) -> Result<&DeviceEntry, RecordError> {
+        let candidates: Vec<&DeviceEntry> = self
+            .entries
+            .iter()
+            .filter(|e| e.backend == backend && e.format == format)
+            .collect();
+        if candidates.is_empty() {
+            let available: Vec<String> = self
+                .entries
+                .iter()
+                .map(|e| format!("{}/{}", e.backend, e.format))
+                .collect();
+            return Err(RecordError::NoEntry {
+                backend: backend.to_string(),
+                format: format.to_string(),
+                available: if available.is_empty() {
+                    "nothing".into()
+                } else {
+                    available.join(", ")
+                },
+            });
+        }
+        let mut why = String::new();
+        for entry in &candidates {
+            match entry.fingerprint.mismatch(device) {
+                Some(reason) => why = reason,
+                None if entry.generator != *generator => {
+                    why = format!(
+                        "it was made by generator {} ({}), this is {} ({})",
+                        entry.generator.version,
+                        entry.generator.template_hash,
+                        generator.version,
+                        generator.template_hash
+                    );
+                }
+                None => return Ok(entry),
+            }
+        }
+        Err(RecordError::Stale { why })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::from_cpuinfo;
+
+    fn entry(model: &str, flags: &str, hash: &str) -> DeviceEntry {
+        let mut fp = from_cpuinfo(&format!(
+            "processor\t: 0\nmodel name\t: Test CPU\nflags\t: {flags}\n"
+        ));
+        fp.arch = "x86_64".into();
+        DeviceEntry {
+            fingerprint: fp,
+            generator: GeneratorId {
+                version: "0.1.0".into(),
+                template_hash: hash.into(),
+            },
+            backend: "host".into(),
+            format: "w4a8".into(),
+            model: model.into(),
+            threads: 1,
+            partial: false,
+            created_unix: 0,
+            limits: Limits::default(),
+            core_weights: vec![1.0],
+            shapes: vec![ShapeEntry {
+                name: "o".into(),
+                n: 1536,
+                k: 1536,
+                m1: 2,
+                m2: 32,
+                winners: vec![],
+                measurements: vec![],
+            }],
+        }
+    }
+
+    #[test]
+    fn json_round_trip_and_schema_check() {
+        let rec = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![entry("qwen2-1.5b", "avx2 fma", "aa")],
+        };
+        let back = TuningRecord::from_json(&rec.to_json(), "mem").unwrap();
+        assert_eq!(back, rec);
+        let future = rec.to_json().replace("\"schema\": 1", "\"schema\": 9");
+        assert!(matches!(
+            TuningRecord::from_json(&future, "mem"),
+            Err(RecordError::Schema { found: 9 })
+        ));
+        assert!(matches!(
+            TuningRecord::from_json("{", "mem"),
+            Err(RecordError::Json { .. })
+        ));
+    }
+
+    #[test]
+    fn select_refuses_other_devices_and_generators_with_reasons() {
+        let rec = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![entry("qwen2-1.5b", "avx2 fma", "aa")],
+        };
+        let here = rec.entries[0].fingerprint.clone();
+        let gen_aa = rec.entries[0].generator.clone();
+        assert!(rec.select(&here, &gen_aa, "host", "w4a8").is_ok());
+        let gen_bb = GeneratorId {
+            template_hash: "bb".into(),
+            ..gen_aa.clone()
+        };
+        let err = rec.select(&here, &gen_bb, "host", "w4a8").unwrap_err();
+        assert!(err.to_string().contains("generator"), "{err}");
+        let mut other = here.clone();
+        other.features = vec!["avx2".into()];
+        let err = rec.select(&other, &gen_aa, "host", "w4a8").unwrap_err();
+        assert!(err.to_string().contains("features differ"), "{err}");
+        let err = rec.select(&here, &gen_aa, "neon", "w4a8").unwrap_err();
+        assert!(err.to_string().contains("host/w4a8"), "{err}");
+    }
+
+    #[test]
+    fn merge_replaces_same_key_and_keeps_others() {
+        let a = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![entry("m", "avx2", "aa"), entry("m", "avx2 fma", "aa")],
+        };
+        let mut newer = entry("m", "avx2", "aa");
+        newer.shapes[0].m1 = 5;
+        let b = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![newer.clone(), entry("m", "avx512f", "aa")],
+        };
+        let merged = a.merge(b);
+        assert_eq!(merged.entries.len(), 3);
+        assert_eq!(merged.entries[0], newer);
+    }
+
+    #[test]
+    fn variant_for_uses_the_breakpoints() {
+        let s = &entry("m", "avx2", "aa").shapes[0];
+        assert_eq!(s.variant_for(1), Variant::Gemv);
+        assert_eq!(s.variant_for(2), Variant::FlatGemm);
+        assert_eq!(s.variant_for(31), Variant::FlatGemm);
+        assert_eq!(s.variant_for(32), Variant::Gemm);
+    }
+}
