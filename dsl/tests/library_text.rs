@@ -50,6 +50,9 @@ fn library_kernels_print_their_pinned_canonical_text() {
 
 #[test]
 fn every_pin_belongs_to_a_library_kernel() {
+    if std::env::var_os("TESSERA_BLESS").is_some() {
+        return; // the other test is rewriting the pins right now
+    }
     let dir = std::fs::read_dir(pin_dir()).unwrap_or_else(|e| panic!("{e}"));
     let mut pins: Vec<String> = dir
         .map(|entry| {

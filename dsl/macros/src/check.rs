@@ -1,9 +1,10 @@
 //! Meaning: resolve the names of a parsed [`KernelDef`] and check that they
 //! agree, producing a [`Spec`]: plain data that maps one-to-one onto the IR.
 //!
-//! The checks mirror what `tessera_dsl::verify` rejects, so that a kernel
-//! the macro accepts is expected to build, and each mistake is reported at
-//! compile time on the token that caused it rather than at run time.
+//! The checks mirror what `tessera_dsl::verify` rejects, and reject nothing
+//! it accepts, so that a kernel the macro accepts builds, and each mistake is
+//! reported at compile time on the token that caused it rather than at run
+//! time (`agree.rs` runs both over the same variations).
 
 use crate::error::{Loc, fail};
 use crate::format::{Format, Group};
