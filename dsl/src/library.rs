@@ -1,7 +1,8 @@
-//! The built-in kernel library: named, ready-made kernels built with
-//! [`KernelBuilder`], so the CLI, the tests and later the runtime all start
-//! from the same descriptions. The `kernel!` macro (a later issue) will
-//! re-express these; the names are a contract (see [`crate::naming`]).
+//! The built-in kernel library: named, ready-made kernels written with
+//! [`kernel!`](crate::kernel), so the CLI, the tests and later the runtime
+//! all start from the same descriptions. The names are a contract (see
+//! [`crate::naming`]), and so are the canonical texts: `tests/library/`
+//! pins each kernel's text, and a test fails if one changes silently.
 //!
 //! # Matmul conventions
 //!
@@ -54,8 +55,8 @@
 //! Work is split across threads along `kvh`: one thread serves every query
 //! head of its KV group, so each K/V row is loaded once per group.
 
-use crate::builder::KernelBuilder;
 use crate::ir::*;
+use crate::kernel;
 use crate::verify::VerifyError;
 
 /// Why a library kernel cannot be returned.
@@ -80,75 +81,158 @@ pub enum LibraryError {
 type Entry = (&'static str, fn() -> Result<Kernel, VerifyError>);
 
 /// The one table of built-in kernels, sorted by name (a test checks).
+///
+/// Decode attention uses the asynchronous softmax with [`ASYNC_SOFTMAX`]'s
+/// values (a test checks they agree) and splits `s` across threads
+/// (flash-decoding: one query token gives too little parallelism otherwise);
+/// prefill has `t × hq` rows of work already and runs the exact online
+/// softmax.
 const ENTRIES: [Entry; 10] = [
     ("attention-decode-f16", || {
-        attention(AttentionSpec::decode(
-            "attention-decode-f16",
-            Format::F16,
-            Format::F16,
-        ))
+        kernel! {
+            attention-decode-f16(t = 1, hq, kvh, d, s) {
+                q: input  f16 [t, hq, d] prescaled;
+                k: cache  f16 [s, kvh, d];
+                v: cache  f16 [s, kvh, d];
+                o: output f16 [t, hq, d];
+                o[t, hq, d] = attention(q[t, hq, d], k[s, kvh, d], v[s, kvh, d]) decode;
+                softmax async(phi = 0.0, lo = -16.8, hi = 6.5);
+                parallel kvh;
+                split s;
+            }
+        }
     }),
     ("attention-decode-kv8", || {
-        attention(AttentionSpec::decode(
-            "attention-decode-kv8",
-            Format::I8Asym(Group::Row),
-            Format::Fp8E4M3,
-        ))
+        // Keys int8 per token (asymmetric), values fp8.
+        kernel! {
+            attention-decode-kv8(t = 1, hq, kvh, d, s) {
+                q: input  f16        [t, hq, d] prescaled;
+                k: cache  i8asym:row [s, kvh, d];
+                v: cache  fp8e4m3    [s, kvh, d];
+                o: output f16        [t, hq, d];
+                o[t, hq, d] = attention(q[t, hq, d], k[s, kvh, d], v[s, kvh, d]) decode;
+                softmax async(phi = 0.0, lo = -16.8, hi = 6.5);
+                parallel kvh;
+                split s;
+            }
+        }
     }),
     ("attention-prefill-f16", || {
-        attention(AttentionSpec {
-            name: "attention-prefill-f16",
-            kind: AttentionKind::Prefill,
-            k: Format::F16,
-            v: Format::F16,
-        })
+        kernel! {
+            attention-prefill-f16(t, hq, kvh, d, s) {
+                q: input  f16 [t, hq, d] prescaled;
+                k: cache  f16 [s, kvh, d];
+                v: cache  f16 [s, kvh, d];
+                o: output f16 [t, hq, d];
+                o[t, hq, d] = attention(q[t, hq, d], k[s, kvh, d], v[s, kvh, d]) prefill;
+                softmax online;
+                parallel kvh;
+            }
+        }
     }),
     ("matmul-e0m4a16", || {
-        matmul(MatmulSpec::gpu("matmul-e0m4a16", Format::E0M4(G32)))
+        // The E0M4 bias is its zero point.
+        kernel! {
+            matmul-e0m4a16(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  f16      [e, l];
+                w:    weight e0m4:g32 [h, l] layout [l/lp, h, lp];
+                bias: input  f32      [h];
+                y:    output f32      [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, zero_point, bias(bias);
+                parallel h;
+                double_buffer l;
+            }
+        }
     }),
     ("matmul-f16", || {
-        matmul(MatmulSpec::cpu(
-            "matmul-f16",
-            Format::F16,
-            Format::F16,
-            Format::F16,
-        ))
+        kernel! {
+            matmul-f16(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  f16 [e, l];
+                w:    weight f16 [h, l] layout [h/hp, l/lp, hp, lp];
+                bias: input  f32 [h];
+                y:    output f16 [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue bias(bias);
+                parallel h;
+            }
+        }
     }),
     ("matmul-f32", || {
-        matmul(MatmulSpec::cpu(
-            "matmul-f32",
-            Format::F32,
-            Format::F32,
-            Format::F32,
-        ))
+        kernel! {
+            matmul-f32(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  f32 [e, l];
+                w:    weight f32 [h, l] layout [h/hp, l/lp, hp, lp];
+                bias: input  f32 [h];
+                y:    output f32 [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue bias(bias);
+                parallel h;
+            }
+        }
     }),
     ("matmul-w4a16", || {
-        matmul(MatmulSpec::gpu("matmul-w4a16", Format::U4Asym(G32)))
+        kernel! {
+            matmul-w4a16(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  f16        [e, l];
+                w:    weight u4asym:g32 [h, l] layout [l/lp, h, lp];
+                bias: input  f32        [h];
+                y:    output f32        [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, zero_point, bias(bias);
+                parallel h;
+                double_buffer l;
+            }
+        }
     }),
     ("matmul-w4a8", || {
-        matmul(MatmulSpec::cpu(
-            "matmul-w4a8",
-            Format::I8Dyn,
-            Format::U4Asym(G32),
-            Format::F32,
-        ))
+        kernel! {
+            matmul-w4a8(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  i8dyn      [e, l] layout [e/ep, l/lp, ep, lp];
+                w:    weight u4asym:g32 [h, l] layout [h/hp, l/lp, hp, lp] pair_transpose;
+                bias: input  f32        [h];
+                y:    output f32        [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, zero_point, bias(bias);
+                parallel h;
+            }
+        }
     }),
     ("matmul-w8a16", || {
-        matmul(MatmulSpec::gpu("matmul-w8a16", Format::I8Sym(Group::Row)))
+        kernel! {
+            matmul-w8a16(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  f16       [e, l];
+                w:    weight i8sym:row [h, l] layout [l/lp, h, lp];
+                bias: input  f32       [h];
+                y:    output f32       [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, bias(bias);
+                parallel h;
+                double_buffer l;
+            }
+        }
     }),
     ("matmul-w8a8", || {
-        matmul(MatmulSpec::cpu(
-            "matmul-w8a8",
-            Format::I8Dyn,
-            Format::I8Sym(Group::Row),
-            Format::F32,
-        ))
+        kernel! {
+            matmul-w8a8(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  i8dyn     [e, l] layout [e/ep, l/lp, ep, lp];
+                w:    weight i8sym:row [h, l] layout [h/hp, l/lp, hp, lp];
+                bias: input  f32       [h];
+                y:    output f32       [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, bias(bias);
+                parallel h;
+            }
+        }
     }),
 ];
-
-/// Group size of the 4-bit weight kernels: 32 codes = one 16-byte load with
-/// the int4 pair transpose, and MNN-LLM's GPU `lp`.
-const G32: Group = Group::Size(32);
 
 const NAMES: [&str; ENTRIES.len()] = {
     let mut names = [""; ENTRIES.len()];
@@ -195,126 +279,6 @@ pub fn all() -> Vec<Kernel> {
         .collect()
 }
 
-/// Where a matmul's weights live and so how they are laid out.
-#[derive(Clone, Copy)]
-enum Family {
-    /// `[h/hp, l/lp, hp, lp]` weights, packed activations for `i8dyn`.
-    Cpu,
-    /// `[l/lp, h, lp]` weights, row-major f16 activations, double-buffered `l`.
-    Gpu,
-}
-
-struct MatmulSpec {
-    name: &'static str,
-    family: Family,
-    x: Format,
-    w: Format,
-    y: Format,
-}
-
-impl MatmulSpec {
-    fn cpu(name: &'static str, x: Format, w: Format, y: Format) -> Self {
-        MatmulSpec {
-            name,
-            family: Family::Cpu,
-            x,
-            w,
-            y,
-        }
-    }
-
-    /// The A16 kernels: f16 activations, f32 output.
-    fn gpu(name: &'static str, w: Format) -> Self {
-        MatmulSpec {
-            name,
-            family: Family::Gpu,
-            x: Format::F16,
-            w,
-            y: Format::F32,
-        }
-    }
-}
-
-/// `[outer/tile, reduce/rtile, tile, rtile]`: the packed order of seed 000 IV.D.
-fn packed(outer: &str, tile: &str, reduce: &str, rtile: &str, int4_pair_transpose: bool) -> Layout {
-    Layout {
-        dims: vec![
-            LayoutDim::outer(outer, tile),
-            LayoutDim::outer(reduce, rtile),
-            LayoutDim::inner(tile),
-            LayoutDim::inner(rtile),
-        ],
-        int4_pair_transpose,
-    }
-}
-
-fn matmul(spec: MatmulSpec) -> Result<Kernel, VerifyError> {
-    let x_layout = if spec.x == Format::I8Dyn {
-        packed("e", "ep", "l", "lp", false)
-    } else {
-        Layout::row_major(&["e", "l"])
-    };
-    let w_layout = match spec.family {
-        Family::Cpu => packed("h", "hp", "l", "lp", spec.w.bits() == 4),
-        Family::Gpu => Layout {
-            dims: vec![
-                LayoutDim::outer("l", "lp"),
-                LayoutDim::whole("h"),
-                LayoutDim::inner("lp"),
-            ],
-            int4_pair_transpose: false,
-        },
-    };
-    let mut builder = KernelBuilder::new(spec.name)
-        .dyn_axis("e")
-        .dyn_axis("h")
-        .reduce_axis("l")
-        .tile("ep", "e", TileSize::Solve)
-        .tile("hp", "h", TileSize::Solve)
-        .tile("lp", "l", TileSize::Solve)
-        .tensor_with_layout("x", Role::Input, &["e", "l"], spec.x, x_layout)
-        .tensor_with_layout("w", Role::Weight, &["h", "l"], spec.w, w_layout)
-        .tensor("bias", Role::Input, &["h"], Format::F32)
-        .tensor("y", Role::Output, &["e", "h"], spec.y)
-        .op(Op::Matmul(Matmul {
-            x: "x".into(),
-            w: "w".into(),
-            y: "y".into(),
-            e: "e".into(),
-            h: "h".into(),
-            l: "l".into(),
-            epilogue: Epilogue {
-                scale: spec.x.is_quantized() || spec.w.is_quantized(),
-                zero_point: spec.w.is_asymmetric(),
-                bias: Some("bias".into()),
-                activation: Activation::None,
-            },
-        }))
-        .parallel("h");
-    if let Family::Gpu = spec.family {
-        builder = builder.double_buffer("l");
-    }
-    builder.build()
-}
-
-struct AttentionSpec {
-    name: &'static str,
-    kind: AttentionKind,
-    k: Format,
-    v: Format,
-}
-
-impl AttentionSpec {
-    fn decode(name: &'static str, k: Format, v: Format) -> Self {
-        AttentionSpec {
-            name,
-            kind: AttentionKind::Decode,
-            k,
-            v,
-        }
-    }
-}
-
 /// The unified max used by the decode kernels' asynchronous softmax, and
 /// the bounds on `score - phi` outside which the row is recomputed online.
 ///
@@ -329,49 +293,3 @@ pub const ASYNC_SOFTMAX: SoftmaxMode = SoftmaxMode::Async {
     lo: -16.8,
     hi: 6.5,
 };
-
-/// Decode kernels use the asynchronous softmax and split `s` across threads
-/// (flash-decoding: one query token gives too little parallelism
-/// otherwise); prefill has `t × hq` rows of work already and runs the
-/// exact online softmax.
-fn attention(spec: AttentionSpec) -> Result<Kernel, VerifyError> {
-    let decode = spec.kind == AttentionKind::Decode;
-    let tokens = if decode {
-        Extent::Fixed(1)
-    } else {
-        Extent::Dyn
-    };
-    let mut builder = KernelBuilder::new(spec.name)
-        .axis("t", tokens, AxisKind::Spatial)
-        .dyn_axis("hq")
-        .dyn_axis("kvh")
-        .dyn_axis("d")
-        .reduce_axis("s")
-        .tensor("q", Role::Input, &["t", "hq", "d"], Format::F16)
-        .tensor("k", Role::Cache, &["s", "kvh", "d"], spec.k)
-        .tensor("v", Role::Cache, &["s", "kvh", "d"], spec.v)
-        .tensor("o", Role::Output, &["t", "hq", "d"], Format::F16)
-        .op(Op::Attention(Attention {
-            kind: spec.kind,
-            q: "q".into(),
-            k: "k".into(),
-            v: "v".into(),
-            o: "o".into(),
-            tokens: "t".into(),
-            heads: "hq".into(),
-            kv_heads: "kvh".into(),
-            head_dim: "d".into(),
-            seq: "s".into(),
-            q_prescaled: true,
-            softmax: if decode {
-                ASYNC_SOFTMAX
-            } else {
-                SoftmaxMode::Online
-            },
-        }))
-        .parallel("kvh");
-    if decode {
-        builder = builder.split("s");
-    }
-    builder.build()
-}

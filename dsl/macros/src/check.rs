@@ -1,12 +1,13 @@
 //! Meaning: resolve the names of a parsed [`KernelDef`] and check that they
 //! agree, producing a [`Spec`]: plain data that maps one-to-one onto the IR.
 //!
-//! The checks mirror what `tessera_dsl::verify` rejects, so that a kernel
-//! the macro accepts is expected to build, and each mistake is reported at
-//! compile time on the token that caused it rather than at run time.
+//! The checks mirror what `tessera_dsl::verify` rejects, and reject nothing
+//! it accepts, so that a kernel the macro accepts builds, and each mistake is
+//! reported at compile time on the token that caused it rather than at run
+//! time (`agree.rs` runs both over the same variations).
 
 use crate::error::{Loc, fail};
-use crate::format::Format;
+use crate::format::{Format, Group};
 use crate::parse::{
     AttentionKind, Compute, EpilogueItem, EpilogueStmt, Indexed, KernelDef, LayoutItem, Rhs, Role,
     SoftmaxMode, SoftmaxStmt, Stmt, TensorDecl, TileDecl,
@@ -103,7 +104,8 @@ pub enum OpSpec {
 
 /// Names declared so far, with where they were declared.
 struct Scope<'a> {
-    axes: Vec<(&'a Ident, Option<u32>)>,
+    /// Each axis with its fixed extent and where that extent is written.
+    axes: Vec<(&'a Ident, Option<(u32, Loc)>)>,
     tiles: Vec<&'a TileDecl>,
     tensors: Vec<&'a TensorDecl>,
 }
@@ -133,6 +135,14 @@ impl<'a> Scope<'a> {
 
     fn tensor(&self, name: &Ident) -> Option<&'a TensorDecl> {
         self.tensors.iter().copied().find(|t| t.name == *name)
+    }
+
+    /// The fixed extent of a declared axis, with where it is written.
+    fn fixed_extent(&self, name: &Ident) -> Option<(u32, Loc)> {
+        self.axes
+            .iter()
+            .find(|(a, _)| *a == name)
+            .and_then(|(_, fixed)| *fixed)
     }
 
     fn axis_names(&self) -> String {
@@ -186,7 +196,7 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
                 format!("axis `{}` is declared twice", param.name),
             );
         }
-        scope.axes.push((&param.name, param.fixed.map(|(n, _)| n)));
+        scope.axes.push((&param.name, param.fixed));
     }
 
     let mut compute: Option<&Compute> = None;
@@ -262,7 +272,7 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
              or `o[t, hq, d] = attention(q[t, hq, d], k[s, kvh, d], v[s, kvh, d]) decode;`",
         );
     };
-    let (op, used_tensors, reduce_axis) = match &compute.rhs {
+    let (op, reduce_axis) = match &compute.rhs {
         Rhs::Sum { axis, x, w } => {
             if let Some(s) = softmax {
                 return fail(
@@ -271,41 +281,26 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
                 );
             }
             let m = check_matmul(&scope, &compute.out, axis, x, w, epilogue)?;
-            let mut used = vec![m.x.clone(), m.w.clone(), m.y.clone()];
-            used.extend(m.bias.clone());
             let l = m.l.clone();
-            (OpSpec::Matmul(m), used, l)
+            (OpSpec::Matmul(m), l)
         }
-        Rhs::Attention {
-            keyword,
-            q,
-            k,
-            v,
-            kind,
-        } => {
+        Rhs::Attention { q, k, v, kind } => {
             if let Some(e) = epilogue {
                 return fail(
                     e.keyword.span(),
                     "attention has no epilogue; set its softmax with `softmax online;` or `softmax async(...);`",
                 );
             }
-            let a = check_attention(&scope, keyword, &compute.out, q, k, v, *kind, softmax)?;
-            let used = vec![a.q.clone(), a.k.clone(), a.v.clone(), a.o.clone()];
+            let a = check_attention(&scope, &compute.out, q, k, v, *kind, softmax)?;
             let s = a.seq.clone();
-            (OpSpec::Attention(a), used, s)
+            (OpSpec::Attention(a), s)
         }
     };
 
+    // Tensors and axes the op does not use are allowed, as `verify()` allows
+    // them; only `prescaled`, which the IR keeps on the query alone, must
+    // sit on the query.
     for decl in &scope.tensors {
-        if !used_tensors.iter().any(|u| decl.name == u) {
-            return fail(
-                decl.name.span(),
-                format!(
-                    "tensor `{}` is declared but the computation does not use it",
-                    decl.name
-                ),
-            );
-        }
         if let Some(loc) = decl.prescaled {
             let is_query = matches!(&op, OpSpec::Attention(a) if decl.name == a.q);
             if !is_query {
@@ -319,17 +314,9 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
             }
         }
     }
-    for (axis, _) in &scope.axes {
-        if !tensors.iter().any(|t| t.dims.iter().any(|d| *axis == d)) {
-            return fail(
-                axis.span(),
-                format!("axis `{axis}` is declared but no tensor uses it"),
-            );
-        }
-    }
 
-    let parallel = check_axis_list(&scope, &parallel, "parallel", &reduce_axis)?;
-    let double_buffer = check_axis_list(&scope, &double_buffer, "double_buffer", "")?;
+    let parallel = check_axis_list(&scope, &parallel, "parallel")?;
+    let double_buffer = check_axis_list(&scope, &double_buffer, "double_buffer")?;
     let split = match split {
         None => None,
         Some(axis) => {
@@ -352,7 +339,7 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
         .iter()
         .map(|(name, fixed)| AxisSpec {
             name: name.to_string(),
-            fixed: *fixed,
+            fixed: fixed.map(|(n, _)| n),
             reduce: *name == &reduce_axis,
         })
         .collect();
@@ -403,23 +390,6 @@ fn declare_tile<'a>(scope: &mut Scope<'a>, decl: &'a TileDecl) -> syn::Result<()
             ),
         );
     }
-    if let (Some((tile, loc)), Some(extent)) = (
-        decl.fixed,
-        scope
-            .axes
-            .iter()
-            .find(|(a, _)| *a == &decl.axis)
-            .and_then(|(_, e)| *e),
-    ) && tile > extent
-    {
-        return fail(
-            loc,
-            format!(
-                "tile `{}` = {tile} is larger than axis `{}` = {extent}",
-                decl.tile, decl.axis
-            ),
-        );
-    }
     scope.tiles.push(decl);
     Ok(())
 }
@@ -434,12 +404,6 @@ struct Coverage {
 
 fn check_tensor(scope: &Scope, decl: &TensorDecl) -> syn::Result<TensorSpec> {
     let name = &decl.name;
-    if decl.dims.is_empty() {
-        return fail(
-            decl.dims_loc,
-            format!("tensor `{name}` needs at least one dimension, e.g. `[e, l]`"),
-        );
-    }
     for (i, dim) in decl.dims.iter().enumerate() {
         scope.require_axis(dim, &format!("in the dimensions of `{name}`"))?;
         if decl.dims.iter().take(i).any(|d| d == dim) {
@@ -450,24 +414,6 @@ fn check_tensor(scope: &Scope, decl: &TensorDecl) -> syn::Result<TensorSpec> {
         }
     }
     let format = decl.format;
-    if decl.role == Role::Output && !format.is_compute_float() {
-        return fail(
-            decl.format_loc,
-            format!(
-                "output `{name}` must be f32, f16 or bf16 (the kernel writes real values), not {}",
-                format.spelling()
-            ),
-        );
-    }
-    if format == Format::I8Dyn && decl.role != Role::Input {
-        return fail(
-            decl.format_loc,
-            format!(
-                "i8dyn quantizes activations on the fly, so it is only for `input` tensors; `{name}` is `{}` (for stored int8 use i8sym:G or i8asym:G)",
-                decl.role.keyword()
-            ),
-        );
-    }
     if let Some(loc) = decl.pair_transpose
         && format.bits() != 4
     {
@@ -700,6 +646,21 @@ fn require_role(decl: &TensorDecl, role: Role, what: &str) -> syn::Result<()> {
     )
 }
 
+/// An operand's format must be one the op computes with.
+fn require_format(decl: &TensorDecl, ok: bool, what: &str, allowed: &str) -> syn::Result<()> {
+    if ok {
+        return Ok(());
+    }
+    fail(
+        decl.format_loc,
+        format!(
+            "{what} `{}` must be {allowed}, not {}",
+            decl.name,
+            decl.format.spelling()
+        ),
+    )
+}
+
 /// Check that `used` is indexed by exactly `expected` (axis names).
 fn require_indices(used: &Indexed, expected: &[&Ident], what: &str) -> syn::Result<()> {
     let text: Vec<String> = expected.iter().map(|e| e.to_string()).collect();
@@ -767,16 +728,28 @@ fn check_matmul(
     require_role(y_decl, Role::Output, "the result")?;
     require_role(x_decl, Role::Input, "the activations")?;
     require_role(w_decl, Role::Weight, "the weights")?;
-    if !(x_decl.format.is_compute_float() || x_decl.format == Format::I8Dyn) {
-        return fail(
-            x_decl.format_loc,
-            format!(
-                "activations `{}` must be f32, f16, bf16 or i8dyn (quantized per row on the fly), not {}",
-                x_decl.name,
-                x_decl.format.spelling()
-            ),
-        );
-    }
+    require_format(
+        x_decl,
+        x_decl.format.is_compute_float() || x_decl.format == Format::I8Dyn,
+        "activations",
+        "f32, f16, bf16 or i8dyn (quantized per row on the fly)",
+    )?;
+    require_format(
+        w_decl,
+        !matches!(
+            w_decl.format,
+            Format::I8Dyn | Format::Fp8E4M3 | Format::Fp8E5M2
+        ),
+        "weights",
+        "f32, f16, bf16 or a grouped format (u4asym:G, i8sym:G, i8asym:G, e0m4:G); \
+         i8dyn is for activations quantized on the fly, fp8 for KV values",
+    )?;
+    require_format(
+        y_decl,
+        y_decl.format.is_compute_float(),
+        "output",
+        "f32, f16 or bf16 (the kernel writes real values)",
+    )?;
 
     let mut scale = None;
     let mut zero_point = None;
@@ -906,11 +879,11 @@ fn check_matmul(
                 ),
             );
         }
-        if !matches!(b_decl.role, Role::Input | Role::Weight) {
+        if b_decl.role != Role::Input {
             return fail(
                 b_decl.role_loc,
                 format!(
-                    "the bias `{b}` is read by the kernel, so it must be `input` or `weight`, not `{}`",
+                    "the bias `{b}` is read each call like the activations, so it must be declared `input`, not `{}`",
                     b_decl.role.keyword()
                 ),
             );
@@ -940,10 +913,33 @@ fn check_matmul(
     })
 }
 
+/// A KV cache grows by appending along the sequence axis, so `s` must be
+/// outermost in its layout: whole (`s`) or as the tile count `s/sp`.
+fn require_seq_outermost(cache: &TensorDecl, s: &Ident) -> syn::Result<()> {
+    let Some(items) = &cache.layout else {
+        // Row-major over dims that start with `s` (checked by the indexing).
+        return Ok(());
+    };
+    let (first, outermost) = match items.first() {
+        Some(LayoutItem::Outer { axis, .. }) => (Loc::of(axis.span()), axis == s),
+        Some(LayoutItem::Single(name)) => (Loc::of(name.span()), name == s),
+        None => (cache.dims_loc, false),
+    };
+    if outermost {
+        return Ok(());
+    }
+    fail(
+        first,
+        format!(
+            "the cache `{}` is appended along its sequence axis `{s}`, so its layout must start with `{s}` (whole, or tiled as `{s}/TILE`)",
+            cache.name
+        ),
+    )
+}
+
 #[allow(clippy::too_many_arguments)]
 fn check_attention(
     scope: &Scope,
-    keyword: &Ident,
     out: &Indexed,
     q: &Indexed,
     k: &Indexed,
@@ -980,11 +976,20 @@ fn check_attention(
             ),
         );
     }
-    if kvh != hq && (kvh == t || kvh == d || kvh == s) {
+    if kvh == hq {
         return fail(
             kvh.span(),
             format!(
-                "the KV-heads axis `{kvh}` must differ from the tokens, head-dimension and sequence axes"
+                "the KV-heads axis must differ from the query-heads axis `{hq}`; for plain multi-head \
+                 attention declare a separate KV-heads axis with the same extent, e.g. `kvh`"
+            ),
+        );
+    }
+    if kvh == t || kvh == d {
+        return fail(
+            kvh.span(),
+            format!(
+                "the KV-heads axis `{kvh}` must differ from the tokens axis `{t}` and the head-dimension axis `{d}`"
             ),
         );
     }
@@ -1012,31 +1017,72 @@ fn check_attention(
     require_role(q_decl, Role::Input, "the query")?;
     require_role(k_decl, Role::Cache, "the key cache")?;
     require_role(v_decl, Role::Cache, "the value cache")?;
-    if !q_decl.format.is_compute_float() {
+    if k_decl.name == v_decl.name {
         return fail(
-            q_decl.format_loc,
+            v.tensor.span(),
             format!(
-                "the query `{}` must be f32, f16 or bf16, not {}",
-                q_decl.name,
-                q_decl.format.spelling()
+                "the key and value caches must be different tensors; `{}` is used for both",
+                v.tensor
             ),
         );
     }
-    for tensor in [q_decl, k_decl, v_decl] {
-        if [q_decl, k_decl, v_decl]
-            .iter()
-            .filter(|other| other.name == tensor.name)
-            .count()
-            > 1
-        {
-            return fail(
-                keyword.span(),
-                format!(
-                    "`{}` is used for two attention operands; q, k and v are distinct tensors",
-                    tensor.name
-                ),
-            );
-        }
+    require_format(
+        q_decl,
+        q_decl.format.is_compute_float(),
+        "the query",
+        "f32, f16 or bf16",
+    )?;
+    require_format(
+        k_decl,
+        k_decl.format.is_compute_float()
+            || matches!(
+                k_decl.format,
+                Format::I8Asym(Group::Row) | Format::U4Asym(Group::Row)
+            ),
+        "the key cache",
+        "f32, f16, bf16, or quantized per token: i8asym:row or u4asym:row",
+    )?;
+    require_format(
+        v_decl,
+        v_decl.format.is_compute_float()
+            || matches!(
+                v_decl.format,
+                Format::Fp8E4M3 | Format::Fp8E5M2 | Format::I8Asym(Group::Row)
+            ),
+        "the value cache",
+        "f32, f16, bf16, fp8e4m3, fp8e5m2, or quantized per token: i8asym:row",
+    )?;
+    require_format(
+        o_decl,
+        o_decl.format.is_compute_float(),
+        "output",
+        "f32, f16 or bf16 (the kernel writes real values)",
+    )?;
+    for cache in [k_decl, v_decl] {
+        require_seq_outermost(cache, s)?;
+    }
+    if kind == AttentionKind::Decode
+        && let Some((n, at)) = scope.fixed_extent(t)
+        && n != 1
+    {
+        return fail(
+            at,
+            format!(
+                "decode attends one query token, so the tokens axis must be `{t} = 1` or bound at call time, \
+                 not {n}; use `prefill` for several query tokens"
+            ),
+        );
+    }
+    if let (Some((nh, _)), Some((nkv, at))) = (scope.fixed_extent(hq), scope.fixed_extent(kvh))
+        && nh % nkv != 0
+    {
+        return fail(
+            at,
+            format!(
+                "the query heads `{hq}` = {nh} must be a multiple of the KV heads `{kvh}` = {nkv} \
+                 (each KV head serves a whole group of query heads)"
+            ),
+        );
     }
     Ok(AttentionSpec {
         kind,
@@ -1054,12 +1100,7 @@ fn check_attention(
     })
 }
 
-fn check_axis_list(
-    scope: &Scope,
-    axes: &[&Ident],
-    statement: &str,
-    reduce_axis: &str,
-) -> syn::Result<Vec<String>> {
+fn check_axis_list(scope: &Scope, axes: &[&Ident], statement: &str) -> syn::Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
     for axis in axes {
         scope.require_axis(axis, &format!("in `{statement}`"))?;
@@ -1067,14 +1108,6 @@ fn check_axis_list(
             return fail(
                 axis.span(),
                 format!("axis `{axis}` is listed twice in `{statement}`"),
-            );
-        }
-        if *axis == reduce_axis {
-            return fail(
-                axis.span(),
-                format!(
-                    "`{axis}` is reduced, so its iterations cannot simply run in parallel; to divide a reduction across threads use `split {axis};`"
-                ),
             );
         }
         out.push(axis.to_string());

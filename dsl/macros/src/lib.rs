@@ -17,6 +17,8 @@ mod format;
 mod parse;
 
 #[cfg(test)]
+mod agree;
+#[cfg(test)]
 mod tests;
 
 #[doc = include_str!("syntax.md")]

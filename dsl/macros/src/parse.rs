@@ -110,7 +110,6 @@ pub enum Rhs {
     Sum { axis: Ident, x: Indexed, w: Indexed },
     /// `attention(q[..], k[..], v[..]) decode`
     Attention {
-        keyword: Ident,
         q: Indexed,
         k: Indexed,
         v: Indexed,
@@ -613,13 +612,7 @@ fn parse_compute(input: ParseStream) -> syn::Result<Compute> {
                 "prefill" => AttentionKind::Prefill,
                 _ => return fail(kind_ident.span(), kind_help),
             };
-            Rhs::Attention {
-                keyword: head,
-                q,
-                k,
-                v,
-                kind,
-            }
+            Rhs::Attention { q, k, v, kind }
         }
         _ => return fail(head.span(), RHS_HELP),
     };

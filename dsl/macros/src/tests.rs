@@ -261,7 +261,6 @@ const MISTAKES: &[(&str, &str)] = &[
         "tile variable `p` is declared twice",
     ),
     ("m(e) { tile e by ep, e by eq; }", "already tiled by `ep`"),
-    ("m(e = 4) { tile e by ep = 8; }", "larger than axis `e` = 4"),
     ("m(e) { x: in f32 [e]; }", "unknown role `in`"),
     ("m(e) { x: input f64 [e]; }", "unknown format `f64`"),
     (
@@ -366,7 +365,7 @@ fn every_mistake_names_the_problem() {
                 x: "input f32 []",
                 ..BASE
             },
-            "needs at least one dimension",
+            "`x` is declared with 0 dimensions [] but indexed with 2",
         ),
         (
             Holes {
@@ -380,7 +379,7 @@ fn every_mistake_names_the_problem() {
                 w: "weight i8dyn [h, l]",
                 ..BASE
             },
-            "only for `input` tensors",
+            "weights `w` must be f32, f16, bf16 or a grouped format",
         ),
         (
             Holes {
@@ -683,7 +682,7 @@ fn every_mistake_names_the_problem() {
                 extra: "b: output f32 [h];",
                 ..BASE
             },
-            "must be `input` or `weight`",
+            "the bias `b` is read each call like the activations, so it must be declared `input`, not `output`",
         ),
         (
             Holes {
@@ -730,10 +729,25 @@ fn every_mistake_names_the_problem() {
         ),
         (
             Holes {
-                extra: "z: input f32 [e];",
+                after: "epilogue bias(b);",
+                extra: "b: weight f32 [h];",
                 ..BASE
             },
-            "tensor `z` is declared but the computation does not use it",
+            "must be declared `input`, not `weight`",
+        ),
+        (
+            Holes {
+                w: "weight fp8e4m3 [h, l]",
+                ..BASE
+            },
+            "weights `w` must be",
+        ),
+        (
+            Holes {
+                y: "output u4asym:row [e, h]",
+                ..BASE
+            },
+            "output `y` must be f32, f16 or bf16",
         ),
         (
             Holes {
@@ -748,13 +762,6 @@ fn every_mistake_names_the_problem() {
                 ..BASE
             },
             "exactly one computation",
-        ),
-        (
-            Holes {
-                after: "parallel l;",
-                ..BASE
-            },
-            "use `split l;`",
         ),
         (
             Holes {
@@ -809,11 +816,6 @@ fn every_mistake_names_the_problem() {
     for (holes, expect) in matmul_cases {
         cases.push((matmul(holes), expect));
     }
-    let unused_axis = "m(e, h, l, z) { x: input f32 [e, l]; w: weight f32 [h, l]; y: output f32 [e, h]; y[e, h] = sum(l) x[e, l] * w[h, l]; }";
-    cases.push((
-        unused_axis.into(),
-        "axis `z` is declared but no tensor uses it",
-    ));
     let three_d = "m(e, h, l, z) { x: input f32 [e, l]; w: weight f32 [h, l]; y: output f32 [e, h, z]; y[e, h, z] = sum(l) x[e, l] * w[h, l]; }";
     cases.push((three_d.into(), "a matmul writes a 2-D output"));
 
@@ -910,7 +912,6 @@ fn every_mistake_names_the_problem() {
             attention(q, k, o, stmt, "split hq;"),
             "`hq` is not reduced (this kernel reduces `s`)",
         ),
-        (attention(q, k, o, stmt, "parallel s;"), "use `split s;`"),
         (
             attention("input i8sym:row [t, hq, d]", k, o, stmt, ""),
             "the query `q` must be f32",
@@ -965,7 +966,7 @@ fn every_mistake_names_the_problem() {
                 "o[t, hq, d] = attention(q[t, hq, d], k[s, kvh, d], k[s, kvh, d]) decode",
                 "",
             ),
-            "`k` is used for two attention operands",
+            "the key and value caches must be different tensors; `k` is used for both",
         ),
         (
             attention(
@@ -1029,6 +1030,79 @@ fn every_mistake_names_the_problem() {
         ),
     ];
     cases.extend(attention_cases);
+
+    // What `verify()` adds for attention: distinct head axes, cache formats
+    // and layouts, one decode token, whole GQA groups.
+    let attention_with = |axes: &str, k: &str, v: &str, o: &str, kind: &str| {
+        let kvh = if k.contains("hq") { "hq" } else { "kvh" };
+        format!(
+            "a({axes}) {{ q: input f16 [t, hq, d]; k: {k}; v: {v}; o: {o}; \
+             o[t, hq, d] = attention(q[t, hq, d], k[s, {kvh}, d], v[s, {kvh}, d]) {kind}; }}"
+        )
+    };
+    let axes = "t = 1, hq, kvh, d, s";
+    let v = "cache f16 [s, kvh, d]";
+    let verify_cases: Vec<(String, &str)> = vec![
+        (
+            attention_with(
+                "t, hq, d, s",
+                "cache f16 [s, hq, d]",
+                "cache f16 [s, hq, d]",
+                o,
+                "prefill",
+            ),
+            "the KV-heads axis must differ from the query-heads axis `hq`",
+        ),
+        (
+            attention_with(axes, "cache i8sym:row [s, kvh, d]", v, o, "decode"),
+            "the key cache `k` must be f32, f16, bf16, or quantized per token",
+        ),
+        (
+            attention_with(axes, "cache i8asym:g32 [s, kvh, d]", v, o, "decode"),
+            "not i8asym:g32",
+        ),
+        (
+            attention_with(axes, "cache fp8e4m3 [s, kvh, d]", v, o, "decode"),
+            "the key cache `k` must be",
+        ),
+        (
+            attention_with(axes, k, "cache u4asym:row [s, kvh, d]", o, "decode"),
+            "the value cache `v` must be f32, f16, bf16, fp8e4m3, fp8e5m2",
+        ),
+        (
+            attention_with(axes, k, v, "output fp8e5m2 [t, hq, d]", "decode"),
+            "output `o` must be f32, f16 or bf16",
+        ),
+        (
+            attention_with(
+                axes,
+                "cache f16 [s, kvh, d] layout [kvh, s, d]",
+                v,
+                o,
+                "decode",
+            ),
+            "so its layout must start with `s`",
+        ),
+        (
+            attention_with(
+                axes,
+                k,
+                "cache f16 [s, kvh, d] layout [d, kvh, s]",
+                o,
+                "decode",
+            ),
+            "the cache `v` is appended along its sequence axis `s`",
+        ),
+        (
+            attention_with("t = 4, hq, kvh, d, s", k, v, o, "decode"),
+            "decode attends one query token, so the tokens axis must be `t = 1`",
+        ),
+        (
+            attention_with("t, hq = 8, kvh = 3, d, s", k, v, o, "prefill"),
+            "the query heads `hq` = 8 must be a multiple of the KV heads `kvh` = 3",
+        ),
+    ];
+    cases.extend(verify_cases);
 
     let mut failures = Vec::new();
     for (text, expect) in &cases {

@@ -322,16 +322,17 @@ fn library_shapes_are_expressible() {
     .expect("w8a8 builds");
     assert_eq!(w8a8.tensors[2].format, Format::BF16);
 
-    // Prefill, online softmax, int8 keys and fp8 values, plain multi-head.
+    // Prefill, online softmax, int8 keys and fp8 values, plain multi-head:
+    // the KV heads are their own axis, of the same extent as the query heads.
     let prefill = kernel! {
-        attention-prefill-kv8(t, h, d, s) {
-            q: input  f32        [t, h, d];
-            k: cache  i8asym:row [s, h, d];
-            v: cache  fp8e4m3    [s, h, d];
-            o: output f32        [t, h, d];
-            o[t, h, d] = attention(q[t, h, d], k[s, h, d], v[s, h, d]) prefill;
+        attention-prefill-kv8(t, hq = 32, kvh = 32, d, s) {
+            q: input  f32        [t, hq, d];
+            k: cache  i8asym:row [s, kvh, d];
+            v: cache  fp8e4m3    [s, kvh, d];
+            o: output f32        [t, hq, d];
+            o[t, hq, d] = attention(q[t, hq, d], k[s, kvh, d], v[s, kvh, d]) prefill;
             softmax online;
-            parallel t, h;
+            parallel t, hq;
         }
     }
     .expect("prefill builds");
@@ -339,7 +340,7 @@ fn library_shapes_are_expressible() {
     assert_eq!(a.kind, AttentionKind::Prefill);
     assert_eq!(a.softmax, SoftmaxMode::Online);
     assert!(!a.q_prescaled);
-    assert_eq!((a.heads.as_str(), a.kv_heads.as_str()), ("h", "h"));
+    assert_eq!((a.heads.as_str(), a.kv_heads.as_str()), ("hq", "kvh"));
     assert_eq!(prefill.tensors[2].format, Format::Fp8E4M3);
 }
 
