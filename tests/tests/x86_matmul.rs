@@ -259,3 +259,112 @@ fn relu(kernel: &mut Kernel) {
         mm.epilogue.activation = Activation::Relu;
     }
 }
+
+/// A library kernel with another epilogue or weight format (plain data edits
+/// of the IR, the oracle reads the same kernel).
+fn variant(name: &str, edit: impl Fn(&mut Kernel)) -> Kernel {
+    let mut k = library::get(name).unwrap();
+    edit(&mut k);
+    k
+}
+
+fn epilogue(kernel: &mut Kernel, bias: bool, act: Activation) {
+    if let tessera_dsl::ir::Op::Matmul(mm) = &mut kernel.op {
+        mm.epilogue.activation = act;
+        if !bias {
+            mm.epilogue.bias = None;
+        }
+    }
+    if !bias {
+        kernel.tensors.retain(|t| t.name != "bias");
+    }
+}
+
+#[test]
+fn relu_and_no_bias_on_every_family() {
+    for name in ["matmul-f32", "matmul-f16", "matmul-w8a8", "matmul-w4a8"] {
+        for (bias, act) in [
+            (false, Activation::None),
+            (true, Activation::Relu),
+            (false, Activation::Relu),
+        ] {
+            let kernel = variant(name, |k| epilogue(k, bias, act));
+            for b in backends() {
+                for t in tiles(&kernel)
+                    .iter()
+                    .filter(|t| b.emit_code(&kernel, t).is_ok())
+                    .take(4)
+                {
+                    check(&b, &kernel, t, &some_shapes(), 5);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mixed_float_formats() {
+    let set = |k: &mut Kernel, tensor: &str, f: Format| {
+        k.tensors
+            .iter_mut()
+            .find(|t| t.name == tensor)
+            .unwrap()
+            .format = f;
+    };
+    let kernels = [
+        variant("matmul-f32", |k| set(k, "w", Format::F16)),
+        variant("matmul-f32", |k| set(k, "y", Format::F16)),
+        variant("matmul-f16", |k| set(k, "y", Format::F32)),
+        variant("matmul-w4a8", |k| set(k, "y", Format::F16)),
+    ];
+    for kernel in &kernels {
+        for b in backends() {
+            check(&b, kernel, &best(kernel), &some_shapes(), 9);
+        }
+    }
+}
+
+#[test]
+fn larger_k_crosses_several_k_blocks() {
+    let kernel = library::get("matmul-f32").unwrap();
+    for b in backends() {
+        for t in tiles(&kernel).iter().take(3) {
+            check(
+                &b,
+                &kernel,
+                t,
+                &[(7, 19, 600), (1, 24, 600), (6, 8, 513)],
+                11,
+            );
+        }
+    }
+}
+
+#[test]
+fn unsupported_kernels_are_named_errors() {
+    let b = X86Backend::default();
+    let f32_tile = best(&library::get("matmul-f32").unwrap());
+    for name in [
+        "matmul-w4a16",
+        "matmul-w8a16",
+        "matmul-e0m4a16",
+        "attention-decode-f16",
+    ] {
+        let kernel = library::get(name).unwrap();
+        match b.emit_code(&kernel, &f32_tile) {
+            Err(EmitError::Unsupported { backend, what }) => {
+                assert_eq!(backend, "x86-avx2");
+                assert!(what.contains(name), "{what}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    // silu is refused, naming the activation
+    let kernel = variant("matmul-f32", |k| epilogue(k, true, Activation::Silu));
+    let err = b.emit_code(&kernel, &f32_tile).unwrap_err();
+    assert!(err.to_string().contains("silu"), "{err}");
+    // a tile of the wrong class
+    let w8 = library::get("matmul-w8a8").unwrap();
+    let err = b.emit_code(&w8, &f32_tile).unwrap_err();
+    assert!(matches!(err, EmitError::BadTile { .. }), "{err}");
+}

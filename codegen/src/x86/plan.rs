@@ -159,3 +159,114 @@ pub fn int8_plan(spec: &Int8Spec) -> KernelPlan {
         others: vec![main("gemv", 1)],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tile::{Problem, feasible};
+    use tessera_dsl::library;
+
+    /// Every feasible x86-avx2 tile of every kernel the backend runs: the
+    /// main loop's plan matches the solver's accounting (accumulators
+    /// equal, A/B/reserved within it, total ≤ 16), or, for W4A8 only, the
+    /// tile is refused because its int16 group sums do not fit.
+    #[test]
+    fn register_plans_match_the_solver_accounting() {
+        let caps = target();
+        let backend = super::super::X86Backend::default();
+        for name in ["matmul-f32", "matmul-f16", "matmul-w8a8", "matmul-w4a8"] {
+            let kernel = library::get(name).unwrap();
+            let problem = Problem::from_kernel(caps, &kernel).unwrap();
+            let tiles = feasible(caps, &problem).unwrap();
+            assert!(!tiles.is_empty());
+            let mut emitted = 0;
+            for tile in &tiles {
+                let acc = &tile.accounting;
+                assert!(acc.total <= 16 && acc.budget == 16, "{}", tile.summary());
+                let hb = tile.hp as usize / 8;
+                let plan = if name.contains("a8") {
+                    int8_plan(&Int8Spec {
+                        ep: tile.ep as usize,
+                        hb,
+                        int4_group: name.contains("w4").then_some(32),
+                        y: tessera_dsl::Format::F32,
+                        bias: true,
+                        activation: tessera_dsl::ir::Activation::None,
+                        vnni: false,
+                    })
+                } else {
+                    let f = if name == "matmul-f16" {
+                        tessera_dsl::Format::F16
+                    } else {
+                        tessera_dsl::Format::F32
+                    };
+                    float_plan(&FloatSpec {
+                        ep: tile.ep as usize,
+                        hb,
+                        x: f,
+                        w: f,
+                        y: f,
+                        bias: true,
+                        activation: tessera_dsl::ir::Activation::None,
+                    })
+                };
+                let m = &plan.main;
+                assert_eq!(
+                    m.accumulators,
+                    acc.accumulators,
+                    "{name} {}",
+                    tile.summary()
+                );
+                assert!(
+                    m.a <= acc.a_regs && m.b <= acc.b_regs,
+                    "{name} {}",
+                    tile.summary()
+                );
+                assert!(m.reserved <= acc.reserved, "{name} {}", tile.summary());
+                let fits = plan.check(tile).is_ok();
+                assert_eq!(
+                    fits,
+                    backend.emit_code(&kernel, tile).is_ok(),
+                    "{name} {}",
+                    tile.summary()
+                );
+                if name == "matmul-w4a8" {
+                    assert_eq!(fits, m.total() <= 16);
+                } else {
+                    assert!(fits, "{name} {}: {:?}", tile.summary(), plan.check(tile));
+                    // the solver's own count is an upper bound of the main loop
+                    assert!(m.total() <= acc.total, "{name} {}", tile.summary());
+                }
+                emitted += usize::from(fits);
+            }
+            assert!(emitted > 0, "{name}: no tile emitted");
+        }
+    }
+
+    /// The solver's best tiles, as the plan tables in the emitters' docs
+    /// describe them (6x8 f32: 6 acc + 6 A + 1 B + 2 reserved).
+    #[test]
+    fn best_tiles_and_their_plans() {
+        let caps = target();
+        let best = |name: &str| {
+            let kernel = library::get(name).unwrap();
+            let problem = Problem::from_kernel(caps, &kernel).unwrap();
+            crate::tile::solve(caps, &problem).unwrap()[0]
+        };
+        let t = best("matmul-f32");
+        assert_eq!((t.ep, t.hp, t.lp), (6, 8, 1));
+        let t = best("matmul-w4a8");
+        assert_eq!((t.ep, t.hp, t.lp), (5, 8, 4));
+        let p = int8_plan(&Int8Spec {
+            ep: 5,
+            hb: 1,
+            int4_group: Some(32),
+            y: tessera_dsl::Format::F32,
+            bias: true,
+            activation: tessera_dsl::ir::Activation::None,
+            vnni: false,
+        });
+        assert_eq!(p.main.total(), 5 + 5 + 1 + 1 + 3);
+        assert!(p.check(&t).is_ok());
+    }
+}
