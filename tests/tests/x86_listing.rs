@@ -55,6 +55,31 @@ fn every_instruction_of_the_x86_layer_round_trips_through_llvm_mc() {
     a.vbroadcastss_reg(Ymm(1), Ymm(2));
     a.vextractf128_hi(Ymm(1), Ymm(2));
     a.prefetcht0(mem(RSI, 512));
+    a.store32_imm(mem(RSP, 8), -1);
+    a.load16(RAX, mem(RSP, 64));
+    a.load16(R9, mem(R10, 2));
+    a.store16(mem(R12, 14), RAX);
+    a.store16(mem(RDX, 0), R11);
+    a.shr_imm(R14, 2);
+    a.shl_imm(RAX, 1);
+    a.cmp_mem(RBP, mem(RDI, 72));
+    a.vaddps_mem(Ymm(1), Ymm(2), mem(RSI, 32));
+    a.vmulps_mem(Ymm(3), Ymm(4), mem(R9, -32));
+    a.vpmaddwd_mem(Ymm(5), Ymm(6), mem(RSP, 96));
+    a.vcvtph2ps_reg(Ymm(7), Ymm(8));
+    a.vcvtps2ph_store(mem(R13, 16), Ymm(9), 0);
+    a.vcmpps(Ymm(5), Ymm(4), Ymm(0), 1);
+    a.vpermilps_imm(Ymm(1), Ymm(0), 0x0E);
+    a.vpshufd(Ymm(5), Ymm(6), 0xB1u8 as i8);
+    a.vextracti128_hi(Ymm(5), Ymm(1));
+    a.vmovd_store(mem(R9, 20), Ymm(5));
+    a.vmovss_store(mem(RAX, 0), Ymm(2));
+    a.vpaddw(Ymm(1), Ymm(2), Ymm(3));
+    a.vpsrlvd(Ymm(10), Ymm(10), Ymm(11));
+    a.vpackssdw(Ymm(1), Ymm(1), Ymm(1));
+    a.vpacksswb(Ymm(1), Ymm(1), Ymm(1));
+    a.vdivps(Ymm(2), Ymm(0), Ymm(4));
+    a.vandps(Ymm(1), Ymm(1), Ymm(7));
     a.jcc(Cond::Ne, top);
     a.jcc(Cond::B, top);
     a.jmp(top);
@@ -82,5 +107,37 @@ fn a_listing_that_disagrees_with_its_bytes_is_caught() {
         Err(McError::Failed(why)) => assert!(why.contains("instruction 0"), "{why}"),
         Err(McError::Missing) => eprintln!("SKIP: llvm-mc not installed"),
         Ok(()) => panic!("a wrong listing passed the cross-check"),
+    }
+}
+
+#[test]
+fn every_emitted_x86_kernel_listing_matches_its_bytes() {
+    use tessera_codegen::tile::{Problem, feasible};
+    use tessera_codegen::x86::{X86Backend, plan};
+    let caps = plan::target();
+    for name in ["matmul-f32", "matmul-f16", "matmul-w8a8", "matmul-w4a8"] {
+        let kernel = tessera_dsl::library::get(name).unwrap();
+        let problem = Problem::from_kernel(caps, &kernel).unwrap();
+        for tile in feasible(caps, &problem).unwrap() {
+            for backend in [X86Backend { vnni: false }, X86Backend { vnni: true }] {
+                let Ok(code) = backend.emit_code(&kernel, &tile) else {
+                    continue;
+                };
+                let mut codes = vec![code];
+                codes.extend(backend.emit_quantizer(&kernel, &tile).unwrap());
+                for code in codes {
+                    match check_x86(&code.listing, &code.bytes, "+avx2,+fma,+f16c,+avxvnni") {
+                        Ok(()) => {}
+                        Err(McError::Missing) => {
+                            eprintln!("SKIP: llvm-mc not installed");
+                            return;
+                        }
+                        Err(McError::Failed(why)) => {
+                            panic!("{name} {}: {why}", tile.summary())
+                        }
+                    }
+                }
+            }
+        }
     }
 }

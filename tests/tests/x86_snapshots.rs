@@ -1,0 +1,42 @@
+//! Listing snapshots of the x86-avx2 canonical set: each CPU-family library
+//! matmul with the solver's best tile (plain AVX2 and AVX-VNNI for the
+//! integer ones) and the activation quantizers. Review changes with
+//! `cargo insta review`.
+
+use tessera_codegen::tile::{Problem, solve};
+use tessera_codegen::x86::{X86Backend, plan};
+
+fn best(kernel: &tessera_dsl::Kernel) -> tessera_codegen::TileConfig {
+    let caps = plan::target();
+    solve(caps, &Problem::from_kernel(caps, kernel).unwrap()).unwrap()[0]
+}
+
+#[test]
+fn x86_canonical_listings() {
+    for name in ["matmul-f32", "matmul-f16", "matmul-w8a8", "matmul-w4a8"] {
+        let kernel = tessera_dsl::library::get(name).unwrap();
+        let tile = best(&kernel);
+        let tag = format!("{name}_{}x{}x{}", tile.ep, tile.hp, tile.lp);
+        let plain = X86Backend { vnni: false };
+        let code = plain.emit_code(&kernel, &tile).unwrap();
+        insta::assert_snapshot!(tag.clone(), code.listing);
+        if let Some(q) = plain.emit_quantizer(&kernel, &tile).unwrap() {
+            insta::assert_snapshot!(format!("{tag}_quantizer"), q.listing);
+            let vnni = X86Backend { vnni: true }.emit_code(&kernel, &tile).unwrap();
+            insta::assert_snapshot!(format!("{tag}_vnni"), vnni.listing);
+        }
+    }
+}
+
+#[test]
+fn emission_is_deterministic() {
+    for name in ["matmul-f32", "matmul-w4a8"] {
+        let kernel = tessera_dsl::library::get(name).unwrap();
+        let tile = best(&kernel);
+        let b = X86Backend::default();
+        assert_eq!(
+            b.emit_code(&kernel, &tile).unwrap(),
+            b.emit_code(&kernel, &tile).unwrap()
+        );
+    }
+}
