@@ -7,6 +7,7 @@
 
 pub mod abi;
 pub mod artifact;
+pub mod clif;
 pub mod host;
 pub mod jit;
 pub mod target;
