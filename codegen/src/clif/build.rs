@@ -4,7 +4,7 @@
 //! rounding, a vector `exp`), all in 128-bit vectors.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::types::{F32, F32X4, I8, I16, I32, I32X4, I64};
+use cranelift_codegen::ir::types::{F32X4, I8, I16, I32, I32X4, I64};
 use cranelift_codegen::ir::{
     AbiParam, Endianness, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName, Value,
 };
@@ -436,10 +436,5 @@ impl<'a> Fb<'a> {
     pub(crate) fn store_i8(&mut self, x32: Value, p: Value) {
         let b = self.b.ins().ireduce(I8, x32);
         self.store(b, p, 0);
-    }
-
-    pub(crate) fn f32_scalar_splat(&mut self, x: Value) -> Value {
-        debug_assert_eq!(self.b.func.dfg.value_type(x), F32);
-        self.b.ins().splat(F32X4, x)
     }
 }
