@@ -314,3 +314,18 @@ pub static CLIF_X86: TargetCaps = TargetCaps {
     features: &["sse4.1"],
     gpu: None,
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_the_guard_becomes_an_error() {
+        let r: Result<(), EmitError> = guarded(|| panic!("lowering exploded"));
+        match r {
+            Err(EmitError::Assembler(msg)) => assert!(msg.contains("lowering exploded"), "{msg}"),
+            other => panic!("expected an Assembler error, got {other:?}"),
+        }
+        assert_eq!(guarded(|| 7).unwrap(), 7);
+    }
+}
