@@ -155,3 +155,27 @@ fn clif_timing_smoke_f32() {
         );
     }
 }
+
+/// With dotprod, the i8 dot tree lowers to `sdot v.4s, v.16b, v.16b`
+/// (encoding 0x4e809400 | Rm<<16 | Rn<<5 | Rd).
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn clif_int8_dot_lowers_to_sdot_on_aarch64() {
+    let backend = ClifBackend::host().unwrap();
+    if !backend.has_dotprod() {
+        eprintln!("host has no dotprod; skipping");
+        return;
+    }
+    let kernel = library::get("matmul-w8a8").unwrap();
+    let tile = backend.tiles(&kernel).unwrap()[0];
+    let Artifact::Machine(code) = backend.emit(&kernel, &tile).unwrap() else {
+        unreachable!()
+    };
+    let sdots = code
+        .bytes
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .filter(|&w| w & 0xffe0_fc00 == 0x4e80_9400)
+        .count();
+    assert!(sdots > 0, "no sdot in {} bytes", code.bytes.len());
+}
