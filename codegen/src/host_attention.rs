@@ -168,7 +168,7 @@ impl HostAttention {
                 kernel: self.kernel.name.clone(),
             })?;
         let fmt = |n: &str| self.kernel.tensor(n).map(|t| t.format);
-        if kvh == 0 || hq % kvh != 0 {
+        if kvh == 0 || !hq.is_multiple_of(kvh) {
             return Err(shape(
                 "query heads",
                 format!("a multiple of kv heads {kvh}"),

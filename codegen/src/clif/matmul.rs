@@ -108,7 +108,7 @@ fn plan<'k>(
     };
     let (x, w, y) = (fmt(&mm.x)?, fmt(&mm.w)?, fmt(&mm.y)?);
     let (ep, hp, lp) = (tile.ep as i64, tile.hp as i64, tile.lp as i64);
-    if ep < 1 || ep > 16 {
+    if !(1..=16).contains(&ep) {
         return Err(bad_tile(tile, "ep must be 1..=16"));
     }
     if hp < 4 || hp % 4 != 0 || hp > 64 {
