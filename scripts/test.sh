@@ -130,6 +130,16 @@ install_requirements() {
     ensure_c_toolchain
     ensure_rust_components
     ensure_llvm_mc
+    ensure_qemu_user
+    ensure_aarch64_cross
+}
+
+# The cranelift (host) backend's aarch64 code paths, natively under
+# qemu-aarch64 -cpu max (.cargo/config.toml sets the linker and runner):
+# only the clif tests, whose sizes are small, so this stays within minutes.
+run_aarch64_clif_tests() {
+    cargo test -p tessera-codegen --target aarch64-unknown-linux-gnu \
+        --test clif_matmul --test clif_attention --test clif_listing
 }
 
 # --- checks -------------------------------------------------------------------
@@ -176,6 +186,7 @@ main() {
     check "rustfmt" cargo fmt --all -- --check
     check "clippy" cargo clippy --workspace --all-targets -- -D warnings
     check "tests (cargo test --workspace)" run_tests
+    check "aarch64 clif tests (qemu)" run_aarch64_clif_tests
 
     printf '\n==> summary\n'
     printf '  %s\n' "${SUMMARY[@]}"
