@@ -9,6 +9,7 @@ pub mod abi;
 pub mod artifact;
 pub mod host;
 pub mod jit;
+pub mod neon;
 pub mod target;
 pub mod tile;
 pub mod x86;
