@@ -739,6 +739,13 @@ impl A64 {
         dynasm!(self.ops ; .arch aarch64 ; trn1 V(d).S4, V(n).S4, V(m).S4);
     }
 
+    /// `zip1 vd.4s, vn.4s, vm.4s`
+    pub fn zip1_4s(&mut self, d: V, n: V, m: V) {
+        self.log(format!("zip1 {d}.4s, {n}.4s, {m}.4s"));
+        let (d, n, m) = (d.0, n.0, m.0);
+        dynasm!(self.ops ; .arch aarch64 ; zip1 V(d).S4, V(n).S4, V(m).S4);
+    }
+
     /// `scvtf vd.4s, vn.4s`
     pub fn scvtf_4s(&mut self, d: V, n: V) {
         self.log(format!("scvtf {d}.4s, {n}.4s"));
