@@ -110,6 +110,7 @@ fn every_instruction_encodes_as_llvm_mc_assembles_it() {
     a.add_4s(v1, v2(), v3());
     a.addv_4s(v1, v2());
     a.trn1_4s(v1, v1, v1);
+    a.zip1_4s(v1, v2(), v31);
     a.scvtf_4s(v16, v16);
     a.fcvtns_4s(v1, v2());
     a.sqxtn_4h(v1, v2());
