@@ -338,7 +338,7 @@ fn b_unit(spec: &Int8Spec, plan: &RegisterPlan, j: u32) -> V {
     let b0 = u32::from(plan.b.start);
     if spec.wbits == 8 {
         V((b0 + j) as u8)
-    } else if j % 2 == 0 {
+    } else if j.is_multiple_of(2) {
         V((b0 + j / 2) as u8)
     } else {
         V((b0 + nb / 2 + j / 2) as u8)

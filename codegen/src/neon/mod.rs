@@ -264,8 +264,8 @@ impl NeonBackend {
         if tile.lp != instr.lp
             || tile.ep == 0
             || tile.hp == 0
-            || tile.ep % instr.ae != 0
-            || tile.hp % instr.ah != 0
+            || !tile.ep.is_multiple_of(instr.ae)
+            || !tile.hp.is_multiple_of(instr.ah)
         {
             return Err(Self::bad_tile(
                 tile,
@@ -317,7 +317,7 @@ impl NeonBackend {
                         return Err(self.unsupported(format!("{f} weights with i8dyn activations")));
                     }
                 };
-                if wbits == 4 && (tile.hp * tile.lp) % 32 != 0 {
+                if wbits == 4 && !(tile.hp * tile.lp).is_multiple_of(32) {
                     return Err(Self::bad_tile(
                         tile,
                         "the int4 pair transpose packs 32 codes per 16 bytes: hp·lp must be a multiple of 32",
@@ -325,7 +325,7 @@ impl NeonBackend {
                 }
                 let group = match group {
                     Group::Row => None,
-                    Group::Size(g) if g > 0 && g % tile.lp == 0 => Some(g),
+                    Group::Size(g) if g > 0 && g.is_multiple_of(tile.lp) => Some(g),
                     Group::Size(g) => {
                         return Err(self.unsupported(format!(
                             "group size {g} (not a multiple of lp = {})",
