@@ -11,6 +11,7 @@ pub mod clif;
 pub mod host;
 pub mod host_attention;
 pub mod jit;
+pub mod neon;
 pub mod target;
 pub mod tile;
 pub mod x86;

@@ -124,3 +124,80 @@ pub fn check_x86(listing: &str, bytes: &[u8], mattr: &str) -> Result<(), McError
     }
     Ok(())
 }
+
+/// aarch64: assemble the listing with llvm-mc into an object, take its
+/// `.text`, and require it to be byte-for-byte the emitter's bytes (fixed
+/// 4-byte encodings make equality, not mere equivalence, the right test).
+/// `mattr` e.g. "+neon,+dotprod,+i8mm,+fullfp16". On a mismatch the error
+/// names the first differing instruction with both words and its line.
+pub fn check_aarch64(listing: &str, bytes: &[u8], mattr: &str) -> Result<(), McError> {
+    let dir = std::env::temp_dir().join(format!(
+        "tessera-mc-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| McError::Failed(e.to_string()))?;
+    let obj = dir.join("k.o");
+    let bin = dir.join("k.bin");
+    let src = dir.join("k.s");
+    std::fs::write(&src, listing).map_err(|e| McError::Failed(e.to_string()))?;
+    let status = Command::new("llvm-mc")
+        .args([
+            "-triple=aarch64",
+            &format!("-mattr={mattr}"),
+            "-filetype=obj",
+            "-o",
+        ])
+        .arg(&obj)
+        .arg(&src)
+        .output()
+        .map_err(|_| McError::Missing)?;
+    if !status.status.success() {
+        return Err(McError::Failed(format!(
+            "llvm-mc: {}",
+            String::from_utf8_lossy(&status.stderr)
+        )));
+    }
+    let copy = Command::new("llvm-objcopy")
+        .args(["-O", "binary", "--only-section=.text"])
+        .arg(&obj)
+        .arg(&bin)
+        .output()
+        .map_err(|_| McError::Missing)?;
+    if !copy.status.success() {
+        return Err(McError::Failed(format!(
+            "llvm-objcopy: {}",
+            String::from_utf8_lossy(&copy.stderr)
+        )));
+    }
+    let theirs = std::fs::read(&bin).map_err(|e| McError::Failed(e.to_string()))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if theirs == bytes {
+        return Ok(());
+    }
+    let lines: Vec<&str> = listing
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//") && !l.ends_with(':'))
+        .collect();
+    let word = |b: &[u8], i: usize| {
+        b.get(4 * i..4 * i + 4)
+            .map(|w| format!("{:08x}", u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+            .unwrap_or_else(|| "--------".into())
+    };
+    let n = bytes.len().max(theirs.len()) / 4;
+    for i in 0..n {
+        let (a, b) = (word(bytes, i), word(&theirs, i));
+        if a != b {
+            return Err(McError::Failed(format!(
+                "instruction {i} `{}`: emitter {a}, llvm-mc {b} (lengths {} vs {})",
+                lines.get(i).unwrap_or(&"?"),
+                bytes.len(),
+                theirs.len()
+            )));
+        }
+    }
+    Err(McError::Failed("lengths differ".into()))
+}
+
+static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -1,0 +1,326 @@
+//! The float matmul micro-kernels: `fmla .4s` (f32, and f16 widened with
+//! `fcvtl` on cores without FP16 arithmetic) and `fmla .8h` (f16).
+//!
+//! x stays row-major (packing it would cost a pass per call), so the A
+//! register of a step is gathered lane by lane, one `ld1 {v.s}[i]` (or
+//! `.h`) per row from a pointer per row: rows past m in a tail block alias
+//! the last valid row (XNNPACK's clamp), so nothing past x is read and
+//! their results are never stored. Weights are `[h/hp, l, hp]` (lp = 1).
+//! The GEMV variant (ep = 1) loads 4 (`.4s`) or 8 (`.8h`) consecutive x
+//! values with one load and walks their lanes.
+//!
+//! Register plan at the `fmla .4s` optimum 8×12×1: A v0-v1 (rows 0-3,
+//! 4-7, one l), B v2-v4 (12 columns), v5 mask (unused here), v6 staging,
+//! accumulators v8-v31 (row r, columns 4j..4j+3 in v(8 + 3r + j)).
+
+use super::RegisterPlan;
+use super::asm::{A64, Cond, V, X};
+use super::frame::{self, OutType, StoreRegs};
+use crate::abi::{MM_BIAS, MM_K, MM_M, MM_N, MM_N0, MM_W, MM_X, MM_X_STRIDE, MM_Y, MM_Y_STRIDE};
+
+/// Element type of an operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    F16,
+}
+
+impl Elem {
+    fn bytes(self) -> u32 {
+        match self {
+            Elem::F32 => 4,
+            Elem::F16 => 2,
+        }
+    }
+}
+
+/// What one float kernel instance computes.
+#[derive(Clone, Copy, Debug)]
+pub struct FloatSpec {
+    /// `fmla .8h` (f16 accumulators) instead of `fmla .4s`.
+    pub fp16_mac: bool,
+    pub ep: u32,
+    pub hp: u32,
+    pub x: Elem,
+    pub w: Elem,
+    pub out: OutType,
+    pub gemv: bool,
+}
+
+/// Row pointers: x1..x15 (so ep ≤ 15 on this path).
+pub const MAX_ROWS: u32 = 15;
+
+const ARGS: X = X(0);
+const WP: X = X(16);
+const CNT: X = X(17);
+const WPANEL: X = X(19);
+const NREM: X = X(20);
+const COLS: X = X(21);
+const R0: X = X(22);
+const YCOL: X = X(23);
+const BIAS: X = X(24);
+const XBASE: X = X(25);
+const XSTRIDE: X = X(26);
+const YSTRIDE: X = X(27);
+const STAGE: X = X(28);
+const T0: X = X(29);
+const T1: X = X(30);
+
+const SLOT_WBYTES: u32 = 0;
+const SLOT_BIASSTEP: u32 = 8;
+const SLOTS: u32 = 32;
+
+fn row_ptr(i: u32) -> X {
+    X(1 + i as u8)
+}
+
+/// Emit the kernel; `plan` gives A, B and accumulator registers.
+pub fn emit(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan) {
+    let (ep, hp) = (spec.ep, spec.hp);
+    let lanes = if spec.fp16_mac { 8 } else { 4 };
+    let jn = hp / lanes;
+    let hp4 = hp.div_ceil(4) * 4;
+    let row_bytes = hp4 * 4;
+    let stage_off = SLOTS;
+    let zeros_off = stage_off + ep * row_bytes;
+    let frame_bytes = (zeros_off + row_bytes).div_ceil(16) * 16;
+    // Saving x29/x30 too: they are scratch here.
+    a.push_pair(X(29), X(30));
+    frame::prologue(a, frame_bytes);
+    let we = spec.w.bytes();
+
+    a.comment("per-call constants");
+    a.ldr_x(NREM, ARGS, MM_N as u32);
+    a.ldr_x(XSTRIDE, ARGS, MM_X_STRIDE as u32);
+    a.ldr_x(YSTRIDE, ARGS, MM_Y_STRIDE as u32);
+    a.ldr_x(T0, ARGS, MM_K as u32);
+    a.mov_imm(T1, u64::from(hp * we));
+    a.mul(T0, T0, T1);
+    a.str_x_sp(T0, SLOT_WBYTES);
+    a.ldr_x(T1, ARGS, MM_N0 as u32);
+    a.mov_imm(CNT, u64::from(hp));
+    a.udiv(CNT, T1, CNT);
+    a.ldr_x(WPANEL, ARGS, MM_W as u32);
+    a.madd(WPANEL, CNT, T0, WPANEL);
+    let oe = match spec.out {
+        OutType::F32 => 2,
+        OutType::F16 => 1,
+    };
+    a.ldr_x(YCOL, ARGS, MM_Y as u32);
+    a.add_lsl(YCOL, YCOL, T1, oe);
+    a.add_from_sp(STAGE, zeros_off);
+    a.ldr_x(BIAS, ARGS, MM_BIAS as u32);
+    a.add_lsl(BIAS, BIAS, T1, 2);
+    a.ldr_x(T0, ARGS, MM_BIAS as u32);
+    a.cmp_imm(T0, 0);
+    a.csel(BIAS, BIAS, STAGE, Cond::Ne);
+    a.mov_imm(T1, u64::from(hp * 4));
+    a.csel(T1, T1, X(31), Cond::Ne);
+    a.str_x_sp(T1, SLOT_BIASSTEP);
+    let z = V(0);
+    a.zero(z);
+    for off in (0..row_bytes).step_by(16) {
+        a.str_q(z, STAGE, off);
+    }
+    a.add_from_sp(STAGE, stage_off);
+
+    let panel_loop = a.new_label();
+    let panel_done = a.new_label();
+    a.cbz(NREM, panel_done);
+    a.bind(panel_loop);
+    a.comment("panel: hp output channels");
+    a.mov_imm(T1, u64::from(hp));
+    a.cmp(NREM, T1);
+    a.csel(COLS, NREM, T1, Cond::Lo);
+    a.mov_imm(R0, 0);
+    a.ldr_x(XBASE, ARGS, MM_X as u32);
+    let row_loop = a.new_label();
+    let rows_done = a.new_label();
+    a.ldr_x(T0, ARGS, MM_M as u32);
+    a.cbz(T0, rows_done);
+    a.bind(row_loop);
+    a.comment("row block: one pointer per row, tail rows alias the last valid one");
+    a.ldr_x(T0, ARGS, MM_M as u32);
+    a.sub(T0, T0, R0);
+    a.mov(row_ptr(0), XBASE);
+    for i in 1..ep {
+        a.add(T1, row_ptr(i - 1), XSTRIDE);
+        a.cmp_imm(T0, i);
+        a.csel(row_ptr(i), T1, row_ptr(i - 1), Cond::Hi);
+    }
+    a.mov(WP, WPANEL);
+    for r in plan.acc.clone() {
+        a.zero(V(r));
+    }
+    a.ldr_x(CNT, ARGS, MM_K as u32);
+    k_loop(a, spec, plan, lanes, jn);
+
+    a.comment("tile epilogue: accumulators to the staging rows");
+    for r in 0..ep {
+        for j in 0..jn {
+            let acc = plan.acc_reg(r * jn + j);
+            if spec.fp16_mac {
+                let t = V(0);
+                a.fcvtl_4s(t, acc);
+                a.str_q(t, STAGE, r * row_bytes + 32 * j);
+                a.fcvtl2_4s(t, acc);
+                a.str_q(t, STAGE, r * row_bytes + 32 * j + 16);
+            } else {
+                a.str_q(acc, STAGE, r * row_bytes + 16 * j);
+            }
+        }
+    }
+    let rows = X(6);
+    let y_row = X(7);
+    a.ldr_x(rows, ARGS, MM_M as u32);
+    a.sub(rows, rows, R0);
+    a.mov_imm(T0, u64::from(ep));
+    a.cmp(rows, T0);
+    a.csel(rows, rows, T0, Cond::Lo);
+    a.madd(y_row, R0, YSTRIDE, YCOL);
+    let regs = StoreRegs {
+        gp: [X(1), X(2), X(3), X(4), X(5)],
+        v: [V(0), V(1)],
+    };
+    frame::store_tile(
+        a, STAGE, row_bytes, hp, rows, COLS, y_row, YSTRIDE, BIAS, spec.out, &regs,
+    );
+    a.mov_imm(T0, u64::from(ep));
+    a.madd(XBASE, T0, XSTRIDE, XBASE);
+    a.add_imm(R0, R0, ep);
+    a.ldr_x(T0, ARGS, MM_M as u32);
+    a.cmp(R0, T0);
+    a.b_cond(Cond::Lo, row_loop);
+    a.bind(rows_done);
+
+    a.ldr_x_sp(T0, SLOT_WBYTES);
+    a.add(WPANEL, WPANEL, T0);
+    let oesz = match spec.out {
+        OutType::F32 => 4,
+        OutType::F16 => 2,
+    };
+    a.add_imm(YCOL, YCOL, hp * oesz);
+    a.ldr_x_sp(T0, SLOT_BIASSTEP);
+    a.add(BIAS, BIAS, T0);
+    a.sub(NREM, NREM, COLS);
+    a.cbnz(NREM, panel_loop);
+    a.bind(panel_done);
+    a.add_sp(frame_bytes);
+    for p in [14u8, 12, 10, 8] {
+        a.pop_pair_d(V(p), V(p + 1));
+    }
+    for p in [27u8, 25, 23, 21, 19] {
+        a.pop_pair(X(p), X(p + 1));
+    }
+    a.pop_pair(X(29), X(30));
+    a.ret();
+}
+
+/// Load the hp weights of one l into B (widening f16 for `.4s`).
+fn load_b(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan) {
+    let b: Vec<V> = plan.b.clone().map(V).collect();
+    let n = b.len();
+    if spec.fp16_mac || spec.w == Elem::F32 {
+        let mut j = 0;
+        while j + 1 < n {
+            a.ldp_q_post(b[j], b[j + 1], WP, 32);
+            j += 2;
+        }
+        if j < n {
+            a.ldr_q_post(b[j], WP, 16);
+        }
+        return;
+    }
+    // f16 weights widened: 8 halves per load → two registers.
+    let mut j = 0;
+    while j + 1 < n {
+        a.ldr_q_post(b[j + 1], WP, 16);
+        a.fcvtl_4s(b[j], b[j + 1]);
+        a.fcvtl2_4s(b[j + 1], b[j + 1]);
+        j += 2;
+    }
+    if j < n {
+        a.ldr_d_post(b[j], WP, 8);
+        a.fcvtl_4s(b[j], b[j]);
+    }
+}
+
+/// Gather one l of every row into the A registers.
+fn load_a(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan, lanes: u32) {
+    for r in 0..spec.ep {
+        let areg = V(plan.a.start + (r / lanes) as u8);
+        match spec.x {
+            Elem::F32 => a.ld1_s_lane_post4(areg, r % lanes, row_ptr(r)),
+            Elem::F16 => a.ld1_h_lane_post2(areg, r % lanes, row_ptr(r)),
+        }
+    }
+    if spec.x == Elem::F16 && !spec.fp16_mac {
+        for i in plan.a.clone() {
+            a.fcvtl_4s(V(i), V(i));
+        }
+    }
+}
+
+fn macs(
+    a: &mut A64,
+    spec: &FloatSpec,
+    plan: &RegisterPlan,
+    lanes: u32,
+    jn: u32,
+    gemv_lane: Option<u32>,
+) {
+    for r in 0..spec.ep {
+        let (areg, lane) = match gemv_lane {
+            Some(l) => (V(plan.a.start), l),
+            None => (V(plan.a.start + (r / lanes) as u8), r % lanes),
+        };
+        for j in 0..jn {
+            let acc = plan.acc_reg(r * jn + j);
+            let b = V(plan.b.start + j as u8);
+            if spec.fp16_mac {
+                a.fmla_8h_elem(acc, b, areg, lane);
+            } else {
+                a.fmla_4s_elem(acc, b, areg, lane);
+            }
+        }
+    }
+}
+
+fn k_loop(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan, lanes: u32, jn: u32) {
+    let done = a.new_label();
+    let single = a.new_label();
+    if spec.gemv && spec.ep == 1 {
+        let multi = a.new_label();
+        a.cmp_imm(CNT, lanes);
+        a.b_cond(Cond::Lo, single);
+        a.bind(multi);
+        a.comment("steady state (gemv): one x load serves several l");
+        let areg = V(plan.a.start);
+        match (spec.x, spec.fp16_mac) {
+            (Elem::F32, _) => a.ldr_q_post(areg, row_ptr(0), 16),
+            (Elem::F16, true) => a.ldr_q_post(areg, row_ptr(0), 16),
+            (Elem::F16, false) => {
+                a.ldr_d_post(areg, row_ptr(0), 8);
+                a.fcvtl_4s(areg, areg);
+            }
+        }
+        for lane in 0..lanes {
+            load_b(a, spec, plan);
+            macs(a, spec, plan, lanes, jn, Some(lane));
+        }
+        a.sub_imm(CNT, CNT, lanes);
+        a.cmp_imm(CNT, lanes);
+        a.b_cond(Cond::Hs, multi);
+    }
+    a.bind(single);
+    a.cbz(CNT, done);
+    let top = a.new_label();
+    a.bind(top);
+    a.comment("steady state: one l");
+    load_a(a, spec, plan, lanes);
+    load_b(a, spec, plan);
+    macs(a, spec, plan, lanes, jn, None);
+    a.subs_imm(CNT, CNT, 1);
+    a.b_cond(Cond::Ne, top);
+    a.bind(done);
+}

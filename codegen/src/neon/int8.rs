@@ -1,0 +1,639 @@
+//! The int8 matmul micro-kernels: W4A8 and W8A8 on `sdot`, `smmla` or the
+//! `smull`/`smlal2`/`sadalp` fallback.
+//!
+//! # Loop nest
+//!
+//! ```text
+//! for each hp-panel of this call's channels            (weights streamed)
+//!   for each ep-block of rows                           (activations packed [e/ep, l/lp, ep, lp])
+//!     for each weight group g                           (32/64/128 or the whole row)
+//!       for each lp-step of the group:                  (the steady-state loop)
+//!         load A (ep × lp int8), load B (hp × lp codes; 4-bit: one 16-byte
+//!         load per 32 codes, then `and` 0x0F → the first 16, `ushr` #4 → the
+//!         next 16: the pair transpose makes them consecutive, no `zip`)
+//!         MACs into int32 accumulators
+//!       group epilogue: acc → f32, partial[r, c] += sw[g, c]·acc + off[g, c]·Σqx[r, g]
+//!     tile epilogue: y[r, c] = sx[r]·partial[r, c] + bias[c], valid rows/columns only
+//! ```
+//!
+//! The f32 partial sums live in a stack scratch area (the solver gives
+//! every register to the int32 tile; the group epilogue reuses the A and B
+//! registers). Activations and weights are padded with zero codes to whole
+//! tiles, so the loops never read past a buffer and tails in e and h only
+//! matter when storing.
+//!
+//! # Register plan (v0..v31, from [`RegisterPlan`])
+//!
+//! `sdot` at the solver's optimum 12×8×4 (MNN-LLM Table 2):
+//!
+//! | registers | holds |
+//! |---|---|
+//! | v0-v2 | A: 12 rows × 4 int8 (row r in lane r%4 of v(r/4)) |
+//! | v3-v4 | B: 8 columns × 4 codes (v3 columns 0-3, v4 columns 4-7) |
+//! | v5 | 0x0F nibble mask |
+//! | v6 | spare (the packed-byte staging register the solver reserves) |
+//! | v8-v31 | 24 accumulators: row r, columns 4j..4j+3 in v(8 + 2r + j) |
+//!
+//! `smmla` at 10×8×8:
+//!
+//! | registers | holds |
+//! |---|---|
+//! | v0-v4 | A: 5 row pairs × 8 int8 |
+//! | v5-v8 | B: 4 column pairs × 8 codes (v5, v6 from the and; v7, v8 from the ushr) |
+//! | v9 | 0x0F nibble mask |
+//! | v10 | spare (staging) |
+//! | v12-v31 | 20 accumulators 2×2: row pair i, column pair j in v(12 + 4i + j) |
+//!
+//! One register is left unused in each (29 of 30 after the reservations).
+
+use super::asm::{A64, Cond, V, X};
+use super::frame::{self, OutType, StoreRegs};
+use super::{Mac, RegisterPlan};
+use crate::abi::{
+    MM_BIAS, MM_K, MM_M, MM_N, MM_N0, MM_W, MM_W_PARAMS, MM_X, MM_X_SCALES, MM_X_SUMS, MM_Y,
+    MM_Y_STRIDE,
+};
+
+/// What one int8 kernel instance computes.
+#[derive(Clone, Copy, Debug)]
+pub struct Int8Spec {
+    pub mac: Mac,
+    pub ep: u32,
+    pub hp: u32,
+    pub lp: u32,
+    /// 4 (uint4 codes, pair-transposed) or 8 (int8 codes).
+    pub wbits: u32,
+    /// Weights carry offsets (zero points).
+    pub asym: bool,
+    /// Group length along l; None: the whole row.
+    pub group: Option<u32>,
+    /// The GEMV loop (ep = ae): unrolled steady state, A loaded once per
+    /// four steps on `sdot`.
+    pub gemv: bool,
+}
+
+// General-purpose registers (x0 holds the argument block throughout).
+const ARGS: X = X(0);
+const M: X = X(1);
+const NREM: X = X(2);
+const KSTEPS: X = X(3);
+const GSTEPS: X = X(5);
+const WPANEL: X = X(7);
+const PPANEL: X = X(8);
+const YCOL: X = X(9);
+const BIAS: X = X(10);
+const R0: X = X(11);
+const XA: X = X(12);
+const WP: X = X(13);
+const LEFT: X = X(14);
+const CNT: X = X(15);
+const PG: X = X(16);
+const SG: X = X(17);
+const T0: X = X(19);
+const T1: X = X(20);
+const T2: X = X(21);
+const GSTRIDE: X = X(22);
+const T3: X = X(23);
+const T4: X = X(24);
+const ABLOCK: X = X(25);
+const YSTRIDE: X = X(26);
+const COLS: X = X(27);
+const SCR: X = X(28);
+const STAGE: X = X(4);
+const ROWS: X = X(6);
+
+// Stack slots (bytes from sp).
+const SLOT_OFFDELTA: u32 = 0;
+const SLOT_WBYTES: u32 = 8;
+const SLOT_PBYTES: u32 = 16;
+const SLOT_BIASSTEP: u32 = 24;
+const SLOT_ZEROS: u32 = 32;
+const SLOTS: u32 = 64;
+
+struct Layout {
+    scratch: u32,
+    stage: u32,
+    zeros: u32,
+    frame: u32,
+    row_bytes: u32,
+}
+
+fn layout(spec: &Int8Spec, plan: &RegisterPlan) -> Layout {
+    let hp4 = spec.hp.div_ceil(4) * 4;
+    let scratch = SLOTS;
+    let scratch_bytes = plan.acc_count() * 16;
+    let stage = scratch + scratch_bytes;
+    let row_bytes = hp4 * 4;
+    let zeros = stage + spec.ep * row_bytes;
+    let frame = (zeros + row_bytes).div_ceil(16) * 16;
+    Layout {
+        scratch,
+        stage,
+        zeros,
+        frame,
+        row_bytes,
+    }
+}
+
+/// Emit the matmul kernel.
+pub fn emit(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    let lay = layout(spec, plan);
+    let (ep, hp, lp) = (spec.ep, spec.hp, spec.lp);
+    let step_a = ep * lp;
+    let step_w = hp * lp * spec.wbits / 8;
+    frame::prologue(a, lay.frame);
+
+    a.comment("arguments and per-call constants");
+    a.ldr_x(M, ARGS, MM_M as u32);
+    a.ldr_x(NREM, ARGS, MM_N as u32);
+    a.ldr_x(T0, ARGS, MM_K as u32);
+    a.add_imm(T0, T0, lp - 1);
+    a.lsr_imm(KSTEPS, T0, lp.trailing_zeros());
+    // groups = ceil(k / G); GSTEPS = G / lp (the whole row: ksteps).
+    a.ldr_x(T0, ARGS, MM_K as u32);
+    match spec.group {
+        Some(g) => {
+            a.add_imm(T0, T0, g - 1);
+            a.mov_imm(T1, u64::from(g));
+            a.udiv(T0, T0, T1);
+            a.mov_imm(GSTEPS, u64::from(g / lp));
+        }
+        None => {
+            a.mov_imm(T0, 1);
+            a.mov(GSTEPS, KSTEPS);
+        }
+    }
+    // T0 = groups. Sums row stride, parameter sizes.
+    a.lsl_imm(GSTRIDE, T0, 2);
+    a.mov_imm(T1, u64::from(hp * 4));
+    a.mul(T2, T0, T1);
+    a.str_x_sp(T2, SLOT_OFFDELTA);
+    let params_per_group: u32 = if spec.asym { 2 } else { 1 };
+    a.mov_imm(T1, u64::from(params_per_group));
+    a.mul(T2, T2, T1);
+    a.str_x_sp(T2, SLOT_PBYTES);
+    a.mov_imm(T1, u64::from(step_w));
+    a.mul(T3, KSTEPS, T1);
+    a.str_x_sp(T3, SLOT_WBYTES);
+    a.mov_imm(T1, u64::from(step_a));
+    a.mul(ABLOCK, KSTEPS, T1);
+    // First panel of this call: P0 = n0 / hp.
+    a.ldr_x(T0, ARGS, MM_N0 as u32);
+    a.mov_imm(T1, u64::from(hp));
+    a.udiv(T4, T0, T1);
+    a.ldr_x(WPANEL, ARGS, MM_W as u32);
+    a.madd(WPANEL, T4, T3, WPANEL);
+    a.ldr_x(PPANEL, ARGS, MM_W_PARAMS as u32);
+    a.ldr_x_sp(T2, SLOT_PBYTES);
+    a.madd(PPANEL, T4, T2, PPANEL);
+    a.ldr_x(YSTRIDE, ARGS, MM_Y_STRIDE as u32);
+    a.ldr_x(YCOL, ARGS, MM_Y as u32);
+    a.add_lsl(YCOL, YCOL, T0, 2);
+    // Bias: the tile's columns, or the zero area when there is none.
+    a.add_from_sp(SCR, lay.zeros);
+    a.str_x_sp(SCR, SLOT_ZEROS);
+    a.ldr_x(BIAS, ARGS, MM_BIAS as u32);
+    a.add_lsl(BIAS, BIAS, T0, 2);
+    a.mov_imm(T1, u64::from(hp * 4));
+    a.ldr_x(T2, ARGS, MM_BIAS as u32);
+    a.cmp_imm(T2, 0);
+    a.csel(BIAS, BIAS, SCR, Cond::Ne);
+    a.csel(T1, T1, X(31), Cond::Ne);
+    a.str_x_sp(T1, SLOT_BIASSTEP);
+    // Zero the zero area.
+    let z = plan.scratch_v(0);
+    a.zero(z);
+    for off in (0..lay.row_bytes).step_by(16) {
+        a.str_q(z, SCR, off);
+    }
+    a.add_from_sp(SCR, lay.scratch);
+    a.add_from_sp(STAGE, lay.stage);
+
+    let panel_loop = a.new_label();
+    let panel_done = a.new_label();
+    a.cbz(NREM, panel_done);
+    a.bind(panel_loop);
+    a.comment("panel: hp output channels");
+    a.mov_imm(T1, u64::from(hp));
+    a.cmp(NREM, T1);
+    a.csel(COLS, NREM, T1, Cond::Lo);
+    a.mov_imm(R0, 0);
+    let row_loop = a.new_label();
+    let rows_done = a.new_label();
+    a.cbz(M, rows_done);
+    a.bind(row_loop);
+    a.comment("row block: ep rows");
+    // XA = x + (R0 / ep) · ABLOCK (R0 is a multiple of ep).
+    a.mov_imm(T1, u64::from(ep));
+    a.udiv(T0, R0, T1);
+    a.ldr_x(XA, ARGS, MM_X as u32);
+    a.madd(XA, T0, ABLOCK, XA);
+    a.mov(WP, WPANEL);
+    a.mov(PG, PPANEL);
+    a.ldr_x(SG, ARGS, MM_X_SUMS as u32);
+    a.mul(T0, R0, GSTRIDE);
+    a.add(SG, SG, T0);
+    a.mov(LEFT, KSTEPS);
+    for r in plan.acc.clone() {
+        a.zero(V(r));
+    }
+    let acc0 = V(plan.acc.start);
+    for i in 0..plan.acc_count() {
+        a.str_q(acc0, SCR, 16 * i);
+    }
+
+    let group_loop = a.new_label();
+    a.bind(group_loop);
+    a.comment("weight group");
+    a.cmp(LEFT, GSTEPS);
+    a.csel(CNT, LEFT, GSTEPS, Cond::Lo);
+    a.sub(LEFT, LEFT, CNT);
+    if spec.wbits == 4 {
+        a.movi_16b(plan.mask, 15);
+    }
+    k_loop(a, spec, plan);
+    group_epilogue(a, spec, plan);
+    a.add_imm(PG, PG, hp * 4);
+    a.add_imm(SG, SG, 4);
+    a.cbnz(LEFT, group_loop);
+
+    tile_epilogue(a, spec, plan, &lay);
+    a.add_imm(R0, R0, ep);
+    a.cmp(R0, M);
+    a.b_cond(Cond::Lo, row_loop);
+    a.bind(rows_done);
+
+    a.ldr_x_sp(T0, SLOT_WBYTES);
+    a.add(WPANEL, WPANEL, T0);
+    a.ldr_x_sp(T0, SLOT_PBYTES);
+    a.add(PPANEL, PPANEL, T0);
+    a.add_imm(YCOL, YCOL, hp * 4);
+    a.ldr_x_sp(T0, SLOT_BIASSTEP);
+    a.add(BIAS, BIAS, T0);
+    a.sub(NREM, NREM, COLS);
+    a.cbnz(NREM, panel_loop);
+    a.bind(panel_done);
+    frame::epilogue(a, lay.frame);
+}
+
+/// Load one lp-step of A (ep × lp int8) into the A registers.
+fn load_a(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    let bytes = spec.ep * spec.lp;
+    let full = bytes / 16;
+    let regs: Vec<V> = plan.a.clone().map(V).collect();
+    let mut i = 0;
+    while i + 1 < full {
+        a.ldp_q_post(regs[i as usize], regs[i as usize + 1], XA, 32);
+        i += 2;
+    }
+    if i < full {
+        a.ldr_q_post(regs[i as usize], XA, 16);
+    }
+    match bytes % 16 {
+        0 => {}
+        4 => a.ldr_s_post(regs[full as usize], XA, 4),
+        8 => a.ldr_d_post(regs[full as usize], XA, 8),
+        _ => {
+            a.ldr_d_post(regs[full as usize], XA, 8);
+            a.ld1_s_lane_post4(regs[full as usize], 2, XA);
+        }
+    }
+}
+
+/// Load one lp-step of B (hp × lp codes) and unpack 4-bit codes.
+fn load_b(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    let nb = plan.b.len() as u32;
+    let b0 = u32::from(plan.b.start);
+    if spec.wbits == 8 {
+        let mut j = 0;
+        while j + 1 < nb {
+            a.ldp_q_post(V((b0 + j) as u8), V((b0 + j + 1) as u8), WP, 32);
+            j += 2;
+        }
+        if j < nb {
+            a.ldr_q_post(V((b0 + j) as u8), WP, 16);
+        }
+        return;
+    }
+    let runs = nb / 2;
+    let hi = |q: u32| V((b0 + runs + q) as u8);
+    let lo = |q: u32| V((b0 + q) as u8);
+    let mut q = 0;
+    while q + 1 < runs {
+        a.ldp_q_post(hi(q), hi(q + 1), WP, 32);
+        q += 2;
+    }
+    if q < runs {
+        a.ldr_q_post(hi(q), WP, 16);
+    }
+    for q in 0..runs {
+        a.and_16b(lo(q), hi(q), plan.mask);
+        a.ushr_16b(hi(q), hi(q), 4);
+    }
+}
+
+/// The register holding B unit j (16 bytes of codes at index j).
+fn b_unit(spec: &Int8Spec, plan: &RegisterPlan, j: u32) -> V {
+    let nb = plan.b.len() as u32;
+    let b0 = u32::from(plan.b.start);
+    if spec.wbits == 8 {
+        V((b0 + j) as u8)
+    } else if j.is_multiple_of(2) {
+        V((b0 + j / 2) as u8)
+    } else {
+        V((b0 + nb / 2 + j / 2) as u8)
+    }
+}
+
+/// The MACs of one lp-step; `lane` picks the A lane group on the GEMV
+/// sdot path (A holds four steps of one row).
+fn macs(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, gemv_lane: Option<u32>) {
+    match spec.mac {
+        Mac::Sdot => {
+            let jn = spec.hp / 4;
+            for r in 0..spec.ep {
+                let (areg, lane) = match gemv_lane {
+                    Some(l) => (V(plan.a.start), l),
+                    None => (V(plan.a.start + (r / 4) as u8), r % 4),
+                };
+                for j in 0..jn {
+                    a.sdot_elem(plan.acc_reg(r * jn + j), b_unit(spec, plan, j), areg, lane);
+                }
+            }
+        }
+        Mac::Smmla => {
+            let jn = spec.hp / 2;
+            for i in 0..spec.ep / 2 {
+                for j in 0..jn {
+                    a.smmla(
+                        plan.acc_reg(i * jn + j),
+                        V(plan.a.start + i as u8),
+                        b_unit(spec, plan, j),
+                    );
+                }
+            }
+        }
+        Mac::Smull => {
+            let t = plan.temp.expect("smull needs its int16 temporary");
+            for r in 0..spec.ep {
+                let areg = V(plan.a.start + r as u8);
+                for c in 0..spec.hp {
+                    let b = b_unit(spec, plan, c);
+                    a.smull_8b(t, areg, b);
+                    a.smlal2_16b(t, areg, b);
+                    a.sadalp_8h(plan.acc_reg(r * spec.hp + c), t);
+                }
+            }
+        }
+    }
+}
+
+/// The steady-state loop over the CNT lp-steps of one group.
+fn k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    let done = a.new_label();
+    if spec.gemv && spec.mac == Mac::Sdot && spec.ep == 1 {
+        // Four steps per iteration: one 16-byte load of A serves four sdot
+        // lane groups.
+        let single = a.new_label();
+        let quad = a.new_label();
+        a.cmp_imm(CNT, 4);
+        a.b_cond(Cond::Lo, single);
+        a.bind(quad);
+        a.comment("steady state (gemv): 4 lp-steps");
+        a.ldr_q_post(V(plan.a.start), XA, 16);
+        for lane in 0..4 {
+            load_b(a, spec, plan);
+            macs(a, spec, plan, Some(lane));
+        }
+        a.sub_imm(CNT, CNT, 4);
+        a.cmp_imm(CNT, 4);
+        a.b_cond(Cond::Hs, quad);
+        a.bind(single);
+        a.cbz(CNT, done);
+        let one = a.new_label();
+        a.bind(one);
+        load_a(a, spec, plan);
+        load_b(a, spec, plan);
+        macs(a, spec, plan, None);
+        a.subs_imm(CNT, CNT, 1);
+        a.b_cond(Cond::Ne, one);
+    } else {
+        let top = a.new_label();
+        a.cbz(CNT, done);
+        a.bind(top);
+        a.comment("steady state: one lp-step");
+        load_a(a, spec, plan);
+        load_b(a, spec, plan);
+        macs(a, spec, plan, None);
+        a.subs_imm(CNT, CNT, 1);
+        a.b_cond(Cond::Ne, top);
+    }
+    a.bind(done);
+}
+
+/// Column blocks of the accumulator layout: (width in columns of one
+/// accumulator register lane group, number of blocks).
+fn col_blocks(spec: &Int8Spec) -> (u32, u32) {
+    match spec.mac {
+        Mac::Sdot | Mac::Smull => (4, spec.hp.div_ceil(4)),
+        Mac::Smmla => (2, spec.hp / 2),
+    }
+}
+
+/// Rows of one accumulator register.
+fn row_unit(spec: &Int8Spec) -> u32 {
+    match spec.mac {
+        Mac::Smmla => 2,
+        _ => 1,
+    }
+}
+
+/// Load the `cols` (≤ 4) f32 at [base + off] into `v` without reading past
+/// them.
+fn load_cols(a: &mut A64, v: V, base: X, off: u32, cols: u32, tmp: X) {
+    match cols {
+        4 => a.ldr_q(v, base, off),
+        2 => a.ldr_d(v, base, off),
+        1 => a.ldr_s(v, base, off),
+        _ => {
+            a.ldr_d(v, base, off);
+            a.add_imm(tmp, base, off + 8);
+            a.ld1_s_lane(v, 2, tmp);
+        }
+    }
+}
+
+/// After a group: partial += sw·acc + off·Σqx, accumulators cleared.
+fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    a.comment("group epilogue: int32 -> f32, scale, zero point, into the partial sums");
+    let (bw, jn) = col_blocks(spec);
+    let ru = row_unit(spec);
+    let rn = spec.ep / ru;
+    // smull: fold the 1x1 accumulators into 1x4 blocks first.
+    if spec.mac == Mac::Smull {
+        for r in 0..spec.ep {
+            for j in 0..jn {
+                let c0 = 4 * j;
+                let reg = |c: u32| plan.acc_reg(r * spec.hp + c.min(spec.hp - 1));
+                match spec.hp - c0 {
+                    1 => {
+                        a.addp_4s(reg(c0), reg(c0), reg(c0));
+                        a.addp_4s(reg(c0), reg(c0), reg(c0));
+                    }
+                    2 => {
+                        a.addp_4s(reg(c0), reg(c0), reg(c0 + 1));
+                        a.addp_4s(reg(c0), reg(c0), reg(c0));
+                    }
+                    _ => {
+                        // Three columns: the fourth operand repeats the third.
+                        a.addp_4s(reg(c0), reg(c0), reg(c0 + 1));
+                        a.addp_4s(reg(c0 + 2), reg(c0 + 2), reg(c0 + 3));
+                        a.addp_4s(reg(c0), reg(c0), reg(c0 + 2));
+                    }
+                }
+            }
+        }
+    }
+    let acc_of = |r: u32, j: u32| -> V {
+        match spec.mac {
+            Mac::Smull => plan.acc_reg(r * spec.hp + 4 * j),
+            _ => plan.acc_reg(r * jn + j),
+        }
+    };
+    let free = plan.free_in_epilogue();
+    let per_block = if spec.asym { 2 } else { 1 };
+    let chunk = ((free.len() as u32 - 2) / per_block).clamp(1, jn);
+    let sumv = free[0];
+    let tmp = free[1];
+    let vecs = &free[2..];
+    let mut j0 = 0;
+    while j0 < jn {
+        let jc = chunk.min(jn - j0);
+        if spec.asym {
+            a.ldr_x_sp(T2, SLOT_OFFDELTA);
+            a.add(T2, PG, T2);
+        }
+        for jj in 0..jc {
+            let j = j0 + jj;
+            let cols = (spec.hp - j * bw).min(bw);
+            let sc = vecs[(jj * per_block) as usize];
+            match spec.mac {
+                Mac::Smmla => {
+                    a.add_imm(T3, PG, j * 8);
+                    a.ld1r_2d(sc, T3);
+                }
+                _ => load_cols(a, sc, PG, j * 16, cols, T3),
+            }
+            if spec.asym {
+                let of = vecs[(jj * per_block + 1) as usize];
+                match spec.mac {
+                    Mac::Smmla => {
+                        a.add_imm(T3, T2, j * 8);
+                        a.ld1r_2d(of, T3);
+                    }
+                    _ => load_cols(a, of, T2, j * 16, cols, T3),
+                }
+            }
+        }
+        if spec.asym {
+            a.mov(T1, SG);
+        }
+        for i in 0..rn {
+            if spec.asym {
+                match spec.mac {
+                    Mac::Smmla => {
+                        a.ld1_s_lane_post(sumv, 0, T1, GSTRIDE);
+                        a.ld1_s_lane_post(sumv, 2, T1, GSTRIDE);
+                        a.trn1_4s(sumv, sumv, sumv);
+                    }
+                    _ => a.ld1r_4s_post(sumv, T1, GSTRIDE),
+                }
+                a.scvtf_4s(sumv, sumv);
+            }
+            for jj in 0..jc {
+                let j = j0 + jj;
+                let acc = acc_of(i, j);
+                let off = 16 * (i * jn + j);
+                let sc = vecs[(jj * per_block) as usize];
+                a.scvtf_4s(acc, acc);
+                a.ldr_q(tmp, SCR, off);
+                a.fmla_4s(tmp, acc, sc);
+                if spec.asym {
+                    let of = vecs[(jj * per_block + 1) as usize];
+                    a.fmla_4s(tmp, of, sumv);
+                }
+                a.str_q(tmp, SCR, off);
+                a.zero(acc);
+            }
+        }
+        j0 += jc;
+    }
+    if spec.mac == Mac::Smull {
+        // The folded-away registers still hold int32 sums: clear them too.
+        for r in plan.acc.clone() {
+            a.zero(V(r));
+        }
+    }
+}
+
+/// After all groups: stage[r, c] = sx[r]·partial[r, c], then the store.
+fn tile_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout) {
+    a.comment("tile epilogue: activation scale, bias, store");
+    let (_, jn) = col_blocks(spec);
+    let free = plan.free_in_epilogue();
+    let (sx, tmp) = (free[0], free[1]);
+    a.ldr_x(T1, ARGS, MM_X_SCALES as u32);
+    a.add_lsl(T1, T1, R0, 2);
+    match spec.mac {
+        Mac::Smmla => {
+            for i in 0..spec.ep / 2 {
+                a.ldr_d_post(sx, T1, 8);
+                a.zip1_4s(sx, sx, sx);
+                for j in 0..jn {
+                    a.ldr_q(tmp, SCR, 16 * (i * jn + j));
+                    a.fmul_4s(tmp, tmp, sx);
+                    let row0 = 2 * i * lay.row_bytes + 8 * j;
+                    a.str_d(tmp, STAGE, row0);
+                    a.add_imm(T3, STAGE, row0 + lay.row_bytes);
+                    a.st1_d_lane1(tmp, T3);
+                }
+            }
+        }
+        _ => {
+            for r in 0..spec.ep {
+                a.ldr_s_post(sx, T1, 4);
+                for j in 0..jn {
+                    a.ldr_q(tmp, SCR, 16 * (r * jn + j));
+                    a.fmul_4s_elem(tmp, tmp, sx, 0);
+                    a.str_q(tmp, STAGE, r * lay.row_bytes + 16 * j);
+                }
+            }
+        }
+    }
+    // rows = min(ep, m - R0); y row = YCOL + R0·y_stride.
+    a.sub(ROWS, M, R0);
+    a.mov_imm(T0, u64::from(spec.ep));
+    a.cmp(ROWS, T0);
+    a.csel(ROWS, ROWS, T0, Cond::Lo);
+    a.madd(T0, R0, YSTRIDE, YCOL);
+    let regs = StoreRegs {
+        gp: [T1, T2, T3, T4, X(30)],
+        v: [sx, tmp],
+    };
+    // x30 (the link register) is a scratch here: save it around the store.
+    a.push_pair(X(29), X(30));
+    frame::store_tile(
+        a,
+        STAGE,
+        lay.row_bytes,
+        spec.hp,
+        ROWS,
+        COLS,
+        T0,
+        YSTRIDE,
+        BIAS,
+        OutType::F32,
+        &regs,
+    );
+    a.pop_pair(X(29), X(30));
+}

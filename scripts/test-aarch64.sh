@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The NEON suite under qemu-aarch64 on three emulated CPUs: `max` (i8mm,
+# dotprod, fp16), `cortex-a76` (dotprod and fp16, no i8mm) and `cortex-a72`
+# (plain NEON), proving the run-time dispatch falls back. Needs the cross
+# toolchain (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user and the
+# rustup target aarch64-unknown-linux-gnu); scripts/test.sh installs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for spec in max:aarch64-i8mm cortex-a76:aarch64-dotprod cortex-a72:aarch64-neon; do
+    cpu=${spec%%:*}
+    want=${spec#*:}
+    echo "== qemu-aarch64 -cpu $cpu (expects $want)"
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /usr/aarch64-linux-gnu" \
+        TESSERA_EXPECT_TARGET="$want" \
+        cargo test -p tessera-tests --target aarch64-unknown-linux-gnu --test neon_run
+done

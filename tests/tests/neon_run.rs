@@ -1,0 +1,289 @@
+//! Differential tests of every NEON kernel against the reference
+//! interpreter, run on aarch64 (under `qemu-aarch64` here). Each path is
+//! gated on run-time feature detection, since a SIGILL would kill the whole
+//! binary: `-cpu max` runs all four targets, `-cpu cortex-a76` (dotprod, no
+//! i8mm) and `-cpu cortex-a72` (neither) prove the dispatch falls back.
+#![cfg(target_arch = "aarch64")]
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_codegen::artifact::{Artifact, Backend, Variant};
+use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, WeightsIn};
+use tessera_codegen::neon::NeonBackend;
+use tessera_codegen::tile::{Problem, neighbours, solve};
+use tessera_codegen::{TileConfig, mac_class};
+use tessera_dsl::interp::{self, Bindings, Value};
+use tessera_dsl::quant::quantize;
+use tessera_dsl::{Format, Group, Kernel, library};
+
+/// Targets this CPU can run, best first.
+fn runnable() -> Vec<&'static str> {
+    use std::arch::is_aarch64_feature_detected as has;
+    let mut t = Vec::new();
+    if has!("i8mm") && has!("dotprod") && has!("fp16") {
+        t.push("aarch64-i8mm");
+    }
+    if has!("dotprod") && has!("fp16") {
+        t.push("aarch64-dotprod");
+    }
+    if has!("fp16") {
+        t.push("aarch64-fp16");
+    }
+    t.push("aarch64-neon");
+    t
+}
+
+fn with_weight_format(mut k: Kernel, f: Format) -> Kernel {
+    for t in &mut k.tensors {
+        if t.name == "w" {
+            t.format = f;
+        }
+    }
+    if let tessera_dsl::Op::Matmul(mm) = &mut k.op {
+        mm.epilogue.zero_point = f.is_asymmetric();
+    }
+    k
+}
+
+/// The solver's optimum for (e, n, k) and its first neighbour the emitter takes.
+fn tiles(target: &str, kernel: &Kernel, e: u64) -> Vec<TileConfig> {
+    let be = NeonBackend::new(target).unwrap();
+    let class = mac_class(be.caps(), kernel).unwrap();
+    let p = Problem::new(e, 4096, 4096, class);
+    // The best tile the kernel's layout admits (4-bit weights need hp·lp a
+    // multiple of 32), as the autotuner would pick.
+    let best = solve(be.caps(), &p)
+        .unwrap()
+        .into_iter()
+        .find(|t| be.emit(kernel, t).is_ok())
+        .unwrap();
+    let mut out = vec![best];
+    for t in neighbours(be.caps(), &p, &best, 8).unwrap() {
+        if be.emit(kernel, &t).is_ok() {
+            out.push(t);
+            break;
+        }
+    }
+    out
+}
+
+fn machine(a: Artifact) -> tessera_codegen::artifact::MachineCode {
+    match a {
+        Artifact::Machine(m) => m,
+        _ => panic!("not machine code"),
+    }
+}
+
+/// Run one case on `target` and compare with the interpreter.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    target: &str,
+    kernel: &Kernel,
+    tile: &TileConfig,
+    variant: Variant,
+    m: usize,
+    n: usize,
+    k: usize,
+    seed: u64,
+) {
+    let be = NeonBackend::new(target).unwrap();
+    let code = machine(
+        be.emit_variant(kernel, tile, variant)
+            .unwrap_or_else(|e| panic!("{target} {}: {e}", kernel.name)),
+    );
+    let quant = be.quantizer(kernel, tile).unwrap();
+    let host = HostMatmul::new(kernel, HostTile::from(tile), quant.as_ref(), &code).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let w: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let bias: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let mm = kernel.as_matmul().unwrap();
+    let fmt = |t: &str| kernel.tensor(t).unwrap().format;
+    let (xf, wf, yf) = (fmt(&mm.x), fmt(&mm.w), fmt(&mm.y));
+    let mut b = Bindings::new().extent("e", m).extent("h", n).extent("l", k);
+    b = b.tensor("x", Value::from_f32(xf, &x).unwrap());
+    b = b.tensor("bias", Value::F32(bias.clone()));
+    let qt;
+    let weights = if wf.is_quantized() {
+        qt = quantize(wf, n, k, &w).unwrap();
+        b = b.tensor("w", Value::Quant(qt.clone()));
+        host.pack_weights(n, k, WeightsIn::Quant(&qt)).unwrap()
+    } else {
+        b = b.tensor("w", Value::from_f32(wf, &w).unwrap());
+        host.pack_weights(n, k, WeightsIn::F32(&w)).unwrap()
+    };
+    let want = interp::run(kernel, &b).unwrap().get("y").unwrap().to_vec();
+    let threads = 1 + (seed as usize % 2);
+    let got: Vec<f32> = if xf == Format::F16 {
+        let xh: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+        let mut y = vec![f16::ZERO; m * n];
+        host.run(
+            HostInput::F16(&xh),
+            m,
+            &weights,
+            Some(&bias),
+            HostOutput::F16(&mut y),
+            threads,
+        )
+        .unwrap();
+        y.iter().map(|v| v.to_f32()).collect()
+    } else {
+        let mut y = vec![f32::NAN; m * n];
+        if yf == Format::F16 {
+            unreachable!()
+        }
+        host.run(
+            HostInput::F32(&x),
+            m,
+            &weights,
+            Some(&bias),
+            HostOutput::F32(&mut y),
+            threads,
+        )
+        .unwrap();
+        y
+    };
+    // Tolerance from the magnitude of the sum: f32 rounding of the int8
+    // path's scale products, or the float path's accumulation.
+    let eps = if xf == Format::F16 {
+        2f32.powi(-10)
+    } else {
+        2f32.powi(-22)
+    };
+    let steps = if xf.is_quantized() {
+        4.0
+    } else {
+        (k as f32).sqrt() * 2.0 + 2.0
+    };
+    for r in 0..m {
+        for c in 0..n {
+            let mag: f32 = (0..k)
+                .map(|l| (x[r * k + l] * w[c * k + l]).abs())
+                .sum::<f32>()
+                + bias[c].abs()
+                + 1.0;
+            let tol = eps * steps * mag;
+            let (g, e) = (got[r * n + c], want[r * n + c]);
+            assert!(
+                (g - e).abs() <= tol,
+                "{target} {} {variant} tile {}x{}x{} m={m} n={n} k={k}: y[{r},{c}] = {g}, want {e} (tol {tol})",
+                kernel.name,
+                tile.ep,
+                tile.hp,
+                tile.lp
+            );
+        }
+    }
+}
+
+fn shapes(seed: u64, count: usize, max_k: usize) -> Vec<(usize, usize, usize)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..count)
+        .map(|_| {
+            (
+                rng.gen_range(1..=23),
+                rng.gen_range(1..=37),
+                rng.gen_range(1..=max_k),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn detect_picks_the_best_runnable_target() {
+    assert_eq!(NeonBackend::detect_name(), Some(runnable()[0]));
+    // scripts/test-aarch64.sh names the target each emulated CPU must get.
+    if let Ok(want) = std::env::var("TESSERA_EXPECT_TARGET") {
+        assert_eq!(NeonBackend::detect_name(), Some(want.as_str()));
+    }
+}
+
+#[test]
+fn w4a8_every_target_group_and_tile() {
+    for target in runnable() {
+        for g in [
+            Group::Size(32),
+            Group::Size(64),
+            Group::Size(128),
+            Group::Row,
+        ] {
+            let kernel =
+                with_weight_format(library::get("matmul-w4a8").unwrap(), Format::U4Asym(g));
+            for (i, tile) in tiles(target, &kernel, 4096).iter().enumerate() {
+                for (s, (m, n, k)) in shapes(i as u64 * 7 + 1, 3, 300).into_iter().enumerate() {
+                    check(target, &kernel, tile, Variant::Gemm, m, n, k, s as u64);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn w8a8_every_target() {
+    for target in runnable() {
+        for f in [
+            Format::I8Sym(Group::Row),
+            Format::I8Sym(Group::Size(64)),
+            Format::I8Asym(Group::Size(32)),
+        ] {
+            let kernel = with_weight_format(library::get("matmul-w8a8").unwrap(), f);
+            for tile in tiles(target, &kernel, 4096) {
+                for (s, (m, n, k)) in shapes(11, 2, 200).into_iter().enumerate() {
+                    check(target, &kernel, &tile, Variant::Gemm, m, n, k, s as u64);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_every_target() {
+    for target in runnable() {
+        for name in ["matmul-w4a8", "matmul-w8a8", "matmul-f32", "matmul-f16"] {
+            let kernel = library::get(name).unwrap();
+            let tile = tiles(target, &kernel, 1)[0];
+            for (s, (_, n, k)) in shapes(5, 3, 300).into_iter().enumerate() {
+                check(target, &kernel, &tile, Variant::Gemv, 1, n, k, s as u64);
+            }
+            check(target, &kernel, &tile, Variant::Gemv, 3, 17, 70, 9);
+        }
+    }
+}
+
+#[test]
+fn float_every_target() {
+    for target in runnable() {
+        for name in ["matmul-f32", "matmul-f16"] {
+            let kernel = library::get(name).unwrap();
+            for tile in tiles(target, &kernel, 4096) {
+                for (s, (m, n, k)) in shapes(3, 2, 150).into_iter().enumerate() {
+                    check(target, &kernel, &tile, Variant::Gemm, m, n, k, s as u64);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn long_reduction_k_11008() {
+    for target in runnable() {
+        let kernel = library::get("matmul-w4a8").unwrap();
+        let tile = tiles(target, &kernel, 4096)[0];
+        check(target, &kernel, &tile, Variant::Gemm, 3, 9, 11008, 1);
+        let tile = tiles(target, &kernel, 1)[0];
+        check(target, &kernel, &tile, Variant::Gemv, 1, 11, 11008, 2);
+    }
+    let kernel = library::get("matmul-f32").unwrap();
+    let tile = tiles("aarch64-neon", &kernel, 4096)[0];
+    check(
+        "aarch64-neon",
+        &kernel,
+        &tile,
+        Variant::Gemm,
+        2,
+        5,
+        11008,
+        3,
+    );
+}
