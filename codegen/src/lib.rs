@@ -7,8 +7,10 @@
 
 pub mod abi;
 pub mod artifact;
+pub mod gpu;
 pub mod host;
 pub mod jit;
+pub mod opencl;
 pub mod target;
 pub mod tile;
 pub mod x86;
