@@ -123,7 +123,10 @@ fn native_half_programs_are_valid_opencl_c() {
     let sources = all_sources(Fp16Mode::Native);
     assert!(sources.len() >= 17);
     for (name, src) in &sources {
-        assert!(src.contains("#pragma OPENCL EXTENSION cl_khr_fp16 : enable"), "{name}");
+        assert!(
+            src.contains("#pragma OPENCL EXTENSION cl_khr_fp16 : enable"),
+            "{name}"
+        );
         clang_check(name, src, true).unwrap();
     }
 }
@@ -135,7 +138,10 @@ fn storage_programs_are_valid_without_fp16() {
         return;
     }
     for (name, src) in &all_sources(Fp16Mode::Storage) {
-        assert!(!src.contains("#pragma OPENCL EXTENSION cl_khr_fp16"), "{name}");
+        assert!(
+            !src.contains("#pragma OPENCL EXTENSION cl_khr_fp16"),
+            "{name}"
+        );
         clang_check(name, src, false).unwrap();
     }
 }
@@ -150,7 +156,10 @@ fn gemv_w4a16_has_a_kernel_and_the_bit_tricks() {
         .to_string();
     assert!(src.contains("__kernel"));
     assert!(src.contains("const uint4 p = w["), "one 128-bit load");
-    assert!(src.contains("0x4b000000u"), "int4 by OR-ing a magic exponent");
+    assert!(
+        src.contains("0x4b000000u"),
+        "int4 by OR-ing a magic exponent"
+    );
     let e = library::get("matmul-e0m4a16").unwrap();
     let native = OpenClBackend::new(Fp16Mode::Native)
         .emit_variant(&e, &t, Variant::Gemv)
@@ -161,7 +170,10 @@ fn gemv_w4a16_has_a_kernel_and_the_bit_tricks() {
 
 #[test]
 fn emission_is_deterministic() {
-    assert_eq!(all_sources(Fp16Mode::Storage), all_sources(Fp16Mode::Storage));
+    assert_eq!(
+        all_sources(Fp16Mode::Storage),
+        all_sources(Fp16Mode::Storage)
+    );
 }
 
 #[test]
@@ -204,7 +216,10 @@ fn snapshots_of_the_canonical_set() {
     let cases: Vec<(&str, String)> = vec![
         (
             "w4a16_gemv_storage",
-            storage.emit_variant(&w4, &tile(&w4, 1), Variant::Gemv).unwrap().to_string(),
+            storage
+                .emit_variant(&w4, &tile(&w4, 1), Variant::Gemv)
+                .unwrap()
+                .to_string(),
         ),
         (
             "w4a16_gemv_image_native",
@@ -216,7 +231,10 @@ fn snapshots_of_the_canonical_set() {
         ),
         (
             "e0m4a16_gemv_native",
-            native.emit_variant(&e0, &tile(&e0, 1), Variant::Gemv).unwrap().to_string(),
+            native
+                .emit_variant(&e0, &tile(&e0, 1), Variant::Gemv)
+                .unwrap()
+                .to_string(),
         ),
         (
             "w8a16_flat_gemm_storage",

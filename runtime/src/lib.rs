@@ -1,1 +1,4 @@
 //! The thin runtime (filled by the runtime issue).
+
+#[cfg(feature = "opencl")]
+pub mod opencl;

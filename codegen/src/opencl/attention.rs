@@ -59,7 +59,6 @@ fn partial(w: &mut Writer, plan: &AttentionPlan, dl: &Dialect, pr: &Precision) {
         params(&plan.partial_args, dl)
     ));
     w.line(format!("const int split = {}(0);", dl.group_id));
-    w.line(format!("const int splits = {}(0);", dl.num_groups));
     w.line(format!("const int g = {}(1);", dl.group_id));
     w.line(format!("const int lid = {}(0);", dl.local_id));
     w.line(format!("const int s0 = split * {kps};"));
@@ -148,7 +147,6 @@ fn partial(w: &mut Writer, plan: &AttentionPlan, dl: &Dialect, pr: &Precision) {
     w.line("// p and the reductions are reused by the next head.");
     w.line(dl.local_barrier);
     w.close("");
-    w.line("(void)splits;");
     w.close("");
 }
 

@@ -466,7 +466,6 @@ fn tiled(w: &mut Writer, plan: &MatmulPlan, t: &TiledPlan, dl: &Dialect, pr: &Pr
         "{loc} const half* wc = ws + (kt % {stages}) * {};",
         ks * th
     ));
-    w.line(dl.unroll);
     w.open(format!("for (int k = 0; k < {ks}; ++k)"));
     w.line(format!("{} a[{}], b[{}];", pr.t, t.ep, t.hp));
     w.line(dl.unroll);
