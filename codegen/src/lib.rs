@@ -8,10 +8,12 @@
 pub mod abi;
 pub mod artifact;
 pub mod clif;
+pub mod gpu;
 pub mod host;
 pub mod host_attention;
 pub mod jit;
 pub mod neon;
+pub mod opencl;
 pub mod target;
 pub mod tile;
 pub mod x86;
