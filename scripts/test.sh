@@ -103,7 +103,12 @@ ensure_llvm_mc() {
 
 # OpenCL tests: PoCL, a CPU OpenCL implementation, with the ICD loader.
 ensure_pocl() {
-    ensure_apt_packages pocl-opencl-icd ocl-icd-libopencl1 clinfo
+    ensure_apt_packages pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev clinfo
+}
+
+# OpenCL C syntax checks of the native-half kernels PoCL cannot build.
+ensure_clang() {
+    have clang || ensure_apt_packages clang
 }
 
 # PTX checks: ptxas from NVIDIA's pip wheel (no GPU needed to assemble).
@@ -132,6 +137,8 @@ install_requirements() {
     ensure_llvm_mc
     ensure_qemu_user
     ensure_aarch64_cross
+    ensure_pocl
+    ensure_clang
 }
 
 # The cranelift (host) backend's aarch64 code paths, natively under
@@ -187,6 +194,7 @@ main() {
     check "clippy" cargo clippy --workspace --all-targets -- -D warnings
     check "tests (cargo test --workspace)" run_tests
     check "aarch64 clif tests (qemu)" run_aarch64_clif_tests
+    check "aarch64 NEON suite (qemu: max, cortex-a76, cortex-a72)" bash scripts/test-aarch64.sh
 
     printf '\n==> summary\n'
     printf '  %s\n' "${SUMMARY[@]}"
