@@ -2,9 +2,12 @@
 //!
 //! `show --list` lists the built-in library; `show NAME` prints a kernel's
 //! canonical text; `check FILE` parses and verifies a kernel text file;
-//! `solve --target T --kernel NAME` prints the register-constrained tile.
+//! `solve --target T --kernel NAME` prints the register-constrained tile;
+//! `emit --target T --kernel NAME` prints an emitted instance's listing or
+//! source.
 //! Errors go to stderr with exit code 1 and name the problem.
 
+mod emit;
 mod solve;
 
 use std::process::ExitCode;
@@ -52,6 +55,27 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Emit one kernel instance: print its listing (machine code) or source.
+    Emit {
+        /// x86-avx2, host (cranelift), aarch64-neon|fp16|dotprod|i8mm, opencl.
+        #[arg(long)]
+        target: String,
+        /// Library kernel name or a kernel text file.
+        #[arg(long)]
+        kernel: String,
+        /// Matmul loop structure: gemv, flat-gemm or gemm.
+        #[arg(long, default_value = "gemm")]
+        variant: String,
+        /// A feasible tile other than the solver's optimum: E,H,L.
+        #[arg(long)]
+        tile: Option<String>,
+        /// OpenCL half precision: native (cl_khr_fp16) or storage.
+        #[arg(long, default_value = "storage")]
+        fp16: String,
+        /// Also write the machine-code bytes to this file.
+        #[arg(long)]
+        bin: Option<std::path::PathBuf>,
     },
 }
 
@@ -103,6 +127,30 @@ fn run(cli: Cli) -> Result<String, String> {
         } => {
             let k = resolve_kernel(&kernel)?;
             solve::run(&target, &k, top.max(1), json).map_err(|e| e.to_string())
+        }
+        Command::Emit {
+            target,
+            kernel,
+            variant,
+            tile,
+            fp16,
+            bin,
+        } => {
+            let request = emit::EmitRequest {
+                target: &target,
+                kernel: resolve_kernel(&kernel)?,
+                variant: variant.parse()?,
+                tile: tile.as_deref().map(emit::parse_tile).transpose()?,
+                fp16: fp16.parse().map_err(|e| format!("--fp16 `{fp16}`: {e}"))?,
+            };
+            let out = emit::run(request)?;
+            if let Some(path) = bin {
+                let bytes = out.bytes.as_ref().ok_or_else(|| {
+                    format!("--bin: target {target} emits source text, not machine code")
+                })?;
+                std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            Ok(out.text)
         }
     }
 }

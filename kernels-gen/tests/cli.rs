@@ -151,3 +151,107 @@ fn solve_errors_list_the_choices() {
         stderr(&o)
     );
 }
+
+#[test]
+fn emit_i8mm_uses_smmla_and_dotprod_uses_sdot_only() {
+    let o = cli(&[
+        "emit",
+        "--target",
+        "aarch64-i8mm",
+        "--kernel",
+        "matmul-w4a8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("smmla"));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "aarch64-dotprod",
+        "--kernel",
+        "matmul-w4a8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("sdot") && !stdout(&o).contains("smmla"));
+}
+
+#[test]
+fn emit_x86_host_and_opencl() {
+    let o = cli(&["emit", "--target", "x86-avx2", "--kernel", "matmul-w4a8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("vpmaddubsw"));
+    let o = cli(&["emit", "--target", "host", "--kernel", "matmul-f32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("function %matmul-f32"));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "opencl",
+        "--kernel",
+        "matmul-w4a16",
+        "--variant",
+        "gemv",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("__kernel"));
+}
+
+#[test]
+fn emit_writes_bytes_and_refuses_bad_requests() {
+    let path = std::env::temp_dir().join(format!("tessera-cli-{}.bin", std::process::id()));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "aarch64-dotprod",
+        "--kernel",
+        "matmul-f32",
+        "--bin",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(!bytes.is_empty() && bytes.len() % 4 == 0);
+    let o = cli(&["emit", "--target", "riscv", "--kernel", "matmul-f32"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("x86-avx2"), "{}", stderr(&o));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "x86-avx2",
+        "--kernel",
+        "matmul-f32",
+        "--tile",
+        "7,7",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("E,H,L"), "{}", stderr(&o));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "x86-avx2",
+        "--kernel",
+        "matmul-f32",
+        "--tile",
+        "99,8,1",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not feasible"), "{}", stderr(&o));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "x86-avx2",
+        "--kernel",
+        "attention-decode-f16",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "opencl",
+        "--kernel",
+        "matmul-w4a16",
+        "--bin",
+        "/tmp/x",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("source text"), "{}", stderr(&o));
+}

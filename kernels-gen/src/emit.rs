@@ -1,0 +1,256 @@
+//! `tessera-kernels-gen emit`: one kernel instance for one target, as its
+//! listing (machine-code targets) or source (OpenCL C, PTX).
+//!
+//! The tile always comes from the solver for the target and variant
+//! (`--tile E,H,L` picks another feasible one); tiles an emitter refuses
+//! (`BadTile`) are skipped in rank order, as the autotuner does. The header
+//! lines (comments in the target's syntax) name the instance and its tile.
+
+use tessera_codegen::artifact::{Artifact, Backend, EmitError, Variant};
+use tessera_codegen::clif::ClifBackend;
+use tessera_codegen::gpu::with_gpu_weight_layout;
+use tessera_codegen::neon::NeonBackend;
+use tessera_codegen::opencl::{Fp16Mode, OpenClBackend};
+use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
+use tessera_codegen::x86::X86Backend;
+use tessera_codegen::{TargetCaps, mac_class};
+use tessera_dsl::{Kernel, LayoutDim};
+
+/// The targets `emit` accepts.
+pub const TARGETS: &[&str] = &[
+    "x86-avx2",
+    "host",
+    "aarch64-neon",
+    "aarch64-fp16",
+    "aarch64-dotprod",
+    "aarch64-i8mm",
+    "opencl",
+];
+
+/// What the user asked for.
+pub struct EmitRequest<'a> {
+    pub target: &'a str,
+    pub kernel: Kernel,
+    pub variant: Variant,
+    pub tile: Option<[u32; 3]>,
+    pub fp16: Fp16Mode,
+}
+
+/// The result: printable text, and machine code bytes where there are any.
+pub struct Emitted {
+    pub text: String,
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// Parse `E,H,L`.
+pub fn parse_tile(s: &str) -> Result<[u32; 3], String> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let nums: Result<Vec<u32>, _> = parts.iter().map(|p| p.parse::<u32>()).collect();
+    match nums {
+        Ok(v) if v.len() == 3 && v.iter().all(|&x| x > 0) => Ok([v[0], v[1], v[2]]),
+        _ => Err(format!(
+            "--tile `{s}`: expected three positive integers E,H,L (ep, hp, lp), e.g. 10,8,8"
+        )),
+    }
+}
+
+/// Representative M for a variant's solve: one row, a padded flat block,
+/// or a large GEMM.
+fn rows_for(variant: Variant) -> u64 {
+    match variant {
+        Variant::Gemv => 1,
+        Variant::FlatGemm => 8,
+        Variant::Gemm => tessera_codegen::tile::REPRESENTATIVE_EXTENT,
+    }
+}
+
+/// Ranked tiles for `kernel` on `caps` for `variant`, or the one `--tile`
+/// names (which must be feasible).
+fn tiles_for(
+    caps: &TargetCaps,
+    kernel: &Kernel,
+    variant: Variant,
+    want: Option<[u32; 3]>,
+) -> Result<Vec<TileConfig>, String> {
+    let mut problem = Problem::from_kernel(caps, kernel).map_err(|e| e.to_string())?;
+    problem.e = rows_for(variant);
+    match want {
+        None => solve(caps, &problem).map_err(|e| e.to_string()),
+        Some([ep, hp, lp]) => {
+            let all = feasible(caps, &problem).map_err(|e| e.to_string())?;
+            match all.iter().find(|t| t.ep == ep && t.hp == hp && t.lp == lp) {
+                Some(t) => Ok(vec![*t]),
+                None => {
+                    let some: Vec<String> = all
+                        .iter()
+                        .take(8)
+                        .map(|t| format!("{},{},{}", t.ep, t.hp, t.lp))
+                        .collect();
+                    Err(format!(
+                        "tile {ep},{hp},{lp} is not feasible for {} on {}; feasible tiles include {}",
+                        kernel.name,
+                        caps.name,
+                        some.join(" ")
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// Emit with the first tile the backend accepts.
+fn first_accepted(
+    backend: &dyn Backend,
+    kernel: &Kernel,
+    tiles: &[TileConfig],
+    variant: Variant,
+) -> Result<(TileConfig, Artifact), String> {
+    let mut last = String::from("the solver offered no tile");
+    for tile in tiles {
+        match backend.emit_variant(kernel, tile, variant) {
+            Ok(a) => return Ok((*tile, a)),
+            Err(EmitError::BadTile { tile, why }) => last = format!("tile {tile}: {why}"),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!("no solver tile could be emitted ({last})"))
+}
+
+fn header(
+    comment: &str,
+    target: &str,
+    kernel: &Kernel,
+    variant: Variant,
+    tile: Option<&TileConfig>,
+) -> String {
+    let mut h = if kernel.as_matmul().is_some() {
+        format!("{comment} {} on {target}, variant {variant}\n", kernel.name)
+    } else {
+        format!("{comment} {} on {target}\n", kernel.name)
+    };
+    if let Some(t) = tile {
+        h.push_str(&format!("{comment} tile {}\n", t.summary()));
+    }
+    h
+}
+
+fn machine(artifact: Artifact) -> (String, Option<Vec<u8>>) {
+    match artifact {
+        Artifact::Machine(code) => (code.listing, Some(code.bytes)),
+        Artifact::Source { text, .. } => (text, None),
+    }
+}
+
+/// Whether a matmul's weights are in a GPU layout `[l/lp, h, lp]`.
+fn has_gpu_weights(kernel: &Kernel) -> bool {
+    kernel.as_matmul().is_some_and(|mm| {
+        kernel.tensor(&mm.w).is_some_and(|t| {
+            !matches!(t.layout.dims.first(), Some(LayoutDim::Outer { axis, .. }) if *axis == mm.h)
+        })
+    })
+}
+
+pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
+    let EmitRequest {
+        target,
+        kernel,
+        variant,
+        tile,
+        fp16,
+    } = req;
+    let is_matmul = kernel.as_matmul().is_some();
+    match target {
+        "x86-avx2" | "aarch64-neon" | "aarch64-fp16" | "aarch64-dotprod" | "aarch64-i8mm" => {
+            if !is_matmul {
+                return Err(format!(
+                    "{target} emits matmul kernels; `{}` is attention (the `host` and `opencl` targets emit attention)",
+                    kernel.name
+                ));
+            }
+            let caps = TargetCaps::by_name(target).map_err(|e| e.to_string())?;
+            mac_class(caps, &kernel).map_err(|e| e.to_string())?;
+            let tiles = tiles_for(caps, &kernel, variant, tile)?;
+            let (chosen, artifact) = if target == "x86-avx2" {
+                first_accepted(&X86Backend::default(), &kernel, &tiles, variant)?
+            } else {
+                let neon = NeonBackend::new(target).map_err(|e| e.to_string())?;
+                first_accepted(&neon, &kernel, &tiles, variant)?
+            };
+            let comment = if target == "x86-avx2" { "#" } else { "//" };
+            let (text, bytes) = machine(artifact);
+            Ok(Emitted {
+                text: header(comment, target, &kernel, variant, Some(&chosen)) + &text,
+                bytes,
+            })
+        }
+        "host" => {
+            let backend = ClifBackend::host().map_err(|e| e.to_string())?;
+            let matmul_tiles = |k: &Kernel| backend.tiles(k).map_err(|e| e.to_string());
+            let (chosen, artifact) = if is_matmul {
+                let mut tiles = matmul_tiles(&kernel)?;
+                if let Some([ep, hp, lp]) = tile {
+                    tiles.retain(|t| t.ep == ep && t.hp == hp && t.lp == lp);
+                    if tiles.is_empty() {
+                        return Err(format!(
+                            "tile {ep},{hp},{lp} is not one the cranelift backend can emit for {}",
+                            kernel.name
+                        ));
+                    }
+                }
+                let (t, a) = first_accepted(&backend, &kernel, &tiles, Variant::Gemm)?;
+                (Some(t), a)
+            } else {
+                // Attention takes no tile; any solver tile satisfies the trait.
+                let any = tessera_dsl::library::get("matmul-f32").map_err(|e| e.to_string())?;
+                let t = *matmul_tiles(&any)?
+                    .first()
+                    .ok_or("the solver offered no tile")?;
+                let a = backend.emit(&kernel, &t).map_err(|e| e.to_string())?;
+                (None, a)
+            };
+            let (text, bytes) = machine(artifact);
+            Ok(Emitted {
+                text: header(";", target, &kernel, variant, chosen.as_ref()) + &text,
+                bytes,
+            })
+        }
+        "opencl" => {
+            let backend = OpenClBackend::new(fp16);
+            if !is_matmul {
+                let program = backend
+                    .attention_program(&kernel)
+                    .map_err(|e| e.to_string())?;
+                return Ok(Emitted {
+                    text: header("//", target, &kernel, variant, None) + &program_source(program),
+                    bytes: None,
+                });
+            }
+            // The GPU kernels read weights as [l/lp, h, lp] (MNN-LLM 5.1);
+            // CPU-layout library kernels are re-laid out by the IR pass.
+            let kernel = if has_gpu_weights(&kernel) {
+                kernel
+            } else {
+                with_gpu_weight_layout(&kernel).map_err(|e| e.to_string())?
+            };
+            let caps = tessera_codegen::opencl::caps();
+            let tiles = tiles_for(caps, &kernel, variant, tile)?;
+            let (chosen, artifact) = first_accepted(&backend, &kernel, &tiles, variant)?;
+            let (text, _) = machine(artifact);
+            Ok(Emitted {
+                text: header("//", target, &kernel, variant, Some(&chosen)) + &text,
+                bytes: None,
+            })
+        }
+        other => Err(format!(
+            "unknown emit target `{other}`; valid targets: {}",
+            TARGETS.join(", ")
+        )),
+    }
+}
+
+fn program_source(program: tessera_codegen::opencl::Program) -> String {
+    match program {
+        tessera_codegen::opencl::Program::Matmul { source, .. }
+        | tessera_codegen::opencl::Program::Attention { source, .. } => source,
+    }
+}
