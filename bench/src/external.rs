@@ -46,16 +46,21 @@ pub fn parse_line(peer: &str, line: &str) -> Result<Option<PeerLine>, BenchError
     if line.is_empty() {
         return Ok(None);
     }
-    serde_json::from_str(line).map(Some).map_err(|e| BenchError::PeerOutput {
-        peer: peer.to_string(),
-        line: line.to_string(),
-        why: e.to_string(),
-    })
+    serde_json::from_str(line)
+        .map(Some)
+        .map_err(|e| BenchError::PeerOutput {
+            peer: peer.to_string(),
+            line: line.to_string(),
+            why: e.to_string(),
+        })
 }
 
 /// Runs `cmd`, passing its stderr through and calling `on_record` as each
 /// record arrives (for progress output).
-pub fn run_peer(cmd: &PeerCommand, mut on_record: impl FnMut(&Record)) -> Result<PeerOutput, BenchError> {
+pub fn run_peer(
+    cmd: &PeerCommand,
+    mut on_record: impl FnMut(&Record),
+) -> Result<PeerOutput, BenchError> {
     let mut child = Command::new(&cmd.program)
         .args(&cmd.args)
         .envs(cmd.env.iter().map(|(k, v)| (k, v)))
@@ -144,7 +149,9 @@ mod tests {
     fn failures_are_named() {
         let err = run_peer(&sh("exit 3"), |_| {}).unwrap_err().to_string();
         assert!(err.contains("test-peer") && err.contains("exit"), "{err}");
-        let err = run_peer(&sh("echo not-json"), |_| {}).unwrap_err().to_string();
+        let err = run_peer(&sh("echo not-json"), |_| {})
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not-json"), "{err}");
         let mut missing = sh("");
         missing.program = "/nonexistent/peer".into();

@@ -18,9 +18,15 @@ pub enum WeightFormat {
     F32,
     F16,
     /// 8-bit codes with `param_bytes` of parameters per `group` codes.
-    Int8 { group: usize, param_bytes: usize },
+    Int8 {
+        group: usize,
+        param_bytes: usize,
+    },
     /// 4-bit codes, two per byte, with `param_bytes` per `group` codes.
-    Int4 { group: usize, param_bytes: usize },
+    Int4 {
+        group: usize,
+        param_bytes: usize,
+    },
 }
 
 impl WeightFormat {
@@ -38,9 +44,8 @@ impl WeightFormat {
         let codes = (k * self.code_bits()).div_ceil(8);
         let params = match self {
             WeightFormat::F32 | WeightFormat::F16 => 0,
-            WeightFormat::Int8 { group, param_bytes } | WeightFormat::Int4 { group, param_bytes } => {
-                k.div_ceil(group.max(1)) * param_bytes
-            }
+            WeightFormat::Int8 { group, param_bytes }
+            | WeightFormat::Int4 { group, param_bytes } => k.div_ceil(group.max(1)) * param_bytes,
         };
         (n as u64) * ((codes + params) as u64)
     }

@@ -27,7 +27,10 @@ impl Limits {
     /// Measures every limit for each thread count in `threads`.
     pub fn measure(threads: &[usize], method: &Method, quick: bool) -> Limits {
         let mut limits = Limits::default();
-        let rows = (method.total_bytes as usize / (4 * BANDWIDTH_ROW)).div_ceil(8).max(1) * 8;
+        let rows = (method.total_bytes as usize / (4 * BANDWIDTH_ROW))
+            .div_ceil(8)
+            .max(1)
+            * 8;
         let mut weights = vec![0.0f32; rows * BANDWIDTH_ROW];
         crate::impls::fill_uniform(&mut weights, 11);
         let mut x = vec![0.0f32; BANDWIDTH_ROW];
@@ -37,7 +40,9 @@ impl Limits {
             let timing = method.measure(1, |_| {
                 black_box(gemv_read(&weights, &x, t));
             });
-            limits.read_gbs.insert(t, weights.len() as f64 * 4.0 / timing.median_s / 1e9);
+            limits
+                .read_gbs
+                .insert(t, weights.len() as f64 * 4.0 / timing.median_s / 1e9);
             method.pause();
             if let Some(g) = fma_peak(t, fma_iters, FmaWidth::Ymm, method) {
                 limits.fma_ymm_gflops.insert(t, g);
@@ -63,7 +68,10 @@ pub fn gemv_read(weights: &[f32], x: &[f32], threads: usize) -> f32 {
             .chunks(per_thread)
             .map(|part| s.spawn(move || gemv_rows(part, x)))
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or(f32::NAN)).sum()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(f32::NAN))
+            .sum()
     })
 }
 
@@ -103,6 +111,9 @@ fn gemv_rows_plain(weights: &[f32], x: &[f32]) -> f32 {
     total
 }
 
+/// One thread's FMA loop: iterations → a value to keep the work alive.
+type FmaKernel = fn(u64) -> f32;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FmaWidth {
     Ymm,
@@ -130,7 +141,7 @@ pub fn fma_peak(threads: usize, iters: u64, width: FmaWidth, method: &Method) ->
 }
 
 #[cfg(target_arch = "x86_64")]
-fn fma_kernel(width: FmaWidth) -> Option<(u64, fn(u64) -> f32)> {
+fn fma_kernel(width: FmaWidth) -> Option<(u64, FmaKernel)> {
     match width {
         FmaWidth::Ymm if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") => {
             // SAFETY (of the call inside): features detected just above.
@@ -144,7 +155,7 @@ fn fma_kernel(width: FmaWidth) -> Option<(u64, fn(u64) -> f32)> {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn fma_kernel(_width: FmaWidth) -> Option<(u64, fn(u64) -> f32)> {
+fn fma_kernel(_width: FmaWidth) -> Option<(u64, FmaKernel)> {
     None
 }
 
@@ -185,12 +196,28 @@ mod x86 {
 
     #[target_feature(enable = "avx2,fma")]
     pub fn fma_ymm(iters: u64) -> f32 {
-        fma_chains!(_mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps, __m256, 8, iters)
+        fma_chains!(
+            _mm256_set1_ps,
+            _mm256_fmadd_ps,
+            _mm256_add_ps,
+            _mm256_storeu_ps,
+            __m256,
+            8,
+            iters
+        )
     }
 
     #[target_feature(enable = "avx512f")]
     pub fn fma_zmm(iters: u64) -> f32 {
-        fma_chains!(_mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps, __m512, 16, iters)
+        fma_chains!(
+            _mm512_set1_ps,
+            _mm512_fmadd_ps,
+            _mm512_add_ps,
+            _mm512_storeu_ps,
+            __m512,
+            16,
+            iters
+        )
     }
 }
 
@@ -201,12 +228,17 @@ mod tests {
     #[test]
     fn gemv_read_sums_every_row_once_whatever_the_thread_count() {
         let rows = 24;
-        let weights: Vec<f32> = (0..rows * BANDWIDTH_ROW).map(|i| (i % 7) as f32 * 0.25).collect();
+        let weights: Vec<f32> = (0..rows * BANDWIDTH_ROW)
+            .map(|i| (i % 7) as f32 * 0.25)
+            .collect();
         let x = vec![1.0f32; BANDWIDTH_ROW];
         let want: f64 = weights.iter().map(|&v| f64::from(v)).sum();
         for t in 1..=3 {
             let got = f64::from(gemv_read(&weights, &x, t));
-            assert!((got - want).abs() / want < 1e-4, "{t} threads: {got} vs {want}");
+            assert!(
+                (got - want).abs() / want < 1e-4,
+                "{t} threads: {got} vs {want}"
+            );
         }
     }
 

@@ -3,14 +3,17 @@
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use tessera_bench::BenchError;
 use tessera_bench::method::Method;
 use tessera_bench::report::TableSpec;
 use tessera_bench::run::{self, Config};
 use tessera_bench::shapes::{parse_list, parse_shapes};
-use tessera_bench::BenchError;
 
 #[derive(Parser, Debug)]
-#[command(name = "tessera-bench", about = "Side-by-side matmul benchmark (y = x·Wᵀ, W [N, K]) against gemm, matrixmultiply, numpy and ggml")]
+#[command(
+    name = "tessera-bench",
+    about = "Side-by-side matmul benchmark (y = x·Wᵀ, W [N, K]) against gemm, matrixmultiply, numpy and ggml"
+)]
 struct Cli {
     /// `llama2-7b`, `qwen2-1.5b`, or `N,K[;N,K...]` (mixable with `;`).
     #[arg(long, default_value = "llama2-7b")]
@@ -77,14 +80,23 @@ fn method(cli: &Cli) -> Result<Method, BenchError> {
     };
     let total_mib = cli.total_mib.unwrap_or(default_total);
     if !(total_mib.is_finite() && total_mib >= 0.0) {
-        return Err(BenchError::Option(format!("--total-mib {total_mib} is not a size")));
+        return Err(BenchError::Option(format!(
+            "--total-mib {total_mib} is not a size"
+        )));
     }
     let total = (total_mib * f64::from(1u32 << 20)) as u64;
-    let mut m = if cli.quick { Method::quick(total) } else { Method::standard(total) };
+    let mut m = if cli.quick {
+        Method::quick(total)
+    } else {
+        Method::standard(total)
+    };
     if let Some(v) = cli.min_reps {
         m.min_reps = v.max(1);
     }
-    for (name, v, slot) in [("--min-time", cli.min_time, &mut m.min_time_s), ("--max-time", cli.max_time, &mut m.max_time_s)] {
+    for (name, v, slot) in [
+        ("--min-time", cli.min_time, &mut m.min_time_s),
+        ("--max-time", cli.max_time, &mut m.max_time_s),
+    ] {
         if let Some(v) = v {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(BenchError::Option(format!("{name} {v} is not a duration")));
@@ -100,7 +112,13 @@ fn method(cli: &Cli) -> Result<Method, BenchError> {
 
 fn main_inner() -> Result<(), BenchError> {
     let cli = Cli::parse();
-    let peers: Vec<String> = cli.peers.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect();
+    let peers: Vec<String> = cli
+        .peers
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect();
     if peers.is_empty() {
         return Err(BenchError::Option("--peers is empty".into()));
     }
@@ -115,15 +133,27 @@ fn main_inner() -> Result<(), BenchError> {
         python: cli.python.clone(),
         numpy_script: cli.numpy_script.clone(),
         ggml_harness: cli.ggml_harness.clone(),
-        command: std::iter::once("tessera-bench".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
+        command: std::iter::once("tessera-bench".to_string())
+            .chain(std::env::args().skip(1))
+            .collect::<Vec<_>>()
+            .join(" "),
     };
     if cli.worker {
         return run::run_worker(&config);
     }
     let report = run::run(&config)?;
     let ratio_impls = match &cli.ratio {
-        Some(list) => list.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect(),
-        None => peers.iter().filter(|p| p.starts_with("tessera")).cloned().collect(),
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(String::from)
+            .collect(),
+        None => peers
+            .iter()
+            .filter(|p| p.starts_with("tessera"))
+            .cloned()
+            .collect(),
     };
     let spec = TableSpec {
         impls: peers.clone(),
@@ -133,8 +163,12 @@ fn main_inner() -> Result<(), BenchError> {
     };
     println!("{}", report.markdown(&spec));
     if let Some(path) = &cli.json {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| BenchError::Option(e.to_string()))?;
-        std::fs::write(path, text + "\n").map_err(|source| BenchError::Io { path: path.clone(), source })?;
+        let text =
+            serde_json::to_string_pretty(&report).map_err(|e| BenchError::Option(e.to_string()))?;
+        std::fs::write(path, text + "\n").map_err(|source| BenchError::Io {
+            path: path.clone(),
+            source,
+        })?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

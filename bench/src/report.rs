@@ -40,7 +40,8 @@ impl Record {
     }
 
     pub fn is_wrong(&self) -> bool {
-        !(self.max_rel_err <= self.tolerance.unwrap_or(f64::INFINITY))
+        let tolerance = self.tolerance.unwrap_or(f64::INFINITY);
+        self.max_rel_err.is_nan() || self.max_rel_err > tolerance
     }
 }
 
@@ -100,9 +101,13 @@ fn fmt_pct(v: f64, limit: Option<&f64>) -> String {
 
 impl RunReport {
     fn find(&self, name: &str, shape: &Shape, m: usize, threads: usize) -> Option<&Record> {
-        self.records
-            .iter()
-            .find(|r| r.impl_name == name && r.n == shape.n && r.k == shape.k && r.m == m && r.threads == threads)
+        self.records.iter().find(|r| {
+            r.impl_name == name
+                && r.n == shape.n
+                && r.k == shape.k
+                && r.m == m
+                && r.threads == threads
+        })
     }
 
     /// Thread counts and M values present, in first-seen order.
@@ -124,8 +129,15 @@ impl RunReport {
     pub fn markdown(&self, spec: &TableSpec) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "Command: `{}`\n", self.command);
-        let l3 = self.l3_bytes.map(|b| format!(", L3 {} MiB", b >> 20)).unwrap_or_default();
-        let _ = writeln!(out, "CPU: {}{l3}. Load average before: {}; after: {}.", self.cpu, self.load_before, self.load_after);
+        let l3 = self
+            .l3_bytes
+            .map(|b| format!(", L3 {} MiB", b >> 20))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "CPU: {}{l3}. Load average before: {}; after: {}.",
+            self.cpu, self.load_before, self.load_after
+        );
         if let Some(m) = &self.method {
             let _ = writeln!(
                 out,
@@ -169,7 +181,13 @@ impl RunReport {
                 }
                 let _ = write!(out, "| {label} |");
                 for t in &threads {
-                    let _ = write!(out, " {} |", map.get(t).map(|v| fmt_value(*v)).unwrap_or_else(|| "–".into()));
+                    let _ = write!(
+                        out,
+                        " {} |",
+                        map.get(t)
+                            .map(|v| fmt_value(*v))
+                            .unwrap_or_else(|| "–".into())
+                    );
                 }
                 out.push('\n');
             }
@@ -197,13 +215,25 @@ impl RunReport {
         for shape in &self.shapes {
             for &t in &threads {
                 for &m in &ms {
-                    let row: Vec<Option<&Record>> = spec.impls.iter().map(|name| self.find(name, shape, m, t)).collect();
+                    let row: Vec<Option<&Record>> = spec
+                        .impls
+                        .iter()
+                        .map(|name| self.find(name, shape, m, t))
+                        .collect();
                     if row.iter().all(Option::is_none) {
                         continue;
                     }
                     let gbs = m <= spec.gbs_max_m;
-                    let unit = if gbs { "GB/s (% read BW)" } else { "GFLOP/s (% ymm FMA)" };
-                    let _ = write!(out, "| {} {}×{} | {m} | {t} | {unit} |", shape.label, shape.n, shape.k);
+                    let unit = if gbs {
+                        "GB/s (% read BW)"
+                    } else {
+                        "GFLOP/s (% ymm FMA)"
+                    };
+                    let _ = write!(
+                        out,
+                        "| {} {}×{} | {m} | {t} | {unit} |",
+                        shape.label, shape.n, shape.k
+                    );
                     for rec in &row {
                         match rec {
                             None => out.push_str(" – |"),
@@ -214,7 +244,8 @@ impl RunReport {
                                     (r.gflops(), lim.fma_ymm_gflops.get(&t))
                                 };
                                 let flag = if r.is_wrong() { " WRONG" } else { "" };
-                                let _ = write!(out, " {}{}{flag} |", fmt_value(v), fmt_pct(v, limit));
+                                let _ =
+                                    write!(out, " {}{}{flag} |", fmt_value(v), fmt_pct(v, limit));
                             }
                         }
                     }
@@ -284,7 +315,8 @@ mod tests {
 
     #[test]
     fn peer_lines_parse() {
-        let info: PeerLine = serde_json::from_str(r#"{"info":"numpy","detail":"openblas 0.3"}"#).unwrap();
+        let info: PeerLine =
+            serde_json::from_str(r#"{"info":"numpy","detail":"openblas 0.3"}"#).unwrap();
         assert_eq!(
             info,
             PeerLine::Info {
@@ -296,7 +328,10 @@ mod tests {
                        "reps":5,"copies":3,"weight_bytes":281250,"max_rel_err":0.003}"#;
         match serde_json::from_str::<PeerLine>(line).unwrap() {
             PeerLine::Record(r) => {
-                assert_eq!((r.impl_name.as_str(), r.m, r.threads, r.tolerance), ("ggml-q4_0", 1, 2, None));
+                assert_eq!(
+                    (r.impl_name.as_str(), r.m, r.threads, r.tolerance),
+                    ("ggml-q4_0", 1, 2, None)
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -330,6 +365,9 @@ mod tests {
         let md = report.markdown(&spec);
         assert!(md.contains("| s 1000×500 | 1 | 1 | GB/s (% read BW) | 2.0 (50%) | 4.0 (100%) | – | 2.00× | fast 2.00× |"), "{md}");
         assert!(md.contains("| s 1000×500 | 64 | 1 | GFLOP/s (% ymm FMA) | 6.4 (6%) | 3.2 (3%) | 640 (640%) WRONG | 0.50× | fast 0.50× |"), "{md}");
-        assert!(md.contains("| DRAM read, GEMV-like 8 rows (GB/s) | 4.0 |"), "{md}");
+        assert!(
+            md.contains("| DRAM read, GEMV-like 8 rows (GB/s) | 4.0 |"),
+            "{md}"
+        );
     }
 }

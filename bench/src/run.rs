@@ -145,7 +145,11 @@ pub fn measure_in_process(
 }
 
 fn list(values: &[usize]) -> String {
-    values.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+    values
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The child-process command for an external peer, or why it cannot run.
@@ -193,8 +197,15 @@ fn external_command(config: &Config, peer: &str, shape: &Shape) -> Result<PeerCo
 
 /// The same binary in `--worker` mode for one implementation, one shape and
 /// one thread count, with the implementation's environment.
-fn worker_command(config: &Config, peer: &str, shape: &Shape, threads: usize, env: Vec<(String, String)>) -> Result<PeerCommand, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("{peer} skipped: cannot find this executable: {e}"))?;
+fn worker_command(
+    config: &Config,
+    peer: &str,
+    shape: &Shape,
+    threads: usize,
+    env: Vec<(String, String)>,
+) -> Result<PeerCommand, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("{peer} skipped: cannot find this executable: {e}"))?;
     let mut args = vec![
         "--worker".to_string(),
         "--peers".into(),
@@ -216,7 +227,9 @@ fn worker_command(config: &Config, peer: &str, shape: &Shape, threads: usize, en
 }
 
 fn read_trimmed(path: &str) -> Option<String> {
-    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 /// "model name" of the first CPU.
@@ -235,7 +248,10 @@ pub fn cpu_model() -> String {
 /// Size of the last-level (L3) cache, from sysfs.
 pub fn l3_bytes() -> Option<u64> {
     let text = read_trimmed("/sys/devices/system/cpu/cpu0/cache/index3/size")?;
-    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let (digits, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
     let v: u64 = digits.parse().ok()?;
     Some(match unit {
         "K" => v << 10,
@@ -278,12 +294,22 @@ pub fn run(config: &Config) -> Result<RunReport, BenchError> {
             let mut commands = Vec::new();
             if let Some(mut imp) = impls::in_process_impl(peer) {
                 if imp.process_env_for_threads(1).is_none() {
-                    let result = measure_in_process(imp.as_mut(), shape, &weights, &config.ms, &config.threads, &config.method, |r| {
-                        progress(&r);
-                        report.records.push(r);
-                    });
+                    let result = measure_in_process(
+                        imp.as_mut(),
+                        shape,
+                        &weights,
+                        &config.ms,
+                        &config.threads,
+                        &config.method,
+                        |r| {
+                            progress(&r);
+                            report.records.push(r);
+                        },
+                    );
                     if let Err(e) = result {
-                        report.notes.push(format!("{peer} on {}x{}: {e}", shape.n, shape.k));
+                        report
+                            .notes
+                            .push(format!("{peer} on {}x{}: {e}", shape.n, shape.k));
                         eprintln!("  {e}");
                     }
                     continue;
@@ -319,7 +345,9 @@ pub fn run(config: &Config) -> Result<RunReport, BenchError> {
                     }
                     Err(e) => {
                         eprintln!("  {e}");
-                        report.notes.push(format!("{peer} on {}x{}: {e}", shape.n, shape.k));
+                        report
+                            .notes
+                            .push(format!("{peer} on {}x{}: {e}", shape.n, shape.k));
                     }
                 }
                 config.method.pause();
@@ -341,14 +369,23 @@ pub fn run_worker(config: &Config) -> Result<(), BenchError> {
                 known: impls::in_process_names().join(", "),
             })?;
             let mut failure = None;
-            measure_in_process(imp.as_mut(), shape, &weights, &config.ms, &config.threads, &config.method, |r| {
-                match serde_json::to_string(&r) {
+            measure_in_process(
+                imp.as_mut(),
+                shape,
+                &weights,
+                &config.ms,
+                &config.threads,
+                &config.method,
+                |r| match serde_json::to_string(&r) {
                     Ok(line) => println!("{line}"),
                     Err(e) => failure = Some(e.to_string()),
-                }
-            })?;
+                },
+            )?;
             if let Some(why) = failure {
-                return Err(BenchError::Impl { name: peer.clone(), why });
+                return Err(BenchError::Impl {
+                    name: peer.clone(),
+                    why,
+                });
             }
         }
     }
@@ -361,8 +398,13 @@ mod tests {
 
     #[test]
     fn unknown_peers_are_rejected_with_the_known_list() {
-        let err = check_peers(&["gemm".into(), "blas".into()]).unwrap_err().to_string();
-        assert!(err.contains("\"blas\"") && err.contains("ggml-q4_0"), "{err}");
+        let err = check_peers(&["gemm".into(), "blas".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"blas\"") && err.contains("ggml-q4_0"),
+            "{err}"
+        );
         check_peers(&known_peers()).unwrap();
     }
 
@@ -381,7 +423,16 @@ mod tests {
         method.sleep_ms = 0;
         let mut imp = impls::in_process_impl("gemm").unwrap();
         let mut records = Vec::new();
-        measure_in_process(imp.as_mut(), &shape, &weights, &[1, 3], &[1, 2], &method, |r| records.push(r)).unwrap();
+        measure_in_process(
+            imp.as_mut(),
+            &shape,
+            &weights,
+            &[1, 3],
+            &[1, 2],
+            &method,
+            |r| records.push(r),
+        )
+        .unwrap();
         assert_eq!(records.len(), 4);
         for r in &records {
             assert_eq!(r.weight_bytes, 37 * 70 * 4);

@@ -69,7 +69,7 @@ pub fn parse_shapes(text: &str) -> Result<Vec<Shape>, BenchError> {
                 if n == 0 || k == 0 {
                     return Err(bad("N and K must be positive"));
                 }
-                shapes.push(Shape::new(format!("{n}x{k}"), n, k));
+                shapes.push(Shape::new("custom", n, k));
             }
         }
     }
@@ -120,7 +120,7 @@ mod tests {
     fn mixed_presets_and_custom_shapes() {
         let s = parse_shapes("qwen2-1.5b; 100,37").unwrap();
         assert_eq!(s.len(), 5);
-        assert_eq!(s[4], Shape::new("100x37", 100, 37));
+        assert_eq!(s[4], Shape::new("custom", 100, 37));
     }
 
     #[test]

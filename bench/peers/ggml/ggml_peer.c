@@ -15,7 +15,8 @@
 //
 // Usage: ggml_peer --type q4_0|q8_0 --n N --k K --m 1,8,64 --threads 1,2
 //                  [--total-mib 256] [--min-reps 5] [--min-time 0.4]
-//                  [--max-time 1.5] [--sleep-ms 150]
+//                  [--max-time 1.5] [--sleep-ms 150] [--repack yes|no]
+// (--repack no keeps Q4_0 in the plain CPU buffer, for comparison.)
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -39,6 +40,7 @@ struct options {
     int threads[MAX_LIST], n_threads;
     double total_mib, min_time, max_time;
     int min_reps, sleep_ms;
+    int no_repack;
 };
 
 static void die(const char *msg, const char *arg) {
@@ -92,6 +94,11 @@ static struct options parse_args(int argc, char **argv) {
         else if (!strcmp(a, "--min-time")) o.min_time = parse_num(v);
         else if (!strcmp(a, "--max-time")) o.max_time = parse_num(v);
         else if (!strcmp(a, "--sleep-ms")) o.sleep_ms = (int) parse_num(v);
+        else if (!strcmp(a, "--repack")) {
+            if (!strcmp(v, "yes")) o.no_repack = 0;
+            else if (!strcmp(v, "no")) o.no_repack = 1;
+            else die("--repack takes yes|no", v);
+        }
         else die("unknown option", a);
     }
     if (!o.type_name) die("--type is required", NULL);
@@ -154,7 +161,7 @@ int main(int argc, char **argv) {
     if (!backend) die("ggml_backend_cpu_init failed", NULL);
 
     ggml_backend_buffer_type_t wbuft = ggml_backend_cpu_buffer_type();
-    if (o.type == GGML_TYPE_Q4_0) {
+    if (o.type == GGML_TYPE_Q4_0 && !o.no_repack) {
         wbuft = find_repack_buft(backend);
         if (!wbuft) die("no CPU_REPACK buffer type in this ggml build", NULL);
     }

@@ -24,7 +24,13 @@ impl MatmulImpl for GemmPeer {
         WeightFormat::F32
     }
 
-    fn prepare(&mut self, n: usize, k: usize, weights: &[f32], copies: usize) -> Result<(), BenchError> {
+    fn prepare(
+        &mut self,
+        n: usize,
+        k: usize,
+        weights: &[f32],
+        copies: usize,
+    ) -> Result<(), BenchError> {
         check_len("gemm", "weights", weights.len(), n * k)?;
         self.n = n;
         self.k = k;
@@ -47,7 +53,10 @@ impl MatmulImpl for GemmPeer {
 
     fn run(&self, m: usize, x: &[f32], y: &mut [f32], copy: usize) {
         let (n, k) = (self.n, self.k);
-        assert!(x.len() == m * k && y.len() == m * n, "gemm: x or y has the wrong length");
+        assert!(
+            x.len() == m * k && y.len() == m * n,
+            "gemm: x or y has the wrong length"
+        );
         let w = &self.copies[copy];
         let parallelism = if self.threads > 1 {
             Parallelism::Rayon(self.threads)

@@ -24,7 +24,13 @@ impl MatmulImpl for MatrixmultiplyPeer {
         WeightFormat::F32
     }
 
-    fn prepare(&mut self, n: usize, k: usize, weights: &[f32], copies: usize) -> Result<(), BenchError> {
+    fn prepare(
+        &mut self,
+        n: usize,
+        k: usize,
+        weights: &[f32],
+        copies: usize,
+    ) -> Result<(), BenchError> {
         check_len("matrixmultiply", "weights", weights.len(), n * k)?;
         self.n = n;
         self.k = k;
@@ -34,7 +40,9 @@ impl MatmulImpl for MatrixmultiplyPeer {
 
     /// Only the count this process was started with can be honoured.
     fn set_threads(&mut self, threads: usize) -> Result<(), BenchError> {
-        let fixed = std::env::var(THREADS_VAR).ok().and_then(|v| v.parse::<usize>().ok());
+        let fixed = std::env::var(THREADS_VAR)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok());
         match fixed {
             Some(t) if t == threads => Ok(()),
             _ => Err(BenchError::Impl {
@@ -49,7 +57,10 @@ impl MatmulImpl for MatrixmultiplyPeer {
 
     fn run(&self, m: usize, x: &[f32], y: &mut [f32], copy: usize) {
         let (n, k) = (self.n, self.k);
-        assert!(x.len() == m * k && y.len() == m * n, "matrixmultiply: x or y has the wrong length");
+        assert!(
+            x.len() == m * k && y.len() == m * n,
+            "matrixmultiply: x or y has the wrong length"
+        );
         let w = &self.copies[copy];
         // SAFETY: a = x [m, k] (row stride k), b = Wᵀ [k, n] read from w [n, k]
         // (row stride 1, column stride k), c = y [m, n] (row stride n); lengths

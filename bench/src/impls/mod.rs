@@ -154,7 +154,10 @@ mod tests {
             let mut y = vec![f32::NAN; m * n];
             imp.run(m, &x, &mut y, copy);
             for (a, b) in y.iter().zip(&want) {
-                assert!((a - b).abs() <= 1e-4 * (k as f32).sqrt(), "{name} {m}x{n}x{k}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-4 * (k as f32).sqrt(),
+                    "{name} {m}x{n}x{k}: {a} vs {b}"
+                );
             }
             assert!(relative_error(n, k, m, &w, &x, &y) < imp.weight_format().tolerance());
         }
