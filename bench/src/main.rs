@@ -57,6 +57,12 @@ struct Cli {
     /// Rows with M up to this report weight GB/s; larger M report GFLOP/s.
     #[arg(long, default_value_t = 8)]
     gbs_max_m: usize,
+    /// Before starting, wait (up to --wait-minutes) until the 1-minute load
+    /// average is below this.
+    #[arg(long)]
+    wait_idle: Option<f64>,
+    #[arg(long, default_value_t = 10.0)]
+    wait_minutes: f64,
     /// Skip measuring read bandwidth and FMA peak.
     #[arg(long)]
     no_limits: bool,
@@ -140,6 +146,15 @@ fn main_inner() -> Result<(), BenchError> {
     };
     if cli.worker {
         return run::run_worker(&config);
+    }
+    if let Some(max_load) = cli.wait_idle {
+        let minutes = if cli.wait_minutes.is_finite() {
+            cli.wait_minutes.max(0.0)
+        } else {
+            0.0
+        };
+        let load = run::wait_for_idle(max_load, std::time::Duration::from_secs_f64(60.0 * minutes));
+        eprintln!("starting at load average {load}");
     }
     let report = run::run(&config)?;
     let ratio_impls = match &cli.ratio {

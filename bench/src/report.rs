@@ -63,6 +63,10 @@ pub struct RunReport {
     pub load_after: String,
     pub method: Option<Method>,
     pub limits: Limits,
+    /// The same limits measured again after the last block: a large change
+    /// means the machine was busy with something else during the run.
+    #[serde(default)]
+    pub limits_after: Option<Limits>,
     /// Implementation → description (library version, kernels, buffer type).
     pub info: BTreeMap<String, String>,
     pub shapes: Vec<Shape>,
@@ -170,11 +174,18 @@ impl RunReport {
                 out.push_str("---|");
             }
             out.push('\n');
-            let rows: [(&str, &BTreeMap<usize, f64>); 3] = [
-                ("DRAM read, GEMV-like 8 rows (GB/s)", &lim.read_gbs),
-                ("FP32 FMA ymm (GFLOP/s)", &lim.fma_ymm_gflops),
-                ("FP32 FMA zmm (GFLOP/s)", &lim.fma_zmm_gflops),
+            let mut rows: Vec<(String, &BTreeMap<usize, f64>)> = vec![
+                ("DRAM read, GEMV-like 8 rows (GB/s)".into(), &lim.read_gbs),
+                ("FP32 FMA ymm (GFLOP/s)".into(), &lim.fma_ymm_gflops),
+                ("FP32 FMA zmm (GFLOP/s)".into(), &lim.fma_zmm_gflops),
             ];
+            if let Some(after) = &self.limits_after {
+                rows.push(("DRAM read, end of run (GB/s)".into(), &after.read_gbs));
+                rows.push((
+                    "FP32 FMA ymm, end of run (GFLOP/s)".into(),
+                    &after.fma_ymm_gflops,
+                ));
+            }
             for (label, map) in rows {
                 if map.is_empty() {
                     continue;

@@ -268,6 +268,53 @@ pub fn load_average() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// Limits that moved by more than 15% between the start and the end of the
+/// run, as a warning that other work shared the machine.
+pub fn limits_drift(before: &Limits, after: &Limits) -> Option<String> {
+    let mut moved = Vec::new();
+    for (name, b, a) in [
+        ("read bandwidth", &before.read_gbs, &after.read_gbs),
+        (
+            "ymm FMA peak",
+            &before.fma_ymm_gflops,
+            &after.fma_ymm_gflops,
+        ),
+    ] {
+        for (t, vb) in b {
+            if let Some(va) = a.get(t)
+                && (va - vb).abs() > 0.15 * vb.max(*va)
+            {
+                moved.push(format!("{name} {t}T {vb:.1} → {va:.1}"));
+            }
+        }
+    }
+    (!moved.is_empty()).then(|| {
+        format!(
+            "limits changed during the run ({}): other load on the machine; rerun when it is idle",
+            moved.join(", ")
+        )
+    })
+}
+
+/// Waits until the 1-minute load average is below `max_load` or `timeout`
+/// passes; returns the load average it ends with.
+pub fn wait_for_idle(max_load: f64, timeout: std::time::Duration) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let load = load_average();
+        let one: f64 = load
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        if one < max_load || start.elapsed() >= timeout {
+            return load;
+        }
+        eprintln!("waiting for load average {one:.2} < {max_load} ...");
+        std::thread::sleep(std::time::Duration::from_secs(15));
+    }
+}
+
 /// The whole run.
 pub fn run(config: &Config) -> Result<RunReport, BenchError> {
     check_peers(&config.peers)?;
@@ -354,6 +401,15 @@ pub fn run(config: &Config) -> Result<RunReport, BenchError> {
             }
         }
     }
+    if config.measure_limits {
+        eprintln!("measuring limits again ...");
+        let after = Limits::measure(&config.threads, &config.method, config.quick);
+        if let Some(why) = limits_drift(&report.limits, &after) {
+            eprintln!("  {why}");
+            report.notes.push(why);
+        }
+        report.limits_after = Some(after);
+    }
     report.load_after = load_average();
     Ok(report)
 }
@@ -406,6 +462,19 @@ mod tests {
             "{err}"
         );
         check_peers(&known_peers()).unwrap();
+    }
+
+    #[test]
+    fn drift_is_reported_only_past_15_percent() {
+        let mut a = Limits::default();
+        a.read_gbs.insert(1, 20.0);
+        a.fma_ymm_gflops.insert(1, 100.0);
+        let mut b = a.clone();
+        b.read_gbs.insert(1, 18.0);
+        assert_eq!(limits_drift(&a, &b), None);
+        b.fma_ymm_gflops.insert(1, 40.0);
+        let why = limits_drift(&a, &b).unwrap();
+        assert!(why.contains("ymm FMA peak 1T 100.0 → 40.0"), "{why}");
     }
 
     #[test]
