@@ -3,8 +3,8 @@
 //! The listing is the emitter's own log; the bytes come from dynasm. Both are
 //! reduced to a disassembly by llvm-mc (the listing assembled first) and the
 //! two instruction sequences must be equal. Encodings may legitimately
-//! differ (dynasm keeps a SIB byte for run-time base registers, and picks
-//! rel32 branches), so comparison is on normalized instruction text.
+//! differ (dynasm keeps a SIB byte for run-time base registers, picks
+//! rel32 branches and the imm8 form of shifts by one), so comparison is on normalized instruction text.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -59,6 +59,11 @@ fn normalize(disasm: &str) -> Vec<String> {
             match words.first() {
                 // branch targets are offsets that depend on encoding length
                 Some(m) if m.starts_with('j') => m.to_string(),
+                // shifts by one have a short form (D1) that prints without
+                // the count; dynasm encodes the imm8 form (C1)
+                Some(&("shl" | "shr" | "sar")) if words.len() == 2 => {
+                    format!("{}, 1", words.join(" "))
+                }
                 _ => words.join(" "),
             }
         })

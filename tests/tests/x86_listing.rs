@@ -84,3 +84,35 @@ fn a_listing_that_disagrees_with_its_bytes_is_caught() {
         Ok(()) => panic!("a wrong listing passed the cross-check"),
     }
 }
+
+#[test]
+fn every_emitted_x86_kernel_listing_matches_its_bytes() {
+    use tessera_codegen::tile::{Problem, feasible};
+    use tessera_codegen::x86::{X86Backend, plan};
+    let caps = plan::target();
+    for name in ["matmul-f32", "matmul-f16", "matmul-w8a8", "matmul-w4a8"] {
+        let kernel = tessera_dsl::library::get(name).unwrap();
+        let problem = Problem::from_kernel(caps, &kernel).unwrap();
+        for tile in feasible(caps, &problem).unwrap() {
+            for backend in [X86Backend { vnni: false }, X86Backend { vnni: true }] {
+                let Ok(code) = backend.emit_code(&kernel, &tile) else {
+                    continue;
+                };
+                let mut codes = vec![code];
+                codes.extend(backend.emit_quantizer(&kernel, &tile).unwrap());
+                for code in codes {
+                    match check_x86(&code.listing, &code.bytes, "+avx2,+fma,+f16c,+avxvnni") {
+                        Ok(()) => {}
+                        Err(McError::Missing) => {
+                            eprintln!("SKIP: llvm-mc not installed");
+                            return;
+                        }
+                        Err(McError::Failed(why)) => {
+                            panic!("{name} {}: {why}", tile.summary())
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -10,6 +10,8 @@
 //! - `vbroadcastss ymm, [mem]` is encoded as the xmm form; broadcasts from
 //!   memory use `vpbroadcastd` (same bits, same port on Zen 3 / Intel).
 //! - there is no `vpdpbusd` (AVX-VNNI): it is emitted as raw VEX bytes.
+//! - `vcmpps d, a, b, pred` encodes with `a` and `b` swapped; the method
+//!   passes them swapped so the instruction means what the listing says.
 //! - memory operands with a run-time base register always carry a SIB byte
 //!   (`riz` in a disassembly); harmless, one byte longer.
 
@@ -52,6 +54,24 @@ const GP_NAMES: [&str; 16] = [
 impl std::fmt::Display for Gp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(GP_NAMES[usize::from(self.0 & 15)])
+    }
+}
+
+/// The 32-bit name of a general-purpose register (`eax`, `r8d`).
+fn gp32(r: Gp) -> String {
+    const N: [&str; 8] = ["eax", "ecx", "edx", "ebx", "esp", "ebp", "esi", "edi"];
+    match r.0 & 15 {
+        n @ 0..8 => N[usize::from(n)].to_string(),
+        n => format!("r{n}d"),
+    }
+}
+
+/// The 16-bit name of a general-purpose register (`ax`, `r8w`).
+fn gp16(r: Gp) -> String {
+    const N: [&str; 8] = ["ax", "cx", "dx", "bx", "sp", "bp", "si", "di"];
+    match r.0 & 15 {
+        n @ 0..8 => N[usize::from(n)].to_string(),
+        n => format!("r{n}w"),
     }
 }
 
@@ -328,6 +348,13 @@ impl X86Asm {
         dynasm!(self.ops ; .arch x64 ; shl Rq(d), imm);
     }
 
+    /// Logical right shift.
+    pub fn shr_imm(&mut self, dst: Gp, imm: i8) {
+        self.log(format!("shr {dst}, {imm}"));
+        let d = dst.0;
+        dynasm!(self.ops ; .arch x64 ; shr Rq(d), imm);
+    }
+
     pub fn cmp(&mut self, a: Gp, b: Gp) {
         self.log(format!("cmp {a}, {b}"));
         let (x, y) = (a.0, b.0);
@@ -338,6 +365,13 @@ impl X86Asm {
         self.log(format!("cmp {a}, {imm}"));
         let x = a.0;
         dynasm!(self.ops ; .arch x64 ; cmp Rq(x), DWORD imm);
+    }
+
+    /// `cmp a, qword ptr [m]`
+    pub fn cmp_mem(&mut self, a: Gp, m: Mem) {
+        self.log(format!("cmp {a}, qword ptr {m}"));
+        let (x, b, o) = (a.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; cmp Rq(x), QWORD [Rq(b) + o]);
     }
 
     // ---- vector ---------------------------------------------------------
@@ -499,6 +533,112 @@ impl X86Asm {
         let (b, o) = (m.base.0, m.disp);
         dynasm!(self.ops ; .arch x64 ; prefetcht0 [Rq(b) + o]);
     }
+
+    /// `mov dword ptr [m], imm`
+    pub fn store32_imm(&mut self, m: Mem, imm: i32) {
+        self.log(format!("mov dword ptr {m}, {imm}"));
+        let (b, o) = (m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; mov DWORD [Rq(b) + o], imm);
+    }
+
+    /// `movzx dst32, word ptr [m]` (zero-extends into the whole register).
+    pub fn load16(&mut self, dst: Gp, m: Mem) {
+        self.log(format!("movzx {}, word ptr {m}", gp32(dst)));
+        let (d, b, o) = (dst.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; movzx Rd(d), WORD [Rq(b) + o]);
+    }
+
+    /// `mov word ptr [m], src16`
+    pub fn store16(&mut self, m: Mem, src: Gp) {
+        self.log(format!("mov word ptr {m}, {}", gp16(src)));
+        let (s, b, o) = (src.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; mov WORD [Rq(b) + o], Rw(s));
+    }
+
+    /// `vaddps dst, a, ymmword ptr [m]`
+    pub fn vaddps_mem(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        self.log(format!("vaddps {dst}, {a}, ymmword ptr {m}"));
+        let (d, x, b, o) = (dst.0, a.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vaddps Ry(d), Ry(x), YWORD [Rq(b) + o]);
+    }
+
+    /// `vmulps dst, a, ymmword ptr [m]`
+    pub fn vmulps_mem(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        self.log(format!("vmulps {dst}, {a}, ymmword ptr {m}"));
+        let (d, x, b, o) = (dst.0, a.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vmulps Ry(d), Ry(x), YWORD [Rq(b) + o]);
+    }
+
+    /// `vpmaddwd dst, a, ymmword ptr [m]`
+    pub fn vpmaddwd_mem(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        self.log(format!("vpmaddwd {dst}, {a}, ymmword ptr {m}"));
+        let (d, x, b, o) = (dst.0, a.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vpmaddwd Ry(d), Ry(x), YWORD [Rq(b) + o]);
+    }
+
+    /// 8 f16 in the xmm of `src` → 8 f32.
+    pub fn vcvtph2ps_reg(&mut self, dst: Ymm, src: Ymm) {
+        self.log(format!("vcvtph2ps {dst}, {}", src.xmm()));
+        let (d, s) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; vcvtph2ps Ry(d), Rx(s));
+    }
+
+    /// 8 f32 → 8 f16 stored to memory; `imm` 0 rounds to nearest even.
+    pub fn vcvtps2ph_store(&mut self, m: Mem, src: Ymm, imm: i8) {
+        self.log(format!("vcvtps2ph xmmword ptr {m}, {src}, {imm}"));
+        let (s, b, o) = (src.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vcvtps2ph OWORD [Rq(b) + o], Ry(s), imm);
+    }
+
+    /// `vcmpps dst, a, b, pred` (pred 1 = less-than, ordered).
+    pub fn vcmpps(&mut self, dst: Ymm, a: Ymm, b: Ymm, pred: i8) {
+        self.log(format!("vcmpps {dst}, {a}, {b}, {pred}"));
+        // dynasm 5.1 swaps the two sources of vcmpps (see the module doc).
+        let (d, x, y) = (dst.0, a.0, b.0);
+        dynasm!(self.ops ; .arch x64 ; vcmpps Ry(d), Ry(y), Ry(x), pred);
+    }
+
+    /// In-lane f32 shuffle by immediate.
+    pub fn vpermilps_imm(&mut self, dst: Ymm, src: Ymm, imm: i8) {
+        self.log(format!("vpermilps {dst}, {src}, {}", imm as u8));
+        let (d, s) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; vpermilps Ry(d), Ry(s), imm);
+    }
+
+    /// In-lane i32 shuffle by immediate.
+    pub fn vpshufd(&mut self, dst: Ymm, src: Ymm, imm: i8) {
+        self.log(format!("vpshufd {dst}, {src}, {}", imm as u8));
+        let (d, s) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; vpshufd Ry(d), Ry(s), imm);
+    }
+
+    /// Upper 128 bits of `src` (integer domain) into the xmm of `dst`.
+    pub fn vextracti128_hi(&mut self, dst: Ymm, src: Ymm) {
+        self.log(format!("vextracti128 {}, {src}, 1", dst.xmm()));
+        let (d, s) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; vextracti128 Rx(d), Ry(s), 1);
+    }
+
+    /// `vmovd dword ptr [m], xmm`: the low 32 bits of `src`.
+    pub fn vmovd_store(&mut self, m: Mem, src: Ymm) {
+        self.log(format!("vmovd dword ptr {m}, {}", src.xmm()));
+        let (s, b, o) = (src.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vmovd DWORD [Rq(b) + o], Rx(s));
+    }
+
+    /// `vmovss dword ptr [m], xmm`
+    pub fn vmovss_store(&mut self, m: Mem, src: Ymm) {
+        self.log(format!("vmovss dword ptr {m}, {}", src.xmm()));
+        let (s, b, o) = (src.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vmovss DWORD [Rq(b) + o], Rx(s));
+    }
+
+    vex3!(vpaddw, "vpaddw");
+    vex3!(vpsrlvd, "vpsrlvd");
+    vex3!(vpackssdw, "vpackssdw");
+    vex3!(vpacksswb, "vpacksswb");
+    vex3!(vdivps, "vdivps");
+    vex3!(vandps, "vandps");
 
     pub fn vzeroupper(&mut self) {
         self.log("vzeroupper".into());

@@ -1,1 +1,358 @@
+//! The x86-64 AVX2/FMA backend (`x86-avx2`).
+//!
+//! One emitter per kernel family writes machine code through [`asm::X86Asm`],
+//! which logs the listing as it encodes, so the bytes the JIT maps and the
+//! listing a snapshot pins come from the same calls:
+//!
+//! - [`float`]: f32 / f16 weights and activations (`vfmadd231ps`, f16 via
+//!   `vcvtph2ps` / `vcvtps2ph`): GEMM with K blocking, and a separate GEMV
+//!   loop for one row;
+//! - [`int8`]: W8A8 (`i8sym:row`) and W4A8 (`u4asym:gN`, N ≤ 32) with
+//!   `vpmaddubsw` + `vpmaddwd`, or `vpdpbusd` when built with AVX-VNNI;
+//! - [`quantize`]: the emitted `i8dyn` activation quantizer.
+//!
+//! Every kernel is `extern "C" fn(*const MatmulArgs)` (or `QuantizeArgs`),
+//! see [`crate::abi`]. Tiles come from the solver ([`crate::tile`]); each
+//! family's register plan ([`plan`]) is checked against the solver's
+//! accounting for that tile before anything is emitted.
+//!
+//! Run-time detection: [`X86Backend::detect`] checks AVX2, FMA and F16C (and
+//! AVX-VNNI, which switches the int8 MAC). Emitting works on any host; only
+//! [`X86Backend::load`] refuses to map code the CPU cannot run (SSE-only
+//! hosts use the cranelift backend).
+
 pub mod asm;
+mod common;
+pub mod float;
+pub mod int8;
+pub mod plan;
+pub mod quantize;
+
+use tessera_dsl::ir::{Format, Kernel, LayoutDim, Matmul};
+
+use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode};
+use crate::host::{HostError, HostMatmul, HostTile};
+use crate::tile::TileConfig;
+
+/// The backend's target name.
+pub const NAME: &str = "x86-avx2";
+
+/// The x86-64 AVX2 backend. `vnni` selects `vpdpbusd` for the int8 kernels
+/// (AVX-VNNI); [`X86Backend::default`] emits plain AVX2 so its output is the
+/// same on every host, [`X86Backend::detect`] matches this CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct X86Backend {
+    pub vnni: bool,
+}
+
+/// Why x86 code cannot run here.
+#[derive(Debug, thiserror::Error)]
+pub enum X86Error {
+    #[error(
+        "this CPU lacks {missing}, which the x86-avx2 backend needs; use the cranelift backend (`host`) instead"
+    )]
+    MissingFeature { missing: String },
+    #[error("{0}")]
+    Emit(#[from] EmitError),
+    #[error("{0}")]
+    Host(#[from] HostError),
+}
+
+/// The CPU features the x86-avx2 code needs that this host lacks (empty
+/// when it can run it; always non-empty off x86-64).
+pub fn missing_features() -> Vec<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut missing = Vec::new();
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            missing.push("avx2");
+        }
+        if !std::arch::is_x86_feature_detected!("fma") {
+            missing.push("fma");
+        }
+        if !std::arch::is_x86_feature_detected!("f16c") {
+            missing.push("f16c");
+        }
+        missing
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        vec!["x86-64"]
+    }
+}
+
+/// Whether this host has AVX-VNNI (`vpdpbusd` on ymm).
+pub fn host_has_avx_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avxvnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+impl X86Backend {
+    /// The backend for this CPU: fails with the missing feature names when
+    /// AVX2, FMA or F16C is absent; uses `vpdpbusd` when AVX-VNNI exists.
+    pub fn detect() -> Result<X86Backend, X86Error> {
+        let missing = missing_features();
+        if !missing.is_empty() {
+            return Err(X86Error::MissingFeature {
+                missing: missing.join(", "),
+            });
+        }
+        Ok(X86Backend {
+            vnni: host_has_avx_vnni(),
+        })
+    }
+
+    /// The activation quantizer an `i8dyn` kernel needs (None for float x).
+    pub fn emit_quantizer(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+    ) -> Result<Option<MachineCode>, EmitError> {
+        match classify(kernel, tile)? {
+            Family::Float(_) => Ok(None),
+            Family::Int8(spec) => quantize::emit(&spec).map(Some),
+        }
+    }
+
+    /// Emit the matmul machine code.
+    pub fn emit_code(&self, kernel: &Kernel, tile: &TileConfig) -> Result<MachineCode, EmitError> {
+        match classify(kernel, tile)? {
+            Family::Float(spec) => float::emit(&spec),
+            Family::Int8(mut spec) => {
+                spec.vnni = self.vnni;
+                int8::emit(&spec)
+            }
+        }
+    }
+
+    /// Emit, check that this CPU runs the code, and map it.
+    pub fn load(&self, kernel: &Kernel, tile: &TileConfig) -> Result<HostMatmul, X86Error> {
+        let missing = missing_features();
+        if !missing.is_empty() {
+            return Err(X86Error::MissingFeature {
+                missing: missing.join(", "),
+            });
+        }
+        if self.vnni && !host_has_avx_vnni() {
+            return Err(X86Error::MissingFeature {
+                missing: "avxvnni".into(),
+            });
+        }
+        let code = self.emit_code(kernel, tile)?;
+        let quantizer = self.emit_quantizer(kernel, tile)?;
+        Ok(HostMatmul::new(
+            kernel,
+            HostTile::from(tile),
+            quantizer.as_ref(),
+            &code,
+        )?)
+    }
+}
+
+impl Backend for X86Backend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn emit(&self, kernel: &Kernel, tile: &TileConfig) -> Result<Artifact, EmitError> {
+        self.emit_code(kernel, tile).map(Artifact::Machine)
+    }
+}
+
+pub(crate) fn machine_code(bytes: Vec<u8>, listing: String) -> MachineCode {
+    MachineCode {
+        arch: Arch::X86_64,
+        bytes,
+        listing,
+    }
+}
+
+fn unsupported(what: String) -> EmitError {
+    EmitError::Unsupported {
+        backend: NAME,
+        what,
+    }
+}
+
+/// Which emitter a kernel goes to, with everything it needs.
+enum Family {
+    Float(float::FloatSpec),
+    Int8(int8::Int8Spec),
+}
+
+/// `[h/hp, l/lp, hp, lp]` (the CPU weight layout) over the matmul's axes.
+fn is_cpu_weight_layout(kernel: &Kernel, mm: &Matmul) -> bool {
+    let Some(t) = kernel.tensor(&mm.w) else {
+        return false;
+    };
+    let tile_of = |axis: &str| {
+        kernel
+            .schedule
+            .tiles
+            .iter()
+            .find(|tv| tv.axis == axis)
+            .map(|tv| tv.name.clone())
+    };
+    let (Some(hp), Some(lp)) = (tile_of(&mm.h), tile_of(&mm.l)) else {
+        return false;
+    };
+    t.layout.dims
+        == [
+            LayoutDim::Outer {
+                axis: mm.h.clone(),
+                tile: hp.clone(),
+            },
+            LayoutDim::Outer {
+                axis: mm.l.clone(),
+                tile: lp.clone(),
+            },
+            LayoutDim::Inner { tile: hp },
+            LayoutDim::Inner { tile: lp },
+        ]
+}
+
+/// `[e/ep, l/lp, ep, lp]` for the quantized activations.
+fn is_packed_x_layout(kernel: &Kernel, mm: &Matmul) -> bool {
+    let Some(t) = kernel.tensor(&mm.x) else {
+        return false;
+    };
+    let tile_of = |axis: &str| {
+        kernel
+            .schedule
+            .tiles
+            .iter()
+            .find(|tv| tv.axis == axis)
+            .map(|tv| tv.name.clone())
+    };
+    let (Some(ep), Some(lp)) = (tile_of(&mm.e), tile_of(&mm.l)) else {
+        return false;
+    };
+    !t.layout.int4_pair_transpose
+        && t.layout.dims
+            == [
+                LayoutDim::Outer {
+                    axis: mm.e.clone(),
+                    tile: ep.clone(),
+                },
+                LayoutDim::Outer {
+                    axis: mm.l.clone(),
+                    tile: lp.clone(),
+                },
+                LayoutDim::Inner { tile: ep },
+                LayoutDim::Inner { tile: lp },
+            ]
+}
+
+fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
+    let mm = kernel
+        .as_matmul()
+        .ok_or_else(|| unsupported(format!("kernel `{}`: only matmuls", kernel.name)))?;
+    let format = |name: &str| {
+        kernel.tensor(name).map(|t| t.format).ok_or_else(|| {
+            unsupported(format!("kernel `{}`: tensor `{name}` missing", kernel.name))
+        })
+    };
+    let (x, w, y) = (format(&mm.x)?, format(&mm.w)?, format(&mm.y)?);
+    let what = |why: &str| {
+        unsupported(format!(
+            "kernel `{}` (x {x}, w {w}, y {y}): {why}",
+            kernel.name
+        ))
+    };
+    if !is_cpu_weight_layout(kernel, mm) {
+        return Err(what(
+            "weights must use the CPU panel layout [h/hp, l/lp, hp, lp] (GPU-layout kernels go to opencl/ptx)",
+        ));
+    }
+    if !matches!(y, Format::F32 | Format::F16) {
+        return Err(what("the output must be f32 or f16"));
+    }
+    let activation = mm.epilogue.activation;
+    if activation == tessera_dsl::ir::Activation::Silu {
+        return Err(what(
+            "the silu epilogue is not emitted on x86 yet (needs a vector exp); use none or relu",
+        ));
+    }
+    let bias = mm.epilogue.bias.is_some();
+    let tile_err = |why: String| EmitError::BadTile {
+        tile: format!("{}x{}x{}", tile.ep, tile.hp, tile.lp),
+        why,
+    };
+    if tile.ep == 0 || tile.hp == 0 || !tile.hp.is_multiple_of(8) {
+        return Err(tile_err(
+            "hp must be a positive multiple of 8 (one ymm of f32 / i32)".into(),
+        ));
+    }
+    match (x, w) {
+        (Format::F32 | Format::F16, Format::F32 | Format::F16) => {
+            if kernel
+                .tensor(&mm.x)
+                .is_some_and(|t| !t.layout.is_row_major(&[&mm.e, &mm.l]))
+            {
+                return Err(what("float activations must be row-major [e, l]"));
+            }
+            if tile.lp != 1 {
+                return Err(tile_err("the f32 class (vfmadd231ps) needs lp = 1".into()));
+            }
+            let spec = float::FloatSpec {
+                ep: tile.ep as usize,
+                hb: tile.hp as usize / 8,
+                x,
+                w,
+                y,
+                bias,
+                activation,
+            };
+            plan::float_plan(&spec).check(tile).map_err(tile_err)?;
+            Ok(Family::Float(spec))
+        }
+        (Format::I8Dyn, Format::I8Sym(tessera_dsl::ir::Group::Row))
+        | (Format::I8Dyn, Format::U4Asym(_)) => {
+            if !is_packed_x_layout(kernel, mm) {
+                return Err(what(
+                    "i8dyn activations must use the layout [e/ep, l/lp, ep, lp]",
+                ));
+            }
+            if tile.lp != 4 {
+                return Err(tile_err("the int8 class (vpmaddubsw) needs lp = 4".into()));
+            }
+            let group = match w {
+                Format::U4Asym(tessera_dsl::ir::Group::Size(g)) if matches!(g, 8 | 16 | 32) => {
+                    Some(g as usize)
+                }
+                Format::U4Asym(_) => {
+                    return Err(what(
+                        "u4asym groups must be 8, 16 or 32 (int16 group sums stay exact up to 32)",
+                    ));
+                }
+                _ => None,
+            };
+            let pair = kernel
+                .tensor(&mm.w)
+                .is_some_and(|t| t.layout.int4_pair_transpose);
+            if group.is_some() && !pair {
+                return Err(what("4-bit weights need the int4 pair transpose"));
+            }
+            let spec = int8::Int8Spec {
+                ep: tile.ep as usize,
+                hb: tile.hp as usize / 8,
+                int4_group: group,
+                y,
+                bias,
+                activation,
+                vnni: false,
+            };
+            plan::int8_plan(&spec).check(tile).map_err(tile_err)?;
+            Ok(Family::Int8(spec))
+        }
+        _ => Err(what(
+            "x86-avx2 runs f32/f16 x with f32/f16 weights, and i8dyn x with i8sym:row or u4asym:g8/g16/g32 weights",
+        )),
+    }
+}

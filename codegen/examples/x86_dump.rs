@@ -1,0 +1,17 @@
+//! Print an x86 kernel's listing: `cargo run -p tessera-codegen --example x86_dump -- matmul-w4a8 [quant]`.
+use tessera_codegen::tile::{Problem, solve};
+use tessera_codegen::x86::{X86Backend, plan};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let kernel = tessera_dsl::library::get(&args[1]).unwrap();
+    let caps = plan::target();
+    let tile = solve(caps, &Problem::from_kernel(caps, &kernel).unwrap()).unwrap()[0];
+    let b = X86Backend::default();
+    let code = if args.get(2).is_some_and(|a| a == "quant") {
+        b.emit_quantizer(&kernel, &tile).unwrap().unwrap()
+    } else {
+        b.emit_code(&kernel, &tile).unwrap()
+    };
+    print!("{}", code.listing);
+}

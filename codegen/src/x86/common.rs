@@ -1,0 +1,213 @@
+//! Pieces every x86 kernel shares: the stack frame, row pointers, column
+//! masks for the n tail, and the epilogue (bias, activation, store).
+//!
+//! Frame (rsp-relative after the prologue; no calls, so no alignment need):
+//!
+//! | offset | bytes | holds |
+//! |---|---|---|
+//! | 0 | 64 | column-mask table: 8 × -1 then 8 × 0; the mask for v valid columns is the 8 dwords at 4·(8 - v) |
+//! | 64 | 16 | f16 tail scratch (8 halves before a partial store) |
+//! | 96 | 32 | int16 ones (vpmaddwd) |
+//! | 128 | 32 | int4 shift counts 0,0,0,0,4,4,4,4 (vpsrlvd) |
+//! | 160 | 4 | 0x0F0F0F0F nibble mask |
+//! | 164 | 4 | 127.0 |
+//! | 168 | 4 | 0x7FFFFFFF (abs mask) |
+//! | 172 | 4 | +inf |
+//! | 176.. | 8 each | loop locals |
+
+use tessera_dsl::ir::{Activation, Format};
+
+use super::asm::*;
+use crate::abi::MM_M;
+
+pub const MASK_TABLE: i32 = 0;
+pub const F16_SCRATCH: i32 = 64;
+pub const ONES16: i32 = 96;
+pub const SHIFTS: i32 = 128;
+pub const NIBBLE: i32 = 160;
+pub const C127: i32 = 164;
+pub const ABS_MASK: i32 = 168;
+pub const INF: i32 = 172;
+pub const LOCAL0: i32 = 176;
+pub const LOCAL1: i32 = 184;
+pub const LOCAL2: i32 = 192;
+const FRAME: i32 = 208;
+
+/// Column mask for the n tail (never an accumulator).
+pub const MASK: Ymm = Ymm(15);
+/// Zero for relu.
+pub const ZERO: Ymm = Ymm(14);
+/// Epilogue temporary (bias, scales).
+pub const TMP: Ymm = Ymm(13);
+
+const SAVED: [Gp; 6] = [RBX, RBP, R12, R13, R14, R15];
+
+/// Save callee-saved registers, open the frame, write the mask table.
+pub fn prologue(a: &mut X86Asm) {
+    for r in SAVED {
+        a.push(r);
+    }
+    a.sub_imm(RSP, FRAME);
+    for i in 0..16 {
+        a.store32_imm(mem(RSP, MASK_TABLE + 4 * i), if i < 8 { -1 } else { 0 });
+    }
+}
+
+/// Leave: clean upper ymm state, close the frame, restore, return.
+pub fn epilogue(a: &mut X86Asm) {
+    a.vzeroupper();
+    a.add_imm(RSP, FRAME);
+    for r in SAVED.iter().rev() {
+        a.pop(*r);
+    }
+    a.ret();
+}
+
+/// `dst = base + row·stride` with row = rbp + i, clamped to m - 1 when
+/// `clamp` (XNNPACK's tail trick: missing rows alias the last one).
+/// Clobbers rax, rdx.
+pub fn row_ptr(a: &mut X86Asm, dst: Gp, i: usize, clamp: bool, base: i32, stride: i32) {
+    a.mov(RAX, RBP);
+    if i > 0 {
+        a.add_imm(RAX, i as i32);
+    }
+    if clamp {
+        let ok = a.new_label();
+        a.load64(RDX, mem(RDI, MM_M));
+        a.sub_imm(RDX, 1);
+        a.cmp(RAX, RDX);
+        a.jcc(Cond::Le, ok);
+        a.mov(RAX, RDX);
+        a.bind(ok);
+    }
+    a.load64(RDX, mem(RDI, stride));
+    a.imul(RAX, RDX);
+    a.load64(RDX, mem(RDI, base));
+    a.add(RAX, RDX);
+    a.mov(dst, RAX);
+}
+
+/// MASK = lanes of column block `j` that are valid, given `valid` (rcx)
+/// columns in the panel; leaves rdx = 8 - (valid lanes of block j).
+/// Clobbers rax.
+pub fn column_mask(a: &mut X86Asm, j: usize, valid: Gp) {
+    let (lo, hi) = (a.new_label(), a.new_label());
+    a.mov_imm(RDX, 8 + 8 * j as i32);
+    a.sub(RDX, valid);
+    a.cmp_imm(RDX, 0);
+    a.jcc(Cond::Ge, lo);
+    a.mov_imm(RDX, 0);
+    a.bind(lo);
+    a.cmp_imm(RDX, 8);
+    a.jcc(Cond::Le, hi);
+    a.mov_imm(RDX, 8);
+    a.bind(hi);
+    a.mov(RAX, RDX);
+    a.shl_imm(RAX, 2);
+    a.add(RAX, RSP);
+    a.vmovups_load(MASK, mem(RAX, MASK_TABLE));
+}
+
+/// How the epilogue treats the accumulators.
+#[derive(Clone, Copy, Debug)]
+pub struct Store {
+    pub rows: usize,
+    pub hb: usize,
+    pub y: Format,
+    /// Add bias (rsi points at the panel's first bias) and apply the
+    /// activation; false for a partial K block.
+    pub finalize: bool,
+    pub bias: bool,
+    pub activation: Activation,
+    /// Skip rows ≥ m (kernels whose missing rows are not aliases).
+    pub row_check: bool,
+}
+
+/// Store an accumulator tile. Expects: y row pointers in `yrow(i)` (already
+/// at the panel's first column), rcx = valid columns of the panel, rsi =
+/// bias pointer (when finalizing with bias). Clobbers rax, rdx and the
+/// accumulators.
+pub fn store_tile(
+    a: &mut X86Asm,
+    s: &Store,
+    acc: impl Fn(usize, usize) -> Ymm,
+    yrow: impl Fn(usize) -> Gp,
+) {
+    let hp = 8 * s.hb as i32;
+    let relu = s.finalize && s.activation == Activation::Relu;
+    if relu {
+        a.vxorps(ZERO, ZERO, ZERO);
+    }
+    let (tail, done) = (a.new_label(), a.new_label());
+    a.cmp_imm(RCX, hp);
+    a.jcc(Cond::L, tail);
+    for i in 0..s.rows {
+        if s.row_check {
+            row_guard(a, i, done);
+        }
+        for j in 0..s.hb {
+            let r = acc(i, j);
+            if s.finalize && s.bias {
+                a.vaddps_mem(r, r, mem(RSI, 32 * j as i32));
+            }
+            if relu {
+                a.vmaxps(r, r, ZERO);
+            }
+            match s.y {
+                Format::F16 => a.vcvtps2ph_store(mem(yrow(i), 16 * j as i32), r, 0),
+                _ => a.vmovups_store(mem(yrow(i), 32 * j as i32), r),
+            }
+        }
+    }
+    a.jmp(done);
+    a.bind(tail);
+    for j in 0..s.hb {
+        column_mask(a, j, RCX);
+        a.cmp_imm(RDX, 8);
+        a.jcc(Cond::E, done);
+        if s.finalize && s.bias {
+            a.vmaskmovps_load(TMP, MASK, mem(RSI, 32 * j as i32));
+        }
+        let next = a.new_label();
+        for i in 0..s.rows {
+            if s.row_check {
+                row_guard(a, i, next);
+            }
+            let r = acc(i, j);
+            if s.finalize && s.bias {
+                a.vaddps(r, r, TMP);
+            }
+            if relu {
+                a.vmaxps(r, r, ZERO);
+            }
+            match s.y {
+                Format::F16 => {
+                    a.vcvtps2ph_store(mem(RSP, F16_SCRATCH), r, 0);
+                    let end = a.new_label();
+                    for c in 0..8i32 {
+                        if c > 0 {
+                            a.cmp_imm(RDX, 8 - c);
+                            a.jcc(Cond::Ge, end);
+                        }
+                        a.load16(RAX, mem(RSP, F16_SCRATCH + 2 * c));
+                        a.store16(mem(yrow(i), 16 * j as i32 + 2 * c), RAX);
+                    }
+                    a.bind(end);
+                }
+                _ => a.vmaskmovps_store(mem(yrow(i), 32 * j as i32), MASK, r),
+            }
+        }
+        a.bind(next);
+    }
+    a.bind(done);
+}
+
+/// Jump to `skip` when row rbp + i is past m. Clobbers rax.
+fn row_guard(a: &mut X86Asm, i: usize, skip: Label) {
+    a.mov(RAX, RBP);
+    if i > 0 {
+        a.add_imm(RAX, i as i32);
+    }
+    a.cmp_mem(RAX, mem(RDI, MM_M));
+    a.jcc(Cond::Ge, skip);
+}

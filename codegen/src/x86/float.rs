@@ -1,0 +1,377 @@
+//! Float matmul kernels: f32 or f16 activations and weights, f32 or f16
+//! output, `vfmadd231ps` on ymm (f16 widened by `vcvtph2ps`, stored by
+//! `vcvtps2ph`).
+//!
+//! Weights are packed `[h/hp, l, hp]` (lp = 1): one k step of a panel is hp
+//! contiguous values, hb = hp/8 ymm. Activations are row-major (`x_stride`
+//! bytes per row); each row's element is broadcast from memory.
+//!
+//! # Register plan
+//!
+//! GEMM loop (ep rows, the solver's tile; acc(i,j) = row i, column block j):
+//!
+//! | ymm | holds |
+//! |---|---|
+//! | 0 .. ep·hb | accumulators acc(i,j) = ymm(i·hb + j) |
+//! | ep·hb .. +ep | A: row i's x[k] broadcast |
+//! | then hb | B: the panel's hp weights of step k |
+//! | 13 | epilogue temporary (bias under a mask); only after the loop |
+//! | 14 | zero (relu) — reserved |
+//! | 15 | column mask for the n tail — reserved |
+//!
+//! GEMV loop (m = 1, memory-bound): S accumulator sets (S ∈ {4, 2, 1}, the
+//! most that fit) take consecutive k steps so S·hb FMA chains are
+//! independent; B comes straight from memory for f32 weights (no B
+//! registers), through `vcvtph2ps` into hb registers for f16; 1 A register;
+//! the sets are summed before the epilogue. The weight stream is
+//! prefetched [`PREFETCH`] bytes ahead.
+//!
+//! General-purpose registers: rdi = args, rsi = weight pointer (bias in the
+//! epilogue), rcx = k counter (valid columns in the epilogue), r8..r13 = x
+//! row pointers (y row pointers in the epilogue), rbx = panel, rbp = first
+//! row, r14 = first k of the K block, r15 = its length, rax/rdx scratch.
+//!
+//! Loop nest (GEMM): K blocks of [`KC`] (f32 output only: partial sums go
+//! through y; f16 output keeps all of K) → panels of hp columns → row
+//! blocks of ep rows → k. A panel's K block (KC·hp·4 bytes) stays in L1
+//! while the row blocks stream the x block (m·KC·4 bytes) from L2. Rows past
+//! m alias row m - 1 (XNNPACK's trick: they compute and store the same
+//! values); columns past n are padding in the weights and masked at the
+//! store (`vmaskmovps`, or word stores for f16).
+
+use tessera_dsl::ir::{Activation, Format};
+
+use super::asm::*;
+use super::common::{self, Store};
+use crate::abi::*;
+use crate::artifact::{EmitError, MachineCode};
+
+/// k values per K block of the GEMM loop.
+pub const KC: i32 = 256;
+/// How far ahead of the GEMV weight stream to prefetch, in bytes.
+pub const PREFETCH: i32 = 1024;
+/// k steps per unrolled iteration.
+const UNROLL: usize = 4;
+
+const XROWS: [Gp; 6] = [R8, R9, R10, R11, R12, R13];
+
+/// What a float kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FloatSpec {
+    pub ep: usize,
+    /// hp / 8.
+    pub hb: usize,
+    pub x: Format,
+    pub w: Format,
+    pub y: Format,
+    pub bias: bool,
+    pub activation: Activation,
+}
+
+/// Accumulator sets of the GEMV loop: the most of 4, 2, 1 that fit beside
+/// 1 A register, the B registers (f16 weights) and the 2 reserved ones.
+pub fn gemv_sets(spec: &FloatSpec) -> usize {
+    let b = if spec.w == Format::F32 { 0 } else { spec.hb };
+    [4, 2, 1]
+        .into_iter()
+        .find(|s| s * spec.hb + 1 + b + 2 <= 16)
+        .unwrap_or(1)
+}
+
+fn size(f: Format) -> i32 {
+    if f == Format::F32 { 4 } else { 2 }
+}
+
+fn log2(v: i32) -> i8 {
+    v.trailing_zeros() as i8
+}
+
+/// Emit the kernel.
+pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
+    if spec.ep > XROWS.len() || spec.ep == 0 || spec.hb == 0 {
+        return Err(EmitError::BadTile {
+            tile: format!("{}x{}x1", spec.ep, spec.hb * 8),
+            why: format!(
+                "the float kernel keeps at most {} row pointers",
+                XROWS.len()
+            ),
+        });
+    }
+    let mut a = X86Asm::new();
+    a.comment(&format!(
+        "matmul x {} w {} y {} tile {}x{}x1 bias {} act {:?}",
+        spec.x,
+        spec.w,
+        spec.y,
+        spec.ep,
+        spec.hb * 8,
+        spec.bias,
+        spec.activation
+    ));
+    common::prologue(&mut a);
+    let kc = (spec.y == Format::F32).then_some(KC);
+    if spec.ep > 1 {
+        let (gemv, done) = (a.new_label(), a.new_label());
+        a.load64(RAX, mem(RDI, MM_M));
+        a.cmp_imm(RAX, 1);
+        a.jcc(Cond::E, gemv);
+        a.comment(&format!("gemm: {} rows per tile", spec.ep));
+        nest(&mut a, spec, spec.ep, 1, kc);
+        a.jmp(done);
+        a.bind(gemv);
+        a.comment("gemv: one row");
+        nest(&mut a, spec, 1, gemv_sets(spec), None);
+        a.bind(done);
+    } else {
+        a.comment("gemv: one row per tile");
+        nest(&mut a, spec, 1, gemv_sets(spec), None);
+    }
+    common::epilogue(&mut a);
+    let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
+    Ok(super::machine_code(bytes, listing))
+}
+
+/// Register assignment of one loop (see the module doc's table).
+#[derive(Clone, Copy)]
+struct Regs {
+    rows: usize,
+    hb: usize,
+    sets: usize,
+}
+
+impl Regs {
+    fn acc(&self, s: usize, i: usize, j: usize) -> Ymm {
+        Ymm((s * self.rows * self.hb + i * self.hb + j) as u8)
+    }
+    fn a(&self, i: usize) -> Ymm {
+        Ymm((self.sets * self.rows * self.hb + i) as u8)
+    }
+    fn b(&self, j: usize) -> Ymm {
+        Ymm((self.sets * self.rows * self.hb + self.rows + j) as u8)
+    }
+}
+
+/// rax = (n0 + rbx·hp) · `elem` (the panel's first column, in bytes).
+fn column_offset(a: &mut X86Asm, hp: i32, elem: i32) {
+    a.imul_imm(RAX, RBX, hp);
+    a.load64(RDX, mem(RDI, MM_N0));
+    a.add(RAX, RDX);
+    if elem > 1 {
+        a.shl_imm(RAX, log2(elem));
+    }
+}
+
+/// rcx = columns of this panel that exist: n - rbx·hp.
+fn valid_columns(a: &mut X86Asm, hp: i32) {
+    a.imul_imm(RAX, RBX, hp);
+    a.load64(RCX, mem(RDI, MM_N));
+    a.sub(RCX, RAX);
+}
+
+fn nest(a: &mut X86Asm, spec: &FloatSpec, rows: usize, sets: usize, kc: Option<i32>) {
+    let hb = spec.hb;
+    let hp = 8 * hb as i32;
+    let r = Regs { rows, hb, sets };
+    let (xs, ws, ys) = (size(spec.x), size(spec.w), size(spec.y));
+    let xrows = &XROWS[..rows];
+
+    let (kc_loop, panel_loop, row_loop) = (a.new_label(), a.new_label(), a.new_label());
+    a.mov_imm(R14, 0);
+    a.bind(kc_loop);
+    a.load64(R15, mem(RDI, MM_K));
+    if let Some(kc) = kc {
+        let ok = a.new_label();
+        a.sub(R15, R14);
+        a.cmp_imm(R15, kc);
+        a.jcc(Cond::Le, ok);
+        a.mov_imm(R15, kc);
+        a.bind(ok);
+    }
+    a.mov_imm(RBX, 0);
+    a.bind(panel_loop);
+    a.mov_imm(RBP, 0);
+    a.bind(row_loop);
+
+    // Accumulators: zero, or the partial sums of earlier K blocks from y.
+    let zero_all = |a: &mut X86Asm| {
+        for s in 0..sets {
+            for i in 0..rows {
+                for j in 0..hb {
+                    let v = r.acc(s, i, j);
+                    a.vxorps(v, v, v);
+                }
+            }
+        }
+    };
+    if kc.is_some() {
+        let (zero, init_done) = (a.new_label(), a.new_label());
+        a.cmp_imm(R14, 0);
+        a.jcc(Cond::E, zero);
+        valid_columns(a, hp);
+        for i in 0..rows {
+            common::row_ptr(a, RSI, i, true, MM_Y, MM_Y_STRIDE);
+            column_offset(a, hp, ys);
+            a.add(RSI, RAX);
+            let (tail, done) = (a.new_label(), a.new_label());
+            a.cmp_imm(RCX, hp);
+            a.jcc(Cond::L, tail);
+            for j in 0..hb {
+                a.vmovups_load(r.acc(0, i, j), mem(RSI, 32 * j as i32));
+            }
+            a.jmp(done);
+            a.bind(tail);
+            for j in 0..hb {
+                common::column_mask(a, j, RCX);
+                a.vmaskmovps_load(r.acc(0, i, j), common::MASK, mem(RSI, 32 * j as i32));
+            }
+            a.bind(done);
+        }
+        a.jmp(init_done);
+        a.bind(zero);
+        zero_all(a);
+        a.bind(init_done);
+    } else {
+        zero_all(a);
+    }
+
+    // x row pointers at this K block.
+    for (i, &xr) in xrows.iter().enumerate() {
+        common::row_ptr(a, xr, i, true, MM_X, MM_X_STRIDE);
+        a.mov(RAX, R14);
+        a.shl_imm(RAX, log2(xs));
+        a.add(xr, RAX);
+    }
+    // Weight pointer: w + ((n0 + rbx·hp)·K + r14·hp)·ws.
+    a.imul_imm(RAX, RBX, hp);
+    a.load64(RDX, mem(RDI, MM_N0));
+    a.add(RAX, RDX);
+    a.load64(RDX, mem(RDI, MM_K));
+    a.imul(RAX, RDX);
+    a.imul_imm(RDX, R14, hp);
+    a.add(RAX, RDX);
+    a.shl_imm(RAX, log2(ws));
+    a.load64(RDX, mem(RDI, MM_W));
+    a.add(RAX, RDX);
+    a.mov(RSI, RAX);
+
+    // The k loop.
+    let b_regs = rows > 1 || spec.w != Format::F32;
+    let step = |a: &mut X86Asm, u: usize, s: usize| {
+        let (xo, wo) = (u as i32 * xs, u as i32 * hp * ws);
+        if b_regs {
+            for j in 0..hb {
+                match spec.w {
+                    Format::F32 => a.vmovups_load(r.b(j), mem(RSI, wo + 32 * j as i32)),
+                    _ => a.vcvtph2ps_load(r.b(j), mem(RSI, wo + 16 * j as i32)),
+                }
+            }
+        }
+        for (i, &xr) in xrows.iter().enumerate() {
+            let av = r.a(i);
+            match spec.x {
+                Format::F32 => a.vpbroadcastd_load(av, mem(xr, xo)),
+                _ => {
+                    a.vpbroadcastw_load(av, mem(xr, xo));
+                    a.vcvtph2ps_reg(av, av);
+                }
+            }
+            for j in 0..hb {
+                if b_regs {
+                    a.vfmadd231ps(r.acc(s, i, j), av, r.b(j));
+                } else {
+                    a.vfmadd231ps_mem(r.acc(s, i, j), av, mem(RSI, wo + 32 * j as i32));
+                }
+            }
+        }
+    };
+    let (unrolled, tail, tail_loop, k_done) =
+        (a.new_label(), a.new_label(), a.new_label(), a.new_label());
+    a.mov(RCX, R15);
+    a.cmp_imm(RCX, UNROLL as i32);
+    a.jcc(Cond::L, tail);
+    a.bind(unrolled);
+    for u in 0..UNROLL {
+        step(a, u, u % sets);
+    }
+    if rows == 1 {
+        let bytes = UNROLL as i32 * hp * ws;
+        for c in (0..bytes).step_by(64) {
+            a.prefetcht0(mem(RSI, PREFETCH + c));
+        }
+    }
+    for &xr in xrows {
+        a.add_imm(xr, UNROLL as i32 * xs);
+    }
+    a.add_imm(RSI, UNROLL as i32 * hp * ws);
+    a.sub_imm(RCX, UNROLL as i32);
+    a.cmp_imm(RCX, UNROLL as i32);
+    a.jcc(Cond::Ge, unrolled);
+    a.bind(tail);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, k_done);
+    a.bind(tail_loop);
+    step(a, 0, 0);
+    for &xr in xrows {
+        a.add_imm(xr, xs);
+    }
+    a.add_imm(RSI, hp * ws);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, tail_loop);
+    a.bind(k_done);
+    for s in 1..sets {
+        for i in 0..rows {
+            for j in 0..hb {
+                a.vaddps(r.acc(0, i, j), r.acc(0, i, j), r.acc(s, i, j));
+            }
+        }
+    }
+
+    // Epilogue: y row pointers (aliased past m), valid columns, bias.
+    for (i, &yr) in xrows.iter().enumerate() {
+        common::row_ptr(a, yr, i, true, MM_Y, MM_Y_STRIDE);
+        column_offset(a, hp, ys);
+        a.add(yr, RAX);
+    }
+    if spec.bias {
+        column_offset(a, hp, 4);
+        a.load64(RSI, mem(RDI, MM_BIAS));
+        a.add(RSI, RAX);
+    }
+    valid_columns(a, hp);
+    let store = |finalize| Store {
+        rows,
+        hb,
+        y: spec.y,
+        finalize,
+        bias: spec.bias,
+        activation: spec.activation,
+        row_check: false,
+    };
+    let acc = |i, j| r.acc(0, i, j);
+    let yrow = |i: usize| XROWS[i];
+    if kc.is_some() {
+        let (partial, stored) = (a.new_label(), a.new_label());
+        a.mov(RAX, R14);
+        a.add(RAX, R15);
+        a.cmp_mem(RAX, mem(RDI, MM_K));
+        a.jcc(Cond::Ne, partial);
+        common::store_tile(a, &store(true), acc, yrow);
+        a.jmp(stored);
+        a.bind(partial);
+        common::store_tile(a, &store(false), acc, yrow);
+        a.bind(stored);
+    } else {
+        common::store_tile(a, &store(true), acc, yrow);
+    }
+
+    a.add_imm(RBP, rows as i32);
+    a.cmp_mem(RBP, mem(RDI, MM_M));
+    a.jcc(Cond::L, row_loop);
+    a.add_imm(RBX, 1);
+    a.imul_imm(RAX, RBX, hp);
+    a.cmp_mem(RAX, mem(RDI, MM_N));
+    a.jcc(Cond::L, panel_loop);
+    a.add(R14, R15);
+    a.cmp_mem(R14, mem(RDI, MM_K));
+    a.jcc(Cond::L, kc_loop);
+}

@@ -1,0 +1,474 @@
+//! Integer matmul kernels: `i8dyn` activations (quantized by the emitted
+//! [`super::quantize`] pass into `[e/ep, l/4, ep, 4]`) with `i8sym:row`
+//! (W8A8) or `u4asym:g8/g16/g32` (W4A8, int4 pair-transposed) weights.
+//!
+//! The MAC is `vpmaddubsw` (u8 × s8 → pairs summed to i16) then `vpmaddwd`
+//! with int16 ones (→ i32, 4 bytes of l per i32 lane: lp = 4), or with
+//! `vnni` one `vpdpbusd` (AVX-VNNI). One ymm of B is 8 output channels × 4
+//! k: dword c = channel c's 4 codes, exactly the `[hp, lp]` order of one
+//! packed step. One A register is a row's 4 codes broadcast to all dwords.
+//!
+//! **W8A8.** vpmaddubsw wants unsigned weights: the sign moves onto the
+//! activation, `|w| · (x·sign w)` (`vpabsb`, `vpsignb`); |codes| ≤ 127 so
+//! pair sums (≤ 2·127·127) never saturate. One group per row, so the i32
+//! accumulators run over all of K and are scaled once: y = sx·sw·acc.
+//!
+//! **W4A8.** One packed step of 8 channels is one pair-transposed run of 32
+//! codes (16 bytes): byte b holds code b (channel b/4) in its low nibble and
+//! code b + 16 (channel 4 + b/4) in its high one. `vbroadcasti128` puts the
+//! run in both 128-bit lanes, `vpsrlvd` by (0,0,0,0,4,4,4,4) moves the high
+//! nibbles down in the upper lane only, `vpand` 0x0F keeps the nibbles: the
+//! lanes then hold channels 0-3 and 4-7 in order, no permute. Codes are
+//! unsigned (0..15) and the activations signed, as vpmaddubsw wants. A
+//! group (g/4 ≤ 8 steps) sums in int16 (|sum| ≤ 8·2·15·127 < 2^15), then
+//! `vpmaddwd` widens it and y += sw_g·dot_g + min_g·Σq_g in f32; y·sx at
+//! the end.
+//!
+//! # Register plans
+//!
+//! W8A8 (rows = ep, or 1 for the m = 1 loop):
+//!
+//! | ymm | holds |
+//! |---|---|
+//! | 0 .. rows·hb | i32 accumulators acc(i,j) |
+//! | then rows | A: row i's 4 codes broadcast |
+//! | then 1 | B: \|w\| of one column block |
+//! | then 1 | raw w (reserved: packed weight bytes) |
+//! | then 1 | product temp (reserved: vpmaddubsw pairs) |
+//! | then 1 | int16 ones (reserved: vpmaddwd) |
+//!
+//! W4A8:
+//!
+//! | ymm | holds |
+//! |---|---|
+//! | 0 .. rows·hb | f32 accumulators acc(i,j) |
+//! | then rows·hb | int16 group sums (i32 with VNNI) — extra |
+//! | then 1 | A |
+//! | then hb | B: unpacked codes of column block j |
+//! | then 1 | 0x0F mask (reserved) |
+//! | then 1 | shift counts (reserved: in place of a staging register) |
+//! | then 1 | product temp (reserved; unused with VNNI) |
+//!
+//! ymm13-15 serve the shared epilogue after the loops ([`super::common`]).
+//!
+//! General-purpose registers: rdi = args, rsi = weights (bias in the
+//! epilogue), rcx = step counter (valid columns in the epilogue), r8 = the
+//! row block's activations, r9 = scales, r10 = offsets, r11..r15 = Σq row
+//! pointers (y rows in the epilogue), rbx = panel, rbp = first row.
+
+use tessera_dsl::ir::{Activation, Format};
+
+use super::asm::*;
+use super::common::{self, LOCAL0, LOCAL1, LOCAL2, NIBBLE, ONES16, SHIFTS, Store};
+use crate::abi::*;
+use crate::artifact::{EmitError, MachineCode};
+
+/// k steps (of 4) per unrolled W8A8 iteration.
+const UNROLL: usize = 4;
+const ROWS: [Gp; 5] = [R11, R12, R13, R14, R15];
+
+/// What an int8 kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Int8Spec {
+    pub ep: usize,
+    pub hb: usize,
+    /// Group length of u4asym weights; None for i8sym:row.
+    pub int4_group: Option<usize>,
+    pub y: Format,
+    pub bias: bool,
+    pub activation: Activation,
+    /// Use AVX-VNNI `vpdpbusd`.
+    pub vnni: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Regs {
+    rows: usize,
+    hb: usize,
+    int4: bool,
+}
+
+impl Regs {
+    fn acc(&self, i: usize, j: usize) -> Ymm {
+        Ymm((i * self.hb + j) as u8)
+    }
+    /// W4A8 group sums.
+    fn g(&self, i: usize, j: usize) -> Ymm {
+        Ymm((self.rows * self.hb + i * self.hb + j) as u8)
+    }
+    fn base(&self) -> usize {
+        if self.int4 {
+            2 * self.rows * self.hb
+        } else {
+            self.rows * self.hb
+        }
+    }
+    fn a(&self, i: usize) -> Ymm {
+        if self.int4 {
+            Ymm(self.base() as u8)
+        } else {
+            Ymm((self.base() + i) as u8)
+        }
+    }
+    fn after_a(&self) -> usize {
+        self.base() + if self.int4 { 1 } else { self.rows }
+    }
+    fn b(&self, j: usize) -> Ymm {
+        Ymm((self.after_a() + if self.int4 { j } else { 0 }) as u8)
+    }
+    fn after_b(&self) -> usize {
+        self.after_a() + if self.int4 { self.hb } else { 1 }
+    }
+    /// W8A8: raw weights; W4A8: the nibble mask.
+    fn r0(&self) -> Ymm {
+        Ymm(self.after_b() as u8)
+    }
+    /// W8A8: product temp; W4A8: shift counts.
+    fn r1(&self) -> Ymm {
+        Ymm((self.after_b() + 1) as u8)
+    }
+    /// W8A8: ones; W4A8: product temp.
+    fn r2(&self) -> Ymm {
+        Ymm((self.after_b() + 2) as u8)
+    }
+}
+
+/// Emit the kernel.
+pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
+    if spec.ep > ROWS.len() || spec.ep == 0 || spec.hb == 0 {
+        return Err(EmitError::BadTile {
+            tile: format!("{}x{}x4", spec.ep, spec.hb * 8),
+            why: format!("the int8 kernel keeps at most {} rows", ROWS.len()),
+        });
+    }
+    let mut a = X86Asm::new();
+    a.comment(&format!(
+        "matmul x i8dyn w {} y {} tile {}x{}x4 bias {} act {:?} mac {}",
+        match spec.int4_group {
+            Some(g) => format!("u4asym:g{g}"),
+            None => "i8sym:row".into(),
+        },
+        spec.y,
+        spec.ep,
+        spec.hb * 8,
+        spec.bias,
+        spec.activation,
+        if spec.vnni {
+            "vpdpbusd"
+        } else {
+            "vpmaddubsw+vpmaddwd"
+        }
+    ));
+    common::prologue(&mut a);
+    for i in 0..8 {
+        a.store32_imm(mem(RSP, ONES16 + 4 * i), 0x0001_0001);
+        a.store32_imm(mem(RSP, SHIFTS + 4 * i), if i < 4 { 0 } else { 4 });
+    }
+    a.store32_imm(mem(RSP, NIBBLE), 0x0F0F_0F0F);
+    // LOCAL1 = steps of 4 along k, LOCAL2 = groups per row.
+    a.load64(RAX, mem(RDI, MM_K));
+    a.add_imm(RAX, 3);
+    a.shr_imm(RAX, 2);
+    a.store64(mem(RSP, LOCAL1), RAX);
+    match spec.int4_group {
+        Some(g) => {
+            a.load64(RAX, mem(RDI, MM_K));
+            a.add_imm(RAX, g as i32 - 1);
+            a.shr_imm(RAX, g.trailing_zeros() as i8);
+        }
+        None => a.mov_imm(RAX, 1),
+    }
+    a.store64(mem(RSP, LOCAL2), RAX);
+    if spec.ep > 1 {
+        let (gemv, done) = (a.new_label(), a.new_label());
+        a.load64(RAX, mem(RDI, MM_M));
+        a.cmp_imm(RAX, 1);
+        a.jcc(Cond::E, gemv);
+        a.comment(&format!("gemm: {} rows per tile", spec.ep));
+        nest(&mut a, spec, spec.ep);
+        a.jmp(done);
+        a.bind(gemv);
+        a.comment("gemv: one row");
+        nest(&mut a, spec, 1);
+        a.bind(done);
+    } else {
+        nest(&mut a, spec, 1);
+    }
+    common::epilogue(&mut a);
+    let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
+    Ok(super::machine_code(bytes, listing))
+}
+
+fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize) {
+    let hb = spec.hb;
+    let hp = 8 * hb as i32;
+    let ep = spec.ep as i32;
+    let int4 = spec.int4_group.is_some();
+    let r = Regs { rows, hb, int4 };
+    // Bytes of one packed weight step and its parameter stride per panel.
+    let wstep = if int4 { hp * 2 } else { hp * 4 };
+
+    let (panel_loop, row_loop) = (a.new_label(), a.new_label());
+    a.mov_imm(RBX, 0);
+    a.bind(panel_loop);
+    a.mov_imm(RBP, 0);
+    a.bind(row_loop);
+
+    // r8 = x + rbp·LB·4 (row block rbp/ep, ep rows of 4 bytes per step).
+    a.mov(RAX, RBP);
+    a.load64(RDX, mem(RSP, LOCAL1));
+    a.imul(RAX, RDX);
+    a.shl_imm(RAX, 2);
+    a.load64(RDX, mem(RDI, MM_X));
+    a.add(RAX, RDX);
+    a.mov(R8, RAX);
+    // rsi = w + (n0 + rbx·hp)·LB·(4 or 2 bytes per channel and step).
+    a.imul_imm(RAX, RBX, hp);
+    a.load64(RDX, mem(RDI, MM_N0));
+    a.add(RAX, RDX);
+    a.mov(R9, RAX); // first column, kept for the parameters
+    a.load64(RDX, mem(RSP, LOCAL1));
+    a.imul(RAX, RDX);
+    a.shl_imm(RAX, if int4 { 1 } else { 2 });
+    a.load64(RDX, mem(RDI, MM_W));
+    a.add(RAX, RDX);
+    a.mov(RSI, RAX);
+    // r9 = params + first column·groups·4·param_sets; r10 = r9 + groups·hp·4.
+    a.load64(RDX, mem(RSP, LOCAL2));
+    a.imul(R9, RDX);
+    a.shl_imm(R9, if int4 { 3 } else { 2 });
+    a.load64(RAX, mem(RDI, MM_W_PARAMS));
+    a.add(R9, RAX);
+    if int4 {
+        a.imul_imm(R10, RDX, hp * 4);
+        a.add(R10, R9);
+        // Σq row pointers: x_sums + (rbp + i)·groups·4.
+        for (i, &sr) in ROWS[..rows].iter().enumerate() {
+            a.mov(RAX, RBP);
+            if i > 0 {
+                a.add_imm(RAX, i as i32);
+            }
+            a.load64(RDX, mem(RSP, LOCAL2));
+            a.imul(RAX, RDX);
+            a.shl_imm(RAX, 2);
+            a.load64(RDX, mem(RDI, MM_X_SUMS));
+            a.add(RAX, RDX);
+            a.mov(sr, RAX);
+        }
+    }
+    for i in 0..rows {
+        for j in 0..hb {
+            let v = r.acc(i, j);
+            a.vxorps(v, v, v);
+        }
+    }
+
+    if int4 {
+        int4_loop(a, spec, &r, ep, wstep);
+    } else {
+        int8_loop(a, spec, &r, ep, wstep);
+    }
+
+    // Scale: y = acc·sx (·sw for W8A8), then the shared epilogue.
+    a.mov(RAX, RBP);
+    a.shl_imm(RAX, 2);
+    a.load64(RDX, mem(RDI, MM_X_SCALES));
+    a.add(RAX, RDX);
+    for i in 0..rows {
+        a.vpbroadcastd_load(common::TMP, mem(RAX, 4 * i as i32));
+        for j in 0..hb {
+            let v = r.acc(i, j);
+            if !int4 {
+                a.vcvtdq2ps(v, v);
+                a.vmulps_mem(v, v, mem(R9, 32 * j as i32));
+            }
+            a.vmulps(v, v, common::TMP);
+        }
+    }
+    let yrows = &ROWS[..rows];
+    for (i, &yr) in yrows.iter().enumerate() {
+        common::row_ptr(a, yr, i, false, MM_Y, MM_Y_STRIDE);
+        a.imul_imm(RAX, RBX, hp);
+        a.load64(RDX, mem(RDI, MM_N0));
+        a.add(RAX, RDX);
+        a.shl_imm(RAX, if spec.y == Format::F32 { 2 } else { 1 });
+        a.add(yr, RAX);
+    }
+    if spec.bias {
+        a.imul_imm(RAX, RBX, hp);
+        a.load64(RDX, mem(RDI, MM_N0));
+        a.add(RAX, RDX);
+        a.shl_imm(RAX, 2);
+        a.load64(RSI, mem(RDI, MM_BIAS));
+        a.add(RSI, RAX);
+    }
+    a.imul_imm(RAX, RBX, hp);
+    a.load64(RCX, mem(RDI, MM_N));
+    a.sub(RCX, RAX);
+    let store = Store {
+        rows,
+        hb,
+        y: spec.y,
+        finalize: true,
+        bias: spec.bias,
+        activation: spec.activation,
+        row_check: true,
+    };
+    common::store_tile(a, &store, |i, j| r.acc(i, j), |i| yrows[i]);
+
+    a.add_imm(RBP, rows as i32);
+    a.cmp_mem(RBP, mem(RDI, MM_M));
+    a.jcc(Cond::L, row_loop);
+    a.add_imm(RBX, 1);
+    a.imul_imm(RAX, RBX, hp);
+    a.cmp_mem(RAX, mem(RDI, MM_N));
+    a.jcc(Cond::L, panel_loop);
+}
+
+/// W8A8: all of K into i32 accumulators.
+fn int8_loop(a: &mut X86Asm, spec: &Int8Spec, r: &Regs, ep: i32, wstep: i32) {
+    let (raw, t, ones) = (r.r0(), r.r1(), r.r2());
+    if !spec.vnni {
+        a.vmovdqu_load(ones, mem(RSP, ONES16));
+    }
+    let step = |a: &mut X86Asm, u: i32| {
+        for i in 0..r.rows {
+            a.vpbroadcastd_load(r.a(i), mem(R8, u * ep * 4 + 4 * i as i32));
+        }
+        for j in 0..r.hb {
+            a.vmovdqu_load(raw, mem(RSI, u * wstep + 32 * j as i32));
+            a.vpabsb(r.b(0), raw);
+            for i in 0..r.rows {
+                let acc = r.acc(i, j);
+                a.vpsignb(t, r.a(i), raw);
+                if spec.vnni {
+                    a.vpdpbusd(acc, r.b(0), t);
+                } else {
+                    a.vpmaddubsw(t, r.b(0), t);
+                    a.vpmaddwd(t, t, ones);
+                    a.vpaddd(acc, acc, t);
+                }
+            }
+        }
+    };
+    let (unrolled, tail, tail_loop, done) =
+        (a.new_label(), a.new_label(), a.new_label(), a.new_label());
+    a.load64(RCX, mem(RSP, LOCAL1));
+    a.cmp_imm(RCX, UNROLL as i32);
+    a.jcc(Cond::L, tail);
+    a.bind(unrolled);
+    for u in 0..UNROLL as i32 {
+        step(a, u);
+    }
+    a.add_imm(R8, UNROLL as i32 * ep * 4);
+    a.add_imm(RSI, UNROLL as i32 * wstep);
+    a.sub_imm(RCX, UNROLL as i32);
+    a.cmp_imm(RCX, UNROLL as i32);
+    a.jcc(Cond::Ge, unrolled);
+    a.bind(tail);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, done);
+    a.bind(tail_loop);
+    step(a, 0);
+    a.add_imm(R8, ep * 4);
+    a.add_imm(RSI, wstep);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, tail_loop);
+    a.bind(done);
+}
+
+/// W4A8: per group, int16 (or VNNI i32) sums, then f32 scale and zero point.
+fn int4_loop(a: &mut X86Asm, spec: &Int8Spec, r: &Regs, ep: i32, wstep: i32) {
+    let spg = spec.int4_group.unwrap_or(32) as i32 / 4;
+    let hp = 8 * r.hb as i32;
+    let (mask, shifts, t) = (r.r0(), r.r1(), r.r2());
+    a.vpbroadcastd_load(mask, mem(RSP, NIBBLE));
+    a.vmovdqu_load(shifts, mem(RSP, SHIFTS));
+    let step = |a: &mut X86Asm, u: i32| {
+        for j in 0..r.hb {
+            let b = r.b(j);
+            a.vbroadcasti128_load(b, mem(RSI, u * wstep + 16 * j as i32));
+            a.vpsrlvd(b, b, shifts);
+            a.vpand(b, b, mask);
+        }
+        for i in 0..r.rows {
+            let av = r.a(i);
+            a.vpbroadcastd_load(av, mem(R8, u * ep * 4 + 4 * i as i32));
+            for j in 0..r.hb {
+                let g = r.g(i, j);
+                if spec.vnni {
+                    a.vpdpbusd(g, r.b(j), av);
+                } else {
+                    a.vpmaddubsw(t, r.b(j), av);
+                    a.vpaddw(g, g, t);
+                }
+            }
+        }
+    };
+    let (group_loop, slow, slow_loop, group_end, done) = (
+        a.new_label(),
+        a.new_label(),
+        a.new_label(),
+        a.new_label(),
+        a.new_label(),
+    );
+    a.load64(RAX, mem(RSP, LOCAL1));
+    a.store64(mem(RSP, LOCAL0), RAX);
+    a.bind(group_loop);
+    a.load64(RAX, mem(RSP, LOCAL0));
+    a.cmp_imm(RAX, 0);
+    a.jcc(Cond::E, done);
+    // rcx = steps in this group, LOCAL0 -= rcx.
+    let full = a.new_label();
+    a.mov(RCX, RAX);
+    a.cmp_imm(RCX, spg);
+    a.jcc(Cond::Le, full);
+    a.mov_imm(RCX, spg);
+    a.bind(full);
+    a.sub(RAX, RCX);
+    a.store64(mem(RSP, LOCAL0), RAX);
+    for i in 0..r.rows {
+        for j in 0..r.hb {
+            let g = r.g(i, j);
+            a.vxorps(g, g, g);
+        }
+    }
+    a.cmp_imm(RCX, spg);
+    a.jcc(Cond::Ne, slow);
+    for u in 0..spg {
+        step(a, u);
+    }
+    a.add_imm(R8, spg * ep * 4);
+    a.add_imm(RSI, spg * wstep);
+    a.jmp(group_end);
+    a.bind(slow);
+    a.bind(slow_loop);
+    step(a, 0);
+    a.add_imm(R8, ep * 4);
+    a.add_imm(RSI, wstep);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, slow_loop);
+    a.bind(group_end);
+    // acc += sw·dot + min·Σq, per row and column block.
+    for (i, &sums) in ROWS[..r.rows].iter().enumerate() {
+        for j in 0..r.hb {
+            let g = r.g(i, j);
+            if !spec.vnni {
+                a.vpmaddwd_mem(g, g, mem(RSP, ONES16));
+            }
+            a.vcvtdq2ps(g, g);
+            a.vfmadd231ps_mem(r.acc(i, j), g, mem(R9, 32 * j as i32));
+        }
+        let s = r.a(0);
+        a.vpbroadcastd_load(s, mem(sums, 0));
+        a.vcvtdq2ps(s, s);
+        for j in 0..r.hb {
+            a.vfmadd231ps_mem(r.acc(i, j), s, mem(R10, 32 * j as i32));
+        }
+        a.add_imm(sums, 4);
+    }
+    a.add_imm(R9, hp * 4);
+    a.add_imm(R10, hp * 4);
+    a.jmp(group_loop);
+    a.bind(done);
+}

@@ -1,0 +1,161 @@
+//! Register plans of the x86 micro-kernels, as data, checked against the
+//! solver's `x86-avx2` accounting for the tile before anything is emitted.
+//!
+//! The solver counts, per tile ep × hp (hb = hp/8 ymm columns):
+//! accumulators ep·hb, A ep (one broadcast row each), B hb, reserved
+//! (2 CPU + 2 for the int8 class). A plan lists what a loop really keeps
+//! live. A loop may use fewer A or B registers than counted and may use
+//! leftover budget for `extra` registers (the GEMV loop's extra accumulator
+//! sets; W4A8's int16 group sums), but its accumulators are the tile's and
+//! its total never exceeds the 16 ymm registers.
+
+use crate::target::TargetCaps;
+use crate::tile::TileConfig;
+
+use super::float::FloatSpec;
+use super::int8::Int8Spec;
+
+/// The ymm registers of the AVX2 register file.
+pub const YMM_REGS: u32 = 16;
+
+/// What one loop of a kernel keeps in ymm registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoopPlan {
+    pub name: &'static str,
+    pub accumulators: u32,
+    /// Broadcast activation registers.
+    pub a: u32,
+    /// Weight registers.
+    pub b: u32,
+    /// Constants and temporaries (mask, zero, ones, shift counts, products).
+    pub reserved: u32,
+    /// Registers beyond the solver's categories (see the module doc).
+    pub extra: u32,
+    pub extra_purpose: &'static str,
+}
+
+impl LoopPlan {
+    pub fn total(&self) -> u32 {
+        self.accumulators + self.a + self.b + self.reserved + self.extra
+    }
+}
+
+/// Every loop of one kernel: the tile's main loop first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelPlan {
+    /// The ep-row loop, counted exactly as the solver counts the tile.
+    pub main: LoopPlan,
+    /// Other loops (the one-row GEMV loop).
+    pub others: Vec<LoopPlan>,
+}
+
+impl KernelPlan {
+    /// Check the plan against the solver's accounting of `tile` on x86-avx2.
+    pub fn check(&self, tile: &TileConfig) -> Result<(), String> {
+        let acc = &tile.accounting;
+        let m = &self.main;
+        if m.accumulators != acc.accumulators {
+            return Err(format!(
+                "{}: {} accumulators, the solver counted {}",
+                m.name, m.accumulators, acc.accumulators
+            ));
+        }
+        if m.a > acc.a_regs || m.b > acc.b_regs {
+            return Err(format!(
+                "{}: A {} / B {} registers exceed the solver's {} / {}",
+                m.name, m.a, m.b, acc.a_regs, acc.b_regs
+            ));
+        }
+        if m.reserved > acc.reserved {
+            return Err(format!(
+                "{}: {} reserved registers, the solver reserved {}",
+                m.name, m.reserved, acc.reserved
+            ));
+        }
+        let budget = acc.budget.min(YMM_REGS);
+        for l in std::iter::once(m).chain(&self.others) {
+            if l.total() > budget {
+                return Err(format!(
+                    "{} needs {} ymm registers ({} accumulators + {} A + {} B + {} reserved + {} {}), \
+                     more than the {budget} available",
+                    l.name,
+                    l.total(),
+                    l.accumulators,
+                    l.a,
+                    l.b,
+                    l.reserved,
+                    l.extra,
+                    l.extra_purpose
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The x86-avx2 target the plans are checked against.
+pub fn target() -> &'static TargetCaps {
+    TargetCaps::by_name(super::NAME).expect("x86-avx2 is a built-in target")
+}
+
+/// Float kernels (see [`super::float`] for the register table).
+pub fn float_plan(spec: &FloatSpec) -> KernelPlan {
+    let (ep, hb) = (spec.ep as u32, spec.hb as u32);
+    let sets = super::float::gemv_sets(spec) as u32;
+    let gemv_b = if spec.w == tessera_dsl::Format::F32 {
+        0
+    } else {
+        hb
+    };
+    KernelPlan {
+        main: LoopPlan {
+            name: "gemm",
+            accumulators: ep * hb,
+            a: ep,
+            b: hb,
+            reserved: 2,
+            extra: 0,
+            extra_purpose: "",
+        },
+        others: vec![LoopPlan {
+            name: "gemv",
+            accumulators: hb,
+            a: 1,
+            b: gemv_b,
+            reserved: 2,
+            extra: (sets - 1) * hb,
+            extra_purpose: "extra accumulator sets (independent FMA chains)",
+        }],
+    }
+}
+
+/// Int8 kernels (see [`super::int8`] for the register tables).
+pub fn int8_plan(spec: &Int8Spec) -> KernelPlan {
+    let (ep, hb) = (spec.ep as u32, spec.hb as u32);
+    let main = |name, rows: u32| match spec.int4_group {
+        // f32 acc, i16 group sums, 1 A, hb B, mask + shift + product temp
+        Some(_) => LoopPlan {
+            name,
+            accumulators: rows * hb,
+            a: 1,
+            b: hb,
+            reserved: 3,
+            extra: rows * hb,
+            extra_purpose: "int16 group sums",
+        },
+        // i32 acc, ep A, |w| + raw w + product temp + ones
+        None => LoopPlan {
+            name,
+            accumulators: rows * hb,
+            a: rows,
+            b: 1,
+            reserved: 3,
+            extra: 0,
+            extra_purpose: "",
+        },
+    };
+    KernelPlan {
+        main: main("gemm", ep),
+        others: vec![main("gemv", 1)],
+    }
+}
