@@ -7,7 +7,9 @@
 
 pub mod abi;
 pub mod artifact;
+pub mod clif;
 pub mod host;
+pub mod host_attention;
 pub mod jit;
 pub mod target;
 pub mod tile;

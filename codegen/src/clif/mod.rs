@@ -1,0 +1,316 @@
+//! The portable host backend: kernels lowered to cranelift IR with 128-bit
+//! vectors, compiled for the machine this process runs on (x86-64 or
+//! aarch64).
+//!
+//! # Pipeline
+//!
+//! [`ClifBackend::emit`] builds one cranelift [`Function`] per kernel
+//! instance ([`matmul`], [`quantize`], [`attention`]), prints it (the
+//! listing: canonical cranelift IR text, deterministic), and compiles it
+//! with `Context::compile` into position-independent bytes (constants live
+//! in the buffer's own constant pool; any relocation is refused, so the
+//! bytes run wherever [`crate::jit`] maps them, like every other backend's
+//! machine code). Set `TESSERA_CLIF_DUMP=1` to print each function's IR to
+//! stderr before it is compiled.
+//!
+//! Cranelift 0.135 rejects 256-bit vector types and panics on some lowerings
+//! (`fma` of f16x8): kernels compute in f32x4 / i32x4, and every compilation
+//! runs under [`std::panic::catch_unwind`] so a lowering panic becomes an
+//! [`EmitError`] ([`compile_function`]).
+//!
+//! # Tiles
+//!
+//! Tiles come from the solver. On aarch64 the NEON targets' own caps apply
+//! (`aarch64-neon`, `aarch64-fp16`, `aarch64-dotprod`: cranelift lowers the
+//! i8 dot pattern to `sdot` when the host has dotprod). On x86-64 the
+//! budget is [`CLIF_X86`]: 16 registers of 128 bits (SSE's xmm0-15), an
+//! f32 MAC of 1×4 with a broadcast A row (no multiply-by-element, as on
+//! AVX2) and an int8 dot of 1×4 lanes × 4 bytes (`pmaddwd`-based), with
+//! the CPU targets' two reserved registers. The emitters check each tile
+//! against the kernel's layouts and return [`EmitError::BadTile`] for one
+//! they cannot index, never a silently wrong kernel.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use cranelift_codegen::control::ControlPlane;
+use cranelift_codegen::ir::Function;
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_codegen::{Context, isa::TargetIsa};
+use tessera_dsl::Kernel;
+
+use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode};
+use crate::target::{MacClass, MacInstr, Reserved, TargetCaps};
+use crate::tile::TileConfig;
+
+pub mod attention;
+mod build;
+mod layout;
+pub mod matmul;
+pub mod quantize;
+
+const BACKEND: &str = "host";
+
+/// The cranelift backend for this host.
+pub struct ClifBackend {
+    isa: OwnedTargetIsa,
+}
+
+impl std::fmt::Debug for ClifBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClifBackend")
+            .field("triple", &self.isa.triple().to_string())
+            .finish()
+    }
+}
+
+impl ClifBackend {
+    /// A backend for the host CPU, with its detected features (SSE4.1,
+    /// AVX, FMA on x86-64; dotprod on aarch64).
+    pub fn host() -> Result<ClifBackend, EmitError> {
+        Arch::host().ok_or_else(|| EmitError::Unsupported {
+            backend: BACKEND,
+            what: "this host architecture (x86-64 and aarch64 only)".into(),
+        })?;
+        let isa_builder = cranelift_native::builder().map_err(|e| EmitError::Unsupported {
+            backend: BACKEND,
+            what: format!("cranelift on this host: {e}"),
+        })?;
+        let mut flags = settings::builder();
+        let set = |flags: &mut settings::Builder, k: &str, v: &str| {
+            flags
+                .set(k, v)
+                .map_err(|e| EmitError::Assembler(format!("cranelift setting {k}={v}: {e}")))
+        };
+        set(&mut flags, "opt_level", "speed")?;
+        set(&mut flags, "is_pic", "true")?;
+        set(&mut flags, "enable_verifier", "true")?;
+        let isa = isa_builder
+            .finish(settings::Flags::new(flags))
+            .map_err(|e| EmitError::Assembler(format!("cranelift isa: {e}")))?;
+        Ok(ClifBackend { isa })
+    }
+
+    pub fn isa(&self) -> &dyn TargetIsa {
+        &*self.isa
+    }
+
+    /// Whether the host's cranelift lowers the i8 dot tree to `sdot`.
+    pub fn has_dotprod(&self) -> bool {
+        self.has_flag("has_dotprod")
+    }
+
+    /// Whether an ISA flag (`has_fma`, `has_dotprod`, ...) is on.
+    pub fn has_flag(&self, name: &str) -> bool {
+        self.isa
+            .isa_flags()
+            .iter()
+            .any(|f| f.name == name && f.as_bool() == Some(true))
+    }
+
+    pub fn arch(&self) -> Arch {
+        // The isa is always the host's (see `host`).
+        Arch::host().unwrap_or(Arch::X86_64)
+    }
+
+    /// The target caps tiles are solved with on this host: the NEON caps
+    /// matching the host's features on aarch64, [`CLIF_X86`] on x86-64.
+    pub fn caps(&self) -> &'static TargetCaps {
+        match self.arch() {
+            Arch::X86_64 => &CLIF_X86,
+            _ => {
+                let has = |name: &str| self.has_flag(name);
+                let name = if has("has_dotprod") {
+                    "aarch64-dotprod"
+                } else if has("has_fp16") {
+                    "aarch64-fp16"
+                } else {
+                    "aarch64-neon"
+                };
+                TargetCaps::by_name(name).unwrap_or(&CLIF_X86)
+            }
+        }
+    }
+
+    /// The solver's tiles for `kernel` on this host ([`Self::caps`]), best
+    /// first, keeping those this backend can index (e.g. 4-bit weight
+    /// blocks need hp·lp to fill whole vectors).
+    pub fn tiles(&self, kernel: &Kernel) -> Result<Vec<TileConfig>, EmitError> {
+        let caps = self.caps();
+        let problem = crate::tile::Problem::from_kernel(caps, kernel).map_err(|e| {
+            EmitError::Unsupported {
+                backend: BACKEND,
+                what: e.to_string(),
+            }
+        })?;
+        let tiles = crate::tile::solve(caps, &problem).map_err(|e| EmitError::Unsupported {
+            backend: BACKEND,
+            what: e.to_string(),
+        })?;
+        Ok(tiles
+            .into_iter()
+            .filter(|t| matmul::check_tile(kernel, t).is_ok())
+            .collect())
+    }
+
+    /// The activation quantizer (`i8dyn`, [`crate::abi::QuantizeArgs`]) of
+    /// an integer matmul kernel, for the same tile as its matmul.
+    pub fn emit_quantizer(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+    ) -> Result<MachineCode, EmitError> {
+        let func = guarded(|| quantize::build(kernel, tile))??;
+        self.finish(func)
+    }
+
+    /// Compile a built function into machine code with its IR as listing.
+    fn finish(&self, func: Function) -> Result<MachineCode, EmitError> {
+        let listing = func.display().to_string();
+        if std::env::var_os("TESSERA_CLIF_DUMP").is_some() {
+            eprintln!("{listing}");
+        }
+        let bytes = compile_function(&*self.isa, func)?;
+        Ok(MachineCode {
+            arch: self.arch(),
+            bytes,
+            listing,
+        })
+    }
+}
+
+impl Backend for ClifBackend {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// Matmul kernels: the matmul ([`crate::abi::MatmulArgs`]); get the
+    /// `i8dyn` quantizer with [`ClifBackend::emit_quantizer`]. Decode
+    /// attention kernels: [`crate::host_attention::AttentionArgs`] (the
+    /// tile is not used).
+    fn emit(&self, kernel: &Kernel, tile: &TileConfig) -> Result<Artifact, EmitError> {
+        let func = if kernel.as_matmul().is_some() {
+            let dot = DotLowering::for_isa(self);
+            let fused = self.arch() == Arch::Aarch64 || self.has_flag("has_fma");
+            guarded(|| matmul::build(kernel, tile, dot, fused))??
+        } else {
+            guarded(|| attention::build(kernel))??
+        };
+        Ok(Artifact::Machine(self.finish(func)?))
+    }
+}
+
+/// Which i8 dot-product tree the int8 matmul emits: the one each ISA's
+/// lowering rules fold into a single instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DotLowering {
+    /// `iadd(iadd_pairwise(iadd_pairwise(..)), acc)` of widened i16
+    /// products: aarch64 `sdot` with dotprod.
+    Sdot,
+    /// `iadd_pairwise` of two `pmaddwd` trees: x86-64 SSE.
+    Pmaddwd,
+}
+
+impl DotLowering {
+    fn for_isa(backend: &ClifBackend) -> DotLowering {
+        match backend.arch() {
+            Arch::X86_64 => DotLowering::Pmaddwd,
+            _ => DotLowering::Sdot,
+        }
+    }
+}
+
+/// Run `f`, turning a panic into an [`EmitError`].
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, EmitError> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        EmitError::Assembler(format!("cranelift panicked: {msg}"))
+    })
+}
+
+/// Compile `func` for `isa` to position-independent bytes. A cranelift
+/// error or panic becomes an [`EmitError`]; so does any relocation (the
+/// bytes must run wherever they are mapped).
+pub fn compile_function(isa: &dyn TargetIsa, func: Function) -> Result<Vec<u8>, EmitError> {
+    guarded(|| {
+        let mut ctx = Context::for_function(func);
+        let code = ctx
+            .compile(isa, &mut ControlPlane::default())
+            .map_err(|e| EmitError::Assembler(format!("cranelift: {:?}", e.inner)))?;
+        if let Some(r) = code.buffer.relocs().first() {
+            return Err(EmitError::Assembler(format!(
+                "cranelift emitted a relocation ({:?} at offset {}): the code would not be position independent",
+                r.kind, r.offset
+            )));
+        }
+        Ok(code.code_buffer().to_vec())
+    })?
+}
+
+const CLIF_RESERVED: &[Reserved] = &[
+    Reserved {
+        regs: 1,
+        purpose: "0x0F nibble mask for the int4 unpack",
+    },
+    Reserved {
+        regs: 1,
+        purpose: "packed int4 weight bytes before unpacking",
+    },
+];
+
+const CLIF_FMA_4S: MacInstr = MacInstr {
+    name: "fma f32x4 (broadcast row)",
+    class: MacClass::F32,
+    ae: 1,
+    ah: 4,
+    acc_regs: 1,
+    lp: 1,
+    a_rows: 1,
+    a_regs: 1,
+    b_cols: 4,
+    b_regs: 1,
+    reserved: &[],
+    mma: None,
+};
+
+const CLIF_DOT_TEMPS: &[Reserved] = &[Reserved {
+    regs: 2,
+    purpose: "i16 widened operands of the pmaddwd pair",
+}];
+
+/// The unit is 8 channels × 4 bytes of l: one 32-code run of the int4
+/// pair transpose (16 packed bytes), two i32x4 accumulators per row, two
+/// B vectors once unpacked.
+const CLIF_DOT4: MacInstr = MacInstr {
+    name: "i8 dot4 i32x4 (pmaddwd pair + iadd_pairwise)",
+    class: MacClass::Int8,
+    ae: 1,
+    ah: 8,
+    acc_regs: 2,
+    lp: 4,
+    a_rows: 1,
+    a_regs: 1,
+    b_cols: 8,
+    b_regs: 2,
+    reserved: CLIF_DOT_TEMPS,
+    mma: None,
+};
+
+/// Cranelift on x86-64: 16 xmm registers of 128 bits. Per tile: `ep·hp/4`
+/// f32x4 accumulators, `ep` broadcast A rows, `hp/4` B vectors, plus the
+/// CPU targets' two reserved registers (and two i16 temporaries for the
+/// int8 dot). E.g. f32: 4×8 needs 8 + 4 + 2 + 2 = 16.
+pub static CLIF_X86: TargetCaps = TargetCaps {
+    name: "host-clif-x86",
+    arch: Arch::X86_64,
+    registers: 16,
+    register_bits: 128,
+    macs: &[CLIF_FMA_4S, CLIF_DOT4],
+    reserved: CLIF_RESERVED,
+    features: &["sse4.1"],
+    gpu: None,
+};

@@ -1,0 +1,203 @@
+//! The cranelift backend's decode attention against the reference
+//! interpreter: f16 and int8/fp8 caches, GQA, sequence lengths around the
+//! softmax block (64), head dims with tails, both softmax modes, and an
+//! async case whose scores leave the bounds so every row is recomputed.
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_codegen::artifact::{Artifact, Backend};
+use tessera_codegen::clif::ClifBackend;
+use tessera_codegen::host_attention::{HostAttention, KvCache};
+use tessera_codegen::tile::TileConfig;
+use tessera_dsl::interp::{self, Bindings, Value};
+use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};
+use tessera_dsl::{library, quant};
+
+fn any_tile() -> TileConfig {
+    // Attention ignores the tile; any solver tile will do.
+    let backend = ClifBackend::host().unwrap();
+    backend.tiles(&library::get("matmul-f32").unwrap()).unwrap()[0]
+}
+
+fn compile(kernel: &Kernel) -> HostAttention {
+    let backend = ClifBackend::host().unwrap();
+    let code = match backend.emit(kernel, &any_tile()).expect("emit") {
+        Artifact::Machine(m) => m,
+        other => panic!("expected machine code, got {other}"),
+    };
+    HostAttention::new(kernel, &code).expect("map")
+}
+
+fn online(mut kernel: Kernel) -> Kernel {
+    if let Op::Attention(a) = &mut kernel.op {
+        a.softmax = SoftmaxMode::Online;
+    }
+    kernel.name.push_str("-online");
+    kernel
+}
+
+fn cache(
+    format: Format,
+    rows: usize,
+    d: usize,
+    data: &[f32],
+) -> (Value, Option<quant::QuantTensor>, Vec<f16>) {
+    if format == Format::F16 {
+        let h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+        (Value::F16(h.clone()), None, h)
+    } else {
+        let q = quant::quantize(format, rows, d, data).expect("quantize");
+        (Value::Quant(q.clone()), Some(q), Vec::new())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    att: &HostAttention,
+    kernel: &Kernel,
+    s: usize,
+    hq: usize,
+    kvh: usize,
+    d: usize,
+    q_amp: f32,
+    threads: usize,
+    seed: u64,
+) -> u64 {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let a = kernel.as_attention().unwrap();
+    let kf = kernel.tensor(&a.k).unwrap().format;
+    let vf = kernel.tensor(&a.v).unwrap().format;
+    let qv: Vec<f16> = (0..hq * d)
+        .map(|_| f16::from_f32(rng.gen_range(-q_amp..q_amp)))
+        .collect();
+    let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let (kval, kq, k16) = cache(kf, s * kvh, d, &kd);
+    let (vval, vq, v16) = cache(vf, s * kvh, d, &vd);
+    let bindings = Bindings::new()
+        .extent("hq", hq)
+        .extent("kvh", kvh)
+        .extent("d", d)
+        .extent("s", s)
+        .tensor("q", Value::F16(qv.clone()))
+        .tensor("k", kval)
+        .tensor("v", vval);
+    let out = interp::run(kernel, &bindings).expect("interp");
+    let want = out.get("o").unwrap();
+    let stats = out.softmax.unwrap();
+    let kc = match &kq {
+        Some(q) => KvCache::Quant(q),
+        None => KvCache::F16(&k16),
+    };
+    let vc = match &vq {
+        Some(q) => KvCache::Quant(q),
+        None => KvCache::F16(&v16),
+    };
+    let mut o = vec![f16::ZERO; hq * d];
+    let recomputed = att
+        .run(&qv, kc, vc, s, hq, kvh, d, &mut o, threads)
+        .expect("run");
+    assert_eq!(
+        recomputed as usize, stats.recomputed,
+        "{} recomputed rows",
+        kernel.name
+    );
+    for (i, (g, w)) in o.iter().zip(want).enumerate() {
+        let g = g.to_f32();
+        let tol = 2e-3 * w.abs() + 2e-3;
+        assert!(
+            (g - w).abs() <= tol,
+            "{} s={s} hq={hq} kvh={kvh} d={d} threads={threads}: o[{i}] = {g}, want {w}",
+            kernel.name
+        );
+    }
+    recomputed
+}
+
+fn sweep(kernel: Kernel) {
+    let att = compile(&kernel);
+    let mut seed = 7;
+    for &s in &[1usize, 63, 65, 200] {
+        for &(hq, kvh) in &[(4usize, 2usize), (3, 3), (8, 2)] {
+            for &d in &[8usize, 13] {
+                for threads in [1, 2] {
+                    seed += 1;
+                    check(&att, &kernel, s, hq, kvh, d, 0.5, threads, seed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn clif_attention_decode_f16() {
+    sweep(library::get("attention-decode-f16").unwrap());
+}
+
+#[test]
+fn clif_attention_decode_kv8() {
+    sweep(library::get("attention-decode-kv8").unwrap());
+}
+
+#[test]
+fn clif_attention_online_modes() {
+    sweep(online(library::get("attention-decode-f16").unwrap()));
+    sweep(online(library::get("attention-decode-kv8").unwrap()));
+}
+
+#[test]
+fn clif_attention_async_recomputes_out_of_range_rows() {
+    for name in ["attention-decode-f16", "attention-decode-kv8"] {
+        let kernel = library::get(name).unwrap();
+        let att = compile(&kernel);
+        // |q| up to 8 over d = 16 puts scores far outside [-16.8, 6.5].
+        let recomputed = check(&att, &kernel, 200, 4, 2, 16, 8.0, 2, 99);
+        assert!(
+            recomputed > 0,
+            "{name}: the adversarial case recomputed nothing"
+        );
+    }
+}
+
+#[test]
+fn clif_attention_rejects_bad_shapes() {
+    let kernel = library::get("attention-decode-f16").unwrap();
+    let att = compile(&kernel);
+    let q = vec![f16::ZERO; 6];
+    let k = vec![f16::ZERO; 4 * 2 * 3];
+    let mut o = vec![f16::ZERO; 6];
+    // hq = 3 is not a multiple of kvh = 2.
+    assert!(
+        att.run(
+            &q,
+            KvCache::F16(&k),
+            KvCache::F16(&k),
+            4,
+            3,
+            2,
+            2,
+            &mut o,
+            1
+        )
+        .is_err()
+    );
+    // Cache too short.
+    assert!(
+        att.run(
+            &q,
+            KvCache::F16(&k[1..]),
+            KvCache::F16(&k),
+            4,
+            2,
+            2,
+            3,
+            &mut o,
+            1
+        )
+        .is_err()
+    );
+    let prefill = library::get("attention-prefill-f16").unwrap();
+    let backend = ClifBackend::host().unwrap();
+    assert!(backend.emit(&prefill, &any_tile()).is_err());
+}

@@ -1,0 +1,242 @@
+//! The cranelift backend's matmuls against the reference interpreter:
+//! every matmul library kernel, random inputs with tails in m, n and k,
+//! several solver tiles, 1 and 2 threads.
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_codegen::TileConfig;
+use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode};
+use tessera_codegen::clif::ClifBackend;
+use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWeights, WeightsIn};
+use tessera_codegen::tile::{Problem, neighbours};
+use tessera_dsl::interp::{self, Bindings, Value};
+use tessera_dsl::ir::{Format, Kernel};
+use tessera_dsl::{library, quant};
+
+const MATMULS: [&str; 7] = [
+    "matmul-e0m4a16",
+    "matmul-f16",
+    "matmul-f32",
+    "matmul-w4a16",
+    "matmul-w4a8",
+    "matmul-w8a16",
+    "matmul-w8a8",
+];
+
+fn machine(a: Artifact) -> MachineCode {
+    match a {
+        Artifact::Machine(m) => m,
+        other => panic!("expected machine code, got {other}"),
+    }
+}
+
+/// The best solver tile and up to `extra` of its neighbours.
+fn tiles(backend: &ClifBackend, kernel: &Kernel, extra: usize) -> Vec<TileConfig> {
+    let caps = backend.caps();
+    let problem = Problem::from_kernel(caps, kernel).expect("problem");
+    let best = backend.tiles(kernel).expect("tiles")[0];
+    let mut v = vec![best];
+    v.extend(
+        neighbours(caps, &problem, &best, 8)
+            .expect("neighbours")
+            .into_iter()
+            .filter(|t| tessera_codegen::clif::matmul::check_tile(kernel, t).is_ok())
+            .take(extra),
+    );
+    v
+}
+
+fn fmt(kernel: &Kernel, name: &str) -> Format {
+    kernel.tensor(name).unwrap().format
+}
+
+struct Compiled {
+    host: HostMatmul,
+}
+
+fn compile(backend: &ClifBackend, kernel: &Kernel, tile: &TileConfig) -> Compiled {
+    let code = machine(
+        backend
+            .emit(kernel, tile)
+            .unwrap_or_else(|e| panic!("{} {}: {e}", kernel.name, tile.summary())),
+    );
+    let quantizer = (fmt(kernel, "x") == Format::I8Dyn)
+        .then(|| backend.emit_quantizer(kernel, tile).expect("quantizer"));
+    let host =
+        HostMatmul::new(kernel, HostTile::from(tile), quantizer.as_ref(), &code).expect("map");
+    Compiled { host }
+}
+
+/// Run one case; panics with the worst error on mismatch.
+fn check(c: &Compiled, kernel: &Kernel, m: usize, n: usize, k: usize, threads: usize, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let xs: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let ws: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let bias: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let (xf, wf, yf) = (fmt(kernel, "x"), fmt(kernel, "w"), fmt(kernel, "y"));
+
+    // Weights: quantized once, the same tensor for the oracle and the kernel.
+    let (w_value, w_dense, packed) = if wf.is_quantized() {
+        let q = quant::quantize(wf, n, k, &ws).expect("quantize");
+        let packed =
+            HostWeights::pack(kernel, c.host.tile(), n, k, WeightsIn::Quant(&q)).expect("pack");
+        let dense = q.dequantize();
+        (Value::Quant(q), dense, packed)
+    } else {
+        let v = Value::from_f32(wf, &ws).unwrap();
+        let dense: Vec<f32> = match &v {
+            Value::F16(h) => h.iter().map(|x| x.to_f32()).collect(),
+            _ => ws.clone(),
+        };
+        let packed =
+            HostWeights::pack(kernel, c.host.tile(), n, k, WeightsIn::F32(&ws)).expect("pack");
+        (v, dense, packed)
+    };
+    let x16: Vec<f16> = xs.iter().map(|&v| f16::from_f32(v)).collect();
+    let x_dense: Vec<f32> = if xf == Format::F16 {
+        x16.iter().map(|v| v.to_f32()).collect()
+    } else {
+        xs.clone()
+    };
+    let bindings = Bindings::new()
+        .extent("e", m)
+        .extent("h", n)
+        .extent("l", k)
+        .tensor("x", Value::from_f32(xf, &xs).unwrap())
+        .tensor("w", w_value)
+        .tensor("bias", Value::F32(bias.clone()));
+    let want = interp::run(kernel, &bindings).expect("interp");
+    let want = want.get("y").unwrap();
+
+    let mut got = vec![0f32; m * n];
+    let mut got16 = vec![f16::ZERO; m * n];
+    let input = if xf == Format::F16 {
+        HostInput::F16(&x16)
+    } else {
+        HostInput::F32(&xs)
+    };
+    let out = if yf == Format::F16 {
+        HostOutput::F16(&mut got16)
+    } else {
+        HostOutput::F32(&mut got)
+    };
+    c.host
+        .run(input, m, &packed, Some(&bias), out, threads)
+        .expect("run");
+    if yf == Format::F16 {
+        got = got16.iter().map(|v| v.to_f32()).collect();
+    }
+    // Tolerance: f32 accumulation error scaled by Σ|x·w|, plus the
+    // output format's rounding; int8 activations add their own rounding
+    // identically on both sides, so the same bound holds.
+    let (acc_eps, out_eps) = match yf {
+        Format::F16 => (2e-5, 2e-3),
+        _ => (2e-5, 0.0),
+    };
+    for r in 0..m {
+        for h in 0..n {
+            let sum_abs: f32 = (0..k)
+                .map(|l| (x_dense[r * k + l] * w_dense[h * k + l]).abs())
+                .sum::<f32>()
+                + bias[h].abs();
+            let (g, w) = (got[r * n + h], want[r * n + h]);
+            let tol = acc_eps * sum_abs + out_eps * w.abs() + 1e-6;
+            assert!(
+                (g - w).abs() <= tol,
+                "{} tile {}x{}x{} m={m} n={n} k={k} threads={threads}: y[{r},{h}] = {g}, want {w} (tol {tol})",
+                kernel.name,
+                c.host.tile().ep,
+                c.host.tile().hp,
+                c.host.tile().lp,
+            );
+        }
+    }
+}
+
+fn sweep(name: &str) {
+    let backend = ClifBackend::host().expect("backend");
+    let kernel = library::get(name).unwrap();
+    let mut seed = 1;
+    for (ti, tile) in tiles(&backend, &kernel, 2).iter().enumerate() {
+        let c = compile(&backend, &kernel, tile);
+        for &m in &[1usize, 2, 3, 7] {
+            for &n in &[1usize, 5, 8, 17] {
+                for &k in &[1usize, 7, 32, 33, 100] {
+                    // The neighbour tiles get a thinner sweep.
+                    if ti > 0 && (m + n + k) % 3 != 0 {
+                        continue;
+                    }
+                    for threads in [1, 2] {
+                        seed += 1;
+                        check(&c, &kernel, m, n, k, threads, seed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn clif_matmul_f32() {
+    sweep("matmul-f32");
+}
+
+#[test]
+fn clif_matmul_f16() {
+    sweep("matmul-f16");
+}
+
+#[test]
+fn clif_matmul_w4a8() {
+    sweep("matmul-w4a8");
+}
+
+#[test]
+fn clif_matmul_w8a8() {
+    sweep("matmul-w8a8");
+}
+
+#[test]
+fn clif_matmul_w4a16() {
+    sweep("matmul-w4a16");
+}
+
+#[test]
+fn clif_matmul_w8a16() {
+    sweep("matmul-w8a16");
+}
+
+#[test]
+fn clif_matmul_e0m4a16() {
+    sweep("matmul-e0m4a16");
+}
+
+#[test]
+fn clif_every_matmul_kernel_is_covered() {
+    let all: Vec<&str> = library::names()
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with("matmul-"))
+        .collect();
+    assert_eq!(all, MATMULS);
+}
+
+#[test]
+fn clif_bad_tiles_are_errors() {
+    let backend = ClifBackend::host().expect("backend");
+    let kernel = library::get("matmul-f32").unwrap();
+    let mut tile = tiles(&backend, &kernel, 0)[0];
+    tile.hp = 6;
+    assert!(matches!(
+        backend.emit(&kernel, &tile),
+        Err(EmitError::BadTile { .. })
+    ));
+    let kernel = library::get("matmul-w8a8").unwrap();
+    let mut tile = tiles(&backend, &kernel, 0)[0];
+    tile.lp = 3;
+    assert!(matches!(
+        backend.emit(&kernel, &tile),
+        Err(EmitError::BadTile { .. })
+    ));
+}
