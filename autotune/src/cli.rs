@@ -335,7 +335,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         deadline: budget.saturating_sub(RESERVE),
         neighbours: 2,
         min_samples: 3,
-        max_samples: 15,
+        max_samples: 25,
         limits: measured.clone(),
         traffic,
         target: caps.name.to_string(),

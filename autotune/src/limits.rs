@@ -244,7 +244,7 @@ mod x86 {
 pub fn measure(fp: &Fingerprint, path: MacPath, threads: usize, quick: bool) -> Limits {
     let bytes = crate::bench::rotation_bytes(llc_bytes(fp));
     let bytes = if quick { bytes / 4 } else { bytes };
-    let passes = if quick { 2 } else { 4 };
+    let passes = if quick { 3 } else { 8 };
     let dur = Duration::from_millis(if quick { 20 } else { 80 });
     Limits {
         read_gbps: read_bandwidth(bytes, threads, passes),

@@ -20,7 +20,7 @@ pub fn show_m(m: usize) -> String {
 }
 
 /// The winner's measurement at its variant's representative M.
-fn headline<'a>(shape: &'a ShapeEntry, variant: Variant) -> Option<&'a Measurement> {
+fn headline(shape: &ShapeEntry, variant: Variant) -> Option<&Measurement> {
     let w = shape.winner(variant)?;
     shape
         .measurements

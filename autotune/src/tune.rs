@@ -264,7 +264,7 @@ pub enum TuneError {
         shape: String,
         n: usize,
         k: usize,
-        source: SolveError,
+        source: Box<SolveError>,
     },
     #[error("shape {shape} [{n}, {k}]: no {variant} candidate could be built: {why}")]
     NoCandidate {
@@ -401,7 +401,7 @@ impl<B: Bench> ShapeTuner<'_, B> {
                         shape: self.shape.name.clone(),
                         n,
                         k,
-                        source,
+                        source: Box::new(source),
                     })
                 })?;
             per_variant.push((variant, c));
