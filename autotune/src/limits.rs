@@ -38,25 +38,38 @@ pub fn llc_bytes(fp: &Fingerprint) -> u64 {
         .unwrap_or(0)
 }
 
-/// Streaming read bandwidth with `threads` threads, GB/s: the best of a
-/// few passes over a buffer of `bytes` (each thread reads its part).
+/// Streaming read bandwidth with `threads` threads, GB/s. Each thread
+/// reads its part of a buffer of `bytes` in 1 MiB chunks, `passes` times,
+/// timing every chunk; the result is the sum over threads of each
+/// thread's median chunk rate. Short timed chunks with a median make the
+/// figure robust on a shared machine (a chunk rarely straddles a
+/// preemption), like the kernel timings it is compared with.
 pub fn read_bandwidth(bytes: usize, threads: usize, passes: usize) -> f64 {
-    let words = (bytes / 8).max(1 << 16);
+    const CHUNK_WORDS: usize = (1 << 20) / 8;
+    let words = (bytes / 8).max(4 * CHUNK_WORDS);
     let buf: Vec<u64> = (0..words as u64).collect();
     let threads = threads.max(1);
-    let chunk = words.div_ceil(threads);
-    let mut best = 0.0f64;
-    for _ in 0..passes.max(1) {
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for part in buf.chunks(chunk) {
-                s.spawn(move || black_box(sum_words(part)));
-            }
-        });
-        let secs = t0.elapsed().as_secs_f64();
-        best = best.max((words * 8) as f64 / secs / 1e9);
-    }
-    best
+    let part = words.div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = buf
+            .chunks(part)
+            .map(|mine| {
+                s.spawn(move || {
+                    let mut rates = Vec::new();
+                    for _ in 0..passes.max(1) {
+                        for chunk in mine.chunks(CHUNK_WORDS) {
+                            let t0 = Instant::now();
+                            black_box(sum_words(black_box(chunk)));
+                            let secs = t0.elapsed().as_secs_f64().max(1e-9);
+                            rates.push((chunk.len() * 8) as f64 / secs / 1e9);
+                        }
+                    }
+                    crate::stats::median(&rates).unwrap_or(0.0)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+    })
 }
 
 /// Eight independent accumulators, so the loop is bound by loads.
@@ -76,32 +89,45 @@ fn sum_words(v: &[u64]) -> u64 {
     acc.iter().copied().fold(tail, u64::wrapping_add)
 }
 
-/// Peak MAC rate of `path` on `threads` threads, GMAC/s.
+/// Peak MAC rate of `path` on `threads` threads, GMAC/s: every thread
+/// times chunks of about 100 µs of the loop for `duration`; the sum over
+/// threads of each thread's median chunk rate (see [`read_bandwidth`]).
 pub fn peak_macs(path: MacPath, threads: usize, duration: Duration) -> f64 {
     let threads = threads.max(1);
-    // Calibrate one thread's iterations to about `duration`.
-    let mut iters = 1u64 << 16;
+    // Calibrate one chunk to about 100 µs (the fastest of a few tries).
+    let mut iters = 1u64 << 8;
     loop {
-        let t0 = Instant::now();
-        black_box(mac_loop(path, iters));
-        if t0.elapsed() >= duration / 4 || iters >= 1 << 40 {
+        let fastest = (0..3)
+            .map(|_| {
+                let t0 = Instant::now();
+                black_box(mac_loop(path, iters));
+                t0.elapsed()
+            })
+            .min()
+            .unwrap_or_default();
+        if fastest >= Duration::from_micros(100) || iters >= 1 << 32 {
             break;
         }
         iters *= 2;
     }
-    let iters = iters * 2;
-    let mut best = 0.0f64;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        let macs: f64 = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|_| s.spawn(move || mac_loop(path, iters).1))
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
-        });
-        best = best.max(macs / t0.elapsed().as_secs_f64() / 1e9);
-    }
-    best
+    let chunks = (duration.as_micros() / 100).clamp(8, 10_000) as usize;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(move || {
+                    let rates: Vec<f64> = (0..chunks)
+                        .map(|_| {
+                            let t0 = Instant::now();
+                            let (_, macs) = black_box(mac_loop(path, iters));
+                            macs / t0.elapsed().as_secs_f64().max(1e-9) / 1e9
+                        })
+                        .collect();
+                    crate::stats::median(&rates).unwrap_or(0.0)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+    })
 }
 
 /// Run the loop; returns a value to keep it alive and the MACs done.
@@ -244,7 +270,7 @@ mod x86 {
 pub fn measure(fp: &Fingerprint, path: MacPath, threads: usize, quick: bool) -> Limits {
     let bytes = crate::bench::rotation_bytes(llc_bytes(fp));
     let bytes = if quick { bytes / 4 } else { bytes };
-    let passes = if quick { 3 } else { 8 };
+    let passes = if quick { 1 } else { 2 };
     let dur = Duration::from_millis(if quick { 20 } else { 80 });
     Limits {
         read_gbps: read_bandwidth(bytes, threads, passes),
