@@ -214,23 +214,30 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
     // Check the backend emits this kernel at all before spending the budget.
     let probe = tessera_codegen::tile::solve(caps, &problem)
         .map_err(|e| CliError::Usage(format!("--format {}: {e}", args.format)))?;
-    let first = probe
-        .iter()
-        .find(|t| backend.accepts(&kernel, t))
-        .ok_or_else(|| {
-            CliError::Usage(format!(
-                "backend `{kind}` has no usable tile for --format {}",
-                args.format
-            ))
-        })?;
-    backend
-        .load(&kernel, first, tessera_dsl::ir::Variant::Gemm)
-        .map_err(|e| {
-            CliError::Usage(format!(
-                "backend `{kind}` cannot run --format {}: {e}",
-                args.format
-            ))
-        })?;
+    let cannot = |why: String| {
+        CliError::Usage(format!(
+            "backend `{kind}` cannot run --format {} ({kernel_name}): {why}",
+            args.format
+        ))
+    };
+    match probe.iter().find(|t| backend.accepts(&kernel, t)) {
+        Some(first) => {
+            backend
+                .load(&kernel, first, tessera_dsl::ir::Variant::Gemm)
+                .map_err(cannot)?;
+        }
+        // No tile is usable: the emitter's own reason for the optimum.
+        None => {
+            let why = match probe.first() {
+                Some(t) => backend
+                    .load(&kernel, t, tessera_dsl::ir::Variant::Gemm)
+                    .err()
+                    .unwrap_or_else(|| "no solver tile is usable".into()),
+                None => "the solver found no tile".into(),
+            };
+            return Err(cannot(why));
+        }
+    }
 
     let fingerprint = Fingerprint::detect();
     let generator = GeneratorId {
