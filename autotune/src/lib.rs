@@ -1,1 +1,26 @@
-//! The autotuner (filled by the autotune issue).
+//! Tessera's autotuner: measures this device and writes the tuning record
+//! the runtime loads (`tessera_runtime::record`).
+//!
+//! For each weight shape [N, K] of a model it times the solver's optimum
+//! and nearest neighbours per matmul variant, keeps the winners, and finds
+//! the breakpoints M1 (GEMV → flat GEMM) and M2 (flat GEMM → GEMM) by
+//! bisection over M (FlashDecoding++ section 5: measured inflection points,
+//! searched offline, looked up at run time). See `docs/AUTOTUNE.md`.
+//!
+//! - [`stats`]: median, MAD and the tie interval;
+//! - [`search`]: winner choice and the breakpoint search (pure logic);
+//! - [`tune`]: the budgeted driver over a [`tune::Bench`];
+//! - [`bench`]: timing real kernels with rotated weight copies;
+//! - [`backend`]: the backends that can tune here;
+//! - [`limits`]: read bandwidth, peak MAC rate, core weights;
+//! - [`report`]: summary tables and SVG plots;
+//! - [`cli`]: the `tessera-autotune` command.
+
+pub mod backend;
+pub mod bench;
+pub mod cli;
+pub mod limits;
+pub mod report;
+pub mod search;
+pub mod stats;
+pub mod tune;

@@ -14,6 +14,7 @@ pub mod builder;
 pub mod interp;
 pub mod ir;
 pub mod library;
+pub mod models;
 pub mod naming;
 pub mod quant;
 pub mod text;

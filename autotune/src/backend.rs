@@ -1,0 +1,292 @@
+//! The backends the tuner can measure on this machine, behind one small
+//! trait: solver caps to derive tiles with, a filter for tiles the emitter
+//! can index, and loading a kernel instance as a checked [`HostMatmul`].
+
+use std::fmt;
+use std::str::FromStr;
+
+use tessera_codegen::artifact::{Artifact, Backend, EmitError, Variant};
+use tessera_codegen::clif::ClifBackend;
+use tessera_codegen::host::{HostMatmul, HostTile};
+use tessera_codegen::target::TargetCaps;
+use tessera_codegen::tile::TileConfig;
+use tessera_codegen::x86::X86Backend;
+use tessera_dsl::ir::{Format, Kernel};
+
+/// A backend name the CLI accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BackendKind {
+    /// Cranelift JIT, 128-bit vectors, any x86-64 or aarch64 host.
+    Host,
+    /// AVX2 + FMA machine code.
+    X86,
+    Neon,
+    OpenCl,
+    Cuda,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 5] = [
+        BackendKind::Host,
+        BackendKind::X86,
+        BackendKind::Neon,
+        BackendKind::OpenCl,
+        BackendKind::Cuda,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::X86 => "x86",
+            BackendKind::Neon => "neon",
+            BackendKind::OpenCl => "opencl",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+
+    /// Why this backend cannot tune here, or `None` when it can.
+    pub fn unavailable_reason(self) -> Option<String> {
+        match self {
+            BackendKind::Host => ClifBackend::host().err().map(|e| e.to_string()),
+            BackendKind::X86 => X86Backend::detect().err().map(|e| e.to_string()),
+            BackendKind::Neon => Some(if cfg!(target_arch = "aarch64") {
+                "the NEON JIT backend is not in this build yet".into()
+            } else {
+                format!(
+                    "NEON needs an aarch64 host; this is {}",
+                    std::env::consts::ARCH
+                )
+            }),
+            BackendKind::OpenCl => Some("the OpenCL backend is not in this build yet".into()),
+            BackendKind::Cuda => Some("the CUDA backend is not in this build yet".into()),
+        }
+    }
+
+    /// Backends that can tune on this machine, best first.
+    pub fn available() -> Vec<BackendKind> {
+        [BackendKind::X86, BackendKind::Neon, BackendKind::Host]
+            .into_iter()
+            .filter(|b| b.unavailable_reason().is_none())
+            .collect()
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A backend name that is not one of [`BackendKind::ALL`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown backend `{0}`; valid backends: host, x86, neon, opencl, cuda")]
+pub struct UnknownBackend(pub String);
+
+impl FromStr for BackendKind {
+    type Err = UnknownBackend;
+    fn from_str(s: &str) -> Result<Self, UnknownBackend> {
+        BackendKind::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| UnknownBackend(s.to_string()))
+    }
+}
+
+/// The matmul formats the CLI accepts and their library kernels.
+pub const FORMATS: &[(&str, &str)] = &[
+    ("w4a8", "matmul-w4a8"),
+    ("w8a8", "matmul-w8a8"),
+    ("w4a16", "matmul-w4a16"),
+    ("f16", "matmul-f16"),
+    ("f32", "matmul-f32"),
+];
+
+/// A format name the CLI does not know.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown format `{0}`; valid formats: w4a8, w8a8, w4a16, f16, f32")]
+pub struct UnknownFormat(pub String);
+
+/// The library kernel name of a CLI format.
+pub fn library_kernel(format: &str) -> Result<&'static str, UnknownFormat> {
+    FORMATS
+        .iter()
+        .find(|(f, _)| *f == format)
+        .map(|(_, k)| *k)
+        .ok_or_else(|| UnknownFormat(format.to_string()))
+}
+
+/// A backend ready to build kernels for timing.
+pub trait TuneBackend {
+    /// The CLI / record name (`x86`, `host`).
+    fn kind(&self) -> BackendKind;
+    /// The solver target the tiles come from (written into winners).
+    fn caps(&self) -> &'static TargetCaps;
+    /// Whether the emitter can index this tile for `kernel`.
+    fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool;
+    /// Emit and map `kernel` for `tile` and `variant`.
+    fn load(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<HostMatmul, String>;
+    /// Vector width of the MAC path, bits (for the peak-MAC loop).
+    fn vector_bits(&self) -> u32 {
+        self.caps().register_bits
+    }
+}
+
+/// The backend for `kind`, or why it is unavailable (naming those that are).
+pub fn open(kind: BackendKind) -> Result<Box<dyn TuneBackend>, String> {
+    if let Some(why) = kind.unavailable_reason() {
+        let available: Vec<&str> = BackendKind::available().iter().map(|b| b.name()).collect();
+        return Err(format!(
+            "backend `{kind}` is not available: {why}; available here: {}",
+            if available.is_empty() {
+                "none".to_string()
+            } else {
+                available.join(", ")
+            }
+        ));
+    }
+    match kind {
+        BackendKind::X86 => X86Backend::detect()
+            .map(|b| Box::new(X86Tune(b)) as Box<dyn TuneBackend>)
+            .map_err(|e| e.to_string()),
+        BackendKind::Host => ClifBackend::host()
+            .map(|b| Box::new(ClifTune(b)) as Box<dyn TuneBackend>)
+            .map_err(|e| e.to_string()),
+        other => Err(format!("backend `{other}` is not available")),
+    }
+}
+
+/// Emit a variant: the backend's own loop for it when it has one, else its
+/// default loop (whose tile — ep = 1 for GEMV, the solver's small-M tile
+/// for flat GEMM — is what makes it that variant).
+fn emit_variant(
+    backend: &dyn Backend,
+    kernel: &Kernel,
+    tile: &TileConfig,
+    variant: Variant,
+) -> Result<Artifact, EmitError> {
+    match backend.emit_variant(kernel, tile, variant) {
+        Err(EmitError::Unsupported { .. }) if variant != Variant::Gemm => {
+            backend.emit(kernel, tile)
+        }
+        other => other,
+    }
+}
+
+fn needs_quantizer(kernel: &Kernel) -> bool {
+    kernel
+        .as_matmul()
+        .and_then(|m| kernel.tensor(&m.x))
+        .is_some_and(|t| t.format == Format::I8Dyn)
+}
+
+struct X86Tune(X86Backend);
+
+impl TuneBackend for X86Tune {
+    fn kind(&self) -> BackendKind {
+        BackendKind::X86
+    }
+    fn caps(&self) -> &'static TargetCaps {
+        TargetCaps::by_name(tessera_codegen::x86::NAME).expect("the x86 backend's target exists")
+    }
+    fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {
+        self.0.emit_code(kernel, tile).is_ok()
+    }
+    fn load(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<HostMatmul, String> {
+        let code = match emit_variant(&self.0, kernel, tile, variant).map_err(|e| e.to_string())? {
+            Artifact::Machine(code) => code,
+            Artifact::Source { .. } => return Err("x86 emitted source, not machine code".into()),
+        };
+        let quantizer = self
+            .0
+            .emit_quantizer(kernel, tile)
+            .map_err(|e| e.to_string())?;
+        if tessera_codegen::x86::missing_features().is_empty() {
+            HostMatmul::new(kernel, HostTile::from(tile), quantizer.as_ref(), &code)
+                .map_err(|e| e.to_string())
+        } else {
+            Err("this CPU cannot run x86-avx2 code".into())
+        }
+    }
+}
+
+struct ClifTune(ClifBackend);
+
+impl TuneBackend for ClifTune {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
+    }
+    fn caps(&self) -> &'static TargetCaps {
+        self.0.caps()
+    }
+    fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {
+        tessera_codegen::clif::matmul::check_tile(kernel, tile).is_ok()
+    }
+    fn load(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<HostMatmul, String> {
+        let code = match emit_variant(&self.0, kernel, tile, variant).map_err(|e| e.to_string())? {
+            Artifact::Machine(code) => code,
+            Artifact::Source { .. } => {
+                return Err("cranelift emitted source, not machine code".into());
+            }
+        };
+        let quantizer = if needs_quantizer(kernel) {
+            Some(
+                self.0
+                    .emit_quantizer(kernel, tile)
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            None
+        };
+        HostMatmul::new(kernel, HostTile::from(tile), quantizer.as_ref(), &code)
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknowns_list_the_valid_ones() {
+        for b in BackendKind::ALL {
+            assert_eq!(b.name().parse::<BackendKind>(), Ok(b));
+        }
+        let e = "tpu".parse::<BackendKind>().unwrap_err().to_string();
+        assert!(
+            e.contains("unknown backend `tpu`") && e.contains("opencl"),
+            "{e}"
+        );
+        assert_eq!(library_kernel("w4a8"), Ok("matmul-w4a8"));
+        assert!(
+            library_kernel("q4")
+                .unwrap_err()
+                .to_string()
+                .contains("w8a8")
+        );
+    }
+
+    #[test]
+    fn unavailable_backends_say_what_is_available() {
+        let e = open(BackendKind::Cuda).err().unwrap();
+        assert!(
+            e.contains("not available") && e.contains("available here"),
+            "{e}"
+        );
+        assert!(!BackendKind::available().contains(&BackendKind::Cuda));
+    }
+}

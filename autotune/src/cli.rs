@@ -1,0 +1,496 @@
+//! The `tessera-autotune` command: argument handling, the run, the output
+//! files and exit codes.
+//!
+//! Exit codes: 0 done; 1 an I/O or record error; 2 bad input (unknown
+//! model, backend or format, unreadable or malformed config, unavailable
+//! backend, too small a budget, nothing to resume); 3 the budget ran out
+//! (a partial record was written); 130 interrupted (a partial record was
+//! written; `--resume` continues).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tessera_codegen::target::{MacClass, mac_class};
+use tessera_dsl::models::{DEFAULT_MODEL, ModelError, ModelShapes};
+use tessera_runtime::device::Fingerprint;
+use tessera_runtime::record::{DeviceEntry, GeneratorId, RecordError, ShapeEntry, TuningRecord};
+
+use crate::backend::{self, BackendKind, TuneBackend};
+use crate::bench::HostBench;
+use crate::limits::{self, MacPath};
+use crate::report;
+use crate::tune::{self, Event, ShapeSpec, SolverCtx, Stop, Traffic, TuneConfig};
+
+/// The smallest budget that can measure anything (limits alone take ~1 s).
+pub const MIN_BUDGET_SECS: f64 = 2.0;
+
+/// Time kept back from the budget for writing the record and plots.
+const RESERVE: Duration = Duration::from_millis(400);
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tessera-autotune",
+    about = "Measure this device and write the tuning record the Tessera runtime loads",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Embedded model (qwen2-1.5b, qwen2-7b, llama2-7b, chatglm2-6b,
+    /// gemma-2b) or a Hugging Face config.json.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// host (cranelift), x86 (AVX2), neon, opencl, cuda [default: the best available]
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// w4a8, w8a8, w4a16, f16, f32.
+    #[arg(long, default_value = "w4a8")]
+    pub format: String,
+    /// Threads per call [default: all logical CPUs].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Seconds the whole run may take (start-up aside).
+    #[arg(long, default_value_t = 60.0)]
+    pub budget: f64,
+    /// The record file (merged into when it already holds other entries).
+    #[arg(long, default_value = "tessera-record.json")]
+    pub out: PathBuf,
+    /// Continue a partial record in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// Also tune the lm_head shape [vocab, hidden].
+    #[arg(long)]
+    pub lm_head: bool,
+    /// Directory for the SVG plots [default: <out>-plots].
+    #[arg(long)]
+    pub plots: Option<PathBuf>,
+    /// Write no plots.
+    #[arg(long)]
+    pub no_plots: bool,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Combine records from several devices into one file.
+    Merge {
+        a: PathBuf,
+        b: PathBuf,
+        #[arg(short, long, default_value = "tessera-record.json")]
+        out: PathBuf,
+    },
+}
+
+/// Everything that ends the command early, with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Record(#[from] RecordError),
+    #[error("{0}")]
+    Tune(#[from] tune::TuneError),
+    #[error(
+        "the budget of {budget:.0} s ran out after {done} of {total} shapes; wrote a partial record to {out}. \
+         Continue with --resume (and a larger --budget)"
+    )]
+    Partial {
+        budget: f64,
+        done: usize,
+        total: usize,
+        out: String,
+    },
+    #[error(
+        "interrupted after {done} of {total} shapes; wrote a partial record to {out}. Continue with --resume"
+    )]
+    Interrupted {
+        done: usize,
+        total: usize,
+        out: String,
+    },
+    #[error("{0}")]
+    Io(String),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Model(_) | CliError::Usage(_) => 2,
+            CliError::Partial { .. } => 3,
+            CliError::Interrupted { .. } => 130,
+            CliError::Record(_) | CliError::Tune(_) | CliError::Io(_) => 1,
+        }
+    }
+}
+
+pub fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tessera-autotune: error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// The command without process concerns (tests call it).
+pub fn run(args: Args) -> Result<(), CliError> {
+    if let Some(Command::Merge { a, b, out }) = &args.command {
+        return merge(a, b, out);
+    }
+    tune_command(&args)
+}
+
+fn merge(a: &Path, b: &Path, out: &Path) -> Result<(), CliError> {
+    let ra = TuningRecord::load(a)?;
+    let rb = TuningRecord::load(b)?;
+    let merged = ra.merge(rb);
+    merged.save(out)?;
+    println!(
+        "merged {} and {} into {} ({} entries)",
+        a.display(),
+        b.display(),
+        out.display(),
+        merged.entries.len()
+    );
+    Ok(())
+}
+
+/// The solver's MAC path of `class` on a backend, for the peak loop.
+fn mac_path(class: MacClass, backend: &dyn TuneBackend) -> MacPath {
+    let bits = backend.vector_bits();
+    match class {
+        MacClass::Int8 => MacPath::Int8 { bits },
+        _ => MacPath::Fma { bits },
+    }
+}
+
+fn tune_command(args: &Args) -> Result<(), CliError> {
+    let start = Instant::now();
+    let model = ModelShapes::resolve(&args.model)?;
+    let kind = match &args.backend {
+        Some(name) => name
+            .parse::<BackendKind>()
+            .map_err(|e| CliError::Usage(e.to_string()))?,
+        None => *BackendKind::available().first().ok_or_else(|| {
+            CliError::Usage("no backend can run on this machine (need x86-64 or aarch64)".into())
+        })?,
+    };
+    let kernel_name =
+        backend::library_kernel(&args.format).map_err(|e| CliError::Usage(e.to_string()))?;
+    if !(args.budget.is_finite() && args.budget >= MIN_BUDGET_SECS) {
+        return Err(CliError::Usage(format!(
+            "a budget of {} s is too small: measuring the device's limits alone takes about a second; give --budget {MIN_BUDGET_SECS} or more",
+            args.budget
+        )));
+    }
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = args.threads.unwrap_or(logical);
+    if threads == 0 {
+        return Err(CliError::Usage("--threads must be at least 1".into()));
+    }
+    let backend = backend::open(kind).map_err(CliError::Usage)?;
+    let kernel =
+        tessera_dsl::library::get(kernel_name).map_err(|e| CliError::Usage(e.to_string()))?;
+    let caps = backend.caps();
+    let class = mac_class(caps, &kernel).map_err(|e| {
+        CliError::Usage(format!(
+            "backend `{kind}` cannot run --format {}: {e}",
+            args.format
+        ))
+    })?;
+    let problem = tessera_codegen::tile::Problem::from_kernel(caps, &kernel)
+        .map_err(|e| CliError::Usage(format!("--format {}: {e}", args.format)))?;
+    // Check the backend emits this kernel at all before spending the budget.
+    let probe = tessera_codegen::tile::solve(caps, &problem)
+        .map_err(|e| CliError::Usage(format!("--format {}: {e}", args.format)))?;
+    let cannot = |why: String| {
+        CliError::Usage(format!(
+            "backend `{kind}` cannot run --format {} ({kernel_name}): {why}",
+            args.format
+        ))
+    };
+    match probe.iter().find(|t| backend.accepts(&kernel, t)) {
+        Some(first) => {
+            backend
+                .load(&kernel, first, tessera_dsl::ir::Variant::Gemm)
+                .map_err(cannot)?;
+        }
+        // No tile is usable: the emitter's own reason for the optimum.
+        None => {
+            let why = match probe.first() {
+                Some(t) => backend
+                    .load(&kernel, t, tessera_dsl::ir::Variant::Gemm)
+                    .err()
+                    .unwrap_or_else(|| "no solver tile is usable".into()),
+                None => "the solver found no tile".into(),
+            };
+            return Err(cannot(why));
+        }
+    }
+
+    let fingerprint = Fingerprint::detect();
+    let generator = GeneratorId {
+        version: tessera_codegen::GENERATOR_VERSION.to_string(),
+        template_hash: tessera_codegen::TEMPLATE_HASH.to_string(),
+    };
+    let shapes: Vec<ShapeSpec> = model
+        .distinct(args.lm_head)
+        .into_iter()
+        .map(|l| ShapeSpec {
+            name: l.name,
+            n: l.n,
+            k: l.k,
+        })
+        .collect();
+
+    // The existing file: merged into; with --resume, its partial entry
+    // for this device and configuration supplies the finished shapes.
+    let existing = if args.out.exists() {
+        Some(TuningRecord::load(&args.out)?)
+    } else {
+        None
+    };
+    let same = |e: &DeviceEntry| {
+        e.fingerprint.mismatch(&fingerprint).is_none()
+            && e.generator == generator
+            && e.backend == kind.name()
+            && e.format == args.format
+            && e.model == model.name
+            && e.threads == threads
+    };
+    let mut done: Vec<ShapeEntry> = Vec::new();
+    if args.resume {
+        let Some(record) = &existing else {
+            return Err(CliError::Usage(format!(
+                "nothing to resume: {} does not exist",
+                args.out.display()
+            )));
+        };
+        let Some(entry) = record.entries.iter().find(|e| same(e)) else {
+            return Err(CliError::Usage(format!(
+                "nothing to resume: {} has no entry for this device, generator, backend `{kind}`, format `{}`, model `{}` and {threads} thread(s)",
+                args.out.display(),
+                args.format,
+                model.name
+            )));
+        };
+        if !entry.partial {
+            println!(
+                "{} is already complete for this configuration; nothing to resume",
+                args.out.display()
+            );
+            return Ok(());
+        }
+        done = entry.shapes.clone();
+    }
+
+    let quiet = args.quiet;
+    let say = |msg: String| {
+        if !quiet {
+            eprintln!("{msg}");
+        }
+    };
+    say(format!(
+        "tuning {model} with backend {kind} ({}), format {} ({kernel_name}), {threads} thread(s), budget {:.0} s",
+        caps.name, args.format, args.budget
+    ));
+    let path = mac_path(class, backend.as_ref());
+    let quick = args.budget < 20.0;
+    let measured = limits::measure(&fingerprint, path, threads, quick);
+    let core_weights = limits::core_weights(&fingerprint, path);
+    say(format!(
+        "limits: read {:.1} GB/s, peak {:.1} GMAC/s ({})",
+        measured.read_gbps,
+        measured.mac_gops,
+        path.describe()
+    ));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        // A second handler cannot be installed (tests run `run` twice in one
+        // process): the first stays and still sets a flag; ignore the error.
+        let _ = ctrlc::set_handler(move || stop.store(true, Ordering::Relaxed));
+    }
+    let mm = kernel
+        .as_matmul()
+        .ok_or_else(|| CliError::Usage("not a matmul".into()))?;
+    let fmt = |t: &str| kernel.tensor(t).map(|t| t.format);
+    let traffic = match (fmt(&mm.x), fmt(&mm.w), fmt(&mm.y)) {
+        (Some(x), Some(w), Some(y)) => Traffic { x, w, y },
+        _ => {
+            return Err(CliError::Usage(format!(
+                "kernel `{}` lacks a tensor",
+                kernel.name
+            )));
+        }
+    };
+    let budget = Duration::from_secs_f64(args.budget);
+    let cfg = TuneConfig {
+        threads,
+        deadline: budget.saturating_sub(RESERVE),
+        neighbours: 2,
+        min_samples: 3,
+        max_samples: 25,
+        limits: measured.clone(),
+        traffic,
+        target: caps.name.to_string(),
+        kernel: Some(kernel.clone()),
+    };
+    let accept = |t: &tessera_codegen::tile::TileConfig| backend.accepts(&kernel, t);
+    let solver = SolverCtx {
+        caps,
+        class,
+        weight_dequant: problem.weight_dequant,
+        accept: &accept,
+    };
+    let mut bench = HostBench::new(
+        backend.as_ref(),
+        kernel.clone(),
+        threads,
+        limits::llc_bytes(&fingerprint),
+        start,
+        stop.clone(),
+    )
+    .map_err(CliError::Usage)?;
+
+    let entry_for = |shapes: Vec<ShapeEntry>, partial: bool| DeviceEntry {
+        fingerprint: fingerprint.clone(),
+        generator: generator.clone(),
+        backend: kind.name().to_string(),
+        format: args.format.clone(),
+        model: model.name.clone(),
+        threads,
+        partial,
+        created_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        limits: measured.clone(),
+        core_weights: core_weights.clone(),
+        shapes,
+    };
+    let save = |entry: DeviceEntry| -> Result<(), CliError> {
+        let base = existing.clone().unwrap_or_default();
+        let record = base.merge(TuningRecord {
+            entries: vec![entry],
+            ..TuningRecord::default()
+        });
+        record.save(&args.out).map_err(CliError::from)
+    };
+
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        let b =
+            ProgressBar::with_draw_target(Some(shapes.len() as u64), ProgressDrawTarget::stderr());
+        b.set_style(
+            ProgressStyle::with_template("{elapsed:>4} [{bar:24}] {pos}/{len} shapes  {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        b.set_position(done.len() as u64);
+        b
+    };
+    let mut finished: Vec<ShapeEntry> = done.clone();
+    let mut save_error: Option<CliError> = None;
+    let mut skipped: Vec<String> = Vec::new();
+    let outcome = tune::tune(
+        &mut bench,
+        &solver,
+        &shapes,
+        &done,
+        &cfg,
+        &mut |event| match event {
+            Event::ShapeStarted { name, .. } => bar.set_message(name),
+            Event::Phase(p) => bar.set_message(p),
+            Event::Measured => bar.tick(),
+            Event::Skipped { candidate, why } => {
+                let line = format!("{candidate}: {why}");
+                if !skipped.contains(&line) {
+                    skipped.push(line);
+                }
+            }
+            Event::ShapeDone { entry, .. } => {
+                bar.inc(1);
+                finished.push(*entry);
+                // Saved as it goes, so an interrupted run leaves what it had.
+                let ordered: Vec<ShapeEntry> = shapes
+                    .iter()
+                    .filter_map(|s| finished.iter().find(|f| f.n == s.n && f.k == s.k).cloned())
+                    .collect();
+                if let Err(e) = save(entry_for(ordered, true)) {
+                    save_error.get_or_insert(e);
+                }
+            }
+        },
+    )?;
+    bar.finish_and_clear();
+    if let Some(e) = save_error {
+        return Err(e);
+    }
+    let partial = outcome.stopped.is_some();
+    let entry = entry_for(outcome.shapes.clone(), partial);
+    save(entry.clone())?;
+
+    println!("{}", report::summary(&entry, &path.describe()));
+    if !skipped.is_empty() {
+        println!("skipped candidates (the backend could not build them):");
+        for s in &skipped {
+            println!("  {s}");
+        }
+    }
+    if !args.no_plots && !entry.shapes.is_empty() {
+        let dir = args.plots.clone().unwrap_or_else(|| {
+            let mut p = args.out.clone().into_os_string();
+            p.push("-plots");
+            PathBuf::from(p)
+        });
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| CliError::Io(format!("cannot create {}: {e}", dir.display())))?;
+        for shape in &entry.shapes {
+            let file = dir.join(format!(
+                "{}_{}x{}.svg",
+                shape.name.replace('+', "-"),
+                shape.n,
+                shape.k
+            ));
+            if let Err(e) = report::plot(shape, &file) {
+                eprintln!("tessera-autotune: warning: {e}");
+            }
+        }
+        println!("plots: {}", dir.display());
+    }
+    println!(
+        "record: {} ({} of {} shapes{}) in {:.1} s",
+        args.out.display(),
+        entry.shapes.len(),
+        shapes.len(),
+        if partial { ", PARTIAL" } else { "" },
+        start.elapsed().as_secs_f64()
+    );
+    match outcome.stopped {
+        None => Ok(()),
+        Some(Stop::Budget) => Err(CliError::Partial {
+            budget: args.budget,
+            done: entry.shapes.len(),
+            total: shapes.len(),
+            out: args.out.display().to_string(),
+        }),
+        Some(Stop::Interrupted) => Err(CliError::Interrupted {
+            done: entry.shapes.len(),
+            total: shapes.len(),
+            out: args.out.display().to_string(),
+        }),
+    }
+}

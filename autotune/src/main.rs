@@ -1,0 +1,5 @@
+//! `tessera-autotune`: see `tessera_autotune::cli`.
+
+fn main() -> std::process::ExitCode {
+    tessera_autotune::cli::main()
+}

@@ -1,0 +1,603 @@
+//! The tuning driver: for each weight shape, time the solver's candidates
+//! per variant, pick the winners, and find the breakpoints M1 and M2 — all
+//! within a time budget planned up front.
+//!
+//! The driver is generic over a [`Bench`] (what runs and times a kernel)
+//! so the same code tunes real kernels ([`crate::bench::HostBench`]) and
+//! synthetic cost models in tests, with a virtual clock.
+//!
+//! # Budget
+//!
+//! The run has a hard deadline. Each shape gets a share of the time left,
+//! proportional to its weight count (a large shape's calls take longer),
+//! re-planned when a shape finishes so savings flow to the next. Each
+//! measurement gets a slice of its shape's share: one warm-up call
+//! estimates the call time, then as many samples as fit the slice, at least
+//! [`TuneConfig::min_samples`] and at most [`TuneConfig::max_samples`]. A
+//! measurement that cannot take its minimum before the deadline stops the
+//! run: shapes finished so far are kept and the result is marked partial.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tessera_codegen::target::{MacClass, TargetCaps};
+use tessera_codegen::tile::{self, Problem, SolveError, TileConfig};
+use tessera_dsl::ir::{Format, Variant};
+use tessera_runtime::record::{Limits, Measurement, ShapeEntry, Winner};
+
+use crate::search::{self, Scored};
+use crate::stats::Timing;
+
+/// The largest M the breakpoint search considers.
+pub const MAX_M: usize = 4096;
+
+/// The M each variant's candidates are compared at: one token (decode), a
+/// few tokens (speculative or batched decode), a prefill chunk.
+pub fn representative_m(variant: Variant) -> usize {
+    match variant {
+        Variant::Gemv => 1,
+        Variant::FlatGemm => 8,
+        Variant::Gemm => 128,
+    }
+}
+
+/// One weight shape to tune.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShapeSpec {
+    pub name: String,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// A kernel configuration to time: a variant with one solver tile.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub variant: Variant,
+    pub tile: TileConfig,
+    /// Position in the solver's ranking for this variant (0 = optimum).
+    pub order: usize,
+}
+
+impl Candidate {
+    pub fn tile3(&self) -> [u32; 3] {
+        [self.tile.ep, self.tile.hp, self.tile.lp]
+    }
+
+    fn key(&self) -> (u8, [u32; 3]) {
+        (variant_index(self.variant), self.tile3())
+    }
+}
+
+fn variant_index(v: Variant) -> u8 {
+    match v {
+        Variant::Gemv => 0,
+        Variant::FlatGemm => 1,
+        Variant::Gemm => 2,
+    }
+}
+
+/// Why a bench could not run a candidate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BenchError(pub String);
+
+/// What runs and times kernels (real or simulated).
+pub trait Bench {
+    /// Time since the run started (the budget's clock).
+    fn elapsed(&self) -> Duration;
+    /// Make `cand` ready to call for `shape` (emit, map, pack weights).
+    fn prepare(&mut self, shape: &ShapeSpec, cand: &Candidate) -> Result<(), BenchError>;
+    /// One timed call of a prepared candidate at `m` rows: nanoseconds for
+    /// [`Bench::rows`] output channels.
+    fn call(&mut self, shape: &ShapeSpec, cand: &Candidate, m: usize) -> Result<f64, BenchError>;
+    /// Output channels one call at `m` computes (≤ n: a bench may time a
+    /// slice of a large shape; times are scaled to the whole shape).
+    fn rows(&self, shape: &ShapeSpec, m: usize) -> usize {
+        let _ = m;
+        shape.n
+    }
+    /// Forget a candidate (free its weights).
+    fn release(&mut self, cand: &Candidate);
+    /// Forget everything of the current shape.
+    fn release_all(&mut self);
+    /// Whether the user asked to stop.
+    fn interrupted(&self) -> bool {
+        false
+    }
+}
+
+/// The solver's view of the kernel being tuned.
+#[derive(Clone, Copy)]
+pub struct SolverCtx<'a> {
+    pub caps: &'a TargetCaps,
+    pub class: MacClass,
+    pub weight_dequant: bool,
+    /// Tiles the backend can emit (its register plan may be stricter than
+    /// the solver's accounting); candidates are drawn from these only.
+    pub accept: &'a dyn Fn(&TileConfig) -> bool,
+}
+
+impl SolverCtx<'_> {
+    pub fn problem(&self, m: usize, n: usize, k: usize) -> Problem {
+        Problem {
+            e: m as u64,
+            h: n as u64,
+            l: k as u64,
+            class: self.class,
+            weight_dequant: self.weight_dequant,
+        }
+    }
+
+    /// Formula (2) for `tile` at `m` rows.
+    pub fn cost(&self, tile: [u32; 3], m: usize, n: usize, k: usize) -> u128 {
+        tile::cost(&self.problem(m, n, k), tile[0], tile[1])
+    }
+
+    /// The solver's optimum for `variant` on [n, k] and its `neighbours`
+    /// nearest feasible tiles. GEMV keeps only tiles of the optimum's ep
+    /// (one row at a time).
+    pub fn candidates(
+        &self,
+        variant: Variant,
+        n: usize,
+        k: usize,
+        neighbours: usize,
+    ) -> Result<Vec<Candidate>, SolveError> {
+        let problem = self.problem(representative_m(variant), n, k);
+        let ranked = tile::solve(self.caps, &problem)?;
+        let Some(best) = ranked.iter().find(|t| (self.accept)(t)).copied() else {
+            return Ok(Vec::new());
+        };
+        let mut tiles = vec![best];
+        let near = tile::neighbours(self.caps, &problem, &best, ranked.len())?;
+        tiles.extend(
+            near.into_iter()
+                .filter(|t| variant != Variant::Gemv || t.ep == best.ep)
+                .filter(|t| (self.accept)(t))
+                .take(neighbours),
+        );
+        Ok(tiles
+            .into_iter()
+            .enumerate()
+            .map(|(order, tile)| Candidate {
+                variant,
+                tile,
+                order,
+            })
+            .collect())
+    }
+}
+
+/// Bytes one call moves, from the kernel's formats (roofline accounting).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Traffic {
+    pub x: Format,
+    pub w: Format,
+    pub y: Format,
+}
+
+impl Traffic {
+    fn elem_bytes(f: Format) -> f64 {
+        match f {
+            // The caller hands f32 to the quantizer.
+            Format::I8Dyn => 4.0,
+            f => f64::from(f.bits()) / 8.0,
+        }
+    }
+
+    /// Weights (codes and per-group parameters), x and y.
+    pub fn bytes(&self, m: usize, n: usize, k: usize) -> f64 {
+        let (m, n, k) = (m as f64, n as f64, k as f64);
+        let params = match self.w.group() {
+            Some(g) => {
+                let per = if self.w.is_asymmetric() { 8.0 } else { 4.0 };
+                (k / g.len(k as usize) as f64).ceil() * per
+            }
+            None => 0.0,
+        };
+        n * (k * Self::elem_bytes(self.w) + params)
+            + m * k * Self::elem_bytes(self.x)
+            + m * n * Self::elem_bytes(self.y)
+    }
+}
+
+/// Everything the driver needs besides the bench.
+#[derive(Clone, Debug)]
+pub struct TuneConfig {
+    pub threads: usize,
+    /// Hard deadline, on the bench's clock.
+    pub deadline: Duration,
+    pub neighbours: usize,
+    pub min_samples: u32,
+    pub max_samples: u32,
+    pub limits: Limits,
+    pub traffic: Traffic,
+    /// Target name written into winners and measurements.
+    pub target: String,
+    /// The library kernel, to name winners by the instance grammar.
+    pub kernel: Option<tessera_dsl::Kernel>,
+}
+
+/// How a run ended early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The budget ran out.
+    Budget,
+    /// The user interrupted.
+    Interrupted,
+}
+
+/// What the driver reports as it goes (for a progress bar).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    ShapeStarted {
+        index: usize,
+        total: usize,
+        name: String,
+    },
+    Phase(String),
+    Measured,
+    ShapeDone {
+        index: usize,
+        entry: Box<ShapeEntry>,
+    },
+    /// A candidate the backend could not build (skipped).
+    Skipped {
+        candidate: String,
+        why: String,
+    },
+}
+
+/// The driver's result: finished shapes, and why it stopped early if it
+/// did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TuneOutcome {
+    pub shapes: Vec<ShapeEntry>,
+    pub stopped: Option<Stop>,
+}
+
+/// Errors that end a shape other than the budget.
+#[derive(Debug, thiserror::Error)]
+pub enum TuneError {
+    #[error("shape {shape} [{n}, {k}]: {source}")]
+    Solve {
+        shape: String,
+        n: usize,
+        k: usize,
+        source: Box<SolveError>,
+    },
+    #[error("shape {shape} [{n}, {k}]: no {variant} candidate could be built: {why}")]
+    NoCandidate {
+        shape: String,
+        n: usize,
+        k: usize,
+        variant: Variant,
+        why: String,
+    },
+}
+
+enum ShapeFail {
+    Stop(Stop),
+    Error(TuneError),
+}
+
+impl From<Stop> for ShapeFail {
+    fn from(s: Stop) -> Self {
+        ShapeFail::Stop(s)
+    }
+}
+
+/// Measurements expected per shape beyond the candidates: two breakpoint
+/// searches of about 2·log2(M) probes, two kernels each.
+const EXPECTED_PROBES: usize = 24;
+
+/// Tune every shape not already in `done` (resume), in order. Shapes of
+/// `done` are kept as they are.
+pub fn tune<B: Bench>(
+    bench: &mut B,
+    solver: &SolverCtx<'_>,
+    shapes: &[ShapeSpec],
+    done: &[ShapeEntry],
+    cfg: &TuneConfig,
+    events: &mut dyn FnMut(Event),
+) -> Result<TuneOutcome, TuneError> {
+    let mut out: Vec<ShapeEntry> = Vec::new();
+    let todo: Vec<(usize, &ShapeSpec)> = shapes
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !done.iter().any(|d| d.n == s.n && d.k == s.k))
+        .collect();
+    // Keep resumed shapes in model order.
+    let weight = |s: &ShapeSpec| (s.n * s.k) as f64;
+    let mut stopped = None;
+    for (pos, &(index, shape)) in todo.iter().enumerate() {
+        let now = bench.elapsed();
+        if now >= cfg.deadline {
+            stopped = Some(Stop::Budget);
+            break;
+        }
+        let left: f64 = todo[pos..].iter().map(|(_, s)| weight(s)).sum();
+        let share = (cfg.deadline - now).mul_f64(weight(shape) / left.max(1.0));
+        events(Event::ShapeStarted {
+            index,
+            total: shapes.len(),
+            name: shape.name.clone(),
+        });
+        let mut tuner = ShapeTuner {
+            bench: &mut *bench,
+            solver,
+            shape,
+            cfg,
+            shape_deadline: now + share,
+            timings: BTreeMap::new(),
+            measurements: Vec::new(),
+            expected_left: 0,
+            events: &mut *events,
+        };
+        let result = tuner.run();
+        bench.release_all();
+        match result {
+            Ok(entry) => {
+                events(Event::ShapeDone {
+                    index,
+                    entry: Box::new(entry.clone()),
+                });
+                out.push(entry);
+            }
+            Err(ShapeFail::Stop(s)) => {
+                stopped = Some(s);
+                break;
+            }
+            Err(ShapeFail::Error(e)) => return Err(e),
+        }
+    }
+    // Model order: resumed and new shapes interleaved as the model lists them.
+    let mut shapes_out = Vec::new();
+    for s in shapes {
+        if let Some(d) = done.iter().find(|d| d.n == s.n && d.k == s.k) {
+            shapes_out.push(d.clone());
+        } else if let Some(e) = out.iter().find(|e| e.n == s.n && e.k == s.k) {
+            shapes_out.push(e.clone());
+        }
+    }
+    Ok(TuneOutcome {
+        shapes: shapes_out,
+        stopped,
+    })
+}
+
+struct ShapeTuner<'a, B: Bench> {
+    bench: &'a mut B,
+    solver: &'a SolverCtx<'a>,
+    shape: &'a ShapeSpec,
+    cfg: &'a TuneConfig,
+    shape_deadline: Duration,
+    timings: BTreeMap<((u8, [u32; 3]), usize), Timing>,
+    measurements: Vec<Measurement>,
+    expected_left: usize,
+    events: &'a mut dyn FnMut(Event),
+}
+
+impl<B: Bench> ShapeTuner<'_, B> {
+    fn fail(&self, variant: Variant, why: String) -> ShapeFail {
+        ShapeFail::Error(TuneError::NoCandidate {
+            shape: self.shape.name.clone(),
+            n: self.shape.n,
+            k: self.shape.k,
+            variant,
+            why,
+        })
+    }
+
+    fn run(&mut self) -> Result<ShapeEntry, ShapeFail> {
+        let (n, k) = (self.shape.n, self.shape.k);
+        let mut per_variant = Vec::new();
+        for variant in Variant::ALL {
+            let c = self
+                .solver
+                .candidates(variant, n, k, self.cfg.neighbours)
+                .map_err(|source| {
+                    ShapeFail::Error(TuneError::Solve {
+                        shape: self.shape.name.clone(),
+                        n,
+                        k,
+                        source: Box::new(source),
+                    })
+                })?;
+            per_variant.push((variant, c));
+        }
+        let total: usize = per_variant.iter().map(|(_, c)| c.len()).sum();
+        self.expected_left = total + EXPECTED_PROBES;
+
+        // Winners per variant at the variant's representative M.
+        let mut winners: Vec<Candidate> = Vec::new();
+        for (variant, cands) in per_variant {
+            (self.events)(Event::Phase(format!(
+                "{} {variant} candidates",
+                self.shape.name
+            )));
+            let m = representative_m(variant);
+            let mut ready = Vec::new();
+            let mut why = String::from("no candidates");
+            for c in cands {
+                match self.bench.prepare(self.shape, &c) {
+                    Ok(()) => ready.push(c),
+                    Err(e) => {
+                        self.expected_left = self.expected_left.saturating_sub(1);
+                        (self.events)(Event::Skipped {
+                            candidate: format!("{variant} {:?}", c.tile3()),
+                            why: e.0.clone(),
+                        });
+                        why = e.0;
+                    }
+                }
+            }
+            if ready.is_empty() {
+                return Err(self.fail(variant, why));
+            }
+            let mut scored = Vec::new();
+            for c in &ready {
+                let timing = self.measure(c, m)?;
+                scored.push(Scored {
+                    timing,
+                    cost: self.solver.cost(c.tile3(), m, n, k),
+                    order: c.order,
+                });
+            }
+            let w = search::choose(&scored).unwrap_or(0);
+            for (i, c) in ready.iter().enumerate() {
+                if i != w {
+                    self.bench.release(c);
+                }
+            }
+            winners.push(ready[w]);
+        }
+        let (gemv, flat, gemm) = (winners[0], winners[1], winners[2]);
+
+        (self.events)(Event::Phase(format!(
+            "{} M1 (gemv | flat-gemm)",
+            self.shape.name
+        )));
+        let m1 = search::breakpoint(1, MAX_M, |m| self.duel(&gemv, &flat, m))?;
+        (self.events)(Event::Phase(format!(
+            "{} M2 (flat-gemm | gemm)",
+            self.shape.name
+        )));
+        let m2 = search::breakpoint(m1.min(MAX_M), MAX_M, |m| self.duel(&flat, &gemm, m))?;
+
+        let winners = winners
+            .iter()
+            .map(|c| Winner {
+                variant: c.variant,
+                target: self.cfg.target.clone(),
+                tile: c.tile3(),
+                kernel: self.instance_name(c),
+            })
+            .collect();
+        let mut measurements = std::mem::take(&mut self.measurements);
+        measurements.sort_by(|a, b| {
+            (variant_index(a.variant), a.tile, a.m).cmp(&(variant_index(b.variant), b.tile, b.m))
+        });
+        Ok(ShapeEntry {
+            name: self.shape.name.clone(),
+            n,
+            k,
+            m1,
+            m2: m2.max(m1),
+            winners,
+            measurements,
+        })
+    }
+
+    /// The winner's instance name (`matmul_..._x86_avx2`), or empty when
+    /// the kernel is unknown or unnameable.
+    fn instance_name(&self, c: &Candidate) -> String {
+        let Some(kernel) = &self.cfg.kernel else {
+            return String::new();
+        };
+        let target = self.cfg.target.replace('-', "_");
+        let tile = tessera_dsl::naming::MatmulTile {
+            ep: c.tile.ep,
+            hp: c.tile.hp,
+            lp: c.tile.lp,
+        };
+        tessera_dsl::naming::MatmulInstance::for_kernel(kernel, tile, &target)
+            .map(|i| i.to_string())
+            .unwrap_or_default()
+    }
+
+    /// Whether `upper` should serve M rather than `lower`.
+    fn duel(&mut self, lower: &Candidate, upper: &Candidate, m: usize) -> Result<bool, ShapeFail> {
+        let (n, k) = (self.shape.n, self.shape.k);
+        let tl = self.measure(lower, m)?;
+        let tu = self.measure(upper, m)?;
+        Ok(search::upper_wins(
+            &tl,
+            self.solver.cost(lower.tile3(), m, n, k),
+            &tu,
+            self.solver.cost(upper.tile3(), m, n, k),
+        ))
+    }
+
+    fn measure(&mut self, c: &Candidate, m: usize) -> Result<Timing, Stop> {
+        if let Some(t) = self.timings.get(&(c.key(), m)) {
+            return Ok(*t);
+        }
+        if self.bench.interrupted() {
+            return Err(Stop::Interrupted);
+        }
+        let deadline = self.cfg.deadline;
+        let now = self.bench.elapsed();
+        if now >= deadline {
+            return Err(Stop::Budget);
+        }
+        let call = |b: &mut B| b.call(self.shape, c, m).map_err(|_| Stop::Budget);
+        // Warm-up: also estimates the call time.
+        let warm = call(self.bench)?.max(1.0);
+        let now = self.bench.elapsed();
+        let slice = self
+            .shape_deadline
+            .saturating_sub(now)
+            .div_f64(self.expected_left.max(1) as f64);
+        let hard = deadline.saturating_sub(now);
+        let fits = |d: Duration| (d.as_nanos() as f64 / warm).floor() as u64;
+        let min = u64::from(self.cfg.min_samples.max(1));
+        if fits(hard) < min {
+            return Err(Stop::Budget);
+        }
+        let samples = fits(slice)
+            .clamp(
+                min,
+                u64::from(self.cfg.max_samples.max(self.cfg.min_samples)),
+            )
+            .min(fits(hard));
+        let mut times = Vec::with_capacity(samples as usize);
+        for _ in 0..samples {
+            if self.bench.interrupted() {
+                return Err(Stop::Interrupted);
+            }
+            times.push(call(self.bench)?);
+        }
+        self.expected_left = self.expected_left.saturating_sub(1);
+        let rows = self.bench.rows(self.shape, m).clamp(1, self.shape.n);
+        let raw = Timing::from_samples(&times).ok_or(Stop::Budget)?;
+        let scale = self.shape.n as f64 / rows as f64;
+        let timing = Timing {
+            median_ns: raw.median_ns * scale,
+            mad_ns: raw.mad_ns * scale,
+            samples: raw.samples,
+        };
+        self.timings.insert((c.key(), m), timing);
+        self.measurements.push(self.measurement(c, m, &timing));
+        (self.events)(Event::Measured);
+        Ok(timing)
+    }
+
+    fn measurement(&self, c: &Candidate, m: usize, t: &Timing) -> Measurement {
+        let (n, k) = (self.shape.n, self.shape.k);
+        let secs = t.median_ns * 1e-9;
+        let flops = 2.0 * (m * n * k) as f64;
+        let bytes = self.cfg.traffic.bytes(m, n, k);
+        let limits = &self.cfg.limits;
+        let roof_secs =
+            (bytes / (limits.read_gbps * 1e9)).max((m * n * k) as f64 / (limits.mac_gops * 1e9));
+        let roofline = if roof_secs.is_finite() && secs > 0.0 {
+            roof_secs / secs
+        } else {
+            0.0
+        };
+        Measurement {
+            variant: c.variant,
+            target: self.cfg.target.clone(),
+            tile: c.tile3(),
+            threads: self.cfg.threads,
+            m,
+            median_ns: t.median_ns,
+            spread_ns: t.mad_ns,
+            samples: t.samples,
+            gflops: flops / secs / 1e9,
+            gbps: bytes / secs / 1e9,
+            roofline,
+        }
+    }
+}

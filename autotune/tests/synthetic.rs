@@ -1,0 +1,371 @@
+//! The driver on synthetic cost models with a virtual clock: breakpoints,
+//! ties, determinism, budget handling, resume and interrupts, with no real
+//! kernel and no real time.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_autotune::search;
+use tessera_autotune::stats::Timing;
+use tessera_autotune::tune::{
+    Bench, BenchError, Candidate, Event, ShapeSpec, SolverCtx, Stop, Traffic, TuneConfig,
+    TuneError, tune,
+};
+use tessera_codegen::target::{MacClass, TargetCaps};
+use tessera_codegen::tile::TileConfig;
+use tessera_dsl::ir::{Format, Group, Variant};
+use tessera_runtime::record::Limits;
+
+type Model = fn(Variant, [u32; 3], usize) -> f64;
+
+/// Time of one call in ns: a per-variant line in M, the tile adding a few
+/// percent so candidates differ.
+fn model(variant: Variant, tile: [u32; 3], m: usize) -> f64 {
+    let m = m as f64;
+    // Tiles differ by 0, 10 or 20%: clearly apart, or exactly tied.
+    let tile_penalty = 1.0 + 0.1 * f64::from((tile[0] + tile[1] / 8) % 3);
+    let base = match variant {
+        Variant::Gemv => 100_000.0 * m,
+        Variant::FlatGemm => 150_000.0 + 10_000.0 * m,
+        Variant::Gemm => 400_000.0 + 2_000.0 * m,
+    };
+    base * tile_penalty
+}
+
+struct Sim {
+    clock: Cell<f64>,
+    model: Model,
+    rng: ChaCha8Rng,
+    noise: f64,
+    calls: usize,
+    stop_after: Option<usize>,
+    refuse: Option<Variant>,
+}
+
+impl Sim {
+    fn new(model: Model, seed: u64, noise: f64) -> Sim {
+        Sim {
+            clock: Cell::new(0.0),
+            model,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            noise,
+            calls: 0,
+            stop_after: None,
+            refuse: None,
+        }
+    }
+}
+
+impl Bench for Sim {
+    fn elapsed(&self) -> Duration {
+        Duration::from_nanos(self.clock.get() as u64)
+    }
+    fn prepare(&mut self, _shape: &ShapeSpec, cand: &Candidate) -> Result<(), BenchError> {
+        self.clock.set(self.clock.get() + 1e6);
+        if Some(cand.variant) == self.refuse {
+            return Err(BenchError("refused".into()));
+        }
+        Ok(())
+    }
+    fn call(&mut self, shape: &ShapeSpec, cand: &Candidate, m: usize) -> Result<f64, BenchError> {
+        self.calls += 1;
+        let scale = (shape.n * shape.k) as f64 / (2048.0 * 1536.0);
+        let jitter = 1.0 + self.noise * (self.rng.gen_range(-1.0..1.0));
+        let t = (self.model)(cand.variant, cand.tile3(), m) * scale * jitter;
+        self.clock.set(self.clock.get() + t);
+        Ok(t)
+    }
+    fn release(&mut self, _cand: &Candidate) {}
+    fn release_all(&mut self) {}
+    fn interrupted(&self) -> bool {
+        self.stop_after.is_some_and(|n| self.calls >= n)
+    }
+}
+
+fn shapes() -> Vec<ShapeSpec> {
+    [("qkv", 2048, 1536), ("o", 1536, 1536), ("down", 1536, 8960)]
+        .into_iter()
+        .map(|(name, n, k)| ShapeSpec {
+            name: name.into(),
+            n,
+            k,
+        })
+        .collect()
+}
+
+fn config(deadline_secs: f64) -> TuneConfig {
+    TuneConfig {
+        threads: 2,
+        deadline: Duration::from_secs_f64(deadline_secs),
+        neighbours: 2,
+        min_samples: 3,
+        max_samples: 15,
+        limits: Limits {
+            read_gbps: 20.0,
+            mac_gops: 100.0,
+        },
+        traffic: Traffic {
+            x: Format::I8Dyn,
+            w: Format::U4Asym(Group::Size(32)),
+            y: Format::F32,
+        },
+        target: "x86-avx2".into(),
+        kernel: tessera_dsl::library::get("matmul-w4a8").ok(),
+    }
+}
+
+fn accept_all(_: &TileConfig) -> bool {
+    true
+}
+
+fn solver() -> SolverCtx<'static> {
+    SolverCtx {
+        caps: TargetCaps::by_name("x86-avx2").unwrap(),
+        class: MacClass::Int8,
+        weight_dequant: false,
+        accept: &accept_all,
+    }
+}
+
+fn run(sim: &mut Sim, deadline: f64) -> tessera_autotune::tune::TuneOutcome {
+    tune(
+        sim,
+        &solver(),
+        &shapes(),
+        &[],
+        &config(deadline),
+        &mut |_| {},
+    )
+    .unwrap()
+}
+
+/// The first M where the upper kernel wins by a linear scan of the model
+/// (what the galloping bisection must reproduce).
+fn linear_breakpoint(
+    lower: &Candidate,
+    upper: &Candidate,
+    from: usize,
+    n: usize,
+    k: usize,
+) -> usize {
+    let s = solver();
+    let exact = |c: &Candidate, m: usize| Timing {
+        median_ns: model(c.variant, c.tile3(), m) * (n * k) as f64 / (2048.0 * 1536.0),
+        mad_ns: 0.0,
+        samples: 1,
+    };
+    (from..=4096)
+        .find(|&m| {
+            search::upper_wins(
+                &exact(lower, m),
+                s.cost(lower.tile3(), m, n, k),
+                &exact(upper, m),
+                s.cost(upper.tile3(), m, n, k),
+            )
+        })
+        .unwrap_or(4097)
+}
+
+fn candidate_of(shape: &tessera_runtime::record::ShapeEntry, v: Variant) -> Candidate {
+    let w = shape.winner(v).unwrap();
+    let s = solver();
+    let all = s.candidates(v, shape.n, shape.k, 2).unwrap();
+    *all.iter().find(|c| c.tile3() == w.tile).unwrap()
+}
+
+#[test]
+fn breakpoints_match_a_linear_scan_of_the_model() {
+    let mut sim = Sim::new(model, 1, 0.0);
+    let out = run(&mut sim, 1e6);
+    assert_eq!(out.stopped, None);
+    assert_eq!(out.shapes.len(), 3);
+    for shape in &out.shapes {
+        let (g, f, m) = (
+            candidate_of(shape, Variant::Gemv),
+            candidate_of(shape, Variant::FlatGemm),
+            candidate_of(shape, Variant::Gemm),
+        );
+        let m1 = linear_breakpoint(&g, &f, 1, shape.n, shape.k);
+        let m2 = linear_breakpoint(&f, &m, m1, shape.n, shape.k);
+        assert_eq!((shape.m1, shape.m2), (m1, m2), "{}", shape.name);
+        // The model: GEMV loses from M = 2, flat GEMM near M = 31.
+        assert_eq!(shape.m1, 2, "{}", shape.name);
+        assert!(
+            (25..=40).contains(&shape.m2),
+            "{}: {}",
+            shape.name,
+            shape.m2
+        );
+        // Far fewer measurements than a dense sweep of 4096 Ms.
+        assert!(
+            shape.measurements.len() < 40,
+            "{}",
+            shape.measurements.len()
+        );
+        // GEMV winners have ep = 1.
+        assert_eq!(shape.winner(Variant::Gemv).unwrap().tile[0], 1);
+        assert!(
+            shape
+                .winners
+                .iter()
+                .all(|w| w.kernel.starts_with("matmul_"))
+        );
+    }
+}
+
+#[test]
+fn same_seed_gives_the_same_record_and_noise_below_the_tie_width_changes_nothing() {
+    let pick = |seed: u64, noise: f64| {
+        let mut sim = Sim::new(model, seed, noise);
+        run(&mut sim, 1e6)
+            .shapes
+            .into_iter()
+            .map(|s| (s.m1, s.m2, s.winners))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pick(7, 0.01), pick(7, 0.01));
+    // Other noise: the winners and M1 (a sharp crossover) do not move; M2
+    // sits where the two kernels' times cross slowly, so a probe whose true
+    // difference is at the tie interval's edge can go either way: it moves
+    // by at most a few rows (the bounded difference docs/AUTOTUNE.md
+    // describes for real timings).
+    let clean = pick(1, 0.0);
+    for seed in 0..8 {
+        let noisy = pick(seed, 0.003);
+        for (a, b) in noisy.iter().zip(&clean) {
+            assert_eq!((a.0, &a.2), (b.0, &b.2), "seed {seed}");
+            assert!(a.1.abs_diff(b.1) <= 3, "seed {seed}: M2 {} vs {}", a.1, b.1);
+        }
+    }
+}
+
+#[test]
+fn ties_go_to_the_solver_cost() {
+    // Every tile of a variant takes the same time: the winner is the
+    // solver's optimum (order 0), run after run.
+    fn flat(variant: Variant, _tile: [u32; 3], m: usize) -> f64 {
+        model(variant, [0, 0, 0], m)
+    }
+    let mut sim = Sim::new(flat, 3, 0.005);
+    let out = run(&mut sim, 1e6);
+    let s = solver();
+    for shape in &out.shapes {
+        for v in Variant::ALL {
+            let best = s.candidates(v, shape.n, shape.k, 2).unwrap()[0];
+            assert_eq!(
+                shape.winner(v).unwrap().tile,
+                best.tile3(),
+                "{} {v}",
+                shape.name
+            );
+        }
+    }
+}
+
+#[test]
+fn a_small_budget_stops_at_the_deadline_and_keeps_finished_shapes() {
+    // A full run takes this long on the virtual clock.
+    let mut sim = Sim::new(model, 1, 0.0);
+    run(&mut sim, 1e6);
+    let full = sim.clock.get() * 1e-9;
+    for frac in [0.02, 0.3, 0.6] {
+        let deadline = full * frac;
+        let mut sim = Sim::new(model, 1, 0.0);
+        let out = run(&mut sim, deadline);
+        let used = sim.clock.get() * 1e-9;
+        // Stopped, or finished on fewer samples: never far past the deadline
+        // (one warm-up call of the longest probe at most).
+        assert!(
+            used <= deadline * 1.05 + 0.01,
+            "{frac}: used {used} of {deadline}"
+        );
+        if let Some(stop) = out.stopped {
+            assert_eq!(stop, Stop::Budget);
+            assert!(out.shapes.len() < 3);
+        }
+        for s in &out.shapes {
+            assert!(s.m1 <= s.m2 && s.winners.len() == 3);
+            assert!(s.measurements.iter().all(|m| m.samples >= 3));
+        }
+    }
+    // A budget of 60% of the full run finishes by taking fewer samples.
+    let samples = |o: &tessera_autotune::tune::TuneOutcome| -> u32 {
+        o.shapes
+            .iter()
+            .flat_map(|s| s.measurements.iter().map(|m| m.samples))
+            .sum()
+    };
+    let mut sim = Sim::new(model, 1, 0.0);
+    let all = run(&mut sim, 1e6);
+    let mut sim = Sim::new(model, 1, 0.0);
+    let out = run(&mut sim, full * 0.6);
+    assert_eq!(out.stopped, None);
+    assert!(
+        samples(&out) < samples(&all),
+        "{} vs {}",
+        samples(&out),
+        samples(&all)
+    );
+}
+
+#[test]
+fn resume_continues_a_partial_run() {
+    let mut sim = Sim::new(model, 1, 0.0);
+    let full = run(&mut sim, 1e6);
+    let total = sim.clock.get() * 1e-9;
+    let mut sim = Sim::new(model, 1, 0.0);
+    let part = run(&mut sim, total * 0.3);
+    assert_eq!(part.stopped, Some(Stop::Budget));
+    let kept = part.shapes.clone();
+    let mut sim = Sim::new(model, 1, 0.0);
+    let mut started = Vec::new();
+    let rest = tune(
+        &mut sim,
+        &solver(),
+        &shapes(),
+        &kept,
+        &config(1e6),
+        &mut |e| {
+            if let Event::ShapeStarted { name, .. } = e {
+                started.push(name);
+            }
+        },
+    )
+    .unwrap();
+    assert_eq!(rest.stopped, None);
+    assert_eq!(started.len(), 3 - kept.len());
+    let names: Vec<&str> = rest.shapes.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, vec!["qkv", "o", "down"]);
+    for (a, b) in rest.shapes.iter().zip(&full.shapes) {
+        assert_eq!((a.m1, a.m2, &a.winners), (b.m1, b.m2, &b.winners));
+    }
+}
+
+#[test]
+fn interrupts_and_unbuildable_variants() {
+    let mut sim = Sim::new(model, 1, 0.0);
+    sim.stop_after = Some(60);
+    let out = run(&mut sim, 1e6);
+    assert_eq!(out.stopped, Some(Stop::Interrupted));
+    let mut sim = Sim::new(model, 1, 0.0);
+    sim.refuse = Some(Variant::FlatGemm);
+    let err = tune(
+        &mut sim,
+        &solver(),
+        &shapes(),
+        &[],
+        &config(1e6),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(
+        err,
+        TuneError::NoCandidate {
+            variant: Variant::FlatGemm,
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("refused"), "{err}");
+}
