@@ -1,0 +1,365 @@
+//! Build-time kernel manifests: what `tessera-kernels-gen gen` wrote, so a
+//! runtime that cannot JIT (iOS, locked-down Android, GPUs that want source
+//! or PTX shipped with the app) can pick a prebuilt kernel by target, format,
+//! weight shape and M — and refuse kernels from another generator.
+//!
+//! Schema (JSON, `schema` = [`MANIFEST_SCHEMA`]):
+//!
+//! ```text
+//! { "schema": 1,
+//!   "generator": { "version": "0.1.0", "template_hash": "…" },
+//!   "model": "qwen2-1.5b",
+//!   "entries": [ { "layer": "qkv", "n": 2048, "k": 1536, "format": "w4a8",
+//!                  "target": "opencl", "variant": "gemv", "tile": [1, 8, 8],
+//!                  "m_min": 1, "m_max": 1, "m_source": "solver",
+//!                  "kernel": "matmul_…_opencl", "file": "matmul_…_opencl.gemv.cl",
+//!                  "listing": null, "fnv1a64": "0123456789abcdef" } ] }
+//! ```
+//!
+//! One entry per (target, format, weight shape, variant); entries with the
+//! same kernel share one file. `m_max` is inclusive, `null` for unbounded.
+//! `fnv1a64` is FNV-1a 64 over the file's bytes, in lowercase hex: enough to
+//! notice a damaged or mismatched file, not a security check.
+
+use serde::{Deserialize, Serialize};
+use tessera_dsl::ir::Variant;
+
+use crate::record::GeneratorId;
+
+/// The manifest format's version; a different one is refused.
+pub const MANIFEST_SCHEMA: u32 = 1;
+
+/// Where an entry's M range came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MSource {
+    /// The tuning record's measured breakpoints (m1, m2) for this shape.
+    Record,
+    /// No record for this shape: the generator's documented defaults.
+    Solver,
+}
+
+/// One prebuilt kernel serving one M range of one weight shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    /// Layer(s) with this shape (`qkv`, `o`, `gate_up`, `down`, joined by `+`).
+    pub layer: String,
+    pub n: usize,
+    pub k: usize,
+    /// Quantization format (`w4a8`, `f16`, …).
+    pub format: String,
+    /// Emit target (`opencl`, `aarch64-i8mm`, `ptx-sm80`, …).
+    pub target: String,
+    pub variant: Variant,
+    /// ep, hp, lp.
+    pub tile: [u32; 3],
+    /// First M this kernel serves.
+    pub m_min: usize,
+    /// Last M it serves (inclusive); `None` for no bound.
+    pub m_max: Option<usize>,
+    pub m_source: MSource,
+    /// Instance name (the naming grammar of `tessera_dsl::naming`).
+    pub kernel: String,
+    /// The code: source (`.cl`, `.ptx`) or machine code (`.bin`), relative
+    /// to the manifest's directory.
+    pub file: String,
+    /// The machine code's listing (`.s`), if any.
+    pub listing: Option<String>,
+    /// FNV-1a 64 of `file`'s bytes, lowercase hex.
+    pub fnv1a64: String,
+}
+
+impl ManifestEntry {
+    /// Whether this entry serves `m` rows.
+    pub fn serves(&self, m: usize) -> bool {
+        m >= self.m_min && self.m_max.is_none_or(|max| m <= max)
+    }
+}
+
+/// A generated kernel set.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema: u32,
+    pub generator: GeneratorId,
+    pub model: String,
+    pub entries: Vec<ManifestEntry>,
+}
+
+/// Why a manifest or one of its files cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{path}: not a kernel manifest: {source}")]
+    Json {
+        path: String,
+        source: serde_json::Error,
+    },
+    #[error(
+        "manifest schema {found} is not supported (this runtime reads schema {MANIFEST_SCHEMA})"
+    )]
+    Schema { found: u32 },
+    #[error(
+        "the prebuilt kernels are stale: they were made by generator {found_version} ({found_hash}), this runtime expects {want_version} ({want_hash}); regenerate them"
+    )]
+    Stale {
+        found_version: String,
+        found_hash: String,
+        want_version: String,
+        want_hash: String,
+    },
+    #[error(
+        "kernel file {file} does not match the manifest (FNV-1a 64 {found}, manifest says {want})"
+    )]
+    Corrupt {
+        file: String,
+        found: String,
+        want: String,
+    },
+}
+
+/// FNV-1a 64 of `bytes`, lowercase hex: the manifest's content hash.
+pub fn fnv1a64_hex(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+impl Manifest {
+    /// Parse a manifest; `path` names it in errors.
+    pub fn from_json(text: &str, path: &str) -> Result<Manifest, ManifestError> {
+        let manifest: Manifest =
+            serde_json::from_str(text).map_err(|source| ManifestError::Json {
+                path: path.to_string(),
+                source,
+            })?;
+        if manifest.schema != MANIFEST_SCHEMA {
+            return Err(ManifestError::Schema {
+                found: manifest.schema,
+            });
+        }
+        Ok(manifest)
+    }
+
+    /// Pretty JSON with a trailing newline; field and entry order are fixed,
+    /// so equal manifests print byte-identically.
+    pub fn to_json(&self) -> String {
+        // Plain data with string keys: serializing cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
+    }
+
+    /// Refuse kernels made by another generator (version or templates):
+    /// their code or calling convention may differ from what this runtime
+    /// binds.
+    pub fn check(&self, generator: &GeneratorId) -> Result<(), ManifestError> {
+        if self.generator == *generator {
+            Ok(())
+        } else {
+            Err(ManifestError::Stale {
+                found_version: self.generator.version.clone(),
+                found_hash: self.generator.template_hash.clone(),
+                want_version: generator.version.clone(),
+                want_hash: generator.template_hash.clone(),
+            })
+        }
+    }
+
+    /// The kernel for `m` rows of weight shape `[n, k]` on `target` in
+    /// `format`.
+    pub fn lookup(
+        &self,
+        target: &str,
+        format: &str,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Option<&ManifestEntry> {
+        self.entries.iter().find(|e| {
+            e.target == target && e.format == format && e.n == n && e.k == k && e.serves(m)
+        })
+    }
+
+    /// Check a file's bytes against its entry's hash.
+    pub fn verify(entry: &ManifestEntry, bytes: &[u8]) -> Result<(), ManifestError> {
+        let found = fnv1a64_hex(bytes);
+        if found == entry.fnv1a64 {
+            Ok(())
+        } else {
+            Err(ManifestError::Corrupt {
+                file: entry.file.clone(),
+                found,
+                want: entry.fnv1a64.clone(),
+            })
+        }
+    }
+}
+
+/// A kernel embedded in the binary by the `kernels.rs` that
+/// `tessera-kernels-gen` writes (`include_bytes!`/`include_str!`), so
+/// loading needs no file I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmbeddedKernel {
+    pub kernel: &'static str,
+    pub layer: &'static str,
+    pub n: usize,
+    pub k: usize,
+    pub format: &'static str,
+    pub target: &'static str,
+    pub variant: Variant,
+    pub tile: [u32; 3],
+    pub m_min: usize,
+    /// Inclusive; `usize::MAX` for no bound.
+    pub m_max: usize,
+    pub code: EmbeddedCode,
+    /// `GENERATOR_VERSION` and `TEMPLATE_HASH` of the generator that made it.
+    pub generator_version: &'static str,
+    pub template_hash: &'static str,
+}
+
+/// An embedded kernel's code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmbeddedCode {
+    /// OpenCL C or PTX text.
+    Source(&'static str),
+    /// Position-independent machine code (entry at offset 0) and its listing.
+    Machine {
+        bytes: &'static [u8],
+        listing: &'static str,
+    },
+}
+
+impl EmbeddedKernel {
+    /// Whether this kernel serves `m` rows.
+    pub fn serves(&self, m: usize) -> bool {
+        m >= self.m_min && m <= self.m_max
+    }
+
+    /// Refuse a kernel made by another generator (see [`Manifest::check`]).
+    pub fn check(&self, generator: &GeneratorId) -> Result<(), ManifestError> {
+        if self.generator_version == generator.version
+            && self.template_hash == generator.template_hash
+        {
+            Ok(())
+        } else {
+            Err(ManifestError::Stale {
+                found_version: self.generator_version.to_string(),
+                found_hash: self.template_hash.to_string(),
+                want_version: generator.version.clone(),
+                want_hash: generator.template_hash.clone(),
+            })
+        }
+    }
+
+    /// The embedded kernel for `m` rows of `[n, k]` on `target` in `format`.
+    pub fn find<'a>(
+        table: &'a [EmbeddedKernel],
+        target: &str,
+        format: &str,
+        n: usize,
+        k: usize,
+        m: usize,
+    ) -> Option<&'a EmbeddedKernel> {
+        table.iter().find(|e| {
+            e.target == target && e.format == format && e.n == n && e.k == k && e.serves(m)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn generator(hash: &str) -> GeneratorId {
+        GeneratorId {
+            version: "0.1.0".into(),
+            template_hash: hash.into(),
+        }
+    }
+
+    fn entry(variant: Variant, m_min: usize, m_max: Option<usize>) -> ManifestEntry {
+        ManifestEntry {
+            layer: "o".into(),
+            n: 1536,
+            k: 1536,
+            format: "w4a8".into(),
+            target: "opencl".into(),
+            variant,
+            tile: [1, 8, 8],
+            m_min,
+            m_max,
+            m_source: MSource::Solver,
+            kernel: "matmul_x".into(),
+            file: "matmul_x.cl".into(),
+            listing: None,
+            fnv1a64: fnv1a64_hex(b"abc"),
+        }
+    }
+
+    fn manifest(hash: &str) -> Manifest {
+        Manifest {
+            schema: MANIFEST_SCHEMA,
+            generator: generator(hash),
+            model: "m".into(),
+            entries: vec![
+                entry(Variant::Gemv, 1, Some(1)),
+                entry(Variant::FlatGemm, 2, Some(31)),
+                entry(Variant::Gemm, 32, None),
+            ],
+        }
+    }
+
+    #[test]
+    fn fnv1a64_matches_the_published_vectors() {
+        // Test vectors of the FNV reference (Noll): "" and "a".
+        assert_eq!(fnv1a64_hex(b""), "cbf29ce484222325");
+        assert_eq!(fnv1a64_hex(b"a"), "af63dc4c8601ec8c");
+    }
+
+    #[test]
+    fn json_round_trip_and_schema_check() {
+        let m = manifest("aa");
+        assert_eq!(Manifest::from_json(&m.to_json(), "mem").unwrap(), m);
+        let future = m.to_json().replace("\"schema\": 1", "\"schema\": 7");
+        assert!(matches!(
+            Manifest::from_json(&future, "mem"),
+            Err(ManifestError::Schema { found: 7 })
+        ));
+        assert!(matches!(
+            Manifest::from_json("[]", "mem"),
+            Err(ManifestError::Json { .. })
+        ));
+    }
+
+    #[test]
+    fn check_refuses_another_generator_naming_both() {
+        let m = manifest("aa");
+        assert!(m.check(&generator("aa")).is_ok());
+        let err = m.check(&generator("bb")).unwrap_err().to_string();
+        assert!(err.contains("(aa)") && err.contains("(bb)"), "{err}");
+        let newer = GeneratorId {
+            version: "0.2.0".into(),
+            template_hash: "aa".into(),
+        };
+        assert!(m.check(&newer).is_err());
+    }
+
+    #[test]
+    fn lookup_dispatches_by_m_and_verify_checks_bytes() {
+        let m = manifest("aa");
+        let v = |rows| m.lookup("opencl", "w4a8", 1536, 1536, rows).map(|e| e.variant);
+        assert_eq!(v(1), Some(Variant::Gemv));
+        assert_eq!(v(2), Some(Variant::FlatGemm));
+        assert_eq!(v(31), Some(Variant::FlatGemm));
+        assert_eq!(v(32), Some(Variant::Gemm));
+        assert_eq!(v(100_000), Some(Variant::Gemm));
+        assert!(m.lookup("opencl", "w4a8", 1536, 1537, 1).is_none());
+        assert!(m.lookup("opencl", "w4a8", 1536, 1536, 0).is_none());
+        let e = &m.entries[0];
+        assert!(Manifest::verify(e, b"abc").is_ok());
+        assert!(matches!(
+            Manifest::verify(e, b"abd"),
+            Err(ManifestError::Corrupt { .. })
+        ));
+    }
+}
