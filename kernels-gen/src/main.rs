@@ -4,7 +4,8 @@
 //! canonical text; `check FILE` parses and verifies a kernel text file;
 //! `solve --target T --kernel NAME` prints the register-constrained tile;
 //! `emit --target T --kernel NAME` prints an emitted instance's listing or
-//! source.
+//! source; `gen --target T[,T…] --model NAME --out DIR` writes a model's
+//! kernels, `manifest.json` and `kernels.rs` for build-time embedding.
 //! Errors go to stderr with exit code 1 and name the problem.
 
 mod emit;
@@ -76,6 +77,28 @@ enum Command {
         /// Also write the machine-code bytes to this file.
         #[arg(long)]
         bin: Option<std::path::PathBuf>,
+    },
+    /// Generate every kernel a model needs: code files, manifest.json and
+    /// kernels.rs (to include! in a crate; no JIT at run time).
+    Gen {
+        /// Comma-separated targets: x86-avx2, host, aarch64-neon|fp16|dotprod|i8mm, opencl.
+        #[arg(long, value_delimiter = ',', required = true)]
+        target: Vec<String>,
+        /// Embedded model name (e.g. qwen2-1.5b) or a Hugging Face config.json.
+        #[arg(long)]
+        model: String,
+        /// Comma-separated formats (w4a8, w8a8, w4a16, f16, …); default w4a8.
+        #[arg(long, value_delimiter = ',')]
+        format: Vec<String>,
+        /// Also generate the lm_head shape [vocab, hidden].
+        #[arg(long)]
+        lm_head: bool,
+        /// Tuning record (tessera-autotune) for tiles and M ranges.
+        #[arg(long)]
+        record: Option<std::path::PathBuf>,
+        /// Output directory.
+        #[arg(long)]
+        out: std::path::PathBuf,
     },
 }
 
@@ -151,6 +174,43 @@ fn run(cli: Cli) -> Result<String, String> {
                 std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
             }
             Ok(out.text)
+        }
+        Command::Gen {
+            target,
+            model,
+            format,
+            lm_head,
+            record,
+            out,
+        } => {
+            use tessera_kernels_gen::r#gen::{GenConfig, ModelSpec, generate};
+            let cfg = GenConfig {
+                targets: target,
+                model: ModelSpec::Model {
+                    name_or_config: model,
+                    lm_head,
+                },
+                formats: format,
+                record,
+                out_dir: out.clone(),
+                cargo: false,
+            };
+            let report = generate(&cfg).map_err(|e| e.to_string())?;
+            let mut text: String = report
+                .notes
+                .iter()
+                .map(|n| format!("note: {n}\n"))
+                .collect();
+            text.push_str(&format!(
+                "{} entries, {} kernel files in {}: {} written, {} unchanged, {} removed\n",
+                report.entries,
+                report.kernels,
+                out.display(),
+                report.written.len(),
+                report.unchanged.len(),
+                report.removed.len()
+            ));
+            Ok(text)
         }
     }
 }

@@ -22,7 +22,8 @@
 //! notice a damaged or mismatched file, not a security check.
 
 use serde::{Deserialize, Serialize};
-use tessera_dsl::ir::Variant;
+/// Re-exported so generated `kernels.rs` files need only this crate.
+pub use tessera_dsl::ir::Variant;
 
 use crate::record::GeneratorId;
 

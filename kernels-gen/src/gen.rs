@@ -1,0 +1,649 @@
+//! Build-time generation: every kernel a model needs on chosen targets,
+//! written to a directory with a `manifest.json` and a `kernels.rs` that
+//! embeds them, for runtimes that cannot JIT.
+//!
+//! From `build.rs`:
+//!
+//! ```no_run
+//! use tessera_kernels_gen::{GenConfig, ModelSpec, generate};
+//! let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
+//! let mut cfg = GenConfig::new(["opencl", "aarch64-i8mm"], ModelSpec::named("qwen2-1.5b"), out);
+//! cfg.cargo = true; // print cargo:rerun-if-changed for config.json and the record
+//! generate(&cfg).unwrap();
+//! // then in the crate: include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+//! ```
+//!
+//! What is written, for each target × format × distinct weight shape
+//! `[n, k]` × variant (GEMV, flat GEMM, GEMM):
+//!
+//! - the code, `<instance name>.<variant>.<ext>`: `.cl` (OpenCL C), `.ptx`,
+//!   or `.bin` machine code with its listing `.s`. The instance name is the
+//!   naming grammar's (`tessera_dsl::naming`); the variant is appended
+//!   because the grammar does not encode it and two variants may share a
+//!   tile. Instances with equal names and variants share one file.
+//! - `manifest.json` ([`tessera_runtime::manifest::Manifest`]): per entry
+//!   the kernel, target, tile, variant, M range, file and FNV-1a 64 hash;
+//!   the generator version and template hash once.
+//! - `kernels.rs`: `include_str!`/`include_bytes!` of every file (paths
+//!   relative to `kernels.rs` itself, so it works from `OUT_DIR` or any
+//!   other directory) and a static `KERNELS` table of
+//!   [`tessera_runtime::manifest::EmbeddedKernel`].
+//!
+//! **Tiles and M ranges.** With a tuning record, a shape's winners give
+//! the tiles and its breakpoints the ranges (GEMV for `M < m1`, flat GEMM
+//! for `m1 ≤ M < m2`, GEMM above). Without one (or for a shape the record
+//! lacks on that target) the solver picks each variant's tile for the real
+//! `[n, k]` and the ranges are the defaults [`DEFAULT_M1`] and
+//! [`DEFAULT_M2`]. A variant a backend has no loop for is served by the next
+//! one (cranelift emits only GEMM, which then serves every M).
+//!
+//! **Determinism.** Output order is fixed (targets and formats as given,
+//! shapes in model order, variants GEMV → GEMM), nothing holds a time or a
+//! path of the build machine, and files whose bytes are unchanged are not
+//! rewritten (their mtimes stay, so nothing downstream rebuilds). Files a
+//! previous manifest listed that are no longer produced are removed.
+
+mod embed;
+pub mod targets;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use tessera_codegen::artifact::{Artifact, Variant};
+use tessera_codegen::{GENERATOR_VERSION, TEMPLATE_HASH};
+use tessera_dsl::library;
+use tessera_dsl::models::{LayerShape, ModelError, ModelShapes};
+use tessera_dsl::naming::{MatmulInstance, MatmulTile};
+use tessera_runtime::manifest::{MANIFEST_SCHEMA, MSource, Manifest, ManifestEntry, fnv1a64_hex};
+use tessera_runtime::record::{GeneratorId, RecordError, ShapeEntry, TuningRecord};
+
+pub use targets::{TARGETS, TargetSpec, target_names};
+
+/// GEMV serves `M < DEFAULT_M1` when no record says otherwise: decode,
+/// one token.
+pub const DEFAULT_M1: usize = 2;
+/// Flat GEMM serves `DEFAULT_M1 ≤ M < DEFAULT_M2` without a record: a few
+/// padded row tiles (the solver's flat tiles hold 8–12 rows), GEMM above.
+pub const DEFAULT_M2: usize = 32;
+
+/// Name of the manifest file in the output directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// Name of the Rust file to `include!`.
+pub const KERNELS_RS: &str = "kernels.rs";
+
+/// Which weight shapes to generate for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSpec {
+    /// An embedded model name (`qwen2-1.5b`) or a Hugging Face
+    /// `config.json` path.
+    Model {
+        name_or_config: String,
+        /// Also the `lm_head` shape (`[vocab, hidden]`).
+        lm_head: bool,
+    },
+    /// Explicit `[n, k]` shapes under a model name.
+    Shapes {
+        model: String,
+        shapes: Vec<LayerShape>,
+    },
+}
+
+impl ModelSpec {
+    /// An embedded model or config path, without `lm_head`.
+    pub fn named(name_or_config: impl Into<String>) -> ModelSpec {
+        ModelSpec::Model {
+            name_or_config: name_or_config.into(),
+            lm_head: false,
+        }
+    }
+}
+
+/// What to generate, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GenConfig {
+    /// Target names (see [`TARGETS`]).
+    pub targets: Vec<String>,
+    pub model: ModelSpec,
+    /// Format names (`w4a8`, `w8a8`, `f16`, … — the `matmul-<format>`
+    /// library kernels); empty means each target's default
+    /// ([`TargetSpec::default_format`]: W4A8 on CPUs, W4A16 on OpenCL). A
+    /// named format a target cannot run is skipped for it with a note; a
+    /// target left with no format is an error.
+    pub formats: Vec<String>,
+    /// A tuning record (`tessera-autotune` output) for tiles and M ranges.
+    pub record: Option<PathBuf>,
+    pub out_dir: PathBuf,
+    /// Print `cargo:rerun-if-changed` for the inputs (set it in `build.rs`).
+    pub cargo: bool,
+}
+
+impl GenConfig {
+    /// Targets and model with the default format, no record, no cargo
+    /// lines.
+    pub fn new<T: Into<String>>(
+        targets: impl IntoIterator<Item = T>,
+        model: ModelSpec,
+        out_dir: impl Into<PathBuf>,
+    ) -> GenConfig {
+        GenConfig {
+            targets: targets.into_iter().map(Into::into).collect(),
+            model,
+            formats: Vec::new(),
+            record: None,
+            out_dir: out_dir.into(),
+            cargo: false,
+        }
+    }
+}
+
+/// What a generation did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GenReport {
+    /// Manifest entries (target × format × shape × variant served).
+    pub entries: usize,
+    /// Distinct kernel files (code only, listings not counted).
+    pub kernels: usize,
+    /// Files written because they were new or their bytes changed.
+    pub written: Vec<PathBuf>,
+    /// Files left alone because their bytes were already right.
+    pub unchanged: Vec<PathBuf>,
+    /// Files of a previous generation that are no longer produced.
+    pub removed: Vec<PathBuf>,
+    /// Things the user should know (record made by another generator, a
+    /// variant served by another, …), in generation order.
+    pub notes: Vec<String>,
+    /// Inputs whose change should rerun the generation.
+    pub inputs: Vec<PathBuf>,
+}
+
+/// Why generation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenError {
+    #[error("unknown target `{name}`; valid targets: {}", target_names().join(", "))]
+    UnknownTarget { name: String },
+    #[error("no target given; valid targets: {}", target_names().join(", "))]
+    NoTarget,
+    #[error("unknown format `{name}`; valid formats: {}", format_names().join(", "))]
+    UnknownFormat { name: String },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("no weight shapes to generate for")]
+    NoShapes,
+    #[error("tuning record: {0}")]
+    Record(#[from] RecordError),
+    #[error("{target} cannot generate format {format}: {why}")]
+    Unsupported {
+        target: String,
+        format: String,
+        why: String,
+    },
+    #[error("{target}, format {format}, shape {layer} [{n}, {k}], {variant}: {why}")]
+    Emit {
+        target: String,
+        format: String,
+        layer: String,
+        n: usize,
+        k: usize,
+        variant: Variant,
+        why: String,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// The formats `gen` accepts: the library's matmul kernels.
+pub fn format_names() -> Vec<&'static str> {
+    library::names()
+        .iter()
+        .filter_map(|n| n.strip_prefix("matmul-"))
+        .collect()
+}
+
+/// The generator these kernels come from.
+pub fn generator() -> GeneratorId {
+    GeneratorId {
+        version: GENERATOR_VERSION.to_string(),
+        template_hash: TEMPLATE_HASH.to_string(),
+    }
+}
+
+/// One file to write.
+struct OutFile {
+    name: String,
+    bytes: Vec<u8>,
+}
+
+/// Everything one generation produces, before it touches the disk.
+pub(crate) struct Plan {
+    manifest: Manifest,
+    /// Code and listing files by name (sorted: BTreeMap).
+    files: BTreeMap<String, Vec<u8>>,
+    notes: Vec<String>,
+}
+
+/// Generate every kernel `cfg` asks for into `cfg.out_dir`.
+pub fn generate(cfg: &GenConfig) -> Result<GenReport, GenError> {
+    let mut inputs = Vec::new();
+    if let ModelSpec::Model { name_or_config, .. } = &cfg.model
+        && ModelShapes::embedded(name_or_config).is_err()
+    {
+        inputs.push(PathBuf::from(name_or_config));
+    }
+    inputs.extend(cfg.record.iter().cloned());
+    if cfg.cargo {
+        for input in &inputs {
+            println!("cargo:rerun-if-changed={}", input.display());
+        }
+    }
+    let plan = plan(cfg)?;
+    let mut report = write(&plan, &cfg.out_dir)?;
+    report.inputs = inputs;
+    Ok(report)
+}
+
+/// Emit everything in memory.
+pub(crate) fn plan(cfg: &GenConfig) -> Result<Plan, GenError> {
+    if cfg.targets.is_empty() {
+        return Err(GenError::NoTarget);
+    }
+    let mut specs: Vec<&'static TargetSpec> = Vec::new();
+    for name in &cfg.targets {
+        let spec =
+            targets::target(name).ok_or_else(|| GenError::UnknownTarget { name: name.clone() })?;
+        if !specs.contains(&spec) {
+            specs.push(spec);
+        }
+    }
+    let mut formats: Vec<String> = Vec::new();
+    for f in &cfg.formats {
+        if !format_names().contains(&f.as_str()) {
+            return Err(GenError::UnknownFormat { name: f.clone() });
+        }
+        if !formats.contains(f) {
+            formats.push(f.clone());
+        }
+    }
+    let (model, shapes) = match &cfg.model {
+        ModelSpec::Model {
+            name_or_config,
+            lm_head,
+        } => {
+            let m = ModelShapes::resolve(name_or_config)?;
+            let shapes = m.distinct(*lm_head);
+            (m.name, shapes)
+        }
+        ModelSpec::Shapes { model, shapes } => (model.clone(), shapes.clone()),
+    };
+    if shapes.is_empty() || shapes.iter().any(|s| s.n == 0 || s.k == 0) {
+        return Err(GenError::NoShapes);
+    }
+    let record = cfg.record.as_deref().map(TuningRecord::load).transpose()?;
+    let this_generator = generator();
+
+    let mut entries = Vec::new();
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut notes = Vec::new();
+    for spec in &specs {
+        let target_formats = if formats.is_empty() {
+            vec![spec.default_format.to_string()]
+        } else {
+            formats.clone()
+        };
+        let mut refused = Vec::new();
+        for format in &target_formats {
+            let kernel =
+                library::get(&format!("matmul-{format}")).map_err(|e| GenError::UnknownFormat {
+                    name: format!("{format} ({e})"),
+                })?;
+            let emitter = match targets::Emitter::new(spec, &kernel) {
+                Ok(e) => e,
+                Err(why) => {
+                    notes.push(format!("{} skips format {format}: {why}", spec.name));
+                    refused.push((format.clone(), why));
+                    continue;
+                }
+            };
+            // Kept apart until the whole format succeeds, so a refused
+            // format leaves nothing behind.
+            let mut format_entries = Vec::new();
+            let mut format_files = BTreeMap::new();
+            let mut format_notes = Vec::new();
+            let mut refusal = None;
+            for shape in &shapes {
+                let recorded = record
+                    .as_ref()
+                    .and_then(|r| recorded_shape(r, spec.name, format, shape));
+                if let Some((generator, _)) = recorded
+                    && *generator != this_generator
+                {
+                    format_notes.push(format!(
+                        "{} {format} {}: the record was measured with generator {} ({}); this is {} ({})",
+                        spec.name,
+                        shape.name,
+                        generator.version,
+                        generator.template_hash,
+                        this_generator.version,
+                        this_generator.template_hash
+                    ));
+                }
+                let recorded = recorded.map(|(_, s)| s);
+                match shape_entries(
+                    &emitter,
+                    spec,
+                    format,
+                    shape,
+                    recorded,
+                    &mut format_files,
+                    &mut format_notes,
+                ) {
+                    Ok(new) => format_entries.extend(new),
+                    Err(ShapeFail::Refused(why)) => {
+                        refusal = Some(why);
+                        break;
+                    }
+                    Err(ShapeFail::Error(e)) => return Err(e),
+                }
+            }
+            match refusal {
+                Some(why) => {
+                    notes.push(format!("{} skips format {format}: {why}", spec.name));
+                    refused.push((format.clone(), why));
+                }
+                None => {
+                    entries.extend(format_entries);
+                    files.extend(format_files);
+                    notes.extend(format_notes);
+                }
+            }
+        }
+        if refused.len() == target_formats.len()
+            && let Some((format, why)) = refused.pop()
+        {
+            return Err(GenError::Unsupported {
+                target: spec.name.to_string(),
+                format,
+                why,
+            });
+        }
+    }
+    Ok(Plan {
+        manifest: Manifest {
+            schema: MANIFEST_SCHEMA,
+            generator: this_generator,
+            model,
+            entries,
+        },
+        files,
+        notes,
+    })
+}
+
+/// The record's entry for this target, format and shape: the first device
+/// entry (in file order) for the format whose shape `[n, k]` has a winner
+/// on the target.
+fn recorded_shape<'r>(
+    record: &'r TuningRecord,
+    target: &str,
+    format: &str,
+    shape: &LayerShape,
+) -> Option<(&'r GeneratorId, &'r ShapeEntry)> {
+    record
+        .entries
+        .iter()
+        .filter(|e| e.format == format)
+        .find_map(|e| {
+            e.shape(shape.n, shape.k)
+                .filter(|s| s.winners.iter().any(|w| w.target == target))
+                .map(|s| (&e.generator, s))
+        })
+}
+
+/// The M range of each variant: GEMV `[1, m1)`, flat GEMM `[m1, m2)`,
+/// GEMM `[m2, ∞)`; empty ranges (m1 = 1, or m1 = m2) are dropped.
+fn ranges(m1: usize, m2: usize) -> Vec<(Variant, usize, Option<usize>)> {
+    let m1 = m1.max(1);
+    let m2 = m2.max(m1);
+    let mut out = Vec::new();
+    if m1 > 1 {
+        out.push((Variant::Gemv, 1, Some(m1 - 1)));
+    }
+    if m2 > m1 {
+        out.push((Variant::FlatGemm, m1, Some(m2 - 1)));
+    }
+    out.push((Variant::Gemm, m2, None));
+    out
+}
+
+/// Why one shape produced nothing.
+enum ShapeFail {
+    /// The backend refuses the format: skip it on this target.
+    Refused(String),
+    Error(GenError),
+}
+
+/// Emit the variants of one shape and return their manifest entries.
+fn shape_entries(
+    emitter: &targets::Emitter,
+    spec: &TargetSpec,
+    format: &str,
+    shape: &LayerShape,
+    recorded: Option<&ShapeEntry>,
+    files: &mut BTreeMap<String, Vec<u8>>,
+    notes: &mut Vec<String>,
+) -> Result<Vec<ManifestEntry>, ShapeFail> {
+    let (m1, m2, m_source) = match recorded {
+        Some(s) => (s.m1, s.m2, MSource::Record),
+        None => (DEFAULT_M1, DEFAULT_M2, MSource::Solver),
+    };
+    let fail = |variant: Variant, why: String| GenError::Emit {
+        target: spec.name.to_string(),
+        format: format.to_string(),
+        layer: shape.name.clone(),
+        n: shape.n,
+        k: shape.k,
+        variant,
+        why,
+    };
+    // Emit each variant that has a range; one the backend lacks hands its
+    // range to the next (GEMM to the previous).
+    let wanted = ranges(m1, m2);
+    let mut emitted: Vec<(Variant, usize, Option<usize>, targets::Instance)> = Vec::new();
+    let mut pending: Option<(usize, Option<usize>)> = None;
+    for (variant, lo, hi) in wanted {
+        let want = recorded
+            .and_then(|s| s.winner(variant))
+            .filter(|w| w.target == spec.name)
+            .map(|w| w.tile);
+        let result = match emitter.emit(shape.n, shape.k, variant, want) {
+            Err(targets::EmitFail::Other(why)) if want.is_some() => {
+                notes.push(format!(
+                    "{} {format} {} {variant}: recorded tile not usable ({why}); using the solver's",
+                    spec.name, shape.name
+                ));
+                emitter.emit(shape.n, shape.k, variant, None)
+            }
+            other => other,
+        };
+        let lo = pending.map_or(lo, |(plo, _)| plo);
+        match result {
+            Ok(instance) => {
+                emitted.push((variant, lo, hi, instance));
+                pending = None;
+            }
+            Err(targets::EmitFail::VariantUnsupported(_)) => {
+                let note = format!(
+                    "{} {format}: no {variant} loop; the next variant serves its M range",
+                    spec.name
+                );
+                if !notes.contains(&note) {
+                    notes.push(note);
+                }
+                pending = Some((lo, hi));
+            }
+            Err(targets::EmitFail::Other(why)) => return Err(ShapeFail::Error(fail(variant, why))),
+            Err(targets::EmitFail::FormatUnsupported(why)) => return Err(ShapeFail::Refused(why)),
+        }
+    }
+    if let Some((_, hi)) = pending {
+        // The last variant (GEMM) was unsupported: the previous one runs on.
+        match emitted.last_mut() {
+            Some(last) => last.2 = hi,
+            None => {
+                return Err(ShapeFail::Error(fail(
+                    Variant::Gemm,
+                    "no variant could be emitted".into(),
+                )));
+            }
+        }
+    }
+
+    let naming_target = spec.name.replace('-', "_");
+    let mut out = Vec::new();
+    for (variant, m_min, m_max, instance) in emitted {
+        let [ep, hp, lp] = instance.tile;
+        let name =
+            MatmulInstance::for_kernel(&instance.kernel, MatmulTile { ep, hp, lp }, &naming_target)
+                .map_err(|e| ShapeFail::Error(fail(variant, e.to_string())))?
+                .to_string();
+        let stem = format!("{name}.{variant}");
+        let (code, listing) = code_files(&stem, spec.ext, instance.artifact);
+        let hash = fnv1a64_hex(&code.bytes);
+        let file = code.name.clone();
+        files.insert(code.name, code.bytes);
+        let listing_name = listing.map(|l| {
+            let n = l.name.clone();
+            files.insert(l.name, l.bytes);
+            n
+        });
+        out.push(ManifestEntry {
+            layer: shape.name.clone(),
+            n: shape.n,
+            k: shape.k,
+            format: format.to_string(),
+            target: spec.name.to_string(),
+            variant,
+            tile: instance.tile,
+            m_min,
+            m_max,
+            m_source,
+            kernel: name,
+            file,
+            listing: listing_name,
+            fnv1a64: hash,
+        });
+    }
+    Ok(out)
+}
+
+/// The code file (and listing, for machine code) of an artifact.
+fn code_files(stem: &str, ext: &str, artifact: Artifact) -> (OutFile, Option<OutFile>) {
+    match artifact {
+        Artifact::Machine(code) => (
+            OutFile {
+                name: format!("{stem}.{ext}"),
+                bytes: code.bytes,
+            },
+            Some(OutFile {
+                name: format!("{stem}.s"),
+                bytes: code.listing.into_bytes(),
+            }),
+        ),
+        Artifact::Source { text, .. } => (
+            OutFile {
+                name: format!("{stem}.{ext}"),
+                bytes: text.into_bytes(),
+            },
+            None,
+        ),
+    }
+}
+
+/// Write `bytes` to `path` unless it already holds exactly them. Returns
+/// whether it wrote.
+fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool, GenError> {
+    if std::fs::read(path).is_ok_and(|old| old == bytes) {
+        return Ok(false);
+    }
+    std::fs::write(path, bytes).map_err(|source| GenError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(true)
+}
+
+/// Put a plan on disk: code files, `manifest.json`, `kernels.rs`; remove
+/// what a previous manifest listed and this one does not.
+fn write(plan: &Plan, out_dir: &Path) -> Result<GenReport, GenError> {
+    std::fs::create_dir_all(out_dir).map_err(|source| GenError::Io {
+        path: out_dir.display().to_string(),
+        source,
+    })?;
+    let manifest_path = out_dir.join(MANIFEST_FILE);
+    let previous: Vec<String> = std::fs::read_to_string(&manifest_path)
+        .ok()
+        .and_then(|text| Manifest::from_json(&text, "previous manifest").ok())
+        .map(|m| {
+            m.entries
+                .into_iter()
+                .flat_map(|e| std::iter::once(e.file).chain(e.listing))
+                .collect()
+        })
+        .unwrap_or_default();
+
+    let mut report = GenReport {
+        entries: plan.manifest.entries.len(),
+        kernels: {
+            let mut files: Vec<&str> = plan
+                .manifest
+                .entries
+                .iter()
+                .map(|e| e.file.as_str())
+                .collect();
+            files.sort_unstable();
+            files.dedup();
+            files.len()
+        },
+        notes: plan.notes.clone(),
+        ..GenReport::default()
+    };
+    let mut put = |name: &str, bytes: &[u8]| -> Result<(), GenError> {
+        let path = out_dir.join(name);
+        if write_if_changed(&path, bytes)? {
+            report.written.push(path);
+        } else {
+            report.unchanged.push(path);
+        }
+        Ok(())
+    };
+    for (name, bytes) in &plan.files {
+        put(name, bytes)?;
+    }
+    put(MANIFEST_FILE, plan.manifest.to_json().as_bytes())?;
+    put(KERNELS_RS, embed::kernels_rs(&plan.manifest).as_bytes())?;
+
+    let mut stale: Vec<&String> = previous
+        .iter()
+        .filter(|f| !plan.files.contains_key(*f))
+        .collect();
+    stale.sort_unstable();
+    stale.dedup();
+    for name in stale {
+        // Only plain file names the manifest could have written.
+        if name.contains('/') || name.contains('\\') || name.starts_with('.') {
+            continue;
+        }
+        let path = out_dir.join(name);
+        if std::fs::remove_file(&path).is_ok() {
+            report.removed.push(path);
+        }
+    }
+    Ok(report)
+}
+
+/// The manifest a generation would write, without writing anything.
+pub fn manifest(cfg: &GenConfig) -> Result<Manifest, GenError> {
+    plan(cfg).map(|p| p.manifest)
+}

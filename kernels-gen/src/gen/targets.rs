@@ -1,0 +1,250 @@
+//! The targets `gen` writes kernels for, as data: one row per target says
+//! which backend emits it and what file its code goes in. Adding a backend
+//! (PTX: `ptx-sm80`, `ptx-sm90`) is one row here plus one arm in
+//! [`Emitter::new`].
+
+use tessera_codegen::artifact::{Artifact, Backend, EmitError, Variant};
+use tessera_codegen::clif::ClifBackend;
+use tessera_codegen::gpu::with_gpu_weight_layout;
+use tessera_codegen::neon::NeonBackend;
+use tessera_codegen::opencl::{Fp16Mode, OpenClBackend};
+use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
+use tessera_codegen::x86::X86Backend;
+use tessera_codegen::{TargetCaps, mac_class};
+use tessera_dsl::{Kernel, LayoutDim};
+
+/// Which backend emits a target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// dynasm x86-64 machine code.
+    X86,
+    /// dynasm AArch64 machine code for one feature level.
+    Neon,
+    /// Cranelift machine code for the build machine.
+    Cranelift,
+    /// OpenCL C, weights in the GPU layout, `half` as storage (portable:
+    /// devices without `cl_khr_fp16` run it too).
+    OpenCl,
+}
+
+/// One target `gen` accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TargetSpec {
+    pub name: &'static str,
+    pub backend: BackendKind,
+    /// File extension of the code: `bin` (machine code, with a `.s`
+    /// listing beside it), `cl`, `ptx`.
+    pub ext: &'static str,
+    /// The format generated when none is named: W4A8 where the target has
+    /// an int8 MAC path, W4A16 on GPUs (whose plans have no int8 class).
+    pub default_format: &'static str,
+}
+
+/// Every target `gen` writes, in the order help texts list them.
+pub const TARGETS: &[TargetSpec] = &[
+    spec("x86-avx2", BackendKind::X86, "bin", "w4a8"),
+    spec("host", BackendKind::Cranelift, "bin", "w4a8"),
+    spec("aarch64-neon", BackendKind::Neon, "bin", "w4a8"),
+    spec("aarch64-fp16", BackendKind::Neon, "bin", "w4a8"),
+    spec("aarch64-dotprod", BackendKind::Neon, "bin", "w4a8"),
+    spec("aarch64-i8mm", BackendKind::Neon, "bin", "w4a8"),
+    spec("opencl", BackendKind::OpenCl, "cl", "w4a16"),
+];
+
+const fn spec(
+    name: &'static str,
+    backend: BackendKind,
+    ext: &'static str,
+    default_format: &'static str,
+) -> TargetSpec {
+    TargetSpec {
+        name,
+        backend,
+        ext,
+        default_format,
+    }
+}
+
+/// The spec of a target name.
+pub fn target(name: &str) -> Option<&'static TargetSpec> {
+    TARGETS.iter().find(|t| t.name == name)
+}
+
+/// Names of every target, for error messages.
+pub fn target_names() -> Vec<&'static str> {
+    TARGETS.iter().map(|t| t.name).collect()
+}
+
+/// One emitted instance.
+pub struct Instance {
+    /// The tile it was emitted with (the one the kernel name encodes).
+    pub tile: [u32; 3],
+    /// The kernel as emitted (GPU targets re-lay the weights out), for
+    /// naming.
+    pub kernel: Kernel,
+    pub artifact: Artifact,
+}
+
+/// Why one instance could not be emitted.
+pub enum EmitFail {
+    /// The backend has no loop for this variant: another variant serves
+    /// its M range.
+    VariantUnsupported(String),
+    /// The backend does not take this kernel at all (its formats or
+    /// layouts): the format is skipped for this target.
+    FormatUnsupported(String),
+    /// Anything else: the format cannot run on the target, no tile fits…
+    Other(String),
+}
+
+/// A backend ready to emit one kernel (one format) for one target.
+pub struct Emitter {
+    spec: &'static TargetSpec,
+    backend: Box<dyn Backend>,
+    /// The kernel as this backend takes it.
+    kernel: Kernel,
+    /// The solver's target description; `None` when the backend ranks its
+    /// own tiles (cranelift).
+    caps: Option<&'static TargetCaps>,
+    /// Cranelift's tiles (shape-independent).
+    fixed_tiles: Vec<TileConfig>,
+}
+
+/// Whether a matmul's weights are already in a GPU layout `[l/lp, h, lp]`.
+fn has_gpu_weights(kernel: &Kernel) -> bool {
+    kernel.as_matmul().is_some_and(|mm| {
+        kernel.tensor(&mm.w).is_some_and(|t| {
+            !matches!(t.layout.dims.first(), Some(LayoutDim::Outer { axis, .. }) if *axis == mm.h)
+        })
+    })
+}
+
+/// Representative M for a variant's solve: one row, a padded flat block,
+/// or a large GEMM (as `emit` and the autotuner use).
+fn rows_for(variant: Variant) -> u64 {
+    match variant {
+        Variant::Gemv => 1,
+        Variant::FlatGemm => 8,
+        Variant::Gemm => tessera_codegen::tile::REPRESENTATIVE_EXTENT,
+    }
+}
+
+impl Emitter {
+    /// The backend of `spec` for matmul `kernel` (a library kernel in the
+    /// CPU layout).
+    pub fn new(spec: &'static TargetSpec, kernel: &Kernel) -> Result<Emitter, String> {
+        let emitter = |backend: Box<dyn Backend>, kernel: Kernel, caps| Emitter {
+            spec,
+            backend,
+            kernel,
+            caps: Some(caps),
+            fixed_tiles: Vec::new(),
+        };
+        match spec.backend {
+            BackendKind::X86 | BackendKind::Neon => {
+                let caps = TargetCaps::by_name(spec.name).map_err(|e| e.to_string())?;
+                mac_class(caps, kernel).map_err(|e| e.to_string())?;
+                let backend: Box<dyn Backend> = if spec.backend == BackendKind::X86 {
+                    Box::new(X86Backend::default())
+                } else {
+                    Box::new(NeonBackend::new(spec.name).map_err(|e| e.to_string())?)
+                };
+                Ok(emitter(backend, kernel.clone(), caps))
+            }
+            BackendKind::OpenCl => {
+                // The GPU kernels read weights as [l/lp, h, lp] (MNN-LLM
+                // 5.1); CPU-layout library kernels are re-laid out by the IR
+                // pass.
+                let gpu = if has_gpu_weights(kernel) {
+                    kernel.clone()
+                } else {
+                    with_gpu_weight_layout(kernel).map_err(|e| e.to_string())?
+                };
+                let backend = Box::new(OpenClBackend::new(Fp16Mode::Storage));
+                Ok(emitter(backend, gpu, tessera_codegen::opencl::caps()))
+            }
+            BackendKind::Cranelift => {
+                let backend = ClifBackend::host().map_err(|e| e.to_string())?;
+                let fixed_tiles = backend.tiles(kernel).map_err(|e| e.to_string())?;
+                Ok(Emitter {
+                    spec,
+                    backend: Box::new(backend),
+                    kernel: kernel.clone(),
+                    caps: None,
+                    fixed_tiles,
+                })
+            }
+        }
+    }
+
+    /// Ranked tiles for weight shape `[n, k]` and `variant`, or exactly
+    /// `want` (a record's winner) when it is feasible.
+    fn tiles(
+        &self,
+        n: usize,
+        k: usize,
+        variant: Variant,
+        want: Option<[u32; 3]>,
+    ) -> Result<Vec<TileConfig>, String> {
+        let mut tiles = match self.caps {
+            None => self.fixed_tiles.clone(),
+            Some(caps) => {
+                let mut problem =
+                    Problem::from_kernel(caps, &self.kernel).map_err(|e| e.to_string())?;
+                problem.e = rows_for(variant);
+                problem.h = n as u64;
+                problem.l = k as u64;
+                match want {
+                    None => solve(caps, &problem),
+                    Some(_) => feasible(caps, &problem),
+                }
+                .map_err(|e| e.to_string())?
+            }
+        };
+        if let Some([ep, hp, lp]) = want {
+            tiles.retain(|t| t.ep == ep && t.hp == hp && t.lp == lp);
+        }
+        Ok(tiles)
+    }
+
+    /// Emit `variant` for weight shape `[n, k]`: the record's tile `want`
+    /// if given, else the first solver tile the backend accepts (tiles it
+    /// refuses as `BadTile` are skipped in rank order, as the autotuner
+    /// does).
+    pub fn emit(
+        &self,
+        n: usize,
+        k: usize,
+        variant: Variant,
+        want: Option<[u32; 3]>,
+    ) -> Result<Instance, EmitFail> {
+        let tiles = self.tiles(n, k, variant, want).map_err(EmitFail::Other)?;
+        let mut last = match want {
+            Some([e, h, l]) => format!("the recorded tile {e},{h},{l} is not feasible here"),
+            None => "the solver offered no tile".to_string(),
+        };
+        for tile in &tiles {
+            match self.backend.emit_variant(&self.kernel, tile, variant) {
+                Ok(artifact) => {
+                    return Ok(Instance {
+                        tile: [tile.ep, tile.hp, tile.lp],
+                        kernel: self.kernel.clone(),
+                        artifact,
+                    });
+                }
+                Err(EmitError::BadTile { tile, why }) => last = format!("tile {tile}: {why}"),
+                Err(EmitError::Unsupported { what, .. }) if what.contains("variant") => {
+                    return Err(EmitFail::VariantUnsupported(what));
+                }
+                Err(e @ EmitError::Unsupported { .. }) => {
+                    return Err(EmitFail::FormatUnsupported(e.to_string()));
+                }
+                Err(e) => return Err(EmitFail::Other(e.to_string())),
+            }
+        }
+        Err(EmitFail::Other(format!(
+            "{} on {}: no tile could be emitted ({last})",
+            self.kernel.name, self.spec.name
+        )))
+    }
+}
