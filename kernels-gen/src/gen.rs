@@ -510,12 +510,14 @@ fn shape_entries(
                 .to_string();
         let stem = format!("{name}.{variant}");
         let (code, listing) = code_files(&stem, spec.ext, instance.artifact);
-        let hash = fnv1a64_hex(&code.bytes);
+        // Equal name and variant mean equal code; the text may still
+        // differ in header comments (the solver's cost for this shape), so
+        // the first shape's file is kept and shared.
         let file = code.name.clone();
-        files.insert(code.name, code.bytes);
+        let hash = fnv1a64_hex(files.entry(code.name).or_insert(code.bytes));
         let listing_name = listing.map(|l| {
             let n = l.name.clone();
-            files.insert(l.name, l.bytes);
+            files.entry(l.name).or_insert(l.bytes);
             n
         });
         out.push(ManifestEntry {

@@ -160,8 +160,10 @@ impl Emitter {
                 } else {
                     with_gpu_weight_layout(kernel).map_err(|e| e.to_string())?
                 };
+                let caps = tessera_codegen::opencl::caps();
+                mac_class(caps, &gpu).map_err(|e| e.to_string())?;
                 let backend = Box::new(OpenClBackend::new(Fp16Mode::Storage));
-                Ok(emitter(backend, gpu, tessera_codegen::opencl::caps()))
+                Ok(emitter(backend, gpu, caps))
             }
             BackendKind::Cranelift => {
                 let backend = ClifBackend::host().map_err(|e| e.to_string())?;

@@ -1,0 +1,369 @@
+//! `gen`: what the manifest says, that generation is deterministic and
+//! incremental, that a record's tiles and breakpoints are used, and that a
+//! manifest from another generator is refused.
+
+use std::path::{Path, PathBuf};
+
+use tessera_dsl::ir::Variant;
+use tessera_kernels_gen::r#gen as kgen;
+use tessera_kernels_gen::{GenConfig, ModelSpec, generate};
+use tessera_runtime::manifest::{MSource, Manifest, ManifestError};
+use tessera_runtime::record::{
+    DeviceEntry, GeneratorId, Limits, RECORD_SCHEMA, ShapeEntry, TuningRecord, Winner,
+};
+
+const SMALL_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/small-config.json");
+
+/// A fresh directory under cargo's per-crate test temp dir.
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gen-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn config(targets: &[&str], model: &str, out: &Path) -> GenConfig {
+    GenConfig::new(targets.iter().copied(), ModelSpec::named(model), out)
+}
+
+/// The manifest with what changes whenever any template changes (the
+/// template hash, content hashes) masked, so the snapshot pins names,
+/// tiles, ranges and files.
+fn redacted(manifest_json: &str) -> String {
+    let mut out = String::new();
+    for line in manifest_json.lines() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        if trimmed.starts_with("\"template_hash\"") {
+            out.push_str(&format!("{indent}\"template_hash\": \"[template hash]\"\n"));
+        } else if trimmed.starts_with("\"fnv1a64\"") {
+            out.push_str(&format!("{indent}\"fnv1a64\": \"[hash]\"\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Every file in `dir`, sorted, with its bytes.
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn manifest_snapshot_for_a_small_model_config() {
+    let out = scratch("snapshot-small");
+    let cfg = config(&["opencl", "aarch64-i8mm", "x86-avx2"], SMALL_CONFIG, &out);
+    let report = generate(&cfg).unwrap();
+    assert!(report.written.len() > 3, "{report:?}");
+    assert_eq!(report.inputs, vec![PathBuf::from(SMALL_CONFIG)]);
+    let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    insta::assert_snapshot!("small_model_manifest", redacted(&text));
+}
+
+#[test]
+fn manifest_snapshot_for_qwen2_1_5b_example_targets() {
+    let out = scratch("snapshot-qwen");
+    let cfg = config(&["opencl", "aarch64-i8mm"], "qwen2-1.5b", &out);
+    generate(&cfg).unwrap();
+    let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    insta::assert_snapshot!("qwen2_1_5b_manifest", redacted(&text));
+}
+
+#[test]
+fn every_entry_names_an_existing_file_whose_hash_matches() {
+    let out = scratch("hashes");
+    generate(&config(
+        &["opencl", "aarch64-i8mm", "x86-avx2"],
+        "tiny",
+        &out,
+    ))
+    .unwrap();
+    let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    let manifest = Manifest::from_json(&text, "manifest.json").unwrap();
+    assert!(manifest.check(&kgen::generator()).is_ok());
+    for e in &manifest.entries {
+        let bytes = std::fs::read(out.join(&e.file)).unwrap();
+        Manifest::verify(e, &bytes).unwrap();
+        assert_eq!(
+            e.listing.is_some(),
+            e.file.ends_with(".bin"),
+            "machine code and only machine code has a listing: {e:?}"
+        );
+        if let Some(l) = &e.listing {
+            assert!(!std::fs::read(out.join(l)).unwrap().is_empty());
+        }
+        let name: tessera_dsl::naming::InstanceName = e.kernel.parse().unwrap();
+        assert_eq!(name.to_string(), e.kernel, "names round-trip the grammar");
+        assert!(e.file.starts_with(&format!("{}.{}.", e.kernel, e.variant)));
+    }
+    // Every M from 1 up is served exactly once per target, format, shape.
+    for e in &manifest.entries {
+        for m in [1, 2, 7, 31, 32, 33, 4096] {
+            let serving = manifest
+                .entries
+                .iter()
+                .filter(|o| {
+                    o.target == e.target
+                        && o.format == e.format
+                        && o.n == e.n
+                        && o.k == e.k
+                        && o.serves(m)
+                })
+                .count();
+            assert_eq!(
+                serving, 1,
+                "{} {} [{}, {}] m={m}",
+                e.target, e.format, e.n, e.k
+            );
+        }
+    }
+    // x86 has only a GEMM loop: it serves every M.
+    let x86: Vec<_> = manifest
+        .entries
+        .iter()
+        .filter(|e| e.target == "x86-avx2")
+        .collect();
+    assert!(
+        x86.iter()
+            .all(|e| e.variant == Variant::Gemm && e.m_min == 1 && e.m_max.is_none())
+    );
+}
+
+#[test]
+fn generating_twice_gives_byte_identical_files_and_rewrites_nothing() {
+    let a = scratch("twice-a");
+    let b = scratch("twice-b");
+    let targets = ["aarch64-i8mm", "opencl", "x86-avx2"];
+    let first = generate(&config(&targets, "tiny", &a)).unwrap();
+    generate(&config(&targets, "tiny", &b)).unwrap();
+    assert_eq!(files(&a), files(&b));
+    assert!(first.unchanged.is_empty());
+
+    let mtimes = |dir: &Path| -> Vec<std::time::SystemTime> {
+        let mut v: Vec<(String, std::time::SystemTime)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().modified().unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, t)| t).collect()
+    };
+    let before = mtimes(&a);
+    let before_files = files(&a);
+    let again = generate(&config(&targets, "tiny", &a)).unwrap();
+    assert!(again.written.is_empty(), "rewrote {:?}", again.written);
+    assert_eq!(again.unchanged.len(), before_files.len());
+    assert_eq!(mtimes(&a), before);
+    assert_eq!(files(&a), before_files);
+}
+
+#[test]
+fn regenerating_with_fewer_targets_removes_their_files() {
+    let out = scratch("fewer");
+    generate(&config(&["opencl", "aarch64-i8mm"], "tiny", &out)).unwrap();
+    let report = generate(&config(&["opencl"], "tiny", &out)).unwrap();
+    assert!(!report.removed.is_empty());
+    for (name, _) in files(&out) {
+        assert!(!name.contains("aarch64"), "{name} left behind");
+    }
+    let kernels_rs = std::fs::read_to_string(out.join("kernels.rs")).unwrap();
+    assert!(!kernels_rs.contains("aarch64"));
+}
+
+#[test]
+fn a_manifest_from_another_generator_is_stale() {
+    let out = scratch("stale");
+    generate(&config(&["opencl"], "tiny", &out)).unwrap();
+    let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    let mut manifest = Manifest::from_json(&text, "manifest.json").unwrap();
+    let current = kgen::generator();
+    assert!(manifest.check(&current).is_ok());
+    manifest.generator.template_hash = "0000000000000000".into();
+    let err = manifest.check(&current).unwrap_err();
+    assert!(matches!(err, ManifestError::Stale { .. }));
+    assert!(err.to_string().contains(&current.template_hash), "{err}");
+    manifest.generator = GeneratorId {
+        version: "0.0.1".into(),
+        ..current.clone()
+    };
+    assert!(manifest.check(&current).is_err());
+}
+
+fn record_with(generator: GeneratorId) -> TuningRecord {
+    let shape = |name: &str, n, k, tile| ShapeEntry {
+        name: name.into(),
+        n,
+        k,
+        m1: 3,
+        m2: 20,
+        winners: vec![
+            Winner {
+                variant: Variant::Gemv,
+                target: "aarch64-i8mm".into(),
+                tile,
+                kernel: String::new(),
+            },
+            Winner {
+                variant: Variant::Gemm,
+                target: "aarch64-i8mm".into(),
+                tile: [8, 8, 8],
+                kernel: String::new(),
+            },
+        ],
+        measurements: vec![],
+    };
+    let fp = tessera_runtime::device::from_cpuinfo("processor\t: 0\nmodel name\t: Test\n");
+    TuningRecord {
+        schema: RECORD_SCHEMA,
+        entries: vec![DeviceEntry {
+            fingerprint: fp,
+            generator,
+            backend: "neon".into(),
+            format: "w4a8".into(),
+            model: "tiny".into(),
+            threads: 1,
+            partial: false,
+            created_unix: 0,
+            limits: Limits::default(),
+            core_weights: vec![1.0],
+            // tiny's `o` is [200, 200].
+            shapes: vec![shape("o", 200, 200, [2, 8, 8])],
+        }],
+    }
+}
+
+#[test]
+fn a_record_gives_tiles_and_m_ranges_and_is_an_input() {
+    let out = scratch("record");
+    let record_path = out.join("record.json");
+    record_with(kgen::generator()).save(&record_path).unwrap();
+    let mut cfg = config(&["aarch64-i8mm", "opencl"], "tiny", &out.join("k"));
+    cfg.record = Some(record_path.clone());
+    let report = generate(&cfg).unwrap();
+    assert!(report.inputs.contains(&record_path));
+    assert!(report.notes.is_empty(), "{:?}", report.notes);
+    let manifest = kgen::manifest(&cfg).unwrap();
+    let o: Vec<_> = manifest
+        .entries
+        .iter()
+        .filter(|e| e.target == "aarch64-i8mm" && e.n == 200 && e.k == 200)
+        .collect();
+    let ranges: Vec<_> = o
+        .iter()
+        .map(|e| (e.variant, e.tile, e.m_min, e.m_max, e.m_source))
+        .collect();
+    let flat_tile = o[1].tile;
+    assert_eq!(
+        ranges,
+        vec![
+            (Variant::Gemv, [2, 8, 8], 1, Some(2), MSource::Record),
+            (Variant::FlatGemm, flat_tile, 3, Some(19), MSource::Record),
+            (Variant::Gemm, [8, 8, 8], 20, None, MSource::Record),
+        ]
+    );
+    // Other shapes, and the other target, fall back to the solver defaults.
+    assert!(
+        manifest
+            .entries
+            .iter()
+            .filter(|e| !(e.target == "aarch64-i8mm" && e.n == 200 && e.k == 200))
+            .all(|e| e.m_source == MSource::Solver)
+    );
+    let gemv = manifest
+        .entries
+        .iter()
+        .find(|e| e.target == "opencl" && e.variant == Variant::Gemv)
+        .unwrap();
+    assert_eq!((gemv.m_min, gemv.m_max), (1, Some(kgen::DEFAULT_M1 - 1)));
+
+    // A record from another generator is still used, with a note.
+    let other = GeneratorId {
+        version: "0.0.1".into(),
+        template_hash: "x".into(),
+    };
+    record_with(other).save(&record_path).unwrap();
+    let report = generate(&cfg).unwrap();
+    assert!(
+        report.notes.iter().any(|n| n.contains("0.0.1")),
+        "{:?}",
+        report.notes
+    );
+}
+
+#[test]
+fn explicit_shapes_and_bad_inputs() {
+    let out = scratch("explicit");
+    let cfg = GenConfig::new(
+        ["opencl"],
+        ModelSpec::Shapes {
+            model: "two".into(),
+            shapes: vec![tessera_dsl::models::LayerShape {
+                name: "proj".into(),
+                n: 100,
+                k: 96,
+            }],
+        },
+        &out,
+    );
+    let m = kgen::manifest(&cfg).unwrap();
+    assert_eq!(m.model, "two");
+    assert_eq!(m.entries.len(), 3);
+    assert!(
+        m.entries
+            .iter()
+            .all(|e| e.format == "w4a16" && e.layer == "proj")
+    );
+
+    let err = |c: GenConfig| generate(&c).unwrap_err().to_string();
+    let e = err(config(&["sm80"], "tiny", &out));
+    assert!(
+        e.contains("unknown target `sm80`") && e.contains("aarch64-i8mm"),
+        "{e}"
+    );
+    let e = err(config(&[], "tiny", &out));
+    assert!(e.contains("no target"), "{e}");
+    let e = err(config(&["opencl"], "no-such-model", &out));
+    assert!(e.contains("qwen2-1.5b"), "{e}");
+    let mut bad_format = config(&["opencl"], "tiny", &out);
+    bad_format.formats = vec!["w3a3".into()];
+    let e = err(bad_format);
+    assert!(
+        e.contains("unknown format `w3a3`") && e.contains("w4a16"),
+        "{e}"
+    );
+    // A format no target can run is an error naming the reason…
+    let mut unrunnable = config(&["opencl"], "tiny", &out);
+    unrunnable.formats = vec!["w8a8".into()];
+    let e = err(unrunnable);
+    assert!(e.contains("opencl cannot generate format w8a8"), "{e}");
+    // …one that some formats cannot is skipped there with a note.
+    let mut mixed = config(&["opencl", "aarch64-i8mm"], "tiny", &out);
+    mixed.formats = vec!["w4a8".into(), "f16".into()];
+    let report = generate(&mixed).unwrap();
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("opencl skips format w4a8")),
+        "{:?}",
+        report.notes
+    );
+}
