@@ -24,7 +24,7 @@
 use tessera_dsl::{Activation, Format, Group};
 
 use super::writer::{Body, f32_lit};
-use super::{Args, Sm, module};
+use super::{Args, Limits, Sm, module};
 use crate::gpu::{Dequant, GemvPlan, MatmulPlan};
 
 /// Lanes of one h in one warp (reduced by shuffles), given the plan.
@@ -269,8 +269,10 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
         header,
         &plan.entry,
         &plan.args,
-        [g.wg_h, g.k_lanes, 1],
-        sm.caps().registers,
+        Limits {
+            reqntid: [g.wg_h, g.k_lanes, 1],
+            maxnreg: sm.caps().registers,
+        },
         &decls,
         b,
     )

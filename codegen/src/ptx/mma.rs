@@ -44,7 +44,7 @@ use tessera_dsl::Group;
 
 use super::gemv::activation;
 use super::writer::Body;
-use super::{Args, Sm, module};
+use super::{Args, Limits, Sm, module};
 use crate::artifact::EmitError;
 use crate::gpu::{Dequant, MatmulPlan, TiledPlan};
 use crate::target::MMA_M16N8K16_F16;
@@ -84,7 +84,7 @@ impl MmaLayout {
                 t.unit_threads
             )));
         }
-        if t.ep % mma.n != 0 || t.hp % mma.m != 0 {
+        if !t.ep.is_multiple_of(mma.n) || !t.hp.is_multiple_of(mma.m) {
             return Err(bad(format!(
                 "warp tile {}x{} is not a multiple of the mma n x m = {}x{}",
                 t.ep, t.hp, mma.n, mma.m
@@ -284,8 +284,10 @@ pub fn print(
         &h,
         &plan.entry,
         &plan.args,
-        [t.threads(), 1, 1],
-        sm.caps().registers,
+        Limits {
+            reqntid: [t.threads(), 1, 1],
+            maxnreg: sm.caps().registers,
+        },
         &decls,
         b,
     );
@@ -535,6 +537,10 @@ fn load_stage(
     }
 }
 
+/// Per m tile, the thread's rows g and g + 8: scale and offset (if any)
+/// as f16x2 registers.
+type GroupParams = Vec<[(String, Option<String>); 2]>;
+
 /// Scale (and offset) of the thread's two rows (g, g + 8) of every m tile
 /// for group `gi`, as f16x2 pairs `[m_tile][row]`.
 fn params(
@@ -545,7 +551,7 @@ fn params(
     cx: &Ctx,
     a: &Args,
     gi: &str,
-) -> Vec<[(String, Option<String>); 2]> {
+) -> GroupParams {
     let wt = &plan.weights;
     let mut out = Vec::new();
     for i in 0..lay.m_tiles {
@@ -641,7 +647,7 @@ fn compute_stage(
     base: &str,
     k0: &str,
     acc: &[Vec<[String; 4]>],
-    row_params: Option<&Vec<[(String, Option<String>); 2]>>,
+    row_params: Option<&GroupParams>,
 ) {
     let wt = &plan.weights;
     let wbase = b.r();

@@ -239,15 +239,22 @@ impl Args {
     }
 }
 
+/// An entry's launch contract with ptxas: the exact block shape, and the
+/// register limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub reqntid: [u32; 3],
+    pub maxnreg: u32,
+}
+
 /// The module text: header comment, `.version`/`.target`, then one entry
-/// limited to `maxnreg` registers per thread.
+/// under `limits`.
 pub fn module(
     sm: Sm,
     header: &str,
     entry: &str,
     args: &[KernelArg],
-    reqntid: [u32; 3],
-    maxnreg: u32,
+    limits: Limits,
     decls: &[String],
     body: Body,
 ) -> String {
@@ -273,10 +280,11 @@ pub fn module(
         .collect();
     let _ = writeln!(s, "{}", params.join(",\n"));
     let _ = writeln!(s, ")");
-    let _ = writeln!(s, ".reqntid {}, {}, {}", reqntid[0], reqntid[1], reqntid[2]);
+    let [x, y, z] = limits.reqntid;
+    let _ = writeln!(s, ".reqntid {x}, {y}, {z}");
     // The solver's budget as ptxas's limit: without it ptxas trades
     // registers for occupancy on its own (64 at 256 threads) and spills.
-    let _ = writeln!(s, ".maxnreg {maxnreg}");
+    let _ = writeln!(s, ".maxnreg {}", limits.maxnreg);
     let _ = writeln!(s, "{{");
     s.push_str(&body.finish());
     let _ = writeln!(s, "}}");
