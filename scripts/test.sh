@@ -111,20 +111,20 @@ ensure_clang() {
     have clang || ensure_apt_packages clang
 }
 
-# PTX checks: ptxas from NVIDIA's pip wheel (no GPU needed to assemble).
-# Exports PTXAS with its path and puts it on PATH.
+# PTX checks: ptxas from NVIDIA's pip wheel (no GPU needed to assemble),
+# installed into Tessera's cache folder, not system-wide. Exports PTXAS with
+# its path (the PTX tests read it) and puts it on PATH.
+PTXAS_PREFIX="${XDG_CACHE_HOME:-$HOME/.cache}/tessera/nvcc"
 ensure_ptxas() {
-    if ! have ptxas; then
-        local pkg=nvidia-cuda-nvcc-cu12 location
+    local bin="$PTXAS_PREFIX/nvidia/cuda_nvcc/bin"
+    if ! have ptxas && [ ! -x "$bin/ptxas" ]; then
         have python3 || ensure_apt_packages python3 python3-pip
-        if ! python3 -m pip show "$pkg" >/dev/null 2>&1; then
-            log "pip install $pkg"
-            python3 -m pip install --quiet "$pkg"
-        fi
-        location=$(python3 -m pip show "$pkg" | sed -n 's/^Location: //p')
-        [ -x "$location/nvidia/cuda_nvcc/bin/ptxas" ] || die "ptxas not found in $pkg"
-        export PATH="$location/nvidia/cuda_nvcc/bin:$PATH"
+        python3 -m pip --version >/dev/null 2>&1 || ensure_apt_packages python3-pip
+        log "pip install nvidia-cuda-nvcc-cu12 into $PTXAS_PREFIX"
+        python3 -m pip install --quiet --target "$PTXAS_PREFIX" nvidia-cuda-nvcc-cu12
+        [ -x "$bin/ptxas" ] || die "ptxas not found in nvidia-cuda-nvcc-cu12 under $PTXAS_PREFIX"
     fi
+    [ -x "$bin/ptxas" ] && export PATH="$bin:$PATH"
     PTXAS=$(command -v ptxas)
     export PTXAS
 }
@@ -139,6 +139,7 @@ install_requirements() {
     ensure_aarch64_cross
     ensure_pocl
     ensure_clang
+    ensure_ptxas
 }
 
 # The cranelift (host) backend's aarch64 code paths, natively under

@@ -14,6 +14,7 @@ pub mod host_attention;
 pub mod jit;
 pub mod neon;
 pub mod opencl;
+pub mod ptx;
 pub mod target;
 pub mod tile;
 pub mod x86;
