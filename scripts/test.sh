@@ -150,6 +150,13 @@ run_aarch64_clif_tests() {
         --test clif_matmul --test clif_attention --test clif_listing
 }
 
+# The CUDA host path is behind a non-default feature: lint it and run its
+# tests, which print a visible SKIP where no CUDA driver exists.
+run_cuda_feature_checks() {
+    cargo clippy -p tessera-runtime --features cuda --all-targets -- -D warnings &&
+        cargo test -p tessera-runtime --features cuda --test cuda_matmul -- --nocapture
+}
+
 # --- checks -------------------------------------------------------------------
 
 FAILED=()
@@ -194,6 +201,7 @@ main() {
     check "rustfmt" cargo fmt --all -- --check
     check "clippy" cargo clippy --workspace --all-targets -- -D warnings
     check "tests (cargo test --workspace)" run_tests
+    check "cuda feature (clippy; tests SKIP without a driver)" run_cuda_feature_checks
     check "aarch64 clif tests (qemu)" run_aarch64_clif_tests
     check "aarch64 NEON suite (qemu: max, cortex-a76, cortex-a72)" bash scripts/test-aarch64.sh
 
