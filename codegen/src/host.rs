@@ -311,6 +311,10 @@ impl std::fmt::Debug for HostMatmul {
     }
 }
 
+/// Runs a call's per-range function (`0..ranges.len()`) on some threads:
+/// see [`HostMatmul::run_ranges`].
+pub type RangeExecutor<'a> = dyn Fn(&(dyn Fn(usize) + Sync)) + 'a;
+
 /// Kernel arguments shared by the scoped worker threads of one call.
 struct SharedArgs(MatmulArgs);
 // SAFETY: the pointers refer to buffers borrowed for the whole scoped call;
@@ -425,7 +429,7 @@ impl HostMatmul {
         bias: Option<&[f32]>,
         y: HostOutput<'_>,
         ranges: &[Range<usize>],
-        exec: &dyn Fn(&(dyn Fn(usize) + Sync)),
+        exec: &RangeExecutor<'_>,
     ) -> Result<(), HostError> {
         let mm = matmul_of(&self.kernel)?;
         let (n, k) = (w.n, w.k);

@@ -28,8 +28,7 @@ use tessera_dsl::interp::{self, Bindings, Value};
 use tessera_dsl::library;
 use tessera_dsl::quant::{self, QuantTensor};
 use tessera_runtime::{
-    Attention, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, WeightFormat,
-    Weights,
+    Attention, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, WeightFormat, Weights,
 };
 
 const HIDDEN: usize = 1536;
@@ -82,7 +81,10 @@ struct Stats {
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn linear(layer: &Layer, x: &[f32], m: usize, stats: &mut Stats) -> Result<Vec<f32>, Error> {
@@ -261,8 +263,18 @@ fn main() -> Result<(), Error> {
     let (mut keys, mut values) = (Vec::new(), Vec::new());
 
     let mut stats = Stats::default();
-    let x: Vec<f32> = (0..prompt * HIDDEN).map(|_| r.gen_range(-1.0..1.0)).collect();
-    let mut out = step(&model, &mut cache, &mut keys, &mut values, &x, prompt, &mut stats)?;
+    let x: Vec<f32> = (0..prompt * HIDDEN)
+        .map(|_| r.gen_range(-1.0..1.0))
+        .collect();
+    let mut out = step(
+        &model,
+        &mut cache,
+        &mut keys,
+        &mut values,
+        &x,
+        prompt,
+        &mut stats,
+    )?;
     let prefill_time = stats.runtime;
     let prefill = std::mem::take(&mut stats);
 
@@ -271,7 +283,15 @@ fn main() -> Result<(), Error> {
         // Feed back the last row (a stand-in for the next token's embedding).
         let last = out[out.len() - HIDDEN..].to_vec();
         let x = rms_norm(&last);
-        out = step(&model, &mut cache, &mut keys, &mut values, &x, 1, &mut decode)?;
+        out = step(
+            &model,
+            &mut cache,
+            &mut keys,
+            &mut values,
+            &x,
+            1,
+            &mut decode,
+        )?;
     }
     println!(
         "prefill: {prompt} tokens in {:.2?} = {:.1} tokens/s (runtime time only)",

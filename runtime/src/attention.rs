@@ -196,7 +196,11 @@ impl KvCache {
         capacity: KvCapacity,
     ) -> Result<KvCache, RuntimeError> {
         if kvh == 0 || d == 0 {
-            return Err(shape("KV cache kvh, d", "both ≥ 1", format!("kvh={kvh}, d={d}")));
+            return Err(shape(
+                "KV cache kvh, d",
+                "both ≥ 1",
+                format!("kvh={kvh}, d={d}"),
+            ));
         }
         let tokens = match capacity {
             KvCapacity::Max(n) | KvCapacity::Chunked(n) if n > 0 => n,
@@ -346,7 +350,11 @@ fn split_by_cost(costs: &[usize], weights: &[f64]) -> Vec<Range<usize>> {
         .map(|&w| if w.is_finite() && w > 0.0 { w } else { 0.0 })
         .collect();
     let wsum: f64 = w.iter().sum();
-    let w = if wsum > 0.0 { w } else { vec![1.0; weights.len().max(1)] };
+    let w = if wsum > 0.0 {
+        w
+    } else {
+        vec![1.0; weights.len().max(1)]
+    };
     let wsum: f64 = w.iter().sum();
     let mut out = Vec::with_capacity(w.len());
     let (mut start, mut acc, mut target) = (0usize, 0f64, 0f64);
@@ -374,7 +382,11 @@ impl Attention {
         format: KvFormat,
     ) -> Result<Attention, RuntimeError> {
         if kvh == 0 || hq == 0 || !hq.is_multiple_of(kvh) {
-            return Err(shape("query heads", format!("a positive multiple of kv heads {kvh}"), hq));
+            return Err(shape(
+                "query heads",
+                format!("a positive multiple of kv heads {kvh}"),
+                hq,
+            ));
         }
         if d == 0 {
             return Err(shape("head dimension", "at least 1", d));

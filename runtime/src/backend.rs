@@ -19,11 +19,9 @@ use tessera_dsl::ir::{Kernel, Variant};
 use tessera_dsl::library;
 
 use crate::device::Fingerprint;
-use crate::dispatch::{
-    DEFAULT_M1, DEFAULT_M2, PlanSource, ShapePlan, VariantPlan,
-};
 #[cfg(feature = "jit")]
 use crate::dispatch::representative_m;
+use crate::dispatch::{DEFAULT_M1, DEFAULT_M2, PlanSource, ShapePlan, VariantPlan};
 use crate::error::RuntimeError;
 use crate::format::WeightFormat;
 use crate::pool::ThreadPool;
@@ -300,7 +298,11 @@ impl Device {
         k: usize,
     ) -> Result<(ShapePlan, [Arc<HostMatmul>; 3]), RuntimeError> {
         if n == 0 || k == 0 {
-            return Err(crate::error::shape("weight shape [n, k]", "n, k ≥ 1", format!("[{n}, {k}]")));
+            return Err(crate::error::shape(
+                "weight shape [n, k]",
+                "n, k ≥ 1",
+                format!("[{n}, {k}]"),
+            ));
         }
         let kernel = library::get(format.library_kernel())?;
         let threads = self.pool.threads();
@@ -473,12 +475,22 @@ impl Device {
                         why: "not in the prebuilt set".into(),
                     }
                 })?;
-                Ok(HostMatmul::new(kernel, host_tile, p.quantizer.as_ref(), &p.code)?)
+                Ok(HostMatmul::new(
+                    kernel,
+                    host_tile,
+                    p.quantizer.as_ref(),
+                    &p.code,
+                )?)
             }
             #[cfg(feature = "jit")]
             _ => {
                 let (code, quantizer) = self.emit_matmul(kernel, variant, tile, n, k)?;
-                Ok(HostMatmul::new(kernel, host_tile, quantizer.as_ref(), &code)?)
+                Ok(HostMatmul::new(
+                    kernel,
+                    host_tile,
+                    quantizer.as_ref(),
+                    &code,
+                )?)
             }
         }
     }
@@ -491,13 +503,14 @@ impl Device {
         }
         let kernel = library::get(name)?;
         let code: MachineCode = match &self.engine {
-            Engine::Prebuilt(set) => set
-                .attention(name)
-                .map(|p| p.code.clone())
-                .ok_or_else(|| RuntimeError::NoKernel {
-                    what: name.to_string(),
-                    why: "not in the prebuilt set".into(),
-                })?,
+            Engine::Prebuilt(set) => {
+                set.attention(name).map(|p| p.code.clone()).ok_or_else(|| {
+                    RuntimeError::NoKernel {
+                        what: name.to_string(),
+                        why: "not in the prebuilt set".into(),
+                    }
+                })?
+            }
             #[cfg(feature = "jit")]
             _ => self.emit_attention(&kernel)?,
         };
@@ -550,7 +563,10 @@ fn jit_engine(backend: Backend) -> Result<Engine, RuntimeError> {
         Backend::Neon => NeonBackend::detect().map(Engine::Neon).ok_or_else(|| {
             unavailable(
                 backend,
-                format!("NEON needs an aarch64 host; this is {}", std::env::consts::ARCH),
+                format!(
+                    "NEON needs an aarch64 host; this is {}",
+                    std::env::consts::ARCH
+                ),
             )
         }),
         Backend::OpenCl | Backend::Cuda => Err(unavailable(backend, "not a JIT backend")),
@@ -695,13 +711,19 @@ mod jit {
                 .is_some_and(|t| t.format == Format::I8Dyn);
             match &self.engine {
                 Engine::X86(b) => {
-                    let code = machine(&what, emit_variant(b, kernel, &config, variant).map_err(err)?)?;
+                    let code = machine(
+                        &what,
+                        emit_variant(b, kernel, &config, variant).map_err(err)?,
+                    )?;
                     let q = b.emit_quantizer(kernel, &config).map_err(err)?;
                     Ok((code, q))
                 }
                 Engine::Clif => {
                     let b = self.clif()?;
-                    let code = machine(&what, emit_variant(&*b, kernel, &config, variant).map_err(err)?)?;
+                    let code = machine(
+                        &what,
+                        emit_variant(&*b, kernel, &config, variant).map_err(err)?,
+                    )?;
                     let q = if i8dyn {
                         Some(b.emit_quantizer(kernel, &config).map_err(err)?)
                     } else {
@@ -710,7 +732,10 @@ mod jit {
                     Ok((code, q))
                 }
                 Engine::Neon(b) => {
-                    let code = machine(&what, emit_variant(b, kernel, &config, variant).map_err(err)?)?;
+                    let code = machine(
+                        &what,
+                        emit_variant(b, kernel, &config, variant).map_err(err)?,
+                    )?;
                     let q = b.quantizer(kernel, &config).map_err(err)?;
                     Ok((code, q))
                 }
@@ -730,7 +755,8 @@ mod jit {
                 .ok_or_else(|| emit_err(&kernel.name, "no tile"))?;
             machine(
                 &kernel.name,
-                clif.emit(kernel, &tile).map_err(|e| emit_err(&kernel.name, e))?,
+                clif.emit(kernel, &tile)
+                    .map_err(|e| emit_err(&kernel.name, e))?,
             )
         }
     }

@@ -195,8 +195,12 @@ impl Linear {
             HostOutput::F16(v) => v.len(),
             HostOutput::BF16(v) => v.len(),
         };
-        let mk = m.checked_mul(k).ok_or_else(|| shape("m·k", "no overflow", "overflow"))?;
-        let mn = m.checked_mul(n).ok_or_else(|| shape("m·n", "no overflow", "overflow"))?;
+        let mk = m
+            .checked_mul(k)
+            .ok_or_else(|| shape("m·k", "no overflow", "overflow"))?;
+        let mn = m
+            .checked_mul(n)
+            .ok_or_else(|| shape("m·n", "no overflow", "overflow"))?;
         check_len("x elements (m·k)", mk, x_len)?;
         check_len("y elements (m·n)", mn, y_len)?;
         if m == 0 {

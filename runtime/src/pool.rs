@@ -126,11 +126,7 @@ impl ThreadPool {
         let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
         let mut s = lock(&self.shared.state);
         while s.pending > 0 {
-            s = self
-                .shared
-                .done
-                .wait(s)
-                .unwrap_or_else(|e| e.into_inner());
+            s = self.shared.done.wait(s).unwrap_or_else(|e| e.into_inner());
         }
         s.job = None;
         let worker_panicked = s.panicked;
@@ -200,11 +196,7 @@ pub fn split_weighted(units: usize, weights: &[f64]) -> Vec<std::ops::Range<usiz
         })
         .collect();
     let total: f64 = clean.iter().sum();
-    let clean = if total > 0.0 {
-        clean
-    } else {
-        vec![1.0; n]
-    };
+    let clean = if total > 0.0 { clean } else { vec![1.0; n] };
     let total: f64 = clean.iter().sum();
     let exact: Vec<f64> = clean.iter().map(|w| units as f64 * w / total).collect();
     let mut counts: Vec<usize> = exact.iter().map(|x| x.floor() as usize).collect();

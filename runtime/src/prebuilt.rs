@@ -94,7 +94,12 @@ impl PrebuiltSet {
     }
 
     /// The instance of `kernel` for `variant` at `tile`.
-    pub fn matmul(&self, kernel: &str, variant: Variant, tile: [u32; 3]) -> Option<&PrebuiltKernel> {
+    pub fn matmul(
+        &self,
+        kernel: &str,
+        variant: Variant,
+        tile: [u32; 3],
+    ) -> Option<&PrebuiltKernel> {
         self.kernels
             .iter()
             .find(|p| p.kernel == kernel && p.variant == Some(variant) && p.tile == tile)

@@ -81,7 +81,11 @@ fn reference(
 }
 
 fn max_err(a: &[f32], b: &[f32]) -> (f32, f32) {
-    let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
     let scale = b.iter().map(|x| x.abs()).fold(0.0, f32::max);
     (err, scale)
 }
@@ -143,7 +147,14 @@ fn linear_matches_the_interpreter_for_every_m_with_tails() {
 }
 
 /// A record for this device with the given breakpoints and the default tiles.
-fn record_for(dev: &Device, format: WeightFormat, n: usize, k: usize, m1: usize, m2: usize) -> TuningRecord {
+fn record_for(
+    dev: &Device,
+    format: WeightFormat,
+    n: usize,
+    k: usize,
+    m1: usize,
+    m2: usize,
+) -> TuningRecord {
     let defaults = dev.prepare(format, &[(n, k)]).unwrap().remove(0);
     let winners = defaults
         .variants
@@ -191,7 +202,15 @@ fn dispatch_switches_at_the_records_breakpoints() {
         let mut r = rng(7);
         let w = randv(&mut r, n * k);
         let bias = randv(&mut r, n);
-        let lin = Linear::new(&dev, WeightFormat::W4A8, Weights::F32(&w), n, k, Some(&bias)).unwrap();
+        let lin = Linear::new(
+            &dev,
+            WeightFormat::W4A8,
+            Weights::F32(&w),
+            n,
+            k,
+            Some(&bias),
+        )
+        .unwrap();
         assert_eq!(lin.plan().source, PlanSource::Record);
         assert!(lin.plan().variants.iter().all(|v| v.from_record));
         assert_eq!(lin.plan().core_weights, vec![3.0, 1.0]);
@@ -221,7 +240,15 @@ fn refused_records_fall_back_to_defaults_and_say_why() {
     fp.features.push("made-up-feature".into());
     other.entries[0].fingerprint = fp;
     let dev = device(backend, 1, Some(other));
-    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&vec![0.5; n * k]), n, k, None).unwrap();
+    let lin = Linear::new(
+        &dev,
+        WeightFormat::F32,
+        Weights::F32(&vec![0.5; n * k]),
+        n,
+        k,
+        None,
+    )
+    .unwrap();
     match &lin.plan().source {
         PlanSource::Defaults { why } => assert!(why.contains("features differ"), "{why}"),
         s => panic!("record accepted: {s:?}"),
@@ -234,7 +261,15 @@ fn refused_records_fall_back_to_defaults_and_say_why() {
         template_hash: "deadbeef".into(),
     };
     let dev = device(backend, 1, Some(stale));
-    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&vec![0.5; n * k]), n, k, None).unwrap();
+    let lin = Linear::new(
+        &dev,
+        WeightFormat::F32,
+        Weights::F32(&vec![0.5; n * k]),
+        n,
+        k,
+        None,
+    )
+    .unwrap();
     match &lin.plan().source {
         PlanSource::Defaults { why } => assert!(why.contains("generator"), "{why}"),
         s => panic!("record accepted: {s:?}"),
@@ -242,7 +277,15 @@ fn refused_records_fall_back_to_defaults_and_say_why() {
     // A record without this shape.
     let other_shape = record_for(&probe, WeightFormat::F32, n, k, 5, 9);
     let dev = device(backend, 1, Some(other_shape));
-    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&vec![0.5; 8 * k]), 8, k, None).unwrap();
+    let lin = Linear::new(
+        &dev,
+        WeightFormat::F32,
+        Weights::F32(&vec![0.5; 8 * k]),
+        8,
+        k,
+        None,
+    )
+    .unwrap();
     match &lin.plan().source {
         PlanSource::Defaults { why } => assert!(why.contains("no shape [8, 32]"), "{why}"),
         s => panic!("record accepted: {s:?}"),
@@ -261,14 +304,27 @@ fn bad_shapes_and_formats_are_errors_naming_the_mismatch() {
     let w = vec![0.1; n * k];
     let e = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w[1..]), n, k, None).unwrap_err();
     assert!(e.to_string().contains("weights elements"), "{e}");
-    let e = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, Some(&[0.0; 3])).unwrap_err();
+    let e = Linear::new(
+        &dev,
+        WeightFormat::F32,
+        Weights::F32(&w),
+        n,
+        k,
+        Some(&[0.0; 3]),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("bias"), "{e}");
     let q = quant::quantize(Format::I8Sym(Group::Row), n, k, &w).unwrap();
     let e = Linear::new(&dev, WeightFormat::W4A8, Weights::Quant(&q), n, k, None).unwrap_err();
     assert!(e.to_string().contains("quantized weights"), "{e}");
     let e = Linear::new(&dev, WeightFormat::F32, Weights::F32(&[]), 0, k, None).unwrap_err();
     assert!(matches!(e, RuntimeError::Shape { .. }), "{e}");
-    assert!("q4".parse::<WeightFormat>().unwrap_err().to_string().contains("w4a8"));
+    assert!(
+        "q4".parse::<WeightFormat>()
+            .unwrap_err()
+            .to_string()
+            .contains("w4a8")
+    );
 
     let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
     let mut y = vec![0.0; 2 * n];
@@ -278,7 +334,11 @@ fn bad_shapes_and_formats_are_errors_naming_the_mismatch() {
     assert!(e.to_string().contains("y elements"), "{e}");
     let xh = vec![f16::ZERO; 2 * k];
     let e = lin
-        .forward(tessera_runtime::Input::F16(&xh), 2, tessera_runtime::Output::F32(&mut y))
+        .forward(
+            tessera_runtime::Input::F16(&xh),
+            2,
+            tessera_runtime::Output::F32(&mut y),
+        )
         .unwrap_err();
     assert!(e.to_string().contains("x dtype"), "{e}");
     assert!(lin.forward_f32(&[], 0, &mut []).is_ok());
@@ -298,13 +358,23 @@ fn bad_shapes_and_formats_are_errors_naming_the_mismatch() {
     assert!(matches!(e, RuntimeError::CacheFull { max: 4, .. }), "{e}");
     let e = att.decode(&q[1..], &cache, &mut o).unwrap_err();
     assert!(e.to_string().contains("q elements"), "{e}");
-    let e = att.prefill(&vec![f16::ZERO; 5 * 64], 5, &cache, &mut vec![f16::ZERO; 5 * 64]).unwrap_err();
+    let e = att
+        .prefill(
+            &vec![f16::ZERO; 5 * 64],
+            5,
+            &cache,
+            &mut vec![f16::ZERO; 5 * 64],
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("prefill tokens"), "{e}");
     let wrong = KvCache::new(KvFormat::Kv8, 2, 16, KvCapacity::Max(4)).unwrap();
     let e = att.decode(&q, &wrong, &mut o).unwrap_err();
     assert!(e.to_string().contains("KV cache format"), "{e}");
     let e = Device::open(Backend::Cuda, DeviceOptions::default()).unwrap_err();
-    assert!(e.to_string().contains("cuda") && e.to_string().contains("not available"), "{e}");
+    assert!(
+        e.to_string().contains("cuda") && e.to_string().contains("not available"),
+        "{e}"
+    );
     if !cfg!(target_arch = "aarch64") {
         let e = Device::open(Backend::Neon, DeviceOptions::default()).unwrap_err();
         assert!(e.to_string().contains("aarch64"), "{e}");
@@ -312,6 +382,7 @@ fn bad_shapes_and_formats_are_errors_naming_the_mismatch() {
 }
 
 /// The interpreter's attention over the whole cache for the last t tokens.
+#[allow(clippy::too_many_arguments)]
 fn reference_attention(
     format: KvFormat,
     q: &[f16],
@@ -323,7 +394,11 @@ fn reference_attention(
     kvh: usize,
     d: usize,
 ) -> Vec<f32> {
-    let name = if t == 1 { format.kernel_name() } else { "attention-prefill-f16" };
+    let name = if t == 1 {
+        format.kernel_name()
+    } else {
+        "attention-prefill-f16"
+    };
     let kernel = library::get(name).unwrap();
     let bind = |f: Format, x: &[f32]| match f {
         Format::F16 => Value::F16(x.iter().map(|&v| f16::from_f32(v)).collect()),
@@ -344,7 +419,9 @@ fn reference_attention(
 }
 
 fn randh(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f16> {
-    (0..n).map(|_| f16::from_f32(r.gen_range(-1.0f32..1.0) * scale)).collect()
+    (0..n)
+        .map(|_| f16::from_f32(r.gen_range(-1.0f32..1.0) * scale))
+        .collect()
 }
 
 #[test]
@@ -363,7 +440,11 @@ fn kv_cache_grows_past_its_first_chunk_in_place_and_decode_stays_exact() {
             let v = randv(&mut r, kvh * d);
             cache.append(&k, &v, 1).unwrap();
             if cache.growths() == growths {
-                assert_eq!(cache.addresses(), base, "moved without growing at step {step}");
+                assert_eq!(
+                    cache.addresses(),
+                    base,
+                    "moved without growing at step {step}"
+                );
             } else {
                 growths = cache.growths();
                 base = cache.addresses();
