@@ -17,6 +17,9 @@
 //! lp]`): scales `[groups, n_pad]` then offsets `[groups, n_pad]`, where
 //! `n_pad` is n rounded up to hp.
 
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use half::{bf16, f16};
 use tessera_dsl::ir::{Format, Kernel, LayoutDim, Matmul};
 use tessera_dsl::quant::{
@@ -308,6 +311,10 @@ impl std::fmt::Debug for HostMatmul {
     }
 }
 
+/// Runs a call's per-range function (`0..ranges.len()`) on some threads:
+/// see [`HostMatmul::run_ranges`].
+pub type RangeExecutor<'a> = dyn Fn(&(dyn Fn(usize) + Sync)) + 'a;
+
 /// Kernel arguments shared by the scoped worker threads of one call.
 struct SharedArgs(MatmulArgs);
 // SAFETY: the pointers refer to buffers borrowed for the whole scoped call;
@@ -376,7 +383,8 @@ impl HostMatmul {
         HostWeights::pack(&self.kernel, self.tile, n, k, w)
     }
 
-    /// y[m, n] = x[m, k] · wᵀ (+ bias, epilogue), on `threads` threads.
+    /// y[m, n] = x[m, k] · wᵀ (+ bias, epilogue), on `threads` threads
+    /// (an even split of the hp panels, on scoped threads).
     pub fn run(
         &self,
         x: HostInput<'_>,
@@ -385,6 +393,43 @@ impl HostMatmul {
         bias: Option<&[f32]>,
         y: HostOutput<'_>,
         threads: usize,
+    ) -> Result<(), HostError> {
+        let panels = w.n.div_ceil(self.tile.hp.max(1));
+        let threads = threads.clamp(1, panels.max(1));
+        let per = panels.div_ceil(threads);
+        let ranges: Vec<Range<usize>> = (0..threads)
+            .map(|t| (t * per).min(panels)..((t + 1) * per).min(panels))
+            .collect();
+        self.run_ranges(x, m, w, bias, y, &ranges, &|call| {
+            if threads == 1 {
+                call(0);
+            } else {
+                std::thread::scope(|s| {
+                    for t in 0..threads {
+                        s.spawn(move || call(t));
+                    }
+                });
+            }
+        })
+    }
+
+    /// Like [`HostMatmul::run`], with the caller choosing the split and the
+    /// threads: `ranges` are disjoint ranges of hp panels (`n.div_ceil(hp)`
+    /// in all; uncovered panels are left unwritten), and `exec` is handed a
+    /// function to call once per range index (`0..ranges.len()`), from any
+    /// threads, before it returns (e.g. a persistent pool with per-core
+    /// weights, MNN-LLM 5.2). Each range runs at most once however often
+    /// its index is called; out-of-range indices are ignored.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_ranges(
+        &self,
+        x: HostInput<'_>,
+        m: usize,
+        w: &HostWeights,
+        bias: Option<&[f32]>,
+        y: HostOutput<'_>,
+        ranges: &[Range<usize>],
+        exec: &RangeExecutor<'_>,
     ) -> Result<(), HostError> {
         let mm = matmul_of(&self.kernel)?;
         let (n, k) = (w.n, w.k);
@@ -457,6 +502,25 @@ impl HostMatmul {
             }
             (None, None) => {}
         }
+        let panels = n.div_ceil(self.tile.hp.max(1));
+        let mut sorted: Vec<&Range<usize>> = ranges.iter().filter(|r| !r.is_empty()).collect();
+        sorted.sort_by_key(|r| r.start);
+        for pair in sorted.windows(2) {
+            if pair[0].end > pair[1].start {
+                return Err(HostError::Shape {
+                    what: "panel ranges",
+                    expected: "disjoint ranges".into(),
+                    got: format!("{:?} and {:?} overlap", pair[0], pair[1]),
+                });
+            }
+        }
+        if let Some(r) = sorted.iter().find(|r| r.end > panels) {
+            return Err(HostError::Shape {
+                what: "panel ranges",
+                expected: format!("within 0..{panels} (n={n}, hp={})", self.tile.hp),
+                got: format!("{r:?}"),
+            });
+        }
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -509,9 +573,6 @@ impl HostMatmul {
         }
 
         let hp = self.tile.hp.max(1);
-        let panels = n.div_ceil(hp);
-        let threads = threads.clamp(1, panels);
-        let per = panels.div_ceil(threads);
         let base = SharedArgs(MatmulArgs {
             x: if self.quantizer.is_some() {
                 qx.as_ptr()
@@ -532,9 +593,16 @@ impl HostMatmul {
             n0: 0,
             n_total: n,
         });
-        let call = |p0: usize, p1: usize| {
-            let n0 = p0 * hp;
-            let n1 = (p1 * hp).min(n);
+        let claimed: Vec<AtomicBool> = ranges.iter().map(|_| AtomicBool::new(false)).collect();
+        let call = |index: usize| {
+            let (Some(range), Some(flag)) = (ranges.get(index), claimed.get(index)) else {
+                return;
+            };
+            if flag.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            let n0 = range.start * hp;
+            let n1 = (range.end * hp).min(n);
             if n0 >= n1 {
                 return;
             }
@@ -547,22 +615,15 @@ impl HostMatmul {
             // MatmulArgs ABI. Every buffer was checked above against (m, n, k):
             // x (or the quantizer's output), the packed weights and params
             // (packed for this kernel, format and tile), bias (n), y (m·n).
-            // Calls on different threads write disjoint columns n0..n1 of y.
+            // The ranges were checked disjoint and each runs at most once
+            // (its flag), so calls on different threads write disjoint
+            // columns n0..n1 of y; `exec` returns before the buffers go.
             unsafe {
                 let f: KernelFn<MatmulArgs> = std::mem::transmute(self.matmul.entry());
                 f(&args);
             }
         };
-        if threads == 1 {
-            call(0, panels);
-        } else {
-            std::thread::scope(|s| {
-                for t in 0..threads {
-                    let call = &call;
-                    s.spawn(move || call(t * per, ((t + 1) * per).min(panels)));
-                }
-            });
-        }
+        exec(&call);
         Ok(())
     }
 }

@@ -94,6 +94,19 @@ pub enum AttentionError {
 pub enum KvCache<'a> {
     F16(&'a [f16]),
     Quant(&'a QuantTensor),
+    /// Quantized rows borrowed in place (e.g. the first `s` tokens of a
+    /// runtime cache with spare capacity): `codes` one byte per element,
+    /// row-major `[rows, cols]`, one scale (and, for asymmetric formats,
+    /// one offset) per row. Lengths are checked; code values are the
+    /// caller's (any byte is a valid code of the 8-bit cache formats).
+    QuantRows {
+        format: Format,
+        rows: usize,
+        cols: usize,
+        codes: &'a [u8],
+        scales: &'a [f32],
+        offsets: &'a [f32],
+    },
 }
 
 /// A decode attention kernel mapped executable.
@@ -221,6 +234,51 @@ impl HostAttention {
                         t.scales.as_ptr()
                     };
                     (t.codes.as_ptr(), scales, offsets)
+                }
+                KvCache::QuantRows {
+                    format,
+                    rows: r,
+                    cols,
+                    codes,
+                    scales,
+                    offsets,
+                } if format == want => {
+                    if r != rows || cols != d {
+                        return Err(shape(
+                            "quantized cache [rows, cols]",
+                            format!("[{rows}, {d}]"),
+                            format!("[{r}, {cols}]"),
+                        ));
+                    }
+                    let want_scales = match format.group() {
+                        Some(tessera_dsl::ir::Group::Row) => rows,
+                        None if matches!(format, Format::Fp8E4M3 | Format::Fp8E5M2) => 0,
+                        _ => {
+                            return Err(shape(
+                                "cache rows format",
+                                "one group per row, or fp8",
+                                format,
+                            ));
+                        }
+                    };
+                    if codes.len() != cache {
+                        return Err(shape("cache codes (s·kvh·d)", cache, codes.len()));
+                    }
+                    if scales.len() != want_scales {
+                        return Err(shape("cache scales", want_scales, scales.len()));
+                    }
+                    let want_offsets = if format.is_asymmetric() { rows } else { 0 };
+                    if offsets.len() != want_offsets {
+                        return Err(shape("cache offsets", want_offsets, offsets.len()));
+                    }
+                    let nonnull = |v: &[f32]| {
+                        if v.is_empty() {
+                            std::ptr::null()
+                        } else {
+                            v.as_ptr()
+                        }
+                    };
+                    (codes.as_ptr(), nonnull(scales), nonnull(offsets))
                 }
                 _ => return Err(shape("cache format", want, "another format")),
             };

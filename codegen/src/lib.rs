@@ -7,15 +7,19 @@
 
 pub mod abi;
 pub mod artifact;
+#[cfg(feature = "emitters")]
 pub mod clif;
 pub mod gpu;
 pub mod host;
 pub mod host_attention;
 pub mod jit;
+#[cfg(feature = "emitters")]
 pub mod neon;
 pub mod opencl;
+pub mod ptx;
 pub mod target;
 pub mod tile;
+#[cfg(feature = "emitters")]
 pub mod x86;
 
 pub use target::{MacClass, MacInstr, TargetCaps, UnknownTarget, mac_class};

@@ -11,6 +11,7 @@ use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::gpu::with_gpu_weight_layout;
 use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::opencl::{Fp16Mode, OpenClBackend};
+use tessera_codegen::ptx::{PtxBackend, Sm};
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::X86Backend;
 use tessera_codegen::{TargetCaps, mac_class};
@@ -25,6 +26,8 @@ pub const TARGETS: &[&str] = &[
     "aarch64-dotprod",
     "aarch64-i8mm",
     "opencl",
+    "ptx-sm80",
+    "ptx-sm90",
 ];
 
 /// What the user asked for.
@@ -235,6 +238,33 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
             let caps = tessera_codegen::opencl::caps();
             let tiles = tiles_for(caps, &kernel, variant, tile)?;
             let (chosen, artifact) = first_accepted(&backend, &kernel, &tiles, variant)?;
+            let (text, _) = machine(artifact);
+            Ok(Emitted {
+                text: header("//", target, &kernel, variant, Some(&chosen)) + &text,
+                bytes: None,
+            })
+        }
+        "ptx-sm80" | "ptx-sm90" => {
+            if !is_matmul {
+                return Err(format!(
+                    "{target} emits matmul kernels; PTX decode attention is not written yet (`opencl` and `host` emit `{}`)",
+                    kernel.name
+                ));
+            }
+            let sm = if target == "ptx-sm80" {
+                Sm::Sm80
+            } else {
+                Sm::Sm90
+            };
+            let kernel = if has_gpu_weights(&kernel) {
+                kernel
+            } else {
+                with_gpu_weight_layout(&kernel).map_err(|e| e.to_string())?
+            };
+            let caps = sm.caps();
+            let tiles = tiles_for(caps, &kernel, variant, tile)?;
+            let (chosen, artifact) =
+                first_accepted(&PtxBackend::new(sm), &kernel, &tiles, variant)?;
             let (text, _) = machine(artifact);
             Ok(Emitted {
                 text: header("//", target, &kernel, variant, Some(&chosen)) + &text,

@@ -209,7 +209,7 @@ fn emit_writes_bytes_and_refuses_bad_requests() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let bytes = std::fs::read(&path).unwrap();
-    assert!(!bytes.is_empty() && bytes.len() % 4 == 0);
+    assert!(!bytes.is_empty() && bytes.len().is_multiple_of(4));
     let o = cli(&["emit", "--target", "riscv", "--kernel", "matmul-f32"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("x86-avx2"), "{}", stderr(&o));
@@ -254,4 +254,35 @@ fn emit_writes_bytes_and_refuses_bad_requests() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("source text"), "{}", stderr(&o));
+}
+
+#[test]
+fn emit_ptx_flat_gemm_uses_mma_and_gemv_uses_shuffles() {
+    let o = cli(&[
+        "emit",
+        "--target",
+        "ptx-sm80",
+        "--kernel",
+        "matmul-f16",
+        "--variant",
+        "flat-gemm",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("mma.sync.aligned.m16n8k16"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("cp.async"));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "ptx-sm90",
+        "--kernel",
+        "matmul-w4a16",
+        "--variant",
+        "gemv",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("shfl.sync"));
 }

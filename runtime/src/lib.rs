@@ -1,15 +1,48 @@
-//! Tessera's thin runtime.
+//! Tessera's thin runtime: what an inference engine links.
 //!
-//! [`device`] fingerprints this machine; [`record`] reads, checks and merges
-//! the autotuner's tuning records (the M1/M2 breakpoints per weight shape);
-//! [`manifest`] describes kernels generated at build time (no JIT needed);
-//! `opencl` (feature, on by default) builds and launches the OpenCL
-//! backend's programs. Dispatch by M, `Linear` and `Attention` come with the
-//! runtime issue.
+//! - [`backend`]: open a [`Device`] on a [`Backend`] (x86 AVX2, cranelift,
+//!   NEON; OpenCL and CUDA say why they cannot run here), with a persistent
+//!   [`pool::ThreadPool`] and, optionally, a tuning record and prebuilt
+//!   kernels. Every kernel is JITted (feature `jit`) or mapped once.
+//! - [`dispatch`]: per weight shape [N, K], GEMV below M1, flat GEMM below
+//!   M2, GEMM above (FlashDecoding++ section 5), from the record or the
+//!   solver's defaults (and `tracing` says which and why).
+//! - [`Linear`]: weights packed once per tile, `forward` for any M.
+//! - [`Attention`] over a [`KvCache`] appended in place.
+//! - [`device`] fingerprints this machine; [`record`] reads, checks and
+//!   merges the autotuner's tuning records; [`prebuilt`] is the interface
+//!   for ahead-of-time machine code (the only kernels without `jit`);
+//!   [`manifest`] describes the kernel files `tessera-kernels-gen gen`
+//!   writes and the table its `kernels.rs` embeds;
+//!   `opencl` (feature) builds and launches the OpenCL backend's programs;
+//!   `cuda` (feature, off by default) loads and launches the PTX backend's
+//!   programs through the CUDA driver, where one exists.
+//!
+//! Every public entry point checks shapes, lengths and formats before any
+//! unsafe call and returns a [`RuntimeError`] naming the mismatch.
 
+pub mod attention;
+pub mod backend;
 pub mod device;
+pub mod dispatch;
+pub mod error;
+pub mod format;
+pub mod linear;
 pub mod manifest;
+pub mod pool;
+pub mod prebuilt;
 pub mod record;
 
 #[cfg(feature = "opencl")]
 pub mod opencl;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+pub use attention::{Attention, KvCache, KvCapacity, KvFormat};
+pub use backend::{Backend, Device, DeviceOptions, current_generator};
+pub use dispatch::{PlanSource, ShapePlan};
+pub use error::RuntimeError;
+pub use format::WeightFormat;
+pub use linear::{Input, Linear, Output, Weights};
+pub use prebuilt::{PrebuiltKernel, PrebuiltSet};

@@ -214,10 +214,19 @@ pub struct TiledPlan {
     pub stages: u32,
     /// Bytes of local memory: `stages · k_slice · (tile_e + tile_h)` halves.
     pub local_bytes: u32,
+    /// Threads per unit: 1 when a unit is a work item (OpenCL, CUDA cores),
+    /// the warp width when a unit is a warp issuing `mma` (PTX tensor cores,
+    /// where the solver's tile is a warp tile).
+    pub unit_threads: u32,
 }
 
 impl TiledPlan {
     pub fn threads(&self) -> u32 {
+        self.units_e * self.units_h * self.unit_threads
+    }
+
+    /// Units (work items or warps) in the block.
+    pub fn units(&self) -> u32 {
         self.units_e * self.units_h
     }
 }
@@ -494,13 +503,19 @@ pub fn plan_matmul(
                     ),
                 ));
             }
+            // A tensor-core target's tile is a warp tile: its units are warps.
+            let unit_threads = crate::target::mac_class(caps, kernel)
+                .ok()
+                .and_then(|class| caps.mac(class))
+                .and_then(|instr| instr.mma)
+                .map_or(1, |_| gpu.warp_width);
             let (ep, units_e, units_h) = if variant == Variant::FlatGemm {
                 let ep = [8u32, 4, 2, 1]
                     .into_iter()
                     .find(|&d| d <= tile.ep)
                     .unwrap_or(1);
                 let units_e = FLAT_GEMM_ROWS / ep;
-                (ep, units_e, (block.threads / units_e).max(1))
+                (ep, units_e, (block.threads / unit_threads / units_e).max(1))
             } else {
                 (tile.ep, block.units_e, block.units_h)
             };
@@ -516,12 +531,12 @@ pub fn plan_matmul(
                     ),
                 ));
             }
-            if units_e * units_h > gpu.max_threads_per_block {
+            if units_e * units_h * unit_threads > gpu.max_threads_per_block {
                 return Err(bad_tile(
                     tile,
                     format!(
                         "{} work items exceed {}",
-                        units_e * units_h,
+                        units_e * units_h * unit_threads,
                         gpu.max_threads_per_block
                     ),
                 ));
@@ -536,6 +551,7 @@ pub fn plan_matmul(
                 k_slice,
                 stages: gpu.stages,
                 local_bytes,
+                unit_threads,
             })
         }
     };

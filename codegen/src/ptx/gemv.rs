@@ -1,0 +1,401 @@
+//! The GEMV on CUDA cores (FlashDecoding++ section 5, FastGEMV style) for
+//! a [`GemvPlan`]: the OpenCL GEMV's mapping, printed as PTX.
+//!
+//! Block `(wg_h, k_lanes)`: thread `(x, y)` owns output channel
+//! `h = ctaid.x·wg_h + x` of row `e = ctaid.z` and strides over the 128-bit
+//! weight chunks `c = y, y + k_lanes, ...` of l. Per chunk: one
+//! `ld.global.nc.v4.u32` of codes, the matching activations (`v4` loads
+//! when whole and aligned, guarded 16-bit loads at the tail), every code
+//! turned into an f32 `v(q)` with bit operations, then `fma.rn.f32`:
+//!
+//! | format | per 8 codes (one 32-bit word) | per code |
+//! |---|---|---|
+//! | u4asym | `lop3` (& 0x0F0F0F0F) on the word and on `word >> 4` | `prmt` under 0x4B000000, `sub` 2^23 |
+//! | e0m4 | `(word << 3)` and `(word >> 1)`, `lop3` (& 0x78787878) | `prmt` under 0x40000000 (= `0x40000000 \| n << 19`) |
+//! | i8 | | `bfe.s32`, `cvt.rn.f32.s32` |
+//! | f16 | | `cvt.f32.f16` |
+//!
+//! `acc += scale·Σ x·v + offset·Σ x` per chunk (one group holds whole
+//! chunks). Lanes of one h that share a warp (`32 / wg_h` of them when
+//! `wg_h < 32`) are reduced with `shfl.sync.bfly`, the warps' partials in
+//! shared memory; thread `y = 0` adds bias, applies the activation and
+//! stores.
+
+use tessera_dsl::{Activation, Format, Group};
+
+use super::writer::{Body, f32_lit};
+use super::{Args, Limits, Sm, module};
+use crate::gpu::{Dequant, GemvPlan, MatmulPlan};
+
+/// Lanes of one h in one warp (reduced by shuffles), given the plan.
+pub fn warp_lanes(g: &GemvPlan, warp: u32) -> u32 {
+    if g.wg_h < warp && warp.is_multiple_of(g.wg_h) && g.k_lanes.is_multiple_of(warp / g.wg_h) {
+        warp / g.wg_h
+    } else {
+        1
+    }
+}
+
+/// The program text.
+pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
+    let warp = sm.caps().gpu.map_or(32, |c| c.warp_width);
+    let wt = &plan.weights;
+    let epl = wt.elems_per_load;
+    let cpb = wt.chunks_per_block;
+    let lanes_per_warp = warp_lanes(g, warp);
+    let partials = g.k_lanes / lanes_per_warp;
+    let red = format!("{}_red", plan.entry);
+    let mut b = Body::new();
+    let a = Args::load(&mut b, &plan.entry, &plan.args);
+    let (h, l) = (a.get("h").to_string(), a.get("l").to_string());
+
+    b.comment("Thread (x, y): output channel hi, lane y of l; row ei.");
+    let (tx, ty, cx, cz) = (b.r(), b.r(), b.r(), b.r());
+    b.op(format!("mov.u32 {tx}, %tid.x"));
+    b.op(format!("mov.u32 {ty}, %tid.y"));
+    b.op(format!("mov.u32 {cx}, %ctaid.x"));
+    b.op(format!("mov.u32 {cz}, %ctaid.z"));
+    let hi = b.r();
+    b.op(format!("mad.lo.s32 {hi}, {cx}, {}, {tx}", g.wg_h));
+    let acc = b.f();
+    b.op(format!("mov.f32 {acc}, 0f00000000"));
+    let out = b.pred();
+    b.op(format!("setp.ge.s32 {out}, {hi}, {h}"));
+    let done = b.label("lanes_done");
+    b.op(format!("@{out} bra.uni {done}"));
+
+    // row = x + ei·l halves
+    let row = b.rd();
+    let rowoff = b.rd();
+    let eil = b.r();
+    b.op(format!("mul.lo.s32 {eil}, {cz}, {l}"));
+    b.op(format!("mul.wide.s32 {rowoff}, {eil}, 2"));
+    b.op(format!("add.s64 {row}, {}, {rowoff}", a.get("x")));
+    let chunks = b.r();
+    let tmp = b.r();
+    b.op(format!("add.s32 {tmp}, {l}, {}", epl - 1));
+    b.op(format!("div.s32 {chunks}, {tmp}, {epl}"));
+    // Activations are 16-byte aligned for v4 loads only when l % 8 == 0.
+    let aligned = b.pred();
+    let l7 = b.r();
+    b.op(format!("and.b32 {l7}, {l}, 7"));
+    b.op(format!("setp.eq.s32 {aligned}, {l7}, 0"));
+    let c = b.r();
+    b.op(format!("mov.u32 {c}, {ty}"));
+
+    let top = b.label("chunk");
+    let bottom = b.label("chunk_end");
+    b.place(&top);
+    let pend = b.pred();
+    b.op(format!("setp.ge.s32 {pend}, {c}, {chunks}"));
+    b.op(format!("@{pend} bra.uni {bottom}"));
+    let l0 = b.r();
+    b.op(format!("mul.lo.s32 {l0}, {c}, {epl}"));
+    // Chunk index ((c / cpb)·h + hi)·cpb + c % cpb, 16 bytes each.
+    let (blk, sub, idx) = (b.r(), b.r(), b.r());
+    b.op(format!("shr.u32 {blk}, {c}, {}", cpb.ilog2()));
+    b.op(format!("and.b32 {sub}, {c}, {}", cpb - 1));
+    b.op(format!("mad.lo.s32 {idx}, {blk}, {h}, {hi}"));
+    b.op(format!("mad.lo.s32 {idx}, {idx}, {cpb}, {sub}"));
+    let (woff, waddr) = (b.rd(), b.rd());
+    b.op(format!("mul.wide.u32 {woff}, {idx}, 16"));
+    b.op(format!("add.s64 {waddr}, {}, {woff}", a.get("w")));
+    let words: Vec<String> = (0..4).map(|_| b.r()).collect();
+    b.comment("One 128-bit load of weight codes.");
+    b.op(format!(
+        "ld.global.nc.v4.u32 {{{}}}, [{waddr}]",
+        words.join(", ")
+    ));
+
+    // Activations: epl halves from row + l0, as epl/2 words.
+    let xw: Vec<String> = (0..epl / 2).map(|_| b.r()).collect();
+    let (xoff, xaddr) = (b.rd(), b.rd());
+    b.op(format!("mul.wide.s32 {xoff}, {l0}, 2"));
+    b.op(format!("add.s64 {xaddr}, {row}, {xoff}"));
+    let whole = b.pred();
+    let lend = b.r();
+    b.op(format!("add.s32 {lend}, {l0}, {epl}"));
+    b.op(format!("setp.le.and.s32 {whole}, {lend}, {l}, {aligned}"));
+    let slow = b.label("x_tail");
+    let joined = b.label("x_ready");
+    b.op(format!("@!{whole} bra {slow}"));
+    for q in 0..epl / 8 {
+        let regs = &xw[4 * q as usize..4 * q as usize + 4];
+        b.op(format!(
+            "ld.global.nc.v4.u32 {{{}}}, [{xaddr}+{}]",
+            regs.join(", "),
+            16 * q
+        ));
+    }
+    b.op(format!("bra.uni {joined}"));
+    b.place(&slow);
+    b.comment("Tail (or unaligned rows): halves one by one, zero past l.");
+    for i in 0..epl / 2 {
+        let mut halves = Vec::new();
+        for k in 0..2 {
+            let e = 2 * i + k;
+            let hreg = b.h();
+            let p = b.pred();
+            let li = b.r();
+            b.op(format!("mov.b16 {hreg}, 0"));
+            b.op(format!("add.s32 {li}, {l0}, {e}"));
+            b.op(format!("setp.lt.s32 {p}, {li}, {l}"));
+            b.op(format!("@{p} ld.global.nc.u16 {hreg}, [{xaddr}+{}]", 2 * e));
+            halves.push(hreg);
+        }
+        b.op(format!(
+            "mov.b32 {}, {{{}, {}}}",
+            xw[i as usize], halves[0], halves[1]
+        ));
+    }
+    b.place(&joined);
+
+    // v(q) for every element of the chunk, in l order.
+    let v = dequant(&mut b, wt.dequant, &words, epl);
+    let dot = b.f();
+    b.op(format!("mov.f32 {dot}, 0f00000000"));
+    let sx = b.f();
+    if wt.has_offset {
+        b.op(format!("mov.f32 {sx}, 0f00000000"));
+    }
+    for (i, pair) in v.chunks(2).enumerate() {
+        let (h0, h1) = (b.h(), b.h());
+        b.op(format!("mov.b32 {{{h0}, {h1}}}, {}", xw[i]));
+        for (hh, vi) in [h0, h1].iter().zip(pair) {
+            let xf = b.f();
+            b.op(format!("cvt.f32.f16 {xf}, {hh}"));
+            b.op(format!("fma.rn.f32 {dot}, {xf}, {vi}, {dot}"));
+            if wt.has_offset {
+                b.op(format!("add.f32 {sx}, {sx}, {xf}"));
+            }
+        }
+    }
+    if wt.has_scale {
+        let gi = b.r();
+        match wt.group {
+            Some(Group::Size(gs)) => {
+                b.op(format!("div.u32 {gi}, {l0}, {gs}"));
+                b.op(format!("mad.lo.s32 {gi}, {gi}, {h}, {hi}"));
+            }
+            _ => b.op(format!("mov.u32 {gi}, {hi}")),
+        }
+        let goff = b.rd();
+        b.op(format!("mul.wide.u32 {goff}, {gi}, 4"));
+        let saddr = b.rd();
+        b.op(format!("add.s64 {saddr}, {}, {goff}", a.get("scales")));
+        let s = b.f();
+        b.op(format!("ld.global.nc.f32 {s}, [{saddr}]"));
+        b.op(format!("fma.rn.f32 {acc}, {s}, {dot}, {acc}"));
+        if wt.has_offset {
+            let oaddr = b.rd();
+            b.op(format!("add.s64 {oaddr}, {}, {goff}", a.get("offsets")));
+            let o = b.f();
+            b.op(format!("ld.global.nc.f32 {o}, [{oaddr}]"));
+            b.op(format!("fma.rn.f32 {acc}, {o}, {sx}, {acc}"));
+        }
+    } else {
+        b.op(format!("add.f32 {acc}, {acc}, {dot}"));
+    }
+    b.op(format!("add.s32 {c}, {c}, {}", g.k_lanes));
+    b.op(format!("bra.uni {top}"));
+    b.place(&bottom);
+    b.place(&done);
+
+    // Every thread of the block reaches here (shfl.sync needs the full warp).
+    if lanes_per_warp > 1 {
+        b.comment(format!(
+            "{lanes_per_warp} lanes of each h share a warp: butterfly over lane bits {}..{}.",
+            g.wg_h.ilog2(),
+            warp.ilog2() - 1
+        ));
+        let mut off = g.wg_h;
+        while off < warp {
+            let t = b.f();
+            b.op(format!(
+                "shfl.sync.bfly.b32 {t}, {acc}, {off}, 31, 0xffffffff"
+            ));
+            b.op(format!("add.f32 {acc}, {acc}, {t}"));
+            off *= 2;
+        }
+    }
+    // Partial (y / lanes_per_warp, x) → red.
+    let slot = b.r();
+    let ywarp = b.r();
+    b.op(format!("shr.u32 {ywarp}, {ty}, {}", lanes_per_warp.ilog2()));
+    b.op(format!("mad.lo.s32 {slot}, {ywarp}, {}, {tx}", g.wg_h));
+    let sa = b.r();
+    let redaddr = b.r();
+    b.op(format!("mov.u32 {redaddr}, {red}"));
+    b.op(format!("mad.lo.s32 {sa}, {slot}, 4, {redaddr}"));
+    let writer = b.pred();
+    let ylow = b.r();
+    b.op(format!("and.b32 {ylow}, {ty}, {}", lanes_per_warp - 1));
+    b.op(format!("setp.eq.s32 {writer}, {ylow}, 0"));
+    b.op(format!("@{writer} st.shared.f32 [{sa}], {acc}"));
+    b.op("bar.sync 0");
+    let fin = b.pred();
+    b.op(format!("setp.eq.and.s32 {fin}, {ty}, 0, !{out}"));
+    let exit = b.label("exit");
+    b.op(format!("@!{fin} bra.uni {exit}"));
+    let total = b.f();
+    let xa = b.r();
+    b.op(format!("mad.lo.s32 {xa}, {tx}, 4, {redaddr}"));
+    b.op(format!("ld.shared.f32 {total}, [{xa}]"));
+    for k in 1..partials {
+        let t = b.f();
+        b.op(format!("ld.shared.f32 {t}, [{xa}+{}]", 4 * k * g.wg_h));
+        b.op(format!("add.f32 {total}, {total}, {t}"));
+    }
+    if plan.bias {
+        let (bo, ba, bv) = (b.rd(), b.rd(), b.f());
+        b.op(format!("mul.wide.s32 {bo}, {hi}, 4"));
+        b.op(format!("add.s64 {ba}, {}, {bo}", a.get("bias")));
+        b.op(format!("ld.global.nc.f32 {bv}, [{ba}]"));
+        b.op(format!("add.f32 {total}, {total}, {bv}"));
+    }
+    activation(&mut b, plan.activation, &total);
+    let yi = b.r();
+    b.op(format!("mad.lo.s32 {yi}, {cz}, {h}, {hi}"));
+    store_y(&mut b, plan.y_format, a.get("y"), &yi, &total);
+    b.place(&exit);
+    b.op("ret");
+
+    let decls = vec![format!(
+        ".shared .align 4 .f32 {red}[{}];",
+        partials * g.wg_h
+    )];
+    module(
+        sm,
+        header,
+        &plan.entry,
+        &plan.args,
+        Limits {
+            reqntid: [g.wg_h, g.k_lanes, 1],
+            maxnreg: sm.caps().registers,
+        },
+        &decls,
+        b,
+    )
+}
+
+/// `v(q)` as f32 registers for the `epl` codes of one 128-bit chunk held
+/// in `words`, in l order.
+fn dequant(b: &mut Body, dq: Dequant, words: &[String], epl: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    match dq {
+        Dequant::None => {
+            for w in words {
+                let (h0, h1) = (b.h(), b.h());
+                b.op(format!("mov.b32 {{{h0}, {h1}}}, {w}"));
+                for hh in [h0, h1] {
+                    let f = b.f();
+                    b.op(format!("cvt.f32.f16 {f}, {hh}"));
+                    out.push(f);
+                }
+            }
+        }
+        Dequant::SignedByte => {
+            for w in words {
+                for k in 0..4 {
+                    let (i, f) = (b.r(), b.f());
+                    b.op(format!("bfe.s32 {i}, {w}, {}, 8", 8 * k));
+                    b.op(format!("cvt.rn.f32.s32 {f}, {i}"));
+                    out.push(f);
+                }
+            }
+        }
+        Dequant::MagicOr {
+            float_magic,
+            float_sub,
+            ..
+        } => {
+            let magic = b.imm(float_magic);
+            for w in words {
+                // Low nibbles (even elements) and high nibbles (odd), one per byte.
+                let (lo, sh, hi) = (b.r(), b.r(), b.r());
+                b.op(format!("lop3.b32 {lo}, {w}, 0x0F0F0F0F, 0, 0xC0"));
+                b.op(format!("shr.u32 {sh}, {w}, 4"));
+                b.op(format!("lop3.b32 {hi}, {sh}, 0x0F0F0F0F, 0, 0xC0"));
+                for k in 0..4u32 {
+                    for src in [&lo, &hi] {
+                        let (bits, f) = (b.r(), b.f());
+                        // byte 0 = nibble byte k, bytes 1..3 from the magic.
+                        b.op(format!(
+                            "prmt.b32 {bits}, {src}, {magic}, {:#06x}",
+                            0x7540 | k
+                        ));
+                        b.op(format!("mov.b32 {f}, {bits}"));
+                        b.op(format!("sub.f32 {f}, {f}, {}", f32_lit(float_sub)));
+                        out.push(f);
+                    }
+                }
+            }
+        }
+        Dequant::ShiftOr {
+            float_base,
+            float_shift,
+            ..
+        } => {
+            // n << 19 = (n << 3) << 16: each byte holds n << 3, prmt puts
+            // it in byte 2 under the base's byte 3.
+            let pre = float_shift - 16;
+            let base = b.imm(float_base);
+            let mask = 0x0F0F_0F0Fu32 << pre;
+            for w in words {
+                let (lo, hi, t0, t1) = (b.r(), b.r(), b.r(), b.r());
+                b.op(format!("shl.b32 {t0}, {w}, {pre}"));
+                b.op(format!("lop3.b32 {lo}, {t0}, {mask:#010x}, 0, 0xC0"));
+                b.op(format!("shr.u32 {t1}, {w}, {}", 4 - pre));
+                b.op(format!("lop3.b32 {hi}, {t1}, {mask:#010x}, 0, 0xC0"));
+                for k in 0..4u32 {
+                    for src in [&lo, &hi] {
+                        let (bits, f) = (b.r(), b.f());
+                        b.op(format!(
+                            "prmt.b32 {bits}, {src}, {base}, {:#06x}",
+                            0x7044 | (k << 8)
+                        ));
+                        b.op(format!("mov.b32 {f}, {bits}"));
+                        out.push(f);
+                    }
+                }
+            }
+        }
+    }
+    debug_assert_eq!(out.len() as u32, epl);
+    out
+}
+
+/// `v = act(v)` in f32.
+pub fn activation(b: &mut Body, act: Activation, v: &str) {
+    match act {
+        Activation::None => {}
+        Activation::Relu => b.op(format!("max.f32 {v}, {v}, 0f00000000")),
+        Activation::Silu => {
+            // v / (1 + 2^(-v·log2 e))
+            let t = b.f();
+            b.op(format!(
+                "mul.f32 {t}, {v}, {}",
+                f32_lit(-std::f32::consts::LOG2_E)
+            ));
+            b.op(format!("ex2.approx.f32 {t}, {t}"));
+            b.op(format!("add.f32 {t}, {t}, 0f3F800000"));
+            b.op(format!("div.rn.f32 {v}, {v}, {t}"));
+        }
+    }
+}
+
+/// `y[index] = v` as f32 or f16.
+pub fn store_y(b: &mut Body, y_format: Format, y: &str, index: &str, v: &str) {
+    let (off, addr) = (b.rd(), b.rd());
+    if y_format == Format::F16 {
+        b.op(format!("mul.wide.s32 {off}, {index}, 2"));
+        b.op(format!("add.s64 {addr}, {y}, {off}"));
+        let hv = b.h();
+        b.op(format!("cvt.rn.f16.f32 {hv}, {v}"));
+        b.op(format!("st.global.b16 [{addr}], {hv}"));
+    } else {
+        b.op(format!("mul.wide.s32 {off}, {index}, 4"));
+        b.op(format!("add.s64 {addr}, {y}, {off}"));
+        b.op(format!("st.global.f32 [{addr}], {v}"));
+    }
+}

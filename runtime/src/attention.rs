@@ -1,0 +1,544 @@
+//! Attention over a KV cache that grows in place.
+//!
+//! [`KvCache`] stores keys and values as `[s, kvh, d]` with the growing
+//! sequence axis outermost (seed 000 IV.F, Transformer-Lite 2.3), so
+//! appending a token writes its rows after the last ones and a kernel
+//! reads the first `s` tokens as a prefix of the same buffer: nothing is
+//! copied per step. The buffer is allocated at the maximum length when it
+//! is known ([`KvCapacity::Max`]), or in whole chunks ([`KvCapacity::Chunked`]):
+//! when a chunk fills, the capacity grows by whole chunks and at least
+//! doubles, so the one copy a growth costs is amortized to O(1) per token
+//! (the kernels read one contiguous `[s, kvh, d]` buffer, so chunks cannot
+//! stay separate).
+//!
+//! [`Attention::decode`] runs the JIT (or prebuilt) decode kernel on the
+//! whole cache. [`Attention::prefill`] runs the same decode kernel once per
+//! prompt token over the causal prefix it may see (token i of t sits at
+//! position s − t + i and sees keys 0..=s − t + i, the interpreter's prefill
+//! semantics), with the tokens split over the pool by per-core weights and
+//! by cost (later tokens see more keys). It is JIT code throughout; a
+//! dedicated prefill kernel would reuse each K/V row across query tokens
+//! and is the faster path once a backend emits one.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use half::f16;
+use tessera_codegen::host_attention::{HostAttention, KvCache as KvView};
+use tessera_dsl::ir::{Format, Group};
+use tessera_dsl::quant;
+
+use crate::backend::Device;
+use crate::error::{RuntimeError, check_len, shape};
+
+/// Key/value storage formats (those the library's decode kernels declare).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvFormat {
+    /// Keys and values f16 (`attention-decode-f16`).
+    F16,
+    /// Keys int8 asymmetric per row, values fp8 e4m3 (`attention-decode-kv8`).
+    Kv8,
+}
+
+impl KvFormat {
+    pub fn kernel_name(self) -> &'static str {
+        match self {
+            KvFormat::F16 => "attention-decode-f16",
+            KvFormat::Kv8 => "attention-decode-kv8",
+        }
+    }
+
+    pub fn key_format(self) -> Format {
+        match self {
+            KvFormat::F16 => Format::F16,
+            KvFormat::Kv8 => Format::I8Asym(Group::Row),
+        }
+    }
+
+    pub fn value_format(self) -> Format {
+        match self {
+            KvFormat::F16 => Format::F16,
+            KvFormat::Kv8 => Format::Fp8E4M3,
+        }
+    }
+}
+
+/// How a cache allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvCapacity {
+    /// All at once, for at most this many tokens (appending more is an Err).
+    Max(usize),
+    /// In chunks of this many tokens, without limit.
+    Chunked(usize),
+}
+
+/// One of K or V.
+#[derive(Debug)]
+enum Store {
+    F16(Vec<f16>),
+    /// One byte per element, one scale (and offset, if asymmetric) per row.
+    Rows {
+        format: Format,
+        codes: Vec<u8>,
+        scales: Vec<f32>,
+        offsets: Vec<f32>,
+    },
+}
+
+impl Store {
+    fn new(format: Format, elems: usize, rows: usize) -> Store {
+        match format {
+            Format::F16 => Store::F16(Vec::with_capacity(elems)),
+            f => Store::Rows {
+                format: f,
+                codes: Vec::with_capacity(elems),
+                scales: Vec::with_capacity(if f.group().is_some() { rows } else { 0 }),
+                offsets: Vec::with_capacity(if f.is_asymmetric() { rows } else { 0 }),
+            },
+        }
+    }
+
+    fn reserve(&mut self, elems: usize, rows: usize) {
+        match self {
+            Store::F16(v) => v.reserve_exact(elems.saturating_sub(v.len())),
+            Store::Rows {
+                format,
+                codes,
+                scales,
+                offsets,
+            } => {
+                codes.reserve_exact(elems.saturating_sub(codes.len()));
+                if format.group().is_some() {
+                    scales.reserve_exact(rows.saturating_sub(scales.len()));
+                }
+                if format.is_asymmetric() {
+                    offsets.reserve_exact(rows.saturating_sub(offsets.len()));
+                }
+            }
+        }
+    }
+
+    /// Append `rows` rows of `d` values (already checked finite and sized).
+    fn append(&mut self, rows: usize, d: usize, data: &[f32]) -> Result<(), RuntimeError> {
+        match self {
+            Store::F16(v) => v.extend(data.iter().map(|&x| f16::from_f32(x))),
+            Store::Rows {
+                format,
+                codes,
+                scales,
+                offsets,
+            } => {
+                let t = quant::quantize(*format, rows, d, data)?;
+                codes.extend_from_slice(&t.codes);
+                scales.extend_from_slice(&t.scales);
+                offsets.extend_from_slice(&t.offsets);
+            }
+        }
+        Ok(())
+    }
+
+    /// The first `rows` rows, borrowed in place.
+    fn view(&self, rows: usize, d: usize) -> KvView<'_> {
+        match self {
+            Store::F16(v) => KvView::F16(&v[..rows * d]),
+            Store::Rows {
+                format,
+                codes,
+                scales,
+                offsets,
+            } => KvView::QuantRows {
+                format: *format,
+                rows,
+                cols: d,
+                codes: &codes[..rows * d],
+                scales: &scales[..if format.group().is_some() { rows } else { 0 }],
+                offsets: &offsets[..if format.is_asymmetric() { rows } else { 0 }],
+            },
+        }
+    }
+
+    fn capacity_elems(&self) -> usize {
+        match self {
+            Store::F16(v) => v.capacity(),
+            Store::Rows { codes, .. } => codes.capacity(),
+        }
+    }
+
+    /// Base address (to show appends never move the buffer within a chunk).
+    fn base(&self) -> usize {
+        match self {
+            Store::F16(v) => v.as_ptr() as usize,
+            Store::Rows { codes, .. } => codes.as_ptr() as usize,
+        }
+    }
+}
+
+/// A KV cache `[s, kvh, d]` for one layer, appended in place.
+#[derive(Debug)]
+pub struct KvCache {
+    format: KvFormat,
+    kvh: usize,
+    d: usize,
+    len: usize,
+    /// Tokens the buffers hold without reallocating.
+    capacity: usize,
+    mode: KvCapacity,
+    growths: usize,
+    k: Store,
+    v: Store,
+}
+
+impl KvCache {
+    pub fn new(
+        format: KvFormat,
+        kvh: usize,
+        d: usize,
+        capacity: KvCapacity,
+    ) -> Result<KvCache, RuntimeError> {
+        if kvh == 0 || d == 0 {
+            return Err(shape(
+                "KV cache kvh, d",
+                "both ≥ 1",
+                format!("kvh={kvh}, d={d}"),
+            ));
+        }
+        let tokens = match capacity {
+            KvCapacity::Max(n) | KvCapacity::Chunked(n) if n > 0 => n,
+            _ => return Err(shape("KV cache capacity", "at least 1 token", 0)),
+        };
+        let rows = tokens
+            .checked_mul(kvh)
+            .ok_or_else(|| shape("KV cache tokens·kvh", "no overflow", "overflow"))?;
+        let elems = rows
+            .checked_mul(d)
+            .ok_or_else(|| shape("KV cache tokens·kvh·d", "no overflow", "overflow"))?;
+        Ok(KvCache {
+            format,
+            kvh,
+            d,
+            len: 0,
+            capacity: tokens,
+            mode: capacity,
+            growths: 0,
+            k: Store::new(format.key_format(), elems, rows),
+            v: Store::new(format.value_format(), elems, rows),
+        })
+    }
+
+    pub fn format(&self) -> KvFormat {
+        self.format
+    }
+
+    /// Tokens cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Tokens the current allocation holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// How many times the allocation grew (by whole chunks).
+    pub fn growths(&self) -> usize {
+        self.growths
+    }
+
+    /// Base addresses of the K and V buffers (change only on growth).
+    pub fn addresses(&self) -> (usize, usize) {
+        (self.k.base(), self.v.base())
+    }
+
+    /// Append `tokens` tokens of keys and values, each f32 `[tokens, kvh, d]`
+    /// (stored in the cache's formats, quantized per row).
+    pub fn append(&mut self, k: &[f32], v: &[f32], tokens: usize) -> Result<(), RuntimeError> {
+        let row = self.kvh * self.d;
+        let elems = tokens
+            .checked_mul(row)
+            .ok_or_else(|| shape("tokens·kvh·d", "no overflow", "overflow"))?;
+        check_len("keys elements (tokens·kvh·d)", elems, k.len())?;
+        check_len("values elements (tokens·kvh·d)", elems, v.len())?;
+        if let Some(i) = k.iter().chain(v).position(|x| !x.is_finite()) {
+            return Err(shape("K/V values", "finite", format!("element {i} is not")));
+        }
+        let want = self.len + tokens;
+        if want > self.capacity {
+            match self.mode {
+                KvCapacity::Max(max) => {
+                    return Err(RuntimeError::CacheFull {
+                        len: self.len,
+                        adding: tokens,
+                        max,
+                    });
+                }
+                KvCapacity::Chunked(chunk) => {
+                    let grown = want.max(self.capacity * 2).div_ceil(chunk) * chunk;
+                    self.k.reserve(grown * row, grown * self.kvh);
+                    self.v.reserve(grown * row, grown * self.kvh);
+                    self.capacity = grown;
+                    self.growths += 1;
+                    tracing::debug!(tokens = grown, "KV cache grew");
+                }
+            }
+        }
+        let rows = tokens * self.kvh;
+        self.k.append(rows, self.d, k)?;
+        self.v.append(rows, self.d, v)?;
+        self.len = want;
+        debug_assert!(self.k.capacity_elems() >= self.capacity * row);
+        Ok(())
+    }
+
+    /// Forget every token, keeping the allocation.
+    pub fn clear(&mut self) {
+        for store in [&mut self.k, &mut self.v] {
+            match store {
+                Store::F16(v) => v.clear(),
+                Store::Rows {
+                    codes,
+                    scales,
+                    offsets,
+                    ..
+                } => {
+                    codes.clear();
+                    scales.clear();
+                    offsets.clear();
+                }
+            }
+        }
+        self.len = 0;
+    }
+
+    fn views(&self, tokens: usize) -> (KvView<'_>, KvView<'_>) {
+        let rows = tokens * self.kvh;
+        (self.k.view(rows, self.d), self.v.view(rows, self.d))
+    }
+}
+
+/// Multi-head (GQA) attention with f16 queries already scaled by 1/sqrt(d)
+/// and f16 output.
+pub struct Attention {
+    device: Arc<Device>,
+    hq: usize,
+    kvh: usize,
+    d: usize,
+    format: KvFormat,
+    kernel: Arc<HostAttention>,
+}
+
+impl std::fmt::Debug for Attention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attention")
+            .field("hq", &self.hq)
+            .field("kvh", &self.kvh)
+            .field("d", &self.d)
+            .field("format", &self.format)
+            .finish()
+    }
+}
+
+/// Split items of the given costs into one contiguous range per weight, each
+/// with a share of the total cost proportional to its weight.
+fn split_by_cost(costs: &[usize], weights: &[f64]) -> Vec<Range<usize>> {
+    let total: f64 = costs.iter().map(|&c| c as f64).sum();
+    let w: Vec<f64> = weights
+        .iter()
+        .map(|&w| if w.is_finite() && w > 0.0 { w } else { 0.0 })
+        .collect();
+    let wsum: f64 = w.iter().sum();
+    let w = if wsum > 0.0 {
+        w
+    } else {
+        vec![1.0; weights.len().max(1)]
+    };
+    let wsum: f64 = w.iter().sum();
+    let mut out = Vec::with_capacity(w.len());
+    let (mut start, mut acc, mut target) = (0usize, 0f64, 0f64);
+    let mut i = 0;
+    for (j, wj) in w.iter().enumerate() {
+        target += total * wj / wsum;
+        let last = j + 1 == w.len();
+        while i < costs.len() && (last || acc + costs[i] as f64 / 2.0 <= target) {
+            acc += costs[i] as f64;
+            i += 1;
+        }
+        out.push(start..i);
+        start = i;
+    }
+    out
+}
+
+impl Attention {
+    /// Attention with `hq` query heads over `kvh` KV heads of dimension `d`.
+    pub fn new(
+        device: &Arc<Device>,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        format: KvFormat,
+    ) -> Result<Attention, RuntimeError> {
+        if kvh == 0 || hq == 0 || !hq.is_multiple_of(kvh) {
+            return Err(shape(
+                "query heads",
+                format!("a positive multiple of kv heads {kvh}"),
+                hq,
+            ));
+        }
+        if d == 0 {
+            return Err(shape("head dimension", "at least 1", d));
+        }
+        let kernel = device.attention(format.kernel_name())?;
+        Ok(Attention {
+            device: Arc::clone(device),
+            hq,
+            kvh,
+            d,
+            format,
+            kernel,
+        })
+    }
+
+    fn check_cache(&self, cache: &KvCache) -> Result<(), RuntimeError> {
+        if cache.format != self.format {
+            return Err(shape(
+                "KV cache format",
+                format!("{:?}", self.format),
+                format!("{:?}", cache.format),
+            ));
+        }
+        if cache.kvh != self.kvh || cache.d != self.d {
+            return Err(shape(
+                "KV cache [kvh, d]",
+                format!("[{}, {}]", self.kvh, self.d),
+                format!("[{}, {}]", cache.kvh, cache.d),
+            ));
+        }
+        if cache.len == 0 {
+            return Err(shape("KV cache tokens", "at least 1", 0));
+        }
+        Ok(())
+    }
+
+    /// One query token (`q`, `o`: f16 `[hq, d]`) over every cached token.
+    /// Returns how many rows the asynchronous softmax recomputed.
+    pub fn decode(&self, q: &[f16], cache: &KvCache, o: &mut [f16]) -> Result<u64, RuntimeError> {
+        self.check_cache(cache)?;
+        let hd = self.hq * self.d;
+        check_len("q elements (hq·d)", hd, q.len())?;
+        check_len("o elements (hq·d)", hd, o.len())?;
+        let (k, v) = cache.views(cache.len);
+        Ok(self.kernel.run(
+            q,
+            k,
+            v,
+            cache.len,
+            self.hq,
+            self.kvh,
+            self.d,
+            o,
+            self.device.threads(),
+        )?)
+    }
+
+    /// The last `t` cached tokens as queries (`q`, `o`: f16 `[t, hq, d]`),
+    /// causal: append the prompt's K/V first. Returns recomputed rows.
+    pub fn prefill(
+        &self,
+        q: &[f16],
+        t: usize,
+        cache: &KvCache,
+        o: &mut [f16],
+    ) -> Result<u64, RuntimeError> {
+        self.check_cache(cache)?;
+        let hd = self.hq * self.d;
+        let elems = t
+            .checked_mul(hd)
+            .ok_or_else(|| shape("t·hq·d", "no overflow", "overflow"))?;
+        check_len("q elements (t·hq·d)", elems, q.len())?;
+        check_len("o elements (t·hq·d)", elems, o.len())?;
+        if t > cache.len {
+            return Err(shape(
+                "prefill tokens",
+                format!("at most the {} cached tokens", cache.len),
+                t,
+            ));
+        }
+        if t == 0 {
+            return Ok(0);
+        }
+        let first = cache.len - t;
+        let costs: Vec<usize> = (0..t).map(|i| first + i + 1).collect();
+        let ranges = split_by_cost(&costs, &self.device.core_weights());
+        // Each worker owns the output rows of its tokens.
+        let mut rows: Vec<&mut [f16]> = o.chunks_mut(hd).collect();
+        let mut owned: Vec<Mutex<Vec<&mut [f16]>>> = Vec::with_capacity(ranges.len());
+        for r in ranges.iter().rev() {
+            owned.push(Mutex::new(rows.split_off(r.start)));
+        }
+        owned.reverse();
+        let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
+        let recomputed = std::sync::atomic::AtomicU64::new(0);
+        let work = |worker: usize| {
+            let (Some(range), Some(slot)) = (ranges.get(worker), owned.get(worker)) else {
+                return;
+            };
+            let mut mine = slot.lock().unwrap_or_else(|e| e.into_inner());
+            for (i, out) in range.clone().zip(mine.iter_mut()) {
+                let s = first + i + 1;
+                let (k, v) = cache.views(s);
+                match self.kernel.run(
+                    &q[i * hd..(i + 1) * hd],
+                    k,
+                    v,
+                    s,
+                    self.hq,
+                    self.kvh,
+                    self.d,
+                    out,
+                    1,
+                ) {
+                    Ok(n) => {
+                        recomputed.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.into());
+                        return;
+                    }
+                }
+            }
+        };
+        if ranges.len() == 1 {
+            work(0);
+        } else {
+            self.device.pool().run(&work);
+        }
+        if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
+        Ok(recomputed.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_by_cost;
+
+    #[test]
+    fn cost_split_is_contiguous_complete_and_balanced() {
+        let costs: Vec<usize> = (1..=100).collect();
+        let r = split_by_cost(&costs, &[1.0, 1.0]);
+        assert_eq!(r[0].start, 0);
+        assert_eq!(r[0].end, r[1].start);
+        assert_eq!(r[1].end, 100);
+        let a: usize = costs[r[0].clone()].iter().sum();
+        let b: usize = costs[r[1].clone()].iter().sum();
+        assert!(a.abs_diff(b) <= 100, "{a} vs {b}");
+        let r = split_by_cost(&[5], &[1.0, 1.0, 1.0]);
+        assert_eq!(r.iter().map(|r| r.len()).sum::<usize>(), 1);
+        assert_eq!(r.last().unwrap().end, 1);
+    }
+}

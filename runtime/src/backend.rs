@@ -1,0 +1,763 @@
+//! The device: which backend runs the kernels, its thread pool, the tuning
+//! record it dispatches by, and every kernel it has prepared (each JITted or
+//! mapped once, then shared by every layer that needs it).
+//!
+//! Plans ([`crate::dispatch::ShapePlan`]) come from the record's entry for
+//! this device fingerprint, this generator ([`current_generator`]), this
+//! backend and format; a refused or absent record falls back to the solver's
+//! optimum per variant and says why through `tracing` (warn level).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use tessera_codegen::artifact::MachineCode;
+use tessera_codegen::host::{HostMatmul, HostTile};
+use tessera_codegen::host_attention::HostAttention;
+use tessera_dsl::ir::{Kernel, Variant};
+use tessera_dsl::library;
+
+use crate::device::Fingerprint;
+#[cfg(feature = "jit")]
+use crate::dispatch::representative_m;
+use crate::dispatch::{DEFAULT_M1, DEFAULT_M2, PlanSource, ShapePlan, VariantPlan};
+use crate::error::RuntimeError;
+use crate::format::WeightFormat;
+use crate::pool::ThreadPool;
+use crate::prebuilt::PrebuiltSet;
+use crate::record::{GeneratorId, TuningRecord};
+
+/// Where kernels run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Backend {
+    /// x86-64 AVX2/FMA machine code (`x86-avx2`).
+    HostX86,
+    /// The portable cranelift JIT (x86-64 or aarch64).
+    HostClif,
+    /// aarch64 NEON machine code (dotprod / i8mm / fp16 as detected).
+    Neon,
+    OpenCl,
+    Cuda,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 5] = [
+        Backend::HostX86,
+        Backend::HostClif,
+        Backend::Neon,
+        Backend::OpenCl,
+        Backend::Cuda,
+    ];
+
+    /// The backend name tuning records use.
+    pub fn record_name(self) -> &'static str {
+        match self {
+            Backend::HostX86 => "x86",
+            Backend::HostClif => "host",
+            Backend::Neon => "neon",
+            Backend::OpenCl => "opencl",
+            Backend::Cuda => "cuda",
+        }
+    }
+
+    /// The fastest host backend this machine runs: x86 AVX2, else NEON,
+    /// else cranelift.
+    pub fn best_host() -> Backend {
+        #[cfg(feature = "jit")]
+        {
+            if tessera_codegen::x86::missing_features().is_empty() {
+                return Backend::HostX86;
+            }
+            if tessera_codegen::neon::NeonBackend::detect().is_some() {
+                return Backend::Neon;
+            }
+        }
+        #[cfg(not(feature = "jit"))]
+        {
+            if cfg!(target_arch = "aarch64") {
+                return Backend::Neon;
+            }
+            if cfg!(target_arch = "x86_64") {
+                return Backend::HostX86;
+            }
+        }
+        Backend::HostClif
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.record_name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Backend, RuntimeError> {
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.record_name() == s)
+            .ok_or_else(|| RuntimeError::Unavailable {
+                backend: s.to_string(),
+                why: "unknown backend; valid: x86, host, neon, opencl, cuda".into(),
+            })
+    }
+}
+
+/// How to open a [`Device`].
+#[derive(Clone, Debug, Default)]
+pub struct DeviceOptions {
+    /// Worker threads including the caller (default: available parallelism).
+    pub threads: Option<usize>,
+    /// The autotuner's record; absent or refused → solver defaults.
+    pub record: Option<TuningRecord>,
+    /// Prebuilt machine code; required without the `jit` feature, and used
+    /// instead of the JIT when given.
+    pub prebuilt: Option<PrebuiltSet>,
+    /// The device to match records against (default: [`Fingerprint::detect`]).
+    pub fingerprint: Option<Fingerprint>,
+}
+
+/// This build's generator id (records and prebuilt sets must match it).
+pub fn current_generator() -> GeneratorId {
+    GeneratorId {
+        version: tessera_codegen::GENERATOR_VERSION.to_string(),
+        template_hash: tessera_codegen::TEMPLATE_HASH.to_string(),
+    }
+}
+
+/// What produces machine code.
+enum Engine {
+    #[cfg(feature = "jit")]
+    X86(tessera_codegen::x86::X86Backend),
+    #[cfg(feature = "jit")]
+    Clif,
+    #[cfg(feature = "jit")]
+    Neon(tessera_codegen::neon::NeonBackend),
+    Prebuilt(PrebuiltSet),
+}
+
+type MatmulKey = (String, Variant, [u32; 3]);
+
+/// An open backend with its pool and prepared kernels.
+pub struct Device {
+    backend: Backend,
+    engine: Engine,
+    /// The cranelift backend (host matmuls on `HostClif`, and decode
+    /// attention on every JIT host backend), created on first use.
+    #[cfg(feature = "jit")]
+    clif: Mutex<Option<Arc<tessera_codegen::clif::ClifBackend>>>,
+    pool: ThreadPool,
+    fingerprint: Fingerprint,
+    generator: GeneratorId,
+    record: Option<TuningRecord>,
+    matmuls: Mutex<BTreeMap<MatmulKey, Arc<HostMatmul>>>,
+    attentions: Mutex<BTreeMap<String, Arc<HostAttention>>>,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("backend", &self.backend)
+            .field("threads", &self.pool.threads())
+            .field("record", &self.record.is_some())
+            .finish()
+    }
+}
+
+fn unavailable(backend: Backend, why: impl Into<String>) -> RuntimeError {
+    RuntimeError::Unavailable {
+        backend: backend.record_name().to_string(),
+        why: why.into(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Device {
+    /// Open `backend`, or say why it is not available here.
+    pub fn open(backend: Backend, options: DeviceOptions) -> Result<Device, RuntimeError> {
+        let generator = current_generator();
+        let engine = match (backend, options.prebuilt) {
+            (Backend::OpenCl, _) => {
+                return Err(open_opencl_error());
+            }
+            (Backend::Cuda, _) => {
+                return Err(unavailable(
+                    backend,
+                    "this build has no CUDA backend (the `cuda` feature adds it)",
+                ));
+            }
+            (_, Some(set)) => {
+                if set.generator != generator {
+                    return Err(unavailable(
+                        backend,
+                        format!(
+                            "the prebuilt kernels were made by generator {} ({}), this is {} ({})",
+                            set.generator.version,
+                            set.generator.template_hash,
+                            generator.version,
+                            generator.template_hash
+                        ),
+                    ));
+                }
+                Engine::Prebuilt(set)
+            }
+            (_, None) => jit_engine(backend)?,
+        };
+        let threads = options
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1);
+        Ok(Device {
+            backend,
+            engine,
+            #[cfg(feature = "jit")]
+            clif: Mutex::new(None),
+            pool: ThreadPool::new(threads),
+            fingerprint: options.fingerprint.unwrap_or_else(Fingerprint::detect),
+            generator,
+            record: options.record,
+            matmuls: Mutex::new(BTreeMap::new()),
+            attentions: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The best host backend ([`Backend::best_host`]).
+    pub fn host(options: DeviceOptions) -> Result<Device, RuntimeError> {
+        Device::open(Backend::best_host(), options)
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
+    pub fn generator(&self) -> &GeneratorId {
+        &self.generator
+    }
+
+    pub(crate) fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
+    /// Relative throughput per worker (MNN-LLM 5.2): the record's entry
+    /// for this device and backend (any format), else equal weights.
+    pub fn core_weights(&self) -> Vec<f64> {
+        let threads = self.pool.threads();
+        if let Some(record) = &self.record {
+            for format in WeightFormat::ALL {
+                if let Ok(entry) = record.select(
+                    &self.fingerprint,
+                    &self.generator,
+                    self.backend.record_name(),
+                    format.name(),
+                ) && entry.core_weights.len() >= threads
+                {
+                    return entry.core_weights[..threads].to_vec();
+                }
+            }
+        }
+        vec![1.0; threads]
+    }
+
+    /// Number of distinct matmul kernels prepared so far.
+    pub fn prepared_kernels(&self) -> usize {
+        lock(&self.matmuls).len()
+    }
+
+    /// Plan and prepare (JIT or map) every kernel a model's weight shapes
+    /// need, once: what an engine calls at start-up.
+    pub fn prepare(
+        &self,
+        format: WeightFormat,
+        shapes: &[(usize, usize)],
+    ) -> Result<Vec<ShapePlan>, RuntimeError> {
+        shapes
+            .iter()
+            .map(|&(n, k)| self.plan_shape(format, n, k).map(|(plan, _)| plan))
+            .collect()
+    }
+
+    /// The dispatch plan of [n, k] and its three kernels (shared when
+    /// variants share a tile and code).
+    pub(crate) fn plan_shape(
+        &self,
+        format: WeightFormat,
+        n: usize,
+        k: usize,
+    ) -> Result<(ShapePlan, [Arc<HostMatmul>; 3]), RuntimeError> {
+        if n == 0 || k == 0 {
+            return Err(crate::error::shape(
+                "weight shape [n, k]",
+                "n, k ≥ 1",
+                format!("[{n}, {k}]"),
+            ));
+        }
+        let kernel = library::get(format.library_kernel())?;
+        let threads = self.pool.threads();
+        let mut core_weights = vec![1.0; threads];
+        let mut shape_entry = None;
+        let why = match &self.record {
+            None => "no tuning record was given".to_string(),
+            Some(record) => match record.select(
+                &self.fingerprint,
+                &self.generator,
+                self.backend.record_name(),
+                format.name(),
+            ) {
+                Err(e) => e.to_string(),
+                Ok(entry) => {
+                    if entry.core_weights.len() >= threads {
+                        core_weights = entry.core_weights[..threads].to_vec();
+                    }
+                    match entry.shape(n, k) {
+                        Some(s) if s.m1 <= s.m2 => {
+                            shape_entry = Some(s);
+                            String::new()
+                        }
+                        Some(s) => format!("its breakpoints m1={} > m2={}", s.m1, s.m2),
+                        None => format!("the record has no shape [{n}, {k}]"),
+                    }
+                }
+            },
+        };
+        if shape_entry.is_none() {
+            tracing::warn!(
+                backend = %self.backend,
+                format = %format,
+                n, k,
+                "not using a tuning record ({why}); using solver defaults m1={DEFAULT_M1} m2={DEFAULT_M2}"
+            );
+        }
+        let mut plans = Vec::with_capacity(3);
+        let mut kernels = Vec::with_capacity(3);
+        for variant in Variant::ALL {
+            let mut chosen = None;
+            if let Some(winner) = shape_entry.and_then(|s| s.winner(variant)) {
+                match self.matmul(&kernel, variant, winner.tile, n, k) {
+                    Ok(code) => {
+                        chosen = Some((
+                            VariantPlan {
+                                variant,
+                                tile: winner.tile,
+                                kernel: winner.kernel.clone(),
+                                from_record: true,
+                            },
+                            code,
+                        ));
+                    }
+                    Err(e) => tracing::warn!(
+                        variant = %variant,
+                        tile = ?winner.tile,
+                        "the record's winner cannot be prepared ({e}); using the solver default"
+                    ),
+                }
+            }
+            let (plan, code) = match chosen {
+                Some(c) => c,
+                None => {
+                    let (tile, code) = self.default_matmul(&kernel, variant, n, k)?;
+                    (
+                        VariantPlan {
+                            variant,
+                            tile,
+                            kernel: kernel.name.clone(),
+                            from_record: false,
+                        },
+                        code,
+                    )
+                }
+            };
+            plans.push(plan);
+            kernels.push(code);
+        }
+        let (m1, m2, source) = match shape_entry {
+            Some(s) => (s.m1, s.m2, PlanSource::Record),
+            None => (DEFAULT_M1, DEFAULT_M2, PlanSource::Defaults { why }),
+        };
+        let plan = ShapePlan {
+            n,
+            k,
+            m1,
+            m2,
+            variants: [plans[0].clone(), plans[1].clone(), plans[2].clone()],
+            source,
+            core_weights,
+        };
+        tracing::debug!("dispatch {plan}");
+        Ok((
+            plan,
+            [kernels[0].clone(), kernels[1].clone(), kernels[2].clone()],
+        ))
+    }
+
+    /// The kernel of `variant` at `tile`, prepared once per device.
+    fn matmul(
+        &self,
+        kernel: &Kernel,
+        variant: Variant,
+        tile: [u32; 3],
+        n: usize,
+        k: usize,
+    ) -> Result<Arc<HostMatmul>, RuntimeError> {
+        let key = (kernel.name.clone(), variant, tile);
+        if let Some(code) = lock(&self.matmuls).get(&key) {
+            return Ok(Arc::clone(code));
+        }
+        let code = Arc::new(self.load_matmul(kernel, variant, tile, n, k)?);
+        lock(&self.matmuls).insert(key, Arc::clone(&code));
+        Ok(code)
+    }
+
+    /// The solver's best tile for `variant` that this backend can emit (or,
+    /// prebuilt, the first tile the set has).
+    fn default_matmul(
+        &self,
+        kernel: &Kernel,
+        variant: Variant,
+        n: usize,
+        k: usize,
+    ) -> Result<([u32; 3], Arc<HostMatmul>), RuntimeError> {
+        let tiles: Vec<[u32; 3]> = match &self.engine {
+            Engine::Prebuilt(set) => set.matmul_tiles(&kernel.name, variant),
+            #[cfg(feature = "jit")]
+            _ => self
+                .solver_tiles(kernel, representative_m(variant), n, k)?
+                .iter()
+                .map(|t| [t.ep, t.hp, t.lp])
+                .collect(),
+        };
+        let mut last = format!("no {} tile for this backend", kernel.name);
+        for tile in tiles {
+            match self.matmul(kernel, variant, tile, n, k) {
+                Ok(code) => return Ok((tile, code)),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(RuntimeError::NoKernel {
+            what: format!("{} {variant} [{n}, {k}] on {}", kernel.name, self.backend),
+            why: last,
+        })
+    }
+
+    /// Emit (or find prebuilt) and map one matmul instance.
+    fn load_matmul(
+        &self,
+        kernel: &Kernel,
+        variant: Variant,
+        tile: [u32; 3],
+        n: usize,
+        k: usize,
+    ) -> Result<HostMatmul, RuntimeError> {
+        #[cfg(not(feature = "jit"))]
+        let _ = (n, k);
+        let host_tile = HostTile {
+            ep: tile[0] as usize,
+            hp: tile[1] as usize,
+            lp: tile[2] as usize,
+        };
+        match &self.engine {
+            Engine::Prebuilt(set) => {
+                let p = set.matmul(&kernel.name, variant, tile).ok_or_else(|| {
+                    RuntimeError::NoKernel {
+                        what: format!("{} {variant} tile {tile:?}", kernel.name),
+                        why: "not in the prebuilt set".into(),
+                    }
+                })?;
+                Ok(HostMatmul::new(
+                    kernel,
+                    host_tile,
+                    p.quantizer.as_ref(),
+                    &p.code,
+                )?)
+            }
+            #[cfg(feature = "jit")]
+            _ => {
+                let (code, quantizer) = self.emit_matmul(kernel, variant, tile, n, k)?;
+                Ok(HostMatmul::new(
+                    kernel,
+                    host_tile,
+                    quantizer.as_ref(),
+                    &code,
+                )?)
+            }
+        }
+    }
+
+    /// A mapped decode attention kernel (`attention-decode-f16`,
+    /// `attention-decode-kv8`), prepared once.
+    pub(crate) fn attention(&self, name: &str) -> Result<Arc<HostAttention>, RuntimeError> {
+        if let Some(code) = lock(&self.attentions).get(name) {
+            return Ok(Arc::clone(code));
+        }
+        let kernel = library::get(name)?;
+        let code: MachineCode = match &self.engine {
+            Engine::Prebuilt(set) => {
+                set.attention(name).map(|p| p.code.clone()).ok_or_else(|| {
+                    RuntimeError::NoKernel {
+                        what: name.to_string(),
+                        why: "not in the prebuilt set".into(),
+                    }
+                })?
+            }
+            #[cfg(feature = "jit")]
+            _ => self.emit_attention(&kernel)?,
+        };
+        let code = Arc::new(HostAttention::new(&kernel, &code)?);
+        lock(&self.attentions).insert(name.to_string(), Arc::clone(&code));
+        Ok(code)
+    }
+}
+
+#[cfg(feature = "opencl")]
+fn open_opencl_error() -> RuntimeError {
+    match crate::opencl::ClDevice::first() {
+        Err(e) => unavailable(Backend::OpenCl, e.to_string()),
+        Ok(_) => RuntimeError::Unsupported {
+            backend: "opencl".into(),
+            what: "Linear/Attention through Device (not wired yet; call \
+                   tessera_runtime::opencl::run_matmul / run_attention directly)"
+                .into(),
+        },
+    }
+}
+
+#[cfg(not(feature = "opencl"))]
+fn open_opencl_error() -> RuntimeError {
+    unavailable(
+        Backend::OpenCl,
+        "this build has no OpenCL backend (the `opencl` feature adds it)",
+    )
+}
+
+#[cfg(not(feature = "jit"))]
+fn jit_engine(backend: Backend) -> Result<Engine, RuntimeError> {
+    Err(unavailable(
+        backend,
+        "this build has no JIT (the `jit` feature); open it with prebuilt kernels",
+    ))
+}
+
+#[cfg(feature = "jit")]
+fn jit_engine(backend: Backend) -> Result<Engine, RuntimeError> {
+    use tessera_codegen::neon::NeonBackend;
+    use tessera_codegen::x86::X86Backend;
+    match backend {
+        Backend::HostX86 => X86Backend::detect()
+            .map(Engine::X86)
+            .map_err(|e| unavailable(backend, e.to_string())),
+        Backend::HostClif => tessera_codegen::clif::ClifBackend::host()
+            .map(|_| Engine::Clif)
+            .map_err(|e| unavailable(backend, e.to_string())),
+        Backend::Neon => NeonBackend::detect().map(Engine::Neon).ok_or_else(|| {
+            unavailable(
+                backend,
+                format!(
+                    "NEON needs an aarch64 host; this is {}",
+                    std::env::consts::ARCH
+                ),
+            )
+        }),
+        Backend::OpenCl | Backend::Cuda => Err(unavailable(backend, "not a JIT backend")),
+    }
+}
+
+#[cfg(feature = "jit")]
+mod jit {
+    //! Emitting kernels at device start (feature `jit`).
+
+    use std::sync::Arc;
+
+    use tessera_codegen::artifact::{Artifact, Backend as _, EmitError, MachineCode};
+    use tessera_codegen::clif::ClifBackend;
+    use tessera_codegen::target::TargetCaps;
+    use tessera_codegen::tile::{self, Problem, TileConfig};
+    use tessera_dsl::ir::{Format, Kernel, Variant};
+    use tessera_dsl::library;
+
+    use super::{Device, Engine, lock};
+    use crate::error::RuntimeError;
+
+    fn emit_err(what: &str, e: impl std::fmt::Display) -> RuntimeError {
+        RuntimeError::NoKernel {
+            what: what.to_string(),
+            why: e.to_string(),
+        }
+    }
+
+    fn machine(what: &str, a: Artifact) -> Result<MachineCode, RuntimeError> {
+        match a {
+            Artifact::Machine(code) => Ok(code),
+            Artifact::Source { .. } => Err(emit_err(what, "the backend emitted source text")),
+        }
+    }
+
+    /// The backend's own loop for `variant`, else its default loop (whose
+    /// tile is what makes it that variant), as the autotuner times them.
+    fn emit_variant(
+        backend: &dyn tessera_codegen::artifact::Backend,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<Artifact, EmitError> {
+        match backend.emit_variant(kernel, tile, variant) {
+            Err(EmitError::Unsupported { .. }) if variant != Variant::Gemm => {
+                backend.emit(kernel, tile)
+            }
+            other => other,
+        }
+    }
+
+    impl Device {
+        pub(super) fn clif(&self) -> Result<Arc<ClifBackend>, RuntimeError> {
+            let mut slot = lock(&self.clif);
+            if let Some(b) = slot.as_ref() {
+                return Ok(Arc::clone(b));
+            }
+            let b = Arc::new(ClifBackend::host().map_err(|e| emit_err("cranelift backend", e))?);
+            *slot = Some(Arc::clone(&b));
+            Ok(b)
+        }
+
+        fn caps(&self) -> Result<&'static TargetCaps, RuntimeError> {
+            match &self.engine {
+                Engine::X86(_) => TargetCaps::by_name(tessera_codegen::x86::NAME)
+                    .map_err(|e| emit_err("x86 target", e)),
+                Engine::Clif => Ok(self.clif()?.caps()),
+                Engine::Neon(b) => Ok(b.caps()),
+                Engine::Prebuilt(_) => Err(emit_err("solver", "prebuilt kernels have no solver")),
+            }
+        }
+
+        /// The solver's tiles for `kernel` at m rows of [n, k], best first.
+        pub(super) fn solver_tiles(
+            &self,
+            kernel: &Kernel,
+            m: usize,
+            n: usize,
+            k: usize,
+        ) -> Result<Vec<TileConfig>, RuntimeError> {
+            let caps = self.caps()?;
+            let problem = self.problem(caps, kernel, m, n, k)?;
+            tile::solve(caps, &problem).map_err(|e| emit_err(&kernel.name, e))
+        }
+
+        fn problem(
+            &self,
+            caps: &TargetCaps,
+            kernel: &Kernel,
+            m: usize,
+            n: usize,
+            k: usize,
+        ) -> Result<Problem, RuntimeError> {
+            let base = Problem::from_kernel(caps, kernel).map_err(|e| emit_err(&kernel.name, e))?;
+            Ok(Problem {
+                e: m as u64,
+                h: n as u64,
+                l: k as u64,
+                ..base
+            })
+        }
+
+        /// The solver's configuration of exactly `tile` (its register
+        /// accounting is what the emitters check their plans against).
+        fn tile_config(
+            &self,
+            kernel: &Kernel,
+            variant: Variant,
+            tile: [u32; 3],
+            n: usize,
+            k: usize,
+        ) -> Result<TileConfig, RuntimeError> {
+            let caps = self.caps()?;
+            let problem = self.problem(caps, kernel, super::representative_m(variant), n, k)?;
+            tile::feasible(caps, &problem)
+                .map_err(|e| emit_err(&kernel.name, e))?
+                .into_iter()
+                .find(|t| [t.ep, t.hp, t.lp] == tile)
+                .ok_or_else(|| {
+                    emit_err(
+                        &format!("{} tile {tile:?}", kernel.name),
+                        format!("not a feasible tile on {}", caps.name),
+                    )
+                })
+        }
+
+        pub(super) fn emit_matmul(
+            &self,
+            kernel: &Kernel,
+            variant: Variant,
+            tile: [u32; 3],
+            n: usize,
+            k: usize,
+        ) -> Result<(MachineCode, Option<MachineCode>), RuntimeError> {
+            let config = self.tile_config(kernel, variant, tile, n, k)?;
+            let what = format!("{} {variant} tile {tile:?}", kernel.name);
+            let err = |e: EmitError| emit_err(&what, e);
+            let i8dyn = kernel
+                .as_matmul()
+                .and_then(|m| kernel.tensor(&m.x))
+                .is_some_and(|t| t.format == Format::I8Dyn);
+            match &self.engine {
+                Engine::X86(b) => {
+                    let code = machine(
+                        &what,
+                        emit_variant(b, kernel, &config, variant).map_err(err)?,
+                    )?;
+                    let q = b.emit_quantizer(kernel, &config).map_err(err)?;
+                    Ok((code, q))
+                }
+                Engine::Clif => {
+                    let b = self.clif()?;
+                    let code = machine(
+                        &what,
+                        emit_variant(&*b, kernel, &config, variant).map_err(err)?,
+                    )?;
+                    let q = if i8dyn {
+                        Some(b.emit_quantizer(kernel, &config).map_err(err)?)
+                    } else {
+                        None
+                    };
+                    Ok((code, q))
+                }
+                Engine::Neon(b) => {
+                    let code = machine(
+                        &what,
+                        emit_variant(b, kernel, &config, variant).map_err(err)?,
+                    )?;
+                    let q = b.quantizer(kernel, &config).map_err(err)?;
+                    Ok((code, q))
+                }
+                Engine::Prebuilt(_) => Err(emit_err(&what, "prebuilt device")),
+            }
+        }
+
+        /// Decode attention through cranelift (every JIT host backend).
+        pub(super) fn emit_attention(&self, kernel: &Kernel) -> Result<MachineCode, RuntimeError> {
+            let clif = self.clif()?;
+            // The attention emitter ignores the tile; any solver tile will do.
+            let f32_kernel = library::get("matmul-f32")?;
+            let tile = *clif
+                .tiles(&f32_kernel)
+                .map_err(|e| emit_err(&kernel.name, e))?
+                .first()
+                .ok_or_else(|| emit_err(&kernel.name, "no tile"))?;
+            machine(
+                &kernel.name,
+                clif.emit(kernel, &tile)
+                    .map_err(|e| emit_err(&kernel.name, e))?,
+            )
+        }
+    }
+}

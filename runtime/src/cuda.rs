@@ -1,0 +1,308 @@
+//! The CUDA host side of the PTX backend (feature `cuda`, off by default):
+//! load a [`PtxProgram`] through the driver API and launch it with the
+//! plan's arguments and geometry.
+//!
+//! The driver library is opened at run time (cudarc's `dynamic-loading`),
+//! so this builds everywhere; where no `libcuda` exists every entry point
+//! returns [`CudaError::NoDriver`] after a presence check, and nothing
+//! panics. The launch follows the shared plan exactly: arguments in
+//! [`tessera_codegen::gpu::MatmulPlan::args`] order (pointers as device
+//! addresses, ints as 32-bit), grid `global / local` and block `local` per
+//! [`tessera_codegen::gpu::LaunchDim`], dynamic shared memory from the
+//! program.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use half::f16;
+use tessera_codegen::artifact::EmitError;
+use tessera_codegen::gpu::{ArgKind, LaunchExtent, WEIGHT_LP};
+use tessera_codegen::ptx::{PtxBackend, PtxProgram, Sm};
+use tessera_dsl::interp::Value;
+use tessera_dsl::quant::{
+    ElemWidth, PackPlan, Tile, WeightPacking, gpu_weight_layout, pack_weights,
+};
+
+/// Why a CUDA operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA driver: {0}")]
+    NoDriver(String),
+    #[error("CUDA {what} failed: {detail}")]
+    Driver { what: &'static str, detail: String },
+    #[error(transparent)]
+    Emit(#[from] EmitError),
+    #[error("bad input: {0}")]
+    Input(String),
+}
+
+fn driver(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
+    move |e| CudaError::Driver {
+        what,
+        detail: e.to_string(),
+    }
+}
+
+fn input(msg: impl Into<String>) -> CudaError {
+    CudaError::Input(msg.into())
+}
+
+/// Whether the CUDA driver library can be opened (only tries `dlopen`;
+/// never touches a driver entry point).
+pub fn driver_present() -> bool {
+    // SAFETY: the probe only attempts to load the shared library by name
+    // and drops it; no symbol is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// One device with its context and stream.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    sm: Sm,
+    name: String,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("name", &self.name)
+            .field("sm", &self.sm)
+            .finish()
+    }
+}
+
+impl CudaDevice {
+    /// Device 0, if a driver and a device of compute capability 8.0 or
+    /// later exist (sm_90 code for 9.x and later, sm_80 for 8.x).
+    pub fn first() -> Result<CudaDevice, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver(
+                "the CUDA driver library (libcuda.so) is not installed".to_string(),
+            ));
+        }
+        let count = CudaContext::device_count().map_err(driver("device count"))?;
+        if count < 1 {
+            return Err(CudaError::NoDriver(
+                "the CUDA driver reports no device".to_string(),
+            ));
+        }
+        let ctx = CudaContext::new(0).map_err(driver("context creation"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver("compute capability"))?;
+        let sm = match major {
+            8 => Sm::Sm80,
+            m if m >= 9 => Sm::Sm90,
+            _ => {
+                return Err(CudaError::NoDriver(format!(
+                    "device compute capability {major}.{minor}: the PTX kernels need 8.0 or later"
+                )));
+            }
+        };
+        let name = ctx.name().map_err(driver("device name"))?;
+        let stream = ctx.default_stream();
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            sm,
+            name,
+        })
+    }
+
+    pub fn sm(&self) -> Sm {
+        self.sm
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The backend whose programs this device runs.
+    pub fn backend(&self) -> PtxBackend {
+        PtxBackend::new(self.sm)
+    }
+
+    fn upload<T>(&self, v: &[T]) -> Result<CudaSlice<T>, CudaError>
+    where
+        T: cudarc::driver::DeviceRepr + Clone + Default,
+    {
+        // Zero-length arguments (no scales, no bias) still bind a pointer.
+        if v.is_empty() {
+            return self
+                .stream
+                .clone_htod(&[T::default()])
+                .map_err(driver("upload"));
+        }
+        self.stream.clone_htod(v).map_err(driver("upload"))
+    }
+}
+
+/// f16 weights `[h, l]` in the GPU layout `[l/lp, h, lp]`, as half bits.
+pub fn pack_f16_gpu(h: usize, l: usize, w: &[f16]) -> Result<Vec<u16>, CudaError> {
+    let plan = PackPlan::new(
+        &gpu_weight_layout(),
+        &[("h", h), ("l", l)],
+        &[Tile::new("lp", "l", WEIGHT_LP as usize)],
+        ElemWidth::B16,
+    )
+    .map_err(|e| input(e.to_string()))?;
+    let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
+    let packed = plan.pack(&bytes).map_err(|e| input(e.to_string()))?;
+    Ok(packed
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect())
+}
+
+fn check_len(what: &str, got: usize, expected: usize) -> Result<(), CudaError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(input(format!(
+            "{what}: expected {expected} elements, got {got}"
+        )))
+    }
+}
+
+fn to_i32(v: usize, what: &str) -> Result<i32, CudaError> {
+    i32::try_from(v).map_err(|_| input(format!("{what} = {v} does not fit a 32-bit int")))
+}
+
+/// Run a matmul program: `x` is `[e, l]` f16, `w` the logical weights (an
+/// f16 `[h, l]` value or a quantized tensor with rows `h`), `bias` `[h]`.
+/// Returns `y` `[e, h]` as f32.
+#[allow(clippy::too_many_arguments)]
+pub fn run_matmul(
+    dev: &CudaDevice,
+    program: &PtxProgram,
+    x: &[f16],
+    w: &Value,
+    bias: Option<&[f32]>,
+    e: usize,
+    h: usize,
+    l: usize,
+) -> Result<Vec<f32>, CudaError> {
+    let plan = &program.plan;
+    check_len("x", x.len(), e * l)?;
+    if plan.bias && bias.is_none_or(|b| b.len() != h) {
+        return Err(input(format!("the kernel needs a bias of {h} elements")));
+    }
+    let (ei, hi, li) = (to_i32(e, "e")?, to_i32(h, "h")?, to_i32(l, "l")?);
+    if e == 0 || h == 0 {
+        return Ok(Vec::new());
+    }
+    let (codes, scales, offsets): (Vec<u8>, Vec<f32>, Vec<f32>) = match w {
+        Value::F16(data) => {
+            if plan.weights.format != tessera_dsl::Format::F16 {
+                return Err(input(format!(
+                    "f16 weights given, the kernel wants {}",
+                    plan.weights.format
+                )));
+            }
+            check_len("w", data.len(), h * l)?;
+            let halves = pack_f16_gpu(h, l, data)?;
+            (
+                halves.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                vec![],
+                vec![],
+            )
+        }
+        Value::Quant(q) => {
+            if q.rows != h || q.cols != l || q.format != plan.weights.format {
+                return Err(input(format!(
+                    "weights are {} [{}, {}], the kernel wants {} [{h}, {l}]",
+                    q.format, q.rows, q.cols, plan.weights.format
+                )));
+            }
+            let packed = pack_weights(
+                q,
+                WeightPacking::Gpu {
+                    lp: WEIGHT_LP as usize,
+                },
+            )
+            .map_err(|e| input(e.to_string()))?;
+            (packed.codes, packed.scales, packed.offsets)
+        }
+        other => return Err(input(format!("weights bound as {}", other.kind()))),
+    };
+    let module = dev
+        .ctx
+        .load_module(Ptx::from_src(program.text.clone()))
+        .map_err(driver("PTX module load"))?;
+    let func = module
+        .load_function(&plan.entry)
+        .map_err(driver("function lookup"))?;
+    if program.dynamic_shared_bytes > 48 * 1024 {
+        let bytes = i32::try_from(program.dynamic_shared_bytes)
+            .map_err(|_| input("shared memory size overflows"))?;
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes,
+        )
+        .map_err(driver("shared memory opt-in"))?;
+    }
+    let xbits: Vec<u16> = x.iter().map(|v| v.to_bits()).collect();
+    let xb = dev.upload(&xbits)?;
+    let wb = dev.upload(&codes)?;
+    let sb = dev.upload(&scales)?;
+    let ob = dev.upload(&offsets)?;
+    let bb = dev.upload(bias.unwrap_or(&[]))?;
+    let out_half = plan.args.iter().any(|a| a.kind == ArgKind::HalfOut);
+    let yf = dev
+        .stream
+        .alloc_zeros::<f32>(if out_half { 1 } else { e * h })
+        .map_err(driver("alloc"))?;
+    let yh = dev
+        .stream
+        .alloc_zeros::<u16>(if out_half { e * h } else { 1 })
+        .map_err(driver("alloc"))?;
+    let dims = plan.launch.map(|d| {
+        let extent = match d.extent {
+            LaunchExtent::E => e,
+            LaunchExtent::H => h,
+            _ => 1,
+        };
+        (d.global(extent) / d.local as usize, d.local)
+    });
+    let grid = |i: usize| u32::try_from(dims[i].0).map_err(|_| input("grid too large"));
+    let cfg = LaunchConfig {
+        grid_dim: (grid(0)?, grid(1)?, grid(2)?),
+        block_dim: (dims[0].1, dims[1].1, dims[2].1),
+        shared_mem_bytes: program.dynamic_shared_bytes,
+    };
+    let mut launch = dev.stream.launch_builder(&func);
+    for a in &plan.args {
+        match a.name {
+            "x" => launch.arg(&xb),
+            "w" => launch.arg(&wb),
+            "scales" => launch.arg(&sb),
+            "offsets" => launch.arg(&ob),
+            "bias" => launch.arg(&bb),
+            "y" if out_half => launch.arg(&yh),
+            "y" => launch.arg(&yf),
+            "e" => launch.arg(&ei),
+            "h" => launch.arg(&hi),
+            "l" => launch.arg(&li),
+            other => return Err(input(format!("argument `{other}` is not bound"))),
+        };
+    }
+    // `y` is bound by shared reference: the read-back on the same stream
+    // orders after the kernel's writes.
+    // SAFETY: the arguments follow the emitted signature (device pointers
+    // for `.u64`, i32 for `.u32`), every buffer holds what the kernel
+    // indexes for these e, h, l (weights padded to lp by the packer), and
+    // the buffers outlive the synchronous read-back below.
+    unsafe { launch.launch(cfg) }.map_err(driver("kernel launch"))?;
+    if out_half {
+        let bits = dev.stream.clone_dtoh(&yh).map_err(driver("read back"))?;
+        Ok(bits
+            .into_iter()
+            .map(|b| f16::from_bits(b).to_f32())
+            .collect())
+    } else {
+        dev.stream.clone_dtoh(&yf).map_err(driver("read back"))
+    }
+}

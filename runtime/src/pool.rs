@@ -1,0 +1,291 @@
+//! A persistent thread pool and the weighted work split (MNN-LLM 5.2).
+//!
+//! Kernels split the output channels (hp panels) — and prefill attention the
+//! query tokens — across cores. On big.LITTLE parts an even split leaves the
+//! big cores idle while the little ones finish, so each core gets a share
+//! proportional to its measured throughput ([`split_weighted`]); the
+//! weights come from the tuning record and default to equal.
+//!
+//! [`ThreadPool::run`] calls one closure per worker (the calling thread is
+//! worker 0) and returns only when every worker is done, so the closure may
+//! borrow from the caller's stack. Workers live as long as the pool: no
+//! thread is spawned per call.
+
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+/// The job of one [`ThreadPool::run`] call with its borrow lifetime erased.
+/// Only dereferenced while `run` blocks the caller (see the SAFETY notes).
+#[derive(Clone, Copy)]
+struct JobPtr(*const (dyn Fn(usize) + Sync));
+// SAFETY: the pointee is `Sync` and outlives every use (run() waits for all
+// workers before returning and before the borrow ends).
+unsafe impl Send for JobPtr {}
+
+struct State {
+    job: Option<JobPtr>,
+    /// Bumped per run so a worker runs each job exactly once.
+    generation: u64,
+    /// Workers (excluding the caller) still running the current job.
+    pending: usize,
+    panicked: bool,
+    shutdown: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    work: Condvar,
+    done: Condvar,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A poisoned lock only means a job panicked; the state stays consistent
+    // (every field is updated under the lock in one step).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Persistent worker threads; `threads()` counts the caller too.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// Serializes `run` calls from different threads.
+    running: Mutex<()>,
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("threads", &self.threads())
+            .finish()
+    }
+}
+
+impl ThreadPool {
+    /// A pool of `threads` (at least 1: the caller alone).
+    pub fn new(threads: usize) -> ThreadPool {
+        let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                job: None,
+                generation: 0,
+                pending: 0,
+                panicked: false,
+                shutdown: false,
+            }),
+            work: Condvar::new(),
+            done: Condvar::new(),
+        });
+        let workers = (1..threads)
+            .map(|index| {
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("tessera-{index}"))
+                    .spawn(move || worker(&shared, index))
+            })
+            .filter_map(Result::ok)
+            .collect();
+        ThreadPool {
+            shared,
+            workers,
+            running: Mutex::new(()),
+        }
+    }
+
+    /// Worker count including the calling thread (fewer than asked only if
+    /// the OS refused to spawn threads).
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Call `job(worker)` for every worker `0..threads()` concurrently and
+    /// wait for all of them. A panic in any worker is re-raised here after
+    /// every worker has finished.
+    pub fn run(&self, job: &(dyn Fn(usize) + Sync)) {
+        if self.workers.is_empty() {
+            job(0);
+            return;
+        }
+        let _serial = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: erases the borrow's lifetime. Workers dereference the
+        // pointer only between publishing it here and `pending` reaching 0,
+        // and this function does not return (or unwind) before that.
+        let erased: JobPtr = JobPtr(unsafe {
+            std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync)>(
+                job as *const _,
+            )
+        });
+        {
+            let mut s = lock(&self.shared.state);
+            s.job = Some(erased);
+            s.generation = s.generation.wrapping_add(1);
+            s.pending = self.workers.len();
+            s.panicked = false;
+            self.shared.work.notify_all();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+        let mut s = lock(&self.shared.state);
+        while s.pending > 0 {
+            s = self.shared.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.job = None;
+        let worker_panicked = s.panicked;
+        drop(s);
+        if let Err(payload) = mine {
+            resume_unwind(payload);
+        }
+        if worker_panicked {
+            panic!("a tessera worker thread panicked");
+        }
+    }
+}
+
+fn worker(shared: &Shared, index: usize) {
+    let mut seen = 0u64;
+    loop {
+        let job = {
+            let mut s = lock(&shared.state);
+            loop {
+                if s.shutdown {
+                    return;
+                }
+                if s.generation != seen
+                    && let Some(job) = s.job
+                {
+                    seen = s.generation;
+                    break job;
+                }
+                s = shared.work.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        // SAFETY: `run` keeps the job alive until `pending` reaches 0, which
+        // happens only after this call returns (below).
+        let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*job.0)(index) }));
+        let mut s = lock(&shared.state);
+        if result.is_err() {
+            s.panicked = true;
+        }
+        s.pending -= 1;
+        if s.pending == 0 {
+            shared.done.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        lock(&self.shared.state).shutdown = true;
+        self.shared.work.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Split `units` (hp panels, tokens) into one contiguous range per weight,
+/// each proportional to its weight (largest remainder, ties to the lower
+/// index, so the split is deterministic). Non-finite or non-positive
+/// weights count as zero; if all are zero the split is even. Ranges may be
+/// empty (more workers than units).
+pub fn split_weighted(units: usize, weights: &[f64]) -> Vec<std::ops::Range<usize>> {
+    let n = weights.len().max(1);
+    let clean: Vec<f64> = (0..n)
+        .map(|i| {
+            let w = weights.get(i).copied().unwrap_or(1.0);
+            if w.is_finite() && w > 0.0 { w } else { 0.0 }
+        })
+        .collect();
+    let total: f64 = clean.iter().sum();
+    let clean = if total > 0.0 { clean } else { vec![1.0; n] };
+    let total: f64 = clean.iter().sum();
+    let exact: Vec<f64> = clean.iter().map(|w| units as f64 * w / total).collect();
+    let mut counts: Vec<usize> = exact.iter().map(|x| x.floor() as usize).collect();
+    let mut left = units.saturating_sub(counts.iter().sum());
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| {
+        let ra = exact[a] - exact[a].floor();
+        let rb = exact[b] - exact[b].floor();
+        rb.total_cmp(&ra).then(a.cmp(&b))
+    });
+    for &i in order.iter().cycle().take(n * 2) {
+        if left == 0 {
+            break;
+        }
+        if clean[i] > 0.0 {
+            counts[i] += 1;
+            left -= 1;
+        }
+    }
+    let mut start = 0;
+    counts
+        .into_iter()
+        .map(|c| {
+            let r = start..start + c;
+            start += c;
+            r
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn split_covers_every_unit_once_in_proportion() {
+        let r = split_weighted(10, &[1.0, 1.0]);
+        assert_eq!(r, vec![0..5, 5..10]);
+        let r = split_weighted(12, &[3.0, 1.0]);
+        assert_eq!(r, vec![0..9, 9..12]);
+        let r = split_weighted(2, &[1.0, 1.0, 1.0, 1.0]);
+        assert_eq!(r.iter().map(|r| r.len()).sum::<usize>(), 2);
+        assert_eq!(r.last().unwrap().end, 2);
+        let r = split_weighted(7, &[0.0, f64::NAN, -1.0]);
+        assert_eq!(r.iter().map(|r| r.len()).sum::<usize>(), 7);
+        let r = split_weighted(5, &[2.0, 0.0]);
+        assert_eq!(r, vec![0..5, 5..5]);
+        for units in 0..50 {
+            let r = split_weighted(units, &[4.0, 1.3, 0.7]);
+            let mut next = 0;
+            for x in &r {
+                assert_eq!(x.start, next);
+                next = x.end;
+            }
+            assert_eq!(next, units);
+        }
+    }
+
+    #[test]
+    fn pool_runs_every_worker_once_per_call_and_borrows() {
+        let pool = ThreadPool::new(3);
+        assert_eq!(pool.threads(), 3);
+        let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+        for _ in 0..100 {
+            pool.run(&|w| {
+                hits[w].fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        for h in &hits {
+            assert_eq!(h.load(Ordering::Relaxed), 100);
+        }
+    }
+
+    #[test]
+    fn a_panicking_job_is_reported_and_the_pool_survives() {
+        let pool = ThreadPool::new(2);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(&|w| {
+                if w == 1 {
+                    panic!("boom");
+                }
+            })
+        }));
+        assert!(r.is_err());
+        let count = AtomicUsize::new(0);
+        pool.run(&|_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 2);
+    }
+}

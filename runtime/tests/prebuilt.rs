@@ -1,0 +1,112 @@
+//! Prebuilt machine code (what a build without `jit` runs): emitted ahead of
+//! time here with the cranelift backend, handed to the device as bytes +
+//! tile + variant + kernel name, and run through the same checked paths.
+
+#![cfg(feature = "jit")]
+
+use std::sync::Arc;
+
+use half::f16;
+use tessera_codegen::artifact::{Artifact, Backend as _};
+use tessera_codegen::clif::ClifBackend;
+use tessera_dsl::ir::Variant;
+use tessera_dsl::library;
+use tessera_runtime::{
+    Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, PlanSource,
+    PrebuiltKernel, PrebuiltSet, RuntimeError, WeightFormat, Weights, current_generator,
+};
+
+fn prebuilt_set() -> PrebuiltSet {
+    let clif = ClifBackend::host().unwrap();
+    let kernel = library::get("matmul-f32").unwrap();
+    let tile = clif.tiles(&kernel).unwrap()[0];
+    let mut set = PrebuiltSet::new(current_generator());
+    let Artifact::Machine(code) = clif.emit(&kernel, &tile).unwrap() else {
+        panic!("source")
+    };
+    for variant in Variant::ALL {
+        set.push(PrebuiltKernel::matmul(
+            "matmul-f32",
+            "test",
+            variant,
+            [tile.ep, tile.hp, tile.lp],
+            code.arch,
+            code.bytes.clone(),
+            None,
+        ));
+    }
+    let att = library::get("attention-decode-f16").unwrap();
+    let Artifact::Machine(code) = clif.emit(&att, &tile).unwrap() else {
+        panic!("source")
+    };
+    set.push(PrebuiltKernel::attention(
+        "attention-decode-f16",
+        "test",
+        code.arch,
+        code.bytes,
+    ));
+    set
+}
+
+#[test]
+fn prebuilt_kernels_run_without_the_jit_path() {
+    let dev = Arc::new(
+        Device::open(
+            Backend::HostClif,
+            DeviceOptions {
+                threads: Some(2),
+                prebuilt: Some(prebuilt_set()),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let (n, k) = (19, 24);
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7) % 11) as f32 / 11.0 - 0.5)
+        .collect();
+    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
+    assert!(matches!(lin.plan().source, PlanSource::Defaults { .. }));
+    assert_eq!(lin.packings(), 1, "one tile, packed once");
+    for m in [1, 3, 20] {
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 5) % 13) as f32 / 13.0 - 0.5)
+            .collect();
+        let mut y = vec![0.0; m * n];
+        lin.forward_f32(&x, m, &mut y).unwrap();
+        for r in 0..m {
+            for c in 0..n {
+                let want: f32 = (0..k).map(|l| x[r * k + l] * w[c * k + l]).sum();
+                assert!((y[r * n + c] - want).abs() < 1e-4, "m={m} [{r},{c}]");
+            }
+        }
+    }
+    // A format the set lacks is a clear error.
+    let e = Linear::new(&dev, WeightFormat::W4A8, Weights::F32(&w), n, k, None).unwrap_err();
+    assert!(matches!(e, RuntimeError::NoKernel { .. }), "{e}");
+    // Attention from prebuilt bytes.
+    let att = Attention::new(&dev, 2, 1, 8, KvFormat::F16).unwrap();
+    let mut cache = KvCache::new(KvFormat::F16, 1, 8, KvCapacity::Max(2)).unwrap();
+    cache.append(&[0.5; 8], &[2.0; 8], 1).unwrap();
+    let mut o = vec![f16::ZERO; 16];
+    att.decode(&[f16::from_f32(0.1); 16], &cache, &mut o)
+        .unwrap();
+    assert!(o.iter().all(|v| (v.to_f32() - 2.0).abs() < 1e-3), "{o:?}");
+    let e = Attention::new(&dev, 2, 1, 8, KvFormat::Kv8).unwrap_err();
+    assert!(e.to_string().contains("prebuilt"), "{e}");
+}
+
+#[test]
+fn prebuilt_sets_from_another_generator_are_refused() {
+    let mut set = prebuilt_set();
+    set.generator.template_hash = "0000".into();
+    let e = Device::open(
+        Backend::HostClif,
+        DeviceOptions {
+            prebuilt: Some(set),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("generator"), "{e}");
+}

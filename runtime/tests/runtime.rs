@@ -1,0 +1,523 @@
+//! The runtime against the reference interpreter: dispatch by M around the
+//! record's breakpoints, refused records, bad input, the KV cache growing
+//! past its first chunk, more threads than output channels.
+
+#![cfg(feature = "jit")]
+
+use std::sync::Arc;
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_dsl::interp::{self, Bindings, Value};
+use tessera_dsl::ir::{Format, Group, Variant};
+use tessera_dsl::library;
+use tessera_dsl::quant;
+use tessera_runtime::device::Fingerprint;
+use tessera_runtime::record::{
+    DeviceEntry, GeneratorId, Limits, RECORD_SCHEMA, ShapeEntry, TuningRecord, Winner,
+};
+use tessera_runtime::{
+    Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, PlanSource,
+    RuntimeError, WeightFormat, Weights, current_generator,
+};
+
+fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn randv(r: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
+}
+
+fn device(backend: Backend, threads: usize, record: Option<TuningRecord>) -> Arc<Device> {
+    Arc::new(
+        Device::open(
+            backend,
+            DeviceOptions {
+                threads: Some(threads),
+                record,
+                ..Default::default()
+            },
+        )
+        .expect("open"),
+    )
+}
+
+fn host_backends() -> Vec<Backend> {
+    let mut v = vec![Backend::HostClif];
+    if tessera_codegen::x86::missing_features().is_empty() {
+        v.push(Backend::HostX86);
+    }
+    v
+}
+
+/// The interpreter's y for x [m, k], w [n, k] in `format`.
+fn reference(
+    format: WeightFormat,
+    x: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
+    let kernel = library::get(format.library_kernel()).unwrap();
+    let mm = kernel.as_matmul().unwrap();
+    let w_format = kernel.tensor(&mm.w).unwrap().format;
+    let x_format = kernel.tensor(&mm.x).unwrap().format;
+    let wv = match Value::from_f32(w_format, w) {
+        Some(v) => v,
+        None => Value::Quant(quant::quantize(w_format, n, k, w).unwrap()),
+    };
+    let b = Bindings::new()
+        .extent("e", m)
+        .extent("h", n)
+        .extent("l", k)
+        .tensor("x", Value::from_f32(x_format, x).unwrap())
+        .tensor("w", wv)
+        .tensor("bias", Value::F32(bias.to_vec()));
+    interp::run(&kernel, &b).unwrap().get("y").unwrap().to_vec()
+}
+
+fn max_err(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    let scale = b.iter().map(|x| x.abs()).fold(0.0, f32::max);
+    (err, scale)
+}
+
+fn run_linear(lin: &Linear, x: &[f32], m: usize) -> Vec<f32> {
+    match lin.format() {
+        WeightFormat::F16 => {
+            let xh: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+            let mut y = vec![f16::ZERO; m * lin.n()];
+            lin.forward(
+                tessera_runtime::Input::F16(&xh),
+                m,
+                tessera_runtime::Output::F16(&mut y),
+            )
+            .unwrap();
+            y.iter().map(|v| v.to_f32()).collect()
+        }
+        _ => {
+            let mut y = vec![0.0; m * lin.n()];
+            lin.forward_f32(x, m, &mut y).unwrap();
+            y
+        }
+    }
+}
+
+fn check_linear(dev: &Arc<Device>, format: WeightFormat, n: usize, k: usize, ms: &[usize]) {
+    let mut r = rng((n * 31 + k) as u64);
+    let w = randv(&mut r, n * k);
+    let bias = randv(&mut r, n);
+    let lin = Linear::new(dev, format, Weights::F32(&w), n, k, Some(&bias)).unwrap();
+    assert!(lin.packings() >= 1 && lin.packings() <= 3);
+    for &m in ms {
+        let x = randv(&mut r, m * k);
+        let y = run_linear(&lin, &x, m);
+        let want = reference(format, &x, &w, &bias, m, n, k);
+        let (err, scale) = max_err(&y, &want);
+        let tol = match format {
+            WeightFormat::F16 => 2e-3 * (1.0 + scale),
+            _ => 1e-4 * (1.0 + scale),
+        };
+        assert!(
+            err <= tol,
+            "{:?} {format} m={m} n={n} k={k} ({}) err {err} > {tol}",
+            dev.backend(),
+            lin.plan()
+        );
+    }
+}
+
+#[test]
+fn linear_matches_the_interpreter_for_every_m_with_tails() {
+    for backend in host_backends() {
+        let dev = device(backend, 2, None);
+        for format in [WeightFormat::F32, WeightFormat::W8A8, WeightFormat::W4A8] {
+            check_linear(&dev, format, 45, 96, &[1, 2, 3, 15, 16, 17, 33]);
+        }
+        check_linear(&dev, WeightFormat::F16, 21, 40, &[1, 5, 19]);
+    }
+}
+
+/// A record for this device with the given breakpoints and the default tiles.
+fn record_for(
+    dev: &Device,
+    format: WeightFormat,
+    n: usize,
+    k: usize,
+    m1: usize,
+    m2: usize,
+) -> TuningRecord {
+    let defaults = dev.prepare(format, &[(n, k)]).unwrap().remove(0);
+    let winners = defaults
+        .variants
+        .iter()
+        .map(|v| Winner {
+            variant: v.variant,
+            target: "test".into(),
+            tile: v.tile,
+            kernel: format!("{}-{}", v.kernel, v.variant),
+        })
+        .collect();
+    TuningRecord {
+        schema: RECORD_SCHEMA,
+        entries: vec![DeviceEntry {
+            fingerprint: dev.fingerprint().clone(),
+            generator: current_generator(),
+            backend: dev.backend().record_name().into(),
+            format: format.name().into(),
+            model: "test".into(),
+            threads: dev.threads(),
+            partial: false,
+            created_unix: 0,
+            limits: Limits::default(),
+            core_weights: vec![3.0, 1.0],
+            shapes: vec![ShapeEntry {
+                name: "t".into(),
+                n,
+                k,
+                m1,
+                m2,
+                winners,
+                measurements: vec![],
+            }],
+        }],
+    }
+}
+
+#[test]
+fn dispatch_switches_at_the_records_breakpoints() {
+    let (n, k, m1, m2) = (40, 64, 3, 7);
+    for backend in host_backends() {
+        let probe = device(backend, 2, None);
+        let record = record_for(&probe, WeightFormat::W4A8, n, k, m1, m2);
+        let dev = device(backend, 2, Some(record));
+        let mut r = rng(7);
+        let w = randv(&mut r, n * k);
+        let bias = randv(&mut r, n);
+        let lin = Linear::new(
+            &dev,
+            WeightFormat::W4A8,
+            Weights::F32(&w),
+            n,
+            k,
+            Some(&bias),
+        )
+        .unwrap();
+        assert_eq!(lin.plan().source, PlanSource::Record);
+        assert!(lin.plan().variants.iter().all(|v| v.from_record));
+        assert_eq!(lin.plan().core_weights, vec![3.0, 1.0]);
+        for (m, want) in [
+            (m1 - 1, Variant::Gemv),
+            (m1, Variant::FlatGemm),
+            (m2 - 1, Variant::FlatGemm),
+            (m2, Variant::Gemm),
+        ] {
+            assert_eq!(lin.variant_for(m), want, "m={m}");
+            let x = randv(&mut r, m * k);
+            let y = run_linear(&lin, &x, m);
+            let (err, scale) = max_err(&y, &reference(WeightFormat::W4A8, &x, &w, &bias, m, n, k));
+            assert!(err <= 1e-4 * (1.0 + scale), "m={m} err {err}");
+        }
+    }
+}
+
+#[test]
+fn refused_records_fall_back_to_defaults_and_say_why() {
+    let backend = Backend::HostClif;
+    let probe = device(backend, 1, None);
+    let (n, k) = (16, 32);
+    // Another device.
+    let mut other = record_for(&probe, WeightFormat::F32, n, k, 5, 9);
+    let mut fp: Fingerprint = other.entries[0].fingerprint.clone();
+    fp.features.push("made-up-feature".into());
+    other.entries[0].fingerprint = fp;
+    let dev = device(backend, 1, Some(other));
+    let lin = Linear::new(
+        &dev,
+        WeightFormat::F32,
+        Weights::F32(&vec![0.5; n * k]),
+        n,
+        k,
+        None,
+    )
+    .unwrap();
+    match &lin.plan().source {
+        PlanSource::Defaults { why } => assert!(why.contains("features differ"), "{why}"),
+        s => panic!("record accepted: {s:?}"),
+    }
+    assert_eq!((lin.plan().m1, lin.plan().m2), (2, 16));
+    // Another generator.
+    let mut stale = record_for(&probe, WeightFormat::F32, n, k, 5, 9);
+    stale.entries[0].generator = GeneratorId {
+        version: "0.0.0".into(),
+        template_hash: "deadbeef".into(),
+    };
+    let dev = device(backend, 1, Some(stale));
+    let lin = Linear::new(
+        &dev,
+        WeightFormat::F32,
+        Weights::F32(&vec![0.5; n * k]),
+        n,
+        k,
+        None,
+    )
+    .unwrap();
+    match &lin.plan().source {
+        PlanSource::Defaults { why } => assert!(why.contains("generator"), "{why}"),
+        s => panic!("record accepted: {s:?}"),
+    }
+    // A record without this shape.
+    let other_shape = record_for(&probe, WeightFormat::F32, n, k, 5, 9);
+    let dev = device(backend, 1, Some(other_shape));
+    let lin = Linear::new(
+        &dev,
+        WeightFormat::F32,
+        Weights::F32(&vec![0.5; 8 * k]),
+        8,
+        k,
+        None,
+    )
+    .unwrap();
+    match &lin.plan().source {
+        PlanSource::Defaults { why } => assert!(why.contains("no shape [8, 32]"), "{why}"),
+        s => panic!("record accepted: {s:?}"),
+    }
+    // Still computes correctly.
+    let x = vec![1.0; 2 * k];
+    let mut y = vec![0.0; 2 * 8];
+    lin.forward_f32(&x, 2, &mut y).unwrap();
+    assert!(y.iter().all(|&v| (v - 16.0).abs() < 1e-4), "{y:?}");
+}
+
+#[test]
+fn bad_shapes_and_formats_are_errors_naming_the_mismatch() {
+    let dev = device(Backend::HostClif, 2, None);
+    let (n, k) = (8, 32);
+    let w = vec![0.1; n * k];
+    let e = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w[1..]), n, k, None).unwrap_err();
+    assert!(e.to_string().contains("weights elements"), "{e}");
+    let e = Linear::new(
+        &dev,
+        WeightFormat::F32,
+        Weights::F32(&w),
+        n,
+        k,
+        Some(&[0.0; 3]),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("bias"), "{e}");
+    let q = quant::quantize(Format::I8Sym(Group::Row), n, k, &w).unwrap();
+    let e = Linear::new(&dev, WeightFormat::W4A8, Weights::Quant(&q), n, k, None).unwrap_err();
+    assert!(e.to_string().contains("quantized weights"), "{e}");
+    let e = Linear::new(&dev, WeightFormat::F32, Weights::F32(&[]), 0, k, None).unwrap_err();
+    assert!(matches!(e, RuntimeError::Shape { .. }), "{e}");
+    assert!(
+        "q4".parse::<WeightFormat>()
+            .unwrap_err()
+            .to_string()
+            .contains("w4a8")
+    );
+
+    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
+    let mut y = vec![0.0; 2 * n];
+    let e = lin.forward_f32(&[0.0; 2 * 32 - 1], 2, &mut y).unwrap_err();
+    assert!(e.to_string().contains("x elements (m·k)"), "{e}");
+    let e = lin.forward_f32(&[0.0; 3 * 32], 3, &mut y).unwrap_err();
+    assert!(e.to_string().contains("y elements"), "{e}");
+    let xh = vec![f16::ZERO; 2 * k];
+    let e = lin
+        .forward(
+            tessera_runtime::Input::F16(&xh),
+            2,
+            tessera_runtime::Output::F32(&mut y),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("x dtype"), "{e}");
+    assert!(lin.forward_f32(&[], 0, &mut []).is_ok());
+
+    let e = Attention::new(&dev, 12, 5, 64, KvFormat::F16).unwrap_err();
+    assert!(e.to_string().contains("query heads"), "{e}");
+    let att = Attention::new(&dev, 4, 2, 16, KvFormat::F16).unwrap();
+    let mut cache = KvCache::new(KvFormat::F16, 2, 16, KvCapacity::Max(4)).unwrap();
+    let mut o = vec![f16::ZERO; 4 * 16];
+    let q = vec![f16::ZERO; 4 * 16];
+    let e = att.decode(&q, &cache, &mut o).unwrap_err();
+    assert!(e.to_string().contains("KV cache tokens"), "{e}");
+    let e = cache.append(&[0.0; 31], &[0.0; 32], 1).unwrap_err();
+    assert!(e.to_string().contains("keys elements"), "{e}");
+    cache.append(&[0.0; 32 * 4], &[0.0; 32 * 4], 4).unwrap();
+    let e = cache.append(&[0.0; 32], &[0.0; 32], 1).unwrap_err();
+    assert!(matches!(e, RuntimeError::CacheFull { max: 4, .. }), "{e}");
+    let e = att.decode(&q[1..], &cache, &mut o).unwrap_err();
+    assert!(e.to_string().contains("q elements"), "{e}");
+    let e = att
+        .prefill(
+            &vec![f16::ZERO; 5 * 64],
+            5,
+            &cache,
+            &mut vec![f16::ZERO; 5 * 64],
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("prefill tokens"), "{e}");
+    let wrong = KvCache::new(KvFormat::Kv8, 2, 16, KvCapacity::Max(4)).unwrap();
+    let e = att.decode(&q, &wrong, &mut o).unwrap_err();
+    assert!(e.to_string().contains("KV cache format"), "{e}");
+    let e = Device::open(Backend::Cuda, DeviceOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("cuda") && e.to_string().contains("not available"),
+        "{e}"
+    );
+    if !cfg!(target_arch = "aarch64") {
+        let e = Device::open(Backend::Neon, DeviceOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("aarch64"), "{e}");
+    }
+}
+
+/// The interpreter's attention over the whole cache for the last t tokens.
+#[allow(clippy::too_many_arguments)]
+fn reference_attention(
+    format: KvFormat,
+    q: &[f16],
+    k: &[f32],
+    v: &[f32],
+    t: usize,
+    s: usize,
+    hq: usize,
+    kvh: usize,
+    d: usize,
+) -> Vec<f32> {
+    let name = if t == 1 {
+        format.kernel_name()
+    } else {
+        "attention-prefill-f16"
+    };
+    let kernel = library::get(name).unwrap();
+    let bind = |f: Format, x: &[f32]| match f {
+        Format::F16 => Value::F16(x.iter().map(|&v| f16::from_f32(v)).collect()),
+        f => Value::Quant(quant::quantize(f, s * kvh, d, x).unwrap()),
+    };
+    let mut b = Bindings::new()
+        .extent("hq", hq)
+        .extent("kvh", kvh)
+        .extent("d", d)
+        .extent("s", s)
+        .tensor("q", Value::F16(q.to_vec()))
+        .tensor("k", bind(format.key_format(), k))
+        .tensor("v", bind(format.value_format(), v));
+    if t != 1 {
+        b = b.extent("t", t);
+    }
+    interp::run(&kernel, &b).unwrap().get("o").unwrap().to_vec()
+}
+
+fn randh(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f16> {
+    (0..n)
+        .map(|_| f16::from_f32(r.gen_range(-1.0f32..1.0) * scale))
+        .collect()
+}
+
+#[test]
+fn kv_cache_grows_past_its_first_chunk_in_place_and_decode_stays_exact() {
+    let (hq, kvh, d) = (4, 2, 32);
+    for format in [KvFormat::F16, KvFormat::Kv8] {
+        let dev = device(Backend::HostClif, 2, None);
+        let att = Attention::new(&dev, hq, kvh, d, format).unwrap();
+        let mut cache = KvCache::new(format, kvh, d, KvCapacity::Chunked(4)).unwrap();
+        let mut r = rng(3);
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        let mut base = cache.addresses();
+        let mut growths = 0;
+        for step in 0..11 {
+            let k = randv(&mut r, kvh * d);
+            let v = randv(&mut r, kvh * d);
+            cache.append(&k, &v, 1).unwrap();
+            if cache.growths() == growths {
+                assert_eq!(
+                    cache.addresses(),
+                    base,
+                    "moved without growing at step {step}"
+                );
+            } else {
+                growths = cache.growths();
+                base = cache.addresses();
+            }
+            ks.extend(k);
+            vs.extend(v);
+            let q = randh(&mut r, hq * d, 0.3);
+            let mut o = vec![f16::ZERO; hq * d];
+            att.decode(&q, &cache, &mut o).unwrap();
+            let s = cache.len();
+            let want = reference_attention(format, &q, &ks, &vs, 1, s, hq, kvh, d);
+            let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
+            let (err, _) = max_err(&got, &want);
+            assert!(err <= 4e-3, "{format:?} step {step}: err {err}");
+        }
+        assert!(cache.growths() >= 1 && cache.capacity() >= 11, "{cache:?}");
+    }
+}
+
+#[test]
+fn prefill_is_causal_and_matches_the_interpreter() {
+    let (hq, kvh, d, t) = (6, 2, 16, 9);
+    let dev = device(Backend::HostClif, 2, None);
+    let att = Attention::new(&dev, hq, kvh, d, KvFormat::F16).unwrap();
+    let mut cache = KvCache::new(KvFormat::F16, kvh, d, KvCapacity::Max(32)).unwrap();
+    let mut r = rng(11);
+    // Three earlier tokens, then a prompt chunk of t.
+    let k0 = randv(&mut r, 3 * kvh * d);
+    let v0 = randv(&mut r, 3 * kvh * d);
+    cache.append(&k0, &v0, 3).unwrap();
+    let k1 = randv(&mut r, t * kvh * d);
+    let v1 = randv(&mut r, t * kvh * d);
+    cache.append(&k1, &v1, t).unwrap();
+    let q = randh(&mut r, t * hq * d, 0.3);
+    let mut o = vec![f16::ZERO; t * hq * d];
+    att.prefill(&q, t, &cache, &mut o).unwrap();
+    let ks: Vec<f32> = k0.iter().chain(&k1).copied().collect();
+    let vs: Vec<f32> = v0.iter().chain(&v1).copied().collect();
+    let want = reference_attention(KvFormat::F16, &q, &ks, &vs, t, 3 + t, hq, kvh, d);
+    let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
+    let (err, _) = max_err(&got, &want);
+    assert!(err <= 4e-3, "err {err}");
+}
+
+#[test]
+fn more_threads_than_output_channels_is_still_correct() {
+    for backend in host_backends() {
+        let dev = device(backend, 8, None);
+        assert_eq!(dev.threads(), 8);
+        check_linear(&dev, WeightFormat::F32, 3, 40, &[1, 4, 20]);
+        check_linear(&dev, WeightFormat::W4A8, 5, 64, &[1, 9, 17]);
+        let att = Attention::new(&dev, 2, 1, 16, KvFormat::F16).unwrap();
+        let mut cache = KvCache::new(KvFormat::F16, 1, 16, KvCapacity::Chunked(2)).unwrap();
+        let mut r = rng(5);
+        let k = randv(&mut r, 3 * 16);
+        let v = randv(&mut r, 3 * 16);
+        cache.append(&k, &v, 3).unwrap();
+        let q = randh(&mut r, 3 * 2 * 16, 0.3);
+        let mut o = vec![f16::ZERO; 3 * 2 * 16];
+        att.prefill(&q, 3, &cache, &mut o).unwrap();
+        let want = reference_attention(KvFormat::F16, &q, &k, &v, 3, 3, 2, 1, 16);
+        let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
+        assert!(max_err(&got, &want).0 <= 4e-3);
+    }
+}
+
+#[test]
+fn kernels_are_prepared_once_per_device() {
+    let dev = device(Backend::HostClif, 1, None);
+    let shapes = [(32, 64), (32, 64), (48, 64)];
+    dev.prepare(WeightFormat::F32, &shapes).unwrap();
+    let after = dev.prepared_kernels();
+    dev.prepare(WeightFormat::F32, &shapes).unwrap();
+    assert_eq!(dev.prepared_kernels(), after);
+    assert!(after <= 6, "{after}");
+}
