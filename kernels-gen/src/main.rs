@@ -81,7 +81,7 @@ enum Command {
     /// Generate every kernel a model needs: code files, manifest.json and
     /// kernels.rs (to include! in a crate; no JIT at run time).
     Gen {
-        /// Comma-separated targets: x86-avx2, host, aarch64-neon|fp16|dotprod|i8mm, opencl.
+        /// Comma-separated targets: x86-avx2, host, aarch64-neon|fp16|dotprod|i8mm, opencl, ptx-sm80|sm90.
         #[arg(long, value_delimiter = ',', required = true)]
         target: Vec<String>,
         /// Embedded model name (e.g. qwen2-1.5b) or a Hugging Face config.json.

@@ -27,7 +27,7 @@ fn gen_writes_qwen2_kernels_manifest_and_kernels_rs() {
     let o = cli(&[
         "gen",
         "--target",
-        "opencl,aarch64-i8mm",
+        "opencl,ptx-sm80,aarch64-i8mm",
         "--model",
         "qwen2-1.5b",
         "--out",
@@ -35,7 +35,7 @@ fn gen_writes_qwen2_kernels_manifest_and_kernels_rs() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("24 entries"), "{stdout}");
+    assert!(stdout.contains("36 entries"), "{stdout}");
     let text = std::fs::read_to_string(Path::new(&out).join("manifest.json")).unwrap();
     let manifest = tessera_runtime::manifest::Manifest::from_json(&text, "manifest.json").unwrap();
     assert_eq!(manifest.model, "qwen2-1.5b");
@@ -43,7 +43,7 @@ fn gen_writes_qwen2_kernels_manifest_and_kernels_rs() {
         manifest.entries.iter().map(|e| e.target.as_str()).collect();
     assert_eq!(
         targets.into_iter().collect::<Vec<_>>(),
-        ["aarch64-i8mm", "opencl"]
+        ["aarch64-i8mm", "opencl", "ptx-sm80"]
     );
     for e in &manifest.entries {
         assert!(Path::new(&out).join(&e.file).is_file(), "{}", e.file);
@@ -54,7 +54,7 @@ fn gen_writes_qwen2_kernels_manifest_and_kernels_rs() {
     let o = cli(&[
         "gen",
         "--target",
-        "opencl,aarch64-i8mm",
+        "opencl,ptx-sm80,aarch64-i8mm",
         "--model",
         "qwen2-1.5b",
         "--out",

@@ -1,6 +1,6 @@
 //! The targets `gen` writes kernels for, as data: one row per target says
-//! which backend emits it and what file its code goes in. Adding a backend
-//! (PTX: `ptx-sm80`, `ptx-sm90`) is one row here plus one arm in
+//! which backend emits it, what file its code goes in and its default
+//! format. Adding a backend is one row here plus one arm in
 //! [`Emitter::new`].
 
 use tessera_codegen::artifact::{Artifact, Backend, EmitError, Variant};
@@ -8,6 +8,7 @@ use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::gpu::with_gpu_weight_layout;
 use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::opencl::{Fp16Mode, OpenClBackend};
+use tessera_codegen::ptx::{PtxBackend, Sm};
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::X86Backend;
 use tessera_codegen::{TargetCaps, mac_class};
@@ -25,6 +26,8 @@ pub enum BackendKind {
     /// OpenCL C, weights in the GPU layout, `half` as storage (portable:
     /// devices without `cl_khr_fp16` run it too).
     OpenCl,
+    /// PTX text for one SM generation, weights in the GPU layout.
+    Ptx(Sm),
 }
 
 /// One target `gen` accepts.
@@ -49,6 +52,8 @@ pub const TARGETS: &[TargetSpec] = &[
     spec("aarch64-dotprod", BackendKind::Neon, "bin", "w4a8"),
     spec("aarch64-i8mm", BackendKind::Neon, "bin", "w4a8"),
     spec("opencl", BackendKind::OpenCl, "cl", "w4a16"),
+    spec("ptx-sm80", BackendKind::Ptx(Sm::Sm80), "ptx", "w4a16"),
+    spec("ptx-sm90", BackendKind::Ptx(Sm::Sm90), "ptx", "w4a16"),
 ];
 
 const fn spec(
@@ -151,7 +156,7 @@ impl Emitter {
                 };
                 Ok(emitter(backend, kernel.clone(), caps))
             }
-            BackendKind::OpenCl => {
+            BackendKind::OpenCl | BackendKind::Ptx(_) => {
                 // The GPU kernels read weights as [l/lp, h, lp] (MNN-LLM
                 // 5.1); CPU-layout library kernels are re-laid out by the IR
                 // pass.
@@ -160,9 +165,14 @@ impl Emitter {
                 } else {
                     with_gpu_weight_layout(kernel).map_err(|e| e.to_string())?
                 };
-                let caps = tessera_codegen::opencl::caps();
+                let (backend, caps): (Box<dyn Backend>, _) = match spec.backend {
+                    BackendKind::Ptx(sm) => (Box::new(PtxBackend::new(sm)), sm.caps()),
+                    _ => (
+                        Box::new(OpenClBackend::new(Fp16Mode::Storage)),
+                        tessera_codegen::opencl::caps(),
+                    ),
+                };
                 mac_class(caps, &gpu).map_err(|e| e.to_string())?;
-                let backend = Box::new(OpenClBackend::new(Fp16Mode::Storage));
                 Ok(emitter(backend, gpu, caps))
             }
             BackendKind::Cranelift => {
