@@ -76,7 +76,8 @@ fn manifest_snapshot_for_a_small_model_config() {
 #[test]
 fn manifest_snapshot_for_qwen2_1_5b_example_targets() {
     let out = scratch("snapshot-qwen");
-    let cfg = config(&["opencl", "ptx-sm80", "aarch64-i8mm"], "qwen2-1.5b", &out);
+    // The example crate's build.rs: same targets, same order.
+    let cfg = config(&["aarch64-i8mm", "opencl", "ptx-sm80"], "qwen2-1.5b", &out);
     generate(&cfg).unwrap();
     let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
     insta::assert_snapshot!("qwen2_1_5b_manifest", redacted(&text));
