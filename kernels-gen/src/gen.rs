@@ -17,7 +17,8 @@
 //! `[n, k]` × variant (GEMV, flat GEMM, GEMM):
 //!
 //! - the code, `<instance name>.<variant>.<ext>`: `.cl` (OpenCL C), `.ptx`,
-//!   or `.bin` machine code with its listing `.s`. The instance name is the
+//!   or `.bin` machine code with its listing `.s` (and, for `i8dyn`
+//!   kernels, the activation quantizer `<…>.quant.bin` / `.quant.s`). The instance name is the
 //!   naming grammar's (`tessera_dsl::naming`); the variant is appended
 //!   because the grammar does not encode it and two variants may share a
 //!   tile. Instances with equal names and variants share one file.
@@ -54,7 +55,9 @@ use tessera_codegen::{GENERATOR_VERSION, TEMPLATE_HASH};
 use tessera_dsl::library;
 use tessera_dsl::models::{LayerShape, ModelError, ModelShapes};
 use tessera_dsl::naming::{MatmulInstance, MatmulTile};
-use tessera_runtime::manifest::{MANIFEST_SCHEMA, MSource, Manifest, ManifestEntry, fnv1a64_hex};
+use tessera_runtime::manifest::{
+    CodeFile, MANIFEST_SCHEMA, MSource, Manifest, ManifestEntry, fnv1a64_hex,
+};
 use tessera_runtime::record::{GeneratorId, RecordError, ShapeEntry, TuningRecord};
 
 pub use targets::{TARGETS, TargetSpec, target_names};
@@ -509,17 +512,28 @@ fn shape_entries(
                 .map_err(|e| ShapeFail::Error(fail(variant, e.to_string())))?
                 .to_string();
         let stem = format!("{name}.{variant}");
-        let (code, listing) = code_files(&stem, spec.ext, instance.artifact);
         // Equal name and variant mean equal code; the text may still
         // differ in header comments (the solver's cost for this shape), so
         // the first shape's file is kept and shared.
-        let file = code.name.clone();
-        let hash = fnv1a64_hex(files.entry(code.name).or_insert(code.bytes));
-        let listing_name = listing.map(|l| {
-            let n = l.name.clone();
-            files.entry(l.name).or_insert(l.bytes);
-            n
-        });
+        let mut put = |stem: &str, artifact: Artifact| -> CodeFile {
+            let (code, listing) = code_files(stem, spec.ext, artifact);
+            let file = code.name.clone();
+            let fnv1a64 = fnv1a64_hex(files.entry(code.name).or_insert(code.bytes));
+            let listing = listing.map(|l| {
+                let n = l.name.clone();
+                files.entry(l.name).or_insert(l.bytes);
+                n
+            });
+            CodeFile {
+                file,
+                listing,
+                fnv1a64,
+            }
+        };
+        let code = put(&stem, instance.artifact);
+        let quantizer = instance
+            .quantizer
+            .map(|q| put(&format!("{stem}.quant"), Artifact::Machine(q)));
         out.push(ManifestEntry {
             layer: shape.name.clone(),
             n: shape.n,
@@ -532,9 +546,10 @@ fn shape_entries(
             m_max,
             m_source,
             kernel: name,
-            file,
-            listing: listing_name,
-            fnv1a64: hash,
+            file: code.file,
+            listing: code.listing,
+            fnv1a64: code.fnv1a64,
+            quantizer,
         });
     }
     Ok(out)
@@ -590,7 +605,13 @@ fn write(plan: &Plan, out_dir: &Path) -> Result<GenReport, GenError> {
         .map(|m| {
             m.entries
                 .into_iter()
-                .flat_map(|e| std::iter::once(e.file).chain(e.listing))
+                .flat_map(|e| {
+                    let q = e
+                        .quantizer
+                        .into_iter()
+                        .flat_map(|q| std::iter::once(q.file).chain(q.listing));
+                    std::iter::once(e.file).chain(e.listing).chain(q)
+                })
                 .collect()
         })
         .unwrap_or_default();

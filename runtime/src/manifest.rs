@@ -13,8 +13,13 @@
 //!                  "target": "opencl", "variant": "gemv", "tile": [1, 8, 8],
 //!                  "m_min": 1, "m_max": 1, "m_source": "solver",
 //!                  "kernel": "matmul_…_opencl", "file": "matmul_…_opencl.gemv.cl",
-//!                  "listing": null, "fnv1a64": "0123456789abcdef" } ] }
+//!                  "listing": null, "fnv1a64": "0123456789abcdef",
+//!                  "quantizer": null } ] }
 //! ```
+//!
+//! `quantizer` is set for machine-code kernels whose activations are `i8dyn`
+//! (W4A8, W8A8): the activation quantizer+packer emitted for the same tile,
+//! `{ "file": "….quant.bin", "listing": "….quant.s", "fnv1a64": "…" }`.
 //!
 //! One entry per (target, format, weight shape, variant); entries with the
 //! same kernel share one file. `m_max` is inclusive, `null` for unbounded.
@@ -25,6 +30,9 @@ use serde::{Deserialize, Serialize};
 /// Re-exported so generated `kernels.rs` files need only this crate.
 pub use tessera_dsl::ir::Variant;
 
+use tessera_codegen::artifact::Arch;
+
+use crate::prebuilt::{PrebuiltKernel, PrebuiltSet};
 use crate::record::GeneratorId;
 
 /// The manifest format's version; a different one is refused.
@@ -67,6 +75,17 @@ pub struct ManifestEntry {
     /// The machine code's listing (`.s`), if any.
     pub listing: Option<String>,
     /// FNV-1a 64 of `file`'s bytes, lowercase hex.
+    pub fnv1a64: String,
+    /// The activation quantizer an `i8dyn` machine-code kernel needs.
+    #[serde(default)]
+    pub quantizer: Option<CodeFile>,
+}
+
+/// A companion code file (machine code with its listing).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeFile {
+    pub file: String,
+    pub listing: Option<String>,
     pub fnv1a64: String,
 }
 
@@ -127,6 +146,19 @@ pub fn fnv1a64_hex(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
+fn verify_hash(file: &str, want: &str, bytes: &[u8]) -> Result<(), ManifestError> {
+    let found = fnv1a64_hex(bytes);
+    if found == want {
+        Ok(())
+    } else {
+        Err(ManifestError::Corrupt {
+            file: file.to_string(),
+            found,
+            want: want.to_string(),
+        })
+    }
+}
+
 impl Manifest {
     /// Parse a manifest; `path` names it in errors.
     pub fn from_json(text: &str, path: &str) -> Result<Manifest, ManifestError> {
@@ -183,16 +215,12 @@ impl Manifest {
 
     /// Check a file's bytes against its entry's hash.
     pub fn verify(entry: &ManifestEntry, bytes: &[u8]) -> Result<(), ManifestError> {
-        let found = fnv1a64_hex(bytes);
-        if found == entry.fnv1a64 {
-            Ok(())
-        } else {
-            Err(ManifestError::Corrupt {
-                file: entry.file.clone(),
-                found,
-                want: entry.fnv1a64.clone(),
-            })
-        }
+        verify_hash(&entry.file, &entry.fnv1a64, bytes)
+    }
+
+    /// Check a quantizer file's bytes against its hash.
+    pub fn verify_file(file: &CodeFile, bytes: &[u8]) -> Result<(), ManifestError> {
+        verify_hash(&file.file, &file.fnv1a64, bytes)
     }
 }
 
@@ -223,10 +251,12 @@ pub struct EmbeddedKernel {
 pub enum EmbeddedCode {
     /// OpenCL C or PTX text.
     Source(&'static str),
-    /// Position-independent machine code (entry at offset 0) and its listing.
+    /// Position-independent machine code (entry at offset 0), its listing,
+    /// and the activation quantizer of `i8dyn` kernels.
     Machine {
         bytes: &'static [u8],
         listing: &'static str,
+        quantizer: Option<&'static [u8]>,
     },
 }
 
@@ -250,6 +280,63 @@ impl EmbeddedKernel {
                 want_hash: generator.template_hash.clone(),
             })
         }
+    }
+
+    /// The machine code's architecture: `aarch64-*` targets are AArch64,
+    /// `x86-avx2` x86-64, `host` (cranelift) the machine that ran the
+    /// generator, taken to be this one (cross builds name their target).
+    pub fn arch(&self) -> Option<Arch> {
+        match self.target {
+            t if t.starts_with("aarch64-") => Some(Arch::Aarch64),
+            "x86-avx2" => Some(Arch::X86_64),
+            "host" => Arch::host(),
+            _ => None,
+        }
+    }
+
+    /// A machine-code kernel as the runtime's [`PrebuiltKernel`] (for
+    /// `DeviceOptions::prebuilt`); `None` for source kernels (OpenCL, PTX).
+    pub fn to_prebuilt(&self) -> Option<PrebuiltKernel> {
+        let EmbeddedCode::Machine {
+            bytes, quantizer, ..
+        } = self.code
+        else {
+            return None;
+        };
+        Some(PrebuiltKernel::matmul(
+            &format!("matmul-{}", self.format),
+            self.kernel,
+            self.variant,
+            self.tile,
+            self.arch()?,
+            bytes.to_vec(),
+            quantizer.map(<[u8]>::to_vec),
+        ))
+    }
+
+    /// Every machine-code kernel of `table` for `target` and `format`, as
+    /// a [`PrebuiltSet`] of `generator`. Kernels serving several shapes
+    /// appear once per (variant, tile).
+    pub fn prebuilt_set(
+        table: &[EmbeddedKernel],
+        target: &str,
+        format: &str,
+        generator: GeneratorId,
+    ) -> PrebuiltSet {
+        let mut set = PrebuiltSet::new(generator);
+        for k in table
+            .iter()
+            .filter(|k| k.target == target && k.format == format)
+        {
+            if set
+                .matmul(&format!("matmul-{format}"), k.variant, k.tile)
+                .is_none()
+                && let Some(p) = k.to_prebuilt()
+            {
+                set.push(p);
+            }
+        }
+        set
     }
 
     /// The embedded kernel for `m` rows of `[n, k]` on `target` in `format`.
@@ -294,6 +381,7 @@ mod tests {
             file: "matmul_x.cl".into(),
             listing: None,
             fnv1a64: fnv1a64_hex(b"abc"),
+            quantizer: None,
         }
     }
 
@@ -308,6 +396,58 @@ mod tests {
                 entry(Variant::Gemm, 32, None),
             ],
         }
+    }
+
+    static CODE: [u8; 4] = [1, 2, 3, 4];
+    static QUANT: [u8; 2] = [9, 9];
+
+    fn embedded(target: &'static str, variant: Variant, code: EmbeddedCode) -> EmbeddedKernel {
+        EmbeddedKernel {
+            kernel: "matmul_x",
+            layer: "o",
+            n: 8,
+            k: 8,
+            format: "w4a8",
+            target,
+            variant,
+            tile: [2, 8, 8],
+            m_min: 1,
+            m_max: usize::MAX,
+            code,
+            generator_version: "0.1.0",
+            template_hash: "aa",
+        }
+    }
+
+    #[test]
+    fn embedded_machine_code_becomes_prebuilt_kernels() {
+        let machine = EmbeddedCode::Machine {
+            bytes: &CODE,
+            listing: "",
+            quantizer: Some(&QUANT),
+        };
+        let table = [
+            embedded("aarch64-i8mm", Variant::Gemv, machine),
+            // Same variant and tile for another shape: one prebuilt kernel.
+            embedded("aarch64-i8mm", Variant::Gemv, machine),
+            embedded("aarch64-i8mm", Variant::Gemm, machine),
+            embedded("opencl", Variant::Gemv, EmbeddedCode::Source("kernel")),
+        ];
+        let p = table[0].to_prebuilt().unwrap();
+        assert_eq!(p.kernel, "matmul-w4a8");
+        assert_eq!(p.variant, Some(Variant::Gemv));
+        assert_eq!(p.code.arch, Arch::Aarch64);
+        assert_eq!(p.code.bytes, CODE);
+        assert_eq!(p.quantizer.unwrap().bytes, QUANT);
+        assert!(table[3].to_prebuilt().is_none());
+        let set = EmbeddedKernel::prebuilt_set(&table, "aarch64-i8mm", "w4a8", generator("aa"));
+        assert_eq!(set.kernels.len(), 2);
+        assert!(table[0].check(&generator("aa")).is_ok());
+        assert!(table[0].check(&generator("bb")).is_err());
+        assert_eq!(
+            EmbeddedKernel::find(&table, "opencl", "w4a8", 8, 8, 3).map(|k| k.variant),
+            Some(Variant::Gemv)
+        );
     }
 
     #[test]
@@ -348,7 +488,10 @@ mod tests {
     #[test]
     fn lookup_dispatches_by_m_and_verify_checks_bytes() {
         let m = manifest("aa");
-        let v = |rows| m.lookup("opencl", "w4a8", 1536, 1536, rows).map(|e| e.variant);
+        let v = |rows| {
+            m.lookup("opencl", "w4a8", 1536, 1536, rows)
+                .map(|e| e.variant)
+        };
         assert_eq!(v(1), Some(Variant::Gemv));
         assert_eq!(v(2), Some(Variant::FlatGemm));
         assert_eq!(v(31), Some(Variant::FlatGemm));

@@ -61,7 +61,15 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
     let files: BTreeSet<&str> = manifest
         .entries
         .iter()
-        .flat_map(|e| std::iter::once(e.file.as_str()).chain(e.listing.as_deref()))
+        .flat_map(|e| {
+            let q = e
+                .quantizer
+                .iter()
+                .flat_map(|q| std::iter::once(q.file.as_str()).chain(q.listing.as_deref()));
+            std::iter::once(e.file.as_str())
+                .chain(e.listing.as_deref())
+                .chain(q)
+        })
         .collect();
     let statics: BTreeMap<&str, String> = files
         .into_iter()
@@ -72,7 +80,9 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
         .entries
         .iter()
         .filter(|e| e.listing.is_some())
-        .map(|e| e.file.as_str())
+        .flat_map(|e| {
+            std::iter::once(e.file.as_str()).chain(e.quantizer.iter().map(|q| q.file.as_str()))
+        })
         .collect();
     let _ = writeln!(s);
     for (file, ident) in &statics {
@@ -92,9 +102,13 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
     for e in &manifest.entries {
         let code = match &e.listing {
             Some(l) => format!(
-                "{RT}::EmbeddedCode::Machine {{ bytes: {}, listing: {} }}",
+                "{RT}::EmbeddedCode::Machine {{ bytes: {}, listing: {}, quantizer: {} }}",
                 statics[e.file.as_str()],
-                statics[l.as_str()]
+                statics[l.as_str()],
+                e.quantizer.as_ref().map_or_else(
+                    || "None".to_string(),
+                    |q| format!("Some({})", statics[q.file.as_str()])
+                )
             ),
             None => format!("{RT}::EmbeddedCode::Source({})", statics[e.file.as_str()]),
         };

@@ -3,7 +3,7 @@
 //! format. Adding a backend is one row here plus one arm in
 //! [`Emitter::new`].
 
-use tessera_codegen::artifact::{Artifact, Backend, EmitError, Variant};
+use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode, Variant};
 use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::gpu::with_gpu_weight_layout;
 use tessera_codegen::neon::NeonBackend;
@@ -12,7 +12,7 @@ use tessera_codegen::ptx::{PtxBackend, Sm};
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::X86Backend;
 use tessera_codegen::{TargetCaps, mac_class};
-use tessera_dsl::{Kernel, LayoutDim};
+use tessera_dsl::{Format, Kernel, LayoutDim};
 
 /// Which backend emits a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,7 +88,13 @@ pub struct Instance {
     /// naming.
     pub kernel: Kernel,
     pub artifact: Artifact,
+    /// The `i8dyn` activation quantizer for the same tile (machine-code
+    /// targets, integer kernels).
+    pub quantizer: Option<MachineCode>,
 }
+
+/// Emits the activation quantizer of an `i8dyn` kernel for a tile.
+type QuantizerFn = Box<dyn Fn(&Kernel, &TileConfig) -> Result<Option<MachineCode>, EmitError>>;
 
 /// Why one instance could not be emitted.
 pub enum EmitFail {
@@ -113,6 +119,8 @@ pub struct Emitter {
     caps: Option<&'static TargetCaps>,
     /// Cranelift's tiles (shape-independent).
     fixed_tiles: Vec<TileConfig>,
+    /// Machine-code targets: the activation quantizer emitter.
+    quantizer: Option<QuantizerFn>,
 }
 
 /// Whether a matmul's weights are already in a GPU layout `[l/lp, h, lp]`.
@@ -138,23 +146,34 @@ impl Emitter {
     /// The backend of `spec` for matmul `kernel` (a library kernel in the
     /// CPU layout).
     pub fn new(spec: &'static TargetSpec, kernel: &Kernel) -> Result<Emitter, String> {
-        let emitter = |backend: Box<dyn Backend>, kernel: Kernel, caps| Emitter {
+        let emitter = |backend: Box<dyn Backend>, kernel: Kernel, caps, quantizer| Emitter {
             spec,
             backend,
             kernel,
             caps: Some(caps),
             fixed_tiles: Vec::new(),
+            quantizer,
         };
         match spec.backend {
             BackendKind::X86 | BackendKind::Neon => {
                 let caps = TargetCaps::by_name(spec.name).map_err(|e| e.to_string())?;
                 mac_class(caps, kernel).map_err(|e| e.to_string())?;
-                let backend: Box<dyn Backend> = if spec.backend == BackendKind::X86 {
-                    Box::new(X86Backend::default())
-                } else {
-                    Box::new(NeonBackend::new(spec.name).map_err(|e| e.to_string())?)
-                };
-                Ok(emitter(backend, kernel.clone(), caps))
+                let (backend, quantizer): (Box<dyn Backend>, QuantizerFn) =
+                    if spec.backend == BackendKind::X86 {
+                        let q = X86Backend::default();
+                        (
+                            Box::new(X86Backend::default()),
+                            Box::new(move |k: &Kernel, t: &TileConfig| q.emit_quantizer(k, t)),
+                        )
+                    } else {
+                        let neon = || NeonBackend::new(spec.name).map_err(|e| e.to_string());
+                        let q = neon()?;
+                        (
+                            Box::new(neon()?),
+                            Box::new(move |k: &Kernel, t: &TileConfig| q.quantizer(k, t)),
+                        )
+                    };
+                Ok(emitter(backend, kernel.clone(), caps, Some(quantizer)))
             }
             BackendKind::OpenCl | BackendKind::Ptx(_) => {
                 // The GPU kernels read weights as [l/lp, h, lp] (MNN-LLM
@@ -173,17 +192,30 @@ impl Emitter {
                     ),
                 };
                 mac_class(caps, &gpu).map_err(|e| e.to_string())?;
-                Ok(emitter(backend, gpu, caps))
+                Ok(emitter(backend, gpu, caps, None))
             }
             BackendKind::Cranelift => {
                 let backend = ClifBackend::host().map_err(|e| e.to_string())?;
                 let fixed_tiles = backend.tiles(kernel).map_err(|e| e.to_string())?;
+                let q = ClifBackend::host().map_err(|e| e.to_string())?;
+                let quantizer: QuantizerFn = Box::new(move |k: &Kernel, t: &TileConfig| {
+                    let i8dyn = k
+                        .as_matmul()
+                        .and_then(|mm| k.tensor(&mm.x))
+                        .is_some_and(|x| x.format == Format::I8Dyn);
+                    if i8dyn {
+                        q.emit_quantizer(k, t).map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                });
                 Ok(Emitter {
                     spec,
                     backend: Box::new(backend),
                     kernel: kernel.clone(),
                     caps: None,
                     fixed_tiles,
+                    quantizer: Some(quantizer),
                 })
             }
         }
@@ -238,10 +270,17 @@ impl Emitter {
         for tile in &tiles {
             match self.backend.emit_variant(&self.kernel, tile, variant) {
                 Ok(artifact) => {
+                    let quantizer = match &self.quantizer {
+                        Some(q) => q(&self.kernel, tile).map_err(|e| {
+                            EmitFail::Other(format!("the activation quantizer: {e}"))
+                        })?,
+                        None => None,
+                    };
                     return Ok(Instance {
                         tile: [tile.ep, tile.hp, tile.lp],
                         kernel: self.kernel.clone(),
                         artifact,
+                        quantizer,
                     });
                 }
                 Err(EmitError::BadTile { tile, why }) => last = format!("tile {tile}: {why}"),
