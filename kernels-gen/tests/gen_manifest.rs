@@ -188,7 +188,12 @@ fn regenerating_with_fewer_targets_removes_their_files() {
     let out = scratch("fewer");
     generate(&config(&["opencl", "aarch64-i8mm"], "tiny", &out)).unwrap();
     let report = generate(&config(&["opencl"], "tiny", &out)).unwrap();
-    assert!(report.removed.iter().any(|p| p.to_string_lossy().ends_with(".quant.bin")));
+    assert!(
+        report
+            .removed
+            .iter()
+            .any(|p| p.to_string_lossy().ends_with(".quant.bin"))
+    );
     for (name, _) in files(&out) {
         assert!(!name.contains("aarch64"), "{name} left behind");
     }

@@ -316,24 +316,52 @@ impl EmbeddedKernel {
 
     /// Every machine-code kernel of `table` for `target` and `format`, as
     /// a [`PrebuiltSet`] of `generator`. Kernels serving several shapes
-    /// appear once per (variant, tile).
+    /// appear once per (variant, tile). A variant the target has no loop
+    /// for (x86 and cranelift have only GEMM) is served by the kernels of
+    /// the next variant (the last by the previous), as the generator's M
+    /// ranges say, since the runtime looks kernels up per variant.
     pub fn prebuilt_set(
         table: &[EmbeddedKernel],
         target: &str,
         format: &str,
         generator: GeneratorId,
     ) -> PrebuiltSet {
+        let name = format!("matmul-{format}");
         let mut set = PrebuiltSet::new(generator);
         for k in table
             .iter()
             .filter(|k| k.target == target && k.format == format)
         {
-            if set
-                .matmul(&format!("matmul-{format}"), k.variant, k.tile)
-                .is_none()
+            if set.matmul(&name, k.variant, k.tile).is_none()
                 && let Some(p) = k.to_prebuilt()
             {
                 set.push(p);
+            }
+        }
+        let has = |set: &PrebuiltSet, v: Variant| !set.matmul_tiles(&name, v).is_empty();
+        let all = Variant::ALL;
+        for (i, &v) in all.iter().enumerate() {
+            if has(&set, v) {
+                continue;
+            }
+            let donor = all[i + 1..]
+                .iter()
+                .chain(all[..i].iter().rev())
+                .copied()
+                .find(|&d| has(&set, d));
+            if let Some(d) = donor {
+                let copies: Vec<PrebuiltKernel> = set
+                    .kernels
+                    .iter()
+                    .filter(|p| p.kernel == name && p.variant == Some(d))
+                    .map(|p| PrebuiltKernel {
+                        variant: Some(v),
+                        ..p.clone()
+                    })
+                    .collect();
+                for p in copies {
+                    set.push(p);
+                }
             }
         }
         set
@@ -441,7 +469,12 @@ mod tests {
         assert_eq!(p.quantizer.unwrap().bytes, QUANT);
         assert!(table[3].to_prebuilt().is_none());
         let set = EmbeddedKernel::prebuilt_set(&table, "aarch64-i8mm", "w4a8", generator("aa"));
-        assert_eq!(set.kernels.len(), 2);
+        // gemv and gemm as generated; flat GEMM served by the GEMM kernel.
+        assert_eq!(set.kernels.len(), 3);
+        assert_eq!(
+            set.matmul_tiles("matmul-w4a8", Variant::FlatGemm),
+            vec![[2, 8, 8]]
+        );
         assert!(table[0].check(&generator("aa")).is_ok());
         assert!(table[0].check(&generator("bb")).is_err());
         assert_eq!(
