@@ -62,10 +62,9 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
         .entries
         .iter()
         .flat_map(|e| {
-            let q = e
-                .quantizer
-                .iter()
-                .flat_map(|q| std::iter::once(q.file.as_str()).chain(q.listing.as_deref()));
+            // The quantizer's listing stays on disk: the table has no field
+            // for it.
+            let q = e.quantizer.iter().map(|q| q.file.as_str());
             std::iter::once(e.file.as_str())
                 .chain(e.listing.as_deref())
                 .chain(q)
