@@ -670,3 +670,39 @@ fn write(plan: &Plan, out_dir: &Path) -> Result<GenReport, GenError> {
 pub fn manifest(cfg: &GenConfig) -> Result<Manifest, GenError> {
     plan(cfg).map(|p| p.manifest)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Whatever the breakpoints (even inverted or zero), every M ≥ 1 is
+        /// served by exactly one variant, and that variant is the record's
+        /// `ShapeEntry::variant_for` when m1 ≤ m2.
+        #[test]
+        fn ranges_cover_every_m_once(m1 in 0usize..80, m2 in 0usize..80, m in 1usize..200) {
+            let r = ranges(m1, m2);
+            let serving: Vec<Variant> = r
+                .iter()
+                .filter(|(_, lo, hi)| m >= *lo && hi.is_none_or(|h| m <= h))
+                .map(|(v, _, _)| *v)
+                .collect();
+            prop_assert_eq!(serving.len(), 1);
+            if 1 <= m1 && m1 <= m2 {
+                let shape = ShapeEntry {
+                    name: "s".into(),
+                    n: 1,
+                    k: 1,
+                    m1,
+                    m2,
+                    winners: vec![],
+                    measurements: vec![],
+                };
+                prop_assert_eq!(serving[0], shape.variant_for(m));
+            }
+        }
+    }
+}
