@@ -31,6 +31,13 @@
 //! row pointers (y row pointers in the epilogue), rbx = panel, rbp = first
 //! row, r14 = first k of the K block, r15 = its length, rax/rdx scratch.
 //!
+//! Variants ([`emit_variant`]): `Gemm` as below; `FlatGemm` is the same
+//! nest without K blocks (panels → row blocks of ep rows → all of k, the
+//! weight stream prefetched [`PREFETCH`] bytes ahead), so for m ≤ ep every
+//! weight byte is read once per call and each row block past the first
+//! re-reads its panel (hp·K elements) from L2; `Gemv` is the one-row loop
+//! for every row.
+//!
 //! Loop nest (GEMM): K blocks of [`KC`] (f32 output only: partial sums go
 //! through y; f16 output keeps all of K) → panels of hp columns → row
 //! blocks of ep rows → k. A panel's K block (KC·hp·4 bytes) stays in L1
@@ -44,7 +51,7 @@ use tessera_dsl::ir::{Activation, Format};
 use super::asm::*;
 use super::common::{self, Store};
 use crate::abi::*;
-use crate::artifact::{EmitError, MachineCode};
+use crate::artifact::{EmitError, MachineCode, Variant};
 
 /// k values per K block of the GEMM loop.
 pub const KC: i32 = 256;
@@ -86,8 +93,40 @@ fn log2(v: i32) -> i8 {
     v.trailing_zeros() as i8
 }
 
-/// Emit the kernel.
+/// One loop nest: rows per tile, accumulator sets, K blocking, prefetch.
+#[derive(Clone, Copy, Debug)]
+struct Loop {
+    rows: usize,
+    sets: usize,
+    /// K block length (partial sums through y), or all of K at once.
+    kc: Option<i32>,
+    /// Prefetch the weight stream this many bytes ahead.
+    prefetch: Option<i32>,
+}
+
+impl Loop {
+    fn gemv(spec: &FloatSpec) -> Loop {
+        Loop {
+            rows: 1,
+            sets: gemv_sets(spec),
+            kc: None,
+            prefetch: Some(PREFETCH),
+        }
+    }
+}
+
+/// Emit the kernel: the GEMM variant (with the GEMV loop for m = 1).
 pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
+    emit_variant(spec, Variant::Gemm)
+}
+
+/// Emit one variant. `Gemv` runs every row through the one-row loop;
+/// `FlatGemm` keeps all K in the accumulators of ep rows (each weight byte
+/// read once per call while m ≤ ep, else once per row block with the panel
+/// still in L2) and prefetches the weight stream; `Gemm` blocks K by
+/// [`KC`] (f32 output) so a panel's K block stays in L1 across row blocks.
+/// Both multi-row variants send m = 1 to the GEMV loop.
+pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, EmitError> {
     if spec.ep > XROWS.len() || spec.ep == 0 || spec.hb == 0 {
         return Err(EmitError::BadTile {
             tile: format!("{}x{}x1", spec.ep, spec.hb * 8),
@@ -99,7 +138,7 @@ pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
     }
     let mut a = X86Asm::new();
     a.comment(&format!(
-        "matmul x {} w {} y {} tile {}x{}x1 bias {} act {:?}",
+        "matmul {variant} x {} w {} y {} tile {}x{}x1 bias {} act {:?}",
         spec.x,
         spec.w,
         spec.y,
@@ -109,22 +148,39 @@ pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
         spec.activation
     ));
     common::prologue(&mut a);
-    let kc = (spec.y == Format::F32).then_some(KC);
-    if spec.ep > 1 {
-        let (gemv, done) = (a.new_label(), a.new_label());
-        a.load64(RAX, mem(RDI, MM_M));
-        a.cmp_imm(RAX, 1);
-        a.jcc(Cond::E, gemv);
-        a.comment(&format!("gemm: {} rows per tile", spec.ep));
-        nest(&mut a, spec, spec.ep, 1, kc);
-        a.jmp(done);
-        a.bind(gemv);
-        a.comment("gemv: one row");
-        nest(&mut a, spec, 1, gemv_sets(spec), None);
-        a.bind(done);
-    } else {
-        a.comment("gemv: one row per tile");
-        nest(&mut a, spec, 1, gemv_sets(spec), None);
+    let multi = match variant {
+        Variant::Gemv => None,
+        Variant::FlatGemm => Some(Loop {
+            rows: spec.ep,
+            sets: 1,
+            kc: None,
+            prefetch: Some(PREFETCH),
+        }),
+        Variant::Gemm => Some(Loop {
+            rows: spec.ep,
+            sets: 1,
+            kc: (spec.y == Format::F32).then_some(KC),
+            prefetch: None,
+        }),
+    };
+    match multi {
+        Some(l) if spec.ep > 1 => {
+            let (gemv, done) = (a.new_label(), a.new_label());
+            a.load64(RAX, mem(RDI, MM_M));
+            a.cmp_imm(RAX, 1);
+            a.jcc(Cond::E, gemv);
+            a.comment(&format!("{variant}: {} rows per tile", spec.ep));
+            nest(&mut a, spec, l);
+            a.jmp(done);
+            a.bind(gemv);
+            a.comment("gemv: one row");
+            nest(&mut a, spec, Loop::gemv(spec));
+            a.bind(done);
+        }
+        _ => {
+            a.comment("gemv: one row per tile");
+            nest(&mut a, spec, Loop::gemv(spec));
+        }
     }
     common::epilogue(&mut a);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
@@ -168,7 +224,13 @@ fn valid_columns(a: &mut X86Asm, hp: i32) {
     a.sub(RCX, RAX);
 }
 
-fn nest(a: &mut X86Asm, spec: &FloatSpec, rows: usize, sets: usize, kc: Option<i32>) {
+fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
+    let Loop {
+        rows,
+        sets,
+        kc,
+        prefetch,
+    } = l;
     let hb = spec.hb;
     let hp = 8 * hb as i32;
     let r = Regs { rows, hb, sets };
@@ -293,10 +355,10 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, rows: usize, sets: usize, kc: Option<i
     for u in 0..UNROLL {
         step(a, u, u % sets);
     }
-    if rows == 1 {
+    if let Some(distance) = prefetch {
         let bytes = UNROLL as i32 * hp * ws;
         for c in (0..bytes).step_by(64) {
-            a.prefetcht0(mem(RSI, PREFETCH + c));
+            a.prefetcht0(mem(RSI, distance + c));
         }
     }
     for &xr in xrows {
