@@ -8,12 +8,16 @@
 //!
 //! # Register plan
 //!
-//! GEMM loop (ep rows, the solver's tile; acc(i,j) = row i, column block j):
+//! GEMM loop (ep rows, the solver's tile; acc(s,i,j) = set s, row i, column
+//! block j). S = 2 accumulator sets ([`gemm_sets`]) take alternate k steps
+//! when they fit, so S·ep·hb FMA chains are independent; the solver counts
+//! ep A registers, the loop needs one, and the second set lives in that
+//! slack:
 //!
 //! | ymm | holds |
 //! |---|---|
-//! | 0 .. ep·hb | accumulators acc(i,j) = ymm(i·hb + j) |
-//! | ep·hb .. +ep | A: row i's x[k] broadcast |
+//! | 0 .. S·ep·hb | accumulators acc(s,i,j) = ymm(s·ep·hb + i·hb + j) |
+//! | then 1 | A: the current row's x[k] broadcast (renamed per row) |
 //! | then hb | B: the panel's hp weights of step k |
 //! | 13 | epilogue temporary (bias under a mask); only after the loop |
 //! | 14 | zero (relu) — reserved |
@@ -93,6 +97,16 @@ fn log2(v: i32) -> i8 {
     v.trailing_zeros() as i8
 }
 
+/// Accumulator sets of the multi-row loops: 2 when a second set of ep·hb
+/// accumulators fits beside 1 A, hb B and the 2 reserved registers (6×8:
+/// 12 FMA chains instead of 6, enough to cover the FMA latency), else 1.
+pub fn gemm_sets(spec: &FloatSpec) -> usize {
+    [2, 1]
+        .into_iter()
+        .find(|s| s * spec.ep * spec.hb + 1 + spec.hb + 2 <= 16)
+        .unwrap_or(1)
+}
+
 /// One loop nest: rows per tile, accumulator sets, K blocking, prefetch.
 #[derive(Clone, Copy, Debug)]
 struct Loop {
@@ -152,13 +166,13 @@ pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, E
         Variant::Gemv => None,
         Variant::FlatGemm => Some(Loop {
             rows: spec.ep,
-            sets: 1,
+            sets: gemm_sets(spec),
             kc: None,
             prefetch: Some(PREFETCH),
         }),
         Variant::Gemm => Some(Loop {
             rows: spec.ep,
-            sets: 1,
+            sets: gemm_sets(spec),
             kc: (spec.y == Format::F32).then_some(KC),
             prefetch: None,
         }),
@@ -199,11 +213,14 @@ impl Regs {
     fn acc(&self, s: usize, i: usize, j: usize) -> Ymm {
         Ymm((s * self.rows * self.hb + i * self.hb + j) as u8)
     }
-    fn a(&self, i: usize) -> Ymm {
-        Ymm((self.sets * self.rows * self.hb + i) as u8)
+    /// One A register for every row: each broadcast is consumed by its
+    /// row's FMAs at once, and register renaming gives every broadcast its
+    /// own physical register, so the rows do not wait on each other.
+    fn a(&self, _row: usize) -> Ymm {
+        Ymm((self.sets * self.rows * self.hb) as u8)
     }
     fn b(&self, j: usize) -> Ymm {
-        Ymm((self.sets * self.rows * self.hb + self.rows + j) as u8)
+        Ymm((self.sets * self.rows * self.hb + 1 + j) as u8)
     }
 }
 
@@ -287,6 +304,12 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
                 a.vmaskmovps_load(r.acc(0, i, j), common::MASK, mem(RSI, 32 * j as i32));
             }
             a.bind(done);
+            for s in 1..sets {
+                for j in 0..hb {
+                    let v = r.acc(s, i, j);
+                    a.vxorps(v, v, v);
+                }
+            }
         }
         a.jmp(init_done);
         a.bind(zero);
