@@ -40,28 +40,64 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Median seconds per call of `f(i)` (i = call number), ≥ 5 calls and ≥ 0.4 s.
-fn median_secs(mut f: impl FnMut(usize)) -> f64 {
+/// CPU seconds this process has run (all threads, exited ones included),
+/// from /proc/self/stat (utime + stime, 100 ticks per second); None off
+/// Linux.
+fn process_cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// Seconds per call of `f(i)` (i = call number) over ≥ 5 calls and ≥ 0.4 s:
+/// the wall-clock median, and the CPU time per call divided by `threads`
+/// (what a call costs when the machine is shared: other processes' time
+/// slices do not count).
+fn secs_per_call(threads: usize, mut f: impl FnMut(usize)) -> (f64, f64) {
     f(0);
     let mut times = Vec::new();
     let start = Instant::now();
+    let cpu0 = process_cpu_secs();
     let mut i = 1;
     while times.len() < 5 || start.elapsed() < Duration::from_millis(400) {
         let t = Instant::now();
         f(i);
         times.push(t.elapsed().as_secs_f64());
         i += 1;
-        if times.len() >= 200 {
+        if times.len() >= 400 {
             break;
         }
     }
+    let cpu = match (cpu0, process_cpu_secs()) {
+        (Some(a), Some(b)) if b > a => (b - a) / times.len() as f64 / threads as f64,
+        _ => f64::NAN,
+    };
     times.sort_by(|a, b| a.total_cmp(b));
-    times[times.len() / 2]
+    (times[times.len() / 2], cpu)
+}
+
+/// Work per second, by wall clock and by CPU time.
+#[derive(Clone, Copy)]
+struct Rate {
+    wall: f64,
+    cpu: f64,
+}
+
+impl Rate {
+    fn of(work: f64, (wall, cpu): (f64, f64)) -> Rate {
+        Rate {
+            wall: work / wall,
+            cpu: work / cpu,
+        }
+    }
 }
 
 /// Read bandwidth: sum 256 MiB of u64 with 8 independent lanes, the buffer
 /// split over `threads`. Returns GB/s.
-fn read_bandwidth(buf: &[u64], threads: usize) -> f64 {
+fn read_bandwidth(buf: &[u64], threads: usize) -> Rate {
     fn sum(v: &[u64]) -> u64 {
         let mut acc = [0u64; 8];
         for c in v.chunks_exact(8) {
@@ -72,7 +108,7 @@ fn read_bandwidth(buf: &[u64], threads: usize) -> f64 {
         acc.iter().fold(0, |s, v| s.wrapping_add(*v))
     }
     let per = buf.len().div_ceil(threads);
-    let s = median_secs(|_| {
+    let s = secs_per_call(threads, |_| {
         let total: u64 = if threads == 1 {
             sum(buf)
         } else {
@@ -85,12 +121,12 @@ fn read_bandwidth(buf: &[u64], threads: usize) -> f64 {
         };
         std::hint::black_box(total);
     });
-    (buf.len() * 8) as f64 / s / 1e9
+    Rate::of((buf.len() * 8) as f64 / 1e9, s)
 }
 
 /// FMA peak: 10 independent ymm FMA chains per thread. GFLOP/s.
 #[cfg(target_arch = "x86_64")]
-fn fma_peak(threads: usize) -> f64 {
+fn fma_peak(threads: usize) -> Rate {
     #[target_feature(enable = "avx2,fma")]
     fn chains(iters: usize) -> f32 {
         use std::arch::x86_64::*;
@@ -115,7 +151,7 @@ fn fma_peak(threads: usize) -> f64 {
         // SAFETY: main() checked AVX2 and FMA through X86Backend::detect.
         std::hint::black_box(unsafe { chains(iters) });
     };
-    let s = median_secs(|_| {
+    let s = secs_per_call(threads, |_| {
         if threads == 1 {
             run();
         } else {
@@ -126,7 +162,7 @@ fn fma_peak(threads: usize) -> f64 {
             });
         }
     });
-    (threads * iters * 10 * 16) as f64 / s / 1e9
+    Rate::of((threads * iters * 10 * 16) as f64 / 1e9, s)
 }
 
 fn kernel_name(format: &str) -> String {
@@ -166,8 +202,8 @@ struct Row {
     threads: usize,
     variant: Variant,
     tile: String,
-    gbs: f64,
-    gflops: f64,
+    gbs: Rate,
+    gflops: Rate,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -190,7 +226,7 @@ fn time_one(
     let mut y = vec![0f32; m * n];
     let mut yh = vec![half::f16::ZERO; m * n];
     let f16 = format == "f16";
-    let s = median_secs(|i| {
+    let s = secs_per_call(threads, |i| {
         let w = &copies[i % copies.len()];
         let input = if f16 {
             HostInput::F16(&xh)
@@ -211,8 +247,8 @@ fn time_one(
         threads,
         variant,
         tile: format!("{}x{}x{}", tile.ep, tile.hp, tile.lp),
-        gbs: bytes / s / 1e9,
-        gflops: 2.0 * (m * n * k) as f64 / s / 1e9,
+        gbs: Rate::of(bytes / 1e9, s),
+        gflops: Rate::of(2.0 * (m * n * k) as f64 / 1e9, s),
     }
 }
 
@@ -239,13 +275,13 @@ fn main() {
     let mut bw = Vec::new();
     let mut peak = Vec::new();
     for &t in &threads {
-        bw.push(read_bandwidth(&buf, t));
-        peak.push(fma_peak(t));
+        let (b, p) = (read_bandwidth(&buf, t), fma_peak(t));
         println!(
-            "reference {t}T: read {:.1} GB/s, FMA peak {:.1} GFLOP/s",
-            bw.last().unwrap(),
-            peak.last().unwrap()
+            "reference {t}T: read {:.1} GB/s (by cpu time {:.1}), FMA peak {:.1} GFLOP/s (by cpu time {:.1})",
+            b.wall, b.cpu, p.wall, p.cpu
         );
+        bw.push(b);
+        peak.push(p);
     }
     drop(buf);
 
@@ -274,16 +310,18 @@ fn main() {
                     std::thread::sleep(Duration::from_millis(150));
                     let r = time_one(&backend, format, &tile, variant, &copies, &x, m, t);
                     println!(
-                        "{:5} M={:4} {}T {:9} tile {:7}: {:7.2} GB/s ({:5.1}% of read) {:7.1} GFLOP/s ({:5.1}% of FMA peak)",
+                        "{:5} M={:4} {}T {:9} tile {:7}: {:7.2} GB/s ({:5.1}% of read) {:7.1} GFLOP/s ({:5.1}% of peak); by cpu time {:5.1}% of read, {:5.1}% of peak",
                         r.format,
                         r.m,
                         r.threads,
                         r.variant.to_string(),
                         r.tile,
-                        r.gbs,
-                        100.0 * r.gbs / bw[ti],
-                        r.gflops,
-                        100.0 * r.gflops / peak[ti]
+                        r.gbs.wall,
+                        100.0 * r.gbs.wall / bw[ti].wall,
+                        r.gflops.wall,
+                        100.0 * r.gflops.wall / peak[ti].wall,
+                        100.0 * r.gbs.cpu / bw[ti].cpu,
+                        100.0 * r.gflops.cpu / peak[ti].cpu
                     );
                     rows.push(r);
                 }
@@ -291,27 +329,32 @@ fn main() {
         }
     }
     println!(
-        "\n| format | M | threads | variant | tile | weight GB/s | % read bw | GFLOP/s | % FMA peak |"
+        "\n| format | M | threads | variant | tile | weight GB/s | % read bw | GFLOP/s | % FMA peak | cpu-time % read bw | cpu-time % FMA peak |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let ti = threads.iter().position(|t| *t == r.threads).unwrap();
         println!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.0}% | {:.1} | {:.0}% |",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.0}% | {:.1} | {:.0}% | {:.0}% | {:.0}% |",
             r.format,
             r.m,
             r.threads,
             r.variant,
             r.tile,
-            r.gbs,
-            100.0 * r.gbs / bw[ti],
-            r.gflops,
-            100.0 * r.gflops / peak[ti]
+            r.gbs.wall,
+            100.0 * r.gbs.wall / bw[ti].wall,
+            r.gflops.wall,
+            100.0 * r.gflops.wall / peak[ti].wall,
+            100.0 * r.gbs.cpu / bw[ti].cpu,
+            100.0 * r.gflops.cpu / peak[ti].cpu
         );
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn fma_peak(_threads: usize) -> f64 {
-    f64::NAN
+fn fma_peak(_threads: usize) -> Rate {
+    Rate {
+        wall: f64::NAN,
+        cpu: f64::NAN,
+    }
 }

@@ -443,6 +443,8 @@ fn mixed_float_formats() {
     }
 }
 
+/// K past the GEMM's K block (16 KiB of a panel: 512 f32 k at hp = 8, 256
+/// at hp = 16, 1024 for f16 weights at hp = 8) so partial sums go through y.
 #[test]
 fn larger_k_crosses_several_k_blocks() {
     let kernel = library::get("matmul-f32").unwrap();
@@ -452,10 +454,16 @@ fn larger_k_crosses_several_k_blocks() {
                 &b,
                 &kernel,
                 t,
-                &[(7, 19, 600), (1, 24, 600), (6, 8, 513)],
+                &[(7, 19, 600), (1, 24, 600), (6, 8, 513), (9, 16, 1100)],
                 11,
             );
         }
+    }
+    let f16w = variant("matmul-f32", |k| {
+        k.tensors.iter_mut().find(|t| t.name == "w").unwrap().format = Format::F16;
+    });
+    for b in backends() {
+        check(&b, &f16w, &best(&f16w), &[(7, 19, 2100), (13, 8, 1025)], 12);
     }
 }
 

@@ -42,10 +42,10 @@
 //! re-reads its panel (hp·K elements) from L2; `Gemv` is the one-row loop
 //! for every row.
 //!
-//! Loop nest (GEMM): K blocks of [`KC`] (f32 output only: partial sums go
+//! Loop nest (GEMM): K blocks of [`kc`] (f32 output only: partial sums go
 //! through y; f16 output keeps all of K) → panels of hp columns → row
-//! blocks of ep rows → k. A panel's K block (KC·hp·4 bytes) stays in L1
-//! while the row blocks stream the x block (m·KC·4 bytes) from L2. Rows past
+//! blocks of ep rows → k. A panel's K block (kc·hp·4 bytes) stays in L1
+//! while the row blocks stream the x block (m·kc·4 bytes) from L2. Rows past
 //! m alias row m - 1 (XNNPACK's trick: they compute and store the same
 //! values); columns past n are padding in the weights and masked at the
 //! store (`vmaskmovps`, or word stores for f16).
@@ -57,8 +57,18 @@ use super::common::{self, Store};
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
 
-/// k values per K block of the GEMM loop.
-pub const KC: i32 = 256;
+/// Bytes of one panel's K block in the GEMM loop: half of a 32 KiB L1
+/// (Zen 3; 48 KiB on Golden Cove), the rest for the x rows and y.
+pub const PANEL_BLOCK_BYTES: i32 = 16 * 1024;
+
+/// k values per K block of the GEMM loop: the panel's K block fills
+/// [`PANEL_BLOCK_BYTES`] (512 for 8 f32 columns, 256 for 16); longer
+/// blocks mean fewer passes of partial sums through y and less per-block
+/// overhead.
+pub fn kc(spec: &FloatSpec) -> i32 {
+    let per_k = 8 * spec.hb as i32 * size(spec.w);
+    (PANEL_BLOCK_BYTES / per_k).max(UNROLL as i32) / UNROLL as i32 * UNROLL as i32
+}
 /// How far ahead of the GEMV weight stream to prefetch, in bytes.
 pub const PREFETCH: i32 = 1024;
 /// k steps per unrolled iteration.
@@ -138,7 +148,7 @@ pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
 /// `FlatGemm` keeps all K in the accumulators of ep rows (each weight byte
 /// read once per call while m ≤ ep, else once per row block with the panel
 /// still in L2) and prefetches the weight stream; `Gemm` blocks K by
-/// [`KC`] (f32 output) so a panel's K block stays in L1 across row blocks.
+/// [`kc`] (f32 output) so a panel's K block stays in L1 across row blocks.
 /// Both multi-row variants send m = 1 to the GEMV loop.
 pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, EmitError> {
     if spec.ep > XROWS.len() || spec.ep == 0 || spec.hb == 0 {
@@ -173,7 +183,7 @@ pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, E
         Variant::Gemm => Some(Loop {
             rows: spec.ep,
             sets: gemm_sets(spec),
-            kc: (spec.y == Format::F32).then_some(KC),
+            kc: (spec.y == Format::F32).then_some(kc(spec)),
             prefetch: None,
         }),
     };
@@ -317,6 +327,20 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
         a.bind(init_done);
     } else {
         zero_all(a);
+    }
+
+    // With K blocks, the next row block's partial sums are cache misses
+    // (y rows are n·4 bytes apart, no stream the hardware follows): prefetch
+    // them now so the k loop hides the latency. Prefetches past the end of
+    // y are harmless (they never fault).
+    if kc.is_some() {
+        for i in 0..rows {
+            common::row_ptr(a, RSI, rows + i, false, MM_Y, MM_Y_STRIDE);
+            column_offset(a, hp, ys);
+            a.add(RSI, RAX);
+            a.prefetcht0(mem(RSI, 0));
+            a.prefetcht0(mem(RSI, hp * ys - 1));
+        }
     }
 
     // x row pointers at this K block.
