@@ -6,14 +6,17 @@
 //!
 //! Environment (all optional): `FORMATS=f32,f16,w8a8,w4a8`,
 //! `MS=1,2,4,8,16,64,512`, `THREADS=1,2`, `N=4096`, `K=4096`,
-//! `TILES=all` (also time the solver's neighbour tiles at M ≥ 64).
+//! `TILES=all` (also time the solver's neighbour tiles at M ≥ 64),
+//! `VARIANT=gemv|flat-gemm|gemm` (one variant for every M).
 //!
 //! Method (docs/PERFORMANCE.md, ../shared/PEERS.md): weights rotate through
 //! copies totalling ≥ 256 MiB so no call is served from the last-level
-//! cache; each figure is the median of ≥ 5 calls (and ≥ 0.4 s of calls);
-//! the tile comes from the solver for the real M; the variant is GEMV at
-//! M = 1, flat GEMM up to M = 16, GEMM above. M ≤ 8 is read as weight GB/s
-//! against the read loop, M ≥ 16 as GFLOP/s against the FMA loop.
+//! cache; each figure is the median of ≥ 5 calls (and ≥ 0.4 s of calls),
+//! also given per CPU second (/proc/self/stat) because the machine is
+//! shared; the tile comes from the solver for the real M; the variant is
+//! GEMV at M = 1, flat GEMM up to M = 64 (measured at least as fast as GEMM
+//! there), GEMM above. M ≤ 8 is read as weight GB/s against the read loop,
+//! M ≥ 16 as GFLOP/s against the FMA loop.
 
 use std::time::{Duration, Instant};
 
@@ -216,9 +219,12 @@ fn tiles_for(
 }
 
 fn variant_for(m: usize) -> Variant {
+    if let Some(v) = std::env::var("VARIANT").ok().and_then(|v| v.parse().ok()) {
+        return v;
+    }
     match m {
         1 => Variant::Gemv,
-        2..=16 => Variant::FlatGemm,
+        2..=64 => Variant::FlatGemm,
         _ => Variant::Gemm,
     }
 }

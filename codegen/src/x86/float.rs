@@ -72,7 +72,7 @@ pub fn kc(spec: &FloatSpec) -> i32 {
 /// How far ahead of the GEMV weight stream to prefetch, in bytes.
 pub const PREFETCH: i32 = 1024;
 /// k steps per unrolled iteration.
-const UNROLL: usize = 4;
+const UNROLL: usize = 8;
 
 const XROWS: [Gp; 6] = [R8, R9, R10, R11, R12, R13];
 
