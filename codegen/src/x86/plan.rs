@@ -3,11 +3,13 @@
 //!
 //! The solver counts, per tile ep × hp (hb = hp/8 ymm columns):
 //! accumulators ep·hb, A ep (one broadcast row each), B hb, reserved
-//! (2 CPU + 2 for the int8 class). A plan lists what a loop really keeps
+//! (2 CPU + 2 for the int8 class); with grouped int8 weights (W4A8) also
+//! ep·hb int16 group sums, and A = 1. A plan lists what a loop really keeps
 //! live. A loop may use fewer A or B registers than counted and may use
-//! leftover budget for `extra` registers (the GEMV loop's extra accumulator
-//! sets; W4A8's int16 group sums), but its accumulators are the tile's and
-//! its total never exceeds the 16 ymm registers.
+//! leftover budget for `extra` registers (the float loops' second
+//! accumulator set in place of ep − 1 A registers, the GEMV loop's extra
+//! sets; W4A8's group sums, which the solver counts), but its accumulators
+//! are the tile's and its total never exceeds the 16 ymm registers.
 
 use crate::target::TargetCaps;
 use crate::tile::TileConfig;
