@@ -353,6 +353,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         caps,
         class,
         weight_dequant: problem.weight_dequant,
+        weight_groups: problem.weight_groups,
         accept: &accept,
     };
     let mut bench = HostBench::new(

@@ -112,6 +112,9 @@ pub struct SolverCtx<'a> {
     pub caps: &'a TargetCaps,
     pub class: MacClass,
     pub weight_dequant: bool,
+    /// Weights quantized in groups along K (x86 int8 needs group-sum
+    /// registers for them).
+    pub weight_groups: bool,
     /// Tiles the backend can emit (its register plan may be stricter than
     /// the solver's accounting); candidates are drawn from these only.
     pub accept: &'a dyn Fn(&TileConfig) -> bool,
@@ -125,6 +128,7 @@ impl SolverCtx<'_> {
             l: k as u64,
             class: self.class,
             weight_dequant: self.weight_dequant,
+            weight_groups: self.weight_groups,
         }
     }
 

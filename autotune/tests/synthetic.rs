@@ -125,6 +125,7 @@ fn solver() -> SolverCtx<'static> {
         caps: TargetCaps::by_name("x86-avx2").unwrap(),
         class: MacClass::Int8,
         weight_dequant: false,
+        weight_groups: false,
         accept: &accept_all,
     }
 }

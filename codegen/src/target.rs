@@ -140,6 +140,13 @@ pub struct MacInstr {
     pub reserved: &'static [Reserved],
     /// The warp-level `mma` shape for PTX tensor-core instructions.
     pub mma: Option<MmaShape>,
+    /// Registers per accumulator unit that hold one quantization group's
+    /// integer partial sums when the weights are grouped (`u4asym:g32`), so
+    /// the group's scale can be applied in f32 before the next group. 0 where
+    /// the emitter folds group sums through memory or needs none (the ARM
+    /// rows of Table 2). When non-zero, the grouped loop keeps every column
+    /// block's B and broadcasts one A row at a time, so A counts one unit.
+    pub group_sums: u32,
 }
 
 impl MacInstr {
@@ -416,6 +423,7 @@ const FMLA_4S: MacInstr = MacInstr {
     b_regs: 1,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 const FMLA_8H: MacInstr = MacInstr {
@@ -431,6 +439,7 @@ const FMLA_8H: MacInstr = MacInstr {
     b_regs: 1,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 /// Without dotprod: each (row, column) pair multiplies 16 int8 along l with
@@ -452,6 +461,7 @@ const SMULL_SADALP: MacInstr = MacInstr {
     b_regs: 1,
     reserved: SMULL_TEMP,
     mma: None,
+    group_sums: 0,
 };
 
 const SDOT: MacInstr = MacInstr {
@@ -467,6 +477,7 @@ const SDOT: MacInstr = MacInstr {
     b_regs: 1,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 const SMMLA: MacInstr = MacInstr {
@@ -482,6 +493,7 @@ const SMMLA: MacInstr = MacInstr {
     b_regs: 1,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 const VFMADD_YMM: MacInstr = MacInstr {
@@ -497,12 +509,15 @@ const VFMADD_YMM: MacInstr = MacInstr {
     b_regs: 1,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 /// `vpmaddubsw` multiplies unsigned by signed bytes: the u4 weight codes are
 /// the unsigned operand, the int8 activations the signed one (no +128
 /// shift). Pairs land in int16, `vpmaddwd` with ones sums them to int32:
-/// four bytes of l per int32 lane, lp = 4.
+/// four bytes of l per int32 lane, lp = 4. With grouped weights (W4A8)
+/// each group sums in int16 (or i32 with VNNI) registers beside the f32
+/// accumulators, one per accumulator, before its scale is applied.
 const VPMADD_YMM: MacInstr = MacInstr {
     name: "vpmaddubsw+vpmaddwd+vpaddd ymm",
     class: MacClass::Int8,
@@ -516,6 +531,7 @@ const VPMADD_YMM: MacInstr = MacInstr {
     b_regs: 1,
     reserved: VPMADD_TEMPS,
     mma: None,
+    group_sums: 1,
 };
 
 const VFMADD_ZMM: MacInstr = MacInstr {
@@ -531,6 +547,7 @@ const VFMADD_ZMM: MacInstr = MacInstr {
     b_regs: 1,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 const VPDPBUSD_ZMM: MacInstr = MacInstr {
@@ -546,6 +563,7 @@ const VPDPBUSD_ZMM: MacInstr = MacInstr {
     b_regs: 1,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 const CL_MAD_FLOAT4: MacInstr = MacInstr {
@@ -561,6 +579,7 @@ const CL_MAD_FLOAT4: MacInstr = MacInstr {
     b_regs: 16,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 const CL_MAD_HALF4: MacInstr = MacInstr {
@@ -576,6 +595,7 @@ const CL_MAD_HALF4: MacInstr = MacInstr {
     b_regs: 8,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 const PTX_FMA_F32: MacInstr = MacInstr {
@@ -591,6 +611,7 @@ const PTX_FMA_F32: MacInstr = MacInstr {
     b_regs: 1,
     reserved: NONE,
     mma: None,
+    group_sums: 0,
 };
 
 /// m16n8k16 f16 with f32 accumulators: A (16×16 f16) 8 halves per thread =
@@ -634,6 +655,7 @@ const fn mma_instr(name: &'static str, class: MacClass, shape: MmaShape) -> MacI
         b_regs: shape.a_regs,
         reserved: NONE,
         mma: Some(shape),
+        group_sums: 0,
     }
 }
 

@@ -16,6 +16,11 @@
 //!     + B ceil(hp/b_cols)·b_regs + dequant + reserved  ≤  R
 //! ```
 //!
+//! `group_sums` (x86 int8 with grouped weights only, [`MacInstr::group_sums`])
+//! is one register per accumulator for the current group's integer sums;
+//! that loop broadcasts one A row at a time, so A counts one register. ARM
+//! folds group sums through memory and counts none (Table 2 stays exact).
+//!
 //! `dequant` is `2·(hp/ah)·acc_regs` (a scale and an offset vector for the
 //! hp columns of the current group) when quantized weights meet a float MAC
 //! and are dequantized in the loop; the int8 path applies scales in the
@@ -43,6 +48,10 @@
 //! - `x86-avx2`, int8 via `vpmaddubsw`+`vpmaddwd` (1×8, lp 4): 16 ymm − 2
 //!   (unpack) − 2 (int16 temp, ones vector) = 12. 5×8 needs 5 + 5 + 1 = 11;
 //!   6×8 needs 13; 3×16 needs 6 + 3 + 2 = 11 but costs more. → **5/8/4**.
+//!   With grouped weights (W4A8 g32) the group sums add one register per
+//!   accumulator and A drops to one: 5×8 needs 5 + 5 + 1 + 1 = 12 of the
+//!   12, 6×8 needs 14 and 3×16 needs 6 + 6 + 1 + 2 = 15: still **5/8/4**,
+//!   and every tile offered is one the emitter can hold.
 //!   MNN-LLM lists 4/8/4, a tile of 4 + 4 + 1 = 9 ymm that leaves 7 for
 //!   temporaries — room, we read it, for one int16 temp per row so the four
 //!   `vpmaddubsw` chains overlap. Our accounting keeps a single temp, which
@@ -96,6 +105,10 @@ pub struct Problem {
     /// Quantized weights dequantized in the loop for a float MAC (W4A16):
     /// costs scale and offset registers.
     pub weight_dequant: bool,
+    /// Weights quantized in groups along l (`u4asym:g32`, not `:row`): an
+    /// int8 MAC with [`MacInstr::group_sums`] keeps per-group sums in
+    /// registers.
+    pub weight_groups: bool,
 }
 
 impl Problem {
@@ -106,6 +119,7 @@ impl Problem {
             l,
             class,
             weight_dequant: false,
+            weight_groups: false,
         }
     }
 
@@ -131,12 +145,16 @@ impl Problem {
             && kernel
                 .tensor(&mm.w)
                 .is_some_and(|t| t.format.is_quantized());
+        let weight_groups = kernel
+            .tensor(&mm.w)
+            .is_some_and(|t| matches!(t.format.group(), Some(tessera_dsl::ir::Group::Size(_))));
         Ok(Problem {
             e: extent(&mm.e)?,
             h: extent(&mm.h)?,
             l: extent(&mm.l)?,
             class,
             weight_dequant,
+            weight_groups,
         })
     }
 }
@@ -151,6 +169,8 @@ pub struct RegisterAccounting {
     pub b_regs: u32,
     /// In-loop dequantization scale and offset registers.
     pub dequant: u32,
+    /// Per-group integer sums of grouped int8 weights (x86; 0 elsewhere).
+    pub group_sums: u32,
     /// Target and instruction reservations.
     pub reserved: u32,
     pub total: u32,
@@ -213,6 +233,9 @@ impl TileConfig {
             a.total,
             a.budget
         );
+        if a.group_sums > 0 {
+            let _ = write!(s, " group_sums={}", a.group_sums);
+        }
         if let Some(b) = &self.block {
             let _ = write!(
                 s,
@@ -273,7 +296,12 @@ pub fn accounting(
 ) -> RegisterAccounting {
     let acc_units = (ep / instr.ae) * (hp / instr.ah);
     let accumulators = acc_units * instr.acc_regs;
-    let a_regs = ep.div_ceil(instr.a_rows) * instr.a_regs;
+    let grouped = problem.weight_groups && instr.class == MacClass::Int8 && instr.group_sums > 0;
+    let (a_regs, group_sums) = if grouped {
+        (instr.a_regs, acc_units * instr.group_sums)
+    } else {
+        (ep.div_ceil(instr.a_rows) * instr.a_regs, 0)
+    };
     let b_regs = hp.div_ceil(instr.b_cols) * instr.b_regs;
     let dequant = if problem.weight_dequant {
         2 * (hp / instr.ah) * instr.acc_regs
@@ -286,8 +314,9 @@ pub fn accounting(
         a_regs,
         b_regs,
         dequant,
+        group_sums,
         reserved,
-        total: accumulators + a_regs + b_regs + dequant + reserved,
+        total: accumulators + a_regs + b_regs + dequant + group_sums + reserved,
         budget: caps.registers,
     }
 }

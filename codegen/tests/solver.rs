@@ -98,6 +98,49 @@ fn x86_rows() {
     assert_eq!(best("aarch64-neon", &f32k), (12, 8, 1));
 }
 
+/// x86 keeps W4A8's per-group integer sums in registers (one per
+/// accumulator, A broadcast one row at a time), so every tile offered fits
+/// the emitter; row-quantized weights and ARM (group sums through memory)
+/// count none.
+#[test]
+fn x86_grouped_int8_counts_group_sums() {
+    let s = solve_kernel(target("x86-avx2"), &w4a8()).unwrap();
+    let a = s.tiles[0].accounting;
+    assert_eq!(
+        (
+            a.accumulators,
+            a.group_sums,
+            a.a_regs,
+            a.b_regs,
+            a.reserved,
+            a.total
+        ),
+        (5, 5, 1, 1, 4, 16)
+    );
+    for t in &s.tiles {
+        let a = t.accounting;
+        assert_eq!(a.group_sums, a.accumulators, "{}", t.summary());
+        assert_eq!(
+            a.total,
+            2 * a.accumulators + 1 + t.hp / 8 + 4,
+            "{}",
+            t.summary()
+        );
+        assert!(a.total <= 16, "{}", t.summary());
+    }
+    let w8a8 = matmul(Format::I8Dyn, Format::I8Sym(Group::Row));
+    let s = solve_kernel(target("x86-avx2"), &w8a8).unwrap();
+    assert!(s.tiles.iter().all(|t| t.accounting.group_sums == 0));
+    assert_eq!(best("x86-avx2", &w8a8), (5, 8, 4));
+    for arm in ["aarch64-neon", "aarch64-dotprod", "aarch64-i8mm"] {
+        let s = solve_kernel(target(arm), &w4a8()).unwrap();
+        assert!(
+            s.tiles.iter().all(|t| t.accounting.group_sums == 0),
+            "{arm}"
+        );
+    }
+}
+
 #[test]
 fn w4a8_without_dotprod_uses_widening_multiply() {
     let s = solve_kernel(target("aarch64-neon"), &w4a8()).unwrap();
@@ -299,12 +342,13 @@ proptest! {
         h in 1u64..5000,
         l in 1u64..5000,
         dequant in any::<bool>(),
+        groups in any::<bool>(),
     ) {
         let regs = if caps.gpu.is_some() { regs_gpu } else { regs_cpu };
         let caps = caps.with_registers(regs);
         let classes = caps.classes();
         let class = classes[class_pick % classes.len()];
-        let p = Problem { e, h, l, class, weight_dequant: dequant };
+        let p = Problem { e, h, l, class, weight_dequant: dequant, weight_groups: groups };
         match solve(&caps, &p) {
             Ok(tiles) => {
                 for t in &tiles {

@@ -7,7 +7,7 @@
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tessera_codegen::artifact::EmitError;
+use tessera_codegen::artifact::{EmitError, Variant};
 use tessera_codegen::host::{HostInput, HostOutput, WeightsIn};
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::{X86Backend, plan};
@@ -53,9 +53,21 @@ fn check(
     shapes: &[(usize, usize, usize)],
     seed: u64,
 ) {
+    check_variant(backend, kernel, tile, Variant::Gemm, shapes, seed);
+}
+
+/// [`check`] for one variant of the kernel.
+fn check_variant(
+    backend: &X86Backend,
+    kernel: &Kernel,
+    tile: &TileConfig,
+    variant: Variant,
+    shapes: &[(usize, usize, usize)],
+    seed: u64,
+) {
     let hm = backend
-        .load(kernel, tile)
-        .unwrap_or_else(|e| panic!("{} {}: {e}", kernel.name, tile.summary()));
+        .load_variant(kernel, tile, variant)
+        .unwrap_or_else(|e| panic!("{} {variant} {}: {e}", kernel.name, tile.summary()));
     let (xf, wf, yf) = formats(kernel);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     for &(m, n, k) in shapes {
@@ -141,7 +153,7 @@ fn check(
                     };
                     assert!(
                         (g - wv).abs() <= tol,
-                        "{} tile {}x{} m={m} n={n} k={k} threads={threads} y[{e},{h}] = {g}, want {wv} (tol {tol})",
+                        "{} {variant} tile {}x{} m={m} n={n} k={k} threads={threads} y[{e},{h}] = {g}, want {wv} (tol {tol})",
                         kernel.name,
                         tile.ep,
                         tile.hp
@@ -185,31 +197,138 @@ fn best_tile_all_shapes(name: &str) {
     }
 }
 
-/// Every feasible tile runs, except W4A8 tiles whose int16 group sums do
-/// not fit beside the solver's registers: those are refused as BadTile.
+/// Every feasible tile runs (the solver counts W4A8's int16 group sums, so
+/// it offers no tile the emitter must refuse).
 fn every_tile(name: &str) {
     let kernel = library::get(name).unwrap();
     for b in backends() {
         for t in tiles(&kernel) {
-            match b.emit_code(&kernel, &t) {
-                Ok(_) => check(
-                    &b,
-                    &kernel,
-                    &t,
-                    &some_shapes(),
-                    t.ep as u64 * 100 + t.hp as u64,
-                ),
-                Err(EmitError::BadTile { why, .. }) if name == "matmul-w4a8" => {
-                    assert!(why.contains("int16 group sums"), "{why}");
-                    assert!(
-                        2 * t.accounting.accumulators + t.hp / 8 + 4 > 16,
-                        "{}",
-                        t.summary()
-                    );
-                }
-                Err(e) => panic!("{name} {}: {e}", t.summary()),
+            if let Err(e) = b.emit_code(&kernel, &t) {
+                panic!("{name} {}: {e}", t.summary());
+            }
+            check(
+                &b,
+                &kernel,
+                &t,
+                &some_shapes(),
+                t.ep as u64 * 100 + t.hp as u64,
+            );
+        }
+    }
+}
+
+/// The solver's tiles for a small real M (what the autotuner asks for the
+/// flat-GEMM and GEMV variants): the best and a few more.
+fn tiles_for_m(kernel: &Kernel, m: u64) -> Vec<TileConfig> {
+    let caps = plan::target();
+    let mut problem = Problem::from_kernel(caps, kernel).unwrap();
+    problem.e = m;
+    solve(caps, &problem).unwrap().into_iter().take(3).collect()
+}
+
+/// A variant over every shape of [`all_shapes`] (tails in m, n and k, m past
+/// the tile's rows) with the solver's best tile, and over a few shapes with
+/// the best tiles for M = 1, 4 and 8.
+fn variant_all_shapes(name: &str, variant: Variant) {
+    let kernel = library::get(name).unwrap();
+    for b in backends() {
+        check_variant(&b, &kernel, &best(&kernel), variant, &all_shapes(), 21);
+        for m in [1, 4, 8] {
+            for t in tiles_for_m(&kernel, m) {
+                check_variant(&b, &kernel, &t, variant, &some_shapes(), 22 + m);
             }
         }
+    }
+}
+
+#[test]
+fn flat_gemm_f32() {
+    variant_all_shapes("matmul-f32", Variant::FlatGemm);
+}
+
+#[test]
+fn flat_gemm_f16() {
+    variant_all_shapes("matmul-f16", Variant::FlatGemm);
+}
+
+#[test]
+fn flat_gemm_w8a8() {
+    variant_all_shapes("matmul-w8a8", Variant::FlatGemm);
+}
+
+#[test]
+fn flat_gemm_w4a8() {
+    variant_all_shapes("matmul-w4a8", Variant::FlatGemm);
+}
+
+/// The GEMV variant computes any m (one row at a time); every format.
+#[test]
+fn gemv_variant_every_format() {
+    for name in ["matmul-f32", "matmul-f16", "matmul-w8a8", "matmul-w4a8"] {
+        let kernel = library::get(name).unwrap();
+        for b in backends() {
+            for t in tiles_for_m(&kernel, 1) {
+                check_variant(&b, &kernel, &t, Variant::Gemv, &some_shapes(), 31);
+            }
+        }
+    }
+}
+
+/// Flat GEMM over K long enough for the prefetch to run past a panel, with
+/// every epilogue, and mixed float formats.
+#[test]
+fn flat_gemm_long_k_epilogues_and_mixed_formats() {
+    let set = |k: &mut Kernel, tensor: &str, f: Format| {
+        k.tensors
+            .iter_mut()
+            .find(|t| t.name == tensor)
+            .unwrap()
+            .format = f;
+    };
+    let mut kernels = vec![
+        variant("matmul-f32", |k| set(k, "w", Format::F16)),
+        variant("matmul-f32", |k| set(k, "y", Format::F16)),
+        variant("matmul-w4a8", |k| set(k, "y", Format::F16)),
+    ];
+    for name in ["matmul-f32", "matmul-f16", "matmul-w8a8", "matmul-w4a8"] {
+        kernels.push(variant(name, |k| epilogue(k, false, Activation::Relu)));
+    }
+    for kernel in &kernels {
+        for b in backends() {
+            for t in tiles_for_m(kernel, 4).iter().take(2) {
+                check_variant(
+                    &b,
+                    kernel,
+                    t,
+                    Variant::FlatGemm,
+                    &[(3, 19, 600), (6, 40, 1000), (1, 24, 513)],
+                    41,
+                );
+            }
+        }
+    }
+}
+
+/// The Backend trait's emit_variant gives the same bytes as the inherent
+/// method, and each variant is distinct code.
+#[test]
+fn emit_variant_through_the_backend_trait() {
+    use tessera_codegen::artifact::{Artifact, Backend};
+    let b = X86Backend::default();
+    for name in ["matmul-f32", "matmul-w4a8"] {
+        let kernel = library::get(name).unwrap();
+        let t = best(&kernel);
+        let mut listings = Vec::new();
+        for v in Variant::ALL {
+            let Artifact::Machine(code) = b.emit_variant(&kernel, &t, v).unwrap() else {
+                panic!("x86 emits machine code");
+            };
+            assert_eq!(code, b.emit_code_variant(&kernel, &t, v).unwrap());
+            assert!(code.listing.contains(&format!("matmul {v}")), "{v}");
+            listings.push(code.listing);
+        }
+        listings.dedup();
+        assert_eq!(listings.len(), 3, "{name}: variants must differ");
     }
 }
 
@@ -324,6 +443,8 @@ fn mixed_float_formats() {
     }
 }
 
+/// K past the GEMM's K block (16 KiB of a panel: 512 f32 k at hp = 8, 256
+/// at hp = 16, 1024 for f16 weights at hp = 8) so partial sums go through y.
 #[test]
 fn larger_k_crosses_several_k_blocks() {
     let kernel = library::get("matmul-f32").unwrap();
@@ -333,10 +454,16 @@ fn larger_k_crosses_several_k_blocks() {
                 &b,
                 &kernel,
                 t,
-                &[(7, 19, 600), (1, 24, 600), (6, 8, 513)],
+                &[(7, 19, 600), (1, 24, 600), (6, 8, 513), (9, 16, 1100)],
                 11,
             );
         }
+    }
+    let f16w = variant("matmul-f32", |k| {
+        k.tensors.iter_mut().find(|t| t.name == "w").unwrap().format = Format::F16;
+    });
+    for b in backends() {
+        check(&b, &f16w, &best(&f16w), &[(7, 19, 2100), (13, 8, 1025)], 12);
     }
 }
 

@@ -28,6 +28,23 @@ fn x86_canonical_listings() {
     }
 }
 
+/// The flat-GEMM and GEMV variants of the same canonical tiles.
+#[test]
+fn x86_variant_listings() {
+    use tessera_codegen::artifact::Variant;
+    for name in ["matmul-f32", "matmul-w4a8"] {
+        let kernel = tessera_dsl::library::get(name).unwrap();
+        let tile = best(&kernel);
+        for v in [Variant::FlatGemm, Variant::Gemv] {
+            let tag = format!("{name}_{}x{}x{}_{v}", tile.ep, tile.hp, tile.lp);
+            let code = X86Backend { vnni: false }
+                .emit_code_variant(&kernel, &tile, v)
+                .unwrap();
+            insta::assert_snapshot!(tag, code.listing);
+        }
+    }
+}
+
 #[test]
 fn emission_is_deterministic() {
     for name in ["matmul-f32", "matmul-w4a8"] {

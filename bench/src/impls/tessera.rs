@@ -1,21 +1,164 @@
-//! Where Tessera's host kernels join the benchmark.
+//! Tessera's host kernels in the benchmark, called the way an inference
+//! engine calls them: `tessera_runtime::Linear::forward` on a `Device`
+//! (weights packed once per tile at `prepare`, dispatch by M, the runtime's
+//! thread pool). No tuning record is loaded, so the runtime's solver
+//! defaults choose the tiles and the M1/M2 switch points; run the autotuner
+//! and compare to see what tuning adds.
 //!
-//! To add one: write a type implementing [`MatmulImpl`](super::MatmulImpl)
-//! (its `prepare` packs or quantizes the f32 weights into its own format,
-//! once per copy; its `weight_format` states the bytes it reads), list its
-//! name in [`names`] and build it in [`make`]. It is then accepted by
-//! `--peers` and gets its own column. Names start with `tessera-` so the
-//! table adds a ratio column for them by default.
+//! Names: `tessera-<backend>-<format>`, backend `x86` (AVX2 machine code)
+//! or `host` (cranelift), format `f32`, `w8a8` or `w4a8`. f16 is left out:
+//! its library kernel takes f16 activations, which this harness does not
+//! feed.
 
-use super::MatmulImpl;
+use std::sync::Arc;
+
+use tessera_runtime::{Backend, Device, DeviceOptions, Linear, WeightFormat as RtFormat, Weights};
+
+use super::{MatmulImpl, check_len};
+use crate::error::BenchError;
+use crate::format::WeightFormat;
+
+const BACKENDS: [(&str, Backend); 2] = [("x86", Backend::HostX86), ("host", Backend::HostClif)];
+const FORMATS: [(&str, RtFormat); 3] = [
+    ("f32", RtFormat::F32),
+    ("w8a8", RtFormat::W8A8),
+    ("w4a8", RtFormat::W4A8),
+];
 
 /// Names of the Tessera implementations available in this build.
 pub fn names() -> Vec<String> {
-    Vec::new()
+    let mut out = Vec::new();
+    for (b, _) in BACKENDS {
+        for (f, _) in FORMATS {
+            out.push(format!("tessera-{b}-{f}"));
+        }
+    }
+    out
 }
 
 /// The Tessera implementation called `name`.
 pub fn make(name: &str) -> Option<Box<dyn MatmulImpl>> {
-    let _ = name;
+    for (b, backend) in BACKENDS {
+        for (f, format) in FORMATS {
+            if name == format!("tessera-{b}-{f}") {
+                return Some(Box::new(TesseraLinear {
+                    name: name.to_string(),
+                    backend,
+                    format,
+                    n: 0,
+                    k: 0,
+                    weights: Vec::new(),
+                    copies: 0,
+                    threads: 1,
+                    linears: Vec::new(),
+                }));
+            }
+        }
+    }
     None
+}
+
+/// One `Linear` per weight copy, rebuilt when the thread count changes
+/// (the device owns the pool).
+struct TesseraLinear {
+    name: String,
+    backend: Backend,
+    format: RtFormat,
+    n: usize,
+    k: usize,
+    weights: Vec<f32>,
+    copies: usize,
+    threads: usize,
+    linears: Vec<Linear>,
+}
+
+impl TesseraLinear {
+    fn err(&self, why: impl std::fmt::Display) -> BenchError {
+        BenchError::Impl {
+            name: self.name.clone(),
+            why: why.to_string(),
+        }
+    }
+
+    fn build(&mut self) -> Result<(), BenchError> {
+        self.linears.clear();
+        let options = DeviceOptions {
+            threads: Some(self.threads),
+            ..DeviceOptions::default()
+        };
+        let device = Arc::new(Device::open(self.backend, options).map_err(|e| self.err(e))?);
+        for _ in 0..self.copies {
+            let linear = Linear::new(
+                &device,
+                self.format,
+                Weights::F32(&self.weights),
+                self.n,
+                self.k,
+                None,
+            )
+            .map_err(|e| self.err(e))?;
+            self.linears.push(linear);
+        }
+        Ok(())
+    }
+}
+
+impl MatmulImpl for TesseraLinear {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn weight_format(&self) -> WeightFormat {
+        match self.format {
+            RtFormat::W8A8 => WeightFormat::Int8 {
+                // one f32 scale per row
+                group: usize::MAX,
+                param_bytes: 4,
+            },
+            RtFormat::W4A8 => WeightFormat::Int4 {
+                // f32 scale and offset per group of 32
+                group: 32,
+                param_bytes: 8,
+            },
+            RtFormat::F16 | RtFormat::W4A16 => WeightFormat::F16,
+            RtFormat::F32 => WeightFormat::F32,
+        }
+    }
+
+    fn prepare(
+        &mut self,
+        n: usize,
+        k: usize,
+        weights: &[f32],
+        copies: usize,
+    ) -> Result<(), BenchError> {
+        check_len(&self.name, "weights", weights.len(), n * k)?;
+        self.n = n;
+        self.k = k;
+        self.weights = weights.to_vec();
+        self.copies = copies.max(1);
+        self.build()
+    }
+
+    fn set_threads(&mut self, threads: usize) -> Result<(), BenchError> {
+        if threads.max(1) != self.threads || self.linears.is_empty() {
+            self.threads = threads.max(1);
+            if self.copies > 0 {
+                self.build()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&self, m: usize, x: &[f32], y: &mut [f32], copy: usize) {
+        // The runtime checks every length; a failure here is a harness bug.
+        if let Err(e) = self.linears[copy].forward_f32(x, m, y) {
+            panic!("{}: {e}", self.name);
+        }
+    }
+
+    fn release(&mut self) {
+        self.linears.clear();
+        self.weights = Vec::new();
+    }
 }

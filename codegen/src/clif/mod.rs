@@ -275,6 +275,7 @@ const CLIF_FMA_4S: MacInstr = MacInstr {
     b_regs: 1,
     reserved: &[],
     mma: None,
+    group_sums: 0,
 };
 
 const CLIF_DOT_TEMPS: &[Reserved] = &[Reserved {
@@ -298,6 +299,7 @@ const CLIF_DOT4: MacInstr = MacInstr {
     b_regs: 2,
     reserved: CLIF_DOT_TEMPS,
     mma: None,
+    group_sums: 0,
 };
 
 /// Cranelift on x86-64: 16 xmm registers of 128 bits. Per tile: `ep·hp/4`

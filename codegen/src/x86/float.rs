@@ -8,12 +8,16 @@
 //!
 //! # Register plan
 //!
-//! GEMM loop (ep rows, the solver's tile; acc(i,j) = row i, column block j):
+//! GEMM loop (ep rows, the solver's tile; acc(s,i,j) = set s, row i, column
+//! block j). S = 2 accumulator sets ([`gemm_sets`]) take alternate k steps
+//! when they fit, so S·ep·hb FMA chains are independent; the solver counts
+//! ep A registers, the loop needs one, and the second set lives in that
+//! slack:
 //!
 //! | ymm | holds |
 //! |---|---|
-//! | 0 .. ep·hb | accumulators acc(i,j) = ymm(i·hb + j) |
-//! | ep·hb .. +ep | A: row i's x[k] broadcast |
+//! | 0 .. S·ep·hb | accumulators acc(s,i,j) = ymm(s·ep·hb + i·hb + j) |
+//! | then 1 | A: the current row's x[k] broadcast (renamed per row) |
 //! | then hb | B: the panel's hp weights of step k |
 //! | 13 | epilogue temporary (bias under a mask); only after the loop |
 //! | 14 | zero (relu) — reserved |
@@ -31,10 +35,17 @@
 //! row pointers (y row pointers in the epilogue), rbx = panel, rbp = first
 //! row, r14 = first k of the K block, r15 = its length, rax/rdx scratch.
 //!
-//! Loop nest (GEMM): K blocks of [`KC`] (f32 output only: partial sums go
+//! Variants ([`emit_variant`]): `Gemm` as below; `FlatGemm` is the same
+//! nest without K blocks (panels → row blocks of ep rows → all of k, the
+//! weight stream prefetched [`PREFETCH`] bytes ahead), so for m ≤ ep every
+//! weight byte is read once per call and each row block past the first
+//! re-reads its panel (hp·K elements) from L2; `Gemv` is the one-row loop
+//! for every row.
+//!
+//! Loop nest (GEMM): K blocks of [`kc`] (f32 output only: partial sums go
 //! through y; f16 output keeps all of K) → panels of hp columns → row
-//! blocks of ep rows → k. A panel's K block (KC·hp·4 bytes) stays in L1
-//! while the row blocks stream the x block (m·KC·4 bytes) from L2. Rows past
+//! blocks of ep rows → k. A panel's K block (kc·hp·4 bytes) stays in L1
+//! while the row blocks stream the x block (m·kc·4 bytes) from L2. Rows past
 //! m alias row m - 1 (XNNPACK's trick: they compute and store the same
 //! values); columns past n are padding in the weights and masked at the
 //! store (`vmaskmovps`, or word stores for f16).
@@ -44,14 +55,24 @@ use tessera_dsl::ir::{Activation, Format};
 use super::asm::*;
 use super::common::{self, Store};
 use crate::abi::*;
-use crate::artifact::{EmitError, MachineCode};
+use crate::artifact::{EmitError, MachineCode, Variant};
 
-/// k values per K block of the GEMM loop.
-pub const KC: i32 = 256;
+/// Bytes of one panel's K block in the GEMM loop: half of a 32 KiB L1
+/// (Zen 3; 48 KiB on Golden Cove), the rest for the x rows and y.
+pub const PANEL_BLOCK_BYTES: i32 = 16 * 1024;
+
+/// k values per K block of the GEMM loop: the panel's K block fills
+/// [`PANEL_BLOCK_BYTES`] (512 for 8 f32 columns, 256 for 16); longer
+/// blocks mean fewer passes of partial sums through y and less per-block
+/// overhead.
+pub fn kc(spec: &FloatSpec) -> i32 {
+    let per_k = 8 * spec.hb as i32 * size(spec.w);
+    (PANEL_BLOCK_BYTES / per_k).max(UNROLL as i32) / UNROLL as i32 * UNROLL as i32
+}
 /// How far ahead of the GEMV weight stream to prefetch, in bytes.
 pub const PREFETCH: i32 = 1024;
 /// k steps per unrolled iteration.
-const UNROLL: usize = 4;
+const UNROLL: usize = 8;
 
 const XROWS: [Gp; 6] = [R8, R9, R10, R11, R12, R13];
 
@@ -86,8 +107,50 @@ fn log2(v: i32) -> i8 {
     v.trailing_zeros() as i8
 }
 
-/// Emit the kernel.
+/// Accumulator sets of the multi-row loops: 2 when a second set of ep·hb
+/// accumulators fits beside 1 A, hb B and the 2 reserved registers (6×8:
+/// 12 FMA chains instead of 6, enough to cover the FMA latency), else 1.
+pub fn gemm_sets(spec: &FloatSpec) -> usize {
+    [2, 1]
+        .into_iter()
+        .find(|s| s * spec.ep * spec.hb + 1 + spec.hb + 2 <= 16)
+        .unwrap_or(1)
+}
+
+/// One loop nest: rows per tile, accumulator sets, K blocking, prefetch.
+#[derive(Clone, Copy, Debug)]
+struct Loop {
+    rows: usize,
+    sets: usize,
+    /// K block length (partial sums through y), or all of K at once.
+    kc: Option<i32>,
+    /// Prefetch the weight stream this many bytes ahead.
+    prefetch: Option<i32>,
+}
+
+impl Loop {
+    fn gemv(spec: &FloatSpec) -> Loop {
+        Loop {
+            rows: 1,
+            sets: gemv_sets(spec),
+            kc: None,
+            prefetch: Some(PREFETCH),
+        }
+    }
+}
+
+/// Emit the kernel: the GEMM variant (with the GEMV loop for m = 1).
 pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
+    emit_variant(spec, Variant::Gemm)
+}
+
+/// Emit one variant. `Gemv` runs every row through the one-row loop;
+/// `FlatGemm` keeps all K in the accumulators of ep rows (each weight byte
+/// read once per call while m ≤ ep, else once per row block with the panel
+/// still in L2) and prefetches the weight stream; `Gemm` blocks K by
+/// [`kc`] (f32 output) so a panel's K block stays in L1 across row blocks.
+/// Both multi-row variants send m = 1 to the GEMV loop.
+pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, EmitError> {
     if spec.ep > XROWS.len() || spec.ep == 0 || spec.hb == 0 {
         return Err(EmitError::BadTile {
             tile: format!("{}x{}x1", spec.ep, spec.hb * 8),
@@ -99,7 +162,7 @@ pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
     }
     let mut a = X86Asm::new();
     a.comment(&format!(
-        "matmul x {} w {} y {} tile {}x{}x1 bias {} act {:?}",
+        "matmul {variant} x {} w {} y {} tile {}x{}x1 bias {} act {:?}",
         spec.x,
         spec.w,
         spec.y,
@@ -109,22 +172,39 @@ pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
         spec.activation
     ));
     common::prologue(&mut a);
-    let kc = (spec.y == Format::F32).then_some(KC);
-    if spec.ep > 1 {
-        let (gemv, done) = (a.new_label(), a.new_label());
-        a.load64(RAX, mem(RDI, MM_M));
-        a.cmp_imm(RAX, 1);
-        a.jcc(Cond::E, gemv);
-        a.comment(&format!("gemm: {} rows per tile", spec.ep));
-        nest(&mut a, spec, spec.ep, 1, kc);
-        a.jmp(done);
-        a.bind(gemv);
-        a.comment("gemv: one row");
-        nest(&mut a, spec, 1, gemv_sets(spec), None);
-        a.bind(done);
-    } else {
-        a.comment("gemv: one row per tile");
-        nest(&mut a, spec, 1, gemv_sets(spec), None);
+    let multi = match variant {
+        Variant::Gemv => None,
+        Variant::FlatGemm => Some(Loop {
+            rows: spec.ep,
+            sets: gemm_sets(spec),
+            kc: None,
+            prefetch: Some(PREFETCH),
+        }),
+        Variant::Gemm => Some(Loop {
+            rows: spec.ep,
+            sets: gemm_sets(spec),
+            kc: (spec.y == Format::F32).then_some(kc(spec)),
+            prefetch: None,
+        }),
+    };
+    match multi {
+        Some(l) if spec.ep > 1 => {
+            let (gemv, done) = (a.new_label(), a.new_label());
+            a.load64(RAX, mem(RDI, MM_M));
+            a.cmp_imm(RAX, 1);
+            a.jcc(Cond::E, gemv);
+            a.comment(&format!("{variant}: {} rows per tile", spec.ep));
+            nest(&mut a, spec, l);
+            a.jmp(done);
+            a.bind(gemv);
+            a.comment("gemv: one row");
+            nest(&mut a, spec, Loop::gemv(spec));
+            a.bind(done);
+        }
+        _ => {
+            a.comment("gemv: one row per tile");
+            nest(&mut a, spec, Loop::gemv(spec));
+        }
     }
     common::epilogue(&mut a);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
@@ -143,11 +223,14 @@ impl Regs {
     fn acc(&self, s: usize, i: usize, j: usize) -> Ymm {
         Ymm((s * self.rows * self.hb + i * self.hb + j) as u8)
     }
-    fn a(&self, i: usize) -> Ymm {
-        Ymm((self.sets * self.rows * self.hb + i) as u8)
+    /// One A register for every row: each broadcast is consumed by its
+    /// row's FMAs at once, and register renaming gives every broadcast its
+    /// own physical register, so the rows do not wait on each other.
+    fn a(&self, _row: usize) -> Ymm {
+        Ymm((self.sets * self.rows * self.hb) as u8)
     }
     fn b(&self, j: usize) -> Ymm {
-        Ymm((self.sets * self.rows * self.hb + self.rows + j) as u8)
+        Ymm((self.sets * self.rows * self.hb + 1 + j) as u8)
     }
 }
 
@@ -168,7 +251,13 @@ fn valid_columns(a: &mut X86Asm, hp: i32) {
     a.sub(RCX, RAX);
 }
 
-fn nest(a: &mut X86Asm, spec: &FloatSpec, rows: usize, sets: usize, kc: Option<i32>) {
+fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
+    let Loop {
+        rows,
+        sets,
+        kc,
+        prefetch,
+    } = l;
     let hb = spec.hb;
     let hp = 8 * hb as i32;
     let r = Regs { rows, hb, sets };
@@ -225,6 +314,12 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, rows: usize, sets: usize, kc: Option<i
                 a.vmaskmovps_load(r.acc(0, i, j), common::MASK, mem(RSI, 32 * j as i32));
             }
             a.bind(done);
+            for s in 1..sets {
+                for j in 0..hb {
+                    let v = r.acc(s, i, j);
+                    a.vxorps(v, v, v);
+                }
+            }
         }
         a.jmp(init_done);
         a.bind(zero);
@@ -232,6 +327,20 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, rows: usize, sets: usize, kc: Option<i
         a.bind(init_done);
     } else {
         zero_all(a);
+    }
+
+    // With K blocks, the next row block's partial sums are cache misses
+    // (y rows are n·4 bytes apart, no stream the hardware follows): prefetch
+    // them now so the k loop hides the latency. Prefetches past the end of
+    // y are harmless (they never fault).
+    if kc.is_some() {
+        for i in 0..rows {
+            common::row_ptr(a, RSI, rows + i, false, MM_Y, MM_Y_STRIDE);
+            column_offset(a, hp, ys);
+            a.add(RSI, RAX);
+            a.prefetcht0(mem(RSI, 0));
+            a.prefetcht0(mem(RSI, hp * ys - 1));
+        }
     }
 
     // x row pointers at this K block.
@@ -293,10 +402,10 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, rows: usize, sets: usize, kc: Option<i
     for u in 0..UNROLL {
         step(a, u, u % sets);
     }
-    if rows == 1 {
+    if let Some(distance) = prefetch {
         let bytes = UNROLL as i32 * hp * ws;
         for c in (0..bytes).step_by(64) {
-            a.prefetcht0(mem(RSI, PREFETCH + c));
+            a.prefetcht0(mem(RSI, distance + c));
         }
     }
     for &xr in xrows {

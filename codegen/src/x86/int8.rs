@@ -61,7 +61,7 @@ use tessera_dsl::ir::{Activation, Format};
 use super::asm::*;
 use super::common::{self, LOCAL0, LOCAL1, LOCAL2, NIBBLE, ONES16, SHIFTS, Store};
 use crate::abi::*;
-use crate::artifact::{EmitError, MachineCode};
+use crate::artifact::{EmitError, MachineCode, Variant};
 
 /// k steps (of 4) per unrolled W8A8 iteration.
 const UNROLL: usize = 4;
@@ -133,8 +133,22 @@ impl Regs {
     }
 }
 
-/// Emit the kernel.
+/// How far ahead of the weight stream the GEMV and flat-GEMM loops
+/// prefetch, in bytes.
+pub const PREFETCH: i32 = 1024;
+
+/// Emit the kernel: the GEMM variant (with the one-row loop for m = 1).
 pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
+    emit_variant(spec, Variant::Gemm)
+}
+
+/// Emit one variant. Every variant keeps all of K in registers per row
+/// block (panel → row block → K), so with m ≤ ep each weight byte is read
+/// once per call and larger m re-reads the panel from L2. `Gemv` runs
+/// every row through the one-row loop; `FlatGemm` and the one-row loop
+/// prefetch the weight stream [`PREFETCH`] bytes ahead; `Gemm` leaves it to
+/// the hardware prefetcher (compute-bound).
+pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, EmitError> {
     if spec.ep > ROWS.len() || spec.ep == 0 || spec.hb == 0 {
         return Err(EmitError::BadTile {
             tile: format!("{}x{}x4", spec.ep, spec.hb * 8),
@@ -143,7 +157,7 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     }
     let mut a = X86Asm::new();
     a.comment(&format!(
-        "matmul x i8dyn w {} y {} tile {}x{}x4 bias {} act {:?} mac {}",
+        "matmul {variant} x i8dyn w {} y {} tile {}x{}x4 bias {} act {:?} mac {}",
         match spec.int4_group {
             Some(g) => format!("u4asym:g{g}"),
             None => "i8sym:row".into(),
@@ -179,27 +193,29 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
         None => a.mov_imm(RAX, 1),
     }
     a.store64(mem(RSP, LOCAL2), RAX);
-    if spec.ep > 1 {
+    if spec.ep > 1 && variant != Variant::Gemv {
         let (gemv, done) = (a.new_label(), a.new_label());
         a.load64(RAX, mem(RDI, MM_M));
         a.cmp_imm(RAX, 1);
         a.jcc(Cond::E, gemv);
-        a.comment(&format!("gemm: {} rows per tile", spec.ep));
-        nest(&mut a, spec, spec.ep);
+        a.comment(&format!("{variant}: {} rows per tile", spec.ep));
+        let prefetch = (variant == Variant::FlatGemm).then_some(PREFETCH);
+        nest(&mut a, spec, spec.ep, prefetch);
         a.jmp(done);
         a.bind(gemv);
         a.comment("gemv: one row");
-        nest(&mut a, spec, 1);
+        nest(&mut a, spec, 1, Some(PREFETCH));
         a.bind(done);
     } else {
-        nest(&mut a, spec, 1);
+        a.comment("gemv: one row per tile");
+        nest(&mut a, spec, 1, Some(PREFETCH));
     }
     common::epilogue(&mut a);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(super::machine_code(bytes, listing))
 }
 
-fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize) {
+fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
     let hb = spec.hb;
     let hp = 8 * hb as i32;
     let ep = spec.ep as i32;
@@ -264,9 +280,9 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize) {
     }
 
     if int4 {
-        int4_loop(a, spec, &r, ep, wstep);
+        int4_loop(a, spec, &r, ep, wstep, prefetch);
     } else {
-        int8_loop(a, spec, &r, ep, wstep);
+        int8_loop(a, spec, &r, ep, wstep, prefetch);
     }
 
     // Scale: y = acc·sx (·sw for W8A8), then the shared epilogue.
@@ -326,7 +342,14 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize) {
 }
 
 /// W8A8: all of K into i32 accumulators.
-fn int8_loop(a: &mut X86Asm, spec: &Int8Spec, r: &Regs, ep: i32, wstep: i32) {
+fn int8_loop(
+    a: &mut X86Asm,
+    spec: &Int8Spec,
+    r: &Regs,
+    ep: i32,
+    wstep: i32,
+    prefetch: Option<i32>,
+) {
     let (raw, t, ones) = (r.r0(), r.r1(), r.r2());
     if !spec.vnni {
         a.vmovdqu_load(ones, mem(RSP, ONES16));
@@ -360,6 +383,11 @@ fn int8_loop(a: &mut X86Asm, spec: &Int8Spec, r: &Regs, ep: i32, wstep: i32) {
     for u in 0..UNROLL as i32 {
         step(a, u);
     }
+    if let Some(distance) = prefetch {
+        for c in (0..UNROLL as i32 * wstep).step_by(64) {
+            a.prefetcht0(mem(RSI, distance + c));
+        }
+    }
     a.add_imm(R8, UNROLL as i32 * ep * 4);
     a.add_imm(RSI, UNROLL as i32 * wstep);
     a.sub_imm(RCX, UNROLL as i32);
@@ -378,7 +406,14 @@ fn int8_loop(a: &mut X86Asm, spec: &Int8Spec, r: &Regs, ep: i32, wstep: i32) {
 }
 
 /// W4A8: per group, int16 (or VNNI i32) sums, then f32 scale and zero point.
-fn int4_loop(a: &mut X86Asm, spec: &Int8Spec, r: &Regs, ep: i32, wstep: i32) {
+fn int4_loop(
+    a: &mut X86Asm,
+    spec: &Int8Spec,
+    r: &Regs,
+    ep: i32,
+    wstep: i32,
+    prefetch: Option<i32>,
+) {
     let spg = spec.int4_group.unwrap_or(32) as i32 / 4;
     let hp = 8 * r.hb as i32;
     let (mask, shifts, t) = (r.r0(), r.r1(), r.r2());
@@ -437,6 +472,11 @@ fn int4_loop(a: &mut X86Asm, spec: &Int8Spec, r: &Regs, ep: i32, wstep: i32) {
     a.jcc(Cond::Ne, slow);
     for u in 0..spg {
         step(a, u);
+    }
+    if let Some(distance) = prefetch {
+        for c in (0..spg * wstep).step_by(64) {
+            a.prefetcht0(mem(RSI, distance + c));
+        }
     }
     a.add_imm(R8, spg * ep * 4);
     a.add_imm(RSI, spg * wstep);

@@ -30,7 +30,7 @@ pub mod quantize;
 
 use tessera_dsl::ir::{Format, Kernel, LayoutDim, Matmul};
 
-use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode};
+use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, Variant};
 use crate::host::{HostError, HostMatmul, HostTile};
 use crate::tile::TileConfig;
 
@@ -120,19 +120,41 @@ impl X86Backend {
         }
     }
 
-    /// Emit the matmul machine code.
+    /// Emit the matmul machine code (the GEMM variant).
     pub fn emit_code(&self, kernel: &Kernel, tile: &TileConfig) -> Result<MachineCode, EmitError> {
+        self.emit_code_variant(kernel, tile, Variant::Gemm)
+    }
+
+    /// Emit one variant's machine code (see [`float::emit_variant`] and
+    /// [`int8::emit_variant`]). Every variant computes any m; they differ in
+    /// loop order, K blocking and prefetch, so the autotuner picks per M.
+    pub fn emit_code_variant(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<MachineCode, EmitError> {
         match classify(kernel, tile)? {
-            Family::Float(spec) => float::emit(&spec),
+            Family::Float(spec) => float::emit_variant(&spec, variant),
             Family::Int8(mut spec) => {
                 spec.vnni = self.vnni;
-                int8::emit(&spec)
+                int8::emit_variant(&spec, variant)
             }
         }
     }
 
-    /// Emit, check that this CPU runs the code, and map it.
+    /// Emit the GEMM variant, check that this CPU runs the code, and map it.
     pub fn load(&self, kernel: &Kernel, tile: &TileConfig) -> Result<HostMatmul, X86Error> {
+        self.load_variant(kernel, tile, Variant::Gemm)
+    }
+
+    /// Emit one variant, check that this CPU runs the code, and map it.
+    pub fn load_variant(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<HostMatmul, X86Error> {
         let missing = missing_features();
         if !missing.is_empty() {
             return Err(X86Error::MissingFeature {
@@ -144,7 +166,7 @@ impl X86Backend {
                 missing: "avxvnni".into(),
             });
         }
-        let code = self.emit_code(kernel, tile)?;
+        let code = self.emit_code_variant(kernel, tile, variant)?;
         let quantizer = self.emit_quantizer(kernel, tile)?;
         Ok(HostMatmul::new(
             kernel,
@@ -162,6 +184,16 @@ impl Backend for X86Backend {
 
     fn emit(&self, kernel: &Kernel, tile: &TileConfig) -> Result<Artifact, EmitError> {
         self.emit_code(kernel, tile).map(Artifact::Machine)
+    }
+
+    fn emit_variant(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<Artifact, EmitError> {
+        self.emit_code_variant(kernel, tile, variant)
+            .map(Artifact::Machine)
     }
 }
 
