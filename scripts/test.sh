@@ -202,6 +202,8 @@ main() {
     check "clippy" cargo clippy --workspace --all-targets -- -D warnings
     check "tests (cargo test --workspace)" run_tests
     check "cuda feature (clippy; tests SKIP without a driver)" run_cuda_feature_checks
+    check "prebuilt kernels example (build-time generation, no JIT, on PoCL)" \
+        cargo run -p tessera-prebuilt-example
     check "aarch64 clif tests (qemu)" run_aarch64_clif_tests
     check "aarch64 NEON suite (qemu: max, cortex-a76, cortex-a72)" bash scripts/test-aarch64.sh
 
