@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::{bf16, f16};
-use tessera_dsl::ir::{Format, Kernel, LayoutDim, Matmul};
+use tessera_dsl::ir::{Format, Kernel, Matmul};
 use tessera_dsl::quant::{
     self, PackPlan, ParamOrder, QuantError, QuantTensor, groups_per_row, pack_params,
 };
@@ -152,9 +152,9 @@ fn tile_sizes<'a>(mm: &'a Matmul, kernel: &'a Kernel, tile: HostTile) -> Vec<(&'
 }
 
 fn is_panel_layout(kernel: &Kernel, mm: &Matmul) -> bool {
-    kernel.tensor(&mm.w).is_some_and(
-        |t| matches!(t.layout.dims.first(), Some(LayoutDim::Outer { axis, .. }) if *axis == mm.h),
-    )
+    kernel
+        .tensor(&mm.w)
+        .is_some_and(|t| t.layout.is_panelled_by(&mm.h))
 }
 
 fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), HostError> {

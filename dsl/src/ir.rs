@@ -238,6 +238,35 @@ impl Layout {
     pub fn is_row_major<S: AsRef<str>>(&self, axes: &[S]) -> bool {
         *self == Layout::row_major(axes)
     }
+
+    /// Is this `[a/at, b/bt, at, bt]`: both axes tiled, tile counts
+    /// outermost (the CPU panel layouts of activations and weights)?
+    pub fn is_blocked(&self, a: &str, at: &str, b: &str, bt: &str) -> bool {
+        self.dims
+            == [
+                LayoutDim::Outer {
+                    axis: a.to_string(),
+                    tile: at.to_string(),
+                },
+                LayoutDim::Outer {
+                    axis: b.to_string(),
+                    tile: bt.to_string(),
+                },
+                LayoutDim::Inner {
+                    tile: at.to_string(),
+                },
+                LayoutDim::Inner {
+                    tile: bt.to_string(),
+                },
+            ]
+    }
+
+    /// Is the outermost dimension the tile count of `axis` (`[axis/t, …]`),
+    /// so one tile of `axis` is contiguous (CPU weight panels)? The GPU
+    /// layout `[l/lp, h, lp]` is not panelled by `h`.
+    pub fn is_panelled_by(&self, axis: &str) -> bool {
+        matches!(self.dims.first(), Some(LayoutDim::Outer { axis: a, .. }) if a == axis)
+    }
 }
 
 /// A tensor the kernel reads or writes, indexed by axis names.
@@ -441,6 +470,20 @@ impl Kernel {
         self.schedule.tiles.iter().find(|t| t.name == name)
     }
 
+    /// The tile variable that splits `axis`, if any (verify() allows one).
+    pub fn tile_of(&self, axis: &str) -> Option<&TileVar> {
+        self.schedule.tiles.iter().find(|t| t.axis == axis)
+    }
+
+    /// Is tensor `tensor` laid out `[a/at, b/bt, at, bt]` with the tile
+    /// variables this kernel declares for `a` and `b`?
+    pub fn is_blocked(&self, tensor: &str, a: &str, b: &str) -> bool {
+        match (self.tensor(tensor), self.tile_of(a), self.tile_of(b)) {
+            (Some(t), Some(at), Some(bt)) => t.layout.is_blocked(a, &at.name, b, &bt.name),
+            _ => false,
+        }
+    }
+
     pub fn as_matmul(&self) -> Option<&Matmul> {
         match &self.op {
             Op::Matmul(m) => Some(m),
@@ -453,5 +496,38 @@ impl Kernel {
             Op::Attention(a) => Some(a),
             Op::Matmul(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_and_panelled_layouts() {
+        let cpu = Layout {
+            dims: vec![
+                LayoutDim::outer("h", "hp"),
+                LayoutDim::outer("l", "lp"),
+                LayoutDim::inner("hp"),
+                LayoutDim::inner("lp"),
+            ],
+            int4_pair_transpose: true,
+        };
+        assert!(cpu.is_blocked("h", "hp", "l", "lp"));
+        assert!(!cpu.is_blocked("l", "lp", "h", "hp"));
+        assert!(cpu.is_panelled_by("h"));
+        let gpu = Layout {
+            dims: vec![
+                LayoutDim::outer("l", "lp"),
+                LayoutDim::whole("h"),
+                LayoutDim::inner("lp"),
+            ],
+            int4_pair_transpose: false,
+        };
+        assert!(!gpu.is_blocked("h", "hp", "l", "lp"));
+        assert!(!gpu.is_panelled_by("h"));
+        assert!(gpu.is_panelled_by("l"));
+        assert!(!Layout::row_major(&["h", "l"]).is_panelled_by("h"));
     }
 }

@@ -15,7 +15,7 @@ use tessera_codegen::ptx::{PtxBackend, Sm};
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::X86Backend;
 use tessera_codegen::{TargetCaps, mac_class};
-use tessera_dsl::{Kernel, LayoutDim};
+use tessera_dsl::Kernel;
 
 /// The targets `emit` accepts.
 pub const TARGETS: &[&str] = &[
@@ -147,9 +147,9 @@ fn machine(artifact: Artifact) -> (String, Option<Vec<u8>>) {
 /// Whether a matmul's weights are in a GPU layout `[l/lp, h, lp]`.
 fn has_gpu_weights(kernel: &Kernel) -> bool {
     kernel.as_matmul().is_some_and(|mm| {
-        kernel.tensor(&mm.w).is_some_and(|t| {
-            !matches!(t.layout.dims.first(), Some(LayoutDim::Outer { axis, .. }) if *axis == mm.h)
-        })
+        kernel
+            .tensor(&mm.w)
+            .is_some_and(|t| !t.layout.is_panelled_by(&mm.h))
     })
 }
 

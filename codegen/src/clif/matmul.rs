@@ -127,9 +127,9 @@ fn plan<'k>(
         Some(Group::Size(g)) => Some(i64::from(g)),
         _ => None,
     };
-    let panel_layout = kernel.tensor(&mm.w).is_some_and(
-        |t| matches!(t.layout.dims.first(), Some(LayoutDim::Outer { axis, .. }) if *axis == mm.h),
-    );
+    let panel_layout = kernel
+        .tensor(&mm.w)
+        .is_some_and(|t| t.layout.is_panelled_by(&mm.h));
     let plan = Plan {
         kernel,
         mm,

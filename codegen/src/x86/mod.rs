@@ -28,7 +28,7 @@ pub mod int8;
 pub mod plan;
 pub mod quantize;
 
-use tessera_dsl::ir::{Format, Kernel, LayoutDim, Matmul};
+use tessera_dsl::ir::{Format, Kernel, Matmul};
 
 use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, Variant};
 use crate::host::{HostError, HostMatmul, HostTile};
@@ -220,65 +220,15 @@ enum Family {
 
 /// `[h/hp, l/lp, hp, lp]` (the CPU weight layout) over the matmul's axes.
 fn is_cpu_weight_layout(kernel: &Kernel, mm: &Matmul) -> bool {
-    let Some(t) = kernel.tensor(&mm.w) else {
-        return false;
-    };
-    let tile_of = |axis: &str| {
-        kernel
-            .schedule
-            .tiles
-            .iter()
-            .find(|tv| tv.axis == axis)
-            .map(|tv| tv.name.clone())
-    };
-    let (Some(hp), Some(lp)) = (tile_of(&mm.h), tile_of(&mm.l)) else {
-        return false;
-    };
-    t.layout.dims
-        == [
-            LayoutDim::Outer {
-                axis: mm.h.clone(),
-                tile: hp.clone(),
-            },
-            LayoutDim::Outer {
-                axis: mm.l.clone(),
-                tile: lp.clone(),
-            },
-            LayoutDim::Inner { tile: hp },
-            LayoutDim::Inner { tile: lp },
-        ]
+    kernel.is_blocked(&mm.w, &mm.h, &mm.l)
 }
 
 /// `[e/ep, l/lp, ep, lp]` for the quantized activations.
 fn is_packed_x_layout(kernel: &Kernel, mm: &Matmul) -> bool {
-    let Some(t) = kernel.tensor(&mm.x) else {
-        return false;
-    };
-    let tile_of = |axis: &str| {
-        kernel
-            .schedule
-            .tiles
-            .iter()
-            .find(|tv| tv.axis == axis)
-            .map(|tv| tv.name.clone())
-    };
-    let (Some(ep), Some(lp)) = (tile_of(&mm.e), tile_of(&mm.l)) else {
-        return false;
-    };
-    !t.layout.int4_pair_transpose
-        && t.layout.dims
-            == [
-                LayoutDim::Outer {
-                    axis: mm.e.clone(),
-                    tile: ep.clone(),
-                },
-                LayoutDim::Outer {
-                    axis: mm.l.clone(),
-                    tile: lp.clone(),
-                },
-                LayoutDim::Inner { tile: ep },
-                LayoutDim::Inner { tile: lp },
-            ]
+    kernel.is_blocked(&mm.x, &mm.e, &mm.l)
+        && kernel
+            .tensor(&mm.x)
+            .is_some_and(|t| !t.layout.int4_pair_transpose)
 }
 
 fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
