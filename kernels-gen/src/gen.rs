@@ -13,6 +13,16 @@
 //! // then in the crate: include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 //! ```
 //!
+//! Decode attention ships too, on the targets whose backends emit it
+//! (`opencl`, `host`; the others get a note): `attention-decode-f16` and
+//! `attention-decode-kv8`, both always, since the KV cache format is the
+//! runtime's choice, not the weights'. Their code takes every extent at run
+//! time, so one kernel per target and KV format serves the model; its entry
+//! records the model's heads, KV heads and head dimension (explicit shapes
+//! carry none, so they get no attention). They are listed in the manifest's
+//! `attention` array and `kernels.rs`'s `ATTENTION` table, apart from the
+//! matmuls so matmul lookups never meet them.
+//!
 //! What is written, for each target × format × distinct weight shape
 //! `[n, k]` × variant (GEMV, flat GEMM, GEMM):
 //!
@@ -53,10 +63,11 @@ use std::path::{Path, PathBuf};
 use tessera_codegen::artifact::{Artifact, Variant};
 use tessera_codegen::{GENERATOR_VERSION, TEMPLATE_HASH};
 use tessera_dsl::library;
-use tessera_dsl::models::{LayerShape, ModelError, ModelShapes};
-use tessera_dsl::naming::{MatmulInstance, MatmulTile};
+use tessera_dsl::models::{LayerShape, ModelDims, ModelError, ModelShapes};
+use tessera_dsl::naming::{AttentionBlock, AttentionInstance, MatmulInstance, MatmulTile};
 use tessera_runtime::manifest::{
-    CodeFile, MANIFEST_SCHEMA, MSource, Manifest, ManifestEntry, fnv1a64_hex,
+    AttentionEntry, CodeFile, KernelKind, MANIFEST_SCHEMA, MSource, Manifest, ManifestEntry,
+    fnv1a64_hex,
 };
 use tessera_runtime::record::{GeneratorId, RecordError, ShapeEntry, TuningRecord};
 
@@ -144,6 +155,8 @@ impl GenConfig {
 pub struct GenReport {
     /// Manifest entries (target × format × shape × variant served).
     pub entries: usize,
+    /// Decode attention entries (target × KV format).
+    pub attention: usize,
     /// Distinct kernel files (code only, listings not counted).
     pub kernels: usize,
     /// Files written because they were new or their bytes changed.
@@ -188,6 +201,12 @@ pub enum GenError {
         n: usize,
         k: usize,
         variant: Variant,
+        why: String,
+    },
+    #[error("{target}, {library}: {why}")]
+    Attention {
+        target: String,
+        library: String,
         why: String,
     },
     #[error("{path}: {source}")]
@@ -269,16 +288,16 @@ pub(crate) fn plan(cfg: &GenConfig) -> Result<Plan, GenError> {
             formats.push(f.clone());
         }
     }
-    let (model, shapes) = match &cfg.model {
+    let (model, shapes, dims) = match &cfg.model {
         ModelSpec::Model {
             name_or_config,
             lm_head,
         } => {
             let m = ModelShapes::resolve(name_or_config)?;
             let shapes = m.distinct(*lm_head);
-            (m.name, shapes)
+            (m.name, shapes, Some(m.dims))
         }
-        ModelSpec::Shapes { model, shapes } => (model.clone(), shapes.clone()),
+        ModelSpec::Shapes { model, shapes } => (model.clone(), shapes.clone(), None),
     };
     if shapes.is_empty() || shapes.iter().any(|s| s.n == 0 || s.k == 0) {
         return Err(GenError::NoShapes);
@@ -287,6 +306,7 @@ pub(crate) fn plan(cfg: &GenConfig) -> Result<Plan, GenError> {
     let this_generator = generator();
 
     let mut entries = Vec::new();
+    let mut attention = Vec::new();
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut notes = Vec::new();
     for spec in &specs {
@@ -371,6 +391,15 @@ pub(crate) fn plan(cfg: &GenConfig) -> Result<Plan, GenError> {
                 why,
             });
         }
+        match &dims {
+            Some(dims) => attention.extend(attention_entries(spec, dims, &mut files, &mut notes)?),
+            None => {
+                let note = "explicit weight shapes give no head counts: no attention kernels";
+                if !notes.iter().any(|n| n == note) {
+                    notes.push(note.to_string());
+                }
+            }
+        }
     }
     Ok(Plan {
         manifest: Manifest {
@@ -378,6 +407,7 @@ pub(crate) fn plan(cfg: &GenConfig) -> Result<Plan, GenError> {
             generator: this_generator,
             model,
             entries,
+            attention,
         },
         files,
         notes,
@@ -555,6 +585,81 @@ fn shape_entries(
     Ok(out)
 }
 
+/// The decode attention kernels of one target, one per KV format
+/// ([`targets::ATTENTION_KV`]), for the model's heads. A target (or KV
+/// format) without decode attention gets a note, not an error.
+fn attention_entries(
+    spec: &TargetSpec,
+    dims: &ModelDims,
+    files: &mut BTreeMap<String, Vec<u8>>,
+    notes: &mut Vec<String>,
+) -> Result<Vec<AttentionEntry>, GenError> {
+    let mut out = Vec::new();
+    if !targets::has_attention(spec) {
+        notes.push(format!(
+            "{}: no decode attention kernels (its backend emits none)",
+            spec.name
+        ));
+        return Ok(out);
+    }
+    let fail = |library: &str, why: String| GenError::Attention {
+        target: spec.name.to_string(),
+        library: library.to_string(),
+        why,
+    };
+    let head_dim = u32::try_from(dims.head_dim)
+        .map_err(|_| fail("attention", format!("head_dim {} too large", dims.head_dim)))?;
+    for &(kv, library_name) in targets::ATTENTION_KV {
+        let kernel = library::get(library_name).map_err(|e| fail(library_name, e.to_string()))?;
+        let instance = match targets::emit_attention(spec, &kernel) {
+            Ok(i) => i,
+            Err(Ok(why)) => {
+                notes.push(format!(
+                    "{} has no decode attention ({library_name}): {why}",
+                    spec.name
+                ));
+                continue;
+            }
+            Err(Err(why)) => return Err(fail(library_name, why)),
+        };
+        // The code takes every extent at run time; the name carries the
+        // model's head dimension, as the grammar asks.
+        let name = AttentionInstance::for_kernel(
+            &kernel,
+            head_dim,
+            AttentionBlock {
+                tokens: 1,
+                keys: instance.keys,
+            },
+            &spec.name.replace('-', "_"),
+        )
+        .map_err(|e| fail(library_name, e.to_string()))?
+        .to_string();
+        let (code, listing) = code_files(&name, spec.ext, instance.artifact);
+        let file = code.name.clone();
+        let fnv1a64 = fnv1a64_hex(files.entry(code.name).or_insert(code.bytes));
+        let listing = listing.map(|l| {
+            let n = l.name.clone();
+            files.entry(l.name).or_insert(l.bytes);
+            n
+        });
+        out.push(AttentionEntry {
+            kind: KernelKind::Attention,
+            library: library_name.to_string(),
+            kv: kv.to_string(),
+            target: spec.name.to_string(),
+            heads: dims.heads,
+            kv_heads: dims.kv_heads,
+            head_dim: dims.head_dim,
+            kernel: name,
+            file,
+            listing,
+            fnv1a64,
+        });
+    }
+    Ok(out)
+}
+
 /// The code file (and listing, for machine code) of an artifact.
 fn code_files(stem: &str, ext: &str, artifact: Artifact) -> (OutFile, Option<OutFile>) {
     match artifact {
@@ -603,6 +708,11 @@ fn write(plan: &Plan, out_dir: &Path) -> Result<GenReport, GenError> {
         .ok()
         .and_then(|text| Manifest::from_json(&text, "previous manifest").ok())
         .map(|m| {
+            let attention: Vec<String> = m
+                .attention
+                .into_iter()
+                .flat_map(|a| std::iter::once(a.file).chain(a.listing))
+                .collect();
             m.entries
                 .into_iter()
                 .flat_map(|e| {
@@ -612,18 +722,21 @@ fn write(plan: &Plan, out_dir: &Path) -> Result<GenReport, GenError> {
                         .flat_map(|q| std::iter::once(q.file).chain(q.listing));
                     std::iter::once(e.file).chain(e.listing).chain(q)
                 })
+                .chain(attention)
                 .collect()
         })
         .unwrap_or_default();
 
     let mut report = GenReport {
         entries: plan.manifest.entries.len(),
+        attention: plan.manifest.attention.len(),
         kernels: {
             let mut files: Vec<&str> = plan
                 .manifest
                 .entries
                 .iter()
                 .map(|e| e.file.as_str())
+                .chain(plan.manifest.attention.iter().map(|a| a.file.as_str()))
                 .collect();
             files.sort_unstable();
             files.dedup();

@@ -202,8 +202,9 @@ fn run(cli: Cli) -> Result<String, String> {
                 .map(|n| format!("note: {n}\n"))
                 .collect();
             text.push_str(&format!(
-                "{} entries, {} kernel files in {}: {} written, {} unchanged, {} removed\n",
+                "{} entries, {} attention, {} kernel files in {}: {} written, {} unchanged, {} removed\n",
                 report.entries,
+                report.attention,
                 report.kernels,
                 out.display(),
                 report.written.len(),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tessera_dsl::ir::Variant;
 use tessera_kernels_gen::r#gen as kgen;
 use tessera_kernels_gen::{GenConfig, ModelSpec, generate};
-use tessera_runtime::manifest::{MSource, Manifest, ManifestError};
+use tessera_runtime::manifest::{KernelKind, MSource, Manifest, ManifestError};
 use tessera_runtime::record::{
     DeviceEntry, GeneratorId, Limits, RECORD_SCHEMA, ShapeEntry, TuningRecord, Winner,
 };
@@ -158,7 +158,7 @@ fn every_entry_names_an_existing_file_whose_hash_matches() {
 fn generating_twice_gives_byte_identical_files_and_rewrites_nothing() {
     let a = scratch("twice-a");
     let b = scratch("twice-b");
-    let targets = ["aarch64-i8mm", "opencl", "x86-avx2"];
+    let targets = ["aarch64-i8mm", "opencl", "x86-avx2", "host"];
     let first = generate(&config(&targets, "tiny", &a)).unwrap();
     generate(&config(&targets, "tiny", &b)).unwrap();
     assert_eq!(files(&a), files(&b));
@@ -276,7 +276,12 @@ fn a_record_gives_tiles_and_m_ranges_and_is_an_input() {
     cfg.record = Some(record_path.clone());
     let report = generate(&cfg).unwrap();
     assert!(report.inputs.contains(&record_path));
-    assert!(report.notes.is_empty(), "{:?}", report.notes);
+    // The record is this generator's and fits: the only note is that NEON
+    // has no decode attention.
+    assert_eq!(
+        report.notes,
+        vec!["aarch64-i8mm: no decode attention kernels (its backend emits none)".to_string()]
+    );
     let manifest = kgen::manifest(&cfg).unwrap();
     let o: Vec<_> = manifest
         .entries
@@ -383,4 +388,83 @@ fn explicit_shapes_and_bad_inputs() {
         "{:?}",
         report.notes
     );
+}
+
+#[test]
+fn opencl_and_host_ship_decode_attention_with_valid_hashes() {
+    let out = scratch("attention");
+    let cfg = config(&["opencl", "host", "ptx-sm80"], SMALL_CONFIG, &out);
+    let report = generate(&cfg).unwrap();
+    let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    let manifest = Manifest::from_json(&text, "manifest.json").unwrap();
+    assert_eq!(report.attention, 4);
+    let got: Vec<(&str, &str, &str)> = manifest
+        .attention
+        .iter()
+        .map(|a| (a.target.as_str(), a.kv.as_str(), a.library.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("opencl", "f16", "attention-decode-f16"),
+            ("opencl", "kv8", "attention-decode-kv8"),
+            ("host", "f16", "attention-decode-f16"),
+            ("host", "kv8", "attention-decode-kv8"),
+        ]
+    );
+    // small-config.json: 5 heads, 1 KV head, head_dim 40.
+    for a in &manifest.attention {
+        assert_eq!(a.kind, KernelKind::Attention);
+        assert_eq!((a.heads, a.kv_heads, a.head_dim), (5, 1, 40), "{a:?}");
+        assert!(a.kernel.contains("_d40_"), "{}", a.kernel);
+        let bytes = std::fs::read(out.join(&a.file)).unwrap();
+        Manifest::verify_attention(a, &bytes).unwrap();
+        let mut damaged = bytes.clone();
+        damaged[0] ^= 1;
+        assert!(Manifest::verify_attention(a, &damaged).is_err());
+        match a.target.as_str() {
+            "opencl" => {
+                assert!(a.listing.is_none() && a.file.ends_with(".cl"));
+                let src = String::from_utf8(bytes).unwrap();
+                assert!(src.contains("__kernel"), "{src}");
+            }
+            _ => {
+                assert!(a.file.ends_with(".bin"));
+                let listing = a.listing.as_ref().unwrap();
+                assert!(out.join(listing).is_file());
+            }
+        }
+        assert_eq!(manifest.lookup_attention(&a.target, &a.kv), Some(a));
+    }
+    // PTX has no decode attention: a note, not an error, and no entry.
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.starts_with("ptx-sm80: no decode attention")),
+        "{:?}",
+        report.notes
+    );
+    // kernels.rs embeds them in its ATTENTION table.
+    let rs = std::fs::read_to_string(out.join("kernels.rs")).unwrap();
+    assert!(rs.contains("pub static ATTENTION: &[::tessera_runtime::manifest::EmbeddedAttention]"));
+    for a in &manifest.attention {
+        assert!(rs.contains(&format!("kernel: {:?},", a.kernel)), "{rs}");
+    }
+    // Explicit shapes carry no head counts: no attention, with a note.
+    let shapes = GenConfig::new(
+        ["opencl"],
+        ModelSpec::Shapes {
+            model: "m".into(),
+            shapes: vec![tessera_dsl::models::LayerShape {
+                name: "o".into(),
+                n: 64,
+                k: 64,
+            }],
+        },
+        out.join("shapes"),
+    );
+    let m = kgen::manifest(&shapes).unwrap();
+    assert!(m.attention.is_empty());
+    assert!(!m.to_json().contains("attention"));
 }

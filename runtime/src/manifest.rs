@@ -21,6 +21,23 @@
 //! (W4A8, W8A8): the activation quantizer+packer emitted for the same tile,
 //! `{ "file": "….quant.bin", "listing": "….quant.s", "fnv1a64": "…" }`.
 //!
+//! `attention` (absent when empty, so manifests without it read as before and
+//! older readers, which ignore unknown fields, still read new ones) lists the
+//! decode attention kernels of the targets that emit them (OpenCL, host):
+//!
+//! ```text
+//!   "attention": [ { "kind": "attention", "library": "attention-decode-f16",
+//!                    "kv": "f16", "target": "opencl", "heads": 12,
+//!                    "kv_heads": 2, "head_dim": 128,
+//!                    "kernel": "attention_decode_…_opencl",
+//!                    "file": "attention_decode_…_opencl.cl", "listing": null,
+//!                    "fnv1a64": "…" } ]
+//! ```
+//!
+//! They have no tile and no M range (one query token; the sequence length
+//! and head counts are call arguments); `heads`/`kv_heads`/`head_dim` are
+//! the model's, which the kernel name's `d<N>` also carries.
+//!
 //! One entry per (target, format, weight shape, variant); entries with the
 //! same kernel share one file. `m_max` is inclusive, `null` for unbounded.
 //! `fnv1a64` is FNV-1a 64 over the file's bytes, in lowercase hex: enough to
@@ -81,6 +98,42 @@ pub struct ManifestEntry {
     pub quantizer: Option<CodeFile>,
 }
 
+/// What a manifest entry computes. Matmul entries live in
+/// [`Manifest::entries`], attention entries in [`Manifest::attention`]; the
+/// kind is written out so each JSON object says what it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelKind {
+    #[default]
+    Matmul,
+    Attention,
+}
+
+/// One prebuilt decode attention kernel: no tile, no M range.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttentionEntry {
+    /// Always [`KernelKind::Attention`].
+    pub kind: KernelKind,
+    /// The library kernel (`attention-decode-f16`, `attention-decode-kv8`).
+    pub library: String,
+    /// The KV cache format the kernel reads: `f16` or `kv8` (int8 keys,
+    /// fp8 values).
+    pub kv: String,
+    pub target: String,
+    /// The model's query heads, KV heads and head dimension.
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Instance name (the naming grammar of `tessera_dsl::naming`).
+    pub kernel: String,
+    /// The code, relative to the manifest's directory.
+    pub file: String,
+    /// The machine code's listing (`.s`), if any.
+    pub listing: Option<String>,
+    /// FNV-1a 64 of `file`'s bytes, lowercase hex.
+    pub fnv1a64: String,
+}
+
 /// A companion code file (machine code with its listing).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CodeFile {
@@ -103,6 +156,9 @@ pub struct Manifest {
     pub generator: GeneratorId,
     pub model: String,
     pub entries: Vec<ManifestEntry>,
+    /// Decode attention kernels; empty for matmul-only generations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention: Vec<AttentionEntry>,
 }
 
 /// Why a manifest or one of its files cannot be used.
@@ -213,6 +269,19 @@ impl Manifest {
         })
     }
 
+    /// The decode attention kernel on `target` for a `kv` cache (`f16`,
+    /// `kv8`).
+    pub fn lookup_attention(&self, target: &str, kv: &str) -> Option<&AttentionEntry> {
+        self.attention
+            .iter()
+            .find(|e| e.target == target && e.kv == kv)
+    }
+
+    /// Check an attention kernel's bytes against its entry's hash.
+    pub fn verify_attention(entry: &AttentionEntry, bytes: &[u8]) -> Result<(), ManifestError> {
+        verify_hash(&entry.file, &entry.fnv1a64, bytes)
+    }
+
     /// Check a file's bytes against its entry's hash.
     pub fn verify(entry: &ManifestEntry, bytes: &[u8]) -> Result<(), ManifestError> {
         verify_hash(&entry.file, &entry.fnv1a64, bytes)
@@ -246,6 +315,59 @@ pub struct EmbeddedKernel {
     pub template_hash: &'static str,
 }
 
+/// A decode attention kernel embedded by `kernels.rs` (its `ATTENTION`
+/// table, apart from the matmul `KERNELS` so matmul lookups never meet
+/// one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmbeddedAttention {
+    pub kernel: &'static str,
+    pub library: &'static str,
+    /// `f16` or `kv8`.
+    pub kv: &'static str,
+    pub target: &'static str,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// OpenCL C source, or host machine code
+    /// ([`crate::manifest::EmbeddedCode::Machine`], no quantizer).
+    pub code: EmbeddedCode,
+    pub generator_version: &'static str,
+    pub template_hash: &'static str,
+}
+
+impl EmbeddedAttention {
+    /// Refuse a kernel made by another generator (see [`Manifest::check`]).
+    pub fn check(&self, generator: &GeneratorId) -> Result<(), ManifestError> {
+        check_embedded(self.generator_version, self.template_hash, generator)
+    }
+
+    /// The embedded attention kernel on `target` for a `kv` cache.
+    pub fn find<'a>(
+        table: &'a [EmbeddedAttention],
+        target: &str,
+        kv: &str,
+    ) -> Option<&'a EmbeddedAttention> {
+        table.iter().find(|e| e.target == target && e.kv == kv)
+    }
+}
+
+fn check_embedded(
+    version: &str,
+    template_hash: &str,
+    generator: &GeneratorId,
+) -> Result<(), ManifestError> {
+    if version == generator.version && template_hash == generator.template_hash {
+        Ok(())
+    } else {
+        Err(ManifestError::Stale {
+            found_version: version.to_string(),
+            found_hash: template_hash.to_string(),
+            want_version: generator.version.clone(),
+            want_hash: generator.template_hash.clone(),
+        })
+    }
+}
+
 /// An embedded kernel's code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EmbeddedCode {
@@ -268,18 +390,7 @@ impl EmbeddedKernel {
 
     /// Refuse a kernel made by another generator (see [`Manifest::check`]).
     pub fn check(&self, generator: &GeneratorId) -> Result<(), ManifestError> {
-        if self.generator_version == generator.version
-            && self.template_hash == generator.template_hash
-        {
-            Ok(())
-        } else {
-            Err(ManifestError::Stale {
-                found_version: self.generator_version.to_string(),
-                found_hash: self.template_hash.to_string(),
-                want_version: generator.version.clone(),
-                want_hash: generator.template_hash.clone(),
-            })
-        }
+        check_embedded(self.generator_version, self.template_hash, generator)
     }
 
     /// The machine code's architecture: `aarch64-*` targets are AArch64,
@@ -423,7 +534,87 @@ mod tests {
                 entry(Variant::FlatGemm, 2, Some(31)),
                 entry(Variant::Gemm, 32, None),
             ],
+            attention: Vec::new(),
         }
+    }
+
+    fn attention_entry(target: &str, kv: &str) -> AttentionEntry {
+        AttentionEntry {
+            kind: KernelKind::Attention,
+            library: format!("attention-decode-{kv}"),
+            kv: kv.into(),
+            target: target.into(),
+            heads: 12,
+            kv_heads: 2,
+            head_dim: 128,
+            kernel: "attention_x".into(),
+            file: format!("attention_{kv}.cl"),
+            listing: None,
+            fnv1a64: fnv1a64_hex(b"attn"),
+        }
+    }
+
+    #[test]
+    fn attention_is_additive_and_looked_up_by_target_and_kv() {
+        // A matmul-only manifest prints no `attention` key, so it reads the
+        // same as before the field existed.
+        let plain = manifest("aa");
+        assert!(!plain.to_json().contains("attention"));
+        let mut m = plain.clone();
+        m.attention = vec![
+            attention_entry("opencl", "f16"),
+            attention_entry("opencl", "kv8"),
+        ];
+        let json = m.to_json();
+        assert!(json.contains("\"kind\": \"attention\""), "{json}");
+        let back = Manifest::from_json(&json, "mem").unwrap();
+        assert_eq!(back, m);
+        assert!(back.check(&generator("aa")).is_ok());
+        // Matmul lookups are untouched by attention entries.
+        assert_eq!(
+            back.lookup("opencl", "w4a8", 1536, 1536, 1)
+                .map(|e| e.variant),
+            Some(Variant::Gemv)
+        );
+        let kv8 = back.lookup_attention("opencl", "kv8").unwrap();
+        assert_eq!(kv8.library, "attention-decode-kv8");
+        assert!(back.lookup_attention("host", "f16").is_none());
+        assert!(Manifest::verify_attention(kv8, b"attn").is_ok());
+        assert!(matches!(
+            Manifest::verify_attention(kv8, b"attm"),
+            Err(ManifestError::Corrupt { .. })
+        ));
+        // A manifest written before the field existed still parses.
+        let old = plain.to_json();
+        assert_eq!(Manifest::from_json(&old, "old").unwrap().attention, vec![]);
+    }
+
+    #[test]
+    fn embedded_attention_is_found_and_checked() {
+        let table = [EmbeddedAttention {
+            kernel: "attention_x",
+            library: "attention-decode-f16",
+            kv: "f16",
+            target: "host",
+            heads: 12,
+            kv_heads: 2,
+            head_dim: 128,
+            code: EmbeddedCode::Machine {
+                bytes: &CODE,
+                listing: "",
+                quantizer: None,
+            },
+            generator_version: "0.1.0",
+            template_hash: "aa",
+        }];
+        let a = EmbeddedAttention::find(&table, "host", "f16").unwrap();
+        assert!(a.check(&generator("aa")).is_ok());
+        assert!(matches!(
+            a.check(&generator("bb")),
+            Err(ManifestError::Stale { .. })
+        ));
+        assert!(EmbeddedAttention::find(&table, "host", "kv8").is_none());
+        assert!(EmbeddedAttention::find(&table, "opencl", "f16").is_none());
     }
 
     static CODE: [u8; 4] = [1, 2, 3, 4];

@@ -69,6 +69,12 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
                 .chain(e.listing.as_deref())
                 .chain(q)
         })
+        .chain(
+            manifest
+                .attention
+                .iter()
+                .flat_map(|a| std::iter::once(a.file.as_str()).chain(a.listing.as_deref())),
+        )
         .collect();
     let statics: BTreeMap<&str, String> = files
         .into_iter()
@@ -82,6 +88,13 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
         .flat_map(|e| {
             std::iter::once(e.file.as_str()).chain(e.quantizer.iter().map(|q| q.file.as_str()))
         })
+        .chain(
+            manifest
+                .attention
+                .iter()
+                .filter(|a| a.listing.is_some())
+                .map(|a| a.file.as_str()),
+        )
         .collect();
     let _ = writeln!(s);
     for (file, ident) in &statics {
@@ -130,6 +143,36 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
         let _ = writeln!(s, "        tile: [{ep}, {hp}, {lp}],");
         let _ = writeln!(s, "        m_min: {},", e.m_min);
         let _ = writeln!(s, "        m_max: {m_max},");
+        let _ = writeln!(s, "        code: {code},");
+        let _ = writeln!(s, "        generator_version: GENERATOR_VERSION,");
+        let _ = writeln!(s, "        template_hash: TEMPLATE_HASH,");
+        let _ = writeln!(s, "    }},");
+    }
+    let _ = writeln!(s, "];");
+
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "/// Every prebuilt decode attention kernel: one per target and KV format."
+    );
+    let _ = writeln!(s, "pub static ATTENTION: &[{RT}::EmbeddedAttention] = &[");
+    for a in &manifest.attention {
+        let code = match &a.listing {
+            Some(l) => format!(
+                "{RT}::EmbeddedCode::Machine {{ bytes: {}, listing: {}, quantizer: None }}",
+                statics[a.file.as_str()],
+                statics[l.as_str()],
+            ),
+            None => format!("{RT}::EmbeddedCode::Source({})", statics[a.file.as_str()]),
+        };
+        let _ = writeln!(s, "    {RT}::EmbeddedAttention {{");
+        let _ = writeln!(s, "        kernel: {},", lit(&a.kernel));
+        let _ = writeln!(s, "        library: {},", lit(&a.library));
+        let _ = writeln!(s, "        kv: {},", lit(&a.kv));
+        let _ = writeln!(s, "        target: {},", lit(&a.target));
+        let _ = writeln!(s, "        heads: {},", a.heads);
+        let _ = writeln!(s, "        kv_heads: {},", a.kv_heads);
+        let _ = writeln!(s, "        head_dim: {},", a.head_dim);
         let _ = writeln!(s, "        code: {code},");
         let _ = writeln!(s, "        generator_version: GENERATOR_VERSION,");
         let _ = writeln!(s, "        template_hash: TEMPLATE_HASH,");

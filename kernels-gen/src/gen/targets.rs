@@ -3,15 +3,16 @@
 //! format. Adding a backend is one row here plus one arm in
 //! [`Emitter::new`].
 
-use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode, Variant};
+use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode, SourceLang, Variant};
 use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::gpu::with_gpu_weight_layout;
 use tessera_codegen::neon::NeonBackend;
-use tessera_codegen::opencl::{Fp16Mode, OpenClBackend};
+use tessera_codegen::opencl::{Fp16Mode, OpenClBackend, Program};
 use tessera_codegen::ptx::{PtxBackend, Sm};
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::X86Backend;
 use tessera_codegen::{TargetCaps, mac_class};
+use tessera_dsl::interp::ONLINE_BLOCK;
 use tessera_dsl::{Format, Kernel, LayoutDim};
 
 /// Which backend emits a target.
@@ -298,4 +299,74 @@ impl Emitter {
             self.kernel.name, self.spec.name
         )))
     }
+}
+
+/// The KV cache formats `gen` writes decode attention for, with their
+/// library kernels. Both, always: the KV format is the runtime's choice
+/// (memory against accuracy), not a property of the weights, so a build
+/// ships both and the runtime picks.
+pub const ATTENTION_KV: &[(&str, &str)] = &[
+    ("f16", "attention-decode-f16"),
+    ("kv8", "attention-decode-kv8"),
+];
+
+/// One emitted decode attention kernel.
+pub struct AttentionInstance {
+    pub artifact: Artifact,
+    /// Keys one work unit takes (the split size on OpenCL, the online
+    /// softmax block on the host), for the instance name's block.
+    pub keys: u32,
+}
+
+/// Emit decode attention `kernel` for `spec`. `Err(Ok(why))`: the target
+/// (or the backend for this KV format) has no decode attention, a note;
+/// `Err(Err(why))`: emission failed, an error.
+pub fn emit_attention(
+    spec: &TargetSpec,
+    kernel: &Kernel,
+) -> Result<AttentionInstance, Result<String, String>> {
+    let refused = |e: EmitError| match e {
+        EmitError::Unsupported { .. } => Err(Ok(e.to_string())),
+        other => Err(Err(other.to_string())),
+    };
+    match spec.backend {
+        BackendKind::OpenCl => {
+            match OpenClBackend::new(Fp16Mode::Storage).attention_program(kernel) {
+                Ok(Program::Attention { plan, source }) => Ok(AttentionInstance {
+                    keys: plan.keys_per_split,
+                    artifact: Artifact::Source {
+                        text: source,
+                        lang: SourceLang::OpenClC,
+                    },
+                }),
+                Ok(Program::Matmul { .. }) => Err(Err("a matmul program for attention".into())),
+                Err(e) => refused(e),
+            }
+        }
+        BackendKind::Cranelift => {
+            let backend = ClifBackend::host().map_err(|e| Err(e.to_string()))?;
+            // The attention emitter ignores the tile (the ABI takes every
+            // extent at run time); any of cranelift's tiles will do.
+            let any = tessera_dsl::library::get("matmul-f32").map_err(|e| Err(e.to_string()))?;
+            let tiles = backend.tiles(&any).map_err(|e| Err(e.to_string()))?;
+            let tile = tiles
+                .first()
+                .ok_or_else(|| Err("cranelift offered no tile".to_string()))?;
+            match backend.emit(kernel, tile) {
+                Ok(artifact) => Ok(AttentionInstance {
+                    artifact,
+                    keys: ONLINE_BLOCK as u32,
+                }),
+                Err(e) => refused(e),
+            }
+        }
+        BackendKind::X86 | BackendKind::Neon | BackendKind::Ptx(_) => {
+            Err(Ok("its backend emits no decode attention".into()))
+        }
+    }
+}
+
+/// Whether `spec`'s backend emits decode attention at all.
+pub fn has_attention(spec: &TargetSpec) -> bool {
+    matches!(spec.backend, BackendKind::OpenCl | BackendKind::Cranelift)
 }
