@@ -16,6 +16,7 @@ use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::X86Backend;
 use tessera_codegen::{TargetCaps, mac_class};
 use tessera_dsl::Kernel;
+use tessera_kernels_gen::r#gen::targets::has_gpu_weights;
 
 /// The targets `emit` accepts.
 pub const TARGETS: &[&str] = &[
@@ -142,15 +143,6 @@ fn machine(artifact: Artifact) -> (String, Option<Vec<u8>>) {
         Artifact::Machine(code) => (code.listing, Some(code.bytes)),
         Artifact::Source { text, .. } => (text, None),
     }
-}
-
-/// Whether a matmul's weights are in a GPU layout `[l/lp, h, lp]`.
-fn has_gpu_weights(kernel: &Kernel) -> bool {
-    kernel.as_matmul().is_some_and(|mm| {
-        kernel
-            .tensor(&mm.w)
-            .is_some_and(|t| !t.layout.is_panelled_by(&mm.h))
-    })
 }
 
 pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {

@@ -13,7 +13,7 @@ use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::X86Backend;
 use tessera_codegen::{TargetCaps, mac_class};
 use tessera_dsl::interp::ONLINE_BLOCK;
-use tessera_dsl::{Format, Kernel, LayoutDim};
+use tessera_dsl::{Format, Kernel};
 
 /// Which backend emits a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,12 +124,13 @@ pub struct Emitter {
     quantizer: Option<QuantizerFn>,
 }
 
-/// Whether a matmul's weights are already in a GPU layout `[l/lp, h, lp]`.
-fn has_gpu_weights(kernel: &Kernel) -> bool {
+/// Whether a matmul's weights are already in a GPU layout `[l/lp, h, lp]`
+/// (so the GPU backends need no `with_gpu_weight_layout` pass).
+pub fn has_gpu_weights(kernel: &Kernel) -> bool {
     kernel.as_matmul().is_some_and(|mm| {
-        kernel.tensor(&mm.w).is_some_and(|t| {
-            !matches!(t.layout.dims.first(), Some(LayoutDim::Outer { axis, .. }) if *axis == mm.h)
-        })
+        kernel
+            .tensor(&mm.w)
+            .is_some_and(|t| !t.layout.is_panelled_by(&mm.h))
     })
 }
 
