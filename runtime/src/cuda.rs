@@ -18,12 +18,11 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKerne
 use cudarc::nvrtc::Ptx;
 use half::f16;
 use tessera_codegen::artifact::EmitError;
-use tessera_codegen::gpu::{ArgKind, LaunchExtent, WEIGHT_LP};
+use tessera_codegen::gpu::{ArgKind, LaunchExtent};
 use tessera_codegen::ptx::{PtxBackend, PtxProgram, Sm};
 use tessera_dsl::interp::Value;
-use tessera_dsl::quant::{
-    ElemWidth, PackPlan, Tile, WeightPacking, gpu_weight_layout, pack_weights,
-};
+
+use crate::gpu_weights::{self, GpuWeights};
 
 /// Why a CUDA operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -142,19 +141,7 @@ impl CudaDevice {
 
 /// f16 weights `[h, l]` in the GPU layout `[l/lp, h, lp]`, as half bits.
 pub fn pack_f16_gpu(h: usize, l: usize, w: &[f16]) -> Result<Vec<u16>, CudaError> {
-    let plan = PackPlan::new(
-        &gpu_weight_layout(),
-        &[("h", h), ("l", l)],
-        &[Tile::new("lp", "l", WEIGHT_LP as usize)],
-        ElemWidth::B16,
-    )
-    .map_err(|e| input(e.to_string()))?;
-    let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
-    let packed = plan.pack(&bytes).map_err(|e| input(e.to_string()))?;
-    Ok(packed
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-        .collect())
+    gpu_weights::pack_f16_gpu(h, l, w).map_err(input)
 }
 
 fn check_len(what: &str, got: usize, expected: usize) -> Result<(), CudaError> {
@@ -194,40 +181,15 @@ pub fn run_matmul(
     if e == 0 || h == 0 {
         return Ok(Vec::new());
     }
-    let (codes, scales, offsets): (Vec<u8>, Vec<f32>, Vec<f32>) = match w {
-        Value::F16(data) => {
-            if plan.weights.format != tessera_dsl::Format::F16 {
-                return Err(input(format!(
-                    "f16 weights given, the kernel wants {}",
-                    plan.weights.format
-                )));
-            }
-            check_len("w", data.len(), h * l)?;
-            let halves = pack_f16_gpu(h, l, data)?;
-            (
+    let (codes, scales, offsets): (Vec<u8>, Vec<f32>, Vec<f32>) =
+        match gpu_weights::prepare(plan.weights.format, w, h, l).map_err(input)? {
+            GpuWeights::Halves(halves) => (
                 halves.iter().flat_map(|v| v.to_le_bytes()).collect(),
                 vec![],
                 vec![],
-            )
-        }
-        Value::Quant(q) => {
-            if q.rows != h || q.cols != l || q.format != plan.weights.format {
-                return Err(input(format!(
-                    "weights are {} [{}, {}], the kernel wants {} [{h}, {l}]",
-                    q.format, q.rows, q.cols, plan.weights.format
-                )));
-            }
-            let packed = pack_weights(
-                q,
-                WeightPacking::Gpu {
-                    lp: WEIGHT_LP as usize,
-                },
-            )
-            .map_err(|e| input(e.to_string()))?;
-            (packed.codes, packed.scales, packed.offsets)
-        }
-        other => return Err(input(format!("weights bound as {}", other.kind()))),
-    };
+            ),
+            GpuWeights::Quant(packed) => (packed.codes, packed.scales, packed.offsets),
+        };
     let module = dev
         .ctx
         .load_module(Ptx::from_src(program.text.clone()))

@@ -33,6 +33,9 @@ pub mod pool;
 pub mod prebuilt;
 pub mod record;
 
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+pub mod gpu_weights;
+
 #[cfg(feature = "opencl")]
 pub mod opencl;
 

@@ -35,9 +35,8 @@ use tessera_codegen::gpu::{
 };
 use tessera_codegen::opencl::{Fp16Mode, Program};
 use tessera_dsl::interp::Value;
-use tessera_dsl::quant::{
-    ElemWidth, PackPlan, Tile, WeightPacking, gpu_weight_layout, pack_weights,
-};
+
+use crate::gpu_weights::{self, GpuWeights};
 
 /// Why an OpenCL operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -369,24 +368,10 @@ fn to_int(v: usize, what: &str) -> Result<cl_int, ClError> {
     cl_int::try_from(v).map_err(|_| input(format!("{what} = {v} does not fit a 32-bit int")))
 }
 
-fn f16_bytes(v: &[f16]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
-}
-
 /// f16 weights `[h, l]` in the GPU layout `[l/lp, h, lp]`, as halves.
 pub fn pack_f16_gpu(h: usize, l: usize, w: &[f16]) -> Result<Vec<f16>, ClError> {
-    let plan = PackPlan::new(
-        &gpu_weight_layout(),
-        &[("h", h), ("l", l)],
-        &[Tile::new("lp", "l", WEIGHT_LP as usize)],
-        ElemWidth::B16,
-    )
-    .map_err(|e| input(e.to_string()))?;
-    let bytes = plan.pack(&f16_bytes(w)).map_err(|e| input(e.to_string()))?;
-    Ok(bytes
-        .chunks_exact(2)
-        .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
-        .collect())
+    let bits = gpu_weights::pack_f16_gpu(h, l, w).map_err(input)?;
+    Ok(bits.into_iter().map(f16::from_bits).collect())
 }
 
 /// Run a matmul program: `x` is `[e, l]` f16, `w` the logical weights (an
@@ -412,47 +397,28 @@ pub fn run_matmul(
     }
     let built = dev.build(source)?;
     let xb = dev.buffer(x)?;
-    let (mut mems, scales, offsets): (Vec<WeightMem>, Vec<f32>, Vec<f32>) = match w {
-        Value::F16(data) => {
-            if plan.weights.format != tessera_dsl::Format::F16 {
-                return Err(input(format!(
-                    "f16 weights given, the kernel wants {}",
-                    plan.weights.format
-                )));
+    let (mut mems, scales, offsets): (Vec<WeightMem>, Vec<f32>, Vec<f32>) =
+        match gpu_weights::prepare(plan.weights.format, w, h, l).map_err(input)? {
+            GpuWeights::Halves(bits) => {
+                let halves: Vec<f16> = bits.into_iter().map(f16::from_bits).collect();
+                (vec![WeightMem::Buf(dev.buffer(&halves)?)], vec![], vec![])
             }
-            check_len("w", data.len(), h * l)?;
-            (
-                vec![WeightMem::Buf(dev.buffer(&pack_f16_gpu(h, l, data)?)?)],
-                vec![],
-                vec![],
-            )
-        }
-        Value::Quant(q) => {
-            if q.rows != h || q.cols != l || q.format != plan.weights.format {
-                return Err(input(format!(
-                    "weights are {} [{}, {}], the kernel wants {} [{h}, {l}]",
-                    q.format, q.rows, q.cols, plan.weights.format
-                )));
+            GpuWeights::Quant(packed) => {
+                let mem = match plan.memory {
+                    WeightMemory::Buffer => WeightMem::Bytes(dev.buffer(&packed.codes)?),
+                    WeightMemory::Image => {
+                        let width = h * plan.weights.chunks_per_block as usize;
+                        let height = l.div_ceil(WEIGHT_LP as usize);
+                        WeightMem::Image(dev.image_u32x4(
+                            &packed.codes,
+                            width.max(1),
+                            height.max(1),
+                        )?)
+                    }
+                };
+                (vec![mem], packed.scales, packed.offsets)
             }
-            let packed = pack_weights(
-                q,
-                WeightPacking::Gpu {
-                    lp: WEIGHT_LP as usize,
-                },
-            )
-            .map_err(|e| input(e.to_string()))?;
-            let mem = match plan.memory {
-                WeightMemory::Buffer => WeightMem::Bytes(dev.buffer(&packed.codes)?),
-                WeightMemory::Image => {
-                    let width = h * plan.weights.chunks_per_block as usize;
-                    let height = l.div_ceil(WEIGHT_LP as usize);
-                    WeightMem::Image(dev.image_u32x4(&packed.codes, width.max(1), height.max(1))?)
-                }
-            };
-            (vec![mem], packed.scales, packed.offsets)
-        }
-        other => return Err(input(format!("weights bound as {}", other.kind()))),
-    };
+        };
     let sb = dev.buffer(&scales)?;
     let ob = dev.buffer(&offsets)?;
     let bb = dev.buffer(bias.unwrap_or(&[]))?;
