@@ -28,7 +28,8 @@
 //! - An op's axis slots name distinct axes (matmul `e` ≠ `h`; attention
 //!   `t`, `hq`, `kvh`, `d` pairwise) and attention's k and v are different
 //!   tensors. Tensors the op does not use get only the generic checks.
-//! - Schedule axes exist, appear once per list; `split` is a reduce axis.
+//! - Schedule axes exist, appear once per list; `split` is a reduce axis and
+//!   `parallel` never is.
 
 use crate::ir::*;
 
@@ -164,6 +165,12 @@ pub enum VerifyError {
     RepeatedScheduleAxis { list: &'static str, axis: String },
     #[error("split axis '{axis}' must be a reduce axis")]
     SplitNotReduce { axis: String },
+    /// Threads writing the same outputs while each sums part of the
+    /// reduction would race; `split` is the schedule that combines them.
+    #[error(
+        "parallel axis '{axis}' is reduced: threads would race on the same outputs (use `split {axis}` to divide a reduction)"
+    )]
+    ParallelReduce { axis: String },
 }
 
 /// What refers to an axis, for [`VerifyError::UnknownAxis`].
@@ -733,6 +740,13 @@ fn check_schedule(k: &Kernel) -> Result<(), VerifyError> {
         && k.axis(axis).map(|a| a.kind) != Some(AxisKind::Reduce)
     {
         return Err(VerifyError::SplitNotReduce { axis: axis.clone() });
+    }
+    if let Some(axis) = s
+        .parallel
+        .iter()
+        .find(|axis| k.axis(axis).map(|a| a.kind) == Some(AxisKind::Reduce))
+    {
+        return Err(VerifyError::ParallelReduce { axis: axis.clone() });
     }
     Ok(())
 }

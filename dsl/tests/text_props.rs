@@ -178,19 +178,20 @@ fn make_schedule(
     plan: &SchedulePlan,
     tile_keys: &[u32],
 ) -> Schedule {
-    let pick = |mask: &[bool; 5]| {
+    let pick = |mask: &[bool; 5], allow_reduce: bool| {
         let chosen: Vec<String> = axes
             .iter()
             .zip(mask)
-            .filter(|(_, m)| **m)
+            .filter(|(a, m)| **m && (allow_reduce || a.as_str() != reduce))
             .map(|(a, _)| a.clone())
             .collect();
         permute(chosen, &plan.keys)
     };
     Schedule {
         tiles: permute(tiles, tile_keys),
-        parallel: pick(&plan.parallel),
-        double_buffer: pick(&plan.double_buffer),
+        // verify() rejects a parallel reduce axis (threads would race).
+        parallel: pick(&plan.parallel, false),
+        double_buffer: pick(&plan.double_buffer, true),
         split: plan.split.then(|| reduce.to_string()),
     }
 }

@@ -923,4 +923,11 @@ fn schedule_rules() {
     let mut k = mm();
     k.schedule.split = Some(s("l"));
     verify(&k).unwrap();
+    let mut k = mm();
+    k.schedule.parallel = vec![s("l")];
+    expect(
+        &k,
+        VerifyError::ParallelReduce { axis: s("l") },
+        &["'l'", "split l"],
+    );
 }

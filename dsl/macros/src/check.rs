@@ -315,7 +315,20 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
         }
     }
 
-    let parallel = check_axis_list(&scope, &parallel, "parallel")?;
+    let parallel_idents = parallel;
+    let parallel = check_axis_list(&scope, &parallel_idents, "parallel")?;
+    if let Some(axis) = parallel_idents
+        .iter()
+        .find(|axis| **axis == reduce_axis.as_str())
+    {
+        return fail(
+            axis.span(),
+            format!(
+                "`parallel` gives each thread its own outputs; `{axis}` is reduced, so threads would race \
+                 on the same outputs (use `split {axis}` to divide a reduction)"
+            ),
+        );
+    }
     let double_buffer = check_axis_list(&scope, &double_buffer, "double_buffer")?;
     let split = match split {
         None => None,

@@ -398,6 +398,7 @@ impl Spans {
             E::AxisKind { axis: a, .. } | E::DecodeTokens { axis: a, .. } => axis(a),
             E::HeadsNotMultiple { kv_heads, .. } => axis(kv_heads),
             E::RepeatedScheduleAxis { list, .. } => schedule(list),
+            E::ParallelReduce { .. } => schedule("parallel"),
             E::SplitNotReduce { .. } => self.split,
             E::UnknownTensor { .. }
             | E::SameTensor { .. }
