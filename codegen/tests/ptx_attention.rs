@@ -393,3 +393,203 @@ fn canonical_snapshots() {
         insta::assert_snapshot!(format!("ptx_{}_{}", name, sm.arch()), text);
     }
 }
+
+mod ptx_sim;
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_dsl::interp::{Bindings, Value, run};
+use tessera_dsl::quant::quantize;
+
+/// A cache bound as the interpreter binds it, and its bytes and per-row
+/// parameters as the kernel reads them.
+fn cache(
+    format: Format,
+    rows: usize,
+    d: usize,
+    data: &[f32],
+) -> (Value, Vec<u8>, Vec<f32>, Vec<f32>) {
+    match format {
+        Format::F16 => {
+            let h: Vec<f16> = data.iter().map(|&v| f16::from_f32(v)).collect();
+            let bytes = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+            (Value::F16(h), bytes, vec![], vec![])
+        }
+        f => {
+            let q = quantize(f, rows, d, data).unwrap();
+            let (codes, s, o) = (q.codes.clone(), q.scales.clone(), q.offsets.clone());
+            (Value::Quant(q), codes, s, o)
+        }
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Runs `kernel`'s PTX for `sm` in the simulator and the interpreter on one
+/// random case; returns (interpreter, kernel) recompute counts.
+#[allow(clippy::too_many_arguments)]
+fn simulate(
+    kernel: &Kernel,
+    sm: Sm,
+    hq: usize,
+    kvh: usize,
+    d: usize,
+    s: usize,
+    q_amp: f32,
+    k_amp: f32,
+    rng: &mut ChaCha8Rng,
+) -> (usize, usize) {
+    use ptx_sim::{Arg, Buffer, Module, launch};
+    let kf = kernel.tensor("k").unwrap().format;
+    let vf = kernel.tensor("v").unwrap().format;
+    let q: Vec<f16> = (0..hq * d)
+        .map(|_| f16::from_f32(rng.gen_range(-q_amp..q_amp)))
+        .collect();
+    let kd: Vec<f32> = (0..s * kvh * d)
+        .map(|_| rng.gen_range(-k_amp..k_amp))
+        .collect();
+    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-2.0..2.0)).collect();
+    let (kval, kbytes, ks, ko) = cache(kf, s * kvh, d, &kd);
+    let (vval, vbytes, _, _) = cache(vf, s * kvh, d, &vd);
+    let b = Bindings::new()
+        .extent("t", 1)
+        .extent("hq", hq)
+        .extent("kvh", kvh)
+        .extent("d", d)
+        .extent("s", s)
+        .tensor("q", Value::F16(q.clone()))
+        .tensor("k", kval)
+        .tensor("v", vval);
+    let out = run(kernel, &b).unwrap();
+    let want = out.get("o").unwrap().to_vec();
+
+    let prog = PtxBackend::new(sm).attention_program(kernel).unwrap();
+    let plan = &prog.plan;
+    let module = Module::parse(&prog.text);
+    let splits = s.div_ceil(plan.keys_per_split as usize);
+    // Exactly sized buffers: the simulator fails any access past them.
+    let mut bufs: Vec<Buffer> = [
+        q.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+        kbytes,
+        f32_bytes(&ks),
+        f32_bytes(&ko),
+        vbytes,
+        vec![0u8; 4 * splits * hq * d],
+        vec![0u8; 4 * splits * hq],
+        vec![0u8; 4 * splits * hq],
+        vec![0u8; 4 * splits * hq],
+        vec![0u8; 2 * hq * d],
+    ]
+    .into_iter()
+    .map(|bytes| Buffer { bytes })
+    .collect();
+    let int = |v: usize| Arg::Int(i32::try_from(v).unwrap());
+    let args = [
+        ("q", Arg::Buf(0)),
+        ("k", Arg::Buf(1)),
+        ("k_scales", Arg::Buf(2)),
+        ("k_offsets", Arg::Buf(3)),
+        ("v", Arg::Buf(4)),
+        ("part_o", Arg::Buf(5)),
+        ("part_m", Arg::Buf(6)),
+        ("part_l", Arg::Buf(7)),
+        ("recomputed", Arg::Buf(8)),
+        ("o", Arg::Buf(9)),
+        ("hq", int(hq)),
+        ("kvh", int(kvh)),
+        ("d", int(d)),
+        ("s", int(s)),
+        ("splits", int(splits)),
+    ];
+    let extent = |x: LaunchExtent| match x {
+        LaunchExtent::Splits => splits,
+        LaunchExtent::KvHeads => kvh,
+        LaunchExtent::Heads => hq,
+        LaunchExtent::HeadDim => d,
+        _ => 1,
+    };
+    for (entry, dims) in [
+        (&plan.partial_entry, &plan.partial_launch),
+        (&plan.combine_entry, &plan.combine_launch),
+    ] {
+        let grid = dims.map(|dim| (dim.global(extent(dim.extent)) / dim.local as usize) as u32);
+        let block = dims.map(|dim| dim.local);
+        launch(&module, entry, grid, block, &args, &mut bufs);
+    }
+    let got: Vec<f32> = bufs[9]
+        .bytes
+        .chunks(2)
+        .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+        .collect();
+    assert_eq!(got.len(), want.len());
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        let tol = 4e-3 * w.abs() + 2e-3;
+        assert!(
+            (g - w).abs() <= tol,
+            "{} {} hq={hq} kvh={kvh} d={d} s={s} at {i}: got {g} want {w}",
+            kernel.name,
+            sm.arch()
+        );
+    }
+    let recomputed = bufs[8]
+        .bytes
+        .chunks(4)
+        .filter(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 0)
+        .count();
+    (out.softmax.unwrap().recomputed, recomputed)
+}
+
+/// The emitted PTX, executed by the simulator, against the interpreter:
+/// f16 and kv8 caches, both SMs (sm_80's fp8 bit operations, sm_90's
+/// `cvt`), GQA ratios 1-6, head dims 64 and 128 (vector steps) and 20, 40,
+/// 37 (8-aligned tails, element loop only), one to five splits with tails.
+#[test]
+fn simulated_ptx_matches_the_interpreter() {
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    let shapes = [
+        (4, 1, 64, 1),
+        (8, 2, 128, 130),
+        (2, 2, 64, 64),
+        (6, 1, 40, 65),
+        (3, 3, 37, 200),
+        (4, 2, 20, 300),
+    ];
+    for (n, k) in kernels().iter().enumerate() {
+        // Every shape for the library pair; two (vector steps, tails) for
+        // the plan variations, to keep the suite quick.
+        let shapes: &[(usize, usize, usize, usize)] = if n < 2 { &shapes } else { &shapes[1..3] };
+        for sm in Sm::ALL {
+            for &(hq, kvh, d, s) in shapes {
+                let amp = (1.0 / d as f32).sqrt();
+                let (interp, kernel) = simulate(k, sm, hq, kvh, d, s, amp, 1.0, &mut rng);
+                // Online softmax recomputes everywhere; async never, for
+                // benign scores.
+                if matches!(k.as_attention().unwrap().softmax, SoftmaxMode::Online) {
+                    assert_eq!(kernel, s.div_ceil(64) * hq, "{}", k.name);
+                } else {
+                    assert_eq!((interp, kernel), (0, 0), "{}", k.name);
+                }
+            }
+        }
+    }
+}
+
+/// Scores far outside [phi + lo, phi + hi]: the split abandons the unified
+/// max and recomputes with its own, and still matches.
+#[test]
+fn simulated_adversarial_scores_take_the_recompute_path() {
+    let mut rng = ChaCha8Rng::seed_from_u64(32);
+    for name in ["attention-decode-f16", "attention-decode-kv8"] {
+        let k = library::get(name).unwrap();
+        for sm in Sm::ALL {
+            for (hq, kvh, d, s) in [(4, 2, 32, 200), (2, 1, 64, 64)] {
+                let (interp, kernel) = simulate(&k, sm, hq, kvh, d, s, 3.0, 3.0, &mut rng);
+                assert!(interp > 0, "the oracle recomputed");
+                assert!(kernel > 0, "the kernel took the recompute path");
+            }
+        }
+    }
+}
