@@ -428,7 +428,7 @@ fn collective(ins: &Instr, lanes: &mut [Thread]) {
     }
 }
 
-fn global<'a>(bufs: &'a mut [Buffer], addr: u64, len: usize) -> &'a mut [u8] {
+fn global(bufs: &mut [Buffer], addr: u64, len: usize) -> &mut [u8] {
     let space = (addr >> SPACE_SHIFT) as usize;
     assert!(
         space >= 1 && space <= bufs.len(),
@@ -708,7 +708,7 @@ fn step(
             };
             let ad = addr(t, mem) as usize;
             assert!(
-                ad + 4 <= shared.len() && ad % 4 == 0,
+                ad + 4 <= shared.len() && ad.is_multiple_of(4),
                 "shared access at {ad}"
             );
             if op.starts_with("ld") {
