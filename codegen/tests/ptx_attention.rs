@@ -65,6 +65,22 @@ fn kernels() -> Vec<Kernel> {
         ),
         variant(
             "attention-decode-f16",
+            "attention-k-f16-v-e5m2",
+            Format::F16,
+            Format::Fp8E5M2,
+            None,
+            true,
+        ),
+        variant(
+            "attention-decode-kv8",
+            "attention-k-i8-v-e5m2",
+            i8row,
+            Format::Fp8E5M2,
+            None,
+            true,
+        ),
+        variant(
+            "attention-decode-f16",
             "attention-k-i8-v-f16-unscaled",
             i8row,
             Format::F16,
@@ -138,7 +154,7 @@ fn every_attention_kernel_assembles_without_spills_within_the_budget() {
     assert_eq!(checked, 2 * 2 * kernels().len());
 }
 
-/// fp8 e4m3 keys: the shared plan accepts them (`KvFormat::of`) though
+/// fp8 keys: the shared plan accepts them (`KvFormat::of`) though
 /// the IR's verifier does not yet, so the printer's path is assembled from
 /// a plan built by hand.
 #[test]
@@ -147,11 +163,14 @@ fn fp8_keys_assemble_from_a_hand_made_plan() {
         eprintln!("SKIP fp8_keys_assemble_from_a_hand_made_plan: ptxas not found");
         return;
     };
-    for sm in Sm::ALL {
+    for (sm, fp8) in Sm::ALL
+        .into_iter()
+        .flat_map(|sm| [(sm, gpu::KvFormat::Fp8E4M3), (sm, gpu::KvFormat::Fp8E5M2)])
+    {
         let k = library::get("attention-decode-f16").unwrap();
         let mut plan = gpu::plan_attention(&k, sm.caps()).unwrap();
-        plan.k = gpu::KvFormat::Fp8E4M3;
-        plan.v = gpu::KvFormat::Fp8E4M3;
+        plan.k = fp8;
+        plan.v = fp8;
         for a in plan.partial_args.iter_mut() {
             if a.name == "k" || a.name == "v" {
                 a.kind = ArgKind::BytesIn;
@@ -366,15 +385,19 @@ fn the_backend_trait_emits_attention_and_refuses_what_it_cannot() {
         true,
     );
     assert!(be.attention_program(&i8v).is_err());
-    let e5 = variant(
+    // Values the IR allows but the shared plan does not read.
+    let bf16v = variant(
         "attention-decode-f16",
-        "attention-e5m2-values",
+        "attention-bf16-values",
         Format::F16,
-        Format::Fp8E5M2,
+        Format::BF16,
         None,
         true,
     );
-    assert!(be.attention_program(&e5).is_err());
+    assert!(matches!(
+        be.attention_program(&bf16v),
+        Err(EmitError::Unsupported { .. })
+    ));
     // A matmul through attention_program.
     let w4 = library::get("matmul-w4a16").unwrap();
     assert!(be.attention_program(&w4).is_err());
@@ -442,7 +465,6 @@ fn simulate(
     k_amp: f32,
     rng: &mut ChaCha8Rng,
 ) -> (usize, usize) {
-    use ptx_sim::{Arg, Buffer, Module, launch};
     let kf = kernel.tensor("k").unwrap().format;
     let vf = kernel.tensor("v").unwrap().format;
     let q: Vec<f16> = (0..hq * d)
@@ -452,15 +474,52 @@ fn simulate(
         .map(|_| rng.gen_range(-k_amp..k_amp))
         .collect();
     let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-2.0..2.0)).collect();
-    let (kval, kbytes, ks, ko) = cache(kf, s * kvh, d, &kd);
-    let (vval, vbytes, _, _) = cache(vf, s * kvh, d, &vd);
+    let kc = cache(kf, s * kvh, d, &kd);
+    let vc = cache(vf, s * kvh, d, &vd);
+    let r = run_both(kernel, sm, [hq, kvh, d, s], &q, kc, vc);
+    assert_eq!(r.got.len(), r.want.len());
+    for (i, (&g, &w)) in r.got.iter().zip(&r.want).enumerate() {
+        let tol = 4e-3 * w.abs() + 2e-3;
+        assert!(
+            (g - w).abs() <= tol,
+            "{} {} hq={hq} kvh={kvh} d={d} s={s} at {i}: got {g} want {w}",
+            kernel.name,
+            sm.arch()
+        );
+    }
+    (r.interp_recomputed, r.recomputed)
+}
+
+/// Outputs and recompute counts of the simulated kernel and the
+/// interpreter.
+struct Both {
+    got: Vec<f32>,
+    want: Vec<f32>,
+    recomputed: usize,
+    interp_recomputed: usize,
+}
+
+type Cache = (Value, Vec<u8>, Vec<f32>, Vec<f32>);
+
+/// Runs the interpreter and the simulated PTX on the same inputs.
+fn run_both(
+    kernel: &Kernel,
+    sm: Sm,
+    [hq, kvh, d, s]: [usize; 4],
+    q: &[f16],
+    kc: Cache,
+    vc: Cache,
+) -> Both {
+    use ptx_sim::{Arg, Buffer, Module, launch};
+    let (kval, kbytes, ks, ko) = kc;
+    let (vval, vbytes, _, _) = vc;
     let b = Bindings::new()
         .extent("t", 1)
         .extent("hq", hq)
         .extent("kvh", kvh)
         .extent("d", d)
         .extent("s", s)
-        .tensor("q", Value::F16(q.clone()))
+        .tensor("q", Value::F16(q.to_vec()))
         .tensor("k", kval)
         .tensor("v", vval);
     let out = run(kernel, &b).unwrap();
@@ -524,22 +583,17 @@ fn simulate(
         .chunks(2)
         .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
         .collect();
-    assert_eq!(got.len(), want.len());
-    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-        let tol = 4e-3 * w.abs() + 2e-3;
-        assert!(
-            (g - w).abs() <= tol,
-            "{} {} hq={hq} kvh={kvh} d={d} s={s} at {i}: got {g} want {w}",
-            kernel.name,
-            sm.arch()
-        );
-    }
     let recomputed = bufs[8]
         .bytes
         .chunks(4)
         .filter(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) != 0)
         .count();
-    (out.softmax.unwrap().recomputed, recomputed)
+    Both {
+        got,
+        want,
+        recomputed,
+        interp_recomputed: out.softmax.unwrap().recomputed,
+    }
 }
 
 /// The emitted PTX, executed by the simulator, against the interpreter:
@@ -589,6 +643,38 @@ fn simulated_adversarial_scores_take_the_recompute_path() {
                 let (interp, kernel) = simulate(&k, sm, hq, kvh, d, s, 3.0, 3.0, &mut rng);
                 assert!(interp > 0, "the oracle recomputed");
                 assert!(kernel > 0, "the kernel took the recompute path");
+            }
+        }
+    }
+}
+
+/// Every fp8 code as a value, through each SM's decode (sm_80's bit
+/// operations and sm_90's `cvt` for e4m3, the shift for e5m2): with q = 0
+/// every score is 0, p = 1 exactly, so o is the value row itself, which
+/// f16 holds exactly: bit-exact against the interpreter (NaN codes as NaN).
+#[test]
+fn simulated_fp8_values_decode_every_code_exactly() {
+    for (name, vf) in [
+        ("attention-k-f16-v-fp8", Format::Fp8E4M3),
+        ("attention-k-f16-v-e5m2", Format::Fp8E5M2),
+    ] {
+        let k = kernels().into_iter().find(|k| k.name == name).unwrap();
+        let d = 256;
+        let mut vq = quantize(vf, 1, d, &vec![0.0; d]).unwrap();
+        vq.codes = (0..=255u8).collect();
+        vq.validate().unwrap();
+        let vval = Value::Quant(vq.clone());
+        let vc: Cache = (vval, vq.codes.clone(), vec![], vec![]);
+        let kc = cache(Format::F16, 1, d, &vec![0.5; d]);
+        let q = vec![f16::ZERO; d];
+        for sm in Sm::ALL {
+            let r = run_both(&k, sm, [1, 1, d, 1], &q, kc.clone(), vc.clone());
+            for (code, (g, w)) in r.got.iter().zip(&r.want).enumerate() {
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{name} {} code {code:#04x}: got {g} want {w}",
+                    sm.arch()
+                );
             }
         }
     }

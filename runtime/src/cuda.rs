@@ -312,9 +312,10 @@ pub fn cache_bytes(
                 offsets: Vec::new(),
             })
         }
-        (KvFormat::I8AsymRow | KvFormat::Fp8E4M3, Value::Quant(qt)) => {
+        (KvFormat::I8AsymRow | KvFormat::Fp8E4M3 | KvFormat::Fp8E5M2, Value::Quant(qt)) => {
             let want = match format {
                 KvFormat::I8AsymRow => Format::I8Asym(Group::Row),
+                KvFormat::Fp8E5M2 => Format::Fp8E5M2,
                 _ => Format::Fp8E4M3,
             };
             if qt.format != want {

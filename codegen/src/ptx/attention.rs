@@ -38,9 +38,10 @@
 //! | i8asym:row keys | bytes XOR 0x80 once per word, `prmt` each under 0x4B000000, `sub` 2^23 + 128; then `score = scale·Σ q·k + offset·Σ q` per row |
 //! | fp8 e4m3, sm_80 | bit operations: `shl` the byte to the top, `shr.s32` 4, `and` 0x87F00000 (sign, exponent and mantissa in place), `mul` 2^120 (the bias difference); 0x7F/0xFF become NaN |
 //! | fp8 e4m3, sm_90 | `cvt.rn.f16x2.e4m3x2` (sm_89 and later), two bytes per instruction, then `cvt.f32.f16` |
+//! | fp8 e5m2 | the byte is an f16's top byte: `shl.b16` 8 (or `prmt` two bytes into an f16 pair), `cvt.f32.f16` |
 //!
-//! Both conversions are exact: every e4m3 value (subnormals included) is an
-//! f16 and an f32.
+//! Every conversion is exact: every e4m3 and e5m2 value (subnormals,
+//! infinities and NaNs included) is an f16 and an f32.
 
 use super::writer::{Body, f32_lit};
 use super::{Args, Limits, Sm, entry_text, preamble};
@@ -131,7 +132,7 @@ pub fn print(plan: &AttentionPlan, sm: Sm, header: &str) -> Result<String, EmitE
 fn elem_bytes(f: KvFormat) -> u32 {
     match f {
         KvFormat::F16 => 2,
-        KvFormat::I8AsymRow | KvFormat::Fp8E4M3 => 1,
+        KvFormat::I8AsymRow | KvFormat::Fp8E4M3 | KvFormat::Fp8E5M2 => 1,
     }
 }
 
@@ -202,6 +203,14 @@ fn load_one(b: &mut Body, format: KvFormat, sm: Sm, a: &str) -> String {
             b.op(format!("cvt.rn.f32.s32 {f}, {i}"));
             f
         }
+        KvFormat::Fp8E5M2 => {
+            // The byte is an f16's top byte: shift it there, convert.
+            let (h, f) = (b.h(), b.f());
+            b.op(format!("ld.global.nc.u8 {h}, [{a}]"));
+            b.op(format!("shl.b16 {h}, {h}, 8"));
+            b.op(format!("cvt.f32.f16 {f}, {h}"));
+            f
+        }
         KvFormat::Fp8E4M3 => match sm {
             Sm::Sm80 => {
                 let w = b.r();
@@ -246,6 +255,18 @@ fn load_vec(b: &mut Body, format: KvFormat, sm: Sm, a: &str, magic: &str) -> Vec
                     b.op(format!("mov.b32 {f}, {bits}"));
                     b.op(format!("sub.f32 {f}, {f}, {}", f32_lit(8_388_736.0)));
                     out.push(f);
+                }
+            }
+        }
+        KvFormat::Fp8E5M2 => {
+            let w = [b.r(), b.r()];
+            b.op(format!("ld.global.nc.v2.u32 {{{}, {}}}, [{a}]", w[0], w[1]));
+            for word in &w {
+                // Bytes (0, 1) and (2, 3) to the top bytes of two halves.
+                for sel in [0x1404u32, 0x3424] {
+                    let pair = b.r();
+                    b.op(format!("prmt.b32 {pair}, {word}, 0, {sel:#06x}"));
+                    out.extend(halves_f32(b, &pair));
                 }
             }
         }

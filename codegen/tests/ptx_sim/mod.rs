@@ -574,6 +574,7 @@ fn step(
         "and.b32" => set(t, &a[0], (x(t, 1) & x(t, 2)) & 0xFFFF_FFFF),
         "or.b32" => set(t, &a[0], (x(t, 1) | x(t, 2)) & 0xFFFF_FFFF),
         "xor.b32" => set(t, &a[0], (x(t, 1) ^ x(t, 2)) & 0xFFFF_FFFF),
+        "shl.b16" => set(t, &a[0], (x(t, 1) << x(t, 2)) & 0xFFFF),
         "shl.b32" => set(t, &a[0], u64::from((x(t, 1) as u32) << x(t, 2))),
         "shr.u32" => set(t, &a[0], u64::from((x(t, 1) as u32) >> x(t, 2))),
         "shr.s32" => set(t, &a[0], su(s32(x(t, 1)) >> x(t, 2))),
