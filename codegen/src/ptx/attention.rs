@@ -629,7 +629,7 @@ fn combine(plan: &AttentionPlan, warp: u32) -> Body {
     let (pout, exit) = (b.pred(), b.label("exit"));
     b.op(format!("setp.ge.s32 {pout}, {j}, {d}"));
     b.op(format!("setp.ge.or.s32 {pout}, {head}, {hq}, {pout}"));
-    b.op(format!("@{pout} bra.uni {exit}"));
+    b.op(format!("@{pout} bra {exit}"));
     let (big, t) = (b.f(), b.r());
     b.op(format!("mov.f32 {big}, 0fFF800000"));
     b.op(format!("mov.u32 {t}, 0"));
