@@ -365,7 +365,7 @@ fn run_block(
             if ins.op == "bar.sync" {
                 continue;
             }
-            collective(ins, &mut threads[lanes]);
+            collective(e, ins, &mut threads[lanes]);
             progressed = true;
         }
         // Block barrier: every live thread waiting at a bar.sync.
@@ -402,7 +402,23 @@ fn reg(o: &Opnd) -> usize {
     }
 }
 
-fn collective(ins: &Instr, lanes: &mut [Thread]) {
+fn collective(e: &Entry, ins: &Instr, lanes: &mut [Thread]) {
+    if ins.op == "bra.uni" {
+        let (p, neg) = ins.guard.expect("a guarded bra.uni");
+        let taken: Vec<bool> = lanes.iter().map(|t| (t.regs[p] != 0) != neg).collect();
+        assert!(
+            taken.iter().all(|&x| x == taken[0]),
+            "bra.uni diverges: {taken:?}"
+        );
+        let Opnd::Label(l) = &ins.args[0] else {
+            panic!("branch target")
+        };
+        for t in lanes.iter_mut() {
+            t.pc = if taken[0] { e.labels[l] } else { t.pc + 1 };
+            t.state = State::Run;
+        }
+        return;
+    }
     let vals: Vec<u64> = lanes.iter().map(|t| t.regs[reg(&ins.args[1])]).collect();
     match ins.op.as_str() {
         "shfl.sync.bfly.b32" => {
@@ -459,6 +475,12 @@ fn step(
     shared: &mut [u8],
 ) {
     let ins = &e.code[t.pc];
+    // A guarded `bra.uni` claims the warp agrees: wait for the warp and
+    // check it (see `collective`).
+    if ins.op == "bra.uni" && ins.guard.is_some() && t.state == State::Run {
+        t.state = State::Wait(t.pc);
+        return;
+    }
     if let Some((p, neg)) = ins.guard
         && ((t.regs[p] != 0) == neg)
     {
