@@ -20,7 +20,11 @@
 //! order (the host contract, `tessera_runtime::cuda`). Matmul arguments are
 //! the plan's: pointers as `.u64`, ints as `.u32`, in [`MatmulPlan::args`]
 //! order; the launch is the plan's [`gpu::LaunchDim`]s (CUDA grid = global /
-//! local per dimension, block = local).
+//! local per dimension, block = local). Decode attention is one module with
+//! two entries, bound the same way from [`AttentionPlan::partial_args`] and
+//! [`AttentionPlan::combine_args`] and launched partial first; its shared
+//! memory is static. Its index math is also checked by executing the PTX in
+//! a small simulator in the tests (`codegen/tests/ptx_sim`).
 
 pub mod attention;
 pub mod gemv;
