@@ -1,5 +1,5 @@
 //! A small PTX simulator for the tests: runs the subset of PTX the decode
-//! attention printer emits, one block at a time, threads interleaved at
+//! attention and GEMV printers emit, one block at a time, threads interleaved at
 //! every warp collective (`shfl.sync`, `vote.sync`) and block barrier
 //! (`bar.sync`), so the kernels' index math, reductions and softmax are
 //! checked against the reference interpreter without a GPU.
@@ -25,6 +25,8 @@ use tessera_dsl::quant::fp8_e4m3_to_f32;
 #[derive(Clone, Debug)]
 enum Opnd {
     Reg(usize),
+    /// `!%p`: a negated predicate.
+    NotReg(usize),
     Imm(u64),
     /// `{a, b, ...}`.
     Vec(Vec<usize>),
@@ -194,6 +196,9 @@ fn parse_opnd(s: &str, regs: &mut BTreeMap<String, usize>) -> Opnd {
     }
     if s.starts_with("%tid.") || s.starts_with("%ctaid.") {
         return Opnd::Sym(s.to_string());
+    }
+    if let Some(p) = s.strip_prefix("!%") {
+        return Opnd::NotReg(reg_index(&format!("%{p}"), regs));
     }
     if s.starts_with('%') {
         return Opnd::Reg(reg_index(s, regs));
@@ -490,6 +495,7 @@ fn step(
     let val = |t: &Thread, o: &Opnd| -> u64 {
         match o {
             Opnd::Reg(r) => t.regs[*r],
+            Opnd::NotReg(r) => u64::from(t.regs[*r] == 0),
             Opnd::Imm(v) => *v,
             Opnd::Sym(s) => match s.as_str() {
                 "%tid.x" => u64::from(t.tid[0]),
@@ -592,6 +598,27 @@ fn step(
             let d = s32(x(t, 2));
             assert_ne!(d, 0, "division by zero");
             set(t, &a[0], su(s32(x(t, 1)) / d));
+        }
+        "div.u32" => {
+            let d = x(t, 2) as u32;
+            assert_ne!(d, 0, "division by zero");
+            set(t, &a[0], u64::from(x(t, 1) as u32 / d));
+        }
+        "lop3.b32" => {
+            // Bit i of the result is bit (a_i·4 + b_i·2 + c_i) of the LUT.
+            let (p, q, r, lut) = (x(t, 1) as u32, x(t, 2) as u32, x(t, 3) as u32, x(t, 4));
+            let mut v = 0u32;
+            for i in 0..32 {
+                let idx = (((p >> i) & 1) << 2) | (((q >> i) & 1) << 1) | ((r >> i) & 1);
+                v |= (((lut >> idx) & 1) as u32) << i;
+            }
+            set(t, &a[0], u64::from(v));
+        }
+        "bfe.s32" => {
+            let (v, pos, len) = (x(t, 1) as u32, x(t, 2) as u32, x(t, 3) as u32);
+            assert!(len > 0 && pos + len <= 32, "bfe field");
+            let field = ((v << (32 - pos - len)) as i32) >> (32 - len);
+            set(t, &a[0], su(field));
         }
         "and.b32" => set(t, &a[0], (x(t, 1) & x(t, 2)) & 0xFFFF_FFFF),
         "or.b32" => set(t, &a[0], (x(t, 1) | x(t, 2)) & 0xFFFF_FFFF),
