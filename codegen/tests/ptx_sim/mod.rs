@@ -1,15 +1,20 @@
-//! A small PTX simulator for the tests: runs the subset of PTX the decode
-//! attention and GEMV printers emit, one block at a time, threads interleaved at
-//! every warp collective (`shfl.sync`, `vote.sync`) and block barrier
-//! (`bar.sync`), so the kernels' index math, reductions and softmax are
-//! checked against the reference interpreter without a GPU.
+//! A small PTX simulator for the tests: runs the subset of PTX the PTX
+//! printers emit (decode attention, GEMV, and the tensor-core kernels'
+//! `ldmatrix`, `mma.sync` m16n8k16 and `cp.async`), one block at a time,
+//! threads interleaved at every warp collective (`shfl.sync`, `vote.sync`,
+//! `ldmatrix`, `mma`, a guarded `bra.uni`, which must be warp-uniform)
+//! and block barrier (`bar.sync`), so the kernels' index math, reductions,
+//! fragments and softmax are checked against the reference interpreter
+//! without a GPU.
 //!
 //! Every global access is bounds- and alignment-checked against the buffer
 //! its address points into (a test failure, not UB), and every shared
-//! access against the module's shared arrays. Floating point is IEEE f32
-//! as on the GPU (`fma` fused, `div.rn` and `sqrt.rn` correctly rounded);
-//! `ex2.approx` is computed exactly, so it differs from hardware by its
-//! documented 2 ulp at most.
+//! access against the block's shared memory. `cp.async` copies land only
+//! at the `cp.async.wait_*` that covers their group, so a missing wait
+//! reads stale data. Floating point is IEEE f32 as on the GPU (`fma`
+//! fused, `div.rn` and `sqrt.rn` correctly rounded); `ex2.approx` is
+//! computed exactly (hardware: within 2 ulp), `mma` and the f16x2
+//! arithmetic in f64 rounded once.
 //!
 //! `SIM_TRACE=<tid.x>` prints every instruction thread `(tid.x, 0, 0)` of
 //! block `(0, 0, 0)` executes, with the value it wrote.
@@ -105,7 +110,14 @@ impl Module {
         let mut i = 0;
         while i < lines.len() {
             let line = lines[i].trim();
-            if let Some(decl) = line.strip_prefix(".shared ") {
+            if let Some(decl) = line.strip_prefix(".extern .shared ") {
+                // .extern .shared .align A .b8 name[]; sized at launch.
+                let f: Vec<&str> = decl.trim_end_matches(';').split_whitespace().collect();
+                let align: u32 = f[1].parse().unwrap();
+                let name = f[3].trim_end_matches("[]");
+                shared_bytes = shared_bytes.div_ceil(align) * align;
+                shared.insert(name.to_string(), (shared_bytes, 0));
+            } else if let Some(decl) = line.strip_prefix(".shared ") {
                 // .shared .align A .T name[N];
                 let f: Vec<&str> = decl.trim_end_matches(';').split_whitespace().collect();
                 let align: u32 = f[1].parse().unwrap();
@@ -284,6 +296,11 @@ struct Thread {
     regs: Vec<u64>,
     state: State,
     tid: [u32; 3],
+    /// `cp.async` copies not yet committed: (shared offset, 16 bytes).
+    uncommitted: Vec<(usize, [u8; 16])>,
+    /// Committed groups, oldest first; they land in shared memory only at
+    /// a `cp.async.wait_*` that covers them (so a missing wait is caught).
+    groups: Vec<Vec<(usize, [u8; 16])>>,
 }
 
 /// Runs `entry` over `grid` blocks of `block` threads.
@@ -292,6 +309,19 @@ pub fn launch(
     entry: &str,
     grid: [u32; 3],
     block: [u32; 3],
+    args: &[(&str, Arg)],
+    bufs: &mut [Buffer],
+) {
+    launch_with_shared(m, entry, grid, block, 0, args, bufs);
+}
+
+/// [`launch`] with `dynamic` bytes of `.extern .shared` memory.
+pub fn launch_with_shared(
+    m: &Module,
+    entry: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    dynamic: u32,
     args: &[(&str, Arg)],
     bufs: &mut [Buffer],
 ) {
@@ -315,7 +345,7 @@ pub fn launch(
     for bz in 0..grid[2] {
         for by in 0..grid[1] {
             for bx in 0..grid[0] {
-                run_block(m, e, &params, [bx, by, bz], block, bufs);
+                run_block(m, e, &params, [bx, by, bz], block, dynamic, bufs);
             }
         }
     }
@@ -327,9 +357,10 @@ fn run_block(
     params: &BTreeMap<String, u64>,
     ctaid: [u32; 3],
     block: [u32; 3],
+    dynamic: u32,
     bufs: &mut [Buffer],
 ) {
-    let mut shared = vec![0u8; m.shared_bytes as usize];
+    let mut shared = vec![0u8; (m.shared_bytes + dynamic) as usize];
     let mut threads = Vec::new();
     for z in 0..block[2] {
         for y in 0..block[1] {
@@ -339,6 +370,8 @@ fn run_block(
                     regs: vec![0; e.regs],
                     state: State::Run,
                     tid: [x, y, z],
+                    uncommitted: Vec::new(),
+                    groups: Vec::new(),
                 });
             }
         }
@@ -370,7 +403,7 @@ fn run_block(
             if ins.op == "bar.sync" {
                 continue;
             }
-            collective(e, ins, &mut threads[lanes]);
+            collective(e, ins, &mut threads[lanes], &shared);
             progressed = true;
         }
         // Block barrier: every live thread waiting at a bar.sync.
@@ -407,7 +440,110 @@ fn reg(o: &Opnd) -> usize {
     }
 }
 
-fn collective(e: &Entry, ins: &Instr, lanes: &mut [Thread]) {
+fn collective(e: &Entry, ins: &Instr, lanes: &mut [Thread], shared: &[u8]) {
+    if ins.op.starts_with("ldmatrix.sync.aligned.m8n8.") {
+        // Lane 8i + r gives row r of matrix i; lane l receives, of every
+        // matrix, the word at row l / 4, column pair l % 4.
+        let Opnd::Vec(dst) = &ins.args[0] else {
+            panic!("ldmatrix destination")
+        };
+        let Opnd::Mem { base, off } = &ins.args[1] else {
+            panic!("ldmatrix address")
+        };
+        let Opnd::Reg(base) = base.as_ref() else {
+            panic!("ldmatrix base")
+        };
+        let rows: Vec<usize> = lanes
+            .iter()
+            .map(|t| (t.regs[*base] as i64 + off) as usize)
+            .collect();
+        let words: Vec<Vec<u64>> = (0..lanes.len())
+            .map(|l| {
+                (0..dst.len())
+                    .map(|i| {
+                        let a = rows[8 * i + l / 4] + 4 * (l % 4);
+                        assert!(a + 4 <= shared.len(), "ldmatrix past shared memory");
+                        assert_eq!(rows[8 * i + l / 4] % 16, 0, "ldmatrix row misaligned");
+                        u64::from(u32::from_le_bytes(shared[a..a + 4].try_into().unwrap()))
+                    })
+                    .collect()
+            })
+            .collect();
+        for (t, w) in lanes.iter_mut().zip(words) {
+            for (r, v) in dst.iter().zip(w) {
+                t.regs[*r] = v;
+            }
+            t.pc += 1;
+            t.state = State::Run;
+        }
+        return;
+    }
+    if ins.op == "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" {
+        let vecs: Vec<&Vec<usize>> = ins
+            .args
+            .iter()
+            .map(|o| match o {
+                Opnd::Vec(v) => v,
+                other => panic!("mma operand {other:?}"),
+            })
+            .collect();
+        let half = |w: u64, hi: bool| {
+            f64::from(f16::from_bits((w >> if hi { 16 } else { 0 }) as u16).to_f32())
+        };
+        let mut a = [[0f64; 16]; 16];
+        let mut bm = [[0f64; 8]; 16];
+        let mut c = [[0f64; 8]; 16];
+        for (l, t) in lanes.iter().enumerate() {
+            let (g, q) = (l / 4, l % 4);
+            let ar = |i: usize| t.regs[vecs[1][i]];
+            for (i, (row, col)) in [
+                (g, 2 * q),
+                (g + 8, 2 * q),
+                (g, 2 * q + 8),
+                (g + 8, 2 * q + 8),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                a[row][col] = half(ar(i), false);
+                a[row][col + 1] = half(ar(i), true);
+            }
+            for (i, k) in [2 * q, 2 * q + 8].into_iter().enumerate() {
+                let w = t.regs[vecs[2][i]];
+                bm[k][g] = half(w, false);
+                bm[k + 1][g] = half(w, true);
+            }
+            for (i, (row, col)) in [
+                (g, 2 * q),
+                (g, 2 * q + 1),
+                (g + 8, 2 * q),
+                (g + 8, 2 * q + 1),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                c[row][col] = f64::from(f(t.regs[vecs[3][i]]));
+            }
+        }
+        for (l, t) in lanes.iter_mut().enumerate() {
+            let (g, q) = (l / 4, l % 4);
+            for (i, (row, col)) in [
+                (g, 2 * q),
+                (g, 2 * q + 1),
+                (g + 8, 2 * q),
+                (g + 8, 2 * q + 1),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let v = (0..16).map(|k| a[row][k] * bm[k][col]).sum::<f64>() + c[row][col];
+                t.regs[vecs[0][i]] = fb(v as f32);
+            }
+            t.pc += 1;
+            t.state = State::Run;
+        }
+        return;
+    }
     if ins.op == "bra.uni" {
         let (p, neg) = ins.guard.expect("a guarded bra.uni");
         let taken: Vec<bool> = lanes.iter().map(|t| (t.regs[p] != 0) != neg).collect();
@@ -462,11 +598,13 @@ fn global(bufs: &mut [Buffer], addr: u64, len: usize) -> &mut [u8] {
         "out of bounds: {len} bytes at {off} of a {}-byte buffer",
         b.len()
     );
-    assert_eq!(
-        off % len.min(16),
-        0,
-        "misaligned {len}-byte access at {off}"
-    );
+    if len.is_power_of_two() {
+        assert_eq!(
+            off % len.min(16),
+            0,
+            "misaligned {len}-byte access at {off}"
+        );
+    }
     &mut b[off..off + len]
 }
 
@@ -528,7 +666,12 @@ fn step(
     let set = |t: &mut Thread, o: &Opnd, v: u64| t.regs[reg(o)] = v;
     let x = |t: &Thread, i: usize| val(t, &a[i]);
     match op {
-        "bar.sync" | "shfl.sync.bfly.b32" | "vote.sync.any.pred" => {
+        _ if op == "bar.sync"
+            || op == "shfl.sync.bfly.b32"
+            || op == "vote.sync.any.pred"
+            || op.starts_with("ldmatrix.")
+            || op.starts_with("mma.") =>
+        {
             t.state = State::Wait(t.pc);
             return;
         }
@@ -598,6 +741,61 @@ fn step(
             let d = s32(x(t, 2));
             assert_ne!(d, 0, "division by zero");
             set(t, &a[0], su(s32(x(t, 1)) / d));
+        }
+        "rem.u32" => {
+            let d = x(t, 2) as u32;
+            assert_ne!(d, 0, "division by zero");
+            set(t, &a[0], u64::from(x(t, 1) as u32 % d));
+        }
+        "bfe.u32" => {
+            let (v, pos, len) = (x(t, 1) as u32, x(t, 2) as u32, x(t, 3) as u32);
+            assert!(len > 0 && pos + len <= 32, "bfe field");
+            set(t, &a[0], u64::from((v >> pos) & (u32::MAX >> (32 - len))));
+        }
+        "fma.rn.f16x2" | "sub.f16x2" | "mul.rn.f16x2" => {
+            let lane = |w: u64, k: u32| f64::from(f16::from_bits((w >> (16 * k)) as u16).to_f32());
+            let mut v = 0u64;
+            for k in 0..2 {
+                let r = match op {
+                    "fma.rn.f16x2" => lane(x(t, 1), k) * lane(x(t, 2), k) + lane(x(t, 3), k),
+                    "sub.f16x2" => lane(x(t, 1), k) - lane(x(t, 2), k),
+                    _ => lane(x(t, 1), k) * lane(x(t, 2), k),
+                };
+                v |= u64::from(f16::from_f64(r).to_bits()) << (16 * k);
+            }
+            set(t, &a[0], v);
+        }
+        "cp.async.cg.shared.global" => {
+            let dst = addr(t, &a[0]) as usize;
+            let src = addr(t, &a[1]);
+            let n = x(t, 3) as usize;
+            assert!(n <= 16 && x(t, 2) == 16, "cp.async of {n} bytes");
+            assert_eq!(dst % 16, 0, "cp.async destination misaligned");
+            let mut bytes = [0u8; 16];
+            if n > 0 {
+                assert_eq!(src % 16, 0, "cp.async source misaligned");
+                bytes[..n].copy_from_slice(global(bufs, src, n.max(1)).get(..n).unwrap());
+            }
+            t.uncommitted.push((dst, bytes));
+        }
+        "cp.async.commit_group" => {
+            let g = std::mem::take(&mut t.uncommitted);
+            t.groups.push(g);
+        }
+        "cp.async.wait_group" | "cp.async.wait_all" => {
+            let keep = if op == "cp.async.wait_all" {
+                let g = std::mem::take(&mut t.uncommitted);
+                t.groups.push(g);
+                0
+            } else {
+                x(t, 0) as usize
+            };
+            while t.groups.len() > keep {
+                for (dst, bytes) in t.groups.remove(0) {
+                    assert!(dst + 16 <= shared.len(), "cp.async past shared memory");
+                    shared[dst..dst + 16].copy_from_slice(&bytes);
+                }
+            }
         }
         "div.u32" => {
             let d = x(t, 2) as u32;
@@ -751,22 +949,27 @@ fn step(
             global(bufs, ad, size).copy_from_slice(&v.to_le_bytes()[..size]);
         }
         _ if op.starts_with("ld.shared.") || op.starts_with("st.shared.") => {
-            let (mem, data) = if op.starts_with("ld") {
-                (&a[1], &a[0])
-            } else {
-                (&a[0], &a[1])
-            };
+            let load = op.starts_with("ld");
+            let (mem, data) = if load { (&a[1], &a[0]) } else { (&a[0], &a[1]) };
             let ad = addr(t, mem) as usize;
+            let regs: Vec<usize> = match data {
+                Opnd::Vec(r) => r.clone(),
+                o => vec![reg(o)],
+            };
+            let len = 4 * regs.len();
             assert!(
-                ad + 4 <= shared.len() && ad.is_multiple_of(4),
-                "shared access at {ad}"
+                ad + len <= shared.len() && ad.is_multiple_of(len),
+                "shared access of {len} bytes at {ad}"
             );
-            if op.starts_with("ld") {
-                let v = u32::from_le_bytes(shared[ad..ad + 4].try_into().unwrap());
-                set(t, data, u64::from(v));
-            } else {
-                let v = val(t, data) as u32;
-                shared[ad..ad + 4].copy_from_slice(&v.to_le_bytes());
+            for (k, r) in regs.iter().enumerate() {
+                let at = ad + 4 * k;
+                if load {
+                    let v = u32::from_le_bytes(shared[at..at + 4].try_into().unwrap());
+                    t.regs[*r] = u64::from(v);
+                } else {
+                    let v = t.regs[*r] as u32;
+                    shared[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                }
             }
         }
         other => panic!("the simulator does not know `{other}`"),

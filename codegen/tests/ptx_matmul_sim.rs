@@ -1,16 +1,18 @@
-//! The PTX GEMV (F16, W4A16, W8A16, E0M4A16 weights; sm_80 and sm_90)
-//! executed by the test simulator against the reference interpreter: rows,
-//! output channels and reduction lengths with tails (l not a multiple of 8
-//! takes the unaligned activation path, l not a multiple of 32 a partial
-//! weight block), the dequantization bit tricks, the shuffle and
-//! shared-memory lane reduction and the bias epilogue.
+//! The PTX matmuls (GEMV, flat GEMM and GEMM; F16, W4A16, W8A16, E0M4A16
+//! weights; sm_80 and sm_90) executed by the test simulator against the
+//! reference interpreter: rows, output channels and reduction lengths with
+//! tails (l not a multiple of 8 takes the unaligned activation path, l not
+//! a multiple of 32 a partial weight block), the dequantization bit
+//! tricks, the reductions, the `ldmatrix`/`mma` fragments, the `cp.async`
+//! pipeline (copies land only at the wait that covers them) and the bias
+//! epilogue.
 
 mod ptx_common;
 mod ptx_sim;
 
 use half::f16;
-use ptx_common::{matmuls, tiles};
-use ptx_sim::{Arg, Buffer, Module, launch};
+use ptx_common::{matmuls, rows, tiles};
+use ptx_sim::{Arg, Buffer, Module, launch_with_shared};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::Variant;
@@ -27,7 +29,13 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 /// One random case: (want, got) for `[e, h, l]`.
-fn case(k: &Kernel, sm: Sm, [e, h, l]: [usize; 3], rng: &mut ChaCha8Rng) -> (Vec<f32>, Vec<f32>) {
+fn case(
+    k: &Kernel,
+    sm: Sm,
+    v: Variant,
+    [e, h, l]: [usize; 3],
+    rng: &mut ChaCha8Rng,
+) -> (Vec<f32>, Vec<f32>) {
     let x: Vec<f16> = (0..e * l)
         .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
         .collect();
@@ -65,8 +73,11 @@ fn case(k: &Kernel, sm: Sm, [e, h, l]: [usize; 3], rng: &mut ChaCha8Rng) -> (Vec
         .tensor("bias", Value::F32(bias.clone()));
     let want = run(k, &b).unwrap().get("y").unwrap().to_vec();
 
-    let t = tiles(sm, k, 1).remove(0);
-    let prog = PtxBackend::new(sm).program(k, &t, Variant::Gemv).unwrap();
+    // The first solver tile the backend takes (as kernels-gen picks).
+    let prog = tiles(sm, k, rows(v))
+        .iter()
+        .find_map(|t| PtxBackend::new(sm).program(k, t, v).ok())
+        .unwrap();
     let plan = &prog.plan;
     let module = Module::parse(&prog.text);
     let y_half = plan.y_format == Format::F16;
@@ -102,7 +113,15 @@ fn case(k: &Kernel, sm: Sm, [e, h, l]: [usize; 3], rng: &mut ChaCha8Rng) -> (Vec
         .launch
         .map(|d| (d.global(extent(d.extent)) / d.local as usize) as u32);
     let block = plan.launch.map(|d| d.local);
-    launch(&module, &plan.entry, grid, block, &args, &mut bufs);
+    launch_with_shared(
+        &module,
+        &plan.entry,
+        grid,
+        block,
+        prog.dynamic_shared_bytes,
+        &args,
+        &mut bufs,
+    );
     let got = if y_half {
         bufs[5]
             .bytes
@@ -119,21 +138,27 @@ fn case(k: &Kernel, sm: Sm, [e, h, l]: [usize; 3], rng: &mut ChaCha8Rng) -> (Vec
     (want, got)
 }
 
-#[test]
-fn simulated_gemv_matches_the_interpreter() {
-    let mut rng = ChaCha8Rng::seed_from_u64(41);
+fn check(v: Variant, shapes: &[[usize; 3]], seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    // GEMV accumulates in f32; the tensor-core kernels multiply halves
+    // (weights dequantized to f16, ~2^-11 each).
+    let rel = match v {
+        Variant::Gemv => 1e-5,
+        _ => 2.0f32.powi(-10),
+    };
     for sm in Sm::ALL {
         for k in matmuls() {
-            for shape in [[1, 37, 70], [2, 64, 256], [1, 130, 264], [3, 9, 33]] {
-                let (want, got) = case(&k, sm, shape, &mut rng);
+            for &shape in shapes {
+                let (want, got) = case(&k, sm, v, shape, &mut rng);
                 assert_eq!(got.len(), want.len());
                 let l = shape[2] as f32;
                 for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                    // f32 accumulation in another order; f16 output rounds.
-                    let tol = 1e-5 * l + 2e-3 * w.abs();
+                    // Terms are |x·w| < 1: the error grows with l; f16
+                    // outputs round.
+                    let tol = rel * l + 2e-3 * w.abs();
                     assert!(
                         (g - w).abs() <= tol,
-                        "{} {} {shape:?} at {i}: got {g} want {w}",
+                        "{} {v} {} {shape:?} at {i}: got {g} want {w}",
                         k.name,
                         sm.arch()
                     );
@@ -141,4 +166,27 @@ fn simulated_gemv_matches_the_interpreter() {
             }
         }
     }
+}
+
+#[test]
+fn simulated_gemv_matches_the_interpreter() {
+    check(
+        Variant::Gemv,
+        &[[1, 37, 70], [2, 64, 256], [1, 130, 264], [3, 9, 33]],
+        41,
+    );
+}
+
+#[test]
+fn simulated_flat_gemm_matches_the_interpreter() {
+    check(
+        Variant::FlatGemm,
+        &[[5, 37, 72], [8, 70, 64], [11, 16, 40]],
+        42,
+    );
+}
+
+#[test]
+fn simulated_gemm_matches_the_interpreter() {
+    check(Variant::Gemm, &[[20, 40, 72], [3, 17, 36]], 43);
 }
