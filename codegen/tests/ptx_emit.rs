@@ -244,8 +244,8 @@ fn unsupported_inputs_are_errors_not_panics() {
     // int8 activations.
     let w4a8 = library::get("matmul-w4a8").unwrap();
     assert!(be.emit_variant(&w4a8, &t, Variant::Gemm).is_err());
-    // Attention is not emitted as PTX yet: a clear error.
-    let att = library::get("attention-decode-f16").unwrap();
+    // Prefill attention has no PTX kernel (decode does: ptx_attention.rs).
+    let att = library::get("attention-prefill-f16").unwrap();
     let err = be.emit(&att, &t).unwrap_err();
     assert!(matches!(err, EmitError::Unsupported { .. }), "{err}");
     // A tile without a block (a CPU tile).

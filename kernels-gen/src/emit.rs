@@ -237,17 +237,22 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
             })
         }
         "ptx-sm80" | "ptx-sm90" => {
-            if !is_matmul {
-                return Err(format!(
-                    "{target} emits matmul kernels; PTX decode attention is not written yet (`opencl` and `host` emit `{}`)",
-                    kernel.name
-                ));
-            }
             let sm = if target == "ptx-sm80" {
                 Sm::Sm80
             } else {
                 Sm::Sm90
             };
+            if !is_matmul {
+                // Decode attention: no tile, no variant (the plan comes
+                // from the target, as on OpenCL).
+                let program = PtxBackend::new(sm)
+                    .attention_program(&kernel)
+                    .map_err(|e| e.to_string())?;
+                return Ok(Emitted {
+                    text: header("//", target, &kernel, variant, None) + &program.text,
+                    bytes: None,
+                });
+            }
             let kernel = if has_gpu_weights(&kernel) {
                 kernel
             } else {

@@ -286,3 +286,54 @@ fn emit_ptx_flat_gemm_uses_mma_and_gemv_uses_shuffles() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("shfl.sync"));
 }
+
+#[test]
+fn emit_ptx_decode_attention_prints_both_entries() {
+    let o = cli(&[
+        "emit",
+        "--target",
+        "ptx-sm80",
+        "--kernel",
+        "attention-decode-f16",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for needle in [
+        ".target sm_80",
+        ".visible .entry attention_decode_f16_partial(",
+        ".visible .entry attention_decode_f16_combine(",
+        "shfl.sync.bfly.b32",
+        "ex2.approx",
+    ] {
+        assert!(text.contains(needle), "lacks {needle}:\n{text}");
+    }
+    // fp8 values: sm_90 converts them with cvt, sm_80 with bit operations.
+    let o = cli(&[
+        "emit",
+        "--target",
+        "ptx-sm90",
+        "--kernel",
+        "attention-decode-kv8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("cvt.rn.f16x2.e4m3x2"));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "ptx-sm80",
+        "--kernel",
+        "attention-decode-kv8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("e4m3x2"));
+    // Prefill has no GPU kernel: a clear error, exit code 1.
+    let o = cli(&[
+        "emit",
+        "--target",
+        "ptx-sm80",
+        "--kernel",
+        "attention-prefill-f16",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("prefill"), "{}", stderr(&o));
+}

@@ -647,6 +647,8 @@ pub enum KvFormat {
     I8AsymRow,
     /// fp8 e4m3 bytes, decoded with bit operations.
     Fp8E4M3,
+    /// fp8 e5m2 bytes: the top byte of an f16, decoded by a shift.
+    Fp8E5M2,
 }
 
 impl KvFormat {
@@ -655,8 +657,9 @@ impl KvFormat {
             Format::F16 => Ok(KvFormat::F16),
             Format::I8Asym(Group::Row) => Ok(KvFormat::I8AsymRow),
             Format::Fp8E4M3 => Ok(KvFormat::Fp8E4M3),
+            Format::Fp8E5M2 => Ok(KvFormat::Fp8E5M2),
             other => Err(unsupported(format!(
-                "{other} for the {tensor} cache (f16, i8asym:row or fp8e4m3)"
+                "{other} for the {tensor} cache (f16, i8asym:row, fp8e4m3 or fp8e5m2)"
             ))),
         }
     }
@@ -736,7 +739,9 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
     let k = KvFormat::of(format_of(&a.k)?, "key")?;
     let v = KvFormat::of(format_of(&a.v)?, "value")?;
     if v == KvFormat::I8AsymRow {
-        return Err(unsupported("int8 values (fp8e4m3 or f16)".to_string()));
+        return Err(unsupported(
+            "int8 values (f16, fp8e4m3 or fp8e5m2)".to_string(),
+        ));
     }
     let (phi, lo, hi) = match a.softmax {
         SoftmaxMode::Async { phi, lo, hi } => (phi, lo, hi),

@@ -32,6 +32,20 @@ pub fn print(plan: &AttentionPlan, dl: &Dialect, pr: &Precision, header: &str) -
         w.close("");
         w.blank();
     }
+    if plan.v == KvFormat::Fp8E5M2 || plan.k == KvFormat::Fp8E5M2 {
+        w.line("// fp8 e5m2 (the top byte of a half) to float with bit operations.");
+        w.open(format!(
+            "{} float fp8e5m2_to_float(const uchar b)",
+            dl.inline
+        ));
+        w.line("const uint e = (b >> 2) & 0x1Fu, m = b & 0x3u;");
+        w.line("const uint s = (uint)(b & 0x80u) << 24;");
+        w.line("if (e == 0x1Fu) return as_float(s | 0x7F800000u | (m << 21));");
+        w.line("if (e == 0u) return as_float(s | as_uint((float)m * 0.0000152587890625f));");
+        w.line("return as_float(s | ((e + 112u) << 23) | (m << 21));");
+        w.close("");
+        w.blank();
+    }
     partial(&mut w, plan, dl, pr);
     w.blank();
     combine(&mut w, plan, dl, pr);
@@ -43,6 +57,7 @@ fn load_kv(format: KvFormat, pr: &Precision, idx: &str, ptr: &str) -> String {
         KvFormat::F16 => pr.load_half_f32(idx, ptr),
         KvFormat::I8AsymRow => format!("(float)as_char({ptr}[{idx}])"),
         KvFormat::Fp8E4M3 => format!("fp8e4m3_to_float({ptr}[{idx}])"),
+        KvFormat::Fp8E5M2 => format!("fp8e5m2_to_float({ptr}[{idx}])"),
     }
 }
 

@@ -62,7 +62,7 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     let out = b.pred();
     b.op(format!("setp.ge.s32 {out}, {hi}, {h}"));
     let done = b.label("lanes_done");
-    b.op(format!("@{out} bra.uni {done}"));
+    b.op(format!("@{out} bra {done}"));
 
     // row = x + ei·l halves
     let row = b.rd();
@@ -88,7 +88,7 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     b.place(&top);
     let pend = b.pred();
     b.op(format!("setp.ge.s32 {pend}, {c}, {chunks}"));
-    b.op(format!("@{pend} bra.uni {bottom}"));
+    b.op(format!("@{pend} bra {bottom}"));
     let l0 = b.r();
     b.op(format!("mul.lo.s32 {l0}, {c}, {epl}"));
     // Chunk index ((c / cpb)·h + hi)·cpb + c % cpb, 16 bytes each.
@@ -236,7 +236,7 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     let fin = b.pred();
     b.op(format!("setp.eq.and.s32 {fin}, {ty}, 0, !{out}"));
     let exit = b.label("exit");
-    b.op(format!("@!{fin} bra.uni {exit}"));
+    b.op(format!("@!{fin} bra {exit}"));
     let total = b.f();
     let xa = b.r();
     b.op(format!("mad.lo.s32 {xa}, {tx}, 4, {redaddr}"));

@@ -419,7 +419,7 @@ fn load_stage(
         if !nx.is_multiple_of(threads) {
             let p = b.pred();
             b.op(format!("setp.ge.u32 {p}, {i}, {nx}"));
-            b.op(format!("@{p} bra.uni {skip}"));
+            b.op(format!("@{p} bra {skip}"));
         }
         let (row, c) = (b.r(), b.r());
         b.op(format!("shr.u32 {row}, {i}, {}", lay.row_chunks.ilog2()));
@@ -496,7 +496,7 @@ fn load_stage(
         if !nw.is_multiple_of(threads) {
             let p = b.pred();
             b.op(format!("setp.ge.u32 {p}, {i}, {nw}"));
-            b.op(format!("@{p} bra.uni {skip}"));
+            b.op(format!("@{p} bra {skip}"));
         }
         let (sub, rest, row, bb) = (b.r(), b.r(), b.r(), b.r());
         b.op(format!("rem.u32 {sub}, {i}, {cpb}"));

@@ -1,10 +1,11 @@
 //! The PTX backend (issue 8): GEMV on CUDA cores, flat GEMM and GEMM on
-//! tensor cores (`mma.sync.aligned.m16n8k16`, `ldmatrix`, `cp.async`), for
-//! `sm_80` and `sm_90`.
+//! tensor cores (`mma.sync.aligned.m16n8k16`, `ldmatrix`, `cp.async`), and
+//! split-K decode attention, for `sm_80` and `sm_90`.
 //!
 //! ```text
 //!   Kernel + TileConfig ──► gpu::plan_matmul (decisions, shared with OpenCL)
 //!                       ──► ptx::{gemv, mma}::print ──► Artifact::Source { Ptx, text }
+//!   Kernel              ──► gpu::plan_attention ──► ptx::attention::print (two entries)
 //! ```
 //!
 //! Every decision (argument order, launch geometry, work-item mapping of
@@ -19,8 +20,13 @@
 //! order (the host contract, `tessera_runtime::cuda`). Matmul arguments are
 //! the plan's: pointers as `.u64`, ints as `.u32`, in [`MatmulPlan::args`]
 //! order; the launch is the plan's [`gpu::LaunchDim`]s (CUDA grid = global /
-//! local per dimension, block = local).
+//! local per dimension, block = local). Decode attention is one module with
+//! two entries, bound the same way from [`AttentionPlan::partial_args`] and
+//! [`AttentionPlan::combine_args`] and launched partial first; its shared
+//! memory is static. Its index math is also checked by executing the PTX in
+//! a small simulator in the tests (`codegen/tests/ptx_sim`).
 
+pub mod attention;
 pub mod gemv;
 pub mod mma;
 pub mod writer;
@@ -30,7 +36,7 @@ use std::fmt::Write as _;
 use tessera_dsl::Kernel;
 
 use crate::artifact::{Artifact, Backend, EmitError, SourceLang, Variant};
-use crate::gpu::{self, ArgKind, KernelArg, MatmulPlan, MatmulShape, WeightMemory};
+use crate::gpu::{self, ArgKind, AttentionPlan, KernelArg, MatmulPlan, MatmulShape, WeightMemory};
 use crate::target::TargetCaps;
 use crate::tile::TileConfig;
 use writer::Body;
@@ -94,12 +100,22 @@ pub struct PtxProgram {
     pub text: String,
 }
 
+/// A decode attention program: one module with the partial and combine
+/// entries, and the plan the host binds and launches them by (the same
+/// [`AttentionPlan`] the OpenCL backend prints).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PtxAttentionProgram {
+    pub plan: AttentionPlan,
+    pub text: String,
+}
+
 impl PtxBackend {
     pub fn new(sm: Sm) -> PtxBackend {
         PtxBackend { sm }
     }
 
-    /// Plan and print one matmul instance.
+    /// Plan and print one matmul instance (attention kernels: see
+    /// [`Self::attention_program`]).
     pub fn program(
         &self,
         kernel: &Kernel,
@@ -109,8 +125,10 @@ impl PtxBackend {
         if kernel.as_attention().is_some() {
             return Err(EmitError::Unsupported {
                 backend: self.name(),
-                what: "decode attention (not yet emitted as PTX; the OpenCL backend has it)"
-                    .to_string(),
+                what: format!(
+                    "`{}` is attention: use attention_program (no tile, no variant)",
+                    kernel.name
+                ),
             });
         }
         let plan = gpu::plan_matmul(kernel, tile, variant, self.sm.caps(), WeightMemory::Buffer)?;
@@ -161,22 +179,72 @@ impl PtxBackend {
     }
 }
 
+impl PtxBackend {
+    /// Plan and print a decode attention kernel: the plan comes from the
+    /// target alone ([`gpu::plan_attention`]), as on OpenCL.
+    pub fn attention_program(&self, kernel: &Kernel) -> Result<PtxAttentionProgram, EmitError> {
+        let plan = gpu::plan_attention(kernel, self.sm.caps())?;
+        let mut h = String::new();
+        let _ = writeln!(
+            h,
+            "{}: decode attention for {}, PTX ISA {}",
+            kernel.name,
+            self.sm.arch(),
+            self.sm.isa_version()
+        );
+        let _ = writeln!(
+            h,
+            "split-K: {} keys per split, block {}, unified max phi {} with range [{}, {}]",
+            plan.keys_per_split, plan.wg, plan.phi, plan.lo, plan.hi
+        );
+        let _ = writeln!(
+            h,
+            "K {:?}, V {:?}, q prescaled: {}, registers <= {}",
+            plan.k,
+            plan.v,
+            plan.q_prescaled,
+            attention::register_budget(self.sm)
+        );
+        let _ = writeln!(
+            h,
+            "{}({})",
+            plan.partial_entry,
+            args_line(&plan.partial_args)
+        );
+        let _ = write!(
+            h,
+            "{}({})",
+            plan.combine_entry,
+            args_line(&plan.combine_args)
+        );
+        let text = attention::print(&plan, self.sm, &h)?;
+        Ok(PtxAttentionProgram { plan, text })
+    }
+}
+
 impl Backend for PtxBackend {
     fn name(&self) -> &'static str {
         self.sm.target_name()
     }
 
-    /// The GEMM variant.
+    /// The GEMM variant (or decode attention).
     fn emit(&self, kernel: &Kernel, tile: &TileConfig) -> Result<Artifact, EmitError> {
         self.emit_variant(kernel, tile, Variant::Gemm)
     }
 
+    /// Attention kernels ignore `tile` and `variant`.
     fn emit_variant(
         &self,
         kernel: &Kernel,
         tile: &TileConfig,
         variant: Variant,
     ) -> Result<Artifact, EmitError> {
+        if kernel.as_attention().is_some() {
+            return Ok(Artifact::Source {
+                lang: SourceLang::Ptx,
+                text: self.attention_program(kernel)?.text,
+            });
+        }
         let program = self.program(kernel, tile, variant)?;
         Ok(Artifact::Source {
             lang: SourceLang::Ptx,
@@ -258,6 +326,14 @@ pub fn module(
     decls: &[String],
     body: Body,
 ) -> String {
+    let mut s = preamble(sm, header, decls);
+    s.push_str(&entry_text(entry, args, limits, body));
+    s
+}
+
+/// Header comment, `.version`/`.target`/`.address_size`, then the
+/// module-scope declarations (shared arrays) of every entry that follows.
+pub fn preamble(sm: Sm, header: &str, decls: &[String]) -> String {
     let mut s = String::new();
     for line in header.lines() {
         let _ = writeln!(s, "// {line}");
@@ -273,6 +349,13 @@ pub fn module(
     if !decls.is_empty() {
         let _ = writeln!(s);
     }
+    s
+}
+
+/// One `.visible .entry`: parameters in `args` order, the launch contract,
+/// the body.
+pub fn entry_text(entry: &str, args: &[KernelArg], limits: Limits, body: Body) -> String {
+    let mut s = String::new();
     let _ = writeln!(s, ".visible .entry {entry}(");
     let params: Vec<String> = args
         .iter()

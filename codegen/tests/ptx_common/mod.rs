@@ -98,8 +98,8 @@ pub fn parse_report(out: &str) -> Option<PtxasReport> {
     })
 }
 
-/// Assembles `text` for `sm` and returns the report, or the error output.
-pub fn assemble(ptxas: &PathBuf, sm: Sm, name: &str, text: &str) -> Result<PtxasReport, String> {
+/// Runs `ptxas -arch=<sm> -v` on `text`; the combined log, or the error.
+fn run_ptxas(ptxas: &PathBuf, sm: Sm, name: &str, text: &str) -> Result<String, String> {
     let dir = std::env::temp_dir().join(format!("tessera-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let src = dir.join(format!("{name}-{}.ptx", sm.arch()));
@@ -121,5 +121,31 @@ pub fn assemble(ptxas: &PathBuf, sm: Sm, name: &str, text: &str) -> Result<Ptxas
     if !out.status.success() {
         return Err(format!("{name} ({}): ptxas failed:\n{log}", sm.arch()));
     }
+    Ok(log)
+}
+
+/// Assembles `text` for `sm` and returns the report, or the error output.
+pub fn assemble(ptxas: &PathBuf, sm: Sm, name: &str, text: &str) -> Result<PtxasReport, String> {
+    let log = run_ptxas(ptxas, sm, name, text)?;
     parse_report(&log).ok_or_else(|| format!("{name}: cannot parse the ptxas report:\n{log}"))
+}
+
+/// Assembles a module with several entries; one report per entry, by
+/// entry name, in the order ptxas prints them.
+pub fn assemble_entries(
+    ptxas: &PathBuf,
+    sm: Sm,
+    name: &str,
+    text: &str,
+) -> Result<Vec<(String, PtxasReport)>, String> {
+    let log = run_ptxas(ptxas, sm, name, text)?;
+    let marker = "Compiling entry function '";
+    let mut out = Vec::new();
+    for section in log.split(marker).skip(1) {
+        let entry = section.split('\'').next().unwrap_or_default().to_string();
+        let report = parse_report(section)
+            .ok_or_else(|| format!("{name}: cannot parse the report of {entry}:\n{log}"))?;
+        out.push((entry, report));
+    }
+    Ok(out)
 }

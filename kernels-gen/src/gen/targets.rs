@@ -314,8 +314,8 @@ pub const ATTENTION_KV: &[(&str, &str)] = &[
 /// One emitted decode attention kernel.
 pub struct AttentionInstance {
     pub artifact: Artifact,
-    /// Keys one work unit takes (the split size on OpenCL, the online
-    /// softmax block on the host), for the instance name's block.
+    /// Keys one work unit takes (the split size on OpenCL and PTX, the
+    /// online softmax block on the host), for the instance name's block.
     pub keys: u32,
 }
 
@@ -361,7 +361,17 @@ pub fn emit_attention(
                 Err(e) => refused(e),
             }
         }
-        BackendKind::X86 | BackendKind::Neon | BackendKind::Ptx(_) => {
+        BackendKind::Ptx(sm) => match PtxBackend::new(sm).attention_program(kernel) {
+            Ok(program) => Ok(AttentionInstance {
+                keys: program.plan.keys_per_split,
+                artifact: Artifact::Source {
+                    text: program.text,
+                    lang: SourceLang::Ptx,
+                },
+            }),
+            Err(e) => refused(e),
+        },
+        BackendKind::X86 | BackendKind::Neon => {
             Err(Ok("its backend emits no decode attention".into()))
         }
     }
@@ -369,5 +379,8 @@ pub fn emit_attention(
 
 /// Whether `spec`'s backend emits decode attention at all.
 pub fn has_attention(spec: &TargetSpec) -> bool {
-    matches!(spec.backend, BackendKind::OpenCl | BackendKind::Cranelift)
+    matches!(
+        spec.backend,
+        BackendKind::OpenCl | BackendKind::Cranelift | BackendKind::Ptx(_)
+    )
 }
