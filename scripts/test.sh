@@ -154,7 +154,7 @@ run_aarch64_clif_tests() {
 # tests, which print a visible SKIP where no CUDA driver exists.
 run_cuda_feature_checks() {
     cargo clippy -p tessera-runtime --features cuda --all-targets -- -D warnings &&
-        cargo test -p tessera-runtime --features cuda --test cuda_matmul -- --nocapture
+        cargo test -p tessera-runtime --features cuda --test cuda_matmul --test cuda_attention -- --nocapture
 }
 
 # --- checks -------------------------------------------------------------------

@@ -23,7 +23,7 @@
 //!
 //! `attention` (absent when empty, so manifests without it read as before and
 //! older readers, which ignore unknown fields, still read new ones) lists the
-//! decode attention kernels of the targets that emit them (OpenCL, host):
+//! decode attention kernels of the targets that emit them (OpenCL, PTX, host):
 //!
 //! ```text
 //!   "attention": [ { "kind": "attention", "library": "attention-decode-f16",
