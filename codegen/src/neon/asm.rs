@@ -23,6 +23,32 @@ use dynasmrt::{DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler, dynasm};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct X(pub u8);
 
+/// A `prfm` operation: where the line goes and whether it is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// Into L1, to be read soon and kept (the weight block a loop is on).
+    Pldl1keep,
+    /// Into L2, streaming (the next weight block: read once per pass).
+    Pldl2strm,
+}
+
+impl Prefetch {
+    fn name(self) -> &'static str {
+        match self {
+            Prefetch::Pldl1keep => "pldl1keep",
+            Prefetch::Pldl2strm => "pldl2strm",
+        }
+    }
+
+    /// The prfop field: type (PLD 00), target (L1 00, L2 01), policy (KEEP 0, STRM 1).
+    fn code(self) -> u32 {
+        match self {
+            Prefetch::Pldl1keep => 0b00000,
+            Prefetch::Pldl2strm => 0b00011,
+        }
+    }
+}
+
 /// A 128-bit vector register `v0..v31`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct V(pub u8);
@@ -315,11 +341,22 @@ impl A64 {
         }
     }
 
-    /// `add xd, sp, #imm` (imm < 4096)
+    /// `add xd, sp, #imm` (imm < 4096 · 4096: split into 12-bit halves).
     pub fn add_from_sp(&mut self, d: X, imm: u32) {
-        self.log(format!("add {d}, sp, #{imm}"));
-        let d = d.0;
-        dynasm!(self.ops ; .arch aarch64 ; add XSP(d), sp, imm);
+        let (lo, hi) = (imm & 0xfff, imm >> 12);
+        assert!(hi < 4096, "add immediate {imm} out of range");
+        if hi == 0 {
+            self.log(format!("add {d}, sp, #{imm}"));
+            let d = d.0;
+            dynasm!(self.ops ; .arch aarch64 ; add XSP(d), sp, imm);
+            return;
+        }
+        self.log(format!("add {d}, sp, #{hi}, lsl #12"));
+        let r = d.0;
+        dynasm!(self.ops ; .arch aarch64 ; add XSP(r), sp, hi, lsl 12);
+        if lo > 0 {
+            self.add_imm(d, d, lo);
+        }
     }
 
     pub fn mov(&mut self, d: X, n: X) {
@@ -675,6 +712,18 @@ impl A64 {
         self.log(format!("ushr {d}.16b, {n}.16b, #{s}"));
         let (d, n) = (d.0, n.0);
         dynasm!(self.ops ; .arch aarch64 ; ushr V(d).B16, V(n).B16, s);
+    }
+
+    /// `prfm <op>, [xn, #off]` (off a multiple of 8, below 32768): a hint
+    /// that never faults, so it may point past the end of a buffer. Emitted
+    /// as its word: `0xF9800000 | off/8 << 10 | n << 5 | op`.
+    pub fn prfm(&mut self, op: Prefetch, n: X, off: u32) {
+        assert!(
+            off.is_multiple_of(8) && off < 32768,
+            "prfm offset {off} must be a multiple of 8 below 32768"
+        );
+        self.log(format!("prfm {}, [{n}, #{off}]", op.name()));
+        self.word(0xF980_0000 | (off / 8) << 10 | u32::from(n.0) << 5 | op.code());
     }
 
     /// `sdot vd.4s, vn.16b, vm.4b[lane]`
