@@ -357,7 +357,16 @@ fn flat_gemm_every_format_m_1_to_16() {
                 check(target, &kernel, &t8, Variant::FlatGemm, m, n, k, m as u64);
                 let tm = flat_tile(target, &kernel, m as u64);
                 if (tm.ep, tm.hp) != (t8.ep, t8.hp) {
-                    check(target, &kernel, &tm, Variant::FlatGemm, m, n, k, m as u64 + 1);
+                    check(
+                        target,
+                        &kernel,
+                        &tm,
+                        Variant::FlatGemm,
+                        m,
+                        n,
+                        k,
+                        m as u64 + 1,
+                    );
                 }
             }
         }

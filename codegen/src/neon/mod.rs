@@ -185,7 +185,8 @@ pub struct FlatPlan {
     /// K at once (asymmetric whole-row weights, whose zero-point term needs
     /// the whole row's activation sum at once).
     pub k_block_steps: Option<u32>,
-    /// lp-steps per unrolled iteration: one prefetch pair per ≥ 64 bytes.
+    /// lp-steps per unrolled iteration: one prefetch pair per ≥ 64 bytes
+    /// (one cache line), at most 8 steps.
     pub unroll: u32,
 }
 
@@ -231,7 +232,7 @@ impl FlatPlan {
             blocks: FLAT_ROWS.div_ceil(row_block),
             step_bytes,
             k_block_steps,
-            unroll: (64 / step_bytes).max(1),
+            unroll: 64u32.div_ceil(step_bytes).min(8),
         }
     }
 
