@@ -46,24 +46,29 @@ def tile_of(listing):
     return tuple(int(x) for x in m.groups())
 
 
-def loop(listing, marker):
-    """The loop body after the first comment containing `marker`, up to and
-    including its back branch; and the lp-steps per iteration."""
+def loop(listing, marker, after=None):
+    """The loop body after the first comment containing `marker` (past the
+    line containing `after`, if given), up to and including its back
+    branch; and the lp-steps per iteration."""
     lines = listing.splitlines()
-    start = next(i for i, l in enumerate(lines) if marker in l)
+    first = 0
+    if after:
+        first = next(i for i, l in enumerate(lines) if after in l)
+    start = next(i for i, l in enumerate(lines) if i > first and marker in l)
     body = []
     for l in lines[start + 1:]:
         s = l.strip()
         if s.startswith("//") or s.endswith(":"):
             continue
-        if s.startswith("b.") or s.startswith("subs") or s.startswith("sub x") or s.startswith("cmp"):
-            body.append(s)
-            if s.startswith("b."):
-                break
-            continue
         body.append(s)
-    steps = int(re.search(r"(\d+) l[p]?-step", lines[start]).group(1)) if "flat" in marker else 1
-    return body, steps
+        if s.startswith("b."):
+            break
+    m = re.search(r"(\d+) l[p]?-step", lines[start])
+    return body, int(m.group(1)) if m else 1
+
+
+def row_counts(listing):
+    return [int(x) for x in re.findall(r"// (\d+) row\(s\)", listing)]
 
 
 def mca(body, tool, mcpu, mattr):
@@ -79,30 +84,35 @@ def mca(body, tool, mcpu, mattr):
 
 
 def main():
-    print("| loop | target / llvm-mca -mcpu | tile | lp-steps/iter | instrs/iter | cycles/iter (mca) | "
-          "cycles per lp-step of the 8 rows | weight B per cycle |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| kernel | llvm-mca -mcpu | loop (tile; rows the loop computes) | M | lp-steps/iter | "
+          "instrs/iter | cycles/iter | cycles per lp-step of the M rows | weight B per cycle |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for label, target, kernel, tool, mcpu, mattr in CASES:
         flat = emit(target, kernel, "flat-gemm")
         ft = tile_of(flat)
         gemm = emit(target, kernel, "gemm")
         gt = tile_of(gemm)
         same = emit(target, kernel, "gemm", ft)
-        for name, listing, marker, t in [
-            ("flat", flat, "steady state (flat)", ft),
-            ("gemm, its tile", gemm, "steady state: one", gt),
-            ("gemm, flat tile", same, "steady state: one", ft),
-        ]:
-            body, steps = loop(listing, marker)
+        counts = row_counts(flat)
+        wbits = 4 if "w4" in kernel else 8 if "w8" in kernel else 16 if "f16" in kernel else 32
+        rows = []
+        for m in (8, 2):
+            c = next(c for c in counts if c >= min(m, ft[0]))
+            blocks = -(-m // ft[0]) if m > ft[0] else 1
+            rows.append((f"flat ({ft[0]}x{ft[1]}x{ft[2]}; {c})", flat, "steady state (flat)",
+                         f"// {c} row(s)", ft, m, blocks))
+            rows.append((f"gemm ({gt[0]}x{gt[1]}x{gt[2]}; {gt[0]})", gemm, "steady state: one", None,
+                         gt, m, -(-m // gt[0])))
+            rows.append((f"gemm at the flat tile ({ft[0]}x{ft[1]}x{ft[2]}; {ft[0]})", same,
+                         "steady state: one", None, ft, m, -(-m // ft[0])))
+        for name, listing, marker, after, t, m, blocks in rows:
+            body, steps = loop(listing, marker, after)
             cyc, _ = mca(body, tool, mcpu, mattr)
             ep, hp, lp = t
-            wbits = 4 if "w4" in kernel else 8 if "w8" in kernel else 16 if "f16" in kernel else 32
             step_bytes = hp * lp * wbits // 8
-            # Row blocks the loop needs for M rows: each re-runs the loop.
-            blocks = -(-M // ep)
             per_step = cyc / steps * blocks
-            print(f"| {label}: {name} | {target} / {tool[-2:]} {mcpu} | {ep}x{hp}x{lp} | {steps} | {len(body)} | "
-                  f"{cyc:.2f} | {per_step / hp * 8:.2f} per 8 cols | {step_bytes * steps / cyc:.1f} |")
+            print(f"| {label} | {tool[-2:]} {mcpu} | {name} | {m} | {steps} | {len(body)} | {cyc:.2f} | "
+                  f"{per_step:.2f} ({per_step / hp * 8:.2f} per 8 columns) | {step_bytes / per_step:.1f} |")
 
 
 N = K = 4096  # Llama2-7B attention projections
@@ -144,12 +154,15 @@ def bytes_table():
         total = weights + params
         gpanel = ghp * K * bits // 8
         where = "L1" if gpanel <= L1 else "L2"
+        counts = row_counts(flat)
         for m in [1, 2, 4, 8, 12, 16]:
             passes = -(-m // (ep * blocks))
             fblocks = -(-m // ep)
+            tail = m - (fblocks - 1) * ep
+            frows = (fblocks - 1) * ep + next(c for c in counts if c >= tail)
             gblocks = -(-m // gep)
             print(f"| {label} | {m} | {mb(total)} | {mb(passes * total)} | {mb((fblocks - passes) * weights)} | "
-                  f"{fblocks * ep} | {mb(total)} | {mb((gblocks - 1) * weights)} ({where}, panel {gpanel // 1024} KiB) | "
+                  f"{frows} | {mb(total)} | {mb((gblocks - 1) * weights)} ({where}, panel {gpanel // 1024} KiB) | "
                   f"{gblocks * gep} |")
 
 

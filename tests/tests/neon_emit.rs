@@ -353,6 +353,18 @@ fn flat_plans_follow_the_solver() {
                 assert_eq!(plan.total(), acc.total, "{what}");
                 assert!(acc.total <= acc.budget, "{what}");
                 assert_eq!(f.passes(m), 1, "{what}");
+                // The tail row block runs a loop of the fewest rows that
+                // cover it: counts ascend in MAC units up to ep.
+                let counts = f.row_counts();
+                assert_eq!(counts.last(), Some(&t.ep), "{what}");
+                assert!(counts.windows(2).all(|w| w[0] < w[1]), "{what}");
+                assert!(counts.iter().all(|c| c % f.row_unit == 0), "{what}");
+                let tail = (m - 1) % u64::from(t.ep) + 1;
+                let run = counts.iter().find(|&&c| u64::from(c) >= tail).unwrap();
+                assert!(
+                    u64::from(*run) < 2 * tail.max(u64::from(f.row_unit)),
+                    "{what}"
+                );
                 assert!(f.pass_rows() >= 16, "{what}");
                 // When the rows fit one register tile, there is one row block.
                 if m <= u64::from(t.ep) {
@@ -382,6 +394,13 @@ fn flat_loop_prefetches_and_differs_from_gemm() {
             }
             assert!(!gemm.contains("prfm"), "{target} {label}");
             assert!(flat.contains("// flat: row block"), "{target} {label}");
+            let f = be.flat_plan(&kernel, &t).unwrap();
+            for c in f.row_counts() {
+                assert!(
+                    flat.contains(&format!("// {c} row(s)")),
+                    "{target} {label} {c}"
+                );
+            }
         }
     }
     let w4 = library::get("matmul-w4a8").unwrap();

@@ -72,6 +72,16 @@ impl fmt::Display for V {
     }
 }
 
+/// How a run of loads addresses memory: post-incrementing the pointer,
+/// or at growing offsets from it (an unrolled loop bumps the pointer once
+/// per iteration, so its loads do not wait on each other's write-back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addr {
+    Post,
+    /// The next load's offset from the pointer.
+    Offset(u32),
+}
+
 /// A branch target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Label {
@@ -714,6 +724,50 @@ impl A64 {
         dynasm!(self.ops ; .arch aarch64 ; ushr V(d).B16, V(n).B16, s);
     }
 
+    /// `ldp qa, qb` of the next 32 bytes at `at`.
+    pub fn ldp_q_at(&mut self, a: V, b: V, n: X, at: &mut Addr) {
+        match at {
+            Addr::Post => self.ldp_q_post(a, b, n, 32),
+            Addr::Offset(o) => {
+                self.ldp_q(a, b, n, *o as i32);
+                *o += 32;
+            }
+        }
+    }
+
+    /// `ldr q` of the next 16 bytes at `at`.
+    pub fn ldr_q_at(&mut self, t: V, n: X, at: &mut Addr) {
+        match at {
+            Addr::Post => self.ldr_q_post(t, n, 16),
+            Addr::Offset(o) => {
+                self.ldr_q(t, n, *o);
+                *o += 16;
+            }
+        }
+    }
+
+    /// `ldr d` of the next 8 bytes at `at`.
+    pub fn ldr_d_at(&mut self, t: V, n: X, at: &mut Addr) {
+        match at {
+            Addr::Post => self.ldr_d_post(t, n, 8),
+            Addr::Offset(o) => {
+                self.ldr_d(t, n, *o);
+                *o += 8;
+            }
+        }
+    }
+
+    /// `ldr s` of the next 4 bytes at `at`.
+    pub fn ldr_s_at(&mut self, t: V, n: X, at: &mut Addr) {
+        match at {
+            Addr::Post => self.ldr_s_post(t, n, 4),
+            Addr::Offset(o) => {
+                self.ldr_s(t, n, *o);
+                *o += 4;
+            }
+        }
+    }
+
     /// `prfm <op>, [xn, #off]` (off a multiple of 8, below 32768): a hint
     /// that never faults, so it may point past the end of a buffer. Emitted
     /// as its word: `0xF9800000 | off/8 << 10 | n << 5 | op`.
@@ -933,6 +987,13 @@ impl A64 {
         self.log(format!("fmul {d}.4s, {n}.4s, {m}.s[{lane}]"));
         let (d, n, m) = (d.0, n.0, m.0);
         dynasm!(self.ops ; .arch aarch64 ; fmul V(d).S4, V(n).S4, V(m).S[lane]);
+    }
+
+    /// `fadd vd.8h, vn.8h, vm.8h` (FEAT_FP16; emitted as its word,
+    /// `0x4E401400 | m << 16 | n << 5 | d`).
+    pub fn fadd_8h(&mut self, d: V, n: V, m: V) {
+        self.log(format!("fadd {d}.8h, {n}.8h, {m}.8h"));
+        self.word(0x4E40_1400 | u32::from(m.0) << 16 | u32::from(n.0) << 5 | u32::from(d.0));
     }
 
     /// `fadd vd.4s, vn.4s, vm.4s`

@@ -9,11 +9,16 @@
 //! The GEMV variant (ep = 1) loads 4 (`.4s`) or 8 (`.8h`) consecutive x
 //! values with one load and walks their lanes.
 //!
+//! The flat-GEMM variant ([`FlatPlan`]) runs panel → pass → K block →
+//! row block → step with the partial sums staged per row block (see
+//! [`FlatPlan`]); its gather loads lane 0 with a scalar `ldr`, so one step's
+//! lane inserts do not wait on the previous step's.
+//!
 //! Register plan at the `fmla .4s` optimum 8×12×1: A v0-v1 (rows 0-3,
 //! 4-7, one l), B v2-v4 (12 columns), v5 mask (unused here), v6 staging,
 //! accumulators v8-v31 (row r, columns 4j..4j+3 in v(8 + 3r + j)).
 
-use super::asm::{A64, Cond, Label, Prefetch, V, X};
+use super::asm::{A64, Addr, Cond, Label, Prefetch, V, X};
 use super::frame::{self, OutType, StoreRegs};
 use super::{FLAT_PREFETCH_L1, FlatPlan, RegisterPlan};
 use crate::abi::{MM_BIAS, MM_K, MM_M, MM_N, MM_N0, MM_W, MM_X, MM_X_STRIDE, MM_Y, MM_Y_STRIDE};
@@ -301,8 +306,6 @@ fn row_block_stage(a: &mut A64, row_bytes: u32) {
 /// which the store then reads directly.
 fn flat_nest(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan, f: &FlatPlan, row_bytes: u32) {
     let (ep, hp) = (spec.ep, spec.hp);
-    let lanes = if spec.fp16_mac { 8 } else { 4 };
-    let jn = hp / lanes;
     let we = spec.w.bytes();
     let xe = spec.x.bytes();
     let pass_rows = f.pass_rows();
@@ -364,31 +367,30 @@ fn flat_nest(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan, f: &FlatPlan, r
     for r in plan.acc.clone() {
         a.zero(V(r));
     }
-    flat_k_loop(a, spec, plan, f, lanes, jn);
-    a.comment("K block done: accumulators into the row block's partial sums");
-    row_block_stage(a, row_bytes);
-    let (t, p) = (V(0), V(1));
-    for r in 0..ep {
-        for j in 0..jn {
-            let acc = plan.acc_reg(r * jn + j);
-            if spec.fp16_mac {
-                for (half, off) in [(false, 32 * j), (true, 32 * j + 16)] {
-                    if half {
-                        a.fcvtl2_4s(t, acc);
-                    } else {
-                        a.fcvtl_4s(t, acc);
-                    }
-                    a.ldr_q(p, STAGE, r * row_bytes + off);
-                    a.fadd_4s(p, p, t);
-                    a.str_q(p, STAGE, r * row_bytes + off);
-                }
-            } else {
-                a.ldr_q(p, STAGE, r * row_bytes + 16 * j);
-                a.fadd_4s(p, p, acc);
-                a.str_q(p, STAGE, r * row_bytes + 16 * j);
-            }
+    // The last row block may hold fewer rows: the smallest row count
+    // that covers them (see FlatPlan::row_counts).
+    let counts = f.row_counts();
+    let joined = a.new_label();
+    let labels: Vec<Label> = counts.iter().map(|_| a.new_label()).collect();
+    if counts.len() > 1 {
+        a.ldr_x(T0, ARGS, MM_M as u32);
+        a.sub(T0, T0, R0);
+        for (&c, &l) in counts.iter().zip(&labels).take(counts.len() - 1) {
+            a.cmp_imm(T0, c);
+            a.b_cond(Cond::Ls, l);
+        }
+        a.b(labels[counts.len() - 1]);
+    }
+    for (i, (&c, &l)) in counts.iter().zip(&labels).enumerate() {
+        a.bind(l);
+        a.comment(&format!("{c} row(s)"));
+        let rows = FloatSpec { ep: c, ..*spec };
+        flat_rows(a, &rows, plan, f, row_bytes);
+        if i + 1 < counts.len() {
+            a.b(joined);
         }
     }
+    a.bind(joined);
     a.add_imm(R0, R0, ep);
     next_row_block(a, pass_rows, row_loop);
     if let Some(kb) = f.k_block_steps {
@@ -430,6 +432,54 @@ fn flat_nest(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan, f: &FlatPlan, r
     a.bind(panel_done);
 }
 
+/// The K block of the first `spec.ep` rows of a row block: the flat loop,
+/// then the accumulators into the row block's staged partial sums.
+fn flat_rows(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan, f: &FlatPlan, row_bytes: u32) {
+    let lanes = if spec.fp16_mac { 8 } else { 4 };
+    let jn = spec.hp / lanes;
+    let ep = spec.ep;
+    flat_k_loop(a, spec, plan, f, lanes, jn);
+    let sets = f.sets(ep);
+    if sets > 1 {
+        a.comment(&format!("fold {sets} accumulator sets"));
+        let per_set = ep * jn;
+        for k in 1..sets {
+            for i in 0..per_set {
+                let (d, s) = (plan.acc_reg(i), plan.acc_reg(k * per_set + i));
+                if spec.fp16_mac {
+                    a.fadd_8h(d, d, s);
+                } else {
+                    a.fadd_4s(d, d, s);
+                }
+            }
+        }
+    }
+    a.comment("K block done: accumulators into the row block's partial sums");
+    row_block_stage(a, row_bytes);
+    let (t, p) = (V(0), V(1));
+    for r in 0..ep {
+        for j in 0..jn {
+            let acc = plan.acc_reg(r * jn + j);
+            if spec.fp16_mac {
+                for (half, off) in [(false, 32 * j), (true, 32 * j + 16)] {
+                    if half {
+                        a.fcvtl2_4s(t, acc);
+                    } else {
+                        a.fcvtl_4s(t, acc);
+                    }
+                    a.ldr_q(p, STAGE, r * row_bytes + off);
+                    a.fadd_4s(p, p, t);
+                    a.str_q(p, STAGE, r * row_bytes + off);
+                }
+            } else {
+                a.ldr_q(p, STAGE, r * row_bytes + 16 * j);
+                a.fadd_4s(p, p, acc);
+                a.str_q(p, STAGE, r * row_bytes + 16 * j);
+            }
+        }
+    }
+}
+
 /// The flat loop over CNT steps: `unroll` steps per iteration behind one
 /// prefetch pair, then single steps.
 fn flat_k_loop(
@@ -440,7 +490,9 @@ fn flat_k_loop(
     lanes: u32,
     jn: u32,
 ) {
-    let u = f.unroll;
+    let u = f.unroll_for(spec.ep);
+    let sets = f.sets(spec.ep);
+    let set = |k: u32| plan.shifted_acc(k * spec.ep * jn);
     let done = a.new_label();
     let single = a.new_label();
     let top = a.new_label();
@@ -456,10 +508,20 @@ fn flat_k_loop(
     if let Some(d) = f.prefetch_l2() {
         a.prfm(Prefetch::Pldl2strm, WP, d);
     }
-    for _ in 0..u {
+    // B at offsets from WP, bumped once per iteration (ldr q needs
+    // 16-byte aligned offsets, ldp reaches 1008).
+    let offsets = f.step_bytes.is_multiple_of(16) && u * f.step_bytes <= 1008;
+    for s in 0..u {
         gather_a(a, spec, plan, lanes, true);
-        load_b(a, spec, plan);
-        macs(a, spec, plan, lanes, jn, None);
+        if offsets {
+            load_b_at(a, spec, plan, &mut Addr::Offset(s * f.step_bytes));
+        } else {
+            load_b(a, spec, plan);
+        }
+        macs(a, spec, &set(s % sets), lanes, jn, None);
+    }
+    if offsets {
+        a.add_imm(WP, WP, u * f.step_bytes);
     }
     if u > 1 {
         a.sub_imm(CNT, CNT, u);
@@ -484,29 +546,34 @@ fn flat_k_loop(
 
 /// Load the hp weights of one l into B (widening f16 for `.4s`).
 fn load_b(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan) {
+    load_b_at(a, spec, plan, &mut Addr::Post);
+}
+
+/// [`load_b`] at `at`.
+fn load_b_at(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan, at: &mut Addr) {
     let b: Vec<V> = plan.b.clone().map(V).collect();
     let n = b.len();
     if spec.fp16_mac || spec.w == Elem::F32 {
         let mut j = 0;
         while j + 1 < n {
-            a.ldp_q_post(b[j], b[j + 1], WP, 32);
+            a.ldp_q_at(b[j], b[j + 1], WP, at);
             j += 2;
         }
         if j < n {
-            a.ldr_q_post(b[j], WP, 16);
+            a.ldr_q_at(b[j], WP, at);
         }
         return;
     }
     // f16 weights widened: 8 halves per load → two registers.
     let mut j = 0;
     while j + 1 < n {
-        a.ldr_q_post(b[j + 1], WP, 16);
+        a.ldr_q_at(b[j + 1], WP, at);
         a.fcvtl_4s(b[j], b[j + 1]);
         a.fcvtl2_4s(b[j + 1], b[j + 1]);
         j += 2;
     }
     if j < n {
-        a.ldr_d_post(b[j], WP, 8);
+        a.ldr_d_at(b[j], WP, at);
         a.fcvtl_4s(b[j], b[j]);
     }
 }

@@ -16,6 +16,12 @@
 //!     tile epilogue: y[r, c] = sx[r]·partial[r, c] + bias[c], valid rows/columns only
 //! ```
 //!
+//! The flat-GEMM variant ([`FlatPlan`]) reorders this to panel → pass of
+//! 16 rows → K block (≤ 16 KiB, whole groups) → row block → group → step,
+//! with one partial-sum area per row block of the pass, a loop per row
+//! count (the last row block runs the fewest rows that cover it, rotating
+//! through the idle rows' accumulators) and prefetch of the weight stream.
+//!
 //! The f32 partial sums live in a stack scratch area (the solver gives
 //! every register to the int32 tile; the group epilogue reuses the A and B
 //! registers). Activations and weights are padded with zero codes to whole
@@ -46,7 +52,7 @@
 //!
 //! One register is left unused in each (29 of 30 after the reservations).
 
-use super::asm::{A64, Cond, Label, Prefetch, V, X};
+use super::asm::{A64, Addr, Cond, Label, Prefetch, V, X};
 use super::frame::{self, OutType, StoreRegs};
 use super::{FLAT_PREFETCH_L1, FlatPlan, Mac, RegisterPlan};
 use crate::abi::{
@@ -404,22 +410,29 @@ fn flat_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout, f:
     for r in plan.acc.clone() {
         a.zero(V(r));
     }
-    let group_loop = a.new_label();
-    a.bind(group_loop);
-    a.comment("weight group");
-    a.cmp(LEFT, GSTEPS);
-    a.csel(CNT, LEFT, GSTEPS, Cond::Lo);
-    a.sub(LEFT, LEFT, CNT);
-    if spec.wbits == 4 {
-        a.movi_16b(plan.mask, 15);
+    // The last row block of a call may hold fewer rows: run the loop for
+    // the smallest row count that covers them (MACs and group epilogues of
+    // the rows only; the packed A still has ep rows per step).
+    let counts = f.row_counts();
+    let joined = a.new_label();
+    let labels: Vec<Label> = counts.iter().map(|_| a.new_label()).collect();
+    if counts.len() > 1 {
+        a.sub(T0, M, R0);
+        for (&c, &l) in counts.iter().zip(&labels).take(counts.len() - 1) {
+            a.cmp_imm(T0, c);
+            a.b_cond(Cond::Ls, l);
+        }
+        a.b(labels[counts.len() - 1]);
     }
-    flat_k_loop(a, spec, plan, f);
-    group_epilogue(a, spec, plan);
-    if spec.group.is_some() {
-        a.add_imm(PG, PG, hp * 4);
-        a.add_imm(SG, SG, 4);
+    for (i, (&c, &l)) in counts.iter().zip(&labels).enumerate() {
+        a.bind(l);
+        let rows = Int8Spec { ep: c, ..*spec };
+        group_loop(a, &rows, plan, f, (ep - c) * lp);
+        if i + 1 < counts.len() {
+            a.b(joined);
+        }
     }
-    a.cbnz(LEFT, group_loop);
+    a.bind(joined);
     a.add_imm(R0, R0, ep);
     next_row_block(a, pass_rows, row_loop);
     if let Some(kb) = f.k_block_steps {
@@ -450,10 +463,84 @@ fn flat_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout, f:
     a.bind(panel_done);
 }
 
+/// The groups of one K block for the first `spec.ep` rows of a row block;
+/// `skip` bytes of packed A (the rows not computed) follow each step's.
+fn group_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, skip: u32) {
+    a.comment(&format!("{} row(s)", spec.ep));
+    let group_loop = a.new_label();
+    a.bind(group_loop);
+    a.comment("weight group");
+    a.cmp(LEFT, GSTEPS);
+    a.csel(CNT, LEFT, GSTEPS, Cond::Lo);
+    a.sub(LEFT, LEFT, CNT);
+    if spec.wbits == 4 {
+        a.movi_16b(plan.mask, 15);
+    }
+    let sets = f.sets(spec.ep);
+    flat_k_loop(a, spec, plan, f, skip);
+    fold_sets(a, plan, sets, set_regs(spec, plan, f));
+    group_epilogue(a, spec, plan);
+    if spec.group.is_some() {
+        a.add_imm(PG, PG, spec.hp * 4);
+        a.add_imm(SG, SG, 4);
+    }
+    a.cbnz(LEFT, group_loop);
+}
+
+/// Accumulator registers of one set of the `spec.ep`-row loop (the
+/// row block's share for those rows).
+fn set_regs(spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan) -> u32 {
+    plan.acc_count() * spec.ep / f.row_block
+}
+
+/// Sum accumulator sets 1.. into set 0 (int32) and clear them.
+fn fold_sets(a: &mut A64, plan: &RegisterPlan, sets: u32, per_set: u32) {
+    if sets < 2 {
+        return;
+    }
+    a.comment(&format!("fold {sets} accumulator sets"));
+    for k in 1..sets {
+        for i in 0..per_set {
+            let (d, s) = (plan.acc_reg(i), plan.acc_reg(k * per_set + i));
+            a.add_4s(d, d, s);
+            a.zero(s);
+        }
+    }
+}
+
+/// One flat step: A of `spec.ep` rows (then `skip` bytes), B, MACs into
+/// the accumulator set `set` of the plan; with `at`, step `s` of an
+/// unrolled iteration whose loads use offsets.
+fn flat_step(
+    a: &mut A64,
+    spec: &Int8Spec,
+    set: &RegisterPlan,
+    skip: u32,
+    at: Option<(u32, &FlatPlan)>,
+) {
+    match at {
+        Some((s, f)) => {
+            load_a_at(a, spec, set, &mut Addr::Offset(s * f.row_block * spec.lp));
+            load_b_at(a, spec, set, &mut Addr::Offset(s * f.step_bytes));
+        }
+        None => {
+            load_a(a, spec, set);
+            if skip > 0 {
+                a.add_imm(XA, XA, skip);
+            }
+            load_b(a, spec, set);
+        }
+    }
+    macs(a, spec, set, None);
+}
+
 /// The flat loop over the CNT lp-steps of one group: `unroll` steps per
 /// iteration behind one prefetch pair, then single steps.
-fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan) {
-    let u = f.unroll;
+fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, skip: u32) {
+    let u = f.unroll_for(spec.ep);
+    let per_set = set_regs(spec, plan, f);
+    let set = |k: u32| plan.shifted_acc(k * per_set);
+    let sets = f.sets(spec.ep);
     let done = a.new_label();
     let single = a.new_label();
     let top = a.new_label();
@@ -469,10 +556,13 @@ fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan) 
     if let Some(d) = f.prefetch_l2() {
         a.prfm(Prefetch::Pldl2strm, WP, d);
     }
-    for _ in 0..u {
-        load_a(a, spec, plan);
-        load_b(a, spec, plan);
-        macs(a, spec, plan, None);
+    let offsets = offsets_fit(spec, f, u);
+    for s in 0..u {
+        flat_step(a, spec, &set(s % sets), skip, offsets.then_some((s, f)));
+    }
+    if offsets {
+        a.add_imm(XA, XA, u * f.row_block * spec.lp);
+        a.add_imm(WP, WP, u * f.step_bytes);
     }
     if u > 1 {
         a.sub_imm(CNT, CNT, u);
@@ -482,9 +572,7 @@ fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan) 
         a.cbz(CNT, done);
         let one = a.new_label();
         a.bind(one);
-        load_a(a, spec, plan);
-        load_b(a, spec, plan);
-        macs(a, spec, plan, None);
+        flat_step(a, spec, &set(0), skip, None);
         a.subs_imm(CNT, CNT, 1);
         a.b_cond(Cond::Ne, one);
     } else {
@@ -497,22 +585,28 @@ fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan) 
 
 /// Load one lp-step of A (ep × lp int8) into the A registers.
 fn load_a(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    load_a_at(a, spec, plan, &mut Addr::Post);
+}
+
+/// [`load_a`] at `at` (offsets: not for a 12-byte tail, see [`offsets_fit`]).
+fn load_a_at(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, at: &mut Addr) {
     let bytes = spec.ep * spec.lp;
     let full = bytes / 16;
     let regs: Vec<V> = plan.a.clone().map(V).collect();
     let mut i = 0;
     while i + 1 < full {
-        a.ldp_q_post(regs[i as usize], regs[i as usize + 1], XA, 32);
+        a.ldp_q_at(regs[i as usize], regs[i as usize + 1], XA, at);
         i += 2;
     }
     if i < full {
-        a.ldr_q_post(regs[i as usize], XA, 16);
+        a.ldr_q_at(regs[i as usize], XA, at);
     }
     match bytes % 16 {
         0 => {}
-        4 => a.ldr_s_post(regs[full as usize], XA, 4),
-        8 => a.ldr_d_post(regs[full as usize], XA, 8),
+        4 => a.ldr_s_at(regs[full as usize], XA, at),
+        8 => a.ldr_d_at(regs[full as usize], XA, at),
         _ => {
+            assert_eq!(*at, Addr::Post, "a 12-byte A tail loads post-indexed");
             a.ldr_d_post(regs[full as usize], XA, 8);
             a.ld1_s_lane_post4(regs[full as usize], 2, XA);
         }
@@ -521,16 +615,21 @@ fn load_a(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
 
 /// Load one lp-step of B (hp × lp codes) and unpack 4-bit codes.
 fn load_b(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    load_b_at(a, spec, plan, &mut Addr::Post);
+}
+
+/// [`load_b`] at `at`.
+fn load_b_at(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, at: &mut Addr) {
     let nb = plan.b.len() as u32;
     let b0 = u32::from(plan.b.start);
     if spec.wbits == 8 {
         let mut j = 0;
         while j + 1 < nb {
-            a.ldp_q_post(V((b0 + j) as u8), V((b0 + j + 1) as u8), WP, 32);
+            a.ldp_q_at(V((b0 + j) as u8), V((b0 + j + 1) as u8), WP, at);
             j += 2;
         }
         if j < nb {
-            a.ldr_q_post(V((b0 + j) as u8), WP, 16);
+            a.ldr_q_at(V((b0 + j) as u8), WP, at);
         }
         return;
     }
@@ -539,16 +638,26 @@ fn load_b(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     let lo = |q: u32| V((b0 + q) as u8);
     let mut q = 0;
     while q + 1 < runs {
-        a.ldp_q_post(hi(q), hi(q + 1), WP, 32);
+        a.ldp_q_at(hi(q), hi(q + 1), WP, at);
         q += 2;
     }
     if q < runs {
-        a.ldr_q_post(hi(q), WP, 16);
+        a.ldr_q_at(hi(q), WP, at);
     }
     for q in 0..runs {
         a.and_16b(lo(q), hi(q), plan.mask);
         a.ushr_16b(hi(q), hi(q), 4);
     }
+}
+
+/// Whether an unrolled flat iteration of `u` steps can address A and B at
+/// offsets: 16-byte aligned strides within `ldp`'s reach, no 12-byte tail.
+fn offsets_fit(spec: &Int8Spec, f: &FlatPlan, u: u32) -> bool {
+    let a_stride = f.row_block * spec.lp;
+    a_stride.is_multiple_of(16)
+        && f.step_bytes.is_multiple_of(16)
+        && (spec.ep * spec.lp) % 16 != 12
+        && u * a_stride.max(f.step_bytes) <= 1008
 }
 
 /// The register holding B unit j (16 bytes of codes at index j).

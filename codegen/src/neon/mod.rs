@@ -14,6 +14,11 @@
 //! | `aarch64-fp16` | `smull`/`smlal2`/`sadalp` | `fmla .8h` | `fmla .4s` |
 //! | `aarch64-neon` | `smull`/`smlal2`/`sadalp` | widened to `fmla .4s` | `fmla .4s` |
 //!
+//! Variants: `Gemm` (panel → row block → all of K), `Gemv` (one row block
+//! of ae rows, unrolled), `FlatGemm` ([`FlatPlan`]: M = 2–16 read each
+//! weight byte from memory once, K blocks stay in L1 across row blocks,
+//! prefetch, loops for fewer rows than the tile).
+//!
 //! Which target a machine runs is decided at run time by
 //! [`NeonBackend::detect`]. Every listing starts with the kernel's register
 //! plan as `//` lines (llvm-mc reads them as comments).
@@ -85,6 +90,16 @@ impl RegisterPlan {
 
     pub fn acc_reg(&self, i: u32) -> asm::V {
         asm::V(self.acc.start + i as u8)
+    }
+
+    /// The same plan with the accumulators starting `n` registers higher:
+    /// accumulator set k of a flat loop of fewer rows than ep is the plan
+    /// shifted by k · (accumulators per set).
+    pub fn shifted_acc(&self, n: u32) -> RegisterPlan {
+        RegisterPlan {
+            acc: self.acc.start + n as u8..self.acc.end,
+            ..self.clone()
+        }
     }
 
     /// A register not holding an accumulator (for set-up code).
@@ -185,6 +200,9 @@ pub struct FlatPlan {
     /// K at once (asymmetric whole-row weights, whose zero-point term needs
     /// the whole row's activation sum at once).
     pub k_block_steps: Option<u32>,
+    /// Rows one MAC instruction covers (2 for `smmla`, else 1): the row
+    /// counts of [`Self::row_counts`] are multiples of it.
+    pub row_unit: u32,
     /// lp-steps per unrolled iteration: one prefetch pair per ≥ 64 bytes
     /// (one cache line), at most 8 steps.
     pub unroll: u32,
@@ -229,11 +247,50 @@ impl FlatPlan {
         };
         FlatPlan {
             row_block,
+            row_unit: 1,
             blocks: FLAT_ROWS.div_ceil(row_block),
             step_bytes,
             k_block_steps,
             unroll: 64u32.div_ceil(step_bytes).min(8),
         }
+    }
+
+    /// The same plan for a MAC of `unit` rows.
+    pub fn with_row_unit(self, unit: u32) -> FlatPlan {
+        FlatPlan {
+            row_unit: unit,
+            ..self
+        }
+    }
+
+    /// The row counts the loop is emitted for: unit, 2·unit, 4·unit, …
+    /// below the row block, then the row block. A row block of r valid
+    /// rows runs the smallest count ≥ r, so a call with m < ep rows does
+    /// the MACs of (about) m rows, not ep: M = 2 costs a 2-row loop.
+    pub fn row_counts(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut c = self.row_unit.max(1);
+        while c < self.row_block {
+            out.push(c);
+            c *= 2;
+        }
+        out.push(self.row_block);
+        out
+    }
+
+    /// Accumulator sets the loop of `rows` rows rotates through: the
+    /// accumulator registers of the row block's other rows, so the MAC
+    /// chains of a small row count are independent (ep / rows of them)
+    /// and the loop is bound by throughput, not MAC latency.
+    pub fn sets(&self, rows: u32) -> u32 {
+        (self.row_block / rows.max(1)).max(1)
+    }
+
+    /// lp-steps per unrolled iteration of the loop of `rows` rows: whole
+    /// cache lines of weights and a whole number of accumulator sets.
+    pub fn unroll_for(&self, rows: u32) -> u32 {
+        let sets = self.sets(rows);
+        self.unroll.div_ceil(sets) * sets
     }
 
     /// Rows one pass covers.
@@ -541,6 +598,7 @@ impl NeonBackend {
                         group.is_none() && asym,
                         k_block_bytes,
                     )
+                    .with_row_unit(instr.ae)
                 });
                 Ok(KernelSpec::Int8(int8::Int8Spec {
                     mac,
