@@ -175,8 +175,11 @@ pub const FLAT_PREFETCH_L1: u32 = 512;
 /// for each hp-panel of this call's channels
 ///   for each pass of blocks·row_block rows               (1 pass for m ≤ FLAT_ROWS)
 ///     for each K block of the panel (k_block_steps lp-steps, ≤ 16 KiB)
-///       for each row block of the pass (row_block = ep rows, accumulators in registers)
-///         the K block's steps, unrolled by `unroll`, one prfm pldl1keep
+///       for each row block of the pass (row_block = ep rows, accumulators in registers;
+///       the last one runs the loop of the fewest rows ≥ its valid rows, see
+///       row_counts, with the idle rows' accumulators as extra sets)
+///         the K block's steps, unrolled by `unroll`, loads at offsets and one
+///         pointer bump per iteration, one prfm pldl1keep
 ///         (this block, FLAT_PREFETCH_L1 ahead) and one prfm pldl2strm
 ///         (the same place of the next K block) per unrolled iteration
 ///         → f32 partial sums of the row block (stack, per row block)
