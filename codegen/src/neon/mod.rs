@@ -317,13 +317,6 @@ impl FlatPlan {
     pub fn passes(&self, m: u64) -> u64 {
         m.div_ceil(u64::from(self.pass_rows())).max(1)
     }
-
-    /// The panel bytes a row block past the first of a K block reads again
-    /// (from L1 when the K block fits it, else L2).
-    pub fn l1_rereads(&self, m: u64, panel_bytes: u64) -> u64 {
-        let blocks = m.div_ceil(u64::from(self.row_block));
-        (blocks - self.passes(m).min(blocks)) * panel_bytes
-    }
 }
 
 /// The NEON backend for one aarch64 target.
