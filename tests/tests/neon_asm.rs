@@ -1,7 +1,7 @@
 //! Every instruction of the aarch64 layer, assembled by llvm-mc from the
 //! listing, must give exactly the emitter's bytes.
 
-use tessera_codegen::neon::asm::{A64, Cond, V, X};
+use tessera_codegen::neon::asm::{A64, Addr, Cond, Prefetch, V, X};
 use tessera_tests::llvm_mc::{McError, check_aarch64};
 
 const MATTR: &str = "+neon,+dotprod,+i8mm,+fullfp16";
@@ -167,4 +167,37 @@ fn a_wrong_listing_is_caught() {
         Err(McError::Missing) => eprintln!("llvm-mc not installed: skipped"),
         Ok(()) => panic!("a mismatching listing passed"),
     }
+}
+
+/// The flat loop's additions: prefetches (both ops, offsets up to the
+/// field's reach), `fadd .8h`, a large `add xd, sp, #imm`, and loads at
+/// offsets (`Addr::Offset` advances by what each load reads).
+#[test]
+fn flat_loop_instructions_encode_as_llvm_mc_assembles_them() {
+    let mut a = A64::new();
+    let (x3, x13) = (X(3), X(13));
+    for off in [0, 8, 512, 16384, 32760] {
+        a.prfm(Prefetch::Pldl1keep, x13, off);
+        a.prfm(Prefetch::Pldl2strm, x13, off);
+    }
+    a.fadd_8h(V(8), V(9), V(31));
+    a.add_from_sp(x3, 4096 + 48);
+    a.add_from_sp(x3, 3 * 4096);
+    let mut at = Addr::Offset(0);
+    a.ldp_q_at(V(0), V(1), x13, &mut at);
+    a.ldr_q_at(V(2), x13, &mut at);
+    a.ldr_d_at(V(3), x13, &mut at);
+    a.ldr_s_at(V(4), x13, &mut at);
+    assert_eq!(at, Addr::Offset(32 + 16 + 8 + 4));
+    let mut post = Addr::Post;
+    a.ldp_q_at(V(0), V(1), x13, &mut post);
+    a.ldr_s_at(V(4), x13, &mut post);
+    assert_eq!(post, Addr::Post);
+    check(a);
+}
+
+#[test]
+#[should_panic(expected = "multiple of 8 below 32768")]
+fn prefetch_offsets_out_of_the_field_are_refused() {
+    A64::new().prfm(Prefetch::Pldl1keep, X(1), 32768);
 }

@@ -232,3 +232,179 @@ fn bad_tiles_and_targets_are_errors() {
     let attn = library::get("attention-decode-f16").unwrap();
     assert!(be.emit(&attn, &t).is_err());
 }
+
+/// The flat-GEMM formats: (label, library kernel, weight format override).
+fn flat_formats() -> Vec<(&'static str, Kernel)> {
+    let with = |name: &str, f: Option<tessera_dsl::Format>| {
+        let mut k = library::get(name).unwrap();
+        if let Some(f) = f {
+            for t in &mut k.tensors {
+                if t.name == "w" {
+                    t.format = f;
+                }
+            }
+            if let tessera_dsl::Op::Matmul(mm) = &mut k.op {
+                mm.epilogue.zero_point = f.is_asymmetric();
+            }
+        }
+        k
+    };
+    use tessera_dsl::{Format, Group};
+    vec![
+        ("w4a8", with("matmul-w4a8", None)),
+        (
+            "w4a8-row",
+            with("matmul-w4a8", Some(Format::U4Asym(Group::Row))),
+        ),
+        ("w8a8", with("matmul-w8a8", None)),
+        (
+            "w8a8-asym-g32",
+            with("matmul-w8a8", Some(Format::I8Asym(Group::Size(32)))),
+        ),
+        ("f32", with("matmul-f32", None)),
+        ("f16", with("matmul-f16", None)),
+    ]
+}
+
+const TARGETS: [&str; 4] = [
+    "aarch64-neon",
+    "aarch64-fp16",
+    "aarch64-dotprod",
+    "aarch64-i8mm",
+];
+
+/// The solver's flat tile for M = `e` (the kernel's own problem with the
+/// real M) that the emitter takes.
+fn flat_tile(target: &str, kernel: &Kernel, e: u64) -> TileConfig {
+    let be = NeonBackend::new(target).unwrap();
+    let mut p = Problem::from_kernel(be.caps(), kernel).unwrap();
+    p.e = e;
+    solve(be.caps(), &p)
+        .unwrap()
+        .into_iter()
+        .find(|t| be.emit_variant(kernel, t, Variant::FlatGemm).is_ok())
+        .unwrap()
+}
+
+#[test]
+fn flat_canonical_listings_are_pinned() {
+    let set = [
+        ("aarch64-i8mm", "w4a8"),
+        ("aarch64-dotprod", "w4a8"),
+        ("aarch64-neon", "w4a8"),
+        ("aarch64-dotprod", "w8a8"),
+        ("aarch64-neon", "f32"),
+        ("aarch64-fp16", "f16"),
+    ];
+    let formats = flat_formats();
+    for (target, label) in set {
+        let kernel = &formats.iter().find(|(l, _)| *l == label).unwrap().1;
+        let t = flat_tile(target, kernel, 8);
+        let code = machine(
+            NeonBackend::new(target)
+                .unwrap()
+                .emit_variant(kernel, &t, Variant::FlatGemm)
+                .unwrap(),
+        );
+        let name = format!("{target}_{label}_flat_{}x{}x{}", t.ep, t.hp, t.lp);
+        insta::assert_snapshot!(name, code.listing);
+    }
+}
+
+/// Every flat listing (every target and format, the tiles for M = 2, 8,
+/// 16, default and small K blocks) assembles to the emitted bytes.
+#[test]
+fn llvm_mc_flat_listings() {
+    for target in TARGETS {
+        let be = NeonBackend::new(target).unwrap();
+        for (label, kernel) in flat_formats() {
+            for e in [2, 8, 16] {
+                let t = flat_tile(target, &kernel, e);
+                let what = format!("{target} {label} flat e={e}");
+                mc(
+                    &machine(be.emit_variant(&kernel, &t, Variant::FlatGemm).unwrap()),
+                    &what,
+                );
+                mc(
+                    &machine(be.emit_flat(&kernel, &t, 256).unwrap()),
+                    &format!("{what} small K block"),
+                );
+            }
+        }
+    }
+}
+
+/// The flat loop's row block is the solver's ep for the real M, its
+/// registers are the solver's accounting, and for every M in 2..=16 one
+/// pass covers all rows: each weight byte comes from memory once per call.
+#[test]
+fn flat_plans_follow_the_solver() {
+    for target in TARGETS {
+        let be = NeonBackend::new(target).unwrap();
+        for (label, kernel) in flat_formats() {
+            for m in 2..=16u64 {
+                let t = flat_tile(target, &kernel, m);
+                let f = be.flat_plan(&kernel, &t).unwrap();
+                let (plan, acc) = be.plan(&kernel, &t).unwrap();
+                let what = format!("{target} {label} m={m} tile {}", t.summary());
+                assert_eq!(f.row_block, t.ep, "{what}");
+                assert_eq!(acc, t.accounting, "{what}");
+                assert_eq!(plan.acc_count(), acc.accumulators, "{what}");
+                assert_eq!(plan.total(), acc.total, "{what}");
+                assert!(acc.total <= acc.budget, "{what}");
+                assert_eq!(f.passes(m), 1, "{what}");
+                // The tail row block runs a loop of the fewest rows that
+                // cover it: counts ascend in MAC units up to ep.
+                let counts = f.row_counts();
+                assert_eq!(counts.last(), Some(&t.ep), "{what}");
+                assert!(counts.windows(2).all(|w| w[0] < w[1]), "{what}");
+                assert!(counts.iter().all(|c| c % f.row_unit == 0), "{what}");
+                let tail = (m - 1) % u64::from(t.ep) + 1;
+                let run = counts.iter().find(|&&c| u64::from(c) >= tail).unwrap();
+                assert!(
+                    u64::from(*run) < 2 * tail.max(u64::from(f.row_unit)),
+                    "{what}"
+                );
+                assert!(f.pass_rows() >= 16, "{what}");
+                // When the rows fit one register tile, there is one row block.
+                if m <= u64::from(t.ep) {
+                    assert_eq!(m.div_ceil(u64::from(f.row_block)), 1, "{what}");
+                }
+                if let Some(b) = f.k_block_bytes() {
+                    assert!(b <= tessera_codegen::neon::FLAT_K_BLOCK_BYTES.max(f.step_bytes * 128));
+                }
+            }
+        }
+    }
+}
+
+/// The flat loop prefetches (L1 for this block, L2 for the next) and the
+/// GEMM loop does not; `FlatGemm` is a different loop from `Gemm`.
+#[test]
+fn flat_loop_prefetches_and_differs_from_gemm() {
+    for target in TARGETS {
+        let be = NeonBackend::new(target).unwrap();
+        for (label, kernel) in flat_formats() {
+            let t = flat_tile(target, &kernel, 8);
+            let flat = machine(be.emit_variant(&kernel, &t, Variant::FlatGemm).unwrap()).listing;
+            let gemm = machine(be.emit_variant(&kernel, &t, Variant::Gemm).unwrap()).listing;
+            assert!(flat.contains("prfm pldl1keep"), "{target} {label}");
+            if label != "w4a8-row" {
+                assert!(flat.contains("prfm pldl2strm"), "{target} {label}");
+            }
+            assert!(!gemm.contains("prfm"), "{target} {label}");
+            assert!(flat.contains("// flat: row block"), "{target} {label}");
+            let f = be.flat_plan(&kernel, &t).unwrap();
+            for c in f.row_counts() {
+                assert!(
+                    flat.contains(&format!("// {c} row(s)")),
+                    "{target} {label} {c}"
+                );
+            }
+        }
+    }
+    let w4 = library::get("matmul-w4a8").unwrap();
+    let be = NeonBackend::new("aarch64-dotprod").unwrap();
+    let t = flat_tile("aarch64-dotprod", &w4, 8);
+    assert!(be.emit_flat(&w4, &t, 0).is_err());
+}

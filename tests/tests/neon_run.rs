@@ -92,8 +92,26 @@ fn check(
         be.emit_variant(kernel, tile, variant)
             .unwrap_or_else(|e| panic!("{target} {}: {e}", kernel.name)),
     );
+    check_code(target, kernel, tile, &code, m, n, k, seed);
+    let _ = variant;
+}
+
+/// Run emitted `code` for one case and compare with the interpreter.
+#[allow(clippy::too_many_arguments)]
+fn check_code(
+    target: &str,
+    kernel: &Kernel,
+    tile: &TileConfig,
+    code: &tessera_codegen::artifact::MachineCode,
+    m: usize,
+    n: usize,
+    k: usize,
+    seed: u64,
+) {
+    let be = NeonBackend::new(target).unwrap();
+    let variant = code.listing.lines().next().unwrap_or("").to_string();
     let quant = be.quantizer(kernel, tile).unwrap();
-    let host = HostMatmul::new(kernel, HostTile::from(tile), quant.as_ref(), &code).unwrap();
+    let host = HostMatmul::new(kernel, HostTile::from(tile), quant.as_ref(), code).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
     let w: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
@@ -286,4 +304,108 @@ fn long_reduction_k_11008() {
         11008,
         3,
     );
+}
+
+/// Every NEON matmul format the flat-GEMM variant serves: (library kernel,
+/// weight format override).
+fn flat_formats() -> Vec<(&'static str, Option<Format>)> {
+    vec![
+        ("matmul-w4a8", None),
+        ("matmul-w4a8", Some(Format::U4Asym(Group::Row))),
+        ("matmul-w8a8", None),
+        ("matmul-w8a8", Some(Format::I8Asym(Group::Size(32)))),
+        ("matmul-f32", None),
+        ("matmul-f16", None),
+    ]
+}
+
+fn flat_kernel(name: &str, f: Option<Format>) -> Kernel {
+    let k = library::get(name).unwrap();
+    match f {
+        Some(f) => with_weight_format(k, f),
+        None => k,
+    }
+}
+
+/// The flat tile for M = `e` that the kernel's layout admits (what the
+/// runtime and kernels-gen solve for).
+fn flat_tile(target: &str, kernel: &Kernel, e: u64) -> TileConfig {
+    let be = NeonBackend::new(target).unwrap();
+    let class = mac_class(be.caps(), kernel).unwrap();
+    let mut p = Problem::from_kernel(be.caps(), kernel).unwrap();
+    p.e = e;
+    assert_eq!(p.class, class);
+    solve(be.caps(), &p)
+        .unwrap()
+        .into_iter()
+        .find(|t| be.emit_variant(kernel, t, Variant::FlatGemm).is_ok())
+        .unwrap()
+}
+
+/// Flat GEMM, every format, M = 1..16 with tails in M, N and K, at the
+/// flat tile solved for M = 8 (the default) and for M itself.
+#[test]
+fn flat_gemm_every_format_m_1_to_16() {
+    for target in runnable() {
+        for (name, f) in flat_formats() {
+            let kernel = flat_kernel(name, f);
+            let t8 = flat_tile(target, &kernel, 8);
+            let mut rng = ChaCha8Rng::seed_from_u64(41);
+            for m in 1..=16usize {
+                let n = rng.gen_range(1..=37);
+                let k = rng.gen_range(1..=200);
+                check(target, &kernel, &t8, Variant::FlatGemm, m, n, k, m as u64);
+                let tm = flat_tile(target, &kernel, m as u64);
+                if (tm.ep, tm.hp) != (t8.ep, t8.hp) {
+                    check(
+                        target,
+                        &kernel,
+                        &tm,
+                        Variant::FlatGemm,
+                        m,
+                        n,
+                        k,
+                        m as u64 + 1,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Small K blocks (a few groups) so K-block boundaries, several row blocks
+/// per pass and a second pass (m > 16) all happen at a small k.
+#[test]
+fn flat_gemm_k_blocks_and_passes() {
+    for target in runnable() {
+        let be = NeonBackend::new(target).unwrap();
+        for (name, f) in flat_formats() {
+            let kernel = flat_kernel(name, f);
+            let tile = flat_tile(target, &kernel, 8);
+            let plan = be.flat_plan(&kernel, &tile).unwrap();
+            // At most ~3 groups (int8) or ~24 l (float) per K block.
+            let small = (plan.step_bytes * 24).min(3 * 128 * plan.step_bytes / tile.lp);
+            let code = machine(be.emit_flat(&kernel, &tile, small).unwrap());
+            let mut rng = ChaCha8Rng::seed_from_u64(43);
+            for m in [3usize, 9, 16, 17, 23, 40] {
+                let n = rng.gen_range(1..=29);
+                let k = rng.gen_range(100..=400);
+                check_code(target, &kernel, &tile, &code, m, n, k, m as u64);
+            }
+        }
+    }
+}
+
+/// The default K block at a Llama-sized reduction: more than one block of
+/// 16 KiB per panel for the int8 and the float loops.
+#[test]
+fn flat_gemm_long_reduction() {
+    for target in runnable() {
+        for (name, f) in [("matmul-w4a8", None), ("matmul-f32", None)] {
+            let kernel = flat_kernel(name, f);
+            let tile = flat_tile(target, &kernel, 8);
+            check(target, &kernel, &tile, Variant::FlatGemm, 5, 9, 11008, 1);
+            check(target, &kernel, &tile, Variant::FlatGemm, 12, 6, 4100, 2);
+        }
+    }
 }

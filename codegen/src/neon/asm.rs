@@ -23,6 +23,32 @@ use dynasmrt::{DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler, dynasm};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct X(pub u8);
 
+/// A `prfm` operation: where the line goes and whether it is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// Into L1, to be read soon and kept (the weight block a loop is on).
+    Pldl1keep,
+    /// Into L2, streaming (the next weight block: read once per pass).
+    Pldl2strm,
+}
+
+impl Prefetch {
+    fn name(self) -> &'static str {
+        match self {
+            Prefetch::Pldl1keep => "pldl1keep",
+            Prefetch::Pldl2strm => "pldl2strm",
+        }
+    }
+
+    /// The prfop field: type (PLD 00), target (L1 00, L2 01), policy (KEEP 0, STRM 1).
+    fn code(self) -> u32 {
+        match self {
+            Prefetch::Pldl1keep => 0b00000,
+            Prefetch::Pldl2strm => 0b00011,
+        }
+    }
+}
+
 /// A 128-bit vector register `v0..v31`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct V(pub u8);
@@ -44,6 +70,16 @@ impl fmt::Display for V {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "v{}", self.0)
     }
+}
+
+/// How a run of loads addresses memory: post-incrementing the pointer,
+/// or at growing offsets from it (an unrolled loop bumps the pointer once
+/// per iteration, so its loads do not wait on each other's write-back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Addr {
+    Post,
+    /// The next load's offset from the pointer.
+    Offset(u32),
 }
 
 /// A branch target.
@@ -315,11 +351,22 @@ impl A64 {
         }
     }
 
-    /// `add xd, sp, #imm` (imm < 4096)
+    /// `add xd, sp, #imm` (imm < 4096 · 4096: split into 12-bit halves).
     pub fn add_from_sp(&mut self, d: X, imm: u32) {
-        self.log(format!("add {d}, sp, #{imm}"));
-        let d = d.0;
-        dynasm!(self.ops ; .arch aarch64 ; add XSP(d), sp, imm);
+        let (lo, hi) = (imm & 0xfff, imm >> 12);
+        assert!(hi < 4096, "add immediate {imm} out of range");
+        if hi == 0 {
+            self.log(format!("add {d}, sp, #{imm}"));
+            let d = d.0;
+            dynasm!(self.ops ; .arch aarch64 ; add XSP(d), sp, imm);
+            return;
+        }
+        self.log(format!("add {d}, sp, #{hi}, lsl #12"));
+        let r = d.0;
+        dynasm!(self.ops ; .arch aarch64 ; add XSP(r), sp, hi, lsl 12);
+        if lo > 0 {
+            self.add_imm(d, d, lo);
+        }
     }
 
     pub fn mov(&mut self, d: X, n: X) {
@@ -677,6 +724,62 @@ impl A64 {
         dynasm!(self.ops ; .arch aarch64 ; ushr V(d).B16, V(n).B16, s);
     }
 
+    /// `ldp qa, qb` of the next 32 bytes at `at`.
+    pub fn ldp_q_at(&mut self, a: V, b: V, n: X, at: &mut Addr) {
+        match at {
+            Addr::Post => self.ldp_q_post(a, b, n, 32),
+            Addr::Offset(o) => {
+                self.ldp_q(a, b, n, *o as i32);
+                *o += 32;
+            }
+        }
+    }
+
+    /// `ldr q` of the next 16 bytes at `at`.
+    pub fn ldr_q_at(&mut self, t: V, n: X, at: &mut Addr) {
+        match at {
+            Addr::Post => self.ldr_q_post(t, n, 16),
+            Addr::Offset(o) => {
+                self.ldr_q(t, n, *o);
+                *o += 16;
+            }
+        }
+    }
+
+    /// `ldr d` of the next 8 bytes at `at`.
+    pub fn ldr_d_at(&mut self, t: V, n: X, at: &mut Addr) {
+        match at {
+            Addr::Post => self.ldr_d_post(t, n, 8),
+            Addr::Offset(o) => {
+                self.ldr_d(t, n, *o);
+                *o += 8;
+            }
+        }
+    }
+
+    /// `ldr s` of the next 4 bytes at `at`.
+    pub fn ldr_s_at(&mut self, t: V, n: X, at: &mut Addr) {
+        match at {
+            Addr::Post => self.ldr_s_post(t, n, 4),
+            Addr::Offset(o) => {
+                self.ldr_s(t, n, *o);
+                *o += 4;
+            }
+        }
+    }
+
+    /// `prfm <op>, [xn, #off]` (off a multiple of 8, below 32768): a hint
+    /// that never faults, so it may point past the end of a buffer. Emitted
+    /// as its word: `0xF9800000 | off/8 << 10 | n << 5 | op`.
+    pub fn prfm(&mut self, op: Prefetch, n: X, off: u32) {
+        assert!(
+            off.is_multiple_of(8) && off < 32768,
+            "prfm offset {off} must be a multiple of 8 below 32768"
+        );
+        self.log(format!("prfm {}, [{n}, #{off}]", op.name()));
+        self.word(0xF980_0000 | (off / 8) << 10 | u32::from(n.0) << 5 | op.code());
+    }
+
     /// `sdot vd.4s, vn.16b, vm.4b[lane]`
     pub fn sdot_elem(&mut self, d: V, n: V, m: V, lane: u32) {
         self.log(format!("sdot {d}.4s, {n}.16b, {m}.4b[{lane}]"));
@@ -884,6 +987,13 @@ impl A64 {
         self.log(format!("fmul {d}.4s, {n}.4s, {m}.s[{lane}]"));
         let (d, n, m) = (d.0, n.0, m.0);
         dynasm!(self.ops ; .arch aarch64 ; fmul V(d).S4, V(n).S4, V(m).S[lane]);
+    }
+
+    /// `fadd vd.8h, vn.8h, vm.8h` (FEAT_FP16; emitted as its word,
+    /// `0x4E401400 | m << 16 | n << 5 | d`).
+    pub fn fadd_8h(&mut self, d: V, n: V, m: V) {
+        self.log(format!("fadd {d}.8h, {n}.8h, {m}.8h"));
+        self.word(0x4E40_1400 | u32::from(m.0) << 16 | u32::from(n.0) << 5 | u32::from(d.0));
     }
 
     /// `fadd vd.4s, vn.4s, vm.4s`

@@ -16,6 +16,12 @@
 //!     tile epilogue: y[r, c] = sx[r]·partial[r, c] + bias[c], valid rows/columns only
 //! ```
 //!
+//! The flat-GEMM variant ([`FlatPlan`]) reorders this to panel → pass of
+//! 16 rows → K block (≤ 16 KiB, whole groups) → row block → group → step,
+//! with one partial-sum area per row block of the pass, a loop per row
+//! count (the last row block runs the fewest rows that cover it, rotating
+//! through the idle rows' accumulators) and prefetch of the weight stream.
+//!
 //! The f32 partial sums live in a stack scratch area (the solver gives
 //! every register to the int32 tile; the group epilogue reuses the A and B
 //! registers). Activations and weights are padded with zero codes to whole
@@ -46,9 +52,9 @@
 //!
 //! One register is left unused in each (29 of 30 after the reservations).
 
-use super::asm::{A64, Cond, V, X};
+use super::asm::{A64, Addr, Cond, Label, Prefetch, V, X};
 use super::frame::{self, OutType, StoreRegs};
-use super::{Mac, RegisterPlan};
+use super::{FLAT_PREFETCH_L1, FlatPlan, Mac, RegisterPlan};
 use crate::abi::{
     MM_BIAS, MM_K, MM_M, MM_N, MM_N0, MM_W, MM_W_PARAMS, MM_X, MM_X_SCALES, MM_X_SUMS, MM_Y,
     MM_Y_STRIDE,
@@ -70,6 +76,8 @@ pub struct Int8Spec {
     /// The GEMV loop (ep = ae): unrolled steady state, A loaded once per
     /// four steps on `sdot`.
     pub gemv: bool,
+    /// The flat-GEMM nest and its numbers (None: the GEMM/GEMV nest).
+    pub flat: Option<FlatPlan>,
 }
 
 // General-purpose registers (x0 holds the argument block throughout).
@@ -108,6 +116,12 @@ const SLOT_WBYTES: u32 = 8;
 const SLOT_PBYTES: u32 = 16;
 const SLOT_BIASSTEP: u32 = 24;
 const SLOT_ZEROS: u32 = 32;
+/// Flat nest: first step of the current K block.
+const SLOT_KB0: u32 = 40;
+/// Flat nest: first row of the current pass.
+const SLOT_R0S: u32 = 48;
+/// Flat nest: the first row block's partial sums.
+const SLOT_SCR0: u32 = 56;
 const SLOTS: u32 = 64;
 
 struct Layout {
@@ -121,7 +135,8 @@ struct Layout {
 fn layout(spec: &Int8Spec, plan: &RegisterPlan) -> Layout {
     let hp4 = spec.hp.div_ceil(4) * 4;
     let scratch = SLOTS;
-    let scratch_bytes = plan.acc_count() * 16;
+    let blocks = spec.flat.map_or(1, |f| f.blocks);
+    let scratch_bytes = plan.acc_count() * 16 * blocks;
     let stage = scratch + scratch_bytes;
     let row_bytes = hp4 * 4;
     let zeros = stage + spec.ep * row_bytes;
@@ -208,7 +223,16 @@ pub fn emit(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     }
     a.add_from_sp(SCR, lay.scratch);
     a.add_from_sp(STAGE, lay.stage);
+    match &spec.flat {
+        Some(f) => flat_nest(a, spec, plan, &lay, f),
+        None => gemm_nest(a, spec, plan, &lay),
+    }
+    frame::epilogue(a, lay.frame);
+}
 
+/// panel → row block → group → step (the GEMM and GEMV variants).
+fn gemm_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout) {
+    let (ep, hp) = (spec.ep, spec.hp);
     let panel_loop = a.new_label();
     let panel_done = a.new_label();
     a.cbz(NREM, panel_done);
@@ -257,12 +281,18 @@ pub fn emit(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     a.add_imm(SG, SG, 4);
     a.cbnz(LEFT, group_loop);
 
-    tile_epilogue(a, spec, plan, &lay);
+    tile_epilogue(a, spec, plan, lay);
     a.add_imm(R0, R0, ep);
     a.cmp(R0, M);
     a.b_cond(Cond::Lo, row_loop);
     a.bind(rows_done);
+    next_panel(a, hp);
+    a.cbnz(NREM, panel_loop);
+    a.bind(panel_done);
+}
 
+/// Advance the panel pointers past one panel; NREM -= COLS.
+fn next_panel(a: &mut A64, hp: u32) {
     a.ldr_x_sp(T0, SLOT_WBYTES);
     a.add(WPANEL, WPANEL, T0);
     a.ldr_x_sp(T0, SLOT_PBYTES);
@@ -271,29 +301,312 @@ pub fn emit(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     a.ldr_x_sp(T0, SLOT_BIASSTEP);
     a.add(BIAS, BIAS, T0);
     a.sub(NREM, NREM, COLS);
+}
+
+/// Branch to `top` while R0 < m and R0 is inside the pass (R0 < R0S +
+/// pass rows); clobbers T0.
+fn next_row_block(a: &mut A64, pass_rows: u32, top: Label) {
+    let out = a.new_label();
+    a.cmp(R0, M);
+    a.b_cond(Cond::Hs, out);
+    a.ldr_x_sp(T0, SLOT_R0S);
+    a.add_imm(T0, T0, pass_rows);
+    a.cmp(R0, T0);
+    a.b_cond(Cond::Lo, top);
+    a.bind(out);
+}
+
+/// SCR = the partial sums of the row block at R0: SCR0 + (R0 - R0S)/ep ·
+/// (accumulators · 16 bytes).
+fn row_block_partials(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    a.ldr_x_sp(T0, SLOT_R0S);
+    a.sub(T0, R0, T0);
+    a.mov_imm(T1, u64::from(spec.ep));
+    a.udiv(T0, T0, T1);
+    a.mov_imm(T1, u64::from(plan.acc_count() * 16));
+    a.ldr_x_sp(SCR, SLOT_SCR0);
+    a.madd(SCR, T0, T1, SCR);
+}
+
+/// The flat-GEMM nest ([`FlatPlan`]): panel → pass → K block → row block →
+/// group → step, each row block's f32 partial sums in its own stack area.
+fn flat_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout, f: &FlatPlan) {
+    let (ep, hp, lp) = (spec.ep, spec.hp, spec.lp);
+    let step_a = ep * lp;
+    let step_w = f.step_bytes;
+    let pass_rows = f.pass_rows();
+    a.str_x_sp(SCR, SLOT_SCR0);
+    if let (Some(kb), None) = (f.k_block_steps, spec.group) {
+        // Whole-row symmetric scales: a K block is one (virtual) group.
+        a.mov_imm(GSTEPS, u64::from(kb));
+    }
+    let panel_loop = a.new_label();
+    let panel_done = a.new_label();
+    let panel_next = a.new_label();
+    a.cbz(NREM, panel_done);
+    a.bind(panel_loop);
+    a.comment("panel: hp output channels");
+    a.mov_imm(T1, u64::from(hp));
+    a.cmp(NREM, T1);
+    a.csel(COLS, NREM, T1, Cond::Lo);
+    a.mov_imm(T0, 0);
+    a.str_x_sp(T0, SLOT_R0S);
+    a.cbz(M, panel_next);
+
+    let pass_loop = a.new_label();
+    a.bind(pass_loop);
+    a.comment(&format!(
+        "pass: up to {pass_rows} rows share every weight byte read from memory"
+    ));
+    let z = plan.scratch_v(0);
+    a.zero(z);
+    a.ldr_x_sp(T0, SLOT_SCR0);
+    a.mov_imm(T1, u64::from(f.blocks * plan.acc_count()));
+    let zero_loop = a.new_label();
+    a.bind(zero_loop);
+    a.str_q_post(z, T0, 16);
+    a.subs_imm(T1, T1, 1);
+    a.b_cond(Cond::Ne, zero_loop);
+    a.mov_imm(T0, 0);
+    a.str_x_sp(T0, SLOT_KB0);
+
+    let kblock_loop = a.new_label();
+    a.bind(kblock_loop);
+    a.comment("K block: the first row block streams it, the others find it in L1");
+    a.ldr_x_sp(R0, SLOT_R0S);
+    let row_loop = a.new_label();
+    a.bind(row_loop);
+    a.comment("row block: ep rows, accumulators in registers");
+    row_block_partials(a, spec, plan);
+    a.ldr_x_sp(T2, SLOT_KB0);
+    // XA = x + (R0/ep)·ABLOCK + KB0·ep·lp; WP = WPANEL + KB0·step_w.
+    a.mov_imm(T1, u64::from(ep));
+    a.udiv(T0, R0, T1);
+    a.ldr_x(XA, ARGS, MM_X as u32);
+    a.madd(XA, T0, ABLOCK, XA);
+    a.mov_imm(T1, u64::from(step_a));
+    a.madd(XA, T2, T1, XA);
+    a.mov_imm(T1, u64::from(step_w));
+    a.madd(WP, T2, T1, WPANEL);
+    // The K block's first group: its parameters and activation sums.
+    a.mov(PG, PPANEL);
+    a.ldr_x(SG, ARGS, MM_X_SUMS as u32);
+    a.mul(T0, R0, GSTRIDE);
+    a.add(SG, SG, T0);
+    if let Some(g) = spec.group {
+        a.mov_imm(T1, u64::from(g / lp));
+        a.udiv(T3, T2, T1);
+        a.mov_imm(T1, u64::from(hp * 4));
+        a.madd(PG, T3, T1, PG);
+        a.add_lsl(SG, SG, T3, 2);
+    }
+    // LEFT = min(ksteps - KB0, K block).
+    a.sub(LEFT, KSTEPS, T2);
+    if let Some(kb) = f.k_block_steps {
+        a.mov_imm(T1, u64::from(kb));
+        a.cmp(LEFT, T1);
+        a.csel(LEFT, LEFT, T1, Cond::Lo);
+    }
+    for r in plan.acc.clone() {
+        a.zero(V(r));
+    }
+    // The last row block of a call may hold fewer rows: run the loop for
+    // the smallest row count that covers them (MACs and group epilogues of
+    // the rows only; the packed A still has ep rows per step).
+    let counts = f.row_counts();
+    let joined = a.new_label();
+    let labels: Vec<Label> = counts.iter().map(|_| a.new_label()).collect();
+    if counts.len() > 1 {
+        a.sub(T0, M, R0);
+        for (&c, &l) in counts.iter().zip(&labels).take(counts.len() - 1) {
+            a.cmp_imm(T0, c);
+            a.b_cond(Cond::Ls, l);
+        }
+        a.b(labels[counts.len() - 1]);
+    }
+    for (i, (&c, &l)) in counts.iter().zip(&labels).enumerate() {
+        a.bind(l);
+        let rows = Int8Spec { ep: c, ..*spec };
+        group_loop(a, &rows, plan, f, (ep - c) * lp);
+        if i + 1 < counts.len() {
+            a.b(joined);
+        }
+    }
+    a.bind(joined);
+    a.add_imm(R0, R0, ep);
+    next_row_block(a, pass_rows, row_loop);
+    if let Some(kb) = f.k_block_steps {
+        a.ldr_x_sp(T0, SLOT_KB0);
+        a.add_imm(T0, T0, kb);
+        a.str_x_sp(T0, SLOT_KB0);
+        a.cmp(T0, KSTEPS);
+        a.b_cond(Cond::Lo, kblock_loop);
+    }
+
+    a.comment("the pass's tile epilogues");
+    a.ldr_x_sp(R0, SLOT_R0S);
+    let epi_loop = a.new_label();
+    a.bind(epi_loop);
+    row_block_partials(a, spec, plan);
+    tile_epilogue(a, spec, plan, lay);
+    a.add_imm(R0, R0, ep);
+    next_row_block(a, pass_rows, epi_loop);
+    a.ldr_x_sp(T0, SLOT_R0S);
+    a.add_imm(T0, T0, pass_rows);
+    a.str_x_sp(T0, SLOT_R0S);
+    a.cmp(T0, M);
+    a.b_cond(Cond::Lo, pass_loop);
+
+    a.bind(panel_next);
+    next_panel(a, hp);
     a.cbnz(NREM, panel_loop);
     a.bind(panel_done);
-    frame::epilogue(a, lay.frame);
+}
+
+/// The groups of one K block for the first `spec.ep` rows of a row block;
+/// `skip` bytes of packed A (the rows not computed) follow each step's.
+fn group_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, skip: u32) {
+    a.comment(&format!("{} row(s)", spec.ep));
+    let group_loop = a.new_label();
+    a.bind(group_loop);
+    a.comment("weight group");
+    a.cmp(LEFT, GSTEPS);
+    a.csel(CNT, LEFT, GSTEPS, Cond::Lo);
+    a.sub(LEFT, LEFT, CNT);
+    if spec.wbits == 4 {
+        a.movi_16b(plan.mask, 15);
+    }
+    let sets = f.sets(spec.ep);
+    flat_k_loop(a, spec, plan, f, skip);
+    fold_sets(a, plan, sets, set_regs(spec, plan, f));
+    group_epilogue(a, spec, plan);
+    if spec.group.is_some() {
+        a.add_imm(PG, PG, spec.hp * 4);
+        a.add_imm(SG, SG, 4);
+    }
+    a.cbnz(LEFT, group_loop);
+}
+
+/// Accumulator registers of one set of the `spec.ep`-row loop (the
+/// row block's share for those rows).
+fn set_regs(spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan) -> u32 {
+    plan.acc_count() * spec.ep / f.row_block
+}
+
+/// Sum accumulator sets 1.. into set 0 (int32) and clear them.
+fn fold_sets(a: &mut A64, plan: &RegisterPlan, sets: u32, per_set: u32) {
+    if sets < 2 {
+        return;
+    }
+    a.comment(&format!("fold {sets} accumulator sets"));
+    for k in 1..sets {
+        for i in 0..per_set {
+            let (d, s) = (plan.acc_reg(i), plan.acc_reg(k * per_set + i));
+            a.add_4s(d, d, s);
+            a.zero(s);
+        }
+    }
+}
+
+/// One flat step: A of `spec.ep` rows (then `skip` bytes), B, MACs into
+/// the accumulator set `set` of the plan; with `at`, step `s` of an
+/// unrolled iteration whose loads use offsets.
+fn flat_step(
+    a: &mut A64,
+    spec: &Int8Spec,
+    set: &RegisterPlan,
+    skip: u32,
+    at: Option<(u32, &FlatPlan)>,
+) {
+    match at {
+        Some((s, f)) => {
+            load_a_at(a, spec, set, &mut Addr::Offset(s * f.row_block * spec.lp));
+            load_b_at(a, spec, set, &mut Addr::Offset(s * f.step_bytes));
+        }
+        None => {
+            load_a(a, spec, set);
+            if skip > 0 {
+                a.add_imm(XA, XA, skip);
+            }
+            load_b(a, spec, set);
+        }
+    }
+    macs(a, spec, set, None);
+}
+
+/// The flat loop over the CNT lp-steps of one group: `unroll` steps per
+/// iteration behind one prefetch pair, then single steps.
+fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, skip: u32) {
+    let u = f.unroll_for(spec.ep);
+    let per_set = set_regs(spec, plan, f);
+    let set = |k: u32| plan.shifted_acc(k * per_set);
+    let sets = f.sets(spec.ep);
+    let done = a.new_label();
+    let single = a.new_label();
+    let top = a.new_label();
+    if u > 1 {
+        a.cmp_imm(CNT, u);
+        a.b_cond(Cond::Lo, single);
+    } else {
+        a.cbz(CNT, done);
+    }
+    a.bind(top);
+    a.comment(&format!("steady state (flat): {u} lp-step(s), prefetch"));
+    a.prfm(Prefetch::Pldl1keep, WP, FLAT_PREFETCH_L1);
+    if let Some(d) = f.prefetch_l2() {
+        a.prfm(Prefetch::Pldl2strm, WP, d);
+    }
+    let offsets = offsets_fit(spec, f, u);
+    for s in 0..u {
+        flat_step(a, spec, &set(s % sets), skip, offsets.then_some((s, f)));
+    }
+    if offsets {
+        a.add_imm(XA, XA, u * f.row_block * spec.lp);
+        a.add_imm(WP, WP, u * f.step_bytes);
+    }
+    if u > 1 {
+        a.sub_imm(CNT, CNT, u);
+        a.cmp_imm(CNT, u);
+        a.b_cond(Cond::Hs, top);
+        a.bind(single);
+        a.cbz(CNT, done);
+        let one = a.new_label();
+        a.bind(one);
+        flat_step(a, spec, &set(0), skip, None);
+        a.subs_imm(CNT, CNT, 1);
+        a.b_cond(Cond::Ne, one);
+    } else {
+        a.subs_imm(CNT, CNT, 1);
+        a.b_cond(Cond::Ne, top);
+        a.bind(single);
+    }
+    a.bind(done);
 }
 
 /// Load one lp-step of A (ep × lp int8) into the A registers.
 fn load_a(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    load_a_at(a, spec, plan, &mut Addr::Post);
+}
+
+/// [`load_a`] at `at` (offsets: not for a 12-byte tail, see [`offsets_fit`]).
+fn load_a_at(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, at: &mut Addr) {
     let bytes = spec.ep * spec.lp;
     let full = bytes / 16;
     let regs: Vec<V> = plan.a.clone().map(V).collect();
     let mut i = 0;
     while i + 1 < full {
-        a.ldp_q_post(regs[i as usize], regs[i as usize + 1], XA, 32);
+        a.ldp_q_at(regs[i as usize], regs[i as usize + 1], XA, at);
         i += 2;
     }
     if i < full {
-        a.ldr_q_post(regs[i as usize], XA, 16);
+        a.ldr_q_at(regs[i as usize], XA, at);
     }
     match bytes % 16 {
         0 => {}
-        4 => a.ldr_s_post(regs[full as usize], XA, 4),
-        8 => a.ldr_d_post(regs[full as usize], XA, 8),
+        4 => a.ldr_s_at(regs[full as usize], XA, at),
+        8 => a.ldr_d_at(regs[full as usize], XA, at),
         _ => {
+            assert_eq!(*at, Addr::Post, "a 12-byte A tail loads post-indexed");
             a.ldr_d_post(regs[full as usize], XA, 8);
             a.ld1_s_lane_post4(regs[full as usize], 2, XA);
         }
@@ -302,16 +615,21 @@ fn load_a(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
 
 /// Load one lp-step of B (hp × lp codes) and unpack 4-bit codes.
 fn load_b(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    load_b_at(a, spec, plan, &mut Addr::Post);
+}
+
+/// [`load_b`] at `at`.
+fn load_b_at(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, at: &mut Addr) {
     let nb = plan.b.len() as u32;
     let b0 = u32::from(plan.b.start);
     if spec.wbits == 8 {
         let mut j = 0;
         while j + 1 < nb {
-            a.ldp_q_post(V((b0 + j) as u8), V((b0 + j + 1) as u8), WP, 32);
+            a.ldp_q_at(V((b0 + j) as u8), V((b0 + j + 1) as u8), WP, at);
             j += 2;
         }
         if j < nb {
-            a.ldr_q_post(V((b0 + j) as u8), WP, 16);
+            a.ldr_q_at(V((b0 + j) as u8), WP, at);
         }
         return;
     }
@@ -320,16 +638,26 @@ fn load_b(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     let lo = |q: u32| V((b0 + q) as u8);
     let mut q = 0;
     while q + 1 < runs {
-        a.ldp_q_post(hi(q), hi(q + 1), WP, 32);
+        a.ldp_q_at(hi(q), hi(q + 1), WP, at);
         q += 2;
     }
     if q < runs {
-        a.ldr_q_post(hi(q), WP, 16);
+        a.ldr_q_at(hi(q), WP, at);
     }
     for q in 0..runs {
         a.and_16b(lo(q), hi(q), plan.mask);
         a.ushr_16b(hi(q), hi(q), 4);
     }
+}
+
+/// Whether an unrolled flat iteration of `u` steps can address A and B at
+/// offsets: 16-byte aligned strides within `ldp`'s reach, no 12-byte tail.
+fn offsets_fit(spec: &Int8Spec, f: &FlatPlan, u: u32) -> bool {
+    let a_stride = f.row_block * spec.lp;
+    a_stride.is_multiple_of(16)
+        && f.step_bytes.is_multiple_of(16)
+        && (spec.ep * spec.lp) % 16 != 12
+        && u * a_stride.max(f.step_bytes) <= 1008
 }
 
 /// The register holding B unit j (16 bytes of codes at index j).

@@ -14,6 +14,11 @@
 //! | `aarch64-fp16` | `smull`/`smlal2`/`sadalp` | `fmla .8h` | `fmla .4s` |
 //! | `aarch64-neon` | `smull`/`smlal2`/`sadalp` | widened to `fmla .4s` | `fmla .4s` |
 //!
+//! Variants: `Gemm` (panel → row block → all of K), `Gemv` (one row block
+//! of ae rows, unrolled), `FlatGemm` ([`FlatPlan`]: M = 2–16 read each
+//! weight byte from memory once, K blocks stay in L1 across row blocks,
+//! prefetch, loops for fewer rows than the tile).
+//!
 //! Which target a machine runs is decided at run time by
 //! [`NeonBackend::detect`]. Every listing starts with the kernel's register
 //! plan as `//` lines (llvm-mc reads them as comments).
@@ -87,6 +92,16 @@ impl RegisterPlan {
         asm::V(self.acc.start + i as u8)
     }
 
+    /// The same plan with the accumulators starting `n` registers higher:
+    /// accumulator set k of a flat loop of fewer rows than ep is the plan
+    /// shifted by k · (accumulators per set).
+    pub fn shifted_acc(&self, n: u32) -> RegisterPlan {
+        RegisterPlan {
+            acc: self.acc.start + n as u8..self.acc.end,
+            ..self.clone()
+        }
+    }
+
     /// A register not holding an accumulator (for set-up code).
     pub fn scratch_v(&self, i: u8) -> asm::V {
         asm::V(i)
@@ -135,6 +150,172 @@ impl RegisterPlan {
         }
         rows.push(format!("| {} | accumulators |", range(&self.acc)));
         rows
+    }
+}
+
+/// Rows one pass of the flat-GEMM loop covers at least (the default flat
+/// range is M = 2..16, `tessera_runtime::dispatch::DEFAULT_M2`): the pass's
+/// row blocks share every weight byte read from memory.
+pub const FLAT_ROWS: u32 = 16;
+
+/// Weight bytes of one panel's K block in the flat loop: half of the
+/// smallest L1 data cache among the targets (32 KiB on Cortex-A72; 64 KiB
+/// on A76 / Neoverse N1), the rest for the activations and partial sums.
+pub const FLAT_K_BLOCK_BYTES: u32 = 16 * 1024;
+
+/// How far ahead of the weight pointer the flat loop's `prfm pldl1keep`
+/// reaches, in bytes (8 cache lines: covers ~100 ns of DRAM latency at a
+/// few bytes per cycle).
+pub const FLAT_PREFETCH_L1: u32 = 512;
+
+/// How the flat-GEMM variant walks one call; the same numbers for the
+/// int8 and the float loops.
+///
+/// ```text
+/// for each hp-panel of this call's channels
+///   for each pass of blocks·row_block rows               (1 pass for m ≤ FLAT_ROWS)
+///     for each K block of the panel (k_block_steps lp-steps, ≤ 16 KiB)
+///       for each row block of the pass (row_block = ep rows, accumulators in registers;
+///       the last one runs the loop of the fewest rows ≥ its valid rows, see
+///       row_counts, with the idle rows' accumulators as extra sets)
+///         the K block's steps, unrolled by `unroll`, loads at offsets and one
+///         pointer bump per iteration, one prfm pldl1keep
+///         (this block, FLAT_PREFETCH_L1 ahead) and one prfm pldl2strm
+///         (the same place of the next K block) per unrolled iteration
+///         → f32 partial sums of the row block (stack, per row block)
+///     tile epilogue of each row block
+/// ```
+///
+/// The first row block of a K block streams the block from memory; the
+/// others find it in L1. So within a pass each weight byte comes from
+/// memory once; a call reads the weights `passes(m)` times (once for
+/// m ≤ blocks·row_block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlatPlan {
+    /// Rows whose accumulators live in registers: the tile's ep, as the
+    /// solver's accounting sized it.
+    pub row_block: u32,
+    /// Row blocks per pass: ceil([`FLAT_ROWS`] / row_block).
+    pub blocks: u32,
+    /// Weight bytes of one lp-step of one panel (hp columns).
+    pub step_bytes: u32,
+    /// lp-steps per K block (a whole number of weight groups); None: all of
+    /// K at once (asymmetric whole-row weights, whose zero-point term needs
+    /// the whole row's activation sum at once).
+    pub k_block_steps: Option<u32>,
+    /// Rows one MAC instruction covers (2 for `smmla`, else 1): the row
+    /// counts of [`Self::row_counts`] are multiples of it.
+    pub row_unit: u32,
+    /// lp-steps per unrolled iteration: one prefetch pair per ≥ 64 bytes
+    /// (one cache line), at most 8 steps.
+    pub unroll: u32,
+}
+
+impl FlatPlan {
+    /// The plan for a tile of `row_block` rows whose panel step is
+    /// `step_bytes` of weights; `group_steps` is the weight group in
+    /// lp-steps (None: one group per row), `whole_row` forces one K block.
+    pub fn new(
+        row_block: u32,
+        step_bytes: u32,
+        group_steps: Option<u32>,
+        whole_row: bool,
+    ) -> FlatPlan {
+        Self::sized(
+            row_block,
+            step_bytes,
+            group_steps,
+            whole_row,
+            FLAT_K_BLOCK_BYTES,
+        )
+    }
+
+    /// [`Self::new`] with K blocks of at most `k_block_bytes` (at least one
+    /// group).
+    pub fn sized(
+        row_block: u32,
+        step_bytes: u32,
+        group_steps: Option<u32>,
+        whole_row: bool,
+        k_block_bytes: u32,
+    ) -> FlatPlan {
+        let fit = (k_block_bytes / step_bytes).max(1);
+        let k_block_steps = if whole_row {
+            None
+        } else {
+            Some(match group_steps {
+                Some(g) => (fit / g).max(1) * g,
+                None => fit,
+            })
+        };
+        FlatPlan {
+            row_block,
+            row_unit: 1,
+            blocks: FLAT_ROWS.div_ceil(row_block),
+            step_bytes,
+            k_block_steps,
+            unroll: 64u32.div_ceil(step_bytes).min(8),
+        }
+    }
+
+    /// The same plan for a MAC of `unit` rows.
+    pub fn with_row_unit(self, unit: u32) -> FlatPlan {
+        FlatPlan {
+            row_unit: unit,
+            ..self
+        }
+    }
+
+    /// The row counts the loop is emitted for: unit, 2·unit, 4·unit, …
+    /// below the row block, then the row block. A row block of r valid
+    /// rows runs the smallest count ≥ r, so a call with m < ep rows does
+    /// the MACs of (about) m rows, not ep: M = 2 costs a 2-row loop.
+    pub fn row_counts(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut c = self.row_unit.max(1);
+        while c < self.row_block {
+            out.push(c);
+            c *= 2;
+        }
+        out.push(self.row_block);
+        out
+    }
+
+    /// Accumulator sets the loop of `rows` rows rotates through: the
+    /// accumulator registers of the row block's other rows, so the MAC
+    /// chains of a small row count are independent (ep / rows of them)
+    /// and the loop is bound by throughput, not MAC latency.
+    pub fn sets(&self, rows: u32) -> u32 {
+        (self.row_block / rows.max(1)).max(1)
+    }
+
+    /// lp-steps per unrolled iteration of the loop of `rows` rows: whole
+    /// cache lines of weights and a whole number of accumulator sets.
+    pub fn unroll_for(&self, rows: u32) -> u32 {
+        let sets = self.sets(rows);
+        self.unroll.div_ceil(sets) * sets
+    }
+
+    /// Rows one pass covers.
+    pub fn pass_rows(&self) -> u32 {
+        self.blocks * self.row_block
+    }
+
+    /// Bytes of one panel's K block (None: the whole panel).
+    pub fn k_block_bytes(&self) -> Option<u32> {
+        self.k_block_steps.map(|s| s * self.step_bytes)
+    }
+
+    /// The `prfm pldl2strm` distance: one K block ahead, when it fits the
+    /// instruction's offset field.
+    pub fn prefetch_l2(&self) -> Option<u32> {
+        self.k_block_bytes()
+            .filter(|&b| b < 32768 && b.is_multiple_of(8))
+    }
+
+    /// Passes over the weights for `m` rows.
+    pub fn passes(&self, m: u64) -> u64 {
+        m.div_ceil(u64::from(self.pass_rows())).max(1)
     }
 }
 
@@ -200,7 +381,7 @@ impl NeonBackend {
         kernel: &Kernel,
         tile: &TileConfig,
     ) -> Result<Option<MachineCode>, EmitError> {
-        let spec = self.spec(kernel, tile, Variant::Gemm)?;
+        let spec = self.spec(kernel, tile, Variant::Gemm, None)?;
         match spec {
             KernelSpec::Int8(s) => {
                 let mut a = asm::A64::new();
@@ -231,6 +412,70 @@ impl NeonBackend {
         Ok((plan, acc))
     }
 
+    /// The flat-GEMM plan of `kernel` at `tile` (its row block is the
+    /// tile's ep, as the solver's accounting sized it).
+    pub fn flat_plan(&self, kernel: &Kernel, tile: &TileConfig) -> Result<FlatPlan, EmitError> {
+        let spec = self.spec(kernel, tile, Variant::FlatGemm, None)?;
+        let (plan, acc) = self.plan(kernel, tile)?;
+        let flat = spec.flat().expect("the flat variant has a flat plan");
+        Self::check_flat(tile, &plan, &acc, &flat)?;
+        Ok(flat)
+    }
+
+    /// The flat-GEMM variant with K blocks of at most `k_block_bytes` of
+    /// weights instead of [`FLAT_K_BLOCK_BYTES`] (so tests reach K-block
+    /// boundaries with a small k, and the autotuner may try other sizes).
+    pub fn emit_flat(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        k_block_bytes: u32,
+    ) -> Result<Artifact, EmitError> {
+        if k_block_bytes == 0 {
+            return Err(Self::bad_tile(
+                tile,
+                "a flat K block needs at least one byte",
+            ));
+        }
+        self.emit_with(kernel, tile, Variant::FlatGemm, Some(k_block_bytes))
+    }
+
+    /// The flat loop keeps the row block's accumulators in the registers
+    /// the solver counted for the tile: row block = ep, the plan's
+    /// accumulators and total equal the accounting's, within the budget.
+    fn check_flat(
+        tile: &TileConfig,
+        plan: &RegisterPlan,
+        acc: &RegisterAccounting,
+        flat: &FlatPlan,
+    ) -> Result<(), EmitError> {
+        let why = if flat.row_block != tile.ep {
+            Some(format!(
+                "flat row block {} is not the tile's ep",
+                flat.row_block
+            ))
+        } else if plan.acc_count() != acc.accumulators {
+            Some(format!(
+                "flat loop holds {} accumulators, the solver counted {}",
+                plan.acc_count(),
+                acc.accumulators
+            ))
+        } else if plan.total() > acc.total || acc.total > acc.budget {
+            Some(format!(
+                "flat loop uses {} vector registers, the solver counted {} of {}",
+                plan.total(),
+                acc.total,
+                acc.budget
+            ))
+        } else {
+            None
+        };
+        match why {
+            Some(w) => Err(Self::bad_tile(tile, w)),
+            None => Ok(()),
+        }
+    }
+
     fn unsupported(&self, what: String) -> EmitError {
         EmitError::Unsupported {
             backend: self.caps.name,
@@ -250,7 +495,9 @@ impl NeonBackend {
         kernel: &Kernel,
         tile: &TileConfig,
         variant: Variant,
+        k_block_bytes: Option<u32>,
     ) -> Result<KernelSpec, EmitError> {
+        let k_block_bytes = k_block_bytes.unwrap_or(FLAT_K_BLOCK_BYTES);
         let mm = kernel
             .as_matmul()
             .ok_or_else(|| self.unsupported(format!("kernel `{}` (not a matmul)", kernel.name)))?;
@@ -339,6 +586,16 @@ impl NeonBackend {
                     _ => Mac::Smull,
                 };
                 let _ = xf;
+                let flat = (variant == Variant::FlatGemm).then(|| {
+                    FlatPlan::sized(
+                        tile.ep,
+                        tile.hp * tile.lp * wbits / 8,
+                        group.map(|g| g / tile.lp),
+                        group.is_none() && asym,
+                        k_block_bytes,
+                    )
+                    .with_row_unit(instr.ae)
+                });
                 Ok(KernelSpec::Int8(int8::Int8Spec {
                     mac,
                     ep: tile.ep,
@@ -348,6 +605,7 @@ impl NeonBackend {
                     asym,
                     group,
                     gemv: variant == Variant::Gemv,
+                    flat,
                 }))
             }
             MacClass::F32 | MacClass::F16 => {
@@ -365,14 +623,19 @@ impl NeonBackend {
                     Format::F16 => Ok(float::Elem::F16),
                     f => Err(self.unsupported(format!("{f} operands on the NEON float path"))),
                 };
+                let w = elem(wf)?;
+                let flat = (variant == Variant::FlatGemm).then(|| {
+                    FlatPlan::sized(tile.ep, tile.hp * w.bytes(), None, false, k_block_bytes)
+                });
                 Ok(KernelSpec::Float(float::FloatSpec {
                     fp16_mac: class == MacClass::F16,
                     ep: tile.ep,
                     hp: tile.hp,
                     x: elem(xf)?,
-                    w: elem(wf)?,
+                    w,
                     out,
                     gemv: variant == Variant::Gemv,
+                    flat,
                 }))
             }
         }
@@ -382,6 +645,36 @@ impl NeonBackend {
 enum KernelSpec {
     Int8(int8::Int8Spec),
     Float(float::FloatSpec),
+}
+
+impl KernelSpec {
+    fn flat(&self) -> Option<FlatPlan> {
+        match self {
+            KernelSpec::Int8(s) => s.flat,
+            KernelSpec::Float(s) => s.flat,
+        }
+    }
+}
+
+impl FlatPlan {
+    /// The plan as one `//` header line.
+    pub fn summary(&self) -> String {
+        let k_block = match self.k_block_steps {
+            Some(s) => format!("{s} steps ({} B)", s * self.step_bytes),
+            None => "all of k".to_string(),
+        };
+        let l2 = match self.prefetch_l2() {
+            Some(d) => format!(", pldl2strm +{d}"),
+            None => String::new(),
+        };
+        format!(
+            "flat: row block {} x {} per pass ({} rows), K block {k_block}, unroll {}, prfm pldl1keep +{FLAT_PREFETCH_L1}{l2}",
+            self.row_block,
+            self.blocks,
+            self.pass_rows(),
+            self.unroll
+        )
+    }
 }
 
 fn finish(a: asm::A64) -> Result<MachineCode, EmitError> {
@@ -403,14 +696,27 @@ impl Backend for NeonBackend {
     }
 
     /// `Gemv` is its own loop (ep = ae, A loaded once per four sdot steps);
-    /// `FlatGemm` on a CPU is the GEMM loop at the solver's small-M tile.
+    /// `FlatGemm` is its own nest ([`FlatPlan`]): K blocks that stay in L1
+    /// across the row blocks of a pass, prefetch of the weight stream.
     fn emit_variant(
         &self,
         kernel: &Kernel,
         tile: &TileConfig,
         variant: Variant,
     ) -> Result<Artifact, EmitError> {
-        let spec = self.spec(kernel, tile, variant)?;
+        self.emit_with(kernel, tile, variant, None)
+    }
+}
+
+impl NeonBackend {
+    fn emit_with(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+        k_block_bytes: Option<u32>,
+    ) -> Result<Artifact, EmitError> {
+        let spec = self.spec(kernel, tile, variant, k_block_bytes)?;
         let (plan, acc) = self.plan(kernel, tile)?;
         let mut a = asm::A64::new();
         a.header(&format!(
@@ -429,6 +735,10 @@ impl Backend for NeonBackend {
         ));
         for line in plan.table() {
             a.header(&line);
+        }
+        if let Some(f) = spec.flat() {
+            Self::check_flat(tile, &plan, &acc, &f)?;
+            a.header(&f.summary());
         }
         match &spec {
             KernelSpec::Int8(s) => int8::emit(&mut a, s, &plan),
