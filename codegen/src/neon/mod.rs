@@ -19,6 +19,8 @@
 //! plan as `//` lines (llvm-mc reads them as comments).
 
 pub mod asm;
+pub mod attention;
+mod attention_asm;
 pub mod float;
 pub mod frame;
 pub mod int8;
@@ -163,6 +165,12 @@ impl NeonBackend {
 
     pub fn caps(&self) -> &'static TargetCaps {
         self.caps
+    }
+
+    /// Decode attention for this target ([`attention`]; ABI
+    /// [`crate::host_attention::AttentionArgs`]).
+    pub fn emit_attention(&self, kernel: &Kernel) -> Result<MachineCode, EmitError> {
+        attention::emit(self.caps, kernel)
     }
 
     /// The best target this CPU runs, from run-time feature detection:
@@ -399,6 +407,9 @@ impl Backend for NeonBackend {
     }
 
     fn emit(&self, kernel: &Kernel, tile: &TileConfig) -> Result<Artifact, EmitError> {
+        if kernel.as_attention().is_some() {
+            return self.emit_attention(kernel).map(Artifact::Machine);
+        }
         self.emit_variant(kernel, tile, Variant::Gemm)
     }
 

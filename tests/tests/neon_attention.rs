@@ -1,0 +1,370 @@
+//! NEON decode attention: listing snapshots of the canonical set and the
+//! llvm-mc byte check of every variant (any host), and the differential
+//! suite against the reference interpreter (aarch64, under qemu here):
+//! head dims 64 and 128 (and tails), GQA 1/4/8, contexts 1..4096 with
+//! non-multiples of every tile, both softmax modes, adversarial scores that
+//! force the recompute path, every KV format, fp16 and plain NEON paths
+//! (each gated on run-time detection: a SIGILL would kill the binary).
+
+use tessera_codegen::artifact::MachineCode;
+use tessera_codegen::neon::NeonBackend;
+use tessera_dsl::ir::{Format, Group, Kernel, Op, SoftmaxMode};
+use tessera_dsl::library;
+use tessera_tests::llvm_mc::{McError, check_aarch64};
+
+const MATTR: &str = "+neon,+fullfp16";
+
+const TARGETS: [&str; 4] = [
+    "aarch64-i8mm",
+    "aarch64-dotprod",
+    "aarch64-fp16",
+    "aarch64-neon",
+];
+
+fn with_formats(mut k: Kernel, kf: Format, vf: Format) -> Kernel {
+    for t in &mut k.tensors {
+        match t.name.as_str() {
+            "k" => t.format = kf,
+            "v" => t.format = vf,
+            _ => {}
+        }
+    }
+    k.name = format!("{}-{kf}-{vf}", k.name);
+    k
+}
+
+fn online(mut k: Kernel) -> Kernel {
+    if let Op::Attention(a) = &mut k.op {
+        a.softmax = SoftmaxMode::Online;
+    }
+    k.name.push_str("-online");
+    k
+}
+
+fn unscaled(mut k: Kernel) -> Kernel {
+    if let Op::Attention(a) = &mut k.op {
+        a.q_prescaled = false;
+    }
+    k.name.push_str("-unscaled");
+    k
+}
+
+/// Every KV format pair the emitter takes.
+fn format_pairs() -> Vec<(Format, Format)> {
+    let keys = [
+        Format::F16,
+        Format::I8Asym(Group::Row),
+        Format::I8Sym(Group::Row),
+    ];
+    let values = [Format::F16, Format::Fp8E4M3, Format::Fp8E5M2];
+    let mut out = Vec::new();
+    for k in keys {
+        for v in values {
+            out.push((k, v));
+        }
+    }
+    out
+}
+
+/// Every kernel variant: library kernels, all format pairs, both softmax
+/// modes, prescaled or not.
+fn variants() -> Vec<Kernel> {
+    let base = library::get("attention-decode-f16").unwrap();
+    let mut out = vec![library::get("attention-decode-kv8").unwrap()];
+    for (kf, vf) in format_pairs() {
+        let k = with_formats(base.clone(), kf, vf);
+        out.push(online(k.clone()));
+        out.push(k);
+    }
+    out.push(unscaled(base.clone()));
+    out.push(unscaled(online(base)));
+    out
+}
+
+fn emit(target: &str, k: &Kernel) -> MachineCode {
+    NeonBackend::new(target)
+        .unwrap()
+        .emit_attention(k)
+        .unwrap_or_else(|e| panic!("{target} {}: {e}", k.name))
+}
+
+#[test]
+fn listing_snapshots_of_the_canonical_set() {
+    for target in ["aarch64-fp16", "aarch64-neon"] {
+        for name in ["attention-decode-f16", "attention-decode-kv8"] {
+            let code = emit(target, &library::get(name).unwrap());
+            insta::assert_snapshot!(format!("{target}_{name}"), code.listing);
+        }
+    }
+}
+
+#[test]
+fn fp16_targets_use_fmla_8h_and_plain_neon_never_does() {
+    let k = library::get("attention-decode-f16").unwrap();
+    for target in TARGETS {
+        let l = emit(target, &k).listing;
+        let fp16 = target != "aarch64-neon";
+        assert_eq!(l.contains("fmla v8.8h, v0.8h, v4.8h"), fp16, "{target}");
+        let fmla_8h = l
+            .lines()
+            .any(|x| x.trim_start().starts_with("fmla") && x.contains(".8h"));
+        assert_eq!(fmla_8h, fp16, "{target}");
+        assert!(l.contains("fmla v4.4s, v1.4s, v0.s[0]"), "{target}: PV");
+    }
+}
+
+#[test]
+fn llvm_mc_assembles_every_variant_to_the_same_bytes() {
+    for target in ["aarch64-fp16", "aarch64-neon"] {
+        for k in variants() {
+            let code = emit(target, &k);
+            match check_aarch64(&code.listing, &code.bytes, MATTR) {
+                Ok(()) => {}
+                Err(McError::Missing) => {
+                    eprintln!("llvm-mc not installed: skipped");
+                    return;
+                }
+                Err(McError::Failed(e)) => panic!("{target} {}: {e}", k.name),
+            }
+        }
+    }
+}
+
+#[test]
+fn unsupported_kernels_are_refused_with_a_reason() {
+    let be = NeonBackend::new("aarch64-fp16").unwrap();
+    let prefill = library::get("attention-prefill-f16").unwrap();
+    let e = be.emit_attention(&prefill).unwrap_err().to_string();
+    assert!(e.contains("prefill"), "{e}");
+    let base = library::get("attention-decode-f16").unwrap();
+    let k4 = with_formats(base.clone(), Format::U4Asym(Group::Row), Format::F16);
+    let e = be.emit_attention(&k4).unwrap_err().to_string();
+    assert!(e.contains("keys"), "{e}");
+    let mm = library::get("matmul-f16").unwrap();
+    assert!(be.emit_attention(&mm).is_err());
+}
+
+#[cfg(target_arch = "aarch64")]
+mod run {
+    use super::*;
+    use half::f16;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use tessera_codegen::host_attention::{HostAttention, KvCache};
+    use tessera_dsl::interp::{self, Bindings, Value};
+    use tessera_dsl::quant::{self, QuantTensor};
+
+    /// Targets this CPU runs: the fp16 path if it has FEAT_FP16, and plain
+    /// NEON always.
+    fn runnable() -> Vec<&'static str> {
+        let mut t = Vec::new();
+        if std::arch::is_aarch64_feature_detected!("fp16") {
+            t.push("aarch64-fp16");
+        }
+        t.push("aarch64-neon");
+        t
+    }
+
+    #[test]
+    fn detection_matches_the_emulated_cpu() {
+        if let Ok(want) = std::env::var("TESSERA_EXPECT_TARGET") {
+            assert_eq!(NeonBackend::detect_name(), Some(want.as_str()));
+        }
+    }
+
+    fn cache(
+        format: Format,
+        rows: usize,
+        d: usize,
+        data: &[f32],
+    ) -> (Value, Option<QuantTensor>, Vec<f16>) {
+        if format == Format::F16 {
+            let h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+            (Value::F16(h.clone()), None, h)
+        } else {
+            let q = quant::quantize(format, rows, d, data).expect("quantize");
+            (Value::Quant(q.clone()), Some(q), Vec::new())
+        }
+    }
+
+    struct Case {
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        q_amp: f32,
+        threads: usize,
+        seed: u64,
+    }
+
+    /// Run one case; returns the recomputed-row count (checked equal to the
+    /// interpreter's).
+    fn check(target: &str, att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
+        let Case {
+            s,
+            hq,
+            kvh,
+            d,
+            q_amp,
+            threads,
+            seed,
+        } = *c;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let a = kernel.as_attention().unwrap();
+        let kf = kernel.tensor(&a.k).unwrap().format;
+        let vf = kernel.tensor(&a.v).unwrap().format;
+        let qv: Vec<f16> = (0..hq * d)
+            .map(|_| f16::from_f32(rng.gen_range(-q_amp..q_amp)))
+            .collect();
+        let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let (kval, kq, k16) = cache(kf, s * kvh, d, &kd);
+        let (vval, vq, v16) = cache(vf, s * kvh, d, &vd);
+        let bindings = Bindings::new()
+            .extent("hq", hq)
+            .extent("kvh", kvh)
+            .extent("d", d)
+            .extent("s", s)
+            .tensor("q", Value::F16(qv.clone()))
+            .tensor("k", kval)
+            .tensor("v", vval);
+        let out = interp::run(kernel, &bindings).expect("interp");
+        let want = out.get("o").unwrap();
+        let stats = out.softmax.unwrap();
+        let kc = match &kq {
+            Some(q) => KvCache::Quant(q),
+            None => KvCache::F16(&k16),
+        };
+        let vc = match &vq {
+            Some(q) => KvCache::Quant(q),
+            None => KvCache::F16(&v16),
+        };
+        let mut o = vec![f16::ZERO; hq * d];
+        let recomputed = att
+            .run(&qv, kc, vc, s, hq, kvh, d, &mut o, threads)
+            .expect("run");
+        let what = format!(
+            "{target} {} s={s} hq={hq} kvh={kvh} d={d} threads={threads}",
+            kernel.name
+        );
+        assert_eq!(
+            recomputed as usize, stats.recomputed,
+            "{what}: recomputed rows"
+        );
+        // f16 accumulation of QK on fp16 cores (d/32 products per lane)
+        // perturbs scores by ~1e-3 relative.
+        let tol = if target == "aarch64-neon" { 2e-3 } else { 8e-3 };
+        for (i, (g, w)) in o.iter().zip(want).enumerate() {
+            let g = g.to_f32();
+            assert!(
+                (g - w).abs() <= tol * w.abs() + tol,
+                "{what}: o[{i}] = {g}, want {w}"
+            );
+        }
+        recomputed
+    }
+
+    fn compile(target: &str, kernel: &Kernel) -> HostAttention {
+        HostAttention::new(kernel, &emit(target, kernel)).expect("map")
+    }
+
+    /// Many short contexts (around the 64-key block and the 4-lane exp) on
+    /// every GQA ratio and head dim.
+    fn sweep(kernel: &Kernel, dims: &[usize], lens: &[usize]) {
+        for target in runnable() {
+            let att = compile(target, kernel);
+            let mut seed = 11;
+            for &s in lens {
+                for &(hq, kvh) in &[(2usize, 2usize), (8, 2), (8, 1)] {
+                    for &d in dims {
+                        seed += 1;
+                        let c = Case {
+                            s,
+                            hq,
+                            kvh,
+                            d,
+                            q_amp: 0.5,
+                            threads: 1 + (seed as usize % 2),
+                            seed,
+                        };
+                        check(target, &att, kernel, &c);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn library_kernels_short_contexts() {
+        for name in ["attention-decode-f16", "attention-decode-kv8"] {
+            let k = library::get(name).unwrap();
+            sweep(&k, &[64, 128], &[1, 3, 63, 64, 65, 130]);
+            sweep(&online(k), &[64, 128], &[1, 5, 64, 129]);
+        }
+    }
+
+    #[test]
+    fn every_kv_format_and_head_dim_tails() {
+        let base = library::get("attention-decode-f16").unwrap();
+        for (kf, vf) in format_pairs() {
+            let k = with_formats(base.clone(), kf, vf);
+            sweep(&k, &[13, 64, 72], &[1, 66]);
+            sweep(&online(k), &[8, 37], &[2, 70]);
+        }
+        sweep(&unscaled(base.clone()), &[64, 20], &[1, 67]);
+        sweep(&unscaled(online(base)), &[128], &[100]);
+    }
+
+    #[test]
+    fn long_contexts() {
+        let cases = [
+            ("attention-decode-f16", 4096, 8, 2, 128),
+            ("attention-decode-kv8", 4096, 8, 1, 64),
+            ("attention-decode-kv8", 1001, 4, 1, 128),
+            ("attention-decode-f16", 2047, 8, 8, 64),
+        ];
+        for target in runnable() {
+            for (i, &(name, s, hq, kvh, d)) in cases.iter().enumerate() {
+                let k = library::get(name).unwrap();
+                let att = compile(target, &k);
+                let c = Case {
+                    s,
+                    hq,
+                    kvh,
+                    d,
+                    q_amp: 0.5,
+                    threads: 2,
+                    seed: 500 + i as u64,
+                };
+                check(target, &att, &k, &c);
+            }
+        }
+    }
+
+    #[test]
+    fn adversarial_scores_force_the_recompute_path() {
+        for target in runnable() {
+            for name in ["attention-decode-f16", "attention-decode-kv8"] {
+                let k = library::get(name).unwrap();
+                let att = compile(target, &k);
+                // |q| up to 4 over d = 64: scores far outside [-16.8, 6.5].
+                for (s, d, seed) in [(200usize, 64usize, 99u64), (70, 128, 98)] {
+                    let c = Case {
+                        s,
+                        hq: 8,
+                        kvh: 2,
+                        d,
+                        q_amp: 4.0,
+                        threads: 2,
+                        seed,
+                    };
+                    let r = check(target, &att, &k, &c);
+                    assert!(
+                        r > 0,
+                        "{target} {name}: the adversarial case recomputed nothing"
+                    );
+                }
+            }
+        }
+    }
+}
