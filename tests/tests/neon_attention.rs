@@ -252,8 +252,13 @@ mod run {
             "{what}: recomputed rows"
         );
         // f16 accumulation of QK on fp16 cores (d/32 products per lane)
-        // perturbs scores by ~1e-3 relative.
-        let tol = if target == "aarch64-neon" { 2e-3 } else { 8e-3 };
+        // rounds scores by ~1e-3 relative: invisible at ordinary scores
+        // (worst seen 6e-4), up to ~6e-3 at the adversarial |score| ~ 40.
+        let tol = if target != "aarch64-neon" && q_amp > 1.0 {
+            1.5e-2
+        } else {
+            2e-3
+        };
         for (i, (g, w)) in o.iter().zip(want).enumerate() {
             let g = g.to_f32();
             assert!(

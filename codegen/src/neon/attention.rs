@@ -480,12 +480,14 @@ fn emit_scores(a: &mut A64, spec: &AttentionSpec, asym: bool, quant_keys: bool) 
     });
 }
 
-/// Load 8 keys' worth of one chunk into `k` as f16 lanes (fp16 cores).
-fn key_chunk_f16(a: &mut A64, spec: &AttentionSpec, k: V) {
+/// Load chunk `c` (8 lanes of d) of the key row at `T24` into `k` as f16
+/// lanes (fp16 cores). Offsets, not post-increments: the cursor moves
+/// once per trip, so loads do not queue behind one base register.
+fn key_chunk_f16(a: &mut A64, spec: &AttentionSpec, k: V, c: u32) {
     match spec.keys {
-        KeyStore::F16 => a.ldr_q_post(k, T24, 16),
+        KeyStore::F16 => a.ldr_q(k, T24, 16 * c),
         KeyStore::I8 { .. } => {
-            a.ldr_d_post(k, T24, 8);
+            a.ldr_d(k, T24, 8 * c);
             a.sxtl_8h(k, k);
             a.scvtf_8h(k, k);
         }
@@ -502,10 +504,12 @@ fn qk_fp16(a: &mut A64, spec: &AttentionSpec) {
     a.lsr_imm(T0, D, 5);
     count_loop(a, T0, 1, |a| {
         for c in 0..4u8 {
-            key_chunk_f16(a, spec, V(c));
+            key_chunk_f16(a, spec, V(c), u32::from(c));
         }
-        a.ldp_q_post(V(4), V(5), T3, 32);
-        a.ldp_q_post(V(6), V(7), T3, 32);
+        a.ldp_q(V(4), V(5), T3, 0);
+        a.ldp_q(V(6), V(7), T3, 32);
+        a.add_imm(T24, T24, 4 * 8 * spec.key_bytes());
+        a.add_imm(T3, T3, 64);
         for c in 0..4u8 {
             a.fmla_8h(V(8 + c), V(c), V(4 + c));
         }
@@ -516,8 +520,10 @@ fn qk_fp16(a: &mut A64, spec: &AttentionSpec) {
     a.lsl_imm(T4, T4, 2);
     a.sub(T0, T0, T4);
     count_loop(a, T0, 1, |a| {
-        key_chunk_f16(a, spec, V(0));
-        a.ldr_q_post(V(4), T3, 16);
+        key_chunk_f16(a, spec, V(0), 0);
+        a.ldr_q(V(4), T3, 0);
+        a.add_imm(T24, T24, 8 * spec.key_bytes());
+        a.add_imm(T3, T3, 16);
         a.fmla_8h(V(8), V(0), V(4));
     });
     a.fcvtl_4s(V(12), V(8));
@@ -540,12 +546,12 @@ fn qk_f32(a: &mut A64, spec: &AttentionSpec) {
     count_loop(a, T0, 8, |a| {
         match spec.keys {
             KeyStore::F16 => {
-                a.ldr_q_post(V(0), T24, 16);
+                a.ldr_q(V(0), T24, 0);
                 a.fcvtl_4s(V(1), V(0));
                 a.fcvtl2_4s(V(2), V(0));
             }
             KeyStore::I8 { .. } => {
-                a.ldr_d_post(V(0), T24, 8);
+                a.ldr_d(V(0), T24, 0);
                 a.sxtl_8h(V(0), V(0));
                 a.sxtl_4s(V(1), V(0));
                 a.sxtl2_4s(V(2), V(0));
@@ -553,7 +559,9 @@ fn qk_f32(a: &mut A64, spec: &AttentionSpec) {
                 a.scvtf_4s(V(2), V(2));
             }
         }
-        a.ldp_q_post(V(3), V(4), T3, 32);
+        a.ldp_q(V(3), V(4), T3, 0);
+        a.add_imm(T24, T24, 8 * spec.key_bytes());
+        a.add_imm(T3, T3, 32);
         a.fmla_4s(V(8), V(1), V(3));
         a.fmla_4s(V(9), V(2), V(4));
     });
@@ -719,7 +727,8 @@ fn emit_pv(a: &mut A64, spec: &AttentionSpec) {
         a.mov(T28, T24);
         a.mov(T23, T27);
         count_loop(a, T23, 1, |a| {
-            a.ldr_s_post(V(0), T28, 4);
+            a.ldr_s(V(0), T28, 0);
+            a.add_imm(T28, T28, 4);
             value_chunk(a, spec, V(1), V(2));
             a.fmla_4s_elem(V(4), V(1), V(0), 0);
             a.fmla_4s_elem(V(5), V(2), V(0), 0);
