@@ -27,6 +27,9 @@
 //!    `sshr`+`and` and a 2⁸ scale folded into the denominator).
 //! 5. `o = num / den`, rounded to f16.
 //!
+//! A prefill kernel emits this same code; `attention_prefill::NeonPrefill`
+//! runs it once per query token with that token's causal prefix.
+//!
 //! Tails: d need not be a multiple of 8 (a scalar tail over the last
 //! `d % 8` lanes), s need not be a multiple of the block (the last block is
 //! short). Nothing is read past a cache row's end.
@@ -81,12 +84,8 @@ impl AttentionSpec {
         let a = kernel
             .as_attention()
             .ok_or_else(|| unsupported(format!("kernel `{}` is not attention", kernel.name)))?;
-        if a.kind != AttentionKind::Decode {
-            return Err(unsupported(format!(
-                "prefill attention (`{}`); the NEON backend emits decode attention",
-                kernel.name
-            )));
-        }
+        // A prefill kernel is the decode kernel run once per query row with
+        // that row's causal length (`attention_prefill::NeonPrefill`).
         let fmt = |n: &str| {
             kernel
                 .tensor(n)
@@ -225,6 +224,9 @@ const FRAME: u32 = 16;
 pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError> {
     let spec = AttentionSpec::new(caps, kernel)?;
     let mut a = A64::new();
+    if kernel.as_attention().map(|a| a.kind) == Some(AttentionKind::Prefill) {
+        a.header("prefill: this decode kernel runs once per query token with s = its causal prefix (NeonPrefill)");
+    }
     a.header(&format!(
         "{} {} decode attention: keys {:?}, values {:?}, QK {}, softmax {}",
         kernel.name,

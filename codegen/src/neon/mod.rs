@@ -21,6 +21,7 @@
 pub mod asm;
 pub mod attention;
 mod attention_asm;
+pub mod attention_prefill;
 pub mod float;
 pub mod frame;
 pub mod int8;
