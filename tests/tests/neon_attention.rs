@@ -7,7 +7,7 @@
 //! (each gated on run-time detection: a SIGILL would kill the binary).
 
 use tessera_codegen::artifact::MachineCode;
-use tessera_codegen::neon::NeonBackend;
+use tessera_codegen::neon::{NeonBackend, attention_append};
 use tessera_dsl::ir::{Format, Group, Kernel, Op, SoftmaxMode};
 use tessera_dsl::library;
 use tessera_tests::llvm_mc::{McError, check_aarch64};
@@ -128,6 +128,41 @@ fn llvm_mc_assembles_every_variant_to_the_same_bytes() {
             }
         }
     }
+}
+
+/// Cache format pairs the KV append writes.
+fn append_pairs() -> Vec<(Format, Format)> {
+    let mut out = Vec::new();
+    for kf in [Format::F16, Format::I8Asym(Group::Row)] {
+        for vf in [Format::F16, Format::Fp8E4M3, Format::Fp8E5M2] {
+            out.push((kf, vf));
+        }
+    }
+    out
+}
+
+fn emit_append(target: &str, k: &Kernel) -> MachineCode {
+    let be = NeonBackend::new(target).unwrap();
+    attention_append::emit(be.caps(), k).unwrap_or_else(|e| panic!("{target} {}: {e}", k.name))
+}
+
+#[test]
+fn kv_append_assembles_to_the_same_bytes_and_refuses_other_formats() {
+    let base = library::get("attention-decode-f16").unwrap();
+    for (kf, vf) in append_pairs() {
+        let code = emit_append("aarch64-neon", &with_formats(base.clone(), kf, vf));
+        match check_aarch64(&code.listing, &code.bytes, MATTR) {
+            Ok(()) => {}
+            Err(McError::Missing) => return,
+            Err(McError::Failed(e)) => panic!("append {kf} {vf}: {e}"),
+        }
+    }
+    let be = NeonBackend::new("aarch64-neon").unwrap();
+    let sym = with_formats(base, Format::I8Sym(Group::Row), Format::F16);
+    let e = attention_append::emit(be.caps(), &sym)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("KV append of i8sym:row keys"), "{e}");
 }
 
 #[test]
@@ -438,6 +473,186 @@ mod run {
             )
             .is_err()
         );
+    }
+
+    /// The append writes row `pos` bit-for-bit as the reference quantizer
+    /// would, and nothing else.
+    #[test]
+    fn kv_append_matches_the_reference_quantizer_bit_for_bit() {
+        use tessera_codegen::neon::attention_append::{KvRowsMut, NeonKvAppend};
+        let base = library::get("attention-decode-f16").unwrap();
+        let be = NeonBackend::new("aarch64-neon").unwrap();
+        let mut seed = 40;
+        for (kf, vf) in append_pairs() {
+            let kernel = with_formats(base.clone(), kf, vf);
+            let app = NeonKvAppend::new(be.caps(), &kernel, &emit_append("aarch64-neon", &kernel))
+                .unwrap();
+            for &(kvh, d, cap, pos, amp) in &[
+                (1usize, 64usize, 3usize, 0usize, 1.0f32),
+                (4, 128, 5, 4, 3.0),
+                (2, 13, 4, 2, 0.01),
+                (8, 64, 2, 1, 500.0),
+            ] {
+                seed += 1;
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                let new = |rng: &mut ChaCha8Rng| -> Vec<f16> {
+                    (0..kvh * d)
+                        .map(|_| f16::from_f32(rng.gen_range(-amp..amp)))
+                        .collect()
+                };
+                let (kn, mut vn) = (new(&mut rng), new(&mut rng));
+                // Specials the fp8 encoders must saturate or keep: inf, NaN,
+                // values past the largest code, the subnormal boundary.
+                for (i, x) in [
+                    f16::INFINITY,
+                    f16::NEG_INFINITY,
+                    f16::NAN,
+                    f16::from_f32(470.0),
+                    f16::from_f32(0.015625),
+                    f16::from_f32(-0.0009),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    if i < vn.len() && vf != Format::F16 {
+                        vn[i] = x;
+                    }
+                }
+                let rows = cap * kvh;
+                let garbage = |rng: &mut ChaCha8Rng, n: usize| -> Vec<u8> {
+                    (0..n).map(|_| rng.r#gen()).collect()
+                };
+                let check_side =
+                    |rng: &mut ChaCha8Rng,
+                     f: Format,
+                     new: &[f16],
+                     run: &mut dyn FnMut(KvRowsMut<'_>)| {
+                        let new32: Vec<f32> = new.iter().map(|x| x.to_f32()).collect();
+                        if f == Format::F16 {
+                            let mut c: Vec<f16> = garbage(rng, rows * d)
+                                .iter()
+                                .map(|&b| f16::from_bits(u16::from(b) * 3))
+                                .collect();
+                            let before = c.clone();
+                            run(KvRowsMut::F16(&mut c));
+                            let row0 = pos * kvh * d;
+                            for (i, (a, b)) in c.iter().zip(&before).enumerate() {
+                                let want = if (row0..row0 + kvh * d).contains(&i) {
+                                    new[i - row0]
+                                } else {
+                                    *b
+                                };
+                                assert_eq!(a.to_bits(), want.to_bits(), "f16 element {i}");
+                            }
+                            return;
+                        }
+                        // NaN is refused by the reference quantizer: compare
+                        // those elements with the fp8 NaN code directly.
+                        let finite: Vec<f32> = new32
+                            .iter()
+                            .map(|&x| if x.is_finite() { x } else { 0.0 })
+                            .collect();
+                        let want = quant::quantize(f, kvh, d, &finite).unwrap();
+                        let mut codes = garbage(rng, rows * d);
+                        let mut scales = vec![7.0f32; if f.is_asymmetric() { rows } else { 0 }];
+                        let mut offsets = scales.clone();
+                        let (cb, sb) = (codes.clone(), scales.clone());
+                        run(KvRowsMut::Codes {
+                            codes: &mut codes,
+                            scales: &mut scales,
+                            offsets: &mut offsets,
+                        });
+                        let row0 = pos * kvh * d;
+                        for i in 0..rows * d {
+                            let w = if (row0..row0 + kvh * d).contains(&i) {
+                                let x = new32[i - row0];
+                                match (x.is_nan(), x.is_infinite(), f) {
+                                    (true, _, Format::Fp8E4M3) => {
+                                        0x7F | (x.is_sign_negative() as u8) << 7
+                                    }
+                                    (true, _, _) => 0x7E | (x.is_sign_negative() as u8) << 7,
+                                    (_, true, Format::Fp8E4M3) => 0x7E | (x < 0.0) as u8 * 0x80,
+                                    (_, true, _) => 0x7B | (x < 0.0) as u8 * 0x80,
+                                    _ => want.codes[i - row0],
+                                }
+                            } else {
+                                cb[i]
+                            };
+                            assert_eq!(
+                                codes[i],
+                                w,
+                                "{f} kvh={kvh} d={d} pos={pos}: code {i} (input {:?})",
+                                new32.get(i.wrapping_sub(row0))
+                            );
+                        }
+                        for r in 0..scales.len() {
+                            if r / kvh == pos {
+                                assert_eq!(
+                                    scales[r].to_bits(),
+                                    want.scales[r % kvh].to_bits(),
+                                    "scale row {r}"
+                                );
+                                assert_eq!(
+                                    offsets[r].to_bits(),
+                                    want.offsets[r % kvh].to_bits(),
+                                    "offset row {r}"
+                                );
+                            } else {
+                                assert_eq!(scales[r], sb[r]);
+                                assert_eq!(offsets[r], sb[r]);
+                            }
+                        }
+                    };
+                // Keys then values, each against a dummy other side.
+                let mut vdummy16 = vec![f16::ZERO; rows * d];
+                let mut vdummy8 = vec![0u8; rows * d];
+                let (mut e1, mut e2) = (Vec::new(), Vec::new());
+                check_side(&mut rng, kf, &kn, &mut |kc| {
+                    let vc = if vf == Format::F16 {
+                        KvRowsMut::F16(&mut vdummy16)
+                    } else {
+                        KvRowsMut::Codes {
+                            codes: &mut vdummy8,
+                            scales: &mut e1,
+                            offsets: &mut e2,
+                        }
+                    };
+                    app.run(&kn, &vn, kc, vc, pos, kvh, d).unwrap();
+                });
+                let mut kdummy16 = vec![f16::ZERO; rows * d];
+                let mut kdummy8 = vec![0u8; rows * d];
+                let mut ks = vec![0f32; rows];
+                let mut ko = vec![0f32; rows];
+                check_side(&mut rng, vf, &vn, &mut |vc| {
+                    let kc = if kf == Format::F16 {
+                        KvRowsMut::F16(&mut kdummy16)
+                    } else {
+                        KvRowsMut::Codes {
+                            codes: &mut kdummy8,
+                            scales: &mut ks,
+                            offsets: &mut ko,
+                        }
+                    };
+                    app.run(&kn, &vn, kc, vc, pos, kvh, d).unwrap();
+                });
+            }
+            // Too short a cache is refused.
+            let mut small = vec![f16::ZERO; 3];
+            let mut small2 = vec![f16::ZERO; 3];
+            let kn = vec![f16::ZERO; 8];
+            assert!(
+                app.run(
+                    &kn,
+                    &kn,
+                    KvRowsMut::F16(&mut small),
+                    KvRowsMut::F16(&mut small2),
+                    0,
+                    1,
+                    8
+                )
+                .is_err()
+            );
+        }
     }
 
     #[test]

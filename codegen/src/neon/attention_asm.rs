@@ -58,6 +58,33 @@ pub trait AttentionAsm {
     fn ldr_b(&mut self, t: V, n: X);
     /// `ldr ht, [xn]`
     fn ldr_h(&mut self, t: V, n: X);
+    /// `fmov dd, xn`
+    fn fmov_d_x(&mut self, d: V, n: X);
+    /// `fcvt dd, sn`
+    fn fcvt_d_s(&mut self, d: V, n: V);
+    /// `fcvt sd, dn`
+    fn fcvt_s_d(&mut self, d: V, n: V);
+    /// `fcvt dd, hn`
+    fn fcvt_d_h(&mut self, d: V, n: V);
+    fn fsub_d(&mut self, d: V, n: V, m: V);
+    fn fdiv_d(&mut self, d: V, n: V, m: V);
+    /// `fmadd dd, dn, dm, da` (d = a + n·m, one rounding)
+    fn fmadd_d(&mut self, d: V, n: V, m: V, a: V);
+    /// `fcvtns xd, dn` (round to nearest, ties to even)
+    fn fcvtns_x_d(&mut self, d: X, n: V);
+    /// `fcvtns wd, sn`
+    fn fcvtns_w_s(&mut self, d: X, n: V);
+    fn fminnm_s(&mut self, d: V, n: V, m: V);
+    /// `ldrh wt, [xn], #2`
+    fn ldrh_post2(&mut self, t: X, n: X);
+    /// `strh wt, [xn], #2`
+    fn strh_post2(&mut self, t: X, n: X);
+    /// `strb wt, [xn], #1`
+    fn strb_post1(&mut self, t: X, n: X);
+    /// `and xd, xn, xm`
+    fn and(&mut self, d: X, n: X, m: X);
+    /// `orr xd, xn, xm`
+    fn orr(&mut self, d: X, n: X, m: X);
 }
 
 impl AttentionAsm for A64 {
@@ -181,5 +208,83 @@ impl AttentionAsm for A64 {
     fn ldr_h(&mut self, t: V, n: X) {
         let w = rd_rn(0x7D40_0000, t.0, n.0);
         self.encoded(format!("ldr h{}, [{n}]", t.0), w);
+    }
+
+    fn fmov_d_x(&mut self, d: V, n: X) {
+        let w = rd_rn(0x9E67_0000, d.0, n.0);
+        self.encoded(format!("fmov d{}, {n}", d.0), w);
+    }
+
+    fn fcvt_d_s(&mut self, d: V, n: V) {
+        let w = rd_rn(0x1E22_C000, d.0, n.0);
+        self.encoded(format!("fcvt d{}, s{}", d.0, n.0), w);
+    }
+
+    fn fcvt_s_d(&mut self, d: V, n: V) {
+        let w = rd_rn(0x1E62_4000, d.0, n.0);
+        self.encoded(format!("fcvt s{}, d{}", d.0, n.0), w);
+    }
+
+    fn fcvt_d_h(&mut self, d: V, n: V) {
+        let w = rd_rn(0x1EE2_C000, d.0, n.0);
+        self.encoded(format!("fcvt d{}, h{}", d.0, n.0), w);
+    }
+
+    fn fsub_d(&mut self, d: V, n: V, m: V) {
+        let w = rd_rn_rm(0x1E60_3800, d, n, m);
+        self.encoded(format!("fsub d{}, d{}, d{}", d.0, n.0, m.0), w);
+    }
+
+    fn fdiv_d(&mut self, d: V, n: V, m: V) {
+        let w = rd_rn_rm(0x1E60_1800, d, n, m);
+        self.encoded(format!("fdiv d{}, d{}, d{}", d.0, n.0, m.0), w);
+    }
+
+    fn fmadd_d(&mut self, d: V, n: V, m: V, a: V) {
+        let w = rd_rn_rm(0x1F40_0000, d, n, m) | u32::from(a.0) << 10;
+        self.encoded(format!("fmadd d{}, d{}, d{}, d{}", d.0, n.0, m.0, a.0), w);
+    }
+
+    fn fcvtns_x_d(&mut self, d: X, n: V) {
+        let w = rd_rn(0x9E60_0000, d.0, n.0);
+        self.encoded(format!("fcvtns {d}, d{}", n.0), w);
+    }
+
+    fn fcvtns_w_s(&mut self, d: X, n: V) {
+        let w = rd_rn(0x1E20_0000, d.0, n.0);
+        self.encoded(format!("fcvtns {}, s{}", d.w(), n.0), w);
+    }
+
+    fn fminnm_s(&mut self, d: V, n: V, m: V) {
+        let w = rd_rn_rm(0x1E20_7800, d, n, m);
+        self.encoded(format!("fminnm s{}, s{}, s{}", d.0, n.0, m.0), w);
+    }
+
+    fn ldrh_post2(&mut self, t: X, n: X) {
+        assert_ne!(t, n, "ldrh with writeback: base and target must differ");
+        let w = rd_rn(0x7840_2400, t.0, n.0);
+        self.encoded(format!("ldrh {}, [{n}], #2", t.w()), w);
+    }
+
+    fn strh_post2(&mut self, t: X, n: X) {
+        assert_ne!(t, n, "strh with writeback: base and source must differ");
+        let w = rd_rn(0x7800_2400, t.0, n.0);
+        self.encoded(format!("strh {}, [{n}], #2", t.w()), w);
+    }
+
+    fn strb_post1(&mut self, t: X, n: X) {
+        assert_ne!(t, n, "strb with writeback: base and source must differ");
+        let w = rd_rn(0x3800_1400, t.0, n.0);
+        self.encoded(format!("strb {}, [{n}], #1", t.w()), w);
+    }
+
+    fn and(&mut self, d: X, n: X, m: X) {
+        let w = 0x8A00_0000 | u32::from(m.0) << 16 | u32::from(n.0) << 5 | u32::from(d.0);
+        self.encoded(format!("and {d}, {n}, {m}"), w);
+    }
+
+    fn orr(&mut self, d: X, n: X, m: X) {
+        let w = 0xAA00_0000 | u32::from(m.0) << 16 | u32::from(n.0) << 5 | u32::from(d.0);
+        self.encoded(format!("orr {d}, {n}, {m}"), w);
     }
 }

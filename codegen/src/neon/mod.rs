@@ -20,6 +20,7 @@
 
 pub mod asm;
 pub mod attention;
+pub mod attention_append;
 mod attention_asm;
 pub mod attention_prefill;
 pub mod float;
