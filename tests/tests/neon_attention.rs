@@ -387,6 +387,7 @@ mod run {
 
     /// Causal prefill through NeonPrefill (the decode kernel per query
     /// token with its visible prefix) against the interpreter.
+    #[allow(clippy::too_many_arguments)]
     fn check_prefill(
         target: &str,
         kernel: &Kernel,
@@ -566,13 +567,12 @@ mod run {
                         for i in 0..rows * d {
                             let w = if (row0..row0 + kvh * d).contains(&i) {
                                 let x = new32[i - row0];
+                                let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
                                 match (x.is_nan(), x.is_infinite(), f) {
-                                    (true, _, Format::Fp8E4M3) => {
-                                        0x7F | (x.is_sign_negative() as u8) << 7
-                                    }
-                                    (true, _, _) => 0x7E | (x.is_sign_negative() as u8) << 7,
-                                    (_, true, Format::Fp8E4M3) => 0x7E | (x < 0.0) as u8 * 0x80,
-                                    (_, true, _) => 0x7B | (x < 0.0) as u8 * 0x80,
+                                    (true, _, Format::Fp8E4M3) => sign | 0x7F,
+                                    (true, _, _) => sign | 0x7E,
+                                    (_, true, Format::Fp8E4M3) => sign | 0x7E,
+                                    (_, true, _) => sign | 0x7B,
                                     _ => want.codes[i - row0],
                                 }
                             } else {

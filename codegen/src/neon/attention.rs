@@ -228,11 +228,19 @@ pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError
         a.header("prefill: this decode kernel runs once per query token with s = its causal prefix (NeonPrefill)");
     }
     a.header(&format!(
-        "{} {} decode attention: keys {:?}, values {:?}, QK {}, softmax {}",
+        "{} {} decode attention: keys {}, values {}, QK {}, softmax {}",
         kernel.name,
         caps.name,
-        spec.keys,
-        spec.values,
+        match spec.keys {
+            KeyStore::F16 => "f16",
+            KeyStore::I8 { asym: false } => "i8sym:row",
+            KeyStore::I8 { asym: true } => "i8asym:row",
+        },
+        match spec.values {
+            ValueStore::F16 => "f16",
+            ValueStore::E4M3 => "fp8e4m3",
+            ValueStore::E5M2 => "fp8e5m2",
+        },
         if spec.fp16 { "fmla .8h" } else { "fmla .4s" },
         match spec.softmax {
             SoftmaxMode::Online => "online".to_string(),
