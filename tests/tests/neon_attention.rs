@@ -655,6 +655,83 @@ mod run {
         }
     }
 
+    /// Flash-decoding: chunks of the sequence as separate jobs, combined
+    /// on the host, against the interpreter (outputs and recomputed rows).
+    #[test]
+    fn split_over_the_sequence_matches_the_interpreter() {
+        use tessera_codegen::neon::attention_split::NeonSplitDecode;
+        let cases = [
+            // (kernel, s, hq, kvh, d, chunk, q amplitude)
+            (
+                "attention-decode-f16",
+                4096usize,
+                4usize,
+                1usize,
+                128usize,
+                1000usize,
+                0.5f32,
+            ),
+            ("attention-decode-kv8", 1500, 8, 1, 64, 256, 0.5),
+            ("attention-decode-f16", 65, 2, 2, 64, 64, 0.5),
+            ("attention-decode-kv8", 1, 4, 4, 64, 64, 0.5),
+            ("attention-decode-f16", 300, 4, 2, 64, 100, 4.0),
+        ];
+        for target in runnable() {
+            for (i, &(name, s, hq, kvh, d, chunk, amp)) in cases.iter().enumerate() {
+                for k in [
+                    library::get(name).unwrap(),
+                    online(library::get(name).unwrap()),
+                ] {
+                    let split = NeonSplitDecode::new(&k, &emit(target, &k)).unwrap();
+                    let mut rng = ChaCha8Rng::seed_from_u64(700 + i as u64);
+                    let a = k.as_attention().unwrap();
+                    let kf = k.tensor(&a.k).unwrap().format;
+                    let vf = k.tensor(&a.v).unwrap().format;
+                    let qv: Vec<f16> = (0..hq * d)
+                        .map(|_| f16::from_f32(rng.gen_range(-amp..amp)))
+                        .collect();
+                    let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    let (kval, kq, k16) = cache(kf, s * kvh, d, &kd);
+                    let (vval, vq, v16) = cache(vf, s * kvh, d, &vd);
+                    let b = Bindings::new()
+                        .extent("hq", hq)
+                        .extent("kvh", kvh)
+                        .extent("d", d)
+                        .extent("s", s)
+                        .tensor("q", Value::F16(qv.clone()))
+                        .tensor("k", kval)
+                        .tensor("v", vval);
+                    let out = interp::run(&k, &b).unwrap();
+                    let want = out.get("o").unwrap();
+                    let kc = kq.as_ref().map_or(KvCache::F16(&k16), KvCache::Quant);
+                    let vc = vq.as_ref().map_or(KvCache::F16(&v16), KvCache::Quant);
+                    let mut o = vec![f16::ZERO; hq * d];
+                    let r = split
+                        .run(&qv, kc, vc, s, hq, kvh, d, &mut o, 2, chunk)
+                        .unwrap();
+                    let what = format!("{target} {} s={s} chunk={chunk}", k.name);
+                    assert_eq!(r as usize, out.softmax.unwrap().recomputed, "{what}");
+                    if amp > 1.0 && a.softmax != SoftmaxMode::Online {
+                        assert!(r > 0, "{what}: nothing recomputed");
+                    }
+                    let tol = if target != "aarch64-neon" && amp > 1.0 {
+                        1.5e-2
+                    } else {
+                        2e-3
+                    };
+                    for (j, (g, w)) in o.iter().zip(want).enumerate() {
+                        let g = g.to_f32();
+                        assert!(
+                            (g - w).abs() <= tol * w.abs() + tol,
+                            "{what}: o[{j}] = {g}, want {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn adversarial_scores_force_the_recompute_path() {
         for target in runnable() {

@@ -25,7 +25,10 @@
 //!    block's keys, V read in place and widened in registers (f16 `fcvtl`;
 //!    fp8 bytes become f16 bit patterns with `shll`, e4m3 through
 //!    `sshr`+`and` and a 2⁸ scale folded into the denominator).
-//! 5. `o = num / den`, rounded to f16.
+//! 5. `o = num / den`, rounded to f16. The head's softmax state stays in
+//!    scratch (`den` at `s`, `num` at `s + d`, the max the exps were taken
+//!    against at `s + 2d`): the flash-decoding split
+//!    (`attention_split`) combines chunks of the sequence from it.
 //!
 //! A prefill kernel emits this same code; `attention_prefill::NeonPrefill`
 //! runs it once per query token with that token's causal prefix.
@@ -808,4 +811,10 @@ fn emit_output(a: &mut A64, spec: &AttentionSpec) {
         a.fcvt_h_s(V(0), V(0));
         a.str_h_post(V(0), T4, 2);
     });
+    a.comment("leave the head's softmax state: scratch[s] = den, scratch[s + 2d] = max (num stays at scratch[s + d..])");
+    let skip = a.new_label();
+    a.cbz(D, skip);
+    a.str_s(DEN, QS, 0);
+    a.str_s(BMAX, Q16, 0);
+    a.bind(skip);
 }

@@ -30,7 +30,11 @@ fn shape(what: &'static str, expected: impl ToString, got: impl ToString) -> Att
 }
 
 /// The first `rows` rows of a cache of `cols` columns, borrowed in place.
-fn prefix<'a>(c: KvCache<'a>, rows: usize, cols: usize) -> Result<KvCache<'a>, AttentionError> {
+pub(crate) fn prefix<'a>(
+    c: KvCache<'a>,
+    rows: usize,
+    cols: usize,
+) -> Result<KvCache<'a>, AttentionError> {
     let elems = rows * cols;
     match c {
         KvCache::F16(x) => x
