@@ -410,9 +410,6 @@ impl Backend for NeonBackend {
     }
 
     fn emit(&self, kernel: &Kernel, tile: &TileConfig) -> Result<Artifact, EmitError> {
-        if kernel.as_attention().is_some() {
-            return self.emit_attention(kernel).map(Artifact::Machine);
-        }
         self.emit_variant(kernel, tile, Variant::Gemm)
     }
 
