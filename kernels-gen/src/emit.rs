@@ -157,10 +157,19 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
     match target {
         "x86-avx2" | "aarch64-neon" | "aarch64-fp16" | "aarch64-dotprod" | "aarch64-i8mm" => {
             if !is_matmul {
-                return Err(format!(
-                    "{target} emits matmul kernels; `{}` is attention (the `host` and `opencl` targets emit attention)",
-                    kernel.name
-                ));
+                if target == "x86-avx2" {
+                    return Err(format!(
+                        "{target} emits matmul kernels; `{}` is attention (the `host`, `opencl` and `aarch64-*` targets emit attention)",
+                        kernel.name
+                    ));
+                }
+                // Decode attention takes no tile (its loops run over d and s).
+                let neon = NeonBackend::new(target).map_err(|e| e.to_string())?;
+                let code = neon.emit_attention(&kernel).map_err(|e| e.to_string())?;
+                return Ok(Emitted {
+                    text: header("//", target, &kernel, variant, None) + &code.listing,
+                    bytes: Some(code.bytes),
+                });
             }
             let caps = TargetCaps::by_name(target).map_err(|e| e.to_string())?;
             mac_class(caps, &kernel).map_err(|e| e.to_string())?;

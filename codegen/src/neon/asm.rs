@@ -207,6 +207,15 @@ impl A64 {
         self.ops.extend(w.to_le_bytes());
     }
 
+    /// One instruction given as its llvm-mc text and its 32-bit encoding,
+    /// for kernel-specific instructions kept beside their emitter (the
+    /// attention kernels' `attention_asm`); the llvm-mc byte check covers
+    /// them like every other instruction.
+    pub fn encoded(&mut self, text: String, word: u32) {
+        self.log(text);
+        self.word(word);
+    }
+
     // ---- labels and branches -------------------------------------------
 
     pub fn new_label(&mut self) -> Label {

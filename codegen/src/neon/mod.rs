@@ -24,6 +24,11 @@
 //! plan as `//` lines (llvm-mc reads them as comments).
 
 pub mod asm;
+pub mod attention;
+pub mod attention_append;
+mod attention_asm;
+pub mod attention_prefill;
+pub mod attention_split;
 pub mod float;
 pub mod frame;
 pub mod int8;
@@ -344,6 +349,12 @@ impl NeonBackend {
 
     pub fn caps(&self) -> &'static TargetCaps {
         self.caps
+    }
+
+    /// Decode attention for this target ([`attention`]; ABI
+    /// [`crate::host_attention::AttentionArgs`]).
+    pub fn emit_attention(&self, kernel: &Kernel) -> Result<MachineCode, EmitError> {
+        attention::emit(self.caps, kernel)
     }
 
     /// The best target this CPU runs, from run-time feature detection:
