@@ -14,7 +14,7 @@
 //! ```
 //!
 //! Decode attention ships too, on the targets whose backends emit it
-//! (`opencl`, `ptx-sm80`, `ptx-sm90`, `host`; the others get a note): `attention-decode-f16` and
+//! (`opencl`, `ptx-sm80`, `ptx-sm90`, `host`, the `aarch64-*` targets; `x86-avx2` gets a note): `attention-decode-f16` and
 //! `attention-decode-kv8`, both always, since the KV cache format is the
 //! runtime's choice, not the weights'. Their code takes every extent at run
 //! time, so one kernel per target and KV format serves the model; its entry

@@ -276,12 +276,9 @@ fn a_record_gives_tiles_and_m_ranges_and_is_an_input() {
     cfg.record = Some(record_path.clone());
     let report = generate(&cfg).unwrap();
     assert!(report.inputs.contains(&record_path));
-    // The record is this generator's and fits: the only note is that NEON
-    // has no decode attention.
-    assert_eq!(
-        report.notes,
-        vec!["aarch64-i8mm: no decode attention kernels (its backend emits none)".to_string()]
-    );
+    // The record is this generator's and fits: no notes at all (NEON and
+    // OpenCL both ship decode attention).
+    assert_eq!(report.notes, Vec::<String>::new());
     let manifest = kgen::manifest(&cfg).unwrap();
     let o: Vec<_> = manifest
         .entries
@@ -391,13 +388,17 @@ fn explicit_shapes_and_bad_inputs() {
 }
 
 #[test]
-fn opencl_ptx_and_host_ship_decode_attention_with_valid_hashes() {
+fn opencl_ptx_host_and_neon_ship_decode_attention_with_valid_hashes() {
     let out = scratch("attention");
-    let cfg = config(&["opencl", "host", "ptx-sm80"], SMALL_CONFIG, &out);
+    let cfg = config(
+        &["opencl", "host", "ptx-sm80", "aarch64-fp16"],
+        SMALL_CONFIG,
+        &out,
+    );
     let report = generate(&cfg).unwrap();
     let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
     let manifest = Manifest::from_json(&text, "manifest.json").unwrap();
-    assert_eq!(report.attention, 6);
+    assert_eq!(report.attention, 8);
     let got: Vec<(&str, &str, &str)> = manifest
         .attention
         .iter()
@@ -412,6 +413,8 @@ fn opencl_ptx_and_host_ship_decode_attention_with_valid_hashes() {
             ("host", "kv8", "attention-decode-kv8"),
             ("ptx-sm80", "f16", "attention-decode-f16"),
             ("ptx-sm80", "kv8", "attention-decode-kv8"),
+            ("aarch64-fp16", "f16", "attention-decode-f16"),
+            ("aarch64-fp16", "kv8", "attention-decode-kv8"),
         ]
     );
     // small-config.json: 5 heads, 1 KV head, head_dim 40.

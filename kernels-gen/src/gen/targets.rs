@@ -371,9 +371,17 @@ pub fn emit_attention(
             }),
             Err(e) => refused(e),
         },
-        BackendKind::X86 | BackendKind::Neon => {
-            Err(Ok("its backend emits no decode attention".into()))
+        BackendKind::Neon => {
+            let backend = NeonBackend::new(spec.name).map_err(|e| Err(e.to_string()))?;
+            match backend.emit_attention(kernel) {
+                Ok(code) => Ok(AttentionInstance {
+                    artifact: Artifact::Machine(code),
+                    keys: ONLINE_BLOCK as u32,
+                }),
+                Err(e) => refused(e),
+            }
         }
+        BackendKind::X86 => Err(Ok("its backend emits no decode attention".into())),
     }
 }
 
@@ -381,6 +389,6 @@ pub fn emit_attention(
 pub fn has_attention(spec: &TargetSpec) -> bool {
     matches!(
         spec.backend,
-        BackendKind::OpenCl | BackendKind::Cranelift | BackendKind::Ptx(_)
+        BackendKind::OpenCl | BackendKind::Cranelift | BackendKind::Ptx(_) | BackendKind::Neon
     )
 }
