@@ -159,7 +159,7 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
             if !is_matmul {
                 if target == "x86-avx2" {
                     return Err(format!(
-                        "{target} emits matmul kernels; `{}` is attention (the `host`, `opencl` and `aarch64-*` targets emit attention)",
+                        "{target} emits matmul kernels; `{}` is attention (the `host`, `opencl`, `ptx-*` and `aarch64-*` targets emit attention)",
                         kernel.name
                     ));
                 }
