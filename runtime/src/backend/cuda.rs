@@ -91,7 +91,7 @@ impl Device {
                 .map_err(|e| no_kernel(format!("{} {variant}", kernel.name), e))?;
             let key = fnv1a(program.text.as_bytes());
             let mut programs = lock(&engine.programs);
-            Ok(Arc::clone(
+            Ok::<_, RuntimeError>(Arc::clone(
                 programs.entry(key).or_insert_with(|| Arc::new(program)),
             ))
         };

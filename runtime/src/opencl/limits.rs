@@ -1,6 +1,7 @@
 //! The device's own limits, measured with two tiny kernels so tuned
 //! kernels print as a fraction of its roofline: streaming read bandwidth
-//! (every work item sums 128-bit loads strided across a large buffer) and
+//! (each work group sums one contiguous block of 128-bit loads, its work
+//! items interleaved: coalesced on a GPU, streaming on a CPU device) and
 //! the f32 multiply-add rate (independent `mad` chains in registers).
 //! Each figure is the median of several timed launches (wall clock around
 //! launch and finish, so a launch's fixed cost counts against it, as it
@@ -15,11 +16,13 @@ use super::{ClDevice, ClError, driver, input};
 
 const SOURCE: &str = r"
 __kernel void tessera_read_bw(__global const uint4* src, __global uint* out, int n) {
-    int gid = get_global_id(0);
-    int gs = get_global_size(0);
+    int groups = get_num_groups(0);
+    int per = (n + groups - 1) / groups;
+    int begin = get_group_id(0) * per;
+    int end = min(begin + per, n);
     uint4 acc = (uint4)(0u);
-    for (int i = gid; i < n; i += gs) acc += src[i];
-    out[gid] = acc.x ^ acc.y ^ acc.z ^ acc.w;
+    for (int i = begin + get_local_id(0); i < end; i += get_local_size(0)) acc += src[i];
+    out[get_global_id(0)] = acc.x ^ acc.y ^ acc.z ^ acc.w;
 }
 
 __kernel void tessera_peak_mad(__global float* out, int iters, float b) {
@@ -52,6 +55,7 @@ fn time_runs(
     dev: &ClDevice,
     kernel: &ClKernel,
     global: usize,
+    local: Option<usize>,
     runs: usize,
     set: &dyn Fn(&mut ExecuteKernel),
 ) -> Result<Vec<f64>, ClError> {
@@ -61,6 +65,9 @@ fn time_runs(
         let mut exec = ExecuteKernel::new(kernel);
         set(&mut exec);
         exec.set_global_work_size(global);
+        if let Some(l) = local {
+            exec.set_local_work_size(l);
+        }
         let t0 = Instant::now();
         // SAFETY: `set` binds every argument the kernel declares with the
         // matching type; buffers outlive the call (`finish` waits).
@@ -90,10 +97,11 @@ pub fn read_bandwidth(dev: &ClDevice, bytes: usize, runs: usize) -> Result<f64, 
     let mut src = src;
     dev.write_at(&mut src, chunks * 16, 0, &fill)?;
     drop(fill);
+    const LOCAL: usize = 64;
     let units = dev.device.max_compute_units().unwrap_or(1).max(1) as usize;
-    let global = (units * 1024).min(chunks);
+    let global = units * 16 * LOCAL;
     let out = dev.alloc::<u32>(global)?;
-    let times = time_runs(dev, &kernel, global, runs.max(1), &|exec| {
+    let times = time_runs(dev, &kernel, global, Some(LOCAL), runs.max(1), &|exec| {
         // SAFETY: argument types match the kernel signature.
         unsafe {
             exec.set_arg(&src).set_arg(&out).set_arg(&n);
@@ -114,7 +122,7 @@ pub fn peak_mads(dev: &ClDevice, runs: usize) -> Result<f64, ClError> {
     // Calibrate to a launch of about 20 ms.
     let mut iters: cl_int = 256;
     loop {
-        let t = time_runs(dev, &kernel, global, 1, &|exec| {
+        let t = time_runs(dev, &kernel, global, None, 1, &|exec| {
             // SAFETY: argument types match the kernel signature.
             unsafe {
                 exec.set_arg(&out).set_arg(&iters).set_arg(&b);
@@ -125,7 +133,7 @@ pub fn peak_mads(dev: &ClDevice, runs: usize) -> Result<f64, ClError> {
         }
         iters *= 2;
     }
-    let times = time_runs(dev, &kernel, global, runs.max(1), &|exec| {
+    let times = time_runs(dev, &kernel, global, None, runs.max(1), &|exec| {
         // SAFETY: argument types match the kernel signature.
         unsafe {
             exec.set_arg(&out).set_arg(&iters).set_arg(&b);
