@@ -11,14 +11,23 @@
 //! (the kernels read one contiguous `[s, kvh, d]` buffer, so chunks cannot
 //! stay separate).
 //!
+//! On an OpenCL device ([`KvCache::for_device`]) the same `[s, kvh, d]`
+//! buffers live on the device: a token is written after the last ones
+//! (one small host-to-device write), and a growth allocates larger
+//! buffers and copies the old tokens on the device, by the same chunk
+//! policy.
+//!
 //! [`Attention::decode`] runs the JIT (or prebuilt) decode kernel on the
-//! whole cache. [`Attention::prefill`] runs the same decode kernel once per
+//! whole cache; on OpenCL, the split-K decode program over the device
+//! cache. [`Attention::prefill`] runs the same decode kernel once per
 //! prompt token over the causal prefix it may see (token i of t sits at
 //! position s − t + i and sees keys 0..=s − t + i, the interpreter's prefill
 //! semantics), with the tokens split over the pool by per-core weights and
 //! by cost (later tokens see more keys). It is JIT code throughout; a
 //! dedicated prefill kernel would reuse each K/V row across query tokens
-//! and is the faster path once a backend emits one.
+//! and is the faster path once a backend emits one. On OpenCL, prefill is
+//! likewise one decode launch per prompt token, in order. CUDA has no
+//! attention kernel in the runtime yet: `Attention::new` says so.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};

@@ -138,6 +138,15 @@ fn check_forward(lin: &Linear, c: &LinearCase, m: usize, rng: &mut ChaCha8Rng) {
 }
 
 #[test]
+fn device_objects_are_shareable_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Device>();
+    send_sync::<Linear>();
+    send_sync::<Attention>();
+    send_sync::<KvCache>();
+}
+
+#[test]
 fn linear_every_gpu_format_at_the_default_breakpoints() {
     let Some((dev, _g)) = open("linear_every_gpu_format_at_the_default_breakpoints", None) else {
         return;

@@ -25,6 +25,10 @@ use tessera_runtime::{
     current_generator,
 };
 
+/// PoCL's compiler is not safe to drive from several contexts at once.
+#[cfg(feature = "opencl")]
+static CL_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn leak(s: String) -> &'static str {
     Box::leak(s.into_boxed_str())
 }
@@ -179,6 +183,7 @@ fn entries_of_another_generator_are_refused() {
 #[cfg(feature = "opencl")]
 #[test]
 fn opencl_source_from_the_attention_table_is_the_program_built() {
+    let _guard = CL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let table = table();
     let mut set = PrebuiltSet::new(current_generator());
     assert_eq!(set.add_attention(&table, "opencl").unwrap(), 2);
@@ -223,4 +228,82 @@ fn opencl_source_from_the_attention_table_is_the_program_built() {
     let dev = open(wrong).unwrap();
     let e = Attention::new(&dev, 4, 2, 16, KvFormat::F16).unwrap_err();
     assert!(e.to_string().contains("has no entry"), "{e}");
+}
+
+/// OpenCL matmul text from a `KERNELS` table: used when its header names
+/// the tile the device plans (a broken one fails its build, and the device
+/// falls back to the next solver tile it can build itself).
+#[cfg(feature = "opencl")]
+#[test]
+fn opencl_matmul_sources_from_the_kernel_table_are_tried_first() {
+    let _guard = CL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    use tessera_codegen::tile::{Problem, solve};
+    use tessera_dsl::ir::Variant;
+    use tessera_runtime::manifest::EmbeddedKernel;
+    use tessera_runtime::{Linear, WeightFormat, Weights};
+
+    let (n, k) = (40, 96);
+    let kernel =
+        tessera_codegen::gpu::with_gpu_weight_layout(&library::get("matmul-w4a16").unwrap())
+            .unwrap();
+    let caps = tessera_codegen::opencl::caps();
+    let backend =
+        tessera_codegen::opencl::OpenClBackend::new(tessera_codegen::opencl::Fp16Mode::Storage);
+    let g = current_generator();
+    let mut table = Vec::new();
+    for (variant, m) in [
+        (Variant::Gemv, 1),
+        (Variant::FlatGemm, 8),
+        (Variant::Gemm, 128),
+    ] {
+        let mut p = Problem::from_kernel(caps, &kernel).unwrap();
+        (p.e, p.h, p.l) = (m, n as u64, k as u64);
+        let tile = solve(caps, &p).unwrap()[0];
+        let program = backend.program(&kernel, &tile, variant).unwrap();
+        table.push(EmbeddedKernel {
+            kernel: leak(format!("w4a16_{variant}")),
+            layer: "t",
+            n,
+            k,
+            format: "w4a16",
+            target: "opencl",
+            variant,
+            tile: [tile.ep, tile.hp, tile.lp],
+            m_min: 1,
+            m_max: usize::MAX,
+            code: EmbeddedCode::Source(leak(format!(
+                "{}\n#error prebuilt matmul was built\n",
+                program.source()
+            ))),
+            generator_version: leak(g.version.clone()),
+            template_hash: leak(g.template_hash.clone()),
+        });
+    }
+    let mut set = PrebuiltSet::new(current_generator());
+    assert_eq!(
+        set.add_matmul_sources(&table, "opencl", "w4a16").unwrap(),
+        3
+    );
+    let dev = match Device::open(
+        Backend::OpenCl,
+        DeviceOptions {
+            prebuilt: Some(set),
+            ..Default::default()
+        },
+    ) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            eprintln!("SKIP opencl prebuilt matmul: {e}");
+            return;
+        }
+    };
+    let w = vec![0.125f32; n * k];
+    let lin = Linear::new(&dev, WeightFormat::W4A16, Weights::F32(&w), n, k, None).unwrap();
+    for (v, e) in lin.plan().variants.iter().zip(&table) {
+        assert_ne!(
+            v.tile, e.tile,
+            "{}: the broken prebuilt tile was skipped for one the device built",
+            v.variant
+        );
+    }
 }
