@@ -218,9 +218,16 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         Some(name) => name
             .parse::<BackendKind>()
             .map_err(|e| CliError::Usage(e.to_string()))?,
-        None => *BackendKind::available().first().ok_or_else(|| {
-            CliError::Usage("no backend can run on this machine (need x86-64 or aarch64)".into())
-        })?,
+        // The best CPU backend (probing no GPU driver unless asked).
+        None => [BackendKind::X86, BackendKind::Neon, BackendKind::Host]
+            .into_iter()
+            .find(|b| b.unavailable_reason().is_none())
+            .ok_or_else(|| {
+                CliError::Usage(
+                    "no CPU backend can run on this machine (need x86-64 or aarch64); try --backend opencl"
+                        .into(),
+                )
+            })?,
     };
     let format = args
         .format
