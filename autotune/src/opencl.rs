@@ -176,6 +176,11 @@ fn cache_dir() -> std::path::PathBuf {
         .unwrap_or_else(|| std::env::temp_dir().join("tessera-opencl-cache"))
 }
 
+/// Fewest output channels a large-M call is timed on: one 16-wide block
+/// of the tiled kernels (a slow device at M = 4096 and K = 8960 still
+/// takes about a second for 16 channels).
+const MIN_ROWS: usize = 16;
+
 struct ShapeData {
     n: usize,
     k: usize,
@@ -335,9 +340,9 @@ impl Bench for ClBench<'_> {
             return s.base_rows;
         }
         let rows = (self.flop_cap / (2.0 * (m * s.k) as f64)) as usize;
-        rows.div_ceil(64)
-            .saturating_mul(64)
-            .clamp(64.min(s.base_rows), s.base_rows)
+        rows.div_ceil(MIN_ROWS)
+            .saturating_mul(MIN_ROWS)
+            .clamp(MIN_ROWS.min(s.base_rows), s.base_rows)
     }
 
     fn call(&mut self, shape: &ShapeSpec, cand: &Candidate, m: usize) -> Result<f64, BenchError> {
