@@ -8,6 +8,7 @@ use std::str::FromStr;
 use tessera_codegen::artifact::{Artifact, Backend, EmitError, Variant};
 use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::host::{HostMatmul, HostTile};
+use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::target::TargetCaps;
 use tessera_codegen::tile::TileConfig;
 use tessera_codegen::x86::X86Backend;
@@ -49,25 +50,31 @@ impl BackendKind {
         match self {
             BackendKind::Host => ClifBackend::host().err().map(|e| e.to_string()),
             BackendKind::X86 => X86Backend::detect().err().map(|e| e.to_string()),
-            BackendKind::Neon => Some(if cfg!(target_arch = "aarch64") {
-                "the NEON JIT backend is not in this build yet".into()
-            } else {
-                format!(
+            BackendKind::Neon => match NeonBackend::detect() {
+                Some(_) => None,
+                None => Some(format!(
                     "NEON needs an aarch64 host; this is {}",
                     std::env::consts::ARCH
-                )
-            }),
-            BackendKind::OpenCl => Some("the OpenCL backend is not in this build yet".into()),
-            BackendKind::Cuda => Some("the CUDA backend is not in this build yet".into()),
+                )),
+            },
+            BackendKind::OpenCl => crate::opencl::ClTarget::unavailable_reason(),
+            BackendKind::Cuda => Some(cuda_reason()),
         }
     }
 
-    /// Backends that can tune on this machine, best first.
+    /// Backends that can tune on this machine, best first (the CPU
+    /// backends before OpenCL, whose device on a CPU-only machine is PoCL
+    /// on the same cores).
     pub fn available() -> Vec<BackendKind> {
-        [BackendKind::X86, BackendKind::Neon, BackendKind::Host]
-            .into_iter()
-            .filter(|b| b.unavailable_reason().is_none())
-            .collect()
+        [
+            BackendKind::X86,
+            BackendKind::Neon,
+            BackendKind::Host,
+            BackendKind::OpenCl,
+        ]
+        .into_iter()
+        .filter(|b| b.unavailable_reason().is_none())
+        .collect()
     }
 }
 
@@ -92,18 +99,47 @@ impl FromStr for BackendKind {
     }
 }
 
+/// Why CUDA cannot tune here.
+fn cuda_reason() -> String {
+    #[cfg(feature = "cuda")]
+    {
+        match tessera_runtime::cuda::CudaDevice::first() {
+            Err(e) => e.to_string(),
+            Ok(d) => format!(
+                "found {}, but tuning the PTX kernels is not implemented yet (the runtime runs them with the solver's tiles)",
+                d.name()
+            ),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        "this build has no CUDA support (build tessera-autotune with `--features cuda`; it also needs the CUDA driver)".into()
+    }
+}
+
 /// The matmul formats the CLI accepts and their library kernels.
 pub const FORMATS: &[(&str, &str)] = &[
     ("w4a8", "matmul-w4a8"),
     ("w8a8", "matmul-w8a8"),
     ("w4a16", "matmul-w4a16"),
+    ("w8a16", "matmul-w8a16"),
+    ("e0m4a16", "matmul-e0m4a16"),
     ("f16", "matmul-f16"),
     ("f32", "matmul-f32"),
 ];
 
+/// The format tuned when `--format` is not given: the int8 path on CPUs,
+/// W4A16 on GPUs (whose matmuls take f16 activations).
+pub fn default_format(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::OpenCl | BackendKind::Cuda => "w4a16",
+        _ => "w4a8",
+    }
+}
+
 /// A format name the CLI does not know.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown format `{0}`; valid formats: w4a8, w8a8, w4a16, f16, f32")]
+#[error("unknown format `{0}`; valid formats: w4a8, w8a8, w4a16, w8a16, e0m4a16, f16, f32")]
 pub struct UnknownFormat(pub String);
 
 /// The library kernel name of a CLI format.
@@ -156,7 +192,12 @@ pub fn open(kind: BackendKind) -> Result<Box<dyn TuneBackend>, String> {
         BackendKind::Host => ClifBackend::host()
             .map(|b| Box::new(ClifTune(b)) as Box<dyn TuneBackend>)
             .map_err(|e| e.to_string()),
-        other => Err(format!("backend `{other}` is not available")),
+        BackendKind::Neon => NeonBackend::detect()
+            .map(|b| Box::new(NeonTune(b)) as Box<dyn TuneBackend>)
+            .ok_or_else(|| "no NEON target detected".to_string()),
+        other => Err(format!(
+            "backend `{other}` does not time host machine code (it has its own bench)"
+        )),
     }
 }
 
@@ -252,6 +293,36 @@ impl TuneBackend for ClifTune {
         } else {
             None
         };
+        HostMatmul::new(kernel, HostTile::from(tile), quantizer.as_ref(), &code)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The NEON JIT kernels (aarch64 hosts: i8mm, dotprod, fp16 or plain
+/// NEON, as detected).
+struct NeonTune(NeonBackend);
+
+impl TuneBackend for NeonTune {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Neon
+    }
+    fn caps(&self) -> &'static TargetCaps {
+        self.0.caps()
+    }
+    fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {
+        self.0.plan(kernel, tile).is_ok() && self.0.emit(kernel, tile).is_ok()
+    }
+    fn load(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<HostMatmul, String> {
+        let code = match emit_variant(&self.0, kernel, tile, variant).map_err(|e| e.to_string())? {
+            Artifact::Machine(code) => code,
+            Artifact::Source { .. } => return Err("NEON emitted source, not machine code".into()),
+        };
+        let quantizer = self.0.quantizer(kernel, tile).map_err(|e| e.to_string())?;
         HostMatmul::new(kernel, HostTile::from(tile), quantizer.as_ref(), &code)
             .map_err(|e| e.to_string())
     }

@@ -20,11 +20,14 @@ use tessera_dsl::models::{DEFAULT_MODEL, ModelError, ModelShapes};
 use tessera_runtime::device::Fingerprint;
 use tessera_runtime::record::{DeviceEntry, GeneratorId, RecordError, ShapeEntry, TuningRecord};
 
+use tessera_codegen::tile::TileConfig;
+
 use crate::backend::{self, BackendKind, TuneBackend};
 use crate::bench::HostBench;
 use crate::limits::{self, MacPath};
+use crate::opencl::ClTarget;
 use crate::report;
-use crate::tune::{self, Event, ShapeSpec, SolverCtx, Stop, Traffic, TuneConfig};
+use crate::tune::{self, Bench, Event, ShapeSpec, SolverCtx, Stop, Traffic, TuneConfig};
 
 /// The smallest budget that can measure anything (limits alone take ~1 s).
 pub const MIN_BUDGET_SECS: f64 = 2.0;
@@ -45,13 +48,13 @@ pub struct Args {
     /// gemma-2b) or a Hugging Face config.json.
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
-    /// host (cranelift), x86 (AVX2), neon, opencl, cuda [default: the best available]
+    /// host (cranelift), x86 (AVX2), neon, opencl, cuda [default: the best available CPU backend]
     #[arg(long)]
     pub backend: Option<String>,
-    /// w4a8, w8a8, w4a16, f16, f32.
-    #[arg(long, default_value = "w4a8")]
-    pub format: String,
-    /// Threads per call [default: all logical CPUs].
+    /// w4a8, w8a8, w4a16, w8a16, e0m4a16, f16, f32 [default: w4a8 on CPUs, w4a16 on GPUs].
+    #[arg(long)]
+    pub format: Option<String>,
+    /// Threads per call [default: all logical CPUs; 1 host thread on a GPU].
     #[arg(long)]
     pub threads: Option<usize>,
     /// Seconds the whole run may take (start-up aside).
@@ -175,6 +178,39 @@ fn mac_path(class: MacClass, backend: &dyn TuneBackend) -> MacPath {
     }
 }
 
+/// The device being tuned: host machine code, or an OpenCL device.
+enum Target {
+    Host(Box<dyn TuneBackend>),
+    OpenCl(Box<ClTarget>),
+}
+
+impl Target {
+    fn caps(&self) -> &'static tessera_codegen::target::TargetCaps {
+        match self {
+            Target::Host(b) => b.caps(),
+            Target::OpenCl(t) => t.caps(),
+        }
+    }
+
+    fn accepts(&self, kernel: &tessera_dsl::Kernel, tile: &TileConfig) -> bool {
+        match self {
+            Target::Host(b) => b.accepts(kernel, tile),
+            Target::OpenCl(t) => t.accepts(tile),
+        }
+    }
+
+    /// Build `tile` once so a kernel this backend cannot build fails
+    /// before the budget is spent.
+    fn probe(&self, kernel: &tessera_dsl::Kernel, tile: &TileConfig) -> Result<(), String> {
+        match self {
+            Target::Host(b) => b
+                .load(kernel, tile, tessera_dsl::ir::Variant::Gemm)
+                .map(|_| ()),
+            Target::OpenCl(t) => t.probe(tile),
+        }
+    }
+}
+
 fn tune_command(args: &Args) -> Result<(), CliError> {
     let start = Instant::now();
     let model = ModelShapes::resolve(&args.model)?;
@@ -182,12 +218,23 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         Some(name) => name
             .parse::<BackendKind>()
             .map_err(|e| CliError::Usage(e.to_string()))?,
-        None => *BackendKind::available().first().ok_or_else(|| {
-            CliError::Usage("no backend can run on this machine (need x86-64 or aarch64)".into())
-        })?,
+        // The best CPU backend (probing no GPU driver unless asked).
+        None => [BackendKind::X86, BackendKind::Neon, BackendKind::Host]
+            .into_iter()
+            .find(|b| b.unavailable_reason().is_none())
+            .ok_or_else(|| {
+                CliError::Usage(
+                    "no CPU backend can run on this machine (need x86-64 or aarch64); try --backend opencl"
+                        .into(),
+                )
+            })?,
     };
+    let format = args
+        .format
+        .clone()
+        .unwrap_or_else(|| backend::default_format(kind).to_string());
     let kernel_name =
-        backend::library_kernel(&args.format).map_err(|e| CliError::Usage(e.to_string()))?;
+        backend::library_kernel(&format).map_err(|e| CliError::Usage(e.to_string()))?;
     if !(args.budget.is_finite() && args.budget >= MIN_BUDGET_SECS) {
         return Err(CliError::Usage(format!(
             "a budget of {} s is too small: measuring the device's limits alone takes about a second; give --budget {MIN_BUDGET_SECS} or more",
@@ -195,42 +242,55 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         )));
     }
     let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = args.threads.unwrap_or(logical);
+    let gpu = matches!(kind, BackendKind::OpenCl | BackendKind::Cuda);
+    let threads = args.threads.unwrap_or(if gpu { 1 } else { logical });
     if threads == 0 {
         return Err(CliError::Usage("--threads must be at least 1".into()));
     }
-    let backend = backend::open(kind).map_err(CliError::Usage)?;
-    let kernel =
-        tessera_dsl::library::get(kernel_name).map_err(|e| CliError::Usage(e.to_string()))?;
-    let caps = backend.caps();
+    let target = match kind {
+        BackendKind::OpenCl => {
+            if let Some(why) = kind.unavailable_reason() {
+                return Err(CliError::Usage(format!(
+                    "backend `opencl` is not available: {why}"
+                )));
+            }
+            Target::OpenCl(Box::new(ClTarget::open(kernel_name).map_err(|why| {
+                CliError::Usage(format!(
+                    "backend `opencl` cannot run --format {format} ({kernel_name}): {why}"
+                ))
+            })?))
+        }
+        _ => Target::Host(backend::open(kind).map_err(CliError::Usage)?),
+    };
+    let kernel = match &target {
+        Target::OpenCl(t) => t.kernel().clone(),
+        Target::Host(_) => {
+            tessera_dsl::library::get(kernel_name).map_err(|e| CliError::Usage(e.to_string()))?
+        }
+    };
+    let caps = target.caps();
     let class = mac_class(caps, &kernel).map_err(|e| {
         CliError::Usage(format!(
-            "backend `{kind}` cannot run --format {}: {e}",
-            args.format
+            "backend `{kind}` cannot run --format {format}: {e}"
         ))
     })?;
     let problem = tessera_codegen::tile::Problem::from_kernel(caps, &kernel)
-        .map_err(|e| CliError::Usage(format!("--format {}: {e}", args.format)))?;
-    // Check the backend emits this kernel at all before spending the budget.
+        .map_err(|e| CliError::Usage(format!("--format {format}: {e}")))?;
+    // Check the backend builds this kernel at all before spending the budget.
     let probe = tessera_codegen::tile::solve(caps, &problem)
-        .map_err(|e| CliError::Usage(format!("--format {}: {e}", args.format)))?;
+        .map_err(|e| CliError::Usage(format!("--format {format}: {e}")))?;
     let cannot = |why: String| {
         CliError::Usage(format!(
-            "backend `{kind}` cannot run --format {} ({kernel_name}): {why}",
-            args.format
+            "backend `{kind}` cannot run --format {format} ({kernel_name}): {why}"
         ))
     };
-    match probe.iter().find(|t| backend.accepts(&kernel, t)) {
-        Some(first) => {
-            backend
-                .load(&kernel, first, tessera_dsl::ir::Variant::Gemm)
-                .map_err(cannot)?;
-        }
+    match probe.iter().find(|t| target.accepts(&kernel, t)) {
+        Some(first) => target.probe(&kernel, first).map_err(cannot)?,
         // No tile is usable: the emitter's own reason for the optimum.
         None => {
             let why = match probe.first() {
-                Some(t) => backend
-                    .load(&kernel, t, tessera_dsl::ir::Variant::Gemm)
+                Some(t) => target
+                    .probe(&kernel, t)
                     .err()
                     .unwrap_or_else(|| "no solver tile is usable".into()),
                 None => "the solver found no tile".into(),
@@ -239,7 +299,10 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         }
     }
 
-    let fingerprint = Fingerprint::detect();
+    let fingerprint = match &target {
+        Target::OpenCl(t) => t.fingerprint(),
+        Target::Host(_) => Fingerprint::detect(),
+    };
     let generator = GeneratorId {
         version: tessera_codegen::GENERATOR_VERSION.to_string(),
         template_hash: tessera_codegen::TEMPLATE_HASH.to_string(),
@@ -265,7 +328,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         e.fingerprint.mismatch(&fingerprint).is_none()
             && e.generator == generator
             && e.backend == kind.name()
-            && e.format == args.format
+            && e.format == format
             && e.model == model.name
             && e.threads == threads
     };
@@ -281,7 +344,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
             return Err(CliError::Usage(format!(
                 "nothing to resume: {} has no entry for this device, generator, backend `{kind}`, format `{}`, model `{}` and {threads} thread(s)",
                 args.out.display(),
-                args.format,
+                format,
                 model.name
             )));
         };
@@ -301,19 +364,35 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
             eprintln!("{msg}");
         }
     };
+    let device = match &target {
+        Target::OpenCl(t) => format!("{} on {}", caps.name, t.device_name()),
+        Target::Host(_) => caps.name.to_string(),
+    };
     say(format!(
-        "tuning {model} with backend {kind} ({}), format {} ({kernel_name}), {threads} thread(s), budget {:.0} s",
-        caps.name, args.format, args.budget
+        "tuning {model} with backend {kind} ({device}), format {format} ({kernel_name}), {threads} thread(s), budget {:.0} s",
+        args.budget
     ));
-    let path = mac_path(class, backend.as_ref());
     let quick = args.budget < 20.0;
-    let measured = limits::measure(&fingerprint, path, threads, quick);
-    let core_weights = limits::core_weights(&fingerprint, path);
+    let llc = limits::llc_bytes(&fingerprint);
+    let (measured, core_weights, path_name) = match &target {
+        Target::Host(b) => {
+            let path = mac_path(class, b.as_ref());
+            (
+                limits::measure(&fingerprint, path, threads, quick),
+                limits::core_weights(&fingerprint, path),
+                path.describe(),
+            )
+        }
+        Target::OpenCl(t) => (
+            t.limits(llc, quick)
+                .map_err(|e| CliError::Io(format!("measuring the OpenCL device: {e}")))?,
+            vec![1.0],
+            "f32 mad on the OpenCL device".to_string(),
+        ),
+    };
     say(format!(
-        "limits: read {:.1} GB/s, peak {:.1} GMAC/s ({})",
-        measured.read_gbps,
-        measured.mac_gops,
-        path.describe()
+        "limits: read {:.1} GB/s, peak {:.1} GMAC/s ({path_name})",
+        measured.read_gbps, measured.mac_gops,
     ));
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -348,7 +427,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         target: caps.name.to_string(),
         kernel: Some(kernel.clone()),
     };
-    let accept = |t: &tessera_codegen::tile::TileConfig| backend.accepts(&kernel, t);
+    let accept = |t: &TileConfig| target.accepts(&kernel, t);
     let solver = SolverCtx {
         caps,
         class,
@@ -356,21 +435,26 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         weight_groups: problem.weight_groups,
         accept: &accept,
     };
-    let mut bench = HostBench::new(
-        backend.as_ref(),
-        kernel.clone(),
-        threads,
-        limits::llc_bytes(&fingerprint),
-        start,
-        stop.clone(),
-    )
-    .map_err(CliError::Usage)?;
+    let mut bench: Box<dyn Bench + '_> = match &target {
+        Target::Host(b) => Box::new(
+            HostBench::new(
+                b.as_ref(),
+                kernel.clone(),
+                threads,
+                llc,
+                start,
+                stop.clone(),
+            )
+            .map_err(CliError::Usage)?,
+        ),
+        Target::OpenCl(t) => Box::new(t.bench(llc, &measured, start, stop.clone())),
+    };
 
     let entry_for = |shapes: Vec<ShapeEntry>, partial: bool| DeviceEntry {
         fingerprint: fingerprint.clone(),
         generator: generator.clone(),
         backend: kind.name().to_string(),
-        format: args.format.clone(),
+        format: format.clone(),
         model: model.name.clone(),
         threads,
         partial,
@@ -407,7 +491,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
     let mut save_error: Option<CliError> = None;
     let mut skipped: Vec<String> = Vec::new();
     let outcome = tune::tune(
-        &mut bench,
+        &mut *bench,
         &solver,
         &shapes,
         &done,
@@ -444,7 +528,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
     let entry = entry_for(outcome.shapes.clone(), partial);
     save(entry.clone())?;
 
-    println!("{}", report::summary(&entry, &path.describe()));
+    println!("{}", report::summary(&entry, &path_name));
     if !skipped.is_empty() {
         println!("skipped candidates (the backend could not build them):");
         for s in &skipped {

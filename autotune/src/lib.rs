@@ -12,6 +12,7 @@
 //! - [`tune`]: the budgeted driver over a [`tune::Bench`];
 //! - [`bench`]: timing real kernels with rotated weight copies;
 //! - [`backend`]: the backends that can tune here;
+//! - [`opencl`]: tuning on an OpenCL device (its bench and limits);
 //! - [`limits`]: read bandwidth, peak MAC rate, core weights;
 //! - [`report`]: summary tables and SVG plots;
 //! - [`cli`]: the `tessera-autotune` command.
@@ -20,6 +21,7 @@ pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod limits;
+pub mod opencl;
 pub mod report;
 pub mod search;
 pub mod stats;

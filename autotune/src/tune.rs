@@ -297,7 +297,7 @@ const EXPECTED_PROBES: usize = 24;
 
 /// Tune every shape not already in `done` (resume), in order. Shapes of
 /// `done` are kept as they are.
-pub fn tune<B: Bench>(
+pub fn tune<B: Bench + ?Sized>(
     bench: &mut B,
     solver: &SolverCtx<'_>,
     shapes: &[ShapeSpec],
@@ -370,7 +370,7 @@ pub fn tune<B: Bench>(
     })
 }
 
-struct ShapeTuner<'a, B: Bench> {
+struct ShapeTuner<'a, B: Bench + ?Sized> {
     bench: &'a mut B,
     solver: &'a SolverCtx<'a>,
     shape: &'a ShapeSpec,
@@ -382,7 +382,7 @@ struct ShapeTuner<'a, B: Bench> {
     events: &'a mut dyn FnMut(Event),
 }
 
-impl<B: Bench> ShapeTuner<'_, B> {
+impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
     fn fail(&self, variant: Variant, why: String) -> ShapeFail {
         ShapeFail::Error(TuneError::NoCandidate {
             shape: self.shape.name.clone(),
@@ -536,8 +536,18 @@ impl<B: Bench> ShapeTuner<'_, B> {
             return Err(Stop::Budget);
         }
         let call = |b: &mut B| b.call(self.shape, c, m).map_err(|_| Stop::Budget);
-        // Warm-up: also estimates the call time.
-        let warm = call(self.bench)?.max(1.0);
+        // Warm-up: also estimates the call time. A failing call stops the
+        // run like a spent budget (what was finished is kept), and says why.
+        let warm = match self.bench.call(self.shape, c, m) {
+            Ok(t) => t.max(1.0),
+            Err(e) => {
+                (self.events)(Event::Skipped {
+                    candidate: format!("{} {:?} at M = {m}", c.variant, c.tile3()),
+                    why: e.0,
+                });
+                return Err(Stop::Budget);
+            }
+        };
         let now = self.bench.elapsed();
         let slice = self
             .shape_deadline

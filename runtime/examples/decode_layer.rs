@@ -17,6 +17,13 @@
 //!
 //! `cargo run --release -p tessera-runtime --example decode_layer`
 //! (TESSERA_PROMPT=N sets the prompt length, default 16).
+//!
+//! `-- --backend opencl` runs the same layer on the OpenCL device (PoCL on
+//! a CPU-only machine): W4A16 (f16 activations, f32 out), weights and the
+//! KV cache resident on the device, prefill as one decode call per prompt
+//! token. Its matmul tolerance is 1e-3·(1 + max|y|): the GPU kernels take
+//! f16 activations and stage dequantized weights as halves. `--backend
+//! x86|host|neon` picks a host backend (default: the best one).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,7 +35,8 @@ use tessera_dsl::interp::{self, Bindings, Value};
 use tessera_dsl::library;
 use tessera_dsl::quant::{self, QuantTensor};
 use tessera_runtime::{
-    Attention, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, WeightFormat, Weights,
+    Attention, Backend, Device, DeviceOptions, Input, KvCache, KvCapacity, KvFormat, Linear,
+    Output, WeightFormat, Weights,
 };
 
 const HIDDEN: usize = 1536;
@@ -38,8 +46,11 @@ const HEAD_DIM: usize = 128;
 const INTER: usize = 8960;
 const QKV: usize = (HEADS + 2 * KV_HEADS) * HEAD_DIM;
 const DECODE_STEPS: usize = 32;
-const FORMAT: WeightFormat = WeightFormat::W4A8;
-const MATMUL_TOL: f32 = 1e-4;
+/// Host format and tolerance; the GPU ones are in [`Run::for_backend`].
+const HOST_FORMAT: WeightFormat = WeightFormat::W4A8;
+const HOST_MATMUL_TOL: f32 = 1e-4;
+const GPU_FORMAT: WeightFormat = WeightFormat::W4A16;
+const GPU_MATMUL_TOL: f32 = 1e-3;
 const ATTENTION_TOL: f32 = 4e-3;
 
 type Error = Box<dyn std::error::Error>;
@@ -51,19 +62,47 @@ struct Layer {
     bias: Vec<f32>,
 }
 
+/// The format and matmul tolerance of a run.
+#[derive(Clone, Copy)]
+struct Run {
+    format: WeightFormat,
+    tol: f32,
+}
+
+impl Run {
+    fn for_backend(backend: Backend) -> Run {
+        match backend {
+            Backend::OpenCl | Backend::Cuda => Run {
+                format: GPU_FORMAT,
+                tol: GPU_MATMUL_TOL,
+            },
+            _ => Run {
+                format: HOST_FORMAT,
+                tol: HOST_MATMUL_TOL,
+            },
+        }
+    }
+}
+
 impl Layer {
-    fn new(dev: &Arc<Device>, r: &mut ChaCha8Rng, n: usize, k: usize) -> Result<Layer, Error> {
+    fn new(
+        dev: &Arc<Device>,
+        run: Run,
+        r: &mut ChaCha8Rng,
+        n: usize,
+        k: usize,
+    ) -> Result<Layer, Error> {
         let scale = 1.0 / (k as f32).sqrt();
         let w: Vec<f32> = (0..n * k).map(|_| r.gen_range(-scale..scale)).collect();
         let bias: Vec<f32> = (0..n).map(|_| r.gen_range(-0.1..0.1)).collect();
-        let kernel = library::get(FORMAT.library_kernel())?;
+        let kernel = library::get(run.format.library_kernel())?;
         let w_format = kernel
             .as_matmul()
             .and_then(|m| kernel.tensor(&m.w))
             .map(|t| t.format)
             .ok_or("not a matmul")?;
         let weights = quant::quantize(w_format, n, k, &w)?;
-        let linear = Linear::new(dev, FORMAT, Weights::Quant(&weights), n, k, Some(&bias))?;
+        let linear = Linear::new(dev, run.format, Weights::Quant(&weights), n, k, Some(&bias))?;
         Ok(Layer {
             linear,
             weights,
@@ -87,27 +126,47 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-fn linear(layer: &Layer, x: &[f32], m: usize, stats: &mut Stats) -> Result<Vec<f32>, Error> {
+fn linear(
+    layer: &Layer,
+    run: Run,
+    x: &[f32],
+    m: usize,
+    stats: &mut Stats,
+) -> Result<Vec<f32>, Error> {
     let n = layer.linear.n();
     let k = layer.linear.k();
     let mut y = vec![0.0; m * n];
+    // f16 activations (the A16 formats) are rounded once, for both sides.
+    let x16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let half_in = run.format.input() == tessera_dsl::Format::F16;
     let t = Instant::now();
-    layer.linear.forward_f32(x, m, &mut y)?;
+    if half_in {
+        layer
+            .linear
+            .forward(Input::F16(&x16), m, Output::F32(&mut y))?;
+    } else {
+        layer.linear.forward_f32(x, m, &mut y)?;
+    }
     stats.runtime += t.elapsed();
-    let kernel = library::get(FORMAT.library_kernel())?;
+    let kernel = library::get(run.format.library_kernel())?;
+    let x_value = if half_in {
+        Value::F16(x16)
+    } else {
+        Value::F32(x.to_vec())
+    };
     let b = Bindings::new()
         .extent("e", m)
         .extent("h", n)
         .extent("l", k)
-        .tensor("x", Value::F32(x.to_vec()))
+        .tensor("x", x_value)
         .tensor("w", Value::Quant(layer.weights.clone()))
         .tensor("bias", Value::F32(layer.bias.clone()));
     let out = interp::run(&kernel, &b)?;
     let want = out.get("y").ok_or("no y")?;
     let scale = want.iter().map(|v| v.abs()).fold(0.0, f32::max);
     let rel = max_abs_diff(&y, want) / (1.0 + scale);
-    if rel > MATMUL_TOL {
-        return Err(format!("[{n}, {k}] m={m}: error {rel} above {MATMUL_TOL}").into());
+    if rel > run.tol {
+        return Err(format!("[{n}, {k}] m={m}: error {rel} above {}", run.tol).into());
     }
     stats.matmul_rel = stats.matmul_rel.max(rel);
     Ok(y)
@@ -172,6 +231,7 @@ fn attend(
 }
 
 struct Model {
+    run: Run,
     qkv: Layer,
     o: Layer,
     gate_up: Layer,
@@ -190,7 +250,8 @@ fn step(
     stats: &mut Stats,
 ) -> Result<Vec<f32>, Error> {
     let h = rms_norm(x);
-    let qkv = linear(&model.qkv, &h, t, stats)?;
+    let run = model.run;
+    let qkv = linear(&model.qkv, run, &h, t, stats)?;
     let (qd, kvd) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     let mut q = Vec::with_capacity(t * qd);
@@ -207,10 +268,10 @@ fn step(
     keys.extend_from_slice(&k);
     values.extend_from_slice(&v);
     let attn = attend(&model.att, cache, keys, values, &q, t, stats)?;
-    let proj = linear(&model.o, &attn, t, stats)?;
+    let proj = linear(&model.o, run, &attn, t, stats)?;
     let x1: Vec<f32> = x.iter().zip(&proj).map(|(a, b)| a + b).collect();
     let h2 = rms_norm(&x1);
-    let gu = linear(&model.gate_up, &h2, t, stats)?;
+    let gu = linear(&model.gate_up, run, &h2, t, stats)?;
     let act: Vec<f32> = gu
         .chunks(2 * INTER)
         .flat_map(|row| {
@@ -221,7 +282,7 @@ fn step(
                 .collect::<Vec<f32>>()
         })
         .collect();
-    let down = linear(&model.down, &act, t, stats)?;
+    let down = linear(&model.down, run, &act, t, stats)?;
     Ok(x1.iter().zip(&down).map(|(a, b)| a + b).collect())
 }
 
@@ -230,20 +291,34 @@ fn main() -> Result<(), Error> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(16);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let backend = match args.as_slice() {
+        [] => Backend::best_host(),
+        [flag, name] if flag == "--backend" => name.parse::<Backend>()?,
+        other => {
+            return Err(format!(
+                "usage: decode_layer [--backend x86|host|neon|opencl|cuda], got {other:?}"
+            )
+            .into());
+        }
+    };
     let start = Instant::now();
-    let dev = Arc::new(Device::host(DeviceOptions::default())?);
+    let dev = Arc::new(Device::open(backend, DeviceOptions::default())?);
+    let run = Run::for_backend(backend);
     let mut r = ChaCha8Rng::seed_from_u64(2024);
     let model = Model {
-        qkv: Layer::new(&dev, &mut r, QKV, HIDDEN)?,
-        o: Layer::new(&dev, &mut r, HIDDEN, HIDDEN)?,
-        gate_up: Layer::new(&dev, &mut r, 2 * INTER, HIDDEN)?,
-        down: Layer::new(&dev, &mut r, HIDDEN, INTER)?,
+        run,
+        qkv: Layer::new(&dev, run, &mut r, QKV, HIDDEN)?,
+        o: Layer::new(&dev, run, &mut r, HIDDEN, HIDDEN)?,
+        gate_up: Layer::new(&dev, run, &mut r, 2 * INTER, HIDDEN)?,
+        down: Layer::new(&dev, run, &mut r, HIDDEN, INTER)?,
         att: Attention::new(&dev, HEADS, KV_HEADS, HEAD_DIM, KvFormat::F16)?,
     };
     println!(
-        "device: {} backend, {} threads; {} kernels prepared, weights packed in {:.2?}",
+        "device: {} backend, {} threads, {}; {} kernels prepared, weights packed in {:.2?}",
         dev.backend(),
         dev.threads(),
+        run.format,
         dev.prepared_kernels(),
         start.elapsed()
     );
@@ -259,7 +334,13 @@ fn main() -> Result<(), Error> {
             layer.linear.packings()
         );
     }
-    let mut cache = KvCache::new(KvFormat::F16, KV_HEADS, HEAD_DIM, KvCapacity::Chunked(64))?;
+    let mut cache = KvCache::for_device(
+        &dev,
+        KvFormat::F16,
+        KV_HEADS,
+        HEAD_DIM,
+        KvCapacity::Chunked(64),
+    )?;
     let (mut keys, mut values) = (Vec::new(), Vec::new());
 
     let mut stats = Stats::default();
@@ -304,15 +385,21 @@ fn main() -> Result<(), Error> {
         DECODE_STEPS as f64 / decode.runtime.as_secs_f64()
     );
     println!(
-        "max error vs interpreter: matmul {:.2e} (relative, tolerance {MATMUL_TOL:.0e}), attention {:.2e} (absolute, tolerance {ATTENTION_TOL:.0e})",
+        "max error vs interpreter: matmul {:.2e} (relative, tolerance {:.0e}), attention {:.2e} (absolute, tolerance {ATTENTION_TOL:.0e})",
         prefill.matmul_rel.max(decode.matmul_rel),
+        run.tol,
         prefill.attention_abs.max(decode.attention_abs)
     );
     println!(
-        "KV cache: {} tokens, capacity {}, grew {} time(s)",
+        "KV cache: {} tokens, capacity {}, grew {} time(s), in {}",
         cache.len(),
         cache.capacity(),
-        cache.growths()
+        cache.growths(),
+        if cache.on_device() {
+            "device buffers"
+        } else {
+            "host memory"
+        }
     );
     Ok(())
 }

@@ -11,14 +11,23 @@
 //! (the kernels read one contiguous `[s, kvh, d]` buffer, so chunks cannot
 //! stay separate).
 //!
+//! On an OpenCL device ([`KvCache::for_device`]) the same `[s, kvh, d]`
+//! buffers live on the device: a token is written after the last ones
+//! (one small host-to-device write), and a growth allocates larger
+//! buffers and copies the old tokens on the device, by the same chunk
+//! policy.
+//!
 //! [`Attention::decode`] runs the JIT (or prebuilt) decode kernel on the
-//! whole cache. [`Attention::prefill`] runs the same decode kernel once per
+//! whole cache; on OpenCL, the split-K decode program over the device
+//! cache. [`Attention::prefill`] runs the same decode kernel once per
 //! prompt token over the causal prefix it may see (token i of t sits at
 //! position s − t + i and sees keys 0..=s − t + i, the interpreter's prefill
 //! semantics), with the tokens split over the pool by per-core weights and
 //! by cost (later tokens see more keys). It is JIT code throughout; a
 //! dedicated prefill kernel would reuse each K/V row across query tokens
-//! and is the faster path once a backend emits one.
+//! and is the faster path once a backend emits one. On OpenCL, prefill is
+//! likewise one decode launch per prompt token, in order. CUDA has no
+//! attention kernel in the runtime yet: `Attention::new` says so.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -184,17 +193,94 @@ pub struct KvCache {
     capacity: usize,
     mode: KvCapacity,
     growths: usize,
-    k: Store,
-    v: Store,
+    storage: Storage,
+}
+
+/// Where the cached tokens live: host memory, or the device buffers of
+/// the OpenCL device the attention runs on.
+#[derive(Debug)]
+enum Storage {
+    Host {
+        k: Store,
+        v: Store,
+    },
+    #[cfg(feature = "opencl")]
+    OpenCl {
+        dev: Arc<crate::opencl::ClDevice>,
+        cache: crate::opencl::ClKvCache,
+    },
 }
 
 impl KvCache {
+    /// A cache in host memory (what the host backends read).
     pub fn new(
         format: KvFormat,
         kvh: usize,
         d: usize,
         capacity: KvCapacity,
     ) -> Result<KvCache, RuntimeError> {
+        let (tokens, rows, elems) = KvCache::check(kvh, d, capacity)?;
+        let _ = tokens;
+        Ok(KvCache {
+            format,
+            kvh,
+            d,
+            len: 0,
+            capacity: tokens,
+            mode: capacity,
+            growths: 0,
+            storage: Storage::Host {
+                k: Store::new(format.key_format(), elems, rows),
+                v: Store::new(format.value_format(), elems, rows),
+            },
+        })
+    }
+
+    /// A cache where `device`'s attention reads it: device buffers on
+    /// OpenCL (appended in place there; a growth copies on the device),
+    /// host memory otherwise.
+    pub fn for_device(
+        device: &Device,
+        format: KvFormat,
+        kvh: usize,
+        d: usize,
+        capacity: KvCapacity,
+    ) -> Result<KvCache, RuntimeError> {
+        #[cfg(feature = "opencl")]
+        if let Some(dev) = device.opencl() {
+            let (tokens, _, _) = KvCache::check(kvh, d, capacity)?;
+            let (k, v) = gpu_formats(format);
+            let cache = crate::opencl::ClKvCache::new(dev, k, v, kvh, d, tokens)
+                .map_err(|e| gpu_err(device, e))?;
+            return Ok(KvCache {
+                format,
+                kvh,
+                d,
+                len: 0,
+                capacity: tokens,
+                mode: capacity,
+                growths: 0,
+                storage: Storage::OpenCl {
+                    dev: Arc::clone(dev),
+                    cache,
+                },
+            });
+        }
+        let _ = device;
+        KvCache::new(format, kvh, d, capacity)
+    }
+
+    /// Whether the tokens live in device buffers (not host memory).
+    pub fn on_device(&self) -> bool {
+        !matches!(self.storage, Storage::Host { .. })
+    }
+
+    /// (tokens, rows, elements) of a first allocation, checked.
+    fn check(
+        kvh: usize,
+        d: usize,
+        capacity: KvCapacity,
+    ) -> Result<(usize, usize, usize), RuntimeError> {
         if kvh == 0 || d == 0 {
             return Err(shape(
                 "KV cache kvh, d",
@@ -212,17 +298,7 @@ impl KvCache {
         let elems = rows
             .checked_mul(d)
             .ok_or_else(|| shape("KV cache tokens·kvh·d", "no overflow", "overflow"))?;
-        Ok(KvCache {
-            format,
-            kvh,
-            d,
-            len: 0,
-            capacity: tokens,
-            mode: capacity,
-            growths: 0,
-            k: Store::new(format.key_format(), elems, rows),
-            v: Store::new(format.value_format(), elems, rows),
-        })
+        Ok((tokens, rows, elems))
     }
 
     pub fn format(&self) -> KvFormat {
@@ -248,9 +324,14 @@ impl KvCache {
         self.growths
     }
 
-    /// Base addresses of the K and V buffers (change only on growth).
+    /// Base addresses of the K and V buffers (device buffer handles on a
+    /// GPU); they change only on growth.
     pub fn addresses(&self) -> (usize, usize) {
-        (self.k.base(), self.v.base())
+        match &self.storage {
+            Storage::Host { k, v } => (k.base(), v.base()),
+            #[cfg(feature = "opencl")]
+            Storage::OpenCl { cache, .. } => cache.addresses(),
+        }
     }
 
     /// Append `tokens` tokens of keys and values, each f32 `[tokens, kvh, d]`
@@ -277,8 +358,21 @@ impl KvCache {
                 }
                 KvCapacity::Chunked(chunk) => {
                     let grown = want.max(self.capacity * 2).div_ceil(chunk) * chunk;
-                    self.k.reserve(grown * row, grown * self.kvh);
-                    self.v.reserve(grown * row, grown * self.kvh);
+                    match &mut self.storage {
+                        Storage::Host { k, v } => {
+                            k.reserve(grown * row, grown * self.kvh);
+                            v.reserve(grown * row, grown * self.kvh);
+                        }
+                        #[cfg(feature = "opencl")]
+                        Storage::OpenCl { dev, cache } => {
+                            cache
+                                .grow(dev, grown, self.len)
+                                .map_err(|e| RuntimeError::Gpu {
+                                    backend: "opencl".into(),
+                                    why: e.to_string(),
+                                })?;
+                        }
+                    }
                     self.capacity = grown;
                     self.growths += 1;
                     tracing::debug!(tokens = grown, "KV cache grew");
@@ -286,16 +380,38 @@ impl KvCache {
             }
         }
         let rows = tokens * self.kvh;
-        self.k.append(rows, self.d, k)?;
-        self.v.append(rows, self.d, v)?;
+        match &mut self.storage {
+            Storage::Host { k: ks, v: vs } => {
+                ks.append(rows, self.d, k)?;
+                vs.append(rows, self.d, v)?;
+                debug_assert!(ks.capacity_elems() >= self.capacity * row);
+            }
+            #[cfg(feature = "opencl")]
+            Storage::OpenCl { dev, cache } => {
+                let (kf, vf) = (self.format.key_format(), self.format.value_format());
+                let ke = encode(kf, rows, self.d, k)?;
+                let ve = encode(vf, rows, self.d, v)?;
+                cache
+                    .write(dev, self.len, tokens, ke.rows(), ve.rows())
+                    .map_err(|e| RuntimeError::Gpu {
+                        backend: "opencl".into(),
+                        why: e.to_string(),
+                    })?;
+            }
+        }
         self.len = want;
-        debug_assert!(self.k.capacity_elems() >= self.capacity * row);
         Ok(())
     }
 
     /// Forget every token, keeping the allocation.
     pub fn clear(&mut self) {
-        for store in [&mut self.k, &mut self.v] {
+        #[allow(irrefutable_let_patterns)]
+        let Storage::Host { k, v } = &mut self.storage else {
+            // Device buffers: the length is all that marks tokens valid.
+            self.len = 0;
+            return;
+        };
+        for store in [k, v] {
             match store {
                 Store::F16(v) => v.clear(),
                 Store::Rows {
@@ -313,9 +429,91 @@ impl KvCache {
         self.len = 0;
     }
 
-    fn views(&self, tokens: usize) -> (KvView<'_>, KvView<'_>) {
+    /// The first `tokens` tokens in host memory, or `None` for a device
+    /// cache.
+    fn views(&self, tokens: usize) -> Option<(KvView<'_>, KvView<'_>)> {
         let rows = tokens * self.kvh;
-        (self.k.view(rows, self.d), self.v.view(rows, self.d))
+        match &self.storage {
+            Storage::Host { k, v } => Some((k.view(rows, self.d), v.view(rows, self.d))),
+            #[cfg(feature = "opencl")]
+            Storage::OpenCl { .. } => None,
+        }
+    }
+}
+
+/// The GPU kernels' names for a cache format's K and V.
+#[cfg(feature = "opencl")]
+fn gpu_formats(
+    format: KvFormat,
+) -> (
+    tessera_codegen::gpu::KvFormat,
+    tessera_codegen::gpu::KvFormat,
+) {
+    use tessera_codegen::gpu::KvFormat as G;
+    match format {
+        KvFormat::F16 => (G::F16, G::F16),
+        KvFormat::Kv8 => (G::I8AsymRow, G::Fp8E4M3),
+    }
+}
+
+#[cfg(feature = "opencl")]
+fn gpu_err(device: &Device, e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Gpu {
+        backend: device.backend().to_string(),
+        why: e.to_string(),
+    }
+}
+
+/// Rows encoded as a device cache stores them.
+#[cfg(feature = "opencl")]
+enum Encoded {
+    F16(Vec<f16>),
+    Bytes {
+        codes: Vec<u8>,
+        scales: Vec<f32>,
+        offsets: Vec<f32>,
+    },
+}
+
+#[cfg(feature = "opencl")]
+impl Encoded {
+    fn rows(&self) -> crate::opencl::KvRows<'_> {
+        match self {
+            Encoded::F16(v) => crate::opencl::KvRows::F16(v),
+            Encoded::Bytes {
+                codes,
+                scales,
+                offsets,
+            } => crate::opencl::KvRows::Bytes {
+                codes,
+                scales,
+                offsets,
+            },
+        }
+    }
+}
+
+/// Encode `rows` rows of `d` values in `format` (quantized per row, as the
+/// host cache stores them).
+#[cfg(feature = "opencl")]
+fn encode(format: Format, rows: usize, d: usize, data: &[f32]) -> Result<Encoded, RuntimeError> {
+    match format {
+        Format::F16 => Ok(Encoded::F16(
+            data.iter().map(|&x| f16::from_f32(x)).collect(),
+        )),
+        f => {
+            let t = quant::quantize(f, rows, d, data)?;
+            let per_row = f.group().is_some();
+            Ok(Encoded::Bytes {
+                codes: t.codes,
+                scales: if per_row { t.scales } else { Vec::new() },
+                offsets: if f.is_asymmetric() {
+                    t.offsets
+                } else {
+                    Vec::new()
+                },
+            })
+        }
     }
 }
 
@@ -327,7 +525,14 @@ pub struct Attention {
     kvh: usize,
     d: usize,
     format: KvFormat,
-    kernel: Arc<HostAttention>,
+    kernel: AttentionKernel,
+}
+
+/// The decode kernel an [`Attention`] runs.
+enum AttentionKernel {
+    Host(Arc<HostAttention>),
+    #[cfg(feature = "opencl")]
+    OpenCl(Arc<crate::opencl::ClAttention>),
 }
 
 impl std::fmt::Debug for Attention {
@@ -391,7 +596,22 @@ impl Attention {
         if d == 0 {
             return Err(shape("head dimension", "at least 1", d));
         }
-        let kernel = device.attention(format.kernel_name())?;
+        let kernel = match device.backend() {
+            #[cfg(feature = "opencl")]
+            crate::Backend::OpenCl => {
+                AttentionKernel::OpenCl(device.cl_attention(format.kernel_name())?)
+            }
+            crate::Backend::Cuda => {
+                return Err(RuntimeError::Unsupported {
+                    backend: "cuda".into(),
+                    what:
+                        "decode attention (no PTX attention kernel is wired into the runtime yet; \
+                           run attention on the host or OpenCL device)"
+                            .into(),
+                });
+            }
+            _ => AttentionKernel::Host(device.attention(format.kernel_name())?),
+        };
         Ok(Attention {
             device: Arc::clone(device),
             hq,
@@ -430,18 +650,71 @@ impl Attention {
         let hd = self.hq * self.d;
         check_len("q elements (hq·d)", hd, q.len())?;
         check_len("o elements (hq·d)", hd, o.len())?;
-        let (k, v) = cache.views(cache.len);
-        Ok(self.kernel.run(
-            q,
-            k,
-            v,
-            cache.len,
-            self.hq,
-            self.kvh,
-            self.d,
-            o,
-            self.device.threads(),
-        )?)
+        match &self.kernel {
+            AttentionKernel::Host(kernel) => {
+                let (k, v) = self.host_views(cache, cache.len)?;
+                Ok(kernel.run(
+                    q,
+                    k,
+                    v,
+                    cache.len,
+                    self.hq,
+                    self.kvh,
+                    self.d,
+                    o,
+                    self.device.threads(),
+                )?)
+            }
+            #[cfg(feature = "opencl")]
+            AttentionKernel::OpenCl(kernel) => self.decode_cl(kernel, q, cache, cache.len, o),
+        }
+    }
+
+    fn host_views<'c>(
+        &self,
+        cache: &'c KvCache,
+        tokens: usize,
+    ) -> Result<(KvView<'c>, KvView<'c>), RuntimeError> {
+        cache.views(tokens).ok_or_else(|| {
+            shape(
+                "KV cache location",
+                format!("host memory (attention runs on {})", self.device.backend()),
+                "device buffers",
+            )
+        })
+    }
+
+    /// One token over the first `s` cached tokens on the OpenCL device.
+    #[cfg(feature = "opencl")]
+    fn decode_cl(
+        &self,
+        kernel: &crate::opencl::ClAttention,
+        q: &[f16],
+        cache: &KvCache,
+        s: usize,
+        o: &mut [f16],
+    ) -> Result<u64, RuntimeError> {
+        let Storage::OpenCl { dev, cache: cl } = &cache.storage else {
+            return Err(shape(
+                "KV cache location",
+                "OpenCL device buffers (KvCache::for_device)",
+                "host memory",
+            ));
+        };
+        let same = self
+            .device
+            .opencl()
+            .is_some_and(|mine| Arc::ptr_eq(mine, dev));
+        if !same {
+            return Err(shape(
+                "KV cache device",
+                "the attention's OpenCL device",
+                "another device",
+            ));
+        }
+        let n = crate::opencl::attention_into(dev, kernel, q, cl, s, self.hq, o)
+            .map_err(|e| gpu_err(&self.device, e))?;
+        Ok(n as u64)
     }
 
     /// The last `t` cached tokens as queries (`q`, `o`: f16 `[t, hq, d]`),
@@ -471,6 +744,27 @@ impl Attention {
             return Ok(0);
         }
         let first = cache.len - t;
+        #[cfg(feature = "opencl")]
+        if let AttentionKernel::OpenCl(kernel) = &self.kernel {
+            // Decode per prompt token over its causal prefix, in order (one
+            // queue); a dedicated prefill kernel would reuse K/V rows.
+            let mut recomputed = 0;
+            for i in 0..t {
+                recomputed += self.decode_cl(
+                    kernel,
+                    &q[i * hd..(i + 1) * hd],
+                    cache,
+                    first + i + 1,
+                    &mut o[i * hd..(i + 1) * hd],
+                )?;
+            }
+            return Ok(recomputed);
+        }
+        #[allow(irrefutable_let_patterns)]
+        let AttentionKernel::Host(kernel) = &self.kernel else {
+            return Err(shape("attention kernel", "a host kernel", "a GPU kernel"));
+        };
+        self.host_views(cache, cache.len)?;
         let costs: Vec<usize> = (0..t).map(|i| first + i + 1).collect();
         let ranges = split_by_cost(&costs, &self.device.core_weights());
         // Each worker owns the output rows of its tokens.
@@ -489,8 +783,10 @@ impl Attention {
             let mut mine = slot.lock().unwrap_or_else(|e| e.into_inner());
             for (i, out) in range.clone().zip(mine.iter_mut()) {
                 let s = first + i + 1;
-                let (k, v) = cache.views(s);
-                match self.kernel.run(
+                let Some((k, v)) = cache.views(s) else {
+                    return;
+                };
+                match kernel.run(
                     &q[i * hd..(i + 1) * hd],
                     k,
                     v,

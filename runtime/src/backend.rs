@@ -115,8 +115,12 @@ pub struct DeviceOptions {
     /// Prebuilt machine code; required without the `jit` feature, and used
     /// instead of the JIT when given.
     pub prebuilt: Option<PrebuiltSet>,
-    /// The device to match records against (default: [`Fingerprint::detect`]).
+    /// The device to match records against (default: [`Fingerprint::detect`],
+    /// plus the GPU a GPU backend opened).
     pub fingerprint: Option<Fingerprint>,
+    /// Where the OpenCL backend keeps compiled program binaries (default:
+    /// `$TESSERA_OPENCL_CACHE`, else no cache).
+    pub gpu_cache_dir: Option<std::path::PathBuf>,
 }
 
 /// This build's generator id (records and prebuilt sets must match it).
@@ -136,6 +140,10 @@ enum Engine {
     #[cfg(feature = "jit")]
     Neon(tessera_codegen::neon::NeonBackend),
     Prebuilt(PrebuiltSet),
+    #[cfg(feature = "opencl")]
+    OpenCl(opencl::ClEngine),
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CudaEngine),
 }
 
 type MatmulKey = (String, Variant, [u32; 3]);
@@ -181,44 +189,77 @@ impl Device {
     /// Open `backend`, or say why it is not available here.
     pub fn open(backend: Backend, options: DeviceOptions) -> Result<Device, RuntimeError> {
         let generator = current_generator();
-        let engine = match (backend, options.prebuilt) {
-            (Backend::OpenCl, _) => {
-                return Err(open_opencl_error());
-            }
-            (Backend::Cuda, _) => {
+        let prebuilt = match options.prebuilt {
+            Some(set) if set.generator != generator => {
                 return Err(unavailable(
                     backend,
-                    "this build has no CUDA backend (the `cuda` feature adds it)",
+                    format!(
+                        "the prebuilt kernels were made by generator {} ({}), this is {} ({})",
+                        set.generator.version,
+                        set.generator.template_hash,
+                        generator.version,
+                        generator.template_hash
+                    ),
                 ));
             }
-            (_, Some(set)) => {
-                if set.generator != generator {
+            other => other,
+        };
+        let (engine, gpu): (Engine, Option<crate::device::GpuInfo>) = match (backend, prebuilt) {
+            (Backend::OpenCl, prebuilt) => {
+                #[cfg(feature = "opencl")]
+                {
+                    let e = opencl::ClEngine::open(prebuilt, options.gpu_cache_dir.as_deref())?;
+                    let info = e.gpu_info();
+                    (Engine::OpenCl(e), Some(info))
+                }
+                #[cfg(not(feature = "opencl"))]
+                {
+                    let _ = prebuilt;
                     return Err(unavailable(
                         backend,
-                        format!(
-                            "the prebuilt kernels were made by generator {} ({}), this is {} ({})",
-                            set.generator.version,
-                            set.generator.template_hash,
-                            generator.version,
-                            generator.template_hash
-                        ),
+                        "this build has no OpenCL backend (the `opencl` feature adds it)",
                     ));
                 }
-                Engine::Prebuilt(set)
             }
-            (_, None) => jit_engine(backend)?,
+            (Backend::Cuda, _) => {
+                #[cfg(feature = "cuda")]
+                {
+                    let e = cuda::CudaEngine::open()?;
+                    let info = e.gpu_info();
+                    (Engine::Cuda(e), Some(info))
+                }
+                #[cfg(not(feature = "cuda"))]
+                {
+                    return Err(unavailable(
+                        backend,
+                        "this build has no CUDA backend (the `cuda` feature adds it)",
+                    ));
+                }
+            }
+            (_, Some(set)) => (Engine::Prebuilt(set), None),
+            (_, None) => (jit_engine(backend)?, None),
         };
-        let threads = options
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .max(1);
+        // A GPU backend's host side does not split work: one thread unless asked.
+        let default_threads = if gpu.is_some() {
+            1
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        };
+        let threads = options.threads.unwrap_or(default_threads).max(1);
+        let fingerprint = options.fingerprint.unwrap_or_else(|| {
+            let fp = Fingerprint::detect();
+            match gpu {
+                Some(g) => fp.with_gpu(g),
+                None => fp,
+            }
+        });
         Ok(Device {
             backend,
             engine,
             #[cfg(feature = "jit")]
             clif: Mutex::new(None),
             pool: ThreadPool::new(threads),
-            fingerprint: options.fingerprint.unwrap_or_else(Fingerprint::detect),
+            fingerprint,
             generator,
             record: options.record,
             matmuls: Mutex::new(BTreeMap::new()),
@@ -273,7 +314,18 @@ impl Device {
 
     /// Number of distinct matmul kernels prepared so far.
     pub fn prepared_kernels(&self) -> usize {
-        lock(&self.matmuls).len()
+        match &self.engine {
+            #[cfg(feature = "opencl")]
+            Engine::OpenCl(e) => e.prepared_matmuls(),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(e) => e.prepared_matmuls(),
+            _ => lock(&self.matmuls).len(),
+        }
+    }
+
+    /// Whether kernels run on a GPU (OpenCL, CUDA) rather than this CPU.
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.backend, Backend::OpenCl | Backend::Cuda)
     }
 
     /// Plan and prepare (JIT or map) every kernel a model's weight shapes
@@ -285,11 +337,17 @@ impl Device {
     ) -> Result<Vec<ShapePlan>, RuntimeError> {
         shapes
             .iter()
-            .map(|&(n, k)| self.plan_shape(format, n, k).map(|(plan, _)| plan))
+            .map(|&(n, k)| match &self.engine {
+                #[cfg(feature = "opencl")]
+                Engine::OpenCl(_) => self.plan_shape_cl(format, n, k).map(|(plan, _)| plan),
+                #[cfg(feature = "cuda")]
+                Engine::Cuda(_) => self.plan_shape_cuda(format, n, k).map(|(plan, _)| plan),
+                _ => self.plan_shape(format, n, k).map(|(plan, _)| plan),
+            })
             .collect()
     }
 
-    /// The dispatch plan of [n, k] and its three kernels (shared when
+    /// The dispatch plan of [n, k] and its three host kernels (shared when
     /// variants share a tile and code).
     pub(crate) fn plan_shape(
         &self,
@@ -297,6 +355,32 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<(ShapePlan, [Arc<HostMatmul>; 3]), RuntimeError> {
+        self.host_only("a host matmul")?;
+        let kernel = library::get(format.library_kernel())?;
+        self.plan_with(
+            &kernel,
+            format,
+            n,
+            k,
+            &|variant, tile| self.matmul(&kernel, variant, tile, n, k),
+            &|variant| self.default_matmul(&kernel, variant, n, k),
+        )
+    }
+
+    /// The dispatch plan of [n, k]: breakpoints and winners from the record
+    /// when it matches this device, generator, backend, format and shape,
+    /// else the solver defaults (and `tracing` says why). `winner` prepares
+    /// a record's tile (a failure falls back to `default`, with a warning);
+    /// `default` prepares the solver's best tile the backend can build.
+    pub(crate) fn plan_with<K: Clone>(
+        &self,
+        kernel: &Kernel,
+        format: WeightFormat,
+        n: usize,
+        k: usize,
+        winner: &dyn Fn(Variant, [u32; 3]) -> Result<K, RuntimeError>,
+        default: &dyn Fn(Variant) -> Result<([u32; 3], K), RuntimeError>,
+    ) -> Result<(ShapePlan, [K; 3]), RuntimeError> {
         if n == 0 || k == 0 {
             return Err(crate::error::shape(
                 "weight shape [n, k]",
@@ -304,7 +388,6 @@ impl Device {
                 format!("[{n}, {k}]"),
             ));
         }
-        let kernel = library::get(format.library_kernel())?;
         let threads = self.pool.threads();
         let mut core_weights = vec![1.0; threads];
         let mut shape_entry = None;
@@ -344,14 +427,14 @@ impl Device {
         let mut kernels = Vec::with_capacity(3);
         for variant in Variant::ALL {
             let mut chosen = None;
-            if let Some(winner) = shape_entry.and_then(|s| s.winner(variant)) {
-                match self.matmul(&kernel, variant, winner.tile, n, k) {
+            if let Some(w) = shape_entry.and_then(|s| s.winner(variant)) {
+                match winner(variant, w.tile) {
                     Ok(code) => {
                         chosen = Some((
                             VariantPlan {
                                 variant,
-                                tile: winner.tile,
-                                kernel: winner.kernel.clone(),
+                                tile: w.tile,
+                                kernel: w.kernel.clone(),
                                 from_record: true,
                             },
                             code,
@@ -359,7 +442,7 @@ impl Device {
                     }
                     Err(e) => tracing::warn!(
                         variant = %variant,
-                        tile = ?winner.tile,
+                        tile = ?w.tile,
                         "the record's winner cannot be prepared ({e}); using the solver default"
                     ),
                 }
@@ -367,7 +450,7 @@ impl Device {
             let (plan, code) = match chosen {
                 Some(c) => c,
                 None => {
-                    let (tile, code) = self.default_matmul(&kernel, variant, n, k)?;
+                    let (tile, code) = default(variant)?;
                     (
                         VariantPlan {
                             variant,
@@ -402,6 +485,25 @@ impl Device {
         ))
     }
 
+    #[cfg(any(feature = "opencl", feature = "cuda"))]
+    fn not_host(&self) -> RuntimeError {
+        RuntimeError::Unsupported {
+            backend: self.backend.to_string(),
+            what: "host machine code".into(),
+        }
+    }
+
+    /// `Err` on a GPU device (the host kernels' paths are for CPUs).
+    fn host_only(&self, what: &str) -> Result<(), RuntimeError> {
+        if self.is_gpu() {
+            return Err(RuntimeError::Unsupported {
+                backend: self.backend.to_string(),
+                what: what.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// The kernel of `variant` at `tile`, prepared once per device.
     fn matmul(
         &self,
@@ -431,6 +533,10 @@ impl Device {
     ) -> Result<([u32; 3], Arc<HostMatmul>), RuntimeError> {
         let tiles: Vec<[u32; 3]> = match &self.engine {
             Engine::Prebuilt(set) => set.matmul_tiles(&kernel.name, variant),
+            #[cfg(feature = "opencl")]
+            Engine::OpenCl(_) => return Err(self.not_host()),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(_) => return Err(self.not_host()),
             #[cfg(feature = "jit")]
             _ => self
                 .solver_tiles(kernel, representative_m(variant), n, k)?
@@ -482,6 +588,10 @@ impl Device {
                     &p.code,
                 )?)
             }
+            #[cfg(feature = "opencl")]
+            Engine::OpenCl(_) => Err(self.not_host()),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(_) => Err(self.not_host()),
             #[cfg(feature = "jit")]
             _ => {
                 let (code, quantizer) = self.emit_matmul(kernel, variant, tile, n, k)?;
@@ -498,6 +608,7 @@ impl Device {
     /// A mapped decode attention kernel (`attention-decode-f16`,
     /// `attention-decode-kv8`), prepared once.
     pub(crate) fn attention(&self, name: &str) -> Result<Arc<HostAttention>, RuntimeError> {
+        self.host_only("a host attention kernel")?;
         if let Some(code) = lock(&self.attentions).get(name) {
             return Ok(Arc::clone(code));
         }
@@ -511,6 +622,10 @@ impl Device {
                     }
                 })?
             }
+            #[cfg(feature = "opencl")]
+            Engine::OpenCl(_) => return Err(self.not_host()),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(_) => return Err(self.not_host()),
             #[cfg(feature = "jit")]
             _ => self.emit_attention(&kernel)?,
         };
@@ -518,27 +633,6 @@ impl Device {
         lock(&self.attentions).insert(name.to_string(), Arc::clone(&code));
         Ok(code)
     }
-}
-
-#[cfg(feature = "opencl")]
-fn open_opencl_error() -> RuntimeError {
-    match crate::opencl::ClDevice::first() {
-        Err(e) => unavailable(Backend::OpenCl, e.to_string()),
-        Ok(_) => RuntimeError::Unsupported {
-            backend: "opencl".into(),
-            what: "Linear/Attention through Device (not wired yet; call \
-                   tessera_runtime::opencl::run_matmul / run_attention directly)"
-                .into(),
-        },
-    }
-}
-
-#[cfg(not(feature = "opencl"))]
-fn open_opencl_error() -> RuntimeError {
-    unavailable(
-        Backend::OpenCl,
-        "this build has no OpenCL backend (the `opencl` feature adds it)",
-    )
 }
 
 #[cfg(not(feature = "jit"))]
@@ -569,9 +663,16 @@ fn jit_engine(backend: Backend) -> Result<Engine, RuntimeError> {
                 ),
             )
         }),
-        Backend::OpenCl | Backend::Cuda => Err(unavailable(backend, "not a JIT backend")),
+        Backend::OpenCl | Backend::Cuda => Err(unavailable(backend, "not a host JIT backend")),
     }
 }
+
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+mod gpu;
+#[cfg(feature = "opencl")]
+mod opencl;
 
 #[cfg(feature = "jit")]
 mod jit {
@@ -637,6 +738,8 @@ mod jit {
                 Engine::Clif => Ok(self.clif()?.caps()),
                 Engine::Neon(b) => Ok(b.caps()),
                 Engine::Prebuilt(_) => Err(emit_err("solver", "prebuilt kernels have no solver")),
+                #[allow(unreachable_patterns)]
+                _ => Err(emit_err("solver", "not a host JIT backend")),
             }
         }
 
@@ -740,6 +843,8 @@ mod jit {
                     Ok((code, q))
                 }
                 Engine::Prebuilt(_) => Err(emit_err(&what, "prebuilt device")),
+                #[allow(unreachable_patterns)]
+                _ => Err(emit_err(&what, "not a host JIT backend")),
             }
         }
 

@@ -95,6 +95,16 @@ impl Fingerprint {
         fp
     }
 
+    /// This fingerprint with `gpu` added (kept sorted, so the order GPUs
+    /// are found in never changes equality).
+    pub fn with_gpu(mut self, gpu: GpuInfo) -> Fingerprint {
+        if !self.gpus.contains(&gpu) {
+            self.gpus.push(gpu);
+            self.gpus.sort();
+        }
+        self
+    }
+
     /// A short stable digest (FNV-1a of the canonical JSON), for file names
     /// and log lines; equality of fingerprints compares the whole value.
     pub fn digest(&self) -> String {

@@ -17,7 +17,7 @@ pub enum RuntimeError {
         expected: String,
         got: String,
     },
-    #[error("unknown format `{0}`; valid formats: f32, f16, w8a8, w4a8, w4a16")]
+    #[error("unknown format `{0}`; valid formats: f32, f16, w8a8, w4a8, w4a16, w8a16, e0m4a16")]
     UnknownFormat(String),
     #[error("no kernel for {what}: {why}")]
     NoKernel { what: String, why: String },
@@ -27,6 +27,8 @@ pub enum RuntimeError {
         adding: usize,
         max: usize,
     },
+    #[error("{backend} driver: {why}")]
+    Gpu { backend: String, why: String },
     #[error("{0}")]
     Host(#[from] HostError),
     #[error("{0}")]

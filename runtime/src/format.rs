@@ -21,15 +21,21 @@ pub enum WeightFormat {
     W4A8,
     /// uint4 asymmetric weights, f16 activations (the GPU family's layout).
     W4A16,
+    /// int8 per-row symmetric weights, f16 activations (GPU family).
+    W8A16,
+    /// E0M4 4-bit weights (groups of 32), f16 activations (GPU family).
+    E0M4A16,
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 5] = [
+    pub const ALL: [WeightFormat; 7] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::W8A8,
         WeightFormat::W4A8,
         WeightFormat::W4A16,
+        WeightFormat::W8A16,
+        WeightFormat::E0M4A16,
     ];
 
     /// Record / CLI name.
@@ -40,6 +46,8 @@ impl WeightFormat {
             WeightFormat::W8A8 => "w8a8",
             WeightFormat::W4A8 => "w4a8",
             WeightFormat::W4A16 => "w4a16",
+            WeightFormat::W8A16 => "w8a16",
+            WeightFormat::E0M4A16 => "e0m4a16",
         }
     }
 
@@ -51,13 +59,18 @@ impl WeightFormat {
             WeightFormat::W8A8 => "matmul-w8a8",
             WeightFormat::W4A8 => "matmul-w4a8",
             WeightFormat::W4A16 => "matmul-w4a16",
+            WeightFormat::W8A16 => "matmul-w8a16",
+            WeightFormat::E0M4A16 => "matmul-e0m4a16",
         }
     }
 
     /// The activations' dtype as callers hold them (`i8dyn` takes f32).
     pub fn input(self) -> Format {
         match self {
-            WeightFormat::F16 | WeightFormat::W4A16 => Format::F16,
+            WeightFormat::F16
+            | WeightFormat::W4A16
+            | WeightFormat::W8A16
+            | WeightFormat::E0M4A16 => Format::F16,
             _ => Format::F32,
         }
     }

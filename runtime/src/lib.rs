@@ -1,20 +1,25 @@
 //! Tessera's thin runtime: what an inference engine links.
 //!
 //! - [`backend`]: open a [`Device`] on a [`Backend`] (x86 AVX2, cranelift,
-//!   NEON; OpenCL and CUDA say why they cannot run here), with a persistent
-//!   [`pool::ThreadPool`] and, optionally, a tuning record and prebuilt
-//!   kernels. Every kernel is JITted (feature `jit`) or mapped once.
+//!   NEON, OpenCL, CUDA; one that cannot run here says why), with a
+//!   persistent [`pool::ThreadPool`] and, optionally, a tuning record and
+//!   prebuilt kernels. Every host kernel is JITted (feature `jit`) or mapped
+//!   once; every OpenCL program is built once (through the binary cache).
 //! - [`dispatch`]: per weight shape [N, K], GEMV below M1, flat GEMM below
 //!   M2, GEMM above (FlashDecoding++ section 5), from the record or the
 //!   solver's defaults (and `tracing` says which and why).
-//! - [`Linear`]: weights packed once per tile, `forward` for any M.
-//! - [`Attention`] over a [`KvCache`] appended in place.
+//! - [`Linear`]: weights packed once per tile (on a GPU: packed into the
+//!   GPU layout and uploaded once), `forward` for any M.
+//! - [`Attention`] over a [`KvCache`] appended in place (in device buffers
+//!   on OpenCL, [`KvCache::for_device`]).
 //! - [`device`] fingerprints this machine; [`record`] reads, checks and
 //!   merges the autotuner's tuning records; [`prebuilt`] is the interface
 //!   for ahead-of-time machine code (the only kernels without `jit`);
 //!   [`manifest`] describes the kernel files `tessera-kernels-gen gen`
 //!   writes and the table its `kernels.rs` embeds;
-//!   `opencl` (feature) builds and launches the OpenCL backend's programs;
+//!   `opencl` (feature) builds and launches the OpenCL backend's programs
+//!   (one-shot runners, and the resident weights, programs and KV cache a
+//!   `Device` keeps);
 //!   `cuda` (feature, off by default) loads and launches the PTX backend's
 //!   programs through the CUDA driver, where one exists.
 //!
@@ -48,4 +53,4 @@ pub use dispatch::{PlanSource, ShapePlan};
 pub use error::RuntimeError;
 pub use format::WeightFormat;
 pub use linear::{Input, Linear, Output, Weights};
-pub use prebuilt::{PrebuiltKernel, PrebuiltSet};
+pub use prebuilt::{PrebuiltKernel, PrebuiltSet, PrebuiltSource};

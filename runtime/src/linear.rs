@@ -34,20 +34,42 @@ pub struct Linear {
     device: Arc<Device>,
     format: WeightFormat,
     plan: ShapePlan,
-    kernels: [Arc<HostMatmul>; 3],
-    /// Weights packed once per distinct tile.
-    packed: Vec<HostWeights>,
-    /// Which `packed` entry each variant (Gemv, FlatGemm, Gemm) uses.
-    packed_of: [usize; 3],
-    bias: Vec<f32>,
+    imp: Imp,
+}
+
+/// Where the kernels and packed weights live.
+enum Imp {
+    Host {
+        kernels: [Arc<HostMatmul>; 3],
+        /// Weights packed once per distinct tile.
+        packed: Vec<HostWeights>,
+        /// Which `packed` entry each variant (Gemv, FlatGemm, Gemm) uses.
+        packed_of: [usize; 3],
+        bias: Vec<f32>,
+    },
+    /// Three built programs over one upload: the GPU layout `[l/lp, h,
+    /// lp]` does not depend on the tile.
+    #[cfg(feature = "opencl")]
+    OpenCl {
+        kernels: [Arc<crate::opencl::ClMatmul>; 3],
+        weights: crate::opencl::ClWeights,
+    },
+    /// `crate::cuda::run_matmul` uploads per call (no resident API yet).
+    #[cfg(feature = "cuda")]
+    Cuda {
+        programs: [Arc<tessera_codegen::ptx::PtxProgram>; 3],
+        weights: tessera_dsl::interp::Value,
+        bias: Vec<f32>,
+    },
 }
 
 impl std::fmt::Debug for Linear {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Linear")
             .field("format", &self.format)
+            .field("backend", &self.device.backend())
             .field("plan", &self.plan.to_string())
-            .field("packings", &self.packed.len())
+            .field("packings", &self.packings())
             .finish()
     }
 }
@@ -75,6 +97,17 @@ impl Linear {
         let nk = n
             .checked_mul(k)
             .ok_or_else(|| shape("n·k", "no overflow", "overflow"))?;
+        match device.backend() {
+            #[cfg(feature = "opencl")]
+            crate::Backend::OpenCl => {
+                return Linear::new_opencl(device, format, weights, n, k, bias);
+            }
+            #[cfg(feature = "cuda")]
+            crate::Backend::Cuda => {
+                return Linear::new_cuda(device, format, weights, n, k, bias);
+            }
+            _ => {}
+        }
         let (plan, kernels) = device.plan_shape(format, n, k)?;
         let w_format = kernels[0]
             .kernel()
@@ -129,10 +162,12 @@ impl Linear {
             device: Arc::clone(device),
             format,
             plan,
-            kernels,
-            packed,
-            packed_of,
-            bias,
+            imp: Imp::Host {
+                kernels,
+                packed,
+                packed_of,
+                bias,
+            },
         })
     }
 
@@ -153,9 +188,16 @@ impl Linear {
         &self.plan
     }
 
-    /// How many packed copies of the weights exist (one per distinct tile).
+    /// How many packed copies of the weights exist (one per distinct tile
+    /// on the host; one upload on a GPU).
     pub fn packings(&self) -> usize {
-        self.packed.len()
+        match &self.imp {
+            Imp::Host { packed, .. } => packed.len(),
+            #[cfg(feature = "opencl")]
+            Imp::OpenCl { .. } => 1,
+            #[cfg(feature = "cuda")]
+            Imp::Cuda { .. } => 1,
+        }
     }
 
     /// The variant `forward` uses for `m` rows.
@@ -207,23 +249,189 @@ impl Linear {
             return Ok(());
         }
         let v = variant_index(self.plan.variant_for(m));
-        let kernel = &self.kernels[v];
-        let weights = &self.packed[self.packed_of[v]];
-        let pool = self.device.pool();
-        let panels = n.div_ceil(weights.tile.hp.max(1));
-        let ranges = split_weighted(panels, &self.plan.core_weights);
-        kernel.run_ranges(x, m, weights, Some(&self.bias), y, &ranges, &|call| {
-            if ranges.len() == 1 {
-                call(0);
-            } else {
-                pool.run(&|worker| call(worker));
+        match &self.imp {
+            Imp::Host {
+                kernels,
+                packed,
+                packed_of,
+                bias,
+            } => {
+                let kernel = &kernels[v];
+                let weights = &packed[packed_of[v]];
+                let pool = self.device.pool();
+                let panels = n.div_ceil(weights.tile.hp.max(1));
+                let ranges = split_weighted(panels, &self.plan.core_weights);
+                kernel.run_ranges(x, m, weights, Some(bias), y, &ranges, &|call| {
+                    if ranges.len() == 1 {
+                        call(0);
+                    } else {
+                        pool.run(&|worker| call(worker));
+                    }
+                })?;
+                Ok(())
             }
-        })?;
-        Ok(())
+            #[cfg(feature = "opencl")]
+            Imp::OpenCl { kernels, weights } => {
+                let (HostInput::F16(x), Some(dev)) = (x, self.device.opencl()) else {
+                    return Err(shape("x dtype on opencl", "f16", "another dtype"));
+                };
+                let out = match y {
+                    HostOutput::F32(v) => crate::opencl::ClOutput::F32(v),
+                    HostOutput::F16(v) => crate::opencl::ClOutput::F16(v),
+                    HostOutput::BF16(_) => {
+                        return Err(shape("y dtype on opencl", "f32 or f16", "bf16"));
+                    }
+                };
+                crate::opencl::matmul_into(dev, &kernels[v], weights, x, m, out)
+                    .map_err(|e| gpu_err(&self.device, e))
+            }
+            #[cfg(feature = "cuda")]
+            Imp::Cuda {
+                programs,
+                weights,
+                bias,
+            } => {
+                let (HostInput::F16(x), Ok(engine)) = (x, self.device.cuda_engine()) else {
+                    return Err(shape("x dtype on cuda", "f16", "another dtype"));
+                };
+                let out = crate::cuda::run_matmul(
+                    &engine.dev,
+                    &programs[v],
+                    x,
+                    weights,
+                    Some(bias),
+                    m,
+                    n,
+                    k,
+                )
+                .map_err(|e| gpu_err(&self.device, e))?;
+                match y {
+                    HostOutput::F32(v) => v.copy_from_slice(&out),
+                    HostOutput::F16(v) => {
+                        for (d, s) in v.iter_mut().zip(&out) {
+                            *d = half::f16::from_f32(*s);
+                        }
+                    }
+                    HostOutput::BF16(_) => {
+                        return Err(shape("y dtype on cuda", "f32 or f16", "bf16"));
+                    }
+                }
+                Ok(())
+            }
+        }
     }
 
     /// [`Linear::forward`] for f32 activations and output.
     pub fn forward_f32(&self, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), RuntimeError> {
         self.forward(HostInput::F32(x), m, HostOutput::F32(y))
+    }
+}
+
+/// A GPU driver error as the runtime's error.
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+fn gpu_err(device: &Device, e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Gpu {
+        backend: device.backend().to_string(),
+        why: e.to_string(),
+    }
+}
+
+/// The logical weights (f16 or quantized in the kernel's format) a GPU
+/// packer takes, after checking their size and format.
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+fn gpu_value(
+    w_format: tessera_dsl::ir::Format,
+    weights: Weights<'_>,
+    n: usize,
+    k: usize,
+) -> Result<tessera_dsl::interp::Value, RuntimeError> {
+    use tessera_dsl::interp::Value;
+    match weights {
+        Weights::F32(v) => {
+            check_len("weights elements (n·k)", n * k, v.len())?;
+            if w_format.is_quantized() {
+                Ok(Value::Quant(quant::quantize(w_format, n, k, v)?))
+            } else {
+                Ok(Value::F16(
+                    v.iter().map(|&x| half::f16::from_f32(x)).collect(),
+                ))
+            }
+        }
+        Weights::Quant(t) => {
+            if t.format != w_format || t.rows != n || t.cols != k {
+                return Err(shape(
+                    "quantized weights",
+                    format!("{w_format} [{n}, {k}]"),
+                    format!("{} [{}, {}]", t.format, t.rows, t.cols),
+                ));
+            }
+            t.validate()
+                .map_err(|e| shape("quantized weights", "valid", e))?;
+            Ok(Value::Quant(t.clone()))
+        }
+    }
+}
+
+#[cfg(any(feature = "opencl", feature = "cuda"))]
+fn bias_or_zeros(bias: Option<&[f32]>, n: usize) -> Result<Vec<f32>, RuntimeError> {
+    match bias {
+        Some(b) => {
+            check_len("bias elements (n)", n, b.len())?;
+            Ok(b.to_vec())
+        }
+        None => Ok(vec![0.0; n]),
+    }
+}
+
+impl Linear {
+    #[cfg(feature = "opencl")]
+    fn new_opencl(
+        device: &Arc<Device>,
+        format: WeightFormat,
+        weights: Weights<'_>,
+        n: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Result<Linear, RuntimeError> {
+        let (plan, kernels) = device.plan_shape_cl(format, n, k)?;
+        let w_format = kernels[0].plan().weights.format;
+        let value = gpu_value(w_format, weights, n, k)?;
+        let bias = bias_or_zeros(bias, n)?;
+        let dev = device
+            .opencl()
+            .ok_or_else(|| gpu_err(device, "no OpenCL device"))?;
+        let weights = crate::opencl::ClWeights::upload(dev, w_format, &value, Some(&bias), n, k)
+            .map_err(|e| gpu_err(device, e))?;
+        Ok(Linear {
+            device: Arc::clone(device),
+            format,
+            plan,
+            imp: Imp::OpenCl { kernels, weights },
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn new_cuda(
+        device: &Arc<Device>,
+        format: WeightFormat,
+        weights: Weights<'_>,
+        n: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+    ) -> Result<Linear, RuntimeError> {
+        let (plan, programs) = device.plan_shape_cuda(format, n, k)?;
+        let w_format = programs[0].plan.weights.format;
+        let weights = gpu_value(w_format, weights, n, k)?;
+        let bias = bias_or_zeros(bias, n)?;
+        Ok(Linear {
+            device: Arc::clone(device),
+            format,
+            plan,
+            imp: Imp::Cuda {
+                programs,
+                weights,
+                bias,
+            },
+        })
     }
 }

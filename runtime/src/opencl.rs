@@ -36,6 +36,15 @@ use tessera_codegen::gpu::{
 use tessera_codegen::opencl::{Fp16Mode, Program};
 use tessera_dsl::interp::Value;
 
+pub mod limits;
+mod resident;
+
+pub use resident::{
+    ClAttention, ClIo, ClKvCache, ClMatmul, ClOutput, ClWeights, KvRows, attention_into,
+    matmul_into, matmul_launch,
+};
+
+use crate::device::GpuInfo;
 use crate::gpu_weights::{self, GpuWeights};
 
 /// Why an OpenCL operation failed.
@@ -73,6 +82,8 @@ pub struct ClDevice {
     pub driver_version: String,
     pub version: String,
     pub extensions: String,
+    /// The platform's name (part of the device fingerprint).
+    pub platform: String,
     cache_dir: Option<PathBuf>,
 }
 
@@ -131,7 +142,7 @@ impl ClDevice {
                 if let Ok(ids) = p.get_devices(kind)
                     && let Some(&id) = ids.first()
                 {
-                    chosen = Some(id);
+                    chosen = Some((id, p.name().unwrap_or_default()));
                     break;
                 }
             }
@@ -139,11 +150,12 @@ impl ClDevice {
                 break;
             }
         }
-        let id = chosen.ok_or_else(|| ClError::NoDevice("platforms have no devices".into()))?;
-        ClDevice::new(Device::new(id))
+        let (id, platform) =
+            chosen.ok_or_else(|| ClError::NoDevice("platforms have no devices".into()))?;
+        ClDevice::new(Device::new(id), platform)
     }
 
-    fn new(device: Device) -> Result<ClDevice, ClError> {
+    fn new(device: Device, platform: String) -> Result<ClDevice, ClError> {
         let context = Context::from_device(&device).map_err(driver("context creation"))?;
         #[allow(deprecated)]
         let queue = CommandQueue::create_default(&context, 0).map_err(driver("queue creation"))?;
@@ -152,6 +164,7 @@ impl ClDevice {
             driver_version: device.driver_version().map_err(driver("device query"))?,
             version: device.version().map_err(driver("device query"))?,
             extensions: device.extensions().map_err(driver("device query"))?,
+            platform,
             device,
             context,
             queue,
@@ -163,6 +176,16 @@ impl ClDevice {
     pub fn with_cache_dir(mut self, dir: impl AsRef<Path>) -> ClDevice {
         self.cache_dir = Some(dir.as_ref().to_path_buf());
         self
+    }
+
+    /// What the device fingerprint records of this device.
+    pub fn gpu_info(&self) -> GpuInfo {
+        GpuInfo {
+            api: "opencl".into(),
+            platform: self.platform.clone(),
+            device: self.name.clone(),
+            driver: self.driver_version.clone(),
+        }
     }
 
     /// The precision mode this device supports (native half under
@@ -335,7 +358,19 @@ fn launch(
     extent: impl Fn(LaunchExtent) -> usize,
 ) -> Result<(), ClError> {
     let kernel = ClKernel::create(&built.program, entry).map_err(driver("kernel creation"))?;
-    let mut exec = ExecuteKernel::new(&kernel);
+    launch_kernel(dev, &kernel, args, bound, dims, extent)
+}
+
+/// Bind `bound` in the order of `args`, launch and wait.
+fn launch_kernel(
+    dev: &ClDevice,
+    kernel: &ClKernel,
+    args: &[KernelArg],
+    bound: &[(&'static str, Arg)],
+    dims: &[LaunchDim; 3],
+    extent: impl Fn(LaunchExtent) -> usize,
+) -> Result<(), ClError> {
+    let mut exec = ExecuteKernel::new(kernel);
     for a in args {
         let (_, value) = bound
             .iter()

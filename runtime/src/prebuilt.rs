@@ -10,6 +10,7 @@
 use tessera_codegen::artifact::{Arch, MachineCode};
 use tessera_dsl::ir::Variant;
 
+use crate::manifest::{EmbeddedAttention, EmbeddedCode, EmbeddedKernel, ManifestError};
 use crate::record::GeneratorId;
 
 /// One prebuilt kernel instance.
@@ -73,12 +74,32 @@ impl PrebuiltKernel {
     }
 }
 
+/// One prebuilt kernel as source text (OpenCL C): what a GPU backend
+/// builds instead of generating the program itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrebuiltSource {
+    /// The generator's target name (`opencl`).
+    pub target: String,
+    /// Library kernel name.
+    pub kernel: String,
+    /// Full instance name, for messages.
+    pub instance: String,
+    /// The matmul variant (None for attention).
+    pub variant: Option<Variant>,
+    /// ep, hp, lp (zeros for attention).
+    pub tile: [u32; 3],
+    pub text: String,
+}
+
 /// The prebuilt kernels of one generator (its id must match this build's,
 /// like a tuning record's).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrebuiltSet {
     pub generator: GeneratorId,
+    /// Host machine code.
     pub kernels: Vec<PrebuiltKernel>,
+    /// GPU source text.
+    pub sources: Vec<PrebuiltSource>,
 }
 
 impl PrebuiltSet {
@@ -86,6 +107,7 @@ impl PrebuiltSet {
         PrebuiltSet {
             generator,
             kernels: Vec::new(),
+            sources: Vec::new(),
         }
     }
 
@@ -119,5 +141,116 @@ impl PrebuiltSet {
         self.kernels
             .iter()
             .find(|p| p.kernel == kernel && p.variant.is_none())
+    }
+
+    /// The source of `kernel` on `target` (`variant` None for attention).
+    pub fn source(
+        &self,
+        target: &str,
+        kernel: &str,
+        variant: Option<Variant>,
+        tile: [u32; 3],
+    ) -> Option<&PrebuiltSource> {
+        self.sources.iter().find(|p| {
+            p.target == target
+                && p.kernel == kernel
+                && p.variant == variant
+                && (variant.is_none() || p.tile == tile)
+        })
+    }
+
+    /// Add the decode attention kernels `kernels.rs`'s `ATTENTION` table
+    /// holds for `target`: host machine code (`host`, `x86-avx2`,
+    /// `aarch64-*`) becomes [`PrebuiltKernel`]s run through
+    /// `HostAttention`, OpenCL C becomes [`PrebuiltSource`]s. Entries from
+    /// another generator are refused (the error names both). Returns how
+    /// many were added; a kernel already in the set is kept.
+    pub fn add_attention(
+        &mut self,
+        table: &[EmbeddedAttention],
+        target: &str,
+    ) -> Result<usize, ManifestError> {
+        let mut added = 0;
+        for a in table.iter().filter(|a| a.target == target) {
+            a.check(&self.generator)?;
+            match a.code {
+                EmbeddedCode::Machine { bytes, .. } => {
+                    let Some(arch) = target_arch(target) else {
+                        continue;
+                    };
+                    if self.attention(a.library).is_none() {
+                        self.push(PrebuiltKernel::attention(
+                            a.library,
+                            a.kernel,
+                            arch,
+                            bytes.to_vec(),
+                        ));
+                        added += 1;
+                    }
+                }
+                EmbeddedCode::Source(text) => {
+                    if self.source(target, a.library, None, [0; 3]).is_none() {
+                        self.sources.push(PrebuiltSource {
+                            target: target.to_string(),
+                            kernel: a.library.to_string(),
+                            instance: a.kernel.to_string(),
+                            variant: None,
+                            tile: [0; 3],
+                            text: text.to_string(),
+                        });
+                        added += 1;
+                    }
+                }
+            }
+        }
+        Ok(added)
+    }
+
+    /// Add the source-text matmul kernels of `table` for `target` and
+    /// `format` (`w4a16`, ...), one per (variant, tile). Refuses kernels
+    /// from another generator. Returns how many were added.
+    pub fn add_matmul_sources(
+        &mut self,
+        table: &[EmbeddedKernel],
+        target: &str,
+        format: &str,
+    ) -> Result<usize, ManifestError> {
+        let name = format!("matmul-{format}");
+        let mut added = 0;
+        for k in table
+            .iter()
+            .filter(|k| k.target == target && k.format == format)
+        {
+            k.check(&self.generator)?;
+            let EmbeddedCode::Source(text) = k.code else {
+                continue;
+            };
+            if self
+                .source(target, &name, Some(k.variant), k.tile)
+                .is_none()
+            {
+                self.sources.push(PrebuiltSource {
+                    target: target.to_string(),
+                    kernel: name.clone(),
+                    instance: k.kernel.to_string(),
+                    variant: Some(k.variant),
+                    tile: k.tile,
+                    text: text.to_string(),
+                });
+                added += 1;
+            }
+        }
+        Ok(added)
+    }
+}
+
+/// The architecture of a machine-code target's kernels (as
+/// [`EmbeddedKernel::arch`] reads it).
+fn target_arch(target: &str) -> Option<Arch> {
+    match target {
+        t if t.starts_with("aarch64-") => Some(Arch::Aarch64),
+        "x86-avx2" => Some(Arch::X86_64),
+        "host" => Arch::host(),
+        _ => None,
     }
 }

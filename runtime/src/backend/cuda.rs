@@ -1,0 +1,129 @@
+//! A [`Device`] on CUDA (feature `cuda`): device 0 through the driver
+//! opened at run time, PTX programs from `tessera_codegen::ptx` planned
+//! once per (variant, tile) and shared by every layer.
+//!
+//! `crate::cuda` has one entry point today, `run_matmul`, which loads the
+//! module and uploads the weights on every call; a `Linear` on CUDA goes
+//! through it (correct, not yet resident). Decode attention has no PTX
+//! kernel yet: `Attention` on CUDA says so.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tessera_codegen::ptx::{PtxBackend, PtxProgram};
+use tessera_codegen::tile::{self, TileConfig};
+use tessera_dsl::ir::Variant;
+
+use super::gpu::{gpu_kernel, gpu_problem};
+use super::{Backend, Device, Engine, lock, unavailable};
+use crate::cuda::CudaDevice;
+use crate::device::{GpuInfo, fnv1a};
+use crate::dispatch::ShapePlan;
+use crate::error::RuntimeError;
+use crate::format::WeightFormat;
+
+/// The CUDA side of a device.
+pub(crate) struct CudaEngine {
+    pub(crate) dev: CudaDevice,
+    backend: PtxBackend,
+    programs: Mutex<BTreeMap<u64, Arc<PtxProgram>>>,
+}
+
+fn no_kernel(what: impl Into<String>, why: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::NoKernel {
+        what: what.into(),
+        why: why.to_string(),
+    }
+}
+
+impl CudaEngine {
+    /// Device 0, or why there is none (no driver, no device, too old).
+    pub(super) fn open() -> Result<CudaEngine, RuntimeError> {
+        let dev = CudaDevice::first().map_err(|e| unavailable(Backend::Cuda, e.to_string()))?;
+        let backend = dev.backend();
+        Ok(CudaEngine {
+            dev,
+            backend,
+            programs: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    pub(super) fn gpu_info(&self) -> GpuInfo {
+        GpuInfo {
+            api: "cuda".into(),
+            platform: format!("{:?}", self.dev.sm()),
+            device: self.dev.name().to_string(),
+            driver: String::new(),
+        }
+    }
+
+    pub(super) fn prepared_matmuls(&self) -> usize {
+        lock(&self.programs).len()
+    }
+}
+
+impl Device {
+    pub(crate) fn cuda_engine(&self) -> Result<&CudaEngine, RuntimeError> {
+        match &self.engine {
+            Engine::Cuda(e) => Ok(e),
+            #[allow(unreachable_patterns)]
+            _ => Err(RuntimeError::Unsupported {
+                backend: self.backend.to_string(),
+                what: "a CUDA kernel".into(),
+            }),
+        }
+    }
+
+    /// The dispatch plan of [n, k] and its three PTX programs.
+    pub(crate) fn plan_shape_cuda(
+        &self,
+        format: WeightFormat,
+        n: usize,
+        k: usize,
+    ) -> Result<(ShapePlan, [Arc<PtxProgram>; 3]), RuntimeError> {
+        let engine = self.cuda_engine()?;
+        let kernel = gpu_kernel(format, self.backend)?;
+        let caps = engine.backend.sm.caps();
+        let build = |variant: Variant, config: &TileConfig| {
+            let program = engine
+                .backend
+                .program(&kernel, config, variant)
+                .map_err(|e| no_kernel(format!("{} {variant}", kernel.name), e))?;
+            let key = fnv1a(program.text.as_bytes());
+            let mut programs = lock(&engine.programs);
+            Ok::<_, RuntimeError>(Arc::clone(
+                programs.entry(key).or_insert_with(|| Arc::new(program)),
+            ))
+        };
+        let winner = |variant: Variant, tile3: [u32; 3]| {
+            let problem = gpu_problem(caps, &kernel, variant, n, k)?;
+            let config = tile::feasible(caps, &problem)
+                .map_err(|e| no_kernel(&kernel.name, e))?
+                .into_iter()
+                .find(|t| [t.ep, t.hp, t.lp] == tile3)
+                .ok_or_else(|| {
+                    no_kernel(
+                        format!("{} tile {tile3:?}", kernel.name),
+                        format!("not a feasible tile on {}", caps.name),
+                    )
+                })?;
+            build(variant, &config)
+        };
+        let default = |variant: Variant| {
+            let problem = gpu_problem(caps, &kernel, variant, n, k)?;
+            let tiles = tile::solve(caps, &problem).map_err(|e| no_kernel(&kernel.name, e))?;
+            let mut last = format!("no {} tile for cuda", kernel.name);
+            for config in tiles {
+                match build(variant, &config) {
+                    Ok(p) => return Ok(([config.ep, config.hp, config.lp], p)),
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            Err(no_kernel(
+                format!("{} {variant} [{n}, {k}] on cuda", kernel.name),
+                last,
+            ))
+        };
+        self.plan_with(&kernel, format, n, k, &winner, &default)
+    }
+}
