@@ -658,7 +658,7 @@ fn cache_buffers(
                 dev.buffer::<f32>(&[])?,
             ))
         }
-        (KvFormat::I8AsymRow | KvFormat::Fp8E4M3, Value::Quant(qt)) => {
+        (KvFormat::I8AsymRow | KvFormat::Fp8E4M3 | KvFormat::Fp8E5M2, Value::Quant(qt)) => {
             if qt.rows != rows || qt.cols != d {
                 return Err(input(format!(
                     "{what} cache is [{}, {}], expected [{rows}, {d}]",

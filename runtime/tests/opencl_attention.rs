@@ -1,5 +1,5 @@
 //! Differential tests of the OpenCL split-K decode attention against the
-//! reference interpreter: f16 and int8-key/fp8-value caches, GQA, tails in
+//! reference interpreter: f16 and int8-key/fp8-value (e4m3, e5m2) caches, GQA, tails in
 //! the sequence, and adversarial scores that force the recompute path.
 
 mod opencl_common;
@@ -86,7 +86,16 @@ fn kernels() -> Vec<Kernel> {
         .collect();
     assert_eq!(v[1].tensor("k").unwrap().format, Format::I8Asym(Group::Row));
     assert_eq!(v[1].tensor("v").unwrap().format, Format::Fp8E4M3);
-    v.truncate(2);
+    // The shared plan's third value format: fp8 e5m2, decoded by bit
+    // operations in the OpenCL C.
+    let mut e5m2 = v[1].clone();
+    e5m2.name = "attention-decode-kv8-e5m2".into();
+    e5m2.tensors
+        .iter_mut()
+        .filter(|t| t.name == "v")
+        .for_each(|t| t.format = Format::Fp8E5M2);
+    tessera_dsl::verify(&e5m2).unwrap();
+    v.push(e5m2);
     v
 }
 

@@ -120,7 +120,16 @@ impl MatmulImpl for TesseraLinear {
                 group: 32,
                 param_bytes: 8,
             },
-            RtFormat::F16 | RtFormat::W4A16 => WeightFormat::F16,
+            RtFormat::W8A16 => WeightFormat::Int8 {
+                group: usize::MAX,
+                param_bytes: 4,
+            },
+            // f32 scale and zero point per group of 32 (4-bit codes).
+            RtFormat::W4A16 | RtFormat::E0M4A16 => WeightFormat::Int4 {
+                group: 32,
+                param_bytes: 8,
+            },
+            RtFormat::F16 => WeightFormat::F16,
             RtFormat::F32 => WeightFormat::F32,
         }
     }

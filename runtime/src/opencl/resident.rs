@@ -443,7 +443,7 @@ struct KvSide {
 fn elem_bytes(format: KvFormat) -> usize {
     match format {
         KvFormat::F16 => 2,
-        KvFormat::I8AsymRow | KvFormat::Fp8E4M3 => 1,
+        KvFormat::I8AsymRow | KvFormat::Fp8E4M3 | KvFormat::Fp8E5M2 => 1,
     }
 }
 
@@ -501,7 +501,7 @@ impl KvSide {
                 dev.write_at(&mut self.data, cap_rows * d * eb, at_row * d * eb, &bytes)
             }
             (
-                f @ (KvFormat::I8AsymRow | KvFormat::Fp8E4M3),
+                f @ (KvFormat::I8AsymRow | KvFormat::Fp8E4M3 | KvFormat::Fp8E5M2),
                 KvRows::Bytes {
                     codes,
                     scales,
