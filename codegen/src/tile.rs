@@ -42,9 +42,20 @@
 //!
 //! # x86, derived the same way (and why it differs from MNN's Table 2)
 //!
-//! x86 has no multiply-by-element, so each A row is broadcast into its own
-//! register (a_rows = 1): the count is `ep·(hp/ah) + ep + hp/ah`.
+//! x86 has no multiply-by-element, so each A row is broadcast into a whole
+//! register. The int8 class keeps one per row (a_rows = 1): the count is
+//! `ep·(hp/ah) + ep + hp/ah`. The f32 class broadcasts each row into one
+//! register that its FMAs consume at once (renaming makes the rows
+//! independent), so A counts 1 whatever ep.
 //!
+//! - `x86-avx2`, f32 via `vfmadd231ps` (1×8, lp 1): 16 ymm, nothing
+//!   reserved (the epilogue's mask and bias temporary reuse A and B):
+//!   `ep·hb + 1 + hb ≤ 16`. 14×8 needs 14 + 1 + 1 = 16 and moves the least
+//!   data; 6×16 (12 + 1 + 2) and 4×24 (12 + 1 + 3) cost more at
+//!   e = h = l = 4096. → **14/8/1**. With a real small M the same count
+//!   gives the flat-GEMM tiles that keep every row in registers: 8×8 at
+//!   M = 8, 4×24 at M = 4, 2×40 at M = 2. (Before A was counted once, ep
+//!   A registers and the int4 unpack's 2 reserved ones capped f32 at 6×8.)
 //! - `x86-avx2`, int8 via `vpmaddubsw`+`vpmaddwd` (1×8, lp 4): 16 ymm − 2
 //!   (unpack) − 2 (int16 temp, ones vector) = 12. 5×8 needs 5 + 5 + 1 = 11;
 //!   6×8 needs 13; 3×16 needs 6 + 3 + 2 = 11 but costs more. → **5/8/4**.

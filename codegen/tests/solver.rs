@@ -94,8 +94,20 @@ fn x86_rows() {
     assert!(s.neighbours.iter().any(|t| (t.ep, t.hp) == (4, 8)));
     assert_eq!(best("x86-avx512", &w4a8()), (14, 16, 4));
     let f32k = matmul(Format::F32, Format::F32);
-    assert_eq!(best("x86-avx2", &f32k), (6, 8, 1));
+    // One renamed broadcast register for every row, nothing reserved:
+    // 14 acc + 1 A + 1 B = 16.
+    assert_eq!(best("x86-avx2", &f32k), (14, 8, 1));
     assert_eq!(best("aarch64-neon", &f32k), (12, 8, 1));
+    // With a real small M every row stays in registers (flat GEMM).
+    let caps = target("x86-avx2");
+    let base = Problem::from_kernel(caps, &f32k).unwrap();
+    for (m, tile) in [(2, (2, 40)), (4, (4, 24)), (8, (8, 8))] {
+        let p = Problem { e: m, ..base };
+        let t = solve(caps, &p).unwrap()[0];
+        assert_eq!((t.ep, t.hp), tile, "m = {m}");
+        assert_eq!(t.accounting.a_regs, 1);
+        assert_eq!(t.accounting.reserved, 0);
+    }
 }
 
 /// x86 keeps W4A8's per-group integer sums in registers (one per
