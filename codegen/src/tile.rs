@@ -50,12 +50,12 @@
 //!
 //! - `x86-avx2`, f32 via `vfmadd231ps` (1×8, lp 1): 16 ymm, nothing
 //!   reserved (the epilogue's mask and bias temporary reuse A and B):
-//!   `ep·hb + 1 + hb ≤ 16`. 14×8 needs 14 + 1 + 1 = 16 and moves the least
-//!   data; 6×16 (12 + 1 + 2) and 4×24 (12 + 1 + 3) cost more at
-//!   e = h = l = 4096. → **14/8/1**. With a real small M the same count
-//!   gives the flat-GEMM tiles that keep every row in registers: 8×8 at
-//!   M = 8, 4×24 at M = 4, 2×40 at M = 2. (Before A was counted once, ep
-//!   A registers and the int4 unpack's 2 reserved ones capped f32 at 6×8.)
+//!   `ep·hb + 1 + hb ≤ 16`. Every A element is a broadcast load, so the
+//!   cost counts it 8× ([`a_load_weight`]): per FMA `8/hp + 1/ep`. 4×24
+//!   (12 + 1 + 3 = 16) gives 0.58, 6×16 (12 + 1 + 2) 0.67, 14×8 (the
+//!   unweighted optimum, 14 + 1 + 1) 1.07. → **4/24/1**; with a real small
+//!   M: 2×40 at M = 2, 4×24 at M = 4 and 8. (Before, ep A registers and the
+//!   int4 unpack's 2 reserved ones capped f32 at 6×8.)
 //! - `x86-avx2`, int8 via `vpmaddubsw`+`vpmaddwd` (1×8, lp 4): 16 ymm − 2
 //!   (unpack) − 2 (int16 temp, ones vector) = 12. 5×8 needs 5 + 5 + 1 = 11;
 //!   6×8 needs 13; 3×16 needs 6 + 3 + 2 = 11 but costs more. → **5/8/4**.
@@ -98,7 +98,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use tessera_dsl::{Extent, Kernel};
 
-use crate::target::{ClassError, MacClass, MacInstr, TargetCaps, mac_class};
+use crate::target::{Arch, ClassError, MacClass, MacInstr, TargetCaps, mac_class};
 
 /// The size a `Dyn` axis takes when the solver has no real value.
 pub const REPRESENTATIVE_EXTENT: u64 = 4096;
@@ -332,6 +332,42 @@ pub fn accounting(
     }
 }
 
+/// How many B elements one A element's load is worth on `caps`. x86 has no
+/// by-element FMA: each A element of the f32 class is its own broadcast
+/// load, while one B load brings a register of `lanes` elements. Counted
+/// in register loads, (2) becomes `lanes·l·ep + l·hp + ep·hp` there; on
+/// ARM (by-element FMA: an A register holds `lanes` rows) and for the
+/// int8 classes the weight is 1 and (2) is MNN's as written. Measured on
+/// x86 (docs/PERFORMANCE.md): the tiles (2) prefers unweighted (14×8, 8
+/// columns) reach 55–63% of the FMA peak at M = 512, the ones the weighted
+/// count prefers (4×24, 6×16) 75–82%.
+pub fn a_load_weight(caps: &TargetCaps, instr: &MacInstr) -> u128 {
+    if caps.arch == Arch::X86_64 && instr.class == MacClass::F32 {
+        u128::from(caps.register_bits / 32)
+    } else {
+        1
+    }
+}
+
+/// The cost the solver ranks tiles by on `caps`: formula (2) with the A
+/// term weighted by [`a_load_weight`] (so exactly [`cost`] off x86 f32).
+pub fn target_cost(
+    caps: &TargetCaps,
+    instr: &MacInstr,
+    problem: &Problem,
+    ep: u32,
+    hp: u32,
+) -> u128 {
+    let w = a_load_weight(caps, instr);
+    let (e, h, l) = (
+        u128::from(problem.e),
+        u128::from(problem.h),
+        u128::from(problem.l),
+    );
+    let (ep, hp) = (u128::from(ep), u128::from(hp));
+    e.div_ceil(ep) * h.div_ceil(hp) * (w * l * ep + l * hp + ep * hp)
+}
+
 /// Formula (2) with ceil, exact.
 pub fn cost(problem: &Problem, ep: u32, hp: u32) -> u128 {
     let (e, h, l) = (
@@ -370,7 +406,7 @@ fn tile(
         Some(_) => Some(block_tile(caps, instr, problem, ep, hp)?),
         None => None,
     };
-    let exact = cost(problem, ep, hp);
+    let exact = target_cost(caps, instr, problem, ep, hp);
     Some(TileConfig {
         ep,
         hp,
