@@ -98,10 +98,10 @@ fn x86_rows() {
     // A counted in broadcast loads (8 lanes per B load): 12 acc + 1 A + 3 B.
     assert_eq!(best("x86-avx2", &f32k), (4, 24, 1));
     assert_eq!(best("aarch64-neon", &f32k), (12, 8, 1));
-    // Small M (flat GEMM): up to 4 rows in registers, two 4-row blocks at 8.
+    // Flat GEMM (M ≤ 16, A not weighted): every row in registers up to 8.
     let caps = target("x86-avx2");
     let base = Problem::from_kernel(caps, &f32k).unwrap();
-    for (m, tile) in [(2, (2, 40)), (4, (4, 24)), (8, (4, 24))] {
+    for (m, tile) in [(2, (2, 40)), (4, (4, 24)), (8, (8, 8)), (16, (8, 8))] {
         let p = Problem { e: m, ..base };
         let t = solve(caps, &p).unwrap()[0];
         assert_eq!((t.ep, t.hp), tile, "m = {m}");
