@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use tessera_codegen::target::{ClassError, MacClass, TargetCaps, mac_class};
 use tessera_codegen::tile::{
-    Problem, SolveError, accounting, block_tile, cost, neighbours, solve, solve_kernel, target_cost,
+    Problem, SolveError, accounting, block_tile, neighbours, solve, solve_kernel, target_cost,
 };
 use tessera_dsl::{
     Activation, Epilogue, Format, Group, Kernel, KernelBuilder, Matmul, Op, Role, TileSize,
