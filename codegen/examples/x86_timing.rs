@@ -7,6 +7,7 @@
 //! Environment (all optional): `FORMATS=f32,f16,w8a8,w4a8`,
 //! `MS=1,2,4,8,16,64,512`, `THREADS=1,2`, `N=4096`, `K=4096`,
 //! `TILES=all` (also time the solver's neighbour tiles at M ≥ 64),
+//! `TILE=14x8,6x16` (time exactly these feasible tiles, ep×hp, instead),
 //! `VARIANT=gemv|flat-gemm|gemm` (one variant for every M).
 //!
 //! Method (docs/PERFORMANCE.md, ../shared/PEERS.md): weights rotate through
@@ -211,6 +212,13 @@ fn tiles_for(
     let mut problem = Problem::from_kernel(caps, kernel).unwrap();
     (problem.e, problem.h, problem.l) = (m as u64, n as u64, k as u64);
     let ranked = solve(caps, &problem).unwrap();
+    if let Ok(list) = std::env::var("TILE") {
+        let want: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+        return ranked
+            .into_iter()
+            .filter(|t| want.contains(&format!("{}x{}", t.ep, t.hp)))
+            .collect();
+    }
     let mut out = vec![ranked[0]];
     if all {
         out.extend(neighbours(caps, &problem, &ranked[0], 3).unwrap());

@@ -33,7 +33,7 @@
 //! | `fmla v.4s, v.4s, v.s[i]` | 1×4 | 1 | 4 rows = 1 reg (lane index) | 4 cols = 1 reg |
 //! | `fmla v.8h, v.8h, v.h[i]` | 1×8 | 1 | 8 rows = 1 reg (lane index) | 8 cols = 1 reg |
 //! | `smull`+`smlal2`+`sadalp` | 1×1 | 16 | 1 row × 16 int8 = 1 reg | 1 col × 16 int8 = 1 reg |
-//! | `vfmadd231ps ymm` | 1×8 | 1 | 1 row broadcast = 1 reg | 8 cols = 1 reg |
+//! | `vfmadd231ps ymm` | 1×8 | 1 | every row broadcast in turn = 1 reg (a_rows 16) | 8 cols = 1 reg |
 //! | `vpmaddubsw`+`vpmaddwd` ymm | 1×8 | 4 | 1 row's 4 bytes broadcast = 1 reg | 8 cols × 4 int8 = 1 reg |
 //! | `vfmadd231ps zmm` | 1×16 | 1 | 1 row broadcast = 1 reg | 16 cols = 1 reg |
 //! | `vpdpbusd zmm` | 1×16 | 4 | 1 row's 4 bytes broadcast = 1 reg | 16 cols × 4 int8 = 1 reg |
@@ -44,8 +44,10 @@
 //! | PTX `mma.m16n8k32` s8 | 8×16 (4 regs) | 32 | 8 rows × 32 = mma B fragment, 2 regs | 16 cols × 32 = mma A fragment, 4 regs |
 //!
 //! On x86 there is no by-element multiply, so an A row is broadcast to a
-//! whole register: one register per row, which is MNN-LLM's own count
-//! `ep + hp + ep·hp` (formula (3)) in register units. On PTX the tile is a
+//! whole register. The int8 class counts one register per row (MNN-LLM's
+//! own `ep + hp + ep·hp`, formula (3), in register units); the x86-avx2
+//! float loop broadcasts each row into one renamed register, so it counts
+//! one A register whatever ep (`a_rows` 16). On PTX the tile is a
 //! warp tile and e sits on the `mma` n side (8), h on the m side (16): the
 //! FlashDecoding++ flat-GEMM layout, so a small M pads to 8, not 16.
 
@@ -389,6 +391,9 @@ const SMULL_TEMP: &[Reserved] = &[Reserved {
     purpose: "int16 products of smull/smlal2 before sadalp",
 }];
 
+/// x86-avx2's int8 MAC: its own two temporaries plus the 4-bit unpack's
+/// two registers, which only this class needs (on x86 the float class
+/// reserves none, see [`VFMADD_YMM`]).
 const VPMADD_TEMPS: &[Reserved] = &[
     Reserved {
         regs: 1,
@@ -397,6 +402,14 @@ const VPMADD_TEMPS: &[Reserved] = &[
     Reserved {
         regs: 1,
         purpose: "int16 ones vector for vpmaddwd",
+    },
+    Reserved {
+        regs: 1,
+        purpose: "0x0F nibble mask for the int4 unpack",
+    },
+    Reserved {
+        regs: 1,
+        purpose: "packed int4 weight bytes before unpacking",
     },
 ];
 
@@ -496,6 +509,13 @@ const SMMLA: MacInstr = MacInstr {
     group_sums: 0,
 };
 
+/// x86 has no by-element FMA, so each row's activation is broadcast
+/// (`vpbroadcastd` from memory) into a register the row's FMAs consume at
+/// once; the next row's broadcast reuses that register and renaming keeps
+/// the rows independent. One A unit therefore serves every row a tile can
+/// have (a_rows = the 16 registers), and the loop reserves nothing: the
+/// n-tail mask and the bias temporary of the epilogue reuse the A and B
+/// registers after the loop.
 const VFMADD_YMM: MacInstr = MacInstr {
     name: "vfmadd231ps ymm",
     class: MacClass::F32,
@@ -503,7 +523,7 @@ const VFMADD_YMM: MacInstr = MacInstr {
     ah: 8,
     acc_regs: 1,
     lp: 1,
-    a_rows: 1,
+    a_rows: 16,
     a_regs: 1,
     b_cols: 8,
     b_regs: 1,
@@ -714,7 +734,7 @@ static ALL: &[TargetCaps] = &[
         registers: 16,
         register_bits: 256,
         macs: &[VFMADD_YMM, VPMADD_YMM],
-        reserved: CPU_RESERVED,
+        reserved: NONE,
         features: &["avx2", "fma", "f16c"],
         gpu: None,
     },

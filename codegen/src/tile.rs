@@ -42,9 +42,22 @@
 //!
 //! # x86, derived the same way (and why it differs from MNN's Table 2)
 //!
-//! x86 has no multiply-by-element, so each A row is broadcast into its own
-//! register (a_rows = 1): the count is `ep·(hp/ah) + ep + hp/ah`.
+//! x86 has no multiply-by-element, so each A row is broadcast into a whole
+//! register. The int8 class keeps one per row (a_rows = 1): the count is
+//! `ep·(hp/ah) + ep + hp/ah`. The f32 class broadcasts each row into one
+//! register that its FMAs consume at once (renaming makes the rows
+//! independent), so A counts 1 whatever ep.
 //!
+//! - `x86-avx2`, f32 via `vfmadd231ps` (1×8, lp 1): 16 ymm, nothing
+//!   reserved (the epilogue's mask and bias temporary reuse A and B):
+//!   `ep·hb + 1 + hb ≤ 16`. Past the flat-GEMM rows every A element is a
+//!   broadcast load competing with the FMAs, so the cost counts it 8×
+//!   ([`a_load_weight`]): per FMA `8/hp + 1/ep`. 4×24 (12 + 1 + 3 = 16)
+//!   gives 0.58, 6×16 (12 + 1 + 2) 0.67, 14×8 (the unweighted optimum,
+//!   14 + 1 + 1) 1.07. → **4/24/1**. Flat GEMM (M ≤ 16, weight 1, every
+//!   row in one block where it fits): 2×40 at M = 2, 4×24 at M = 4, 8×8 at
+//!   M = 8. (Before, ep A registers and the int4 unpack's 2 reserved ones
+//!   capped f32 at 6×8.)
 //! - `x86-avx2`, int8 via `vpmaddubsw`+`vpmaddwd` (1×8, lp 4): 16 ymm − 2
 //!   (unpack) − 2 (int16 temp, ones vector) = 12. 5×8 needs 5 + 5 + 1 = 11;
 //!   6×8 needs 13; 3×16 needs 6 + 3 + 2 = 11 but costs more. → **5/8/4**.
@@ -87,7 +100,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use tessera_dsl::{Extent, Kernel};
 
-use crate::target::{ClassError, MacClass, MacInstr, TargetCaps, mac_class};
+use crate::target::{Arch, ClassError, MacClass, MacInstr, TargetCaps, mac_class};
 
 /// The size a `Dyn` axis takes when the solver has no real value.
 pub const REPRESENTATIVE_EXTENT: u64 = 4096;
@@ -321,6 +334,50 @@ pub fn accounting(
     }
 }
 
+/// How many B elements one A element's load is worth on `caps` for
+/// `problem`. x86 has no by-element FMA: each A element of the f32 class
+/// is its own broadcast load, while one B load brings a register of
+/// `lanes` elements. When the kernel is compute-bound (more rows than the
+/// [`FLAT_GEMM_MAX_ROWS`] of a flat GEMM) those loads compete with the
+/// FMAs, so (2) counts A in register loads: `lanes·l·ep + l·hp + ep·hp`.
+/// With few rows the weight stream from memory is what costs, and (2) as
+/// written (weight 1) keeps every row in one row block. On ARM (by-element
+/// FMA: an A register holds `lanes` rows) and for the int8 classes the
+/// weight is always 1. Measured on x86 (CPU-time figures, noisy machine):
+/// at M = 512 the unweighted optimum 14×8 reached 55–63% of the FMA peak,
+/// the weighted one (4×24, and 6×16) 75–89%; at M = 8 the unweighted 8×8
+/// read 67% of the read bandwidth, the weighted 4×24 55%.
+pub fn a_load_weight(caps: &TargetCaps, instr: &MacInstr, problem: &Problem) -> u128 {
+    if caps.arch == Arch::X86_64 && instr.class == MacClass::F32 && problem.e > FLAT_GEMM_MAX_ROWS {
+        u128::from(caps.register_bits / 32)
+    } else {
+        1
+    }
+}
+
+/// The most rows a flat GEMM serves (M = 2..16, FlashDecoding++'s flat
+/// GEMM on a CPU); above it the x86 f32 cost counts broadcast loads.
+pub const FLAT_GEMM_MAX_ROWS: u64 = 16;
+
+/// The cost the solver ranks tiles by on `caps`: formula (2) with the A
+/// term weighted by [`a_load_weight`] (so exactly [`cost`] off x86 f32).
+pub fn target_cost(
+    caps: &TargetCaps,
+    instr: &MacInstr,
+    problem: &Problem,
+    ep: u32,
+    hp: u32,
+) -> u128 {
+    let w = a_load_weight(caps, instr, problem);
+    let (e, h, l) = (
+        u128::from(problem.e),
+        u128::from(problem.h),
+        u128::from(problem.l),
+    );
+    let (ep, hp) = (u128::from(ep), u128::from(hp));
+    e.div_ceil(ep) * h.div_ceil(hp) * (w * l * ep + l * hp + ep * hp)
+}
+
 /// Formula (2) with ceil, exact.
 pub fn cost(problem: &Problem, ep: u32, hp: u32) -> u128 {
     let (e, h, l) = (
@@ -359,7 +416,7 @@ fn tile(
         Some(_) => Some(block_tile(caps, instr, problem, ep, hp)?),
         None => None,
     };
-    let exact = cost(problem, ep, hp);
+    let exact = target_cost(caps, instr, problem, ep, hp);
     Some(TileConfig {
         ep,
         hp,

@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use tessera_codegen::target::{ClassError, MacClass, TargetCaps, mac_class};
 use tessera_codegen::tile::{
-    Problem, SolveError, accounting, block_tile, cost, neighbours, solve, solve_kernel,
+    Problem, SolveError, accounting, block_tile, neighbours, solve, solve_kernel, target_cost,
 };
 use tessera_dsl::{
     Activation, Epilogue, Format, Group, Kernel, KernelBuilder, Matmul, Op, Role, TileSize,
@@ -94,8 +94,20 @@ fn x86_rows() {
     assert!(s.neighbours.iter().any(|t| (t.ep, t.hp) == (4, 8)));
     assert_eq!(best("x86-avx512", &w4a8()), (14, 16, 4));
     let f32k = matmul(Format::F32, Format::F32);
-    assert_eq!(best("x86-avx2", &f32k), (6, 8, 1));
+    // One renamed broadcast register for every row, nothing reserved, and
+    // A counted in broadcast loads (8 lanes per B load): 12 acc + 1 A + 3 B.
+    assert_eq!(best("x86-avx2", &f32k), (4, 24, 1));
     assert_eq!(best("aarch64-neon", &f32k), (12, 8, 1));
+    // Flat GEMM (M ≤ 16, A not weighted): every row in registers up to 8.
+    let caps = target("x86-avx2");
+    let base = Problem::from_kernel(caps, &f32k).unwrap();
+    for (m, tile) in [(2, (2, 40)), (4, (4, 24)), (8, (8, 8)), (16, (8, 8))] {
+        let p = Problem { e: m, ..base };
+        let t = solve(caps, &p).unwrap()[0];
+        assert_eq!((t.ep, t.hp), tile, "m = {m}");
+        assert_eq!(t.accounting.a_regs, 1);
+        assert_eq!(t.accounting.reserved, 0);
+    }
 }
 
 /// x86 keeps W4A8's per-group integer sums in registers (one per
@@ -322,7 +334,7 @@ fn brute_force(caps: &TargetCaps, p: &Problem, limit: u32) -> Vec<(u32, u32, u12
         for j in 1..=limit {
             let (ep, hp) = (i * instr.ae, j * instr.ah);
             if accounting(caps, instr, p, ep, hp).total <= caps.registers {
-                out.push((ep, hp, cost(p, ep, hp)));
+                out.push((ep, hp, target_cost(caps, instr, p, ep, hp)));
             }
         }
     }
@@ -354,7 +366,7 @@ proptest! {
                 for t in &tiles {
                     prop_assert!(t.accounting.total <= regs);
                     prop_assert_eq!(t.accounting.budget, regs);
-                    prop_assert_eq!(t.exact_cost(), cost(&p, t.ep, t.hp));
+                    prop_assert_eq!(t.exact_cost(), target_cost(&caps, caps.mac(class).unwrap(), &p, t.ep, t.hp));
                 }
                 for w in tiles.windows(2) {
                     prop_assert!(w[0].exact_cost() <= w[1].exact_cost());

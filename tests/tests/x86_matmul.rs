@@ -309,6 +309,36 @@ fn flat_gemm_long_k_epilogues_and_mixed_formats() {
     }
 }
 
+/// GEMM with K longer than one K block (partial sums through y, then the
+/// finalizing block), with tails in m and n, bias and relu, on the f32
+/// tiles of every width (4x24 blocks K at 2048, 6x16 at 3072, 14x8 at
+/// 6144), the 14-row tile spilling its loop state.
+#[test]
+fn gemm_k_blocks_partial_sums() {
+    let plain = library::get("matmul-f32").unwrap();
+    let relu_k = variant("matmul-f32", |k| epilogue(k, true, Activation::Relu));
+    let picked = [(4, 24), (6, 16), (14, 8), (2, 40)];
+    for kernel in [&plain, &relu_k] {
+        for b in backends() {
+            let chosen: Vec<TileConfig> = tiles(kernel)
+                .into_iter()
+                .filter(|t| picked.contains(&(t.ep, t.hp)))
+                .collect();
+            assert_eq!(chosen.len(), picked.len());
+            for t in &chosen {
+                check_variant(
+                    &b,
+                    kernel,
+                    t,
+                    Variant::Gemm,
+                    &[(5, 30, 2100), (9, 17, 3100), (15, 9, 6200)],
+                    43,
+                );
+            }
+        }
+    }
+}
+
 /// The Backend trait's emit_variant gives the same bytes as the inherent
 /// method, and each variant is distinct code.
 #[test]

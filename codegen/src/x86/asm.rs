@@ -124,6 +124,10 @@ pub enum Cond {
     B,
     /// unsigned above or equal
     Ae,
+    /// unsigned above
+    A,
+    /// unsigned below or equal
+    Be,
     E,
     Ne,
     /// signed less
@@ -224,6 +228,14 @@ impl X86Asm {
             Cond::Ae => {
                 dynasm!(self.ops ; .arch x64 ; jae =>id);
                 "jae"
+            }
+            Cond::A => {
+                dynasm!(self.ops ; .arch x64 ; ja =>id);
+                "ja"
+            }
+            Cond::Be => {
+                dynasm!(self.ops ; .arch x64 ; jbe =>id);
+                "jbe"
             }
             Cond::E => {
                 dynasm!(self.ops ; .arch x64 ; je =>id);
@@ -560,6 +572,13 @@ impl X86Asm {
         self.log(format!("vaddps {dst}, {a}, ymmword ptr {m}"));
         let (d, x, b, o) = (dst.0, a.0, m.base.0, m.disp);
         dynasm!(self.ops ; .arch x64 ; vaddps Ry(d), Ry(x), YWORD [Rq(b) + o]);
+    }
+
+    /// `vmaxps dst, a, ymmword ptr [m]`
+    pub fn vmaxps_mem(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        self.log(format!("vmaxps {dst}, {a}, ymmword ptr {m}"));
+        let (d, x, b, o) = (dst.0, a.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vmaxps Ry(d), Ry(x), YWORD [Rq(b) + o]);
     }
 
     /// `vmulps dst, a, ymmword ptr [m]`

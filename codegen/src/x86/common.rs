@@ -14,6 +14,12 @@
 //! | 168 | 4 | 0x7FFFFFFF (abs mask) |
 //! | 172 | 4 | +inf |
 //! | 176.. | 8 each | loop locals |
+//! | 208 | 8 × 14 | float kernels: x row pointers while they are computed |
+//! | 320 | 8 × 5 | float kernels: rdi, rbx, rbp, r14, r15 while the k loop holds more than 6 row pointers |
+//! | 360 | 8 × 2 | float kernels: the k loop's end pointers (all steps; the last whole unrolled step) |
+//!
+//! The zeros of the mask table (offset 32) double as relu's zero vector, so
+//! no register is reserved for it.
 
 use tessera_dsl::ir::{Activation, Format};
 
@@ -31,13 +37,21 @@ pub const INF: i32 = 172;
 pub const LOCAL0: i32 = 176;
 pub const LOCAL1: i32 = 184;
 pub const LOCAL2: i32 = 192;
-const FRAME: i32 = 208;
+/// Row pointer slots (float kernels).
+pub const ROW_SLOTS: i32 = 208;
+/// Saved loop registers (float kernels with more than 6 rows).
+pub const SAVE_SLOTS: i32 = 320;
+/// End of the k loop's weight stream, and its last whole unrolled step.
+pub const K_END: i32 = 360;
+pub const K_END_UNROLLED: i32 = 368;
+/// Eight zero f32 (the second half of the mask table).
+pub const ZEROS: i32 = MASK_TABLE + 32;
+const FRAME: i32 = 384;
 
 /// Column mask for the n tail (never an accumulator).
 pub const MASK: Ymm = Ymm(15);
-/// Zero for relu.
-pub const ZERO: Ymm = Ymm(14);
-/// Epilogue temporary (bias, scales).
+/// Epilogue temporary of the int8 kernels (bias, scales); the float
+/// kernels use ymm14 (see [`Store::tmp`]).
 pub const TMP: Ymm = Ymm(13);
 
 const SAVED: [Gp; 6] = [RBX, RBP, R12, R13, R14, R15];
@@ -121,6 +135,8 @@ pub struct Store {
     pub activation: Activation,
     /// Skip rows ≥ m (kernels whose missing rows are not aliases).
     pub row_check: bool,
+    /// Temporary for the masked bias (never an accumulator, never [`MASK`]).
+    pub tmp: Ymm,
 }
 
 /// Store an accumulator tile. Expects: y row pointers in `yrow(i)` (already
@@ -135,9 +151,6 @@ pub fn store_tile(
 ) {
     let hp = 8 * s.hb as i32;
     let relu = s.finalize && s.activation == Activation::Relu;
-    if relu {
-        a.vxorps(ZERO, ZERO, ZERO);
-    }
     let (tail, done) = (a.new_label(), a.new_label());
     a.cmp_imm(RCX, hp);
     a.jcc(Cond::L, tail);
@@ -151,7 +164,7 @@ pub fn store_tile(
                 a.vaddps_mem(r, r, mem(RSI, 32 * j as i32));
             }
             if relu {
-                a.vmaxps(r, r, ZERO);
+                a.vmaxps_mem(r, r, mem(RSP, ZEROS));
             }
             match s.y {
                 Format::F16 => a.vcvtps2ph_store(mem(yrow(i), 16 * j as i32), r, 0),
@@ -166,7 +179,7 @@ pub fn store_tile(
         a.cmp_imm(RDX, 8);
         a.jcc(Cond::E, done);
         if s.finalize && s.bias {
-            a.vmaskmovps_load(TMP, MASK, mem(RSI, 32 * j as i32));
+            a.vmaskmovps_load(s.tmp, MASK, mem(RSI, 32 * j as i32));
         }
         let next = a.new_label();
         for i in 0..s.rows {
@@ -175,10 +188,10 @@ pub fn store_tile(
             }
             let r = acc(i, j);
             if s.finalize && s.bias {
-                a.vaddps(r, r, TMP);
+                a.vaddps(r, r, s.tmp);
             }
             if relu {
-                a.vmaxps(r, r, ZERO);
+                a.vmaxps_mem(r, r, mem(RSP, ZEROS));
             }
             match s.y {
                 Format::F16 => {

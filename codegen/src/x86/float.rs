@@ -10,18 +10,22 @@
 //!
 //! GEMM loop (ep rows, the solver's tile; acc(s,i,j) = set s, row i, column
 //! block j). S = 2 accumulator sets ([`gemm_sets`]) take alternate k steps
-//! when they fit, so S·ep·hb FMA chains are independent; the solver counts
-//! ep A registers, the loop needs one, and the second set lives in that
-//! slack:
+//! when they fit, so S·ep·hb FMA chains are independent. Each row's x[k] is
+//! broadcast (`vpbroadcastd` from memory) into the one A register and
+//! consumed by that row's FMAs at once; renaming gives every broadcast its
+//! own physical register, so one A register serves every row (the solver
+//! counts one):
 //!
 //! | ymm | holds |
 //! |---|---|
 //! | 0 .. S·ep·hb | accumulators acc(s,i,j) = ymm(s·ep·hb + i·hb + j) |
-//! | then 1 | A: the current row's x[k] broadcast (renamed per row) |
+//! | then 1 | A: the current row's x[k] broadcast |
 //! | then hb | B: the panel's hp weights of step k |
-//! | 13 | epilogue temporary (bias under a mask); only after the loop |
-//! | 14 | zero (relu) — reserved |
-//! | 15 | column mask for the n tail — reserved |
+//! | 14 | epilogue: bias under the n-tail mask (after the loop; ep·hb ≤ 14) |
+//! | 15 | epilogue: column mask for the n tail (after the loop) |
+//!
+//! Relu's zero comes from the frame (the mask table's zero half), so no
+//! register is kept for it.
 //!
 //! GEMV loop (m = 1, memory-bound): S accumulator sets (S ∈ {4, 2, 1}, the
 //! most that fit) take consecutive k steps so S·hb FMA chains are
@@ -31,9 +35,13 @@
 //! prefetched [`PREFETCH`] bytes ahead.
 //!
 //! General-purpose registers: rdi = args, rsi = weight pointer (bias in the
-//! epilogue), rcx = k counter (valid columns in the epilogue), r8..r13 = x
-//! row pointers (y row pointers in the epilogue), rbx = panel, rbp = first
-//! row, r14 = first k of the K block, r15 = its length, rax/rdx scratch.
+//! epilogue), rcx = valid columns in the epilogue, r8..r13 = x row pointers
+//! (y row pointers in the epilogue, 6 rows at a time), rbx = panel, rbp =
+//! first row, r14 = first k of the K block, r15 = its length, rax/rdx
+//! scratch. The k loop ends by comparing rsi with end pointers in the frame
+//! (no counter); with more than 6 rows it saves rdi, rbx, rbp, r14, r15 to
+//! the frame and uses them, rax, rdx and rcx as row pointers too, up to 14
+//! rows ([`MAX_ROWS`]).
 //!
 //! Variants ([`emit_variant`]): `Gemm` as below; `FlatGemm` is the same
 //! nest without K blocks (panels → row blocks of ep rows → all of k, the
@@ -44,8 +52,8 @@
 //!
 //! Loop nest (GEMM): K blocks of [`kc`] (f32 output only: partial sums go
 //! through y; f16 output keeps all of K) → panels of hp columns → row
-//! blocks of ep rows → k. A panel's K block (kc·hp·4 bytes) stays in L1
-//! while the row blocks stream the x block (m·kc·4 bytes) from L2. Rows past
+//! blocks of ep rows → k. A panel's K block (kc·hp·4 bytes) stays in L2
+//! while the row blocks stream the x block (m·kc·4 bytes). Rows past
 //! m alias row m - 1 (XNNPACK's trick: they compute and store the same
 //! values); columns past n are padding in the weights and masked at the
 //! store (`vmaskmovps`, or word stores for f16).
@@ -57,12 +65,17 @@ use super::common::{self, Store};
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
 
-/// Bytes of one panel's K block in the GEMM loop: half of a 32 KiB L1
-/// (Zen 3; 48 KiB on Golden Cove), the rest for the x rows and y.
-pub const PANEL_BLOCK_BYTES: i32 = 16 * 1024;
+/// Bytes of one panel's K block in the GEMM loop: an L2-resident block
+/// (192 KiB of a 2 MiB L2 here, of 512 KiB on Zen 3), not an L1 one. At
+/// M = 512 with the 4×24 and 6×16 tiles, K blocks of 512–680 reached
+/// 75–81% of the FMA peak and of 2048 87–89% (CPU-time figures, noisy
+/// machine): each K block costs a pass of partial sums through y, which
+/// costs more than streaming the panel from L2 (software prefetch of the
+/// panel measured no better).
+pub const PANEL_BLOCK_BYTES: i32 = 192 * 1024;
 
 /// k values per K block of the GEMM loop: the panel's K block fills
-/// [`PANEL_BLOCK_BYTES`] (512 for 8 f32 columns, 256 for 16); longer
+/// [`PANEL_BLOCK_BYTES`] (2048 for 24 f32 columns, 3072 for 16); longer
 /// blocks mean fewer passes of partial sums through y and less per-block
 /// overhead.
 pub fn kc(spec: &FloatSpec) -> i32 {
@@ -74,7 +87,22 @@ pub const PREFETCH: i32 = 1024;
 /// k steps per unrolled iteration.
 const UNROLL: usize = 8;
 
+/// x row pointers of up to 6 rows (y row pointers in the epilogue).
 const XROWS: [Gp; 6] = [R8, R9, R10, R11, R12, R13];
+/// x row pointers of the k loop: r8..r13, then, with more than 6 rows,
+/// the registers of [`SAVED_STATE`] and rax, rdx, rcx (the loop ends by
+/// comparing the weight pointer against end pointers in the frame, so it
+/// needs no counter). rsi streams the weights.
+const KROWS: [Gp; 14] = [
+    R8, R9, R10, R11, R12, R13, RDI, RBX, RBP, R14, R15, RAX, RDX, RCX,
+];
+/// Loop state saved to the frame while the k loop holds more than 6 rows.
+const SAVED_STATE: [Gp; 5] = [RDI, RBX, RBP, R14, R15];
+/// The most rows a float tile can have (one x pointer each).
+pub const MAX_ROWS: usize = KROWS.len();
+/// The epilogue's bias temporary: never an accumulator of set 0, since a
+/// tile has at most 14 (ymm0-13); ymm15 is the column mask.
+const EPILOGUE_TMP: Ymm = Ymm(14);
 
 /// What a float kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,12 +118,13 @@ pub struct FloatSpec {
 }
 
 /// Accumulator sets of the GEMV loop: the most of 4, 2, 1 that fit beside
-/// 1 A register, the B registers (f16 weights) and the 2 reserved ones.
+/// 1 A register and the B registers (f16 weights); the sets are summed
+/// before the epilogue needs its mask and temporary.
 pub fn gemv_sets(spec: &FloatSpec) -> usize {
     let b = if spec.w == Format::F32 { 0 } else { spec.hb };
     [4, 2, 1]
         .into_iter()
-        .find(|s| s * spec.hb + 1 + b + 2 <= 16)
+        .find(|s| s * spec.hb + 1 + b <= 16)
         .unwrap_or(1)
 }
 
@@ -108,7 +137,7 @@ fn log2(v: i32) -> i8 {
 }
 
 /// Accumulator sets of the multi-row loops: 2 when a second set of ep·hb
-/// accumulators fits beside 1 A, hb B and the 2 reserved registers (6×8:
+/// accumulators fits beside 1 A, hb B and 2 spare registers (6×8:
 /// 12 FMA chains instead of 6, enough to cover the FMA latency), else 1.
 pub fn gemm_sets(spec: &FloatSpec) -> usize {
     [2, 1]
@@ -151,13 +180,10 @@ pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
 /// [`kc`] (f32 output) so a panel's K block stays in L1 across row blocks.
 /// Both multi-row variants send m = 1 to the GEMV loop.
 pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, EmitError> {
-    if spec.ep > XROWS.len() || spec.ep == 0 || spec.hb == 0 {
+    if spec.ep > MAX_ROWS || spec.ep == 0 || spec.hb == 0 {
         return Err(EmitError::BadTile {
             tile: format!("{}x{}x1", spec.ep, spec.hb * 8),
-            why: format!(
-                "the float kernel keeps at most {} row pointers",
-                XROWS.len()
-            ),
+            why: format!("the float kernel keeps at most {MAX_ROWS} row pointers"),
         });
     }
     let mut a = X86Asm::new();
@@ -262,7 +288,7 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
     let hp = 8 * hb as i32;
     let r = Regs { rows, hb, sets };
     let (xs, ws, ys) = (size(spec.x), size(spec.w), size(spec.y));
-    let xrows = &XROWS[..rows];
+    let xrows = &KROWS[..rows];
 
     let (kc_loop, panel_loop, row_loop) = (a.new_label(), a.new_label(), a.new_label());
     a.mov_imm(R14, 0);
@@ -343,14 +369,8 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
         }
     }
 
-    // x row pointers at this K block.
-    for (i, &xr) in xrows.iter().enumerate() {
-        common::row_ptr(a, xr, i, true, MM_X, MM_X_STRIDE);
-        a.mov(RAX, R14);
-        a.shl_imm(RAX, log2(xs));
-        a.add(xr, RAX);
-    }
     // Weight pointer: w + ((n0 + rbx·hp)·K + r14·hp)·ws.
+    let wstep = hp * ws;
     a.imul_imm(RAX, RBX, hp);
     a.load64(RDX, mem(RDI, MM_N0));
     a.add(RAX, RDX);
@@ -362,11 +382,40 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
     a.load64(RDX, mem(RDI, MM_W));
     a.add(RAX, RDX);
     a.mov(RSI, RAX);
+    // The loop ends by pointer: K_END after the block's last step,
+    // K_END_UNROLLED where fewer than UNROLL steps remain.
+    a.imul_imm(RAX, R15, wstep);
+    a.add(RAX, RSI);
+    a.store64(mem(RSP, common::K_END), RAX);
+    a.sub_imm(RAX, UNROLL as i32 * wstep);
+    a.store64(mem(RSP, common::K_END_UNROLLED), RAX);
+
+    // x row pointers at this K block. Past 6 rows the loop state moves to
+    // the frame and its registers hold row pointers too.
+    let spill = rows > XROWS.len();
+    for (i, &xr) in xrows.iter().enumerate() {
+        let dst = if spill { R8 } else { xr };
+        common::row_ptr(a, dst, i, true, MM_X, MM_X_STRIDE);
+        a.mov(RAX, R14);
+        a.shl_imm(RAX, log2(xs));
+        a.add(dst, RAX);
+        if spill {
+            a.store64(mem(RSP, common::ROW_SLOTS + 8 * i as i32), R8);
+        }
+    }
+    if spill {
+        for (i, &g) in SAVED_STATE.iter().enumerate() {
+            a.store64(mem(RSP, common::SAVE_SLOTS + 8 * i as i32), g);
+        }
+        for (i, &xr) in xrows.iter().enumerate() {
+            a.load64(xr, mem(RSP, common::ROW_SLOTS + 8 * i as i32));
+        }
+    }
 
     // The k loop.
     let b_regs = rows > 1 || spec.w != Format::F32;
     let step = |a: &mut X86Asm, u: usize, s: usize| {
-        let (xo, wo) = (u as i32 * xs, u as i32 * hp * ws);
+        let (xo, wo) = (u as i32 * xs, u as i32 * wstep);
         if b_regs {
             for j in 0..hb {
                 match spec.w {
@@ -395,15 +444,14 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
     };
     let (unrolled, tail, tail_loop, k_done) =
         (a.new_label(), a.new_label(), a.new_label(), a.new_label());
-    a.mov(RCX, R15);
-    a.cmp_imm(RCX, UNROLL as i32);
-    a.jcc(Cond::L, tail);
+    a.cmp_mem(RSI, mem(RSP, common::K_END_UNROLLED));
+    a.jcc(Cond::A, tail);
     a.bind(unrolled);
     for u in 0..UNROLL {
         step(a, u, u % sets);
     }
     if let Some(distance) = prefetch {
-        let bytes = UNROLL as i32 * hp * ws;
+        let bytes = UNROLL as i32 * wstep;
         for c in (0..bytes).step_by(64) {
             a.prefetcht0(mem(RSI, distance + c));
         }
@@ -411,22 +459,26 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
     for &xr in xrows {
         a.add_imm(xr, UNROLL as i32 * xs);
     }
-    a.add_imm(RSI, UNROLL as i32 * hp * ws);
-    a.sub_imm(RCX, UNROLL as i32);
-    a.cmp_imm(RCX, UNROLL as i32);
-    a.jcc(Cond::Ge, unrolled);
+    a.add_imm(RSI, UNROLL as i32 * wstep);
+    a.cmp_mem(RSI, mem(RSP, common::K_END_UNROLLED));
+    a.jcc(Cond::Be, unrolled);
     a.bind(tail);
-    a.cmp_imm(RCX, 0);
-    a.jcc(Cond::E, k_done);
+    a.cmp_mem(RSI, mem(RSP, common::K_END));
+    a.jcc(Cond::Ae, k_done);
     a.bind(tail_loop);
     step(a, 0, 0);
     for &xr in xrows {
         a.add_imm(xr, xs);
     }
-    a.add_imm(RSI, hp * ws);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, tail_loop);
+    a.add_imm(RSI, wstep);
+    a.cmp_mem(RSI, mem(RSP, common::K_END));
+    a.jcc(Cond::B, tail_loop);
     a.bind(k_done);
+    if spill {
+        for (i, &g) in SAVED_STATE.iter().enumerate() {
+            a.load64(g, mem(RSP, common::SAVE_SLOTS + 8 * i as i32));
+        }
+    }
     for s in 1..sets {
         for i in 0..rows {
             for j in 0..hb {
@@ -435,19 +487,16 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
         }
     }
 
-    // Epilogue: y row pointers (aliased past m), valid columns, bias.
-    for (i, &yr) in xrows.iter().enumerate() {
-        common::row_ptr(a, yr, i, true, MM_Y, MM_Y_STRIDE);
-        column_offset(a, hp, ys);
-        a.add(yr, RAX);
-    }
+    // Epilogue, in chunks of at most 6 rows (y row pointers in r8..r13,
+    // aliased past m): bias pointer and valid columns first, as the chunks
+    // keep rsi and rcx.
     if spec.bias {
         column_offset(a, hp, 4);
         a.load64(RSI, mem(RDI, MM_BIAS));
         a.add(RSI, RAX);
     }
     valid_columns(a, hp);
-    let store = |finalize| Store {
+    let store = |finalize, rows| Store {
         rows,
         hb,
         y: spec.y,
@@ -455,22 +504,37 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
         bias: spec.bias,
         activation: spec.activation,
         row_check: false,
+        tmp: EPILOGUE_TMP,
     };
-    let acc = |i, j| r.acc(0, i, j);
-    let yrow = |i: usize| XROWS[i];
+    let store_all = |a: &mut X86Asm, finalize: bool| {
+        for first in (0..rows).step_by(XROWS.len()) {
+            let chunk = (rows - first).min(XROWS.len());
+            for (i, &yr) in XROWS[..chunk].iter().enumerate() {
+                common::row_ptr(a, yr, first + i, true, MM_Y, MM_Y_STRIDE);
+                column_offset(a, hp, ys);
+                a.add(yr, RAX);
+            }
+            common::store_tile(
+                a,
+                &store(finalize, chunk),
+                |i, j| r.acc(0, first + i, j),
+                |i| XROWS[i],
+            );
+        }
+    };
     if kc.is_some() {
         let (partial, stored) = (a.new_label(), a.new_label());
         a.mov(RAX, R14);
         a.add(RAX, R15);
         a.cmp_mem(RAX, mem(RDI, MM_K));
         a.jcc(Cond::Ne, partial);
-        common::store_tile(a, &store(true), acc, yrow);
+        store_all(a, true);
         a.jmp(stored);
         a.bind(partial);
-        common::store_tile(a, &store(false), acc, yrow);
+        store_all(a, false);
         a.bind(stored);
     } else {
-        common::store_tile(a, &store(true), acc, yrow);
+        store_all(a, true);
     }
 
     a.add_imm(RBP, rows as i32);

@@ -329,6 +329,7 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
         bias: spec.bias,
         activation: spec.activation,
         row_check: true,
+        tmp: common::TMP,
     };
     common::store_tile(a, &store, |i, j| r.acc(i, j), |i| yrows[i]);
 

@@ -100,7 +100,10 @@ pub fn target() -> &'static TargetCaps {
     TargetCaps::by_name(super::NAME).expect("x86-avx2 is a built-in target")
 }
 
-/// Float kernels (see [`super::float`] for the register table).
+/// Float kernels (see [`super::float`] for the register table). The k
+/// loop keeps nothing reserved: its one A register is renamed per row, and
+/// the epilogue's column mask and bias temporary take the A and B
+/// registers once the loop is done, which the `epilogue` entry checks.
 pub fn float_plan(spec: &FloatSpec) -> KernelPlan {
     let (ep, hb) = (spec.ep as u32, spec.hb as u32);
     let sets = super::float::gemv_sets(spec) as u32;
@@ -116,19 +119,30 @@ pub fn float_plan(spec: &FloatSpec) -> KernelPlan {
             accumulators: ep * hb,
             a: 1,
             b: hb,
-            reserved: 2,
+            reserved: 0,
             extra: (gemm_sets - 1) * ep * hb,
             extra_purpose: "a second accumulator set (independent FMA chains)",
         },
-        others: vec![LoopPlan {
-            name: "gemv",
-            accumulators: hb,
-            a: 1,
-            b: gemv_b,
-            reserved: 2,
-            extra: (sets - 1) * hb,
-            extra_purpose: "extra accumulator sets (independent FMA chains)",
-        }],
+        others: vec![
+            LoopPlan {
+                name: "gemv",
+                accumulators: hb,
+                a: 1,
+                b: gemv_b,
+                reserved: 0,
+                extra: (sets - 1) * hb,
+                extra_purpose: "extra accumulator sets (independent FMA chains)",
+            },
+            LoopPlan {
+                name: "epilogue",
+                accumulators: ep * hb,
+                a: 0,
+                b: 0,
+                reserved: 2,
+                extra: 0,
+                extra_purpose: "",
+            },
+        ],
     }
 }
 
@@ -250,8 +264,21 @@ mod tests {
         }
     }
 
+    fn f32_spec(ep: usize, hb: usize) -> FloatSpec {
+        FloatSpec {
+            ep,
+            hb,
+            x: tessera_dsl::Format::F32,
+            w: tessera_dsl::Format::F32,
+            y: tessera_dsl::Format::F32,
+            bias: true,
+            activation: tessera_dsl::ir::Activation::None,
+        }
+    }
+
     /// The solver's best tiles, as the plan tables in the emitters' docs
-    /// describe them (6x8 f32: 2 sets of 6 acc + 1 A + 1 B + 2 reserved).
+    /// describe them (4x24 f32: 12 acc + 1 A + 3 B, nothing reserved; the
+    /// epilogue's mask and bias temporary take A's and B's registers).
     #[test]
     fn best_tiles_and_their_plans() {
         let caps = target();
@@ -261,18 +288,21 @@ mod tests {
             crate::tile::solve(caps, &problem).unwrap()[0]
         };
         let t = best("matmul-f32");
-        assert_eq!((t.ep, t.hp, t.lp), (6, 8, 1));
-        let p = float_plan(&FloatSpec {
-            ep: 6,
-            hb: 1,
-            x: tessera_dsl::Format::F32,
-            w: tessera_dsl::Format::F32,
-            y: tessera_dsl::Format::F32,
-            bias: true,
-            activation: tessera_dsl::ir::Activation::None,
-        });
-        assert_eq!(p.main.total(), 6 + 6 + 1 + 1 + 2);
+        assert_eq!((t.ep, t.hp, t.lp), (4, 24, 1));
+        let p = float_plan(&f32_spec(4, 3));
+        assert_eq!(p.main.total(), 12 + 1 + 3);
+        assert_eq!(p.others[1].total(), 12 + 2);
         assert!(p.check(&t).is_ok());
+        // 14x8 fits the register file too (14 + 1 + 1; epilogue 14 + 2).
+        let p = float_plan(&f32_spec(14, 1));
+        assert_eq!(p.main.total(), 14 + 1 + 1);
+        assert_eq!(p.others[1].total(), 14 + 2);
+        // The classic 6x16 fits too (12 acc + 1 A + 2 B), one set.
+        let p = float_plan(&f32_spec(6, 2));
+        assert_eq!(p.main.total(), 12 + 1 + 2);
+        // 6x8 keeps a second accumulator set for independent FMA chains.
+        let p = float_plan(&f32_spec(6, 1));
+        assert_eq!(p.main.total(), 6 + 6 + 1 + 1);
         let t = best("matmul-w4a8");
         assert_eq!((t.ep, t.hp, t.lp), (5, 8, 4));
         let p = int8_plan(&Int8Spec {
