@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::TileConfig;
 use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode, Variant};
-use tessera_codegen::clif::ClifBackend;
+use tessera_codegen::clif::{ClifBackend, MatmulJob};
 use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWeights, WeightsIn};
 use tessera_codegen::tile::{Problem, neighbours};
 use tessera_dsl::interp::{self, Bindings, Value};
@@ -271,6 +271,51 @@ fn clif_every_variant() {
                 seed += 1;
                 check(&c, &kernel, m, n, k, 2, seed);
             }
+        }
+    }
+}
+
+/// The parallel batch gives, per job and in job order, exactly what one
+/// compilation at a time gives; a bad job is an error that leaves the
+/// others alone.
+#[test]
+fn clif_batch_matches_one_at_a_time() {
+    let backend = ClifBackend::host().expect("backend");
+    let kernels: Vec<Kernel> = ["matmul-f32", "matmul-w4a8", "matmul-w8a8", "matmul-f16"]
+        .iter()
+        .map(|n| library::get(n).unwrap())
+        .collect();
+    let mut jobs = Vec::new();
+    for (i, kernel) in kernels.iter().enumerate() {
+        let tile = backend.tiles(kernel).expect("tiles")[0];
+        let variant = [Variant::Gemm, Variant::FlatGemm, Variant::Gemv][i % 3];
+        jobs.push(MatmulJob {
+            kernel,
+            tile,
+            variant,
+        });
+    }
+    let mut bad = jobs[0];
+    bad.tile.hp = 6;
+    jobs.insert(1, bad);
+    for threads in [1, 2, 3] {
+        let got = backend.emit_matmuls(&jobs, threads);
+        assert_eq!(got.len(), jobs.len());
+        for (job, r) in jobs.iter().zip(&got) {
+            if job.tile.hp == 6 {
+                assert!(matches!(r, Err(EmitError::BadTile { .. })), "{r:?}");
+                continue;
+            }
+            let c = r.as_ref().expect("compiled");
+            let want = machine(
+                backend
+                    .emit_variant(job.kernel, &job.tile, job.variant)
+                    .unwrap(),
+            );
+            assert_eq!(c.code, want, "{} {}", job.kernel.name, job.variant);
+            let q = (fmt(job.kernel, "x") == Format::I8Dyn)
+                .then(|| backend.emit_quantizer(job.kernel, &job.tile).unwrap());
+            assert_eq!(c.quantizer, q, "{}", job.kernel.name);
         }
     }
 }

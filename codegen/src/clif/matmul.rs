@@ -67,6 +67,15 @@ fn unsupported(what: impl Into<String>) -> EmitError {
     }
 }
 
+/// Whether `kernel` takes `i8dyn` activations, i.e. needs the quantizer
+/// ([`super::quantize`]) before each call.
+pub fn has_quantizer(kernel: &Kernel) -> bool {
+    kernel
+        .as_matmul()
+        .and_then(|m| kernel.tensor(&m.x))
+        .is_some_and(|t| t.format == Format::I8Dyn)
+}
+
 /// Whether this emitter can index `kernel`'s layouts with `tile`.
 pub fn check_tile(kernel: &Kernel, tile: &TileConfig) -> Result<(), EmitError> {
     plan(kernel, tile, DotLowering::Sdot, false).map(|_| ())

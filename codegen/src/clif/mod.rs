@@ -203,6 +203,80 @@ impl ClifBackend {
         self.finish(&*self.isa_matmul, func)
     }
 
+    /// Compile many matmul instances at once, spread over up to `threads`
+    /// threads: what a runtime preparing a model's kernel set calls (each
+    /// compilation is independent and single-threaded, so on n cores the
+    /// set takes about 1/n of the time). Results come in job order; one
+    /// job's error does not stop the others.
+    pub fn emit_matmuls(
+        &self,
+        jobs: &[MatmulJob<'_>],
+        threads: usize,
+    ) -> Vec<Result<CompiledMatmul, EmitError>> {
+        // Units of work: each job's matmul, and its quantizer if it has one,
+        // handed out one at a time (they differ a lot in size).
+        let units: Vec<(usize, bool)> = jobs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, j)| {
+                let quantizer = matmul::has_quantizer(j.kernel);
+                std::iter::once((i, false)).chain(quantizer.then_some((i, true)))
+            })
+            .collect();
+        let compile = |&(i, quantizer): &(usize, bool)| -> Result<MachineCode, EmitError> {
+            let j = &jobs[i];
+            if quantizer {
+                self.emit_quantizer(j.kernel, &j.tile)
+            } else {
+                match self.emit_variant(j.kernel, &j.tile, j.variant)? {
+                    Artifact::Machine(code) => Ok(code),
+                    Artifact::Source { .. } => unreachable!("cranelift emits machine code"),
+                }
+            }
+        };
+        let threads = threads.clamp(1, units.len().max(1));
+        let mut done: Vec<Option<Result<MachineCode, EmitError>>> = vec![None; units.len()];
+        if threads == 1 {
+            for (slot, unit) in done.iter_mut().zip(&units) {
+                *slot = Some(compile(unit));
+            }
+        } else {
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let results = std::sync::Mutex::new(&mut done);
+            std::thread::scope(|scope| {
+                for _ in 0..threads {
+                    scope.spawn(|| {
+                        loop {
+                            let u = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(unit) = units.get(u) else { break };
+                            let r = compile(unit);
+                            results.lock().unwrap_or_else(|e| e.into_inner())[u] = Some(r);
+                        }
+                    });
+                }
+            });
+        }
+        let mut out: Vec<Result<CompiledMatmul, EmitError>> = Vec::with_capacity(jobs.len());
+        for (unit, r) in units.iter().zip(done) {
+            let r = r.unwrap_or_else(|| Err(EmitError::Assembler("not compiled".into())));
+            match (unit.1, r) {
+                (false, r) => out.push(r.map(|code| CompiledMatmul {
+                    code,
+                    quantizer: None,
+                })),
+                (true, r) => {
+                    if let Some(Ok(c)) = out.last_mut() {
+                        match r {
+                            Ok(q) => c.quantizer = Some(q),
+                            Err(e) => *out.last_mut().expect("a job per quantizer") = Err(e),
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Compile a built function into machine code with its IR as listing.
     fn finish(&self, isa: &dyn TargetIsa, func: Function) -> Result<MachineCode, EmitError> {
         let listing = func.display().to_string();
@@ -251,6 +325,22 @@ impl Backend for ClifBackend {
         };
         Ok(Artifact::Machine(code))
     }
+}
+
+/// One matmul instance of a batch ([`ClifBackend::emit_matmuls`]).
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulJob<'k> {
+    pub kernel: &'k Kernel,
+    pub tile: TileConfig,
+    pub variant: Variant,
+}
+
+/// A compiled matmul instance: its code and, for `i8dyn` activations, the
+/// activation quantizer for the same tile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompiledMatmul {
+    pub code: MachineCode,
+    pub quantizer: Option<MachineCode>,
 }
 
 /// Which i8 dot-product tree the int8 matmul emits: the one each ISA's
