@@ -167,10 +167,25 @@ fn main() {
                 None
             };
             let chost = HostMatmul::new(&kernel, HostTile::from(&ct), q.as_ref(), &code).unwrap();
-            let mut sides = [
+            let mut sides = vec![
                 Side::new("x86", xt, xhost, &w, n, k),
                 Side::new("cranelift", ct, chost, &w, n, k),
             ];
+            // `EXTRA_TILE=EPxHP`: also time cranelift with that tile.
+            if let Some((ep, hp)) = std::env::var("EXTRA_TILE").ok().and_then(|t| {
+                let (a, b) = t.split_once('x')?;
+                Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?))
+            }) {
+                let mut et = ct;
+                (et.ep, et.hp) = (ep, hp);
+                let Artifact::Machine(code) = clif.emit_variant(&kernel, &et, variant).unwrap()
+                else {
+                    unreachable!("cranelift emits machine code")
+                };
+                let host =
+                    HostMatmul::new(&kernel, HostTile::from(&et), q.as_ref(), &code).unwrap();
+                sides.push(Side::new("cranelift-extra", et, host, &w, n, k));
+            }
             for _ in 0..rounds {
                 for s in sides.iter_mut() {
                     if std::env::var("ONLY").is_ok_and(|o| o != s.name) {
@@ -183,15 +198,16 @@ fn main() {
             }
             let gflops = |s: &Side| 2.0 * (m * n * k) as f64 / s.median() / 1e9;
             let tile = |s: &Side| format!("{}x{}x{}", s.tile.ep, s.tile.hp, s.tile.lp);
-            println!(
-                "| {format} | {m} | {} | {:.1} | {} | {:.1} | {:.2}× |",
-                tile(&sides[0]),
-                gflops(&sides[0]),
-                tile(&sides[1]),
-                gflops(&sides[1]),
-                sides[0].median() / sides[1].median()
-            );
-            let _ = (sides[0].name, sides[1].name);
+            for s in &sides[1..] {
+                println!(
+                    "| {format} | {m} | {} | {:.1} | {} | {:.1} | {:.2}× |",
+                    tile(&sides[0]),
+                    gflops(&sides[0]),
+                    tile(s),
+                    gflops(s),
+                    sides[0].median() / s.median()
+                );
+            }
         }
     }
 }
