@@ -1,6 +1,7 @@
 //! Write the cranelift machine code of a matmul kernel to a file, for
 //! `objdump -D -b binary -m i386:x86-64 FILE`:
-//! `cargo run -p tessera-codegen --example clif_dump -- matmul-f32 1 4096 4096 /tmp/k.bin`.
+//! `cargo run -p tessera-codegen --example clif_dump -- matmul-f32 1 4096 4096 /tmp/k.bin`
+//! (`VARIANT=gemm|flat-gemm|gemv` picks the variant; flat GEMM by default).
 use tessera_codegen::artifact::{Artifact, Backend};
 use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::tile::{Problem, solve};
@@ -15,7 +16,12 @@ fn main() {
     p.h = a[3].parse().expect("n");
     p.l = a[4].parse().expect("k");
     let tile = solve(caps, &p).expect("solve")[0];
-    let Artifact::Machine(code) = backend.emit(&kernel, &tile).expect("emit") else {
+    let variant = std::env::var("VARIANT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(tessera_codegen::artifact::Variant::FlatGemm);
+    let Artifact::Machine(code) = backend.emit_variant(&kernel, &tile, variant).expect("emit")
+    else {
         return;
     };
     std::fs::write(&a[5], &code.bytes).expect("write");

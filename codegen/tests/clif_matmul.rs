@@ -6,8 +6,8 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::TileConfig;
-use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode};
-use tessera_codegen::clif::ClifBackend;
+use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode, Variant};
+use tessera_codegen::clif::{ClifBackend, MatmulJob};
 use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWeights, WeightsIn};
 use tessera_codegen::tile::{Problem, neighbours};
 use tessera_dsl::interp::{self, Bindings, Value};
@@ -210,6 +210,114 @@ fn clif_matmul_w8a16() {
 #[test]
 fn clif_matmul_e0m4a16() {
     sweep("matmul-e0m4a16");
+}
+
+/// The blocked GEMM loop (partial sums through y between K blocks) with
+/// K blocks of 8 and 16, so k = 7..100 spans one to thirteen blocks; n
+/// has a tail panel (which does all of k at once) and m tails.
+#[test]
+fn clif_gemm_k_blocks() {
+    let backend = ClifBackend::host().expect("backend");
+    let mut seed = 9000;
+    for name in MATMULS {
+        let kernel = library::get(name).unwrap();
+        let tile = backend.tiles(&kernel).expect("tiles")[0];
+        for k_block in [8, 16] {
+            let code = backend
+                .emit_k_blocked(&kernel, &tile, k_block)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let quantizer = (fmt(&kernel, "x") == Format::I8Dyn)
+                .then(|| backend.emit_quantizer(&kernel, &tile).expect("quantizer"));
+            let host = HostMatmul::new(&kernel, HostTile::from(&tile), quantizer.as_ref(), &code)
+                .expect("map");
+            let c = Compiled { host };
+            for &(m, n, k) in &[
+                (1, 8, 7),
+                (3, 17, 33),
+                (7, 16, 100),
+                (5, 9, 64),
+                (2, 24, 16),
+            ] {
+                for threads in [1, 2] {
+                    seed += 1;
+                    check(&c, &kernel, m, n, k, threads, seed);
+                }
+            }
+        }
+    }
+}
+
+/// Every variant the runtime asks for compiles and computes the same
+/// thing (GEMV and flat GEMM share the default loop; GEMM has K blocks).
+#[test]
+fn clif_every_variant() {
+    let backend = ClifBackend::host().expect("backend");
+    let mut seed = 7000;
+    for name in ["matmul-f32", "matmul-w8a16", "matmul-w4a8"] {
+        let kernel = library::get(name).unwrap();
+        let tile = backend.tiles(&kernel).expect("tiles")[0];
+        for variant in [Variant::Gemv, Variant::FlatGemm, Variant::Gemm] {
+            let code = machine(
+                backend
+                    .emit_variant(&kernel, &tile, variant)
+                    .unwrap_or_else(|e| panic!("{name} {variant}: {e}")),
+            );
+            let quantizer = (fmt(&kernel, "x") == Format::I8Dyn)
+                .then(|| backend.emit_quantizer(&kernel, &tile).expect("quantizer"));
+            let host = HostMatmul::new(&kernel, HostTile::from(&tile), quantizer.as_ref(), &code)
+                .expect("map");
+            let c = Compiled { host };
+            for &(m, n, k) in &[(1, 17, 33), (6, 9, 100)] {
+                seed += 1;
+                check(&c, &kernel, m, n, k, 2, seed);
+            }
+        }
+    }
+}
+
+/// The parallel batch gives, per job and in job order, exactly what one
+/// compilation at a time gives; a bad job is an error that leaves the
+/// others alone.
+#[test]
+fn clif_batch_matches_one_at_a_time() {
+    let backend = ClifBackend::host().expect("backend");
+    let kernels: Vec<Kernel> = ["matmul-f32", "matmul-w4a8", "matmul-w8a8", "matmul-f16"]
+        .iter()
+        .map(|n| library::get(n).unwrap())
+        .collect();
+    let mut jobs = Vec::new();
+    for (i, kernel) in kernels.iter().enumerate() {
+        let tile = backend.tiles(kernel).expect("tiles")[0];
+        let variant = [Variant::Gemm, Variant::FlatGemm, Variant::Gemv][i % 3];
+        jobs.push(MatmulJob {
+            kernel,
+            tile,
+            variant,
+        });
+    }
+    let mut bad = jobs[0];
+    bad.tile.hp = 6;
+    jobs.insert(1, bad);
+    for threads in [1, 2, 3] {
+        let got = backend.emit_matmuls(&jobs, threads);
+        assert_eq!(got.len(), jobs.len());
+        for (job, r) in jobs.iter().zip(&got) {
+            if job.tile.hp == 6 {
+                assert!(matches!(r, Err(EmitError::BadTile { .. })), "{r:?}");
+                continue;
+            }
+            let c = r.as_ref().expect("compiled");
+            let want = machine(
+                backend
+                    .emit_variant(job.kernel, &job.tile, job.variant)
+                    .unwrap(),
+            );
+            assert_eq!(c.code, want, "{} {}", job.kernel.name, job.variant);
+            let q = (fmt(job.kernel, "x") == Format::I8Dyn)
+                .then(|| backend.emit_quantizer(job.kernel, &job.tile).unwrap());
+            assert_eq!(c.quantizer, q, "{}", job.kernel.name);
+        }
+    }
 }
 
 #[test]

@@ -335,6 +335,8 @@ impl Device {
         format: WeightFormat,
         shapes: &[(usize, usize)],
     ) -> Result<Vec<ShapePlan>, RuntimeError> {
+        #[cfg(feature = "jit")]
+        self.precompile_clif(format, shapes);
         shapes
             .iter()
             .map(|&(n, k)| match &self.engine {
@@ -845,6 +847,69 @@ mod jit {
                 Engine::Prebuilt(_) => Err(emit_err(&what, "prebuilt device")),
                 #[allow(unreachable_patterns)]
                 _ => Err(emit_err(&what, "not a host JIT backend")),
+            }
+        }
+
+        /// Cranelift only: compile the solver-default kernels of every
+        /// shape and variant at once, in parallel over the cores
+        /// ([`ClifBackend::emit_matmuls`]), into the kernel cache that
+        /// `plan_shape` then reads. Anything that fails here is left to
+        /// `plan_shape`, which reports it (or falls back to another tile).
+        pub(super) fn precompile_clif(
+            &self,
+            format: crate::format::WeightFormat,
+            shapes: &[(usize, usize)],
+        ) {
+            use tessera_codegen::clif::MatmulJob;
+            use tessera_codegen::host::{HostMatmul, HostTile};
+            // A tuning record names its own tiles; only the defaults are
+            // known in advance.
+            if !matches!(self.engine, Engine::Clif) || self.record.is_some() {
+                return;
+            }
+            let (Ok(kernel), Ok(clif)) = (library::get(format.library_kernel()), self.clif())
+            else {
+                return;
+            };
+            let mut jobs: Vec<MatmulJob<'_>> = Vec::new();
+            for &(n, k) in shapes {
+                for variant in Variant::ALL {
+                    let m = super::representative_m(variant);
+                    let Some(tile) = self
+                        .solver_tiles(&kernel, m, n, k)
+                        .ok()
+                        .and_then(|t| t.first().copied())
+                    else {
+                        continue;
+                    };
+                    let key = (kernel.name.clone(), variant, [tile.ep, tile.hp, tile.lp]);
+                    let known = lock(&self.matmuls).contains_key(&key)
+                        || jobs.iter().any(|j| {
+                            j.variant == variant && [j.tile.ep, j.tile.hp, j.tile.lp] == key.2
+                        });
+                    if !known {
+                        jobs.push(MatmulJob {
+                            kernel: &kernel,
+                            tile,
+                            variant,
+                        });
+                    }
+                }
+            }
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let results = clif.emit_matmuls(&jobs, threads);
+            for (job, result) in jobs.iter().zip(results) {
+                let Ok(c) = result else { continue };
+                let host_tile = HostTile::from(&job.tile);
+                if let Ok(host) = HostMatmul::new(&kernel, host_tile, c.quantizer.as_ref(), &c.code)
+                {
+                    let key = (
+                        kernel.name.clone(),
+                        job.variant,
+                        [job.tile.ep, job.tile.hp, job.tile.lp],
+                    );
+                    lock(&self.matmuls).insert(key, Arc::new(host));
+                }
             }
         }
 

@@ -6,7 +6,8 @@
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32X4, I8, I16, I32, I32X4, I64};
 use cranelift_codegen::ir::{
-    AbiParam, Endianness, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName, Value,
+    AbiParam, ConstantData, Endianness, Function, InstBuilder, MemFlagsData, Signature, Type,
+    UserFuncName, Value,
 };
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
@@ -99,14 +100,49 @@ impl<'a> Fb<'a> {
         self.b.ins().f32const(x)
     }
 
+    /// A vector constant: one `vconst`, which the x86-64 lowering reads
+    /// from the constant pool as a memory operand (no splat at run time,
+    /// and nothing to hoist out of a loop).
+    fn vconst(&mut self, ty: Type, lane: [u8; 4]) -> Value {
+        let bytes: Vec<u8> = lane.iter().copied().cycle().take(16).collect();
+        let c = self.b.func.dfg.constants.insert(ConstantData::from(bytes));
+        self.b.ins().vconst(ty, c)
+    }
+
     pub(crate) fn f32x4c(&mut self, x: f32) -> Value {
-        let s = self.f32c(x);
-        self.b.ins().splat(F32X4, s)
+        self.vconst(F32X4, x.to_le_bytes())
     }
 
     pub(crate) fn i32x4c(&mut self, x: i64) -> Value {
-        let s = self.i32c(x);
-        self.b.ins().splat(I32X4, s)
+        self.vconst(I32X4, (x as i32).to_le_bytes())
+    }
+
+    /// `x / d` for a positive constant `d`: a shift when `d` is a power of
+    /// two (no division instruction is left to the optimiser).
+    pub(crate) fn udiv_c(&mut self, x: Value, d: i64) -> Value {
+        if d > 0 && (d as u64).is_power_of_two() {
+            self.b.ins().ushr_imm_s(x, i64::from(d.trailing_zeros()))
+        } else {
+            self.b.ins().udiv_imm_s(x, d)
+        }
+    }
+
+    /// `x % d` for a positive constant `d` (a mask for a power of two).
+    pub(crate) fn urem_c(&mut self, x: Value, d: i64) -> Value {
+        if d > 0 && (d as u64).is_power_of_two() {
+            self.b.ins().band_imm_s(x, d - 1)
+        } else {
+            self.b.ins().urem_imm_s(x, d)
+        }
+    }
+
+    /// `x · c` for a constant `c` (a shift for a power of two).
+    pub(crate) fn mul_c(&mut self, x: Value, c: i64) -> Value {
+        if c > 0 && (c as u64).is_power_of_two() {
+            self.b.ins().ishl_imm_s(x, i64::from(c.trailing_zeros()))
+        } else {
+            self.b.ins().imul_imm_s(x, c)
+        }
     }
 
     /// Load a field of the argument block.
@@ -127,9 +163,38 @@ impl<'a> Fb<'a> {
         let off = if scale == 1 {
             index
         } else {
-            self.b.ins().imul_imm_s(index, scale)
+            self.mul_c(index, scale)
         };
         self.b.ins().iadd(base, off)
+    }
+
+    /// `while cond() { body() }`, the condition evaluated in the loop
+    /// header. Loop-carried values (the caller's variables) become header
+    /// parameters, so each value the body computes for the next trip has
+    /// one use, the back edge. (A bottom-tested loop would also pass it to
+    /// the exit; cranelift's lowering then counts everything it was
+    /// computed from as used more than once and stops folding the trip's
+    /// loads into their users: `vbroadcastss` from memory, memory
+    /// operands.)
+    pub(crate) fn while_loop(
+        &mut self,
+        mut cond: impl FnMut(&mut Self) -> Value,
+        mut body: impl FnMut(&mut Self),
+    ) {
+        let header = self.b.create_block();
+        let body_block = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(header, &[]);
+        self.b.switch_to_block(header);
+        let c = cond(self);
+        self.b.ins().brif(c, body_block, &[], exit, &[]);
+        self.b.switch_to_block(body_block);
+        self.b.seal_block(body_block);
+        body(self);
+        self.b.ins().jump(header, &[]);
+        self.b.seal_block(header);
+        self.b.switch_to_block(exit);
+        self.b.seal_block(exit);
     }
 
     /// `for i in (start..end).step_by(step) { body(i) }`, i64 induction.
@@ -205,7 +270,7 @@ impl<'a> Fb<'a> {
     /// `a.div_ceil(d)` for a positive constant `d`.
     pub(crate) fn div_ceil(&mut self, a: Value, d: i64) -> Value {
         let t = self.b.ins().iadd_imm_s(a, d - 1);
-        self.b.ins().udiv_imm_s(t, d)
+        self.udiv_c(t, d)
     }
 
     /// Horizontal sum of an f32x4 (lanes added in order 0+1, 2+3, then both).
@@ -406,14 +471,14 @@ impl<'a> Fb<'a> {
     /// Widen `count` (1..=4) consecutive elements of `bits`-wide storage at
     /// `p` into the low lanes of an i32x4 (zero-extended; the other lanes
     /// zero). Uses one vector load when `count == 4`.
-    pub(crate) fn load_lanes_u(&mut self, p: Value, bits: u32) -> Value {
+    pub(crate) fn load_lanes_u(&mut self, p: Value, offset: i32, bits: u32) -> Value {
         match bits {
-            16 => self.b.ins().uload16x4(mem(), p, 0),
+            16 => self.b.ins().uload16x4(mem(), p, offset),
             8 => {
-                let v = self.b.ins().uload8x8(mem(), p, 0);
+                let v = self.b.ins().uload8x8(mem(), p, offset);
                 self.b.ins().uwiden_low(v)
             }
-            _ => self.b.ins().load(I32X4, mem(), p, 0),
+            _ => self.b.ins().load(I32X4, mem(), p, offset),
         }
     }
 

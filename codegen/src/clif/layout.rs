@@ -22,6 +22,7 @@ pub(crate) enum AxisAddr {
     Tiled {
         tile: i64,
         outer: Value,
+        outer_const: Option<i64>,
         inner: Value,
         inner_const: Option<i64>,
     },
@@ -30,18 +31,29 @@ pub(crate) enum AxisAddr {
 impl AxisAddr {
     /// Position contribution of index `i`.
     pub(crate) fn at(&self, fb: &mut Fb<'_>, i: Value) -> Value {
+        let times = |fb: &mut Fb<'_>, x: Value, v: Value, c: Option<i64>| match c {
+            Some(c) => fb.mul_c(x, c),
+            None => fb.b.ins().imul(x, v),
+        };
         match *self {
-            AxisAddr::Whole { stride, .. } => fb.b.ins().imul(i, stride),
+            AxisAddr::Whole {
+                stride,
+                stride_const,
+            } => times(fb, i, stride, stride_const),
             AxisAddr::Tiled {
-                tile, outer, inner, ..
+                tile,
+                outer,
+                outer_const,
+                inner,
+                inner_const,
             } => {
                 if tile == 1 {
-                    return fb.b.ins().imul(i, outer);
+                    return times(fb, i, outer, outer_const);
                 }
-                let q = fb.b.ins().udiv_imm_s(i, tile);
-                let r = fb.b.ins().urem_imm_s(i, tile);
-                let a = fb.b.ins().imul(q, outer);
-                let c = fb.b.ins().imul(r, inner);
+                let q = fb.udiv_c(i, tile);
+                let r = fb.urem_c(i, tile);
+                let a = times(fb, q, outer, outer_const);
+                let c = times(fb, r, inner, inner_const);
                 fb.b.ins().iadd(a, c)
             }
         }
@@ -61,10 +73,39 @@ impl AxisAddr {
                 outer,
                 inner,
                 inner_const,
+                ..
             } => {
-                let q = fb.b.ins().udiv_imm_s(t0, tile);
+                let q = fb.udiv_c(t0, tile);
                 (fb.b.ins().imul(q, outer), inner, inner_const)
             }
+        }
+    }
+
+    /// `Some((stride, stride as a constant if known))` when index `i`
+    /// sits at `i·stride` (a whole axis, or a tile of 1), so a loop over
+    /// the axis can advance a pointer instead of recomputing the position.
+    pub(crate) fn linear(&self) -> Option<(Value, Option<i64>)> {
+        match *self {
+            AxisAddr::Whole {
+                stride,
+                stride_const,
+            } => Some((stride, stride_const)),
+            AxisAddr::Tiled {
+                tile: 1,
+                outer,
+                outer_const,
+                ..
+            } => Some((outer, outer_const)),
+            AxisAddr::Tiled { .. } => None,
+        }
+    }
+
+    /// The position step between consecutive indices inside a tile (or of
+    /// a whole axis), when it is a compile-time constant.
+    pub(crate) fn step_const(&self) -> Option<i64> {
+        match *self {
+            AxisAddr::Whole { stride_const, .. } => stride_const,
+            AxisAddr::Tiled { inner_const, .. } => inner_const,
         }
     }
 
@@ -153,7 +194,8 @@ pub(crate) fn tensor_addr(
                 stride_const,
             }
         } else {
-            let (outer, _) = find(1).ok_or_else(|| bad(format!("axis `{dim}` not covered")))?;
+            let (outer, outer_const) =
+                find(1).ok_or_else(|| bad(format!("axis `{dim}` not covered")))?;
             let (inner, inner_const) =
                 find(2).ok_or_else(|| bad(format!("axis `{dim}` not covered")))?;
             let tile = t
@@ -169,6 +211,7 @@ pub(crate) fn tensor_addr(
             AxisAddr::Tiled {
                 tile: size,
                 outer,
+                outer_const,
                 inner,
                 inner_const,
             }

@@ -39,7 +39,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_codegen::{Context, isa::TargetIsa};
 use tessera_dsl::Kernel;
 
-use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode};
+use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, Variant};
 use crate::target::{MacClass, MacInstr, Reserved, TargetCaps};
 use crate::tile::TileConfig;
 
@@ -53,7 +53,15 @@ const BACKEND: &str = "host";
 
 /// The cranelift backend for this host.
 pub struct ClifBackend {
+    /// Decode attention: written plainly, so cranelift's optimiser (GVN,
+    /// loop-invariant code motion) does the hoisting.
     isa: OwnedTargetIsa,
+    /// Matmuls and the quantizer: their IR is already scheduled by hand
+    /// (pointers advanced per step, one broadcast per multiply), which the
+    /// optimiser would undo (it merges the broadcasts and moves them away
+    /// from their loads, so they are no longer folded into
+    /// `vbroadcastss` from memory); without it they also compile faster.
+    isa_matmul: OwnedTargetIsa,
 }
 
 impl std::fmt::Debug for ClifBackend {
@@ -72,23 +80,38 @@ impl ClifBackend {
             backend: BACKEND,
             what: "this host architecture (x86-64 and aarch64 only)".into(),
         })?;
-        let isa_builder = cranelift_native::builder().map_err(|e| EmitError::Unsupported {
-            backend: BACKEND,
-            what: format!("cranelift on this host: {e}"),
-        })?;
-        let mut flags = settings::builder();
-        let set = |flags: &mut settings::Builder, k: &str, v: &str| {
-            flags
-                .set(k, v)
-                .map_err(|e| EmitError::Assembler(format!("cranelift setting {k}={v}: {e}")))
+        let native = || {
+            cranelift_native::builder().map_err(|e| EmitError::Unsupported {
+                backend: BACKEND,
+                what: format!("cranelift on this host: {e}"),
+            })
         };
-        set(&mut flags, "opt_level", "speed")?;
-        set(&mut flags, "is_pic", "true")?;
-        set(&mut flags, "enable_verifier", "true")?;
-        let isa = isa_builder
-            .finish(settings::Flags::new(flags))
-            .map_err(|e| EmitError::Assembler(format!("cranelift isa: {e}")))?;
-        Ok(ClifBackend { isa })
+        native()?;
+        let build = |opt: &str| {
+            let mut flags = settings::builder();
+            let set = |flags: &mut settings::Builder, k: &str, v: &str| {
+                flags
+                    .set(k, v)
+                    .map_err(|e| EmitError::Assembler(format!("cranelift setting {k}={v}: {e}")))
+            };
+            set(&mut flags, "opt_level", opt)?;
+            set(&mut flags, "is_pic", "true")?;
+            // The IR verifier costs about a tenth of the compile time:
+            // debug builds (and so the tests) keep it.
+            let verify = if cfg!(debug_assertions) {
+                "true"
+            } else {
+                "false"
+            };
+            set(&mut flags, "enable_verifier", verify)?;
+            native()?
+                .finish(settings::Flags::new(flags))
+                .map_err(|e| EmitError::Assembler(format!("cranelift isa: {e}")))
+        };
+        Ok(ClifBackend {
+            isa: build("speed")?,
+            isa_matmul: build("none")?,
+        })
     }
 
     pub fn isa(&self) -> &dyn TargetIsa {
@@ -161,16 +184,106 @@ impl ClifBackend {
         tile: &TileConfig,
     ) -> Result<MachineCode, EmitError> {
         let func = guarded(|| quantize::build(kernel, tile))??;
-        self.finish(func)
+        self.finish(&*self.isa_matmul, func)
+    }
+
+    /// The `Gemm` variant of a float matmul with K blocks of about
+    /// `k_block` values instead of the L1-sized default
+    /// ([`matmul::build_k_blocked`]): lets tests cover several K blocks
+    /// with small k.
+    pub fn emit_k_blocked(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        k_block: usize,
+    ) -> Result<MachineCode, EmitError> {
+        let dot = DotLowering::for_isa(self);
+        let fused = self.arch() == Arch::Aarch64 || self.has_flag("has_fma");
+        let func = guarded(|| matmul::build_k_blocked(kernel, tile, dot, fused, k_block))??;
+        self.finish(&*self.isa_matmul, func)
+    }
+
+    /// Compile many matmul instances at once, spread over up to `threads`
+    /// threads: what a runtime preparing a model's kernel set calls (each
+    /// compilation is independent and single-threaded, so on n cores the
+    /// set takes about 1/n of the time). Results come in job order; one
+    /// job's error does not stop the others.
+    pub fn emit_matmuls(
+        &self,
+        jobs: &[MatmulJob<'_>],
+        threads: usize,
+    ) -> Vec<Result<CompiledMatmul, EmitError>> {
+        // Units of work: each job's matmul, and its quantizer if it has one,
+        // handed out one at a time (they differ a lot in size).
+        let units: Vec<(usize, bool)> = jobs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, j)| {
+                let quantizer = matmul::has_quantizer(j.kernel);
+                std::iter::once((i, false)).chain(quantizer.then_some((i, true)))
+            })
+            .collect();
+        let compile = |&(i, quantizer): &(usize, bool)| -> Result<MachineCode, EmitError> {
+            let j = &jobs[i];
+            if quantizer {
+                self.emit_quantizer(j.kernel, &j.tile)
+            } else {
+                match self.emit_variant(j.kernel, &j.tile, j.variant)? {
+                    Artifact::Machine(code) => Ok(code),
+                    Artifact::Source { .. } => unreachable!("cranelift emits machine code"),
+                }
+            }
+        };
+        let threads = threads.clamp(1, units.len().max(1));
+        let mut done: Vec<Option<Result<MachineCode, EmitError>>> = vec![None; units.len()];
+        if threads == 1 {
+            for (slot, unit) in done.iter_mut().zip(&units) {
+                *slot = Some(compile(unit));
+            }
+        } else {
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let results = std::sync::Mutex::new(&mut done);
+            std::thread::scope(|scope| {
+                for _ in 0..threads {
+                    scope.spawn(|| {
+                        loop {
+                            let u = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(unit) = units.get(u) else { break };
+                            let r = compile(unit);
+                            results.lock().unwrap_or_else(|e| e.into_inner())[u] = Some(r);
+                        }
+                    });
+                }
+            });
+        }
+        let mut out: Vec<Result<CompiledMatmul, EmitError>> = Vec::with_capacity(jobs.len());
+        for (unit, r) in units.iter().zip(done) {
+            let r = r.unwrap_or_else(|| Err(EmitError::Assembler("not compiled".into())));
+            match (unit.1, r) {
+                (false, r) => out.push(r.map(|code| CompiledMatmul {
+                    code,
+                    quantizer: None,
+                })),
+                (true, r) => {
+                    if let Some(Ok(c)) = out.last_mut() {
+                        match r {
+                            Ok(q) => c.quantizer = Some(q),
+                            Err(e) => *out.last_mut().expect("a job per quantizer") = Err(e),
+                        }
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Compile a built function into machine code with its IR as listing.
-    fn finish(&self, func: Function) -> Result<MachineCode, EmitError> {
+    fn finish(&self, isa: &dyn TargetIsa, func: Function) -> Result<MachineCode, EmitError> {
         let listing = func.display().to_string();
         if std::env::var_os("TESSERA_CLIF_DUMP").is_some() {
             eprintln!("{listing}");
         }
-        let bytes = compile_function(&*self.isa, func)?;
+        let bytes = compile_function(isa, func)?;
         Ok(MachineCode {
             arch: self.arch(),
             bytes,
@@ -189,15 +302,45 @@ impl Backend for ClifBackend {
     /// attention kernels: [`crate::host_attention::AttentionArgs`] (the
     /// tile is not used).
     fn emit(&self, kernel: &Kernel, tile: &TileConfig) -> Result<Artifact, EmitError> {
-        let func = if kernel.as_matmul().is_some() {
+        self.emit_variant(kernel, tile, Variant::FlatGemm)
+    }
+
+    /// Every variant of a matmul: `Gemm` adds K blocks to the float loop
+    /// ([`matmul::build_variant`]); GEMV and flat GEMM are the default
+    /// loop. Attention kernels ignore the variant.
+    fn emit_variant(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<Artifact, EmitError> {
+        let code = if kernel.as_matmul().is_some() {
             let dot = DotLowering::for_isa(self);
             let fused = self.arch() == Arch::Aarch64 || self.has_flag("has_fma");
-            guarded(|| matmul::build(kernel, tile, dot, fused))??
+            let func = guarded(|| matmul::build_variant(kernel, tile, variant, dot, fused))??;
+            self.finish(&*self.isa_matmul, func)?
         } else {
-            guarded(|| attention::build(kernel))??
+            let func = guarded(|| attention::build(kernel))??;
+            self.finish(&*self.isa, func)?
         };
-        Ok(Artifact::Machine(self.finish(func)?))
+        Ok(Artifact::Machine(code))
     }
+}
+
+/// One matmul instance of a batch ([`ClifBackend::emit_matmuls`]).
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulJob<'k> {
+    pub kernel: &'k Kernel,
+    pub tile: TileConfig,
+    pub variant: Variant,
+}
+
+/// A compiled matmul instance: its code and, for `i8dyn` activations, the
+/// activation quantizer for the same tile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompiledMatmul {
+    pub code: MachineCode,
+    pub quantizer: Option<MachineCode>,
 }
 
 /// Which i8 dot-product tree the int8 matmul emits: the one each ISA's
