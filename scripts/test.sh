@@ -179,7 +179,7 @@ run_tests() {
     local out status
     out=$(mktemp)
     set +e
-    cargo test --workspace 2>&1 | tee "$out"
+    cargo test --workspace --no-fail-fast 2>&1 | tee "$out"
     status=${PIPESTATUS[0]}
     set -e
     # Sum cargo's per-binary "test result:" lines into one total.

@@ -138,20 +138,33 @@ fn every_entry_names_an_existing_file_whose_hash_matches() {
             );
         }
     }
-    // Cranelift has only a GEMM loop: it serves every M, with a note.
+    // Cranelift emits all three variants (GEMV and flat GEMM share its
+    // default loop; GEMM is K-blocked): one entry per variant and shape,
+    // and every M is served by exactly one of them.
     let host_out = scratch("hashes-host");
     let report = generate(&config(&["host"], "tiny", &host_out)).unwrap();
     assert!(
-        report.notes.iter().any(|n| n.contains("no gemv loop")),
+        !report.notes.iter().any(|n| n.contains("no gemv loop")),
         "{:?}",
         report.notes
     );
     let host = kgen::manifest(&config(&["host"], "tiny", &host_out)).unwrap();
-    assert!(
-        host.entries
-            .iter()
-            .all(|e| e.variant == Variant::Gemm && e.m_min == 1 && e.m_max.is_none())
-    );
+    for variant in [Variant::Gemv, Variant::FlatGemm, Variant::Gemm] {
+        assert!(
+            host.entries.iter().any(|e| e.variant == variant),
+            "no host {variant:?} entry"
+        );
+    }
+    for e in &host.entries {
+        for m in [1, 2, 8, 64, 4096] {
+            let serving = host
+                .entries
+                .iter()
+                .filter(|o| o.format == e.format && o.n == e.n && o.k == e.k && o.serves(m))
+                .count();
+            assert_eq!(serving, 1, "host {} [{}, {}] m={m}", e.format, e.n, e.k);
+        }
+    }
 }
 
 #[test]

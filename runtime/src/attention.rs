@@ -456,7 +456,7 @@ fn gpu_formats(
     }
 }
 
-#[cfg(feature = "opencl")]
+#[cfg(any(feature = "opencl", feature = "cuda"))]
 fn gpu_err(device: &Device, e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Gpu {
         backend: device.backend().to_string(),
@@ -533,6 +533,10 @@ enum AttentionKernel {
     Host(Arc<HostAttention>),
     #[cfg(feature = "opencl")]
     OpenCl(Arc<crate::opencl::ClAttention>),
+    /// The split-K PTX pair; the cache stays in host memory and is
+    /// uploaded per call (`cuda::run_attention` has no resident cache yet).
+    #[cfg(feature = "cuda")]
+    Cuda(Box<tessera_codegen::ptx::PtxAttentionProgram>),
 }
 
 impl std::fmt::Debug for Attention {
@@ -543,6 +547,31 @@ impl std::fmt::Debug for Attention {
             .field("d", &self.d)
             .field("format", &self.format)
             .finish()
+    }
+}
+
+/// A borrowed cache view as the owned value the CUDA launcher uploads.
+#[cfg(feature = "cuda")]
+fn view_value(view: KvView<'_>) -> tessera_dsl::interp::Value {
+    use tessera_dsl::interp::Value;
+    match view {
+        KvView::F16(v) => Value::F16(v.to_vec()),
+        KvView::Quant(qt) => Value::Quant(qt.clone()),
+        KvView::QuantRows {
+            format,
+            rows,
+            cols,
+            codes,
+            scales,
+            offsets,
+        } => Value::Quant(quant::QuantTensor {
+            format,
+            rows,
+            cols,
+            codes: codes.to_vec(),
+            scales: scales.to_vec(),
+            offsets: offsets.to_vec(),
+        }),
     }
 }
 
@@ -601,13 +630,22 @@ impl Attention {
             crate::Backend::OpenCl => {
                 AttentionKernel::OpenCl(device.cl_attention(format.kernel_name())?)
             }
+            #[cfg(feature = "cuda")]
+            crate::Backend::Cuda => {
+                let engine = device.cuda_engine()?;
+                let kernel = tessera_dsl::library::get(format.kernel_name())?;
+                let program = engine
+                    .dev
+                    .backend()
+                    .attention_program(&kernel)
+                    .map_err(|e| gpu_err(device, e))?;
+                AttentionKernel::Cuda(Box::new(program))
+            }
+            #[cfg(not(feature = "cuda"))]
             crate::Backend::Cuda => {
                 return Err(RuntimeError::Unsupported {
                     backend: "cuda".into(),
-                    what:
-                        "decode attention (no PTX attention kernel is wired into the runtime yet; \
-                           run attention on the host or OpenCL device)"
-                            .into(),
+                    what: "decode attention (this build has no `cuda` feature)".into(),
                 });
             }
             _ => AttentionKernel::Host(device.attention(format.kernel_name())?),
@@ -667,7 +705,41 @@ impl Attention {
             }
             #[cfg(feature = "opencl")]
             AttentionKernel::OpenCl(kernel) => self.decode_cl(kernel, q, cache, cache.len, o),
+            #[cfg(feature = "cuda")]
+            AttentionKernel::Cuda(program) => self.decode_cuda(program, q, cache, cache.len, o),
         }
+    }
+
+    /// One token over the first `s` cached tokens on the CUDA device (the
+    /// host cache is copied into the launch's buffers).
+    #[cfg(feature = "cuda")]
+    fn decode_cuda(
+        &self,
+        program: &tessera_codegen::ptx::PtxAttentionProgram,
+        q: &[f16],
+        cache: &KvCache,
+        s: usize,
+        o: &mut [f16],
+    ) -> Result<u64, RuntimeError> {
+        let engine = self.device.cuda_engine()?;
+        let (k, v) = self.host_views(cache, s)?;
+        let out = crate::cuda::run_attention(
+            &engine.dev,
+            program,
+            q,
+            &view_value(k),
+            &view_value(v),
+            self.hq,
+            self.kvh,
+            self.d,
+            s,
+        )
+        .map_err(|e| gpu_err(&self.device, e))?;
+        check_len("attention output (hq·d)", o.len(), out.o.len())?;
+        for (dst, src) in o.iter_mut().zip(&out.o) {
+            *dst = f16::from_f32(*src);
+        }
+        Ok(out.recomputed as u64)
     }
 
     fn host_views<'c>(
@@ -752,6 +824,20 @@ impl Attention {
             for i in 0..t {
                 recomputed += self.decode_cl(
                     kernel,
+                    &q[i * hd..(i + 1) * hd],
+                    cache,
+                    first + i + 1,
+                    &mut o[i * hd..(i + 1) * hd],
+                )?;
+            }
+            return Ok(recomputed);
+        }
+        #[cfg(feature = "cuda")]
+        if let AttentionKernel::Cuda(program) = &self.kernel {
+            let mut recomputed = 0;
+            for i in 0..t {
+                recomputed += self.decode_cuda(
+                    program,
                     &q[i * hd..(i + 1) * hd],
                     cache,
                     first + i + 1,

@@ -2,10 +2,10 @@
 //! opened at run time, PTX programs from `tessera_codegen::ptx` planned
 //! once per (variant, tile) and shared by every layer.
 //!
-//! `crate::cuda` has one entry point today, `run_matmul`, which loads the
-//! module and uploads the weights on every call; a `Linear` on CUDA goes
-//! through it (correct, not yet resident). Decode attention has no PTX
-//! kernel yet: `Attention` on CUDA says so.
+//! `crate::cuda`'s entry points, `run_matmul` and `run_attention`, load the
+//! module and upload their operands on every call; `Linear` and `Attention`
+//! on CUDA go through them (correct, not yet resident: weights and the KV
+//! cache stay in host memory between calls).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
