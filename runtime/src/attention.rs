@@ -710,6 +710,25 @@ impl Attention {
         }
     }
 
+    /// One token over the first `s` cached tokens on a GPU kernel; `None`
+    /// for a host kernel (the host splits its work across threads instead).
+    fn decode_gpu(
+        &self,
+        q: &[f16],
+        cache: &KvCache,
+        s: usize,
+        o: &mut [f16],
+    ) -> Option<Result<u64, RuntimeError>> {
+        let _ = (q, cache, s, &o);
+        match &self.kernel {
+            AttentionKernel::Host(_) => None,
+            #[cfg(feature = "opencl")]
+            AttentionKernel::OpenCl(kernel) => Some(self.decode_cl(kernel, q, cache, s, o)),
+            #[cfg(feature = "cuda")]
+            AttentionKernel::Cuda(program) => Some(self.decode_cuda(program, q, cache, s, o)),
+        }
+    }
+
     /// One token over the first `s` cached tokens on the CUDA device (the
     /// host cache is copied into the launch's buffers).
     #[cfg(feature = "cuda")]
@@ -816,33 +835,18 @@ impl Attention {
             return Ok(0);
         }
         let first = cache.len - t;
-        #[cfg(feature = "opencl")]
-        if let AttentionKernel::OpenCl(kernel) = &self.kernel {
-            // Decode per prompt token over its causal prefix, in order (one
-            // queue); a dedicated prefill kernel would reuse K/V rows.
+        if !matches!(self.kernel, AttentionKernel::Host(_)) {
+            // A GPU decodes per prompt token over its causal prefix, in
+            // order (one queue); a dedicated prefill kernel would reuse
+            // K/V rows.
             let mut recomputed = 0;
             for i in 0..t {
-                recomputed += self.decode_cl(
-                    kernel,
-                    &q[i * hd..(i + 1) * hd],
-                    cache,
-                    first + i + 1,
-                    &mut o[i * hd..(i + 1) * hd],
-                )?;
-            }
-            return Ok(recomputed);
-        }
-        #[cfg(feature = "cuda")]
-        if let AttentionKernel::Cuda(program) = &self.kernel {
-            let mut recomputed = 0;
-            for i in 0..t {
-                recomputed += self.decode_cuda(
-                    program,
-                    &q[i * hd..(i + 1) * hd],
-                    cache,
-                    first + i + 1,
-                    &mut o[i * hd..(i + 1) * hd],
-                )?;
+                let rows = i * hd..(i + 1) * hd;
+                if let Some(n) =
+                    self.decode_gpu(&q[rows.clone()], cache, first + i + 1, &mut o[rows])
+                {
+                    recomputed += n?;
+                }
             }
             return Ok(recomputed);
         }
