@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tessera_codegen::ptx::{PtxBackend, PtxProgram};
-use tessera_codegen::tile::{self, TileConfig};
+use tessera_codegen::tile::TileConfig;
 use tessera_dsl::ir::Variant;
 
-use super::gpu::{gpu_kernel, gpu_problem};
+use super::gpu::{default_tile, gpu_kernel, no_kernel, recorded_tile};
 use super::{Backend, Device, Engine, lock, unavailable};
 use crate::cuda::CudaDevice;
 use crate::device::{GpuInfo, fnv1a};
@@ -27,13 +27,6 @@ pub(crate) struct CudaEngine {
     pub(crate) dev: CudaDevice,
     backend: PtxBackend,
     programs: Mutex<BTreeMap<u64, Arc<PtxProgram>>>,
-}
-
-fn no_kernel(what: impl Into<String>, why: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::NoKernel {
-        what: what.into(),
-        why: why.to_string(),
-    }
 }
 
 impl CudaEngine {
@@ -96,34 +89,10 @@ impl Device {
             ))
         };
         let winner = |variant: Variant, tile3: [u32; 3]| {
-            let problem = gpu_problem(caps, &kernel, variant, n, k)?;
-            let config = tile::feasible(caps, &problem)
-                .map_err(|e| no_kernel(&kernel.name, e))?
-                .into_iter()
-                .find(|t| [t.ep, t.hp, t.lp] == tile3)
-                .ok_or_else(|| {
-                    no_kernel(
-                        format!("{} tile {tile3:?}", kernel.name),
-                        format!("not a feasible tile on {}", caps.name),
-                    )
-                })?;
-            build(variant, &config)
+            recorded_tile(caps, &kernel, (variant, tile3), (n, k), &build)
         };
-        let default = |variant: Variant| {
-            let problem = gpu_problem(caps, &kernel, variant, n, k)?;
-            let tiles = tile::solve(caps, &problem).map_err(|e| no_kernel(&kernel.name, e))?;
-            let mut last = format!("no {} tile for cuda", kernel.name);
-            for config in tiles {
-                match build(variant, &config) {
-                    Ok(p) => return Ok(([config.ep, config.hp, config.lp], p)),
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            Err(no_kernel(
-                format!("{} {variant} [{n}, {k}] on cuda", kernel.name),
-                last,
-            ))
-        };
+        let default =
+            |variant: Variant| default_tile(caps, &kernel, variant, (n, k), Backend::Cuda, &build);
         self.plan_with(&kernel, format, n, k, &winner, &default)
     }
 }

@@ -1,9 +1,10 @@
 //! What the GPU backends (OpenCL, CUDA) share on the device side: which
-//! library kernel a format runs as (weights in the GPU layout) and the
-//! solver problem each variant's tile is chosen for.
+//! library kernel a format runs as (weights in the GPU layout), the solver
+//! problem each variant's tile is chosen for, and how a record's tile or the
+//! solver's default becomes a built program.
 
 use tessera_codegen::gpu;
-use tessera_codegen::tile::Problem;
+use tessera_codegen::tile::{self, Problem, TileConfig};
 use tessera_dsl::ir::{Format, Kernel, Variant};
 use tessera_dsl::library;
 
@@ -50,4 +51,60 @@ pub(crate) fn gpu_problem(
         l: k as u64,
         ..base
     })
+}
+
+/// A kernel that could not be planned or built, and why.
+pub(crate) fn no_kernel(what: impl Into<String>, why: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::NoKernel {
+        what: what.into(),
+        why: why.to_string(),
+    }
+}
+
+/// The program for a tuning record's `tile3`, which must still be a
+/// feasible tile for `variant` of [n, k] on `caps`.
+pub(crate) fn recorded_tile<P>(
+    caps: &tessera_codegen::TargetCaps,
+    kernel: &Kernel,
+    (variant, tile3): (Variant, [u32; 3]),
+    (n, k): (usize, usize),
+    build: &dyn Fn(Variant, &TileConfig) -> Result<P, RuntimeError>,
+) -> Result<P, RuntimeError> {
+    let problem = gpu_problem(caps, kernel, variant, n, k)?;
+    let config = tile::feasible(caps, &problem)
+        .map_err(|e| no_kernel(&kernel.name, e))?
+        .into_iter()
+        .find(|t| [t.ep, t.hp, t.lp] == tile3)
+        .ok_or_else(|| {
+            no_kernel(
+                format!("{} tile {tile3:?}", kernel.name),
+                format!("not a feasible tile on {}", caps.name),
+            )
+        })?;
+    build(variant, &config)
+}
+
+/// The solver's best tile for `variant` that builds, with its program;
+/// the last build error names why none did.
+pub(crate) fn default_tile<P>(
+    caps: &tessera_codegen::TargetCaps,
+    kernel: &Kernel,
+    variant: Variant,
+    (n, k): (usize, usize),
+    backend: Backend,
+    build: &dyn Fn(Variant, &TileConfig) -> Result<P, RuntimeError>,
+) -> Result<([u32; 3], P), RuntimeError> {
+    let problem = gpu_problem(caps, kernel, variant, n, k)?;
+    let tiles = tile::solve(caps, &problem).map_err(|e| no_kernel(&kernel.name, e))?;
+    let mut last = format!("no {} tile for {backend}", kernel.name);
+    for config in tiles {
+        match build(variant, &config) {
+            Ok(p) => return Ok(([config.ep, config.hp, config.lp], p)),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(no_kernel(
+        format!("{} {variant} [{n}, {k}] on {backend}", kernel.name),
+        last,
+    ))
 }

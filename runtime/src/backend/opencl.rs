@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex};
 
 use tessera_codegen::gpu;
 use tessera_codegen::opencl::{self as cl_codegen, OpenClBackend, Program};
-use tessera_codegen::tile::{self, TileConfig};
+use tessera_codegen::tile::TileConfig;
 use tessera_dsl::ir::{Kernel, Variant};
 use tessera_dsl::library;
 
-use super::gpu::{gpu_kernel, gpu_problem};
+use super::gpu::{default_tile, gpu_kernel, no_kernel, recorded_tile};
 use super::{Backend, Device, Engine, lock, unavailable};
 use crate::device::{GpuInfo, fnv1a};
 use crate::dispatch::ShapePlan;
@@ -38,13 +38,6 @@ pub(crate) struct ClEngine {
     /// Built matmul programs by source hash.
     matmuls: Mutex<BTreeMap<u64, Arc<ClMatmul>>>,
     attentions: Mutex<BTreeMap<String, Arc<ClAttention>>>,
-}
-
-fn no_kernel(what: impl Into<String>, why: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::NoKernel {
-        what: what.into(),
-        why: why.to_string(),
-    }
 }
 
 impl ClEngine {
@@ -153,34 +146,11 @@ impl Device {
             let program = engine.matmul_program(&kernel, config, variant)?;
             engine.matmul(&format!("{} {variant}", kernel.name), &program)
         };
-        let winner = |variant: Variant, tile: [u32; 3]| {
-            let problem = gpu_problem(caps, &kernel, variant, n, k)?;
-            let config = tile::feasible(caps, &problem)
-                .map_err(|e| no_kernel(&kernel.name, e))?
-                .into_iter()
-                .find(|t| [t.ep, t.hp, t.lp] == tile)
-                .ok_or_else(|| {
-                    no_kernel(
-                        format!("{} tile {tile:?}", kernel.name),
-                        format!("not a feasible tile on {}", caps.name),
-                    )
-                })?;
-            build(variant, &config)
+        let winner = |variant: Variant, tile3: [u32; 3]| {
+            recorded_tile(caps, &kernel, (variant, tile3), (n, k), &build)
         };
         let default = |variant: Variant| {
-            let problem = gpu_problem(caps, &kernel, variant, n, k)?;
-            let tiles = tile::solve(caps, &problem).map_err(|e| no_kernel(&kernel.name, e))?;
-            let mut last = format!("no {} tile for opencl", kernel.name);
-            for config in tiles {
-                match build(variant, &config) {
-                    Ok(m) => return Ok(([config.ep, config.hp, config.lp], m)),
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            Err(no_kernel(
-                format!("{} {variant} [{n}, {k}] on opencl", kernel.name),
-                last,
-            ))
+            default_tile(caps, &kernel, variant, (n, k), Backend::OpenCl, &build)
         };
         self.plan_with(&kernel, format, n, k, &winner, &default)
     }
