@@ -226,6 +226,87 @@ mod run {
         }
     }
 
+    /// A cache as the kernel reads it: quantized rows, or f16.
+    fn cache_view((q, h): &(Option<QuantTensor>, Vec<f16>)) -> KvCache<'_> {
+        match q {
+            Some(q) => KvCache::Quant(q),
+            None => KvCache::F16(h),
+        }
+    }
+
+    /// One decode problem on random inputs (q from ±`q_amp`, K and V from
+    /// ±1, quantized as the kernel's formats say) and the reference
+    /// interpreter's answer for it.
+    struct Decode {
+        q: Vec<f16>,
+        k: (Option<QuantTensor>, Vec<f16>),
+        v: (Option<QuantTensor>, Vec<f16>),
+        want: Vec<f32>,
+        recomputed: usize,
+    }
+
+    impl Decode {
+        fn new(
+            kernel: &Kernel,
+            (s, hq, kvh, d): (usize, usize, usize, usize),
+            q_amp: f32,
+            seed: u64,
+        ) -> Decode {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let a = kernel.as_attention().unwrap();
+            let kf = kernel.tensor(&a.k).unwrap().format;
+            let vf = kernel.tensor(&a.v).unwrap().format;
+            let q: Vec<f16> = (0..hq * d)
+                .map(|_| f16::from_f32(rng.gen_range(-q_amp..q_amp)))
+                .collect();
+            let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let (kval, kq, k16) = cache(kf, s * kvh, d, &kd);
+            let (vval, vq, v16) = cache(vf, s * kvh, d, &vd);
+            let bindings = Bindings::new()
+                .extent("hq", hq)
+                .extent("kvh", kvh)
+                .extent("d", d)
+                .extent("s", s)
+                .tensor("q", Value::F16(q.clone()))
+                .tensor("k", kval)
+                .tensor("v", vval);
+            let out = interp::run(kernel, &bindings).expect("interp");
+            Decode {
+                want: out.get("o").unwrap().to_vec(),
+                recomputed: out.softmax.unwrap().recomputed,
+                q,
+                k: (kq, k16),
+                v: (vq, v16),
+            }
+        }
+
+        /// The caches as the kernel reads them.
+        fn views(&self) -> (KvCache<'_>, KvCache<'_>) {
+            (cache_view(&self.k), cache_view(&self.v))
+        }
+
+        /// `o` against the interpreter. f16 accumulation of QK on fp16
+        /// cores (d/32 products per lane) rounds scores by ~1e-3 relative:
+        /// invisible at ordinary scores (worst seen 6e-4), up to ~6e-3 at
+        /// the adversarial |score| ~ 40.
+        fn assert_close(&self, o: &[f16], target: &str, q_amp: f32, what: &str) {
+            let tol = if target != "aarch64-neon" && q_amp > 1.0 {
+                1.5e-2
+            } else {
+                2e-3
+            };
+            assert_eq!(o.len(), self.want.len(), "{what}: output length");
+            for (i, (g, w)) in o.iter().zip(&self.want).enumerate() {
+                let g = g.to_f32();
+                assert!(
+                    (g - w).abs() <= tol * w.abs() + tol,
+                    "{what}: o[{i}] = {g}, want {w}"
+                );
+            }
+        }
+    }
+
     struct Case {
         s: usize,
         hq: usize,
@@ -248,63 +329,18 @@ mod run {
             threads,
             seed,
         } = *c;
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let a = kernel.as_attention().unwrap();
-        let kf = kernel.tensor(&a.k).unwrap().format;
-        let vf = kernel.tensor(&a.v).unwrap().format;
-        let qv: Vec<f16> = (0..hq * d)
-            .map(|_| f16::from_f32(rng.gen_range(-q_amp..q_amp)))
-            .collect();
-        let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let (kval, kq, k16) = cache(kf, s * kvh, d, &kd);
-        let (vval, vq, v16) = cache(vf, s * kvh, d, &vd);
-        let bindings = Bindings::new()
-            .extent("hq", hq)
-            .extent("kvh", kvh)
-            .extent("d", d)
-            .extent("s", s)
-            .tensor("q", Value::F16(qv.clone()))
-            .tensor("k", kval)
-            .tensor("v", vval);
-        let out = interp::run(kernel, &bindings).expect("interp");
-        let want = out.get("o").unwrap();
-        let stats = out.softmax.unwrap();
-        let kc = match &kq {
-            Some(q) => KvCache::Quant(q),
-            None => KvCache::F16(&k16),
-        };
-        let vc = match &vq {
-            Some(q) => KvCache::Quant(q),
-            None => KvCache::F16(&v16),
-        };
+        let p = Decode::new(kernel, (s, hq, kvh, d), q_amp, seed);
+        let (kc, vc) = p.views();
         let mut o = vec![f16::ZERO; hq * d];
         let recomputed = att
-            .run(&qv, kc, vc, s, hq, kvh, d, &mut o, threads)
+            .run(&p.q, kc, vc, s, hq, kvh, d, &mut o, threads)
             .expect("run");
         let what = format!(
             "{target} {} s={s} hq={hq} kvh={kvh} d={d} threads={threads}",
             kernel.name
         );
-        assert_eq!(
-            recomputed as usize, stats.recomputed,
-            "{what}: recomputed rows"
-        );
-        // f16 accumulation of QK on fp16 cores (d/32 products per lane)
-        // rounds scores by ~1e-3 relative: invisible at ordinary scores
-        // (worst seen 6e-4), up to ~6e-3 at the adversarial |score| ~ 40.
-        let tol = if target != "aarch64-neon" && q_amp > 1.0 {
-            1.5e-2
-        } else {
-            2e-3
-        };
-        for (i, (g, w)) in o.iter().zip(want).enumerate() {
-            let g = g.to_f32();
-            assert!(
-                (g - w).abs() <= tol * w.abs() + tol,
-                "{what}: o[{i}] = {g}, want {w}"
-            );
-        }
+        assert_eq!(recomputed as usize, p.recomputed, "{what}: recomputed rows");
+        p.assert_close(&o, target, q_amp, &what);
         recomputed
     }
 
@@ -683,50 +719,18 @@ mod run {
                     online(library::get(name).unwrap()),
                 ] {
                     let split = NeonSplitDecode::new(&k, &emit(target, &k)).unwrap();
-                    let mut rng = ChaCha8Rng::seed_from_u64(700 + i as u64);
-                    let a = k.as_attention().unwrap();
-                    let kf = k.tensor(&a.k).unwrap().format;
-                    let vf = k.tensor(&a.v).unwrap().format;
-                    let qv: Vec<f16> = (0..hq * d)
-                        .map(|_| f16::from_f32(rng.gen_range(-amp..amp)))
-                        .collect();
-                    let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                    let (kval, kq, k16) = cache(kf, s * kvh, d, &kd);
-                    let (vval, vq, v16) = cache(vf, s * kvh, d, &vd);
-                    let b = Bindings::new()
-                        .extent("hq", hq)
-                        .extent("kvh", kvh)
-                        .extent("d", d)
-                        .extent("s", s)
-                        .tensor("q", Value::F16(qv.clone()))
-                        .tensor("k", kval)
-                        .tensor("v", vval);
-                    let out = interp::run(&k, &b).unwrap();
-                    let want = out.get("o").unwrap();
-                    let kc = kq.as_ref().map_or(KvCache::F16(&k16), KvCache::Quant);
-                    let vc = vq.as_ref().map_or(KvCache::F16(&v16), KvCache::Quant);
+                    let p = Decode::new(&k, (s, hq, kvh, d), amp, 700 + i as u64);
+                    let (kc, vc) = p.views();
                     let mut o = vec![f16::ZERO; hq * d];
                     let r = split
-                        .run(&qv, kc, vc, s, hq, kvh, d, &mut o, 2, chunk)
+                        .run(&p.q, kc, vc, s, hq, kvh, d, &mut o, 2, chunk)
                         .unwrap();
                     let what = format!("{target} {} s={s} chunk={chunk}", k.name);
-                    assert_eq!(r as usize, out.softmax.unwrap().recomputed, "{what}");
-                    if amp > 1.0 && a.softmax != SoftmaxMode::Online {
+                    assert_eq!(r as usize, p.recomputed, "{what}");
+                    if amp > 1.0 && k.as_attention().unwrap().softmax != SoftmaxMode::Online {
                         assert!(r > 0, "{what}: nothing recomputed");
                     }
-                    let tol = if target != "aarch64-neon" && amp > 1.0 {
-                        1.5e-2
-                    } else {
-                        2e-3
-                    };
-                    for (j, (g, w)) in o.iter().zip(want).enumerate() {
-                        let g = g.to_f32();
-                        assert!(
-                            (g - w).abs() <= tol * w.abs() + tol,
-                            "{what}: o[{j}] = {g}, want {w}"
-                        );
-                    }
+                    p.assert_close(&o, target, amp, &what);
                 }
             }
         }
