@@ -31,6 +31,10 @@ use crate::stats::Timing;
 /// The largest M the breakpoint search considers.
 pub const MAX_M: usize = 4096;
 
+/// The flat tile timed at M: the flat winner with ep = min(M, its ep), as
+/// the runtime runs it ([`tessera_runtime::dispatch::flat_tile_for`]).
+pub use tessera_runtime::dispatch::flat_tile_for;
+
 /// The M each variant's candidates are compared at: one token (decode), a
 /// few tokens (speculative or batched decode), a prefill chunk.
 pub fn representative_m(variant: Variant) -> usize {
@@ -337,6 +341,7 @@ pub fn tune<B: Bench + ?Sized>(
             measurements: Vec::new(),
             expected_left: 0,
             events: &mut *events,
+            flat_steps: BTreeMap::new(),
         };
         let result = tuner.run();
         bench.release_all();
@@ -380,6 +385,9 @@ struct ShapeTuner<'a, B: Bench + ?Sized> {
     measurements: Vec<Measurement>,
     expected_left: usize,
     events: &'a mut dyn FnMut(Event),
+    /// The flat candidate decided for each M below the flat winner's ep
+    /// ([`ShapeTuner::flat_at`]).
+    flat_steps: BTreeMap<usize, Candidate>,
 }
 
 impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
@@ -462,22 +470,41 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             "{} M1 (gemv | flat-gemm)",
             self.shape.name
         )));
-        let m1 = search::breakpoint(1, MAX_M, |m| self.duel(&gemv, &flat, m))?;
+        // The flat side of both duels runs the tile of the real M, as the
+        // runtime does (per-M flat steps).
+        let m1 = search::breakpoint(1, MAX_M, |m| {
+            let f = self.flat_at(&flat, m);
+            let upper = self.duel(&gemv, &f, m);
+            self.release_step(&f, &flat);
+            upper
+        })?;
         (self.events)(Event::Phase(format!(
             "{} M2 (flat-gemm | gemm)",
             self.shape.name
         )));
-        let m2 = search::breakpoint(m1.min(MAX_M), MAX_M, |m| self.duel(&flat, &gemm, m))?;
+        let m2 = search::breakpoint(m1.min(MAX_M), MAX_M, |m| {
+            let f = self.flat_at(&flat, m);
+            let upper = self.duel(&f, &gemm, m);
+            self.release_step(&f, &flat);
+            upper
+        })?;
+        let m2 = m2.max(m1);
 
-        let winners = winners
-            .iter()
-            .map(|c| Winner {
-                variant: c.variant,
-                target: self.cfg.target.clone(),
-                tile: c.tile3(),
-                kernel: self.instance_name(c),
-            })
-            .collect();
+        let mut winners: Vec<Winner> = winners.iter().map(|c| self.winner(c, None)).collect();
+        // Flat steps: one per M of the flat range below the flat winner's
+        // ep whose tile the backend accepts, then the winner itself.
+        let base_ep = flat.tile.ep as usize;
+        let mut steps = Vec::new();
+        for m in m1.max(1)..m2.min(base_ep) {
+            let c = self.flat_step_candidate(&flat, m);
+            if c.tile3() != flat.tile3() {
+                steps.push(self.winner(&c, Some(m)));
+            }
+        }
+        if !steps.is_empty() && base_ep < m2 {
+            steps.push(self.winner(&flat, Some(base_ep)));
+        }
+        winners.splice(2..2, steps);
         let mut measurements = std::mem::take(&mut self.measurements);
         measurements.sort_by(|a, b| {
             (variant_index(a.variant), a.tile, a.m).cmp(&(variant_index(b.variant), b.tile, b.m))
@@ -487,10 +514,80 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             n,
             k,
             m1,
-            m2: m2.max(m1),
+            m2,
             winners,
             measurements,
         })
+    }
+
+    fn winner(&self, c: &Candidate, from_m: Option<usize>) -> Winner {
+        Winner {
+            variant: c.variant,
+            target: self.cfg.target.clone(),
+            tile: c.tile3(),
+            kernel: self.instance_name(c),
+            from_m,
+        }
+    }
+
+    /// The flat candidate of `m` rows: `flat` with ep = min(m, its ep)
+    /// ([`flat_tile_for`]) when the solver and backend accept that tile,
+    /// else `flat` itself (always on a GPU, whose flat tiles the runtime
+    /// does not step). No kernel is built.
+    fn flat_step_candidate(&self, flat: &Candidate, m: usize) -> Candidate {
+        if let Some(c) = self.flat_steps.get(&m) {
+            return *c;
+        }
+        if self.solver.caps.gpu.is_some() {
+            return *flat;
+        }
+        let want = flat_tile_for(flat.tile3(), m);
+        if want == flat.tile3() {
+            return *flat;
+        }
+        let problem = self.solver.problem(m, self.shape.n, self.shape.k);
+        tile::feasible(self.solver.caps, &problem)
+            .ok()
+            .and_then(|tiles| {
+                tiles
+                    .into_iter()
+                    .find(|t| [t.ep, t.hp, t.lp] == want && (self.solver.accept)(t))
+            })
+            .map_or(*flat, |tile| Candidate {
+                variant: Variant::FlatGemm,
+                tile,
+                order: flat.order,
+            })
+    }
+
+    /// The flat candidate timed at `m` ([`ShapeTuner::flat_step_candidate`]),
+    /// prepared once; one the bench cannot build is skipped for `flat`.
+    fn flat_at(&mut self, flat: &Candidate, m: usize) -> Candidate {
+        let c = self.flat_step_candidate(flat, m);
+        if c.key() != flat.key() && !self.flat_steps.contains_key(&m) {
+            let c = match self.bench.prepare(self.shape, &c) {
+                Ok(()) => c,
+                Err(e) => {
+                    (self.events)(Event::Skipped {
+                        candidate: format!("{} {:?} at M = {m}", c.variant, c.tile3()),
+                        why: e.0,
+                    });
+                    *flat
+                }
+            };
+            self.flat_steps.insert(m, c);
+            return c;
+        }
+        c
+    }
+
+    /// Free a step candidate's weights once timed: each is timed at its
+    /// own M only (and the timing is kept), and every prepared candidate
+    /// holds a full rotation of weight copies.
+    fn release_step(&mut self, step: &Candidate, flat: &Candidate) {
+        if step.key() != flat.key() {
+            self.bench.release(step);
+        }
     }
 
     /// The winner's instance name (`matmul_..._x86_avx2`), or empty when

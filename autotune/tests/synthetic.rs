@@ -142,29 +142,52 @@ fn run(sim: &mut Sim, deadline: f64) -> tessera_autotune::tune::TuneOutcome {
     .unwrap()
 }
 
-/// The first M where the upper kernel wins by a linear scan of the model
-/// (what the galloping bisection must reproduce).
-fn linear_breakpoint(
-    lower: &Candidate,
-    upper: &Candidate,
-    from: usize,
-    n: usize,
-    k: usize,
-) -> usize {
+/// Whether the upper kernel wins at `m` on the exact model.
+fn upper_wins_at(lower: &Candidate, upper: &Candidate, m: usize, n: usize, k: usize) -> bool {
     let s = solver();
     let exact = |c: &Candidate, m: usize| Timing {
         median_ns: model(c.variant, c.tile3(), m) * (n * k) as f64 / (2048.0 * 1536.0),
         mad_ns: 0.0,
         samples: 1,
     };
+    search::upper_wins(
+        &exact(lower, m),
+        s.cost(lower.tile3(), m, n, k),
+        &exact(upper, m),
+        s.cost(upper.tile3(), m, n, k),
+    )
+}
+
+/// The flat candidate the driver times at `m`: the flat winner with
+/// ep = min(m, its ep).
+fn flat_at(flat: &Candidate, m: usize, n: usize, k: usize) -> Candidate {
+    let s = solver();
+    let want = tessera_autotune::tune::flat_tile_for(flat.tile3(), m);
+    let tile = tessera_codegen::tile::feasible(s.caps, &s.problem(m, n, k))
+        .unwrap()
+        .into_iter()
+        .find(|t| [t.ep, t.hp, t.lp] == want)
+        .unwrap();
+    Candidate { tile, ..*flat }
+}
+
+/// The first M where the upper kernel wins by a linear scan of the model
+/// (what the galloping bisection must reproduce), the flat side at the tile
+/// of each M.
+fn linear_breakpoint_stepped(
+    lower: &Candidate,
+    upper: &Candidate,
+    from: usize,
+    n: usize,
+    k: usize,
+) -> usize {
     (from..=4096)
         .find(|&m| {
-            search::upper_wins(
-                &exact(lower, m),
-                s.cost(lower.tile3(), m, n, k),
-                &exact(upper, m),
-                s.cost(upper.tile3(), m, n, k),
-            )
+            let (l, u) = match (lower.variant, upper.variant) {
+                (Variant::FlatGemm, _) => (flat_at(lower, m, n, k), *upper),
+                _ => (*lower, flat_at(upper, m, n, k)),
+            };
+            upper_wins_at(&l, &u, m, n, k)
         })
         .unwrap_or(4097)
 }
@@ -182,14 +205,36 @@ fn breakpoints_match_a_linear_scan_of_the_model() {
     let out = run(&mut sim, 1e6);
     assert_eq!(out.stopped, None);
     assert_eq!(out.shapes.len(), 3);
+    assert!(out.shapes.iter().any(|s| !s.flat_steps().is_empty()));
     for shape in &out.shapes {
         let (g, f, m) = (
             candidate_of(shape, Variant::Gemv),
             candidate_of(shape, Variant::FlatGemm),
             candidate_of(shape, Variant::Gemm),
         );
-        let m1 = linear_breakpoint(&g, &f, 1, shape.n, shape.k);
-        let m2 = linear_breakpoint(&f, &m, m1, shape.n, shape.k);
+        let m1 = linear_breakpoint_stepped(&g, &f, 1, shape.n, shape.k);
+        let m2 = linear_breakpoint_stepped(&f, &m, m1, shape.n, shape.k);
+        // One flat step per M from M1 below the flat winner's ep, then the
+        // winner from its ep, all on its hp and lp.
+        let steps = shape.flat_steps();
+        let ep = f.tile.ep as usize;
+        let want: Vec<usize> = if m1 < ep.min(m2) {
+            (m1..ep.min(m2)).chain((ep < m2).then_some(ep)).collect()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(
+            steps.iter().map(|(m, _)| *m).collect::<Vec<_>>(),
+            want,
+            "{}",
+            shape.name
+        );
+        for (from_m, w) in &steps {
+            assert_eq!(
+                w.tile,
+                tessera_autotune::tune::flat_tile_for(f.tile3(), *from_m)
+            );
+        }
         assert_eq!((shape.m1, shape.m2), (m1, m2), "{}", shape.name);
         // The model: GEMV loses from M = 2, flat GEMM near M = 31.
         assert_eq!(shape.m1, 2, "{}", shape.name);
@@ -287,7 +332,7 @@ fn a_small_budget_stops_at_the_deadline_and_keeps_finished_shapes() {
             assert!(out.shapes.len() < 3);
         }
         for s in &out.shapes {
-            assert!(s.m1 <= s.m2 && s.winners.len() == 3);
+            assert!(s.m1 <= s.m2 && s.winners.len() == 3 + s.flat_steps().len());
             assert!(s.measurements.iter().all(|m| m.samples >= 3));
         }
     }

@@ -91,6 +91,15 @@ pub struct HostTile {
     pub lp: usize,
 }
 
+impl HostTile {
+    /// Whether weights packed for `self` serve a kernel of `other`: the
+    /// weight layouts tile h and l only, so tiles that differ in ep alone
+    /// (per-M flat tiles) share one packed copy.
+    pub fn packs_like(&self, other: &HostTile) -> bool {
+        (self.hp, self.lp) == (other.hp, other.lp)
+    }
+}
+
 impl From<&TileConfig> for HostTile {
     fn from(t: &TileConfig) -> Self {
         HostTile {
@@ -436,7 +445,7 @@ impl HostMatmul {
         let x_format = format_of(&self.kernel, &mm.x)?;
         let w_format = format_of(&self.kernel, &mm.w)?;
         let y_format = format_of(&self.kernel, &mm.y)?;
-        if w.format != w_format || w.tile != self.tile {
+        if w.format != w_format || !w.tile.packs_like(&self.tile) {
             return Err(HostError::WeightsMismatch {
                 packed: format!("{} with tile {:?}", w.format, w.tile),
                 needed: format!("{w_format} with tile {:?}", self.tile),

@@ -21,7 +21,9 @@ use tessera_dsl::library;
 use crate::device::Fingerprint;
 #[cfg(feature = "jit")]
 use crate::dispatch::representative_m;
-use crate::dispatch::{DEFAULT_M1, DEFAULT_M2, PlanSource, ShapePlan, VariantPlan};
+use crate::dispatch::{
+    DEFAULT_M1, DEFAULT_M2, FlatStep, PlanSource, ShapePlan, VariantPlan, default_flat_steps,
+};
 use crate::error::RuntimeError;
 use crate::format::WeightFormat;
 use crate::pool::ThreadPool;
@@ -369,6 +371,21 @@ impl Device {
         )
     }
 
+    /// The kernel of one flat step ([`ShapePlan::flat_steps`]) of [n, k],
+    /// prepared once per device; `Linear` asks on the first call at an M
+    /// the step serves, so start-up JITs only the three variants' kernels.
+    pub(crate) fn flat_step_matmul(
+        &self,
+        format: WeightFormat,
+        tile: [u32; 3],
+        n: usize,
+        k: usize,
+    ) -> Result<Arc<HostMatmul>, RuntimeError> {
+        self.host_only("a host matmul")?;
+        let kernel = library::get(format.library_kernel())?;
+        self.matmul(&kernel, Variant::FlatGemm, tile, n, k)
+    }
+
     /// The dispatch plan of [n, k]: breakpoints and winners from the record
     /// when it matches this device, generator, backend, format and shape,
     /// else the solver defaults (and `tracing` says why). `winner` prepares
@@ -471,12 +488,14 @@ impl Device {
             Some(s) => (s.m1, s.m2, PlanSource::Record),
             None => (DEFAULT_M1, DEFAULT_M2, PlanSource::Defaults { why }),
         };
+        let flat_steps = self.flat_steps(shape_entry, &plans[1], m1, m2);
         let plan = ShapePlan {
             n,
             k,
             m1,
             m2,
             variants: [plans[0].clone(), plans[1].clone(), plans[2].clone()],
+            flat_steps,
             source,
             core_weights,
         };
@@ -485,6 +504,42 @@ impl Device {
             plan,
             [kernels[0].clone(), kernels[1].clone(), kernels[2].clone()],
         ))
+    }
+
+    /// Per-M flat tiles on a host backend: the record's steps when it has
+    /// them on the flat tile's packing (hp, lp), none for a record without
+    /// steps (its breakpoints were measured with the one flat tile), else
+    /// [`default_flat_steps`]. GPU flat tiles are not per-M.
+    fn flat_steps(
+        &self,
+        shape_entry: Option<&crate::record::ShapeEntry>,
+        flat: &VariantPlan,
+        m1: usize,
+        m2: usize,
+    ) -> Vec<FlatStep> {
+        if self.is_gpu() {
+            return Vec::new();
+        }
+        if let Some(s) = shape_entry
+            && flat.from_record
+        {
+            let steps = s.flat_steps();
+            if steps.iter().all(|(_, w)| w.tile[1..] == flat.tile[1..]) {
+                return steps
+                    .into_iter()
+                    .map(|(from_m, w)| FlatStep {
+                        from_m,
+                        tile: w.tile,
+                        from_record: true,
+                    })
+                    .collect();
+            }
+            tracing::warn!(
+                tile = ?flat.tile,
+                "the record's flat steps do not share the flat tile's hp and lp; using the default steps"
+            );
+        }
+        default_flat_steps(flat.tile, m1, m2)
     }
 
     #[cfg(any(feature = "opencl", feature = "cuda"))]

@@ -3,6 +3,12 @@
 //! each with its own tile. The table comes from a tuning record when one
 //! matches this device and generator; otherwise from the solver's optimum
 //! per variant with [`DEFAULT_M1`] / [`DEFAULT_M2`].
+//!
+//! The flat range runs a tile sized for the real M ([`ShapePlan::flat_steps`]):
+//! the flat tile solved at M = 8 computes 8 rows whatever M is (rows past M
+//! alias row M − 1), so at M = 2 it did four times the FMAs and lost to the
+//! GEMV. Each step keeps the flat tile's hp and lp, so every step runs on the
+//! one packed copy of the weights, and only its ep follows M.
 
 use std::fmt;
 
@@ -45,6 +51,54 @@ pub struct VariantPlan {
     pub from_record: bool,
 }
 
+/// The flat tile from one M on (until the next step's `from_m`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlatStep {
+    pub from_m: usize,
+    /// ep, hp, lp (hp and lp those of the flat variant's tile).
+    pub tile: [u32; 3],
+    /// Whether the step came from the record (false: the default rule).
+    pub from_record: bool,
+}
+
+/// The flat tile for `m` rows derived from the flat variant's `base` tile:
+/// ep = min(m, base ep), the same hp and lp (the same packed weights). What
+/// the solver gives when solved at that M for the small M of a decode batch,
+/// and what the autotuner times as the flat candidate at each M.
+pub fn flat_tile_for(base: [u32; 3], m: usize) -> [u32; 3] {
+    let ep = u32::try_from(m)
+        .unwrap_or(u32::MAX)
+        .clamp(1, base[0].max(1));
+    [ep, base[1], base[2]]
+}
+
+/// The default flat steps of the range `m1..m2` for the flat variant's
+/// `base` tile: one step per M below base ep ([`flat_tile_for`]), then the
+/// base tile from its ep on. Empty when the range never needs fewer rows
+/// than base ep (the base tile serves all of it).
+pub fn default_flat_steps(base: [u32; 3], m1: usize, m2: usize) -> Vec<FlatStep> {
+    let base_ep = base[0] as usize;
+    let first = m1.max(1);
+    if first >= base_ep || first >= m2 {
+        return Vec::new();
+    }
+    let mut steps: Vec<FlatStep> = (first..base_ep.min(m2))
+        .map(|m| FlatStep {
+            from_m: m,
+            tile: flat_tile_for(base, m),
+            from_record: false,
+        })
+        .collect();
+    if base_ep < m2 {
+        steps.push(FlatStep {
+            from_m: base_ep,
+            tile: base,
+            from_record: false,
+        });
+    }
+    steps
+}
+
 /// The dispatch of one weight shape [N, K].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShapePlan {
@@ -54,6 +108,9 @@ pub struct ShapePlan {
     pub m2: usize,
     /// Gemv, FlatGemm, Gemm, in that order.
     pub variants: [VariantPlan; 3],
+    /// Flat tiles per M, ascending `from_m` (host backends); empty: the flat
+    /// variant's tile serves the whole flat range.
+    pub flat_steps: Vec<FlatStep>,
     pub source: PlanSource,
     /// Relative throughput per worker thread (MNN-LLM 5.2).
     pub core_weights: Vec<f64>,
@@ -83,6 +140,25 @@ impl ShapePlan {
     pub fn plan(&self, variant: Variant) -> &VariantPlan {
         &self.variants[variant_index(variant)]
     }
+
+    /// The flat step serving `m` rows: the last step starting at or below
+    /// `m`, or None when the flat variant's own tile serves it.
+    pub fn flat_step(&self, m: usize) -> Option<(usize, &FlatStep)> {
+        self.flat_steps
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, s)| s.from_m <= m)
+    }
+
+    /// The tile `forward` runs for `m` rows.
+    pub fn tile_for(&self, m: usize) -> [u32; 3] {
+        let variant = self.variant_for(m);
+        match (variant, self.flat_step(m)) {
+            (Variant::FlatGemm, Some((_, s))) => s.tile,
+            _ => self.plan(variant).tile,
+        }
+    }
 }
 
 impl fmt::Display for ShapePlan {
@@ -100,9 +176,92 @@ impl fmt::Display for ShapePlan {
                 if v.from_record { "" } else { "*" }
             )?;
         }
+        if !self.flat_steps.is_empty() {
+            write!(f, " flat-steps=")?;
+            for (i, s) in self.flat_steps.iter().enumerate() {
+                write!(
+                    f,
+                    "{}{}:{}x{}x{}{}",
+                    if i > 0 { "," } else { "" },
+                    s.from_m,
+                    s.tile[0],
+                    s.tile[1],
+                    s.tile[2],
+                    if s.from_record { "" } else { "*" }
+                )?;
+            }
+        }
         match &self.source {
             PlanSource::Record => write!(f, " (record)"),
             PlanSource::Defaults { why } => write!(f, " (defaults: {why})"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(m1: usize, m2: usize, flat: [u32; 3]) -> ShapePlan {
+        let v = |variant, tile| VariantPlan {
+            variant,
+            tile,
+            kernel: String::new(),
+            from_record: false,
+        };
+        ShapePlan {
+            n: 64,
+            k: 64,
+            m1,
+            m2,
+            variants: [
+                v(Variant::Gemv, [1, 32, 1]),
+                v(Variant::FlatGemm, flat),
+                v(Variant::Gemm, [6, 16, 1]),
+            ],
+            flat_steps: default_flat_steps(flat, m1, m2),
+            source: PlanSource::Defaults { why: "test".into() },
+            core_weights: vec![1.0],
+        }
+    }
+
+    #[test]
+    fn flat_tile_follows_m_up_to_the_base_ep() {
+        assert_eq!(flat_tile_for([8, 8, 1], 1), [1, 8, 1]);
+        assert_eq!(flat_tile_for([8, 8, 1], 3), [3, 8, 1]);
+        assert_eq!(flat_tile_for([8, 8, 1], 8), [8, 8, 1]);
+        assert_eq!(flat_tile_for([8, 8, 1], 100), [8, 8, 1]);
+        assert_eq!(flat_tile_for([4, 16, 4], usize::MAX), [4, 16, 4]);
+    }
+
+    #[test]
+    fn every_m_of_the_flat_range_runs_min_m_base_ep_rows() {
+        for (m1, m2) in [(2, 16), (3, 6), (1, 4), (2, 9), (8, 16), (5, 5), (2, 2)] {
+            let p = plan(m1, m2, [8, 8, 1]);
+            for m in 1..40 {
+                let want = match p.variant_for(m) {
+                    Variant::FlatGemm => [m.min(8) as u32, 8, 1],
+                    Variant::Gemv => [1, 32, 1],
+                    Variant::Gemm => [6, 16, 1],
+                };
+                assert_eq!(p.tile_for(m), want, "m1={m1} m2={m2} m={m}");
+            }
+            assert!(p.flat_steps.windows(2).all(|w| w[0].from_m < w[1].from_m));
+            assert!(p.flat_steps.iter().all(|s| s.tile[1..] == [8, 1]));
+        }
+    }
+
+    #[test]
+    fn no_steps_when_the_range_starts_at_the_base_ep() {
+        assert!(default_flat_steps([8, 8, 1], 8, 16).is_empty());
+        assert!(default_flat_steps([4, 8, 1], 6, 16).is_empty());
+        let p = plan(8, 16, [8, 8, 1]);
+        assert_eq!(p.tile_for(9), [8, 8, 1]);
+        assert!(!p.to_string().contains("flat-steps"));
+        assert!(
+            plan(2, 16, [8, 8, 1])
+                .to_string()
+                .contains("flat-steps=2:2x8x1*,")
+        );
     }
 }

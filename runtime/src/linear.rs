@@ -3,7 +3,7 @@
 //! picks GEMV / flat GEMM / GEMM by M and splits the output channels over
 //! the device's pool by per-core weights.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWeights, WeightsIn};
 use tessera_dsl::ir::Variant;
@@ -41,7 +41,12 @@ pub struct Linear {
 enum Imp {
     Host {
         kernels: [Arc<HostMatmul>; 3],
-        /// Weights packed once per distinct tile.
+        /// The kernel of each flat step (`plan.flat_steps`), prepared on the
+        /// first call at an M the step serves; None: it could not be
+        /// prepared and the flat variant's own kernel serves instead.
+        flat: Vec<OnceLock<Option<Arc<HostMatmul>>>>,
+        /// Weights packed once per distinct packing (hp, lp; the flat
+        /// steps share the flat variant's).
         packed: Vec<HostWeights>,
         /// Which `packed` entry each variant (Gemv, FlatGemm, Gemm) uses.
         packed_of: [usize; 3],
@@ -149,7 +154,7 @@ impl Linear {
         let mut packed_of = [0usize; 3];
         for variant in Variant::ALL {
             let tile = tile_of(plan.plan(variant).tile);
-            let i = match packed.iter().position(|p| p.tile == tile) {
+            let i = match packed.iter().position(|p| p.tile.packs_like(&tile)) {
                 Some(i) => i,
                 None => {
                     packed.push(kernels[variant_index(variant)].pack_weights(n, k, source)?);
@@ -158,12 +163,14 @@ impl Linear {
             };
             packed_of[variant_index(variant)] = i;
         }
+        let flat = plan.flat_steps.iter().map(|_| OnceLock::new()).collect();
         Ok(Linear {
             device: Arc::clone(device),
             format,
             plan,
             imp: Imp::Host {
                 kernels,
+                flat,
                 packed,
                 packed_of,
                 bias,
@@ -248,15 +255,17 @@ impl Linear {
         if m == 0 {
             return Ok(());
         }
-        let v = variant_index(self.plan.variant_for(m));
+        let variant = self.plan.variant_for(m);
+        let v = variant_index(variant);
         match &self.imp {
             Imp::Host {
                 kernels,
+                flat,
                 packed,
                 packed_of,
                 bias,
             } => {
-                let kernel = &kernels[v];
+                let kernel = self.host_kernel(kernels, flat, m);
                 let weights = &packed[packed_of[v]];
                 let pool = self.device.pool();
                 let panels = n.div_ceil(weights.tile.hp.max(1));
@@ -317,6 +326,60 @@ impl Linear {
                     }
                 }
                 Ok(())
+            }
+        }
+    }
+
+    /// The host kernel serving `m` rows: the flat step's when M has one
+    /// (prepared now if this is its first call), else the variant's.
+    fn host_kernel<'k>(
+        &self,
+        kernels: &'k [Arc<HostMatmul>; 3],
+        flat: &'k [OnceLock<Option<Arc<HostMatmul>>>],
+        m: usize,
+    ) -> &'k Arc<HostMatmul> {
+        let variant = self.plan.variant_for(m);
+        let step = match variant {
+            Variant::FlatGemm => self.plan.flat_step(m),
+            _ => None,
+        };
+        step.and_then(|(i, s)| {
+            flat.get(i)?
+                .get_or_init(|| self.flat_step_kernel(s.tile))
+                .as_ref()
+        })
+        .unwrap_or(&kernels[variant_index(variant)])
+    }
+
+    /// The tile (ep, hp, lp) of the host kernel `forward` runs for `m` rows
+    /// (preparing a flat step's kernel on first use); None on a GPU.
+    pub fn kernel_tile(&self, m: usize) -> Option<[u32; 3]> {
+        match &self.imp {
+            Imp::Host { kernels, flat, .. } => {
+                let t = self.host_kernel(kernels, flat, m).tile();
+                Some([t.ep as u32, t.hp as u32, t.lp as u32])
+            }
+            #[cfg(feature = "opencl")]
+            Imp::OpenCl { .. } => None,
+            #[cfg(feature = "cuda")]
+            Imp::Cuda { .. } => None,
+        }
+    }
+
+    /// Prepare one flat step's kernel, or warn and let the flat variant's
+    /// kernel serve its M.
+    fn flat_step_kernel(&self, tile: [u32; 3]) -> Option<Arc<HostMatmul>> {
+        let (n, k) = (self.plan.n, self.plan.k);
+        match self.device.flat_step_matmul(self.format, tile, n, k) {
+            Ok(kernel) => Some(kernel),
+            Err(e) => {
+                tracing::warn!(
+                    format = %self.format,
+                    n, k,
+                    tile = ?tile,
+                    "flat step kernel cannot be prepared ({e}); the flat tile serves its M"
+                );
+                None
             }
         }
     }

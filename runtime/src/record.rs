@@ -19,7 +19,8 @@
 //!     "limits": { "read_gbps": 27.4, "mac_gops": 98.0 },
 //!     "core_weights": [1.0, 1.0],
 //!     "shapes": [ { "name": "qkv", "n": 2048, "k": 1536, "m1": 2, "m2": 48,
-//!                   "winners": [ { "variant": "gemv", "target": "x86-avx2", "tile": [1, 32, 4], "kernel": "matmul_…" } ],
+//!                   "winners": [ { "variant": "gemv", "target": "x86-avx2", "tile": [1, 32, 4], "kernel": "matmul_…" },
+//!                                { "variant": "flat-gemm", …, "from_m": 2 } ],
 //!                   "measurements": [ { "variant", "target", "tile", "threads", "m", "median_ns", "spread_ns", "samples", "gflops", "gbps", "roofline" } ] } ] } ] }
 //! ```
 
@@ -59,6 +60,11 @@ pub struct Winner {
     pub tile: [u32; 3],
     /// Full instance name (the naming grammar).
     pub kernel: String,
+    /// Flat GEMM only: this tile serves M from here up to the next step's
+    /// `from_m` (per-M flat tiles, [`ShapeEntry::flat_steps`]). Absent: the
+    /// variant's tile (records written before per-M steps have only this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_m: Option<usize>,
 }
 
 /// One timed configuration.
@@ -106,8 +112,25 @@ impl ShapeEntry {
         }
     }
 
+    /// The variant's tile: its winner without `from_m` (else its first).
     pub fn winner(&self, variant: Variant) -> Option<&Winner> {
-        self.winners.iter().find(|w| w.variant == variant)
+        let mut of_variant = self.winners.iter().filter(|w| w.variant == variant);
+        of_variant
+            .clone()
+            .find(|w| w.from_m.is_none())
+            .or_else(|| of_variant.next())
+    }
+
+    /// The flat GEMM steps (winners with `from_m`), ascending `from_m`.
+    pub fn flat_steps(&self) -> Vec<(usize, &Winner)> {
+        let mut steps: Vec<(usize, &Winner)> = self
+            .winners
+            .iter()
+            .filter(|w| w.variant == Variant::FlatGemm)
+            .filter_map(|w| w.from_m.map(|m| (m, w)))
+            .collect();
+        steps.sort_by_key(|(m, _)| *m);
+        steps
     }
 }
 
@@ -383,6 +406,48 @@ mod tests {
         let merged = a.merge(b);
         assert_eq!(merged.entries.len(), 3);
         assert_eq!(merged.entries[0], newer);
+    }
+
+    #[test]
+    fn flat_steps_round_trip_and_old_records_read_without_them() {
+        let w = |variant, tile: [u32; 3], from_m| Winner {
+            variant,
+            target: "x86-avx2".into(),
+            tile,
+            kernel: String::new(),
+            from_m,
+        };
+        let mut e = entry("m", "avx2", "aa");
+        e.shapes[0].winners = vec![
+            w(Variant::Gemv, [1, 32, 1], None),
+            w(Variant::FlatGemm, [3, 8, 1], Some(3)),
+            w(Variant::FlatGemm, [8, 8, 1], None),
+            w(Variant::FlatGemm, [2, 8, 1], Some(2)),
+        ];
+        let rec = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![e],
+        };
+        let json = rec.to_json();
+        let back = TuningRecord::from_json(&json, "mem").unwrap();
+        assert_eq!(back, rec);
+        let s = &back.entries[0].shapes[0];
+        assert_eq!(s.winner(Variant::FlatGemm).unwrap().tile, [8, 8, 1]);
+        let steps: Vec<usize> = s.flat_steps().iter().map(|(m, _)| *m).collect();
+        assert_eq!(steps, vec![2, 3]);
+        // A record written before per-M steps: no `from_m` keys at all.
+        let mut value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        for w in value["entries"][0]["shapes"][0]["winners"]
+            .as_array_mut()
+            .unwrap()
+        {
+            w.as_object_mut().unwrap().remove("from_m");
+        }
+        let old = value.to_string();
+        assert!(!old.contains("from_m"), "{old}");
+        let s = &TuningRecord::from_json(&old, "mem").unwrap().entries[0].shapes[0];
+        assert!(s.flat_steps().is_empty());
+        assert_eq!(s.winner(Variant::FlatGemm).unwrap().tile, [3, 8, 1]);
     }
 
     #[test]

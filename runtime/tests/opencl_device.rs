@@ -207,6 +207,7 @@ fn record_for(
             target: "opencl-gpu".into(),
             tile,
             kernel: String::new(),
+            from_m: None,
         })
         .collect();
     TuningRecord {

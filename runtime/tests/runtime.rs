@@ -164,6 +164,7 @@ fn record_for(
             target: "test".into(),
             tile: v.tile,
             kernel: format!("{}-{}", v.kernel, v.variant),
+            from_m: None,
         })
         .collect();
     TuningRecord {
@@ -520,4 +521,106 @@ fn kernels_are_prepared_once_per_device() {
     dev.prepare(WeightFormat::F32, &shapes).unwrap();
     assert_eq!(dev.prepared_kernels(), after);
     assert!(after <= 6, "{after}");
+}
+
+/// Per-M flat tiles: with solver defaults every flat M runs a kernel of
+/// min(M, flat ep) rows on the flat tile's one packing, prepared on first
+/// use, and matches the interpreter.
+#[test]
+fn the_flat_range_runs_a_tile_of_the_real_m() {
+    for backend in host_backends() {
+        let dev = device(backend, 2, None);
+        for format in [WeightFormat::F32, WeightFormat::F16, WeightFormat::W8A8] {
+            let (n, k) = (37, 72);
+            let mut r = rng(11);
+            let w = randv(&mut r, n * k);
+            let bias = randv(&mut r, n);
+            let lin = Linear::new(&dev, format, Weights::F32(&w), n, k, Some(&bias)).unwrap();
+            let plan = lin.plan().clone();
+            let flat = plan.plan(Variant::FlatGemm).tile;
+            assert!(
+                !plan.flat_steps.is_empty() || flat[0] as usize <= plan.m1,
+                "{plan}"
+            );
+            let before = dev.prepared_kernels();
+            for m in 1..plan.m2 + 2 {
+                let want_tile = plan.tile_for(m);
+                if lin.variant_for(m) == Variant::FlatGemm {
+                    assert_eq!(want_tile, [(m as u32).min(flat[0]), flat[1], flat[2]]);
+                }
+                assert_eq!(
+                    lin.kernel_tile(m),
+                    Some(want_tile),
+                    "{backend:?} {format} m={m}"
+                );
+                let x = randv(&mut r, m * k);
+                let y = run_linear(&lin, &x, m);
+                let (err, scale) = max_err(&y, &reference(format, &x, &w, &bias, m, n, k));
+                let tol = match format {
+                    WeightFormat::F16 => 2e-3 * (1.0 + scale),
+                    _ => 1e-4 * (1.0 + scale),
+                };
+                assert!(err <= tol, "{backend:?} {format} m={m} err {err} ({plan})");
+            }
+            let steps_below_ep = plan.flat_steps.iter().filter(|s| s.tile != flat).count();
+            assert!(dev.prepared_kernels() >= before + steps_below_ep.min(1));
+            assert!(lin.packings() <= 3);
+        }
+    }
+}
+
+/// A record's flat steps are followed as written; a record without steps
+/// (written before them) keeps its one flat tile for the whole flat range.
+#[test]
+fn records_with_and_without_flat_steps() {
+    let (n, k, m1, m2) = (40, 64, 2, 12);
+    let backend = *host_backends().last().unwrap();
+    let probe = device(backend, 1, None);
+    let old = record_for(&probe, WeightFormat::F32, n, k, m1, m2);
+    let flat = old.entries[0].shapes[0]
+        .winner(Variant::FlatGemm)
+        .unwrap()
+        .tile;
+    let mut r = rng(5);
+    let w = randv(&mut r, n * k);
+    let dev = device(backend, 1, Some(old.clone()));
+    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
+    assert!(lin.plan().flat_steps.is_empty(), "{}", lin.plan());
+    for m in m1..m2 {
+        assert_eq!(lin.kernel_tile(m), Some(flat), "m={m}");
+    }
+
+    let mut stepped = old;
+    let step = |from_m: usize, ep: u32| Winner {
+        variant: Variant::FlatGemm,
+        target: "test".into(),
+        tile: [ep, flat[1], flat[2]],
+        kernel: String::new(),
+        from_m: Some(from_m),
+    };
+    // M 2-3: 2 rows (M = 3 as two row blocks), M 4-11: 4 rows.
+    stepped.entries[0].shapes[0]
+        .winners
+        .extend([step(4, 4), step(2, 2)]);
+    let dev = device(backend, 1, Some(stepped));
+    let bias = vec![0.0; n];
+    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
+    assert!(lin.plan().flat_steps.iter().all(|s| s.from_record));
+    for (m, ep) in [
+        (1, None),
+        (2, Some(2)),
+        (3, Some(2)),
+        (4, Some(4)),
+        (11, Some(4)),
+    ] {
+        let got = lin.kernel_tile(m);
+        match ep {
+            Some(ep) => assert_eq!(got, Some([ep, flat[1], flat[2]]), "m={m}"),
+            None => assert_eq!(lin.variant_for(m), Variant::Gemv),
+        }
+        let x = randv(&mut r, m * k);
+        let y = run_linear(&lin, &x, m);
+        let (err, scale) = max_err(&y, &reference(WeightFormat::F32, &x, &w, &bias, m, n, k));
+        assert!(err <= 1e-4 * (1.0 + scale), "m={m} err {err}");
+    }
 }
