@@ -33,6 +33,8 @@ fn every_instruction_of_the_x86_layer_round_trips_through_llvm_mc() {
     a.vpbroadcastw_load(Ymm(5), mem(R9, 2));
     a.vbroadcasti128_load(Ymm(6), mem(R10, 48));
     a.vcvtph2ps_load(Ymm(7), mem(RAX, 16));
+    a.vcvtph2ps_load64(Ymm(9), mem(RSP, 72));
+    a.vmovups_store128(mem(RSP, 88), Ymm(12));
     a.vpmovsxbw_load(Ymm(10), mem(RCX, 16));
     a.vfmadd231ps_mem(Ymm(11), Ymm(12), mem(RBP, 96));
     a.vfmadd231ps(Ymm(1), Ymm(2), Ymm(3));

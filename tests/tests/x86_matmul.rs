@@ -251,6 +251,26 @@ fn flat_gemm_f16() {
     variant_all_shapes("matmul-f16", Variant::FlatGemm);
 }
 
+/// The per-M flat tiles the runtime runs (ep = M on the flat tile's hp),
+/// with f16 and f32 activations: f16 x of up to 8 rows is widened once per
+/// 8 k steps into the frame, taller tiles widen per step.
+#[test]
+fn flat_gemm_per_m_tiles() {
+    for name in ["matmul-f16", "matmul-f32"] {
+        let kernel = library::get(name).unwrap();
+        for b in backends() {
+            for ep in 1..=10u32 {
+                let Some(t) = tiles(&kernel).into_iter().find(|t| t.ep == ep && t.hp == 8) else {
+                    continue;
+                };
+                let mut shapes = some_shapes();
+                shapes.extend([(ep as usize, 17, 257), (ep as usize + 1, 8, 16)]);
+                check_variant(&b, &kernel, &t, Variant::FlatGemm, &shapes, 40 + ep as u64);
+            }
+        }
+    }
+}
+
 #[test]
 fn flat_gemm_w8a8() {
     variant_all_shapes("matmul-w8a8", Variant::FlatGemm);

@@ -460,6 +460,20 @@ impl X86Asm {
         dynasm!(self.ops ; .arch x64 ; vcvtph2ps Ry(d), OWORD [Rq(b) + o]);
     }
 
+    /// 4 f16 from memory → 4 f32 in the low half (upper half zeroed).
+    pub fn vcvtph2ps_load64(&mut self, dst: Ymm, m: Mem) {
+        self.log(format!("vcvtph2ps {}, qword ptr {m}", dst.xmm()));
+        let (d, b, o) = (dst.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vcvtph2ps Rx(d), QWORD [Rq(b) + o]);
+    }
+
+    /// `vmovups xmmword ptr [m], xmm` (the low 16 bytes).
+    pub fn vmovups_store128(&mut self, m: Mem, src: Ymm) {
+        self.log(format!("vmovups xmmword ptr {m}, {}", src.xmm()));
+        let (s, b, o) = (src.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vmovups OWORD [Rq(b) + o], Rx(s));
+    }
+
     /// 16 signed bytes from memory → 16 i16.
     pub fn vpmovsxbw_load(&mut self, dst: Ymm, m: Mem) {
         self.log(format!("vpmovsxbw {dst}, xmmword ptr {m}"));

@@ -25,7 +25,9 @@
 //! | 15 | epilogue: column mask for the n tail (after the loop) |
 //!
 //! Relu's zero comes from the frame (the mask table's zero half), so no
-//! register is kept for it.
+//! register is kept for it. With f16 activations every row's x is widened
+//! to f32 four k steps at a time into the frame ([`X_F32`]) and broadcast
+//! from there, instead of widening each broadcast.
 //!
 //! GEMV loop (m = 1, memory-bound): S accumulator sets (S ∈ {4, 2, 1}, the
 //! most that fit) take consecutive k steps so S·hb FMA chains are
@@ -96,6 +98,25 @@ const XROWS: [Gp; 6] = [R8, R9, R10, R11, R12, R13];
 const KROWS: [Gp; 14] = [
     R8, R9, R10, R11, R12, R13, RDI, RBX, RBP, R14, R15, RAX, RDX, RCX,
 ];
+/// Frame bytes where the multi-row loops with f16 activations keep each
+/// row's next 4 x values widened to f32 (16 bytes per row): one
+/// `vcvtph2ps` per row every 4 k steps, then plain broadcast loads.
+/// Broadcasting and widening x[k] at every step (`vpbroadcastw` +
+/// `vcvtph2ps`, three uops on the vector ports per row and k beside the
+/// FMA) held the 8×8 flat loop to about half the read bandwidth.
+///
+/// The offset is 16-byte aligned (rsp ≡ 8 mod 16 after the prologue, as at
+/// entry), so no 16-byte store splits a cache line and every broadcast is
+/// forwarded from one store; 32-byte stores at a fixed frame offset split
+/// lines for half the stack alignments and made some runs 3× slower. The
+/// bytes are the int8 kernels' constants (unused here) and the row pointer
+/// slots (read before the k loop only): free while the k loop runs.
+const X_F32: i32 = common::F16_SCRATCH + 8;
+/// x values widened per store.
+const X_F32_STEPS: usize = 4;
+const _: () = assert!(X_F32 + 16 * MAX_ROWS as i32 <= common::SAVE_SLOTS);
+const _: () = assert!(X_F32 >= common::F16_SCRATCH && UNROLL.is_multiple_of(X_F32_STEPS));
+
 /// Loop state saved to the frame while the k loop holds more than 6 rows.
 const SAVED_STATE: [Gp; 5] = [RDI, RBX, RBP, R14, R15];
 /// The most rows a float tile can have (one x pointer each).
@@ -414,7 +435,17 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
 
     // The k loop.
     let b_regs = rows > 1 || spec.w != Format::F32;
-    let step = |a: &mut X86Asm, u: usize, s: usize| {
+    let x_widened = spec.x == Format::F16 && rows > 1;
+    // Unrolled iterations with widened x: every X_F32_STEPS steps, each
+    // row's next X_F32_STEPS values of x become f32 in the frame.
+    let widen_x = |a: &mut X86Asm, u: usize| {
+        for (i, &xr) in xrows.iter().enumerate() {
+            let av = r.a(i);
+            a.vcvtph2ps_load64(av, mem(xr, u as i32 * xs));
+            a.vmovups_store128(mem(RSP, X_F32 + 16 * i as i32), av);
+        }
+    };
+    let step = |a: &mut X86Asm, u: usize, s: usize, widened: bool| {
         let (xo, wo) = (u as i32 * xs, u as i32 * wstep);
         if b_regs {
             for j in 0..hb {
@@ -428,6 +459,10 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
             let av = r.a(i);
             match spec.x {
                 Format::F32 => a.vpbroadcastd_load(av, mem(xr, xo)),
+                _ if widened => {
+                    let slot = X_F32 + 16 * i as i32 + 4 * (u % X_F32_STEPS) as i32;
+                    a.vpbroadcastd_load(av, mem(RSP, slot))
+                }
                 _ => {
                     a.vpbroadcastw_load(av, mem(xr, xo));
                     a.vcvtph2ps_reg(av, av);
@@ -448,7 +483,10 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
     a.jcc(Cond::A, tail);
     a.bind(unrolled);
     for u in 0..UNROLL {
-        step(a, u, u % sets);
+        if x_widened && u.is_multiple_of(X_F32_STEPS) {
+            widen_x(a, u);
+        }
+        step(a, u, u % sets, x_widened);
     }
     if let Some(distance) = prefetch {
         let bytes = UNROLL as i32 * wstep;
@@ -466,7 +504,7 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
     a.cmp_mem(RSI, mem(RSP, common::K_END));
     a.jcc(Cond::Ae, k_done);
     a.bind(tail_loop);
-    step(a, 0, 0);
+    step(a, 0, 0, false);
     for &xr in xrows {
         a.add_imm(xr, xs);
     }
