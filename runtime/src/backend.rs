@@ -488,7 +488,7 @@ impl Device {
             Some(s) => (s.m1, s.m2, PlanSource::Record),
             None => (DEFAULT_M1, DEFAULT_M2, PlanSource::Defaults { why }),
         };
-        let flat_steps = self.flat_steps(shape_entry, &plans[1], m1, m2);
+        let flat_steps = self.flat_steps(&kernel.name, shape_entry, &plans[1], m1, m2);
         let plan = ShapePlan {
             n,
             k,
@@ -512,6 +512,7 @@ impl Device {
     /// [`default_flat_steps`]. GPU flat tiles are not per-M.
     fn flat_steps(
         &self,
+        kernel: &str,
         shape_entry: Option<&crate::record::ShapeEntry>,
         flat: &VariantPlan,
         m1: usize,
@@ -520,6 +521,29 @@ impl Device {
         if self.is_gpu() {
             return Vec::new();
         }
+        let mut steps = self.flat_steps_wanted(shape_entry, flat, m1, m2);
+        // A prebuilt set serves only the steps it holds; the flat tile
+        // serves the others' M.
+        // (Without `jit`, prebuilt is the only host engine.)
+        #[allow(irrefutable_let_patterns)]
+        if let Engine::Prebuilt(set) = &self.engine {
+            for s in &mut steps {
+                if set.matmul(kernel, Variant::FlatGemm, s.tile).is_none() {
+                    s.tile = flat.tile;
+                }
+            }
+        }
+        steps
+    }
+
+    /// The steps the record or the default rule asks for.
+    fn flat_steps_wanted(
+        &self,
+        shape_entry: Option<&crate::record::ShapeEntry>,
+        flat: &VariantPlan,
+        m1: usize,
+        m2: usize,
+    ) -> Vec<FlatStep> {
         if let Some(s) = shape_entry
             && flat.from_record
         {

@@ -68,6 +68,10 @@ fn prebuilt_kernels_run_without_the_jit_path() {
     let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
     assert!(matches!(lin.plan().source, PlanSource::Defaults { .. }));
     assert_eq!(lin.packings(), 1, "one tile, packed once");
+    // The set has no per-M flat kernels: its flat tile serves every flat M.
+    let flat = lin.plan().plan(Variant::FlatGemm).tile;
+    assert!(lin.plan().flat_steps.iter().all(|s| s.tile == flat));
+    assert_eq!(lin.kernel_tile(3), Some(flat));
     for m in [1, 3, 20] {
         let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 5) % 13) as f32 / 13.0 - 0.5)
