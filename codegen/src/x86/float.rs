@@ -107,10 +107,11 @@ const KROWS: [Gp; 14] = [
 ///
 /// The offset is 16-byte aligned (rsp ≡ 8 mod 16 after the prologue, as at
 /// entry), so no 16-byte store splits a cache line and every broadcast is
-/// forwarded from one store; 32-byte stores at a fixed frame offset split
-/// lines for half the stack alignments and made some runs 3× slower. The
-/// bytes are the int8 kernels' constants (unused here) and the row pointer
-/// slots (read before the k loop only): free while the k loop runs.
+/// forwarded from one store. 32-byte stores at a fixed frame offset (which
+/// split a line for half the stack alignments) made one run in five up to
+/// 3× slower. The bytes are the epilogue's f16 scratch, the int8 kernels'
+/// constants (unused here) and the row pointer slots (read before the k
+/// loop only): all free while the k loop runs.
 const X_F32: i32 = common::F16_SCRATCH + 8;
 /// x values widened per store.
 const X_F32_STEPS: usize = 4;
