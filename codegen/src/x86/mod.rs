@@ -9,7 +9,10 @@
 //!   loop for one row;
 //! - [`int8`]: W8A8 (`i8sym:row`) and W4A8 (`u4asym:gN`, N ≤ 32) with
 //!   `vpmaddubsw` + `vpmaddwd`, or `vpdpbusd` when built with AVX-VNNI;
-//! - [`quantize`]: the emitted `i8dyn` activation quantizer.
+//! - [`quantize`]: the emitted `i8dyn` activation quantizer;
+//! - [`avx512`]: f32 × f32 → f32 on zmm (AVX-512F, through the [`evex`]
+//!   encoder), for tiles solved on `x86-avx512` when the backend has
+//!   `avx512` ([`X86Backend::target`] names the target per kernel).
 //!
 //! Every kernel is `extern "C" fn(*const MatmulArgs)` (or `QuantizeArgs`),
 //! see [`crate::abi`]. Tiles come from the solver ([`crate::tile`]); each
