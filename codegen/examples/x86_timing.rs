@@ -8,7 +8,14 @@
 //! `MS=1,2,4,8,16,64,512`, `THREADS=1,2`, `N=4096`, `K=4096`,
 //! `TILES=all` (also time the solver's neighbour tiles at M ≥ 64),
 //! `TILE=14x8,6x16` (time exactly these feasible tiles, ep×hp, instead),
-//! `VARIANT=gemv|flat-gemm|gemm` (one variant for every M).
+//! `VARIANT=gemv|flat-gemm|gemm` (one variant for every M),
+//! `AVX512=0|1|both` (f32 only: time the AVX2 kernel, the AVX-512 kernel
+//! on `x86-avx512` tiles, or both in the same run; default both when the
+//! CPU has AVX-512F), `AVX512_TILE=5x80,8x48` (the AVX-512 kernel's
+//! tiles, as `TILE`), `AVX512_KC_BYTES=196608` (its K block, bytes of a
+//! panel), `AVX512_BCST=1` (its FMAs broadcast x from memory, `{1to16}`).
+//! The reference line adds a zmm FMA-peak loop on AVX-512 hosts; the
+//! table gives every row against both peaks.
 //!
 //! Method (docs/PERFORMANCE.md, ../shared/PEERS.md): weights rotate through
 //! copies totalling ≥ 256 MiB so no call is served from the last-level
@@ -22,9 +29,11 @@
 use std::time::{Duration, Instant};
 
 use tessera_codegen::artifact::Variant;
-use tessera_codegen::host::{HostInput, HostOutput, HostWeights, WeightsIn};
+use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWeights, WeightsIn};
+use tessera_codegen::target::TargetCaps;
 use tessera_codegen::tile::{Problem, TileConfig, neighbours, solve};
-use tessera_codegen::x86::{X86Backend, plan};
+use tessera_codegen::x86::avx512::{self, Avx512Spec};
+use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512, plan};
 
 const ROTATE_BYTES: usize = 256 << 20;
 
@@ -196,23 +205,62 @@ fn fma_peak(threads: usize) -> Rate {
     Rate::of((threads * iters * 10 * 16) as f64 / 1e9, s)
 }
 
+/// zmm FMA peak: 12 independent zmm FMA chains per thread. GFLOP/s.
+#[cfg(target_arch = "x86_64")]
+fn fma_peak_zmm(threads: usize) -> Rate {
+    #[target_feature(enable = "avx512f")]
+    fn chains(iters: usize) -> f32 {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm512_set1_ps(0.0); 12];
+        let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        for _ in 0..iters {
+            for v in acc.iter_mut() {
+                *v = _mm512_fmadd_ps(*v, a, b);
+            }
+        }
+        let mut s = acc[0];
+        for v in &acc[1..] {
+            s = _mm512_add_ps(s, *v);
+        }
+        _mm512_reduce_add_ps(s)
+    }
+    let iters = 10_000_000;
+    let run = || {
+        // SAFETY: main() checked AVX-512F before calling this.
+        std::hint::black_box(unsafe { chains(iters) });
+    };
+    let s = secs_per_call(threads, |_| {
+        if threads == 1 {
+            run();
+        } else {
+            std::thread::scope(|sc| {
+                for _ in 0..threads {
+                    sc.spawn(run);
+                }
+            });
+        }
+    });
+    Rate::of((threads * iters * 12 * 32) as f64 / 1e9, s)
+}
+
 fn kernel_name(format: &str) -> String {
     format!("matmul-{format}")
 }
 
 /// The solver's best tile for the real M (and its neighbours with `all`).
 fn tiles_for(
+    caps: &TargetCaps,
+    tile_env: &str,
     kernel: &tessera_dsl::Kernel,
     m: usize,
     n: usize,
     k: usize,
     all: bool,
 ) -> Vec<TileConfig> {
-    let caps = plan::target();
     let mut problem = Problem::from_kernel(caps, kernel).unwrap();
     (problem.e, problem.h, problem.l) = (m as u64, n as u64, k as u64);
     let ranked = solve(caps, &problem).unwrap();
-    if let Ok(list) = std::env::var("TILE") {
+    if let Ok(list) = std::env::var(tile_env) {
         let want: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
         return ranked
             .into_iter()
@@ -238,6 +286,7 @@ fn variant_for(m: usize) -> Variant {
 }
 
 struct Row {
+    /// `f32` or `f32/avx512` (the AVX-512 kernel).
     format: String,
     m: usize,
     threads: usize,
@@ -249,8 +298,9 @@ struct Row {
 
 #[allow(clippy::too_many_arguments)]
 fn time_one(
-    backend: &X86Backend,
+    hm: &HostMatmul,
     format: &str,
+    label: &str,
     tile: &TileConfig,
     variant: Variant,
     copies: &[HostWeights],
@@ -258,8 +308,6 @@ fn time_one(
     m: usize,
     threads: usize,
 ) -> Row {
-    let kernel = tessera_dsl::library::get(&kernel_name(format)).unwrap();
-    let hm = backend.load_variant(&kernel, tile, variant).unwrap();
     let w0 = &copies[0];
     let (n, k) = (w0.n, w0.k);
     let xh: Vec<half::f16> = x[..m * k].iter().map(|v| half::f16::from_f32(*v)).collect();
@@ -283,7 +331,7 @@ fn time_one(
     });
     let bytes = (w0.codes.len() + 4 * w0.params.len()) as f64;
     Row {
-        format: format.into(),
+        format: label.into(),
         m,
         threads,
         variant,
@@ -306,6 +354,17 @@ fn main() {
         .collect();
     let (n, k) = (env_usize("N", 4096), env_usize("K", 4096));
     let all_tiles = std::env::var("TILES").is_ok_and(|v| v == "all");
+    let avx512_on = host_has_avx512();
+    let engines: Vec<bool> = match std::env::var("AVX512").as_deref() {
+        Ok("0") => vec![false],
+        Ok("1") => vec![true],
+        _ => vec![false, true],
+    }
+    .into_iter()
+    .filter(|&e| !e || avx512_on)
+    .collect();
+    let kc_bytes = env_usize("AVX512_KC_BYTES", avx512::PANEL_BLOCK_BYTES as usize) as i32;
+    let bcst = std::env::var("AVX512_BCST").is_ok_and(|v| v == "1");
     println!(
         "x86_timing: N={n} K={k}, vnni={}, {} MiB of weight copies per format",
         backend.vnni,
@@ -315,14 +374,24 @@ fn main() {
     let buf: Vec<u64> = (0..ROTATE_BYTES / 8).map(|i| i as u64).collect();
     let mut bw = Vec::new();
     let mut peak = Vec::new();
+    let mut peak_zmm = Vec::new();
     for &t in &threads {
         let (b, p) = (read_bandwidth(&buf, t), fma_peak(t));
+        let z = if avx512_on {
+            fma_peak_zmm(t)
+        } else {
+            Rate {
+                wall: f64::NAN,
+                cpu: f64::NAN,
+            }
+        };
         println!(
-            "reference {t}T: read {:.1} GB/s (by cpu time {:.1}), FMA peak {:.1} GFLOP/s (by cpu time {:.1})",
-            b.wall, b.cpu, p.wall, p.cpu
+            "reference {t}T: read {:.1} GB/s (by cpu time {:.1}), FMA peak {:.1} GFLOP/s (by cpu time {:.1}), zmm FMA peak {:.1} GFLOP/s (by cpu time {:.1})",
+            b.wall, b.cpu, p.wall, p.cpu, z.wall, z.cpu
         );
         bw.push(b);
         peak.push(p);
+        peak_zmm.push(z);
     }
     drop(buf);
 
@@ -338,20 +407,52 @@ fn main() {
         let kernel = tessera_dsl::library::get(&kernel_name(format)).unwrap();
         for &m in &ms {
             let variant = variant_for(m);
-            for tile in tiles_for(&kernel, m, n, k, all_tiles && m >= 64) {
-                if backend.emit_code_variant(&kernel, &tile, variant).is_err() {
+            let mut runs: Vec<(String, TileConfig, HostMatmul)> = Vec::new();
+            for &zmm in &engines {
+                if zmm && format != "f32" {
                     continue;
                 }
-                let hm = backend.load_variant(&kernel, &tile, variant).unwrap();
+                let (caps, tile_env) = if zmm {
+                    (TargetCaps::by_name(AVX512_NAME).unwrap(), "AVX512_TILE")
+                } else {
+                    (plan::target(), "TILE")
+                };
+                for tile in tiles_for(caps, tile_env, &kernel, m, n, k, all_tiles && m >= 64) {
+                    if zmm {
+                        let mut spec = Avx512Spec::new(
+                            tile.ep as usize,
+                            tile.hp as usize,
+                            true,
+                            tessera_dsl::ir::Activation::None,
+                        );
+                        spec.panel_block_bytes = kc_bytes;
+                        spec.embedded_broadcast = bcst;
+                        let Ok(code) = avx512::emit_variant(&spec, variant) else {
+                            continue;
+                        };
+                        let hm =
+                            HostMatmul::new(&kernel, HostTile::from(&tile), None, &code).unwrap();
+                        runs.push((format!("{format}/avx512"), tile, hm));
+                    } else {
+                        if backend.emit_code_variant(&kernel, &tile, variant).is_err() {
+                            continue;
+                        }
+                        let hm = backend.load_variant(&kernel, &tile, variant).unwrap();
+                        runs.push((format.clone(), tile, hm));
+                    }
+                }
+            }
+            for (label, tile, hm) in &runs {
+                let tile = *tile;
                 let first = hm.pack_weights(n, k, WeightsIn::F32(&w)).unwrap();
                 let bytes = first.codes.len() + 4 * first.params.len();
                 let count = ROTATE_BYTES.div_ceil(bytes).max(2);
                 let copies: Vec<HostWeights> = (0..count).map(|_| first.clone()).collect();
                 for (ti, &t) in threads.iter().enumerate() {
                     std::thread::sleep(Duration::from_millis(150));
-                    let r = time_one(&backend, format, &tile, variant, &copies, &x, m, t);
+                    let r = time_one(hm, format, label, &tile, variant, &copies, &x, m, t);
                     println!(
-                        "{:5} M={:4} {}T {:9} tile {:7}: {:7.2} GB/s ({:5.1}% of read) {:7.1} GFLOP/s ({:5.1}% of peak); by cpu time {:5.1}% of read, {:5.1}% of peak",
+                        "{:10} M={:4} {}T {:9} tile {:7}: {:7.2} GB/s ({:5.1}% of read) {:7.1} GFLOP/s ({:5.1}% of peak, {:5.1}% of zmm peak); by cpu time {:5.1}% of read, {:5.1}% of peak",
                         r.format,
                         r.m,
                         r.threads,
@@ -361,6 +462,7 @@ fn main() {
                         100.0 * r.gbs.wall / bw[ti].wall,
                         r.gflops.wall,
                         100.0 * r.gflops.wall / peak[ti].wall,
+                        100.0 * r.gflops.wall / peak_zmm[ti].wall,
                         100.0 * r.gbs.cpu / bw[ti].cpu,
                         100.0 * r.gflops.cpu / peak[ti].cpu
                     );
@@ -370,13 +472,13 @@ fn main() {
         }
     }
     println!(
-        "\n| format | M | threads | variant | tile | weight GB/s | % read bw | GFLOP/s | % FMA peak | cpu-time % read bw | cpu-time % FMA peak |"
+        "\n| format | M | threads | variant | tile | weight GB/s | % read bw | GFLOP/s | % FMA peak | % zmm FMA peak | cpu-time % read bw | cpu-time % FMA peak |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let ti = threads.iter().position(|t| *t == r.threads).unwrap();
         println!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.0}% | {:.1} | {:.0}% | {:.0}% | {:.0}% |",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.0}% | {:.1} | {:.0}% | {:.0}% | {:.0}% | {:.0}% |",
             r.format,
             r.m,
             r.threads,
@@ -386,9 +488,18 @@ fn main() {
             100.0 * r.gbs.wall / bw[ti].wall,
             r.gflops.wall,
             100.0 * r.gflops.wall / peak[ti].wall,
+            100.0 * r.gflops.wall / peak_zmm[ti].wall,
             100.0 * r.gbs.cpu / bw[ti].cpu,
             100.0 * r.gflops.cpu / peak[ti].cpu
         );
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fma_peak_zmm(_threads: usize) -> Rate {
+    Rate {
+        wall: f64::NAN,
+        cpu: f64::NAN,
     }
 }
 

@@ -35,7 +35,7 @@
 //! | `smull`+`smlal2`+`sadalp` | 1×1 | 16 | 1 row × 16 int8 = 1 reg | 1 col × 16 int8 = 1 reg |
 //! | `vfmadd231ps ymm` | 1×8 | 1 | every row broadcast in turn = 1 reg (a_rows 16) | 8 cols = 1 reg |
 //! | `vpmaddubsw`+`vpmaddwd` ymm | 1×8 | 4 | 1 row's 4 bytes broadcast = 1 reg | 8 cols × 4 int8 = 1 reg |
-//! | `vfmadd231ps zmm` | 1×16 | 1 | 1 row broadcast = 1 reg | 16 cols = 1 reg |
+//! | `vfmadd231ps zmm` | 1×16 | 1 | every row broadcast in turn = 1 reg (a_rows 32) | 16 cols = 1 reg |
 //! | `vpdpbusd zmm` | 1×16 | 4 | 1 row's 4 bytes broadcast = 1 reg | 16 cols × 4 int8 = 1 reg |
 //! | OpenCL `mad` float4 | 1×4 (4 regs) | 4 | 1 row × float4 = 4 regs | 4 cols × float4 = 16 regs |
 //! | OpenCL `mad` half4, f32 accumulate | 1×4 (4 regs) | 4 | 1 row × half4 = 2 regs | 4 cols × half4 = 8 regs |
@@ -554,6 +554,12 @@ const VPMADD_YMM: MacInstr = MacInstr {
     group_sums: 1,
 };
 
+/// The AVX-512 f32 kernel (`x86::avx512`) counts as [`VFMADD_YMM`] does:
+/// each row's x[k] is broadcast (`vbroadcastss zmm` from memory) into one
+/// register its FMAs consume at once, renamed per row, so one A unit
+/// serves every row (a_rows = the 32 registers); nothing is reserved (the
+/// epilogue's bias temporary and relu zero take registers the accumulators
+/// leave, which the kernel's plan checks).
 const VFMADD_ZMM: MacInstr = MacInstr {
     name: "vfmadd231ps zmm",
     class: MacClass::F32,
@@ -561,7 +567,7 @@ const VFMADD_ZMM: MacInstr = MacInstr {
     ah: 16,
     acc_regs: 1,
     lp: 1,
-    a_rows: 1,
+    a_rows: 32,
     a_regs: 1,
     b_cols: 16,
     b_regs: 1,
@@ -570,6 +576,8 @@ const VFMADD_ZMM: MacInstr = MacInstr {
     group_sums: 0,
 };
 
+/// The 4-bit unpack's two registers ([`CPU_RESERVED`]) belong to this
+/// class only, as on x86-avx2 ([`VPMADD_TEMPS`]).
 const VPDPBUSD_ZMM: MacInstr = MacInstr {
     name: "vpdpbusd zmm",
     class: MacClass::Int8,
@@ -581,7 +589,7 @@ const VPDPBUSD_ZMM: MacInstr = MacInstr {
     a_regs: 1,
     b_cols: 16,
     b_regs: 1,
-    reserved: NONE,
+    reserved: CPU_RESERVED,
     mma: None,
     group_sums: 0,
 };
@@ -744,7 +752,7 @@ static ALL: &[TargetCaps] = &[
         registers: 32,
         register_bits: 512,
         macs: &[VFMADD_ZMM, VPDPBUSD_ZMM],
-        reserved: CPU_RESERVED,
+        reserved: NONE,
         features: &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni"],
         gpu: None,
     },

@@ -69,7 +69,15 @@
 //!   temporaries — room, we read it, for one int16 temp per row so the four
 //!   `vpmaddubsw` chains overlap. Our accounting keeps a single temp, which
 //!   leaves room for a fifth row; the autotuner measures 4×8 as a neighbour.
-//! - `x86-avx512`, `vpdpbusd` (1×16, lp 4, no temporaries): 32 zmm − 2 = 30.
+//! - `x86-avx512`, f32 via `vfmadd231ps zmm` (1×16, lp 1; `x86::avx512`):
+//!   counted as the avx2 f32 class, one renamed A register, nothing
+//!   reserved: `ep·hb + 1 + hb ≤ 32`, A weighted 8 (see [`a_load_weight`]),
+//!   per FMA `8/hp + 1/ep`: 9×48 (27 + 1 + 3 = 31) gives 0.28, 5×80 0.30,
+//!   6×64 0.29, 14×32 0.32. → **9/48/1**. Flat GEMM at M = 8: 8×48.
+//!   The emitter holds at most 14 row pointers, so tiles with ep > 14 (hp
+//!   16, offered only for M > 14 without the A weight) are refused by name.
+//! - `x86-avx512`, `vpdpbusd` (1×16, lp 4): 32 zmm − 2 (the unpack's, now
+//!   the instruction's reservation) = 30.
 //!   14×16 needs 14 + 14 + 1 = 29 (15×16 needs 31); 9×32 needs 18 + 9 + 2
 //!   = 29 but costs more. → **14/16/4**. MNN-LLM lists 4/64/4 (16
 //!   accumulators + 4 broadcasts + 4 B = 24 registers): a wide-h kernel
@@ -347,9 +355,15 @@ pub fn accounting(
 /// at M = 512 the unweighted optimum 14×8 reached 55–63% of the FMA peak,
 /// the weighted one (4×24, and 6×16) 75–89%; at M = 8 the unweighted 8×8
 /// read 67% of the read bandwidth, the weighted 4×24 55%.
+///
+/// On `x86-avx512` (zmm, 16 lanes) the weight stays 8, not 16: the
+/// panel's K block streams from L2, and a 64-byte zmm B load costs about
+/// two broadcasts. At M = 512 the lane count (16) picks 5×80, which ran
+/// 10–20% slower than 9×48 (weight 8) in every same-run comparison
+/// (CPU-time figures, loaded machine); 8×48, 6×64 and 14×32 sat between.
 pub fn a_load_weight(caps: &TargetCaps, instr: &MacInstr, problem: &Problem) -> u128 {
     if caps.arch == Arch::X86_64 && instr.class == MacClass::F32 && problem.e > FLAT_GEMM_MAX_ROWS {
-        u128::from(caps.register_bits / 32)
+        u128::from(caps.register_bits.min(256) / 32)
     } else {
         1
     }

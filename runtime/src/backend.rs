@@ -812,10 +812,11 @@ mod jit {
             Ok(b)
         }
 
-        fn caps(&self) -> Result<&'static TargetCaps, RuntimeError> {
+        /// The target `kernel`'s tiles are solved on (x86: `x86-avx512`
+        /// for f32 matmuls on an AVX-512 host, see `X86Backend::target`).
+        fn caps(&self, kernel: &Kernel) -> Result<&'static TargetCaps, RuntimeError> {
             match &self.engine {
-                Engine::X86(_) => TargetCaps::by_name(tessera_codegen::x86::NAME)
-                    .map_err(|e| emit_err("x86 target", e)),
+                Engine::X86(b) => Ok(b.target(kernel)),
                 Engine::Clif => Ok(self.clif()?.caps()),
                 Engine::Neon(b) => Ok(b.caps()),
                 Engine::Prebuilt(_) => Err(emit_err("solver", "prebuilt kernels have no solver")),
@@ -832,7 +833,7 @@ mod jit {
             n: usize,
             k: usize,
         ) -> Result<Vec<TileConfig>, RuntimeError> {
-            let caps = self.caps()?;
+            let caps = self.caps(kernel)?;
             let problem = self.problem(caps, kernel, m, n, k)?;
             tile::solve(caps, &problem).map_err(|e| emit_err(&kernel.name, e))
         }
@@ -864,18 +865,30 @@ mod jit {
             n: usize,
             k: usize,
         ) -> Result<TileConfig, RuntimeError> {
-            let caps = self.caps()?;
-            let problem = self.problem(caps, kernel, super::representative_m(variant), n, k)?;
-            tile::feasible(caps, &problem)
-                .map_err(|e| emit_err(&kernel.name, e))?
-                .into_iter()
-                .find(|t| [t.ep, t.hp, t.lp] == tile)
-                .ok_or_else(|| {
-                    emit_err(
-                        &format!("{} tile {tile:?}", kernel.name),
-                        format!("not a feasible tile on {}", caps.name),
-                    )
-                })
+            let caps = self.caps(kernel)?;
+            // x86 with AVX-512 solves f32 on x86-avx512; a tile tuned on
+            // x86-avx2 (an older record) still runs on the AVX2 kernel.
+            let mut targets = vec![caps];
+            if matches!(self.engine, Engine::X86(_)) && caps.name != tessera_codegen::x86::NAME {
+                targets.extend(TargetCaps::by_name(tessera_codegen::x86::NAME).ok());
+            }
+            let mut found = None;
+            for caps in targets {
+                let problem = self.problem(caps, kernel, super::representative_m(variant), n, k)?;
+                found = tile::feasible(caps, &problem)
+                    .map_err(|e| emit_err(&kernel.name, e))?
+                    .into_iter()
+                    .find(|t| [t.ep, t.hp, t.lp] == tile);
+                if found.is_some() {
+                    break;
+                }
+            }
+            found.ok_or_else(|| {
+                emit_err(
+                    &format!("{} tile {tile:?}", kernel.name),
+                    format!("not a feasible tile on {}", caps.name),
+                )
+            })
         }
 
         pub(super) fn emit_matmul(

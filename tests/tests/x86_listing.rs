@@ -121,7 +121,16 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
         let kernel = tessera_dsl::library::get(name).unwrap();
         let problem = Problem::from_kernel(caps, &kernel).unwrap();
         for tile in feasible(caps, &problem).unwrap() {
-            for backend in [X86Backend { vnni: false }, X86Backend { vnni: true }] {
+            for backend in [
+                X86Backend {
+                    vnni: false,
+                    avx512: false,
+                },
+                X86Backend {
+                    vnni: true,
+                    avx512: false,
+                },
+            ] {
                 let Ok(code) = backend.emit_code(&kernel, &tile) else {
                     continue;
                 };

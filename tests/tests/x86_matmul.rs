@@ -18,7 +18,13 @@ use tessera_dsl::{library, quant};
 /// Plain AVX2, and AVX-VNNI too when this CPU has it.
 fn backends() -> Vec<X86Backend> {
     match X86Backend::detect() {
-        Ok(b) if b.vnni => vec![X86Backend { vnni: false }, b],
+        Ok(b) if b.vnni => vec![
+            X86Backend {
+                vnni: false,
+                avx512: false,
+            },
+            b,
+        ],
         Ok(b) => vec![b],
         Err(e) => {
             eprintln!("SKIP: {e}");

@@ -17,12 +17,20 @@ fn x86_canonical_listings() {
         let kernel = tessera_dsl::library::get(name).unwrap();
         let tile = best(&kernel);
         let tag = format!("{name}_{}x{}x{}", tile.ep, tile.hp, tile.lp);
-        let plain = X86Backend { vnni: false };
+        let plain = X86Backend {
+            vnni: false,
+            avx512: false,
+        };
         let code = plain.emit_code(&kernel, &tile).unwrap();
         insta::assert_snapshot!(tag.clone(), code.listing);
         if let Some(q) = plain.emit_quantizer(&kernel, &tile).unwrap() {
             insta::assert_snapshot!(format!("{tag}_quantizer"), q.listing);
-            let vnni = X86Backend { vnni: true }.emit_code(&kernel, &tile).unwrap();
+            let vnni = X86Backend {
+                vnni: true,
+                avx512: false,
+            }
+            .emit_code(&kernel, &tile)
+            .unwrap();
             insta::assert_snapshot!(format!("{tag}_vnni"), vnni.listing);
         }
     }
@@ -37,9 +45,12 @@ fn x86_variant_listings() {
         let tile = best(&kernel);
         for v in [Variant::FlatGemm, Variant::Gemv] {
             let tag = format!("{name}_{}x{}x{}_{v}", tile.ep, tile.hp, tile.lp);
-            let code = X86Backend { vnni: false }
-                .emit_code_variant(&kernel, &tile, v)
-                .unwrap();
+            let code = X86Backend {
+                vnni: false,
+                avx512: false,
+            }
+            .emit_code_variant(&kernel, &tile, v)
+            .unwrap();
             insta::assert_snapshot!(tag, code.listing);
         }
     }

@@ -190,6 +190,13 @@ impl X86Asm {
         Ok((bytes, listing))
     }
 
+    /// Append bytes encoded elsewhere with their Intel-syntax line: the
+    /// hook for encoders dynasm 5.1 lacks (EVEX, see [`super::evex`]).
+    pub fn raw(&mut self, bytes: &[u8], line: String) {
+        self.log(line);
+        self.ops.extend(bytes.iter().copied());
+    }
+
     /// Bytes emitted so far.
     pub fn offset(&self) -> usize {
         self.ops.offset().0

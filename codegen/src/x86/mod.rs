@@ -9,7 +9,10 @@
 //!   loop for one row;
 //! - [`int8`]: W8A8 (`i8sym:row`) and W4A8 (`u4asym:gN`, N ≤ 32) with
 //!   `vpmaddubsw` + `vpmaddwd`, or `vpdpbusd` when built with AVX-VNNI;
-//! - [`quantize`]: the emitted `i8dyn` activation quantizer.
+//! - [`quantize`]: the emitted `i8dyn` activation quantizer;
+//! - [`avx512`]: f32 × f32 → f32 on zmm (AVX-512F, through the [`evex`]
+//!   encoder), for tiles solved on `x86-avx512` when the backend has
+//!   `avx512` ([`X86Backend::target`] names the target per kernel).
 //!
 //! Every kernel is `extern "C" fn(*const MatmulArgs)` (or `QuantizeArgs`),
 //! see [`crate::abi`]. Tiles come from the solver ([`crate::tile`]); each
@@ -22,7 +25,9 @@
 //! hosts use the cranelift backend).
 
 pub mod asm;
+pub mod avx512;
 mod common;
+pub mod evex;
 pub mod float;
 pub mod int8;
 pub mod plan;
@@ -32,17 +37,24 @@ use tessera_dsl::ir::{Format, Kernel, Matmul};
 
 use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, Variant};
 use crate::host::{HostError, HostMatmul, HostTile};
+use crate::target::TargetCaps;
 use crate::tile::TileConfig;
 
 /// The backend's target name.
 pub const NAME: &str = "x86-avx2";
 
+/// The target of the AVX-512 f32 kernel's tiles ([`avx512`]).
+pub const AVX512_NAME: &str = "x86-avx512";
+
 /// The x86-64 AVX2 backend. `vnni` selects `vpdpbusd` for the int8 kernels
-/// (AVX-VNNI); [`X86Backend::default`] emits plain AVX2 so its output is the
-/// same on every host, [`X86Backend::detect`] matches this CPU.
+/// (AVX-VNNI); `avx512` runs f32 matmuls given an `x86-avx512` tile on the
+/// AVX-512 kernel ([`X86Backend::target`] says which target to solve on).
+/// [`X86Backend::default`] emits plain AVX2 so its output is the same on
+/// every host, [`X86Backend::detect`] matches this CPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct X86Backend {
     pub vnni: bool,
+    pub avx512: bool,
 }
 
 /// Why x86 code cannot run here.
@@ -93,9 +105,23 @@ pub fn host_has_avx_vnni() -> bool {
     }
 }
 
+/// Whether this host runs the AVX-512 f32 kernel (AVX-512F; its opmask
+/// moves need nothing more).
+pub fn host_has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 impl X86Backend {
     /// The backend for this CPU: fails with the missing feature names when
-    /// AVX2, FMA or F16C is absent; uses `vpdpbusd` when AVX-VNNI exists.
+    /// AVX2, FMA or F16C is absent; uses `vpdpbusd` when AVX-VNNI exists
+    /// and the AVX-512 f32 kernel when AVX-512F does.
     pub fn detect() -> Result<X86Backend, X86Error> {
         let missing = missing_features();
         if !missing.is_empty() {
@@ -105,7 +131,35 @@ impl X86Backend {
         }
         Ok(X86Backend {
             vnni: host_has_avx_vnni(),
+            avx512: host_has_avx512(),
         })
+    }
+
+    /// The target whose solver tiles this backend should be given for
+    /// `kernel`: `x86-avx512` for an f32 × f32 → f32 matmul when `avx512`
+    /// is on (the AVX-512 kernel), else `x86-avx2`.
+    pub fn target(&self, kernel: &Kernel) -> &'static TargetCaps {
+        let name = if self.avx512 && is_f32_matmul(kernel) {
+            AVX512_NAME
+        } else {
+            NAME
+        };
+        TargetCaps::by_name(name).expect("x86 targets are built in")
+    }
+
+    /// The AVX-512 kernel's spec when this kernel and tile go to it: the
+    /// backend has `avx512`, the kernel is f32 × f32 → f32 and the tile was
+    /// solved on `x86-avx512` (its budget is the 32 zmm; an `x86-avx2`
+    /// tile keeps the AVX2 kernel).
+    fn avx512_spec(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+    ) -> Result<Option<avx512::Avx512Spec>, EmitError> {
+        if !self.avx512 || !is_f32_matmul(kernel) || tile.accounting.budget != avx512::ZMM_REGS {
+            return Ok(None);
+        }
+        classify_avx512(kernel, tile).map(Some)
     }
 
     /// The activation quantizer an `i8dyn` kernel needs (None for float x).
@@ -114,6 +168,9 @@ impl X86Backend {
         kernel: &Kernel,
         tile: &TileConfig,
     ) -> Result<Option<MachineCode>, EmitError> {
+        if self.avx512_spec(kernel, tile)?.is_some() {
+            return Ok(None);
+        }
         match classify(kernel, tile)? {
             Family::Float(_) => Ok(None),
             Family::Int8(spec) => quantize::emit(&spec).map(Some),
@@ -134,6 +191,9 @@ impl X86Backend {
         tile: &TileConfig,
         variant: Variant,
     ) -> Result<MachineCode, EmitError> {
+        if let Some(spec) = self.avx512_spec(kernel, tile)? {
+            return avx512::emit_variant(&spec, variant);
+        }
         match classify(kernel, tile)? {
             Family::Float(spec) => float::emit_variant(&spec, variant),
             Family::Int8(mut spec) => {
@@ -159,6 +219,11 @@ impl X86Backend {
         if !missing.is_empty() {
             return Err(X86Error::MissingFeature {
                 missing: missing.join(", "),
+            });
+        }
+        if self.avx512 && !host_has_avx512() {
+            return Err(X86Error::MissingFeature {
+                missing: "avx512f".into(),
             });
         }
         if self.vnni && !host_has_avx_vnni() {
@@ -229,6 +294,58 @@ fn is_packed_x_layout(kernel: &Kernel, mm: &Matmul) -> bool {
         && kernel
             .tensor(&mm.x)
             .is_some_and(|t| !t.layout.int4_pair_transpose)
+}
+
+/// f32 activations, weights and output (what the AVX-512 kernel runs).
+fn is_f32_matmul(kernel: &Kernel) -> bool {
+    kernel.as_matmul().is_some_and(|mm| {
+        [&mm.x, &mm.w, &mm.y]
+            .iter()
+            .all(|t| kernel.tensor(t).is_some_and(|t| t.format == Format::F32))
+    })
+}
+
+/// The AVX-512 f32 kernel for an `x86-avx512` tile, its plan checked
+/// against the solver's accounting.
+fn classify_avx512(kernel: &Kernel, tile: &TileConfig) -> Result<avx512::Avx512Spec, EmitError> {
+    let mm = kernel
+        .as_matmul()
+        .ok_or_else(|| unsupported(format!("kernel `{}`: only matmuls", kernel.name)))?;
+    let what = |why: &str| unsupported(format!("kernel `{}` (avx512 f32): {why}", kernel.name));
+    if !is_cpu_weight_layout(kernel, mm) {
+        return Err(what(
+            "weights must use the CPU panel layout [h/hp, l/lp, hp, lp] (GPU-layout kernels go to opencl/ptx)",
+        ));
+    }
+    if kernel
+        .tensor(&mm.x)
+        .is_some_and(|t| !t.layout.is_row_major(&[&mm.e, &mm.l]))
+    {
+        return Err(what("float activations must be row-major [e, l]"));
+    }
+    let activation = mm.epilogue.activation;
+    if activation == tessera_dsl::ir::Activation::Silu {
+        return Err(what(
+            "the silu epilogue is not emitted on x86 yet (needs a vector exp); use none or relu",
+        ));
+    }
+    let tile_err = |why: String| EmitError::BadTile {
+        tile: format!("{}x{}x{}", tile.ep, tile.hp, tile.lp),
+        why,
+    };
+    if tile.ep == 0 || tile.hp == 0 || !tile.hp.is_multiple_of(16) || tile.lp != 1 {
+        return Err(tile_err(
+            "the avx512 f32 kernel needs hp a positive multiple of 16 (one zmm) and lp = 1".into(),
+        ));
+    }
+    let spec = avx512::Avx512Spec::new(
+        tile.ep as usize,
+        tile.hp as usize,
+        mm.epilogue.bias.is_some(),
+        activation,
+    );
+    avx512::check_plan(&spec, tile).map_err(tile_err)?;
+    Ok(spec)
 }
 
 fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {

@@ -1,0 +1,384 @@
+//! A small typed EVEX (AVX-512) encoder: exactly the 512-bit instructions
+//! the AVX-512 f32 GEMM ([`super::avx512`]) needs, since dynasm 5.1 has no
+//! EVEX encoder. Each method encodes its bytes here and hands them with its
+//! Intel-syntax line to [`X86Asm::raw`], so the listing stays the emitter's
+//! own log and the llvm-mc cross-check covers these instructions too.
+//!
+//! Encoding (Intel SDM vol. 2, 2.7): `62 P0 P1 P2 opcode modrm [sib]
+//! [disp]` with
+//!
+//! - P0 = `R̄ X̄ B̄ R̄' 0 0 m m` (R, R' = bits 3, 4 of the ModRM.reg
+//!   register; B, X = bits 3, 4 of a ModRM.rm register, or B = bit 3 of the
+//!   base register and X̄ = 1 without an index),
+//! - P1 = `W v̄v̄v̄v̄ 1 p p`, P2 = `z L'L b V̄' a a a` (L'L = 10: 512 bits;
+//!   b: embedded broadcast; aaa: the opmask; z: zeroing-masking).
+//!
+//! Memory displacements use disp8·N compression: a displacement that is a
+//! multiple of N (64 for a whole zmm, 4 for a broadcast or scalar f32) with
+//! a quotient in i8 range takes one byte, as llvm-mc encodes it, so the
+//! bytes equal llvm-mc's and the unit test compares them exactly.
+//! `rsp`/`r12` bases take a SIB byte; `rbp`/`r13` with no displacement take
+//! a zero disp8 (mod 00 would mean RIP-relative).
+
+use super::asm::{Gp, Mem, X86Asm};
+
+/// A 512-bit vector register, zmm0-zmm31.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Zmm(pub u8);
+
+impl std::fmt::Display for Zmm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "zmm{}", self.0 & 31)
+    }
+}
+
+/// An opmask register k1-k7 (k0 in a mask field means "no mask").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Kreg(pub u8);
+
+impl std::fmt::Display for Kreg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "k{}", self.0 & 7)
+    }
+}
+
+/// The ModRM.rm operand.
+#[derive(Clone, Copy, Debug)]
+enum Rm {
+    Reg(u8),
+    Mem(Mem),
+}
+
+/// Opcode map (P0.mm).
+const MAP_0F: u8 = 1;
+const MAP_0F38: u8 = 2;
+/// Implied prefix (P1.pp).
+const PP_NONE: u8 = 0;
+const PP_66: u8 = 1;
+
+/// One EVEX.512 instruction.
+#[derive(Clone, Copy, Debug)]
+struct Evex {
+    map: u8,
+    pp: u8,
+    opcode: u8,
+    /// ModRM.reg register (0-31).
+    reg: u8,
+    /// The second source (0-31); 0 when the instruction has none (which
+    /// encodes as the required v̄v̄v̄v̄ = 1111, V̄' = 1).
+    vvvv: u8,
+    rm: Rm,
+    /// Opmask register (0: none).
+    mask: u8,
+    zeroing: bool,
+    broadcast: bool,
+    /// disp8·N scale of a memory operand.
+    n: i32,
+}
+
+/// ModRM (+ SIB + displacement) for `reg` and a memory operand, with
+/// displacements compressed by `n` when they fit.
+fn modrm_mem(out: &mut Vec<u8>, reg: u8, m: Mem, n: i32) {
+    let base = m.base.0 & 7;
+    let d = m.disp;
+    let (md, disp): (u8, Vec<u8>) = if d == 0 && base != 5 {
+        (0, vec![])
+    } else if d % n == 0 && i8::try_from(d / n).is_ok() {
+        (1, vec![(d / n) as i8 as u8])
+    } else {
+        (2, d.to_le_bytes().to_vec())
+    };
+    out.push((md << 6) | ((reg & 7) << 3) | base);
+    if base == 4 {
+        // SIB: no index (100), base rsp/r12.
+        out.push(0x24);
+    }
+    out.extend(disp);
+}
+
+impl Evex {
+    fn encode(&self) -> Vec<u8> {
+        let inv = |bit: u8| (!bit) & 1;
+        let r = (self.reg >> 3) & 1;
+        let r2 = (self.reg >> 4) & 1;
+        let (b, x) = match self.rm {
+            Rm::Reg(v) => ((v >> 3) & 1, (v >> 4) & 1),
+            Rm::Mem(m) => ((m.base.0 >> 3) & 1, 0),
+        };
+        let p0 = (inv(r) << 7) | (inv(x) << 6) | (inv(b) << 5) | (inv(r2) << 4) | self.map;
+        let p1 = (((!self.vvvv) & 15) << 3) | (1 << 2) | self.pp;
+        let p2 = (u8::from(self.zeroing) << 7)
+            | (0b10 << 5)
+            | (u8::from(self.broadcast) << 4)
+            | (inv((self.vvvv >> 4) & 1) << 3)
+            | (self.mask & 7);
+        let mut out = vec![0x62, p0, p1, p2, self.opcode];
+        match self.rm {
+            Rm::Reg(v) => out.push(0xC0 | ((self.reg & 7) << 3) | (v & 7)),
+            Rm::Mem(m) => modrm_mem(&mut out, self.reg, m, self.n),
+        }
+        out
+    }
+}
+
+/// `{k1}` / `{k1} {z}` after a destination, nothing for k0.
+fn mask_suffix(k: Kreg, zeroing: bool) -> String {
+    match (k.0 & 7, zeroing) {
+        (0, _) => String::new(),
+        (_, false) => format!(" {{{k}}}"),
+        (_, true) => format!(" {{{k}}} {{z}}"),
+    }
+}
+
+/// A full-width f32 instruction `op dst, a, b` in map 0F without prefix
+/// (vaddps, vmaxps, ...).
+fn ps_rrr(opcode: u8, dst: Zmm, a: Zmm, b: Zmm) -> Evex {
+    Evex {
+        map: MAP_0F,
+        pp: PP_NONE,
+        opcode,
+        reg: dst.0 & 31,
+        vvvv: a.0 & 31,
+        rm: Rm::Reg(b.0 & 31),
+        mask: 0,
+        zeroing: false,
+        broadcast: false,
+        n: 64,
+    }
+}
+
+impl X86Asm {
+    fn evex(&mut self, e: Evex, line: String) {
+        let bytes = e.encode();
+        self.raw(&bytes, line);
+    }
+
+    /// `vmovups zmm, zmmword ptr [m]`
+    pub fn vmovups_zmm_load(&mut self, dst: Zmm, m: Mem) {
+        self.vmovups_zmm_load_masked(dst, Kreg(0), m);
+    }
+
+    /// `vmovups zmm {k} {z}, zmmword ptr [m]`: loads the lanes set in `k`,
+    /// zeroes the others; masked-off lanes never fault.
+    pub fn vmovups_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, m: Mem) {
+        let masked = k.0 & 7 != 0;
+        let line = format!("vmovups {dst}{}, zmmword ptr {m}", mask_suffix(k, masked));
+        self.evex(
+            Evex {
+                map: MAP_0F,
+                pp: PP_NONE,
+                opcode: 0x10,
+                reg: dst.0 & 31,
+                vvvv: 0,
+                rm: Rm::Mem(m),
+                mask: k.0 & 7,
+                zeroing: masked,
+                broadcast: false,
+                n: 64,
+            },
+            line,
+        );
+    }
+
+    /// `vmovups zmmword ptr [m], zmm`
+    pub fn vmovups_zmm_store(&mut self, m: Mem, src: Zmm) {
+        self.vmovups_zmm_store_masked(m, Kreg(0), src);
+    }
+
+    /// `vmovups zmmword ptr [m] {k}, zmm`: stores the lanes set in `k`.
+    pub fn vmovups_zmm_store_masked(&mut self, m: Mem, k: Kreg, src: Zmm) {
+        let line = format!("vmovups zmmword ptr {m}{}, {src}", mask_suffix(k, false));
+        self.evex(
+            Evex {
+                map: MAP_0F,
+                pp: PP_NONE,
+                opcode: 0x11,
+                reg: src.0 & 31,
+                vvvv: 0,
+                rm: Rm::Mem(m),
+                mask: k.0 & 7,
+                zeroing: false,
+                broadcast: false,
+                n: 64,
+            },
+            line,
+        );
+    }
+
+    /// `vbroadcastss zmm, dword ptr [m]`: one f32 to all 16 lanes.
+    pub fn vbroadcastss_zmm_load(&mut self, dst: Zmm, m: Mem) {
+        self.evex(
+            Evex {
+                map: MAP_0F38,
+                pp: PP_66,
+                opcode: 0x18,
+                reg: dst.0 & 31,
+                vvvv: 0,
+                rm: Rm::Mem(m),
+                mask: 0,
+                zeroing: false,
+                broadcast: false,
+                n: 4,
+            },
+            format!("vbroadcastss {dst}, dword ptr {m}"),
+        );
+    }
+
+    /// `vfmadd231ps dst, a, b`: dst += a · b.
+    pub fn vfmadd231ps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        self.evex(
+            Evex {
+                map: MAP_0F38,
+                pp: PP_66,
+                opcode: 0xB8,
+                reg: dst.0 & 31,
+                vvvv: a.0 & 31,
+                rm: Rm::Reg(b.0 & 31),
+                mask: 0,
+                zeroing: false,
+                broadcast: false,
+                n: 64,
+            },
+            format!("vfmadd231ps {dst}, {a}, {b}"),
+        );
+    }
+
+    /// `vfmadd231ps dst, a, zmmword ptr [m]`
+    pub fn vfmadd231ps_zmm_mem(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        self.evex(
+            Evex {
+                map: MAP_0F38,
+                pp: PP_66,
+                opcode: 0xB8,
+                reg: dst.0 & 31,
+                vvvv: a.0 & 31,
+                rm: Rm::Mem(m),
+                mask: 0,
+                zeroing: false,
+                broadcast: false,
+                n: 64,
+            },
+            format!("vfmadd231ps {dst}, {a}, zmmword ptr {m}"),
+        );
+    }
+
+    /// `vfmadd231ps dst, a, dword ptr [m]{1to16}`: dst += a · (one f32
+    /// from memory, broadcast by the FMA itself).
+    pub fn vfmadd231ps_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        self.evex(
+            Evex {
+                map: MAP_0F38,
+                pp: PP_66,
+                opcode: 0xB8,
+                reg: dst.0 & 31,
+                vvvv: a.0 & 31,
+                rm: Rm::Mem(m),
+                mask: 0,
+                zeroing: false,
+                broadcast: true,
+                n: 4,
+            },
+            format!("vfmadd231ps {dst}, {a}, dword ptr {m}{{1to16}}"),
+        );
+    }
+
+    /// `vpxord dst, a, b` (AVX-512F; `vxorps zmm` would need AVX512DQ):
+    /// with a = b = dst, the zero idiom.
+    pub fn vpxord_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        self.evex(
+            Evex {
+                map: MAP_0F,
+                pp: PP_66,
+                opcode: 0xEF,
+                reg: dst.0 & 31,
+                vvvv: a.0 & 31,
+                rm: Rm::Reg(b.0 & 31),
+                mask: 0,
+                zeroing: false,
+                broadcast: false,
+                n: 64,
+            },
+            format!("vpxord {dst}, {a}, {b}"),
+        );
+    }
+
+    /// `vaddps dst, a, b`
+    pub fn vaddps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        self.evex(ps_rrr(0x58, dst, a, b), format!("vaddps {dst}, {a}, {b}"));
+    }
+
+    /// `vaddps dst, a, zmmword ptr [m]`
+    pub fn vaddps_zmm_mem(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            rm: Rm::Mem(m),
+            ..ps_rrr(0x58, dst, a, Zmm(0))
+        };
+        self.evex(e, format!("vaddps {dst}, {a}, zmmword ptr {m}"));
+    }
+
+    /// `vmaxps dst, a, b`
+    pub fn vmaxps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        self.evex(ps_rrr(0x5F, dst, a, b), format!("vmaxps {dst}, {a}, {b}"));
+    }
+
+    /// `kmovw k, r32`: the low 16 bits of `src` into an opmask (a VEX
+    /// instruction, 2-byte form when `src` < r8, as llvm-mc encodes it).
+    pub fn kmovw_from_gp(&mut self, k: Kreg, src: Gp) {
+        let (kk, s) = (k.0 & 7, src.0 & 15);
+        let modrm = 0xC0 | (kk << 3) | (s & 7);
+        let bytes = if s < 8 {
+            // C5 [R̄=1 v̄v̄v̄v̄=1111 L=0 pp=00]
+            vec![0xC5, 0xF8, 0x92, modrm]
+        } else {
+            // C4 [R̄=1 X̄=1 B̄=0 m=00001] [W=0 v̄v̄v̄v̄=1111 L=0 pp=00]
+            vec![0xC4, 0xC1, 0x78, 0x92, modrm]
+        };
+        self.raw(&bytes, format!("kmovw {k}, {}", gp32_name(src)));
+    }
+}
+
+/// The 32-bit name of a general-purpose register (`eax`, `r8d`).
+fn gp32_name(r: Gp) -> String {
+    const N: [&str; 8] = ["eax", "ecx", "edx", "ebx", "esp", "ebp", "esi", "edi"];
+    match r.0 & 15 {
+        n @ 0..8 => N[usize::from(n)].to_string(),
+        n => format!("r{n}d"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::asm::*;
+    use super::*;
+
+    fn bytes_of(f: impl FnOnce(&mut X86Asm)) -> (Vec<u8>, String) {
+        let mut a = X86Asm::new();
+        f(&mut a);
+        a.finish().unwrap()
+    }
+
+    /// Encodings from the Intel SDM / llvm-mc, written down by hand.
+    #[test]
+    fn known_encodings() {
+        let (b, l) = bytes_of(|a| a.vfmadd231ps_zmm(Zmm(0), Zmm(1), Zmm(2)));
+        assert_eq!(b, [0x62, 0xF2, 0x75, 0x48, 0xB8, 0xC2]);
+        assert_eq!(l.trim(), "vfmadd231ps zmm0, zmm1, zmm2");
+        // zmm31 += zmm16 · [r13 + 4]{1to16}: disp8 1 (scaled by 4)
+        let (b, _) = bytes_of(|a| a.vfmadd231ps_zmm_bcst(Zmm(31), Zmm(16), mem(R13, 4)));
+        assert_eq!(b, [0x62, 0x42, 0x7D, 0x50, 0xB8, 0x7D, 0x01]);
+        // vmovups zmm1, [rsp + 64]: SIB, disp8 1 (scaled by 64)
+        let (b, _) = bytes_of(|a| a.vmovups_zmm_load(Zmm(1), mem(RSP, 64)));
+        assert_eq!(b, [0x62, 0xF1, 0x7C, 0x48, 0x10, 0x4C, 0x24, 0x01]);
+        // kmovw k1, eax
+        let (b, _) = bytes_of(|a| a.kmovw_from_gp(Kreg(1), RAX));
+        assert_eq!(b, [0xC5, 0xF8, 0x92, 0xC8]);
+    }
+
+    #[test]
+    fn displacements_that_do_not_scale_take_four_bytes() {
+        let (b, _) = bytes_of(|a| a.vmovups_zmm_load(Zmm(0), mem(RAX, 4)));
+        assert_eq!(b, [0x62, 0xF1, 0x7C, 0x48, 0x10, 0x80, 4, 0, 0, 0]);
+        let (b, _) = bytes_of(|a| a.vmovups_zmm_load(Zmm(0), mem(RBP, 0)));
+        assert_eq!(b, [0x62, 0xF1, 0x7C, 0x48, 0x10, 0x45, 0x00]);
+    }
+}
