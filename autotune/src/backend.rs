@@ -155,8 +155,9 @@ pub fn library_kernel(format: &str) -> Result<&'static str, UnknownFormat> {
 pub trait TuneBackend {
     /// The CLI / record name (`x86`, `host`).
     fn kind(&self) -> BackendKind;
-    /// The solver target the tiles come from (written into winners).
-    fn caps(&self) -> &'static TargetCaps;
+    /// The solver target `kernel`'s tiles come from (written into winners):
+    /// on x86 with AVX-512, f32 kernels are solved on `x86-avx512`.
+    fn caps(&self, kernel: &Kernel) -> &'static TargetCaps;
     /// Whether the emitter can index this tile for `kernel`.
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool;
     /// Emit and map `kernel` for `tile` and `variant`.
@@ -167,8 +168,8 @@ pub trait TuneBackend {
         variant: Variant,
     ) -> Result<HostMatmul, String>;
     /// Vector width of the MAC path, bits (for the peak-MAC loop).
-    fn vector_bits(&self) -> u32 {
-        self.caps().register_bits
+    fn vector_bits(&self, kernel: &Kernel) -> u32 {
+        self.caps(kernel).register_bits
     }
 }
 
@@ -231,8 +232,8 @@ impl TuneBackend for X86Tune {
     fn kind(&self) -> BackendKind {
         BackendKind::X86
     }
-    fn caps(&self) -> &'static TargetCaps {
-        TargetCaps::by_name(tessera_codegen::x86::NAME).expect("the x86 backend's target exists")
+    fn caps(&self, kernel: &Kernel) -> &'static TargetCaps {
+        self.0.target(kernel)
     }
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {
         self.0.emit_code(kernel, tile).is_ok()
@@ -266,7 +267,7 @@ impl TuneBackend for ClifTune {
     fn kind(&self) -> BackendKind {
         BackendKind::Host
     }
-    fn caps(&self) -> &'static TargetCaps {
+    fn caps(&self, _kernel: &Kernel) -> &'static TargetCaps {
         self.0.caps()
     }
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {
@@ -306,7 +307,7 @@ impl TuneBackend for NeonTune {
     fn kind(&self) -> BackendKind {
         BackendKind::Neon
     }
-    fn caps(&self) -> &'static TargetCaps {
+    fn caps(&self, _kernel: &Kernel) -> &'static TargetCaps {
         self.0.caps()
     }
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {

@@ -170,8 +170,8 @@ fn merge(a: &Path, b: &Path, out: &Path) -> Result<(), CliError> {
 }
 
 /// The solver's MAC path of `class` on a backend, for the peak loop.
-fn mac_path(class: MacClass, backend: &dyn TuneBackend) -> MacPath {
-    let bits = backend.vector_bits();
+fn mac_path(class: MacClass, backend: &dyn TuneBackend, kernel: &tessera_dsl::Kernel) -> MacPath {
+    let bits = backend.vector_bits(kernel);
     match class {
         MacClass::Int8 => MacPath::Int8 { bits },
         _ => MacPath::Fma { bits },
@@ -185,9 +185,9 @@ enum Target {
 }
 
 impl Target {
-    fn caps(&self) -> &'static tessera_codegen::target::TargetCaps {
+    fn caps(&self, kernel: &tessera_dsl::Kernel) -> &'static tessera_codegen::target::TargetCaps {
         match self {
-            Target::Host(b) => b.caps(),
+            Target::Host(b) => b.caps(kernel),
             Target::OpenCl(t) => t.caps(),
         }
     }
@@ -268,7 +268,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
             tessera_dsl::library::get(kernel_name).map_err(|e| CliError::Usage(e.to_string()))?
         }
     };
-    let caps = target.caps();
+    let caps = target.caps(&kernel);
     let class = mac_class(caps, &kernel).map_err(|e| {
         CliError::Usage(format!(
             "backend `{kind}` cannot run --format {format}: {e}"
@@ -376,7 +376,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
     let llc = limits::llc_bytes(&fingerprint);
     let (measured, core_weights, path_name) = match &target {
         Target::Host(b) => {
-            let path = mac_path(class, b.as_ref());
+            let path = mac_path(class, b.as_ref(), &kernel);
             (
                 limits::measure(&fingerprint, path, threads, quick),
                 limits::core_weights(&fingerprint, path),

@@ -136,8 +136,13 @@ fn mac_loop(path: MacPath, iters: u64) -> (f32, f64) {
     {
         let avx2 = std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma");
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
         match path {
-            MacPath::Fma { bits: 256 } if avx2 => {
+            MacPath::Fma { bits: 512 } if avx512 => {
+                // SAFETY: AVX-512F was detected on this CPU just above.
+                return (unsafe { x86::fma512(iters) }, (iters * 12 * 16) as f64);
+            }
+            MacPath::Fma { bits: 256 | 512 } if avx2 => {
                 // SAFETY: AVX2 and FMA were detected on this CPU just above.
                 return (unsafe { x86::fma256(iters) }, (iters * 12 * 8) as f64);
             }
@@ -204,6 +209,25 @@ mod x86 {
         // SAFETY: `out` holds 8 f32; unaligned store.
         unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
         out.iter().sum()
+    }
+
+    /// 12 chains of `vfmadd231ps zmm`: the peak the AVX-512 f32 kernel
+    /// (`x86-avx512` tiles) is measured against.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma512(iters: u64) -> f32 {
+        let a = _mm512_set1_ps(1.000_001);
+        let b = _mm512_set1_ps(0.999_999);
+        let mut acc = [_mm512_set1_ps(0.5); 12];
+        for _ in 0..iters {
+            for c in &mut acc {
+                *c = _mm512_fmadd_ps(*c, a, b);
+            }
+        }
+        let mut s = _mm512_setzero_ps();
+        for c in acc {
+            s = _mm512_add_ps(s, c);
+        }
+        _mm512_reduce_add_ps(s)
     }
 
     /// 10 chains of `vpmaddubsw` + `vpmaddwd` + `vpaddd` (32 u8·s8 MACs
