@@ -21,6 +21,7 @@ use tessera_kernels_gen::r#gen::targets::has_gpu_weights;
 /// The targets `emit` accepts.
 pub const TARGETS: &[&str] = &[
     "x86-avx2",
+    "x86-avx512",
     "host",
     "aarch64-neon",
     "aarch64-fp16",
@@ -184,6 +185,28 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
             let (text, bytes) = machine(artifact);
             Ok(Emitted {
                 text: header(comment, target, &kernel, variant, Some(&chosen)) + &text,
+                bytes,
+            })
+        }
+        "x86-avx512" => {
+            // The AVX-512 kernel is f32 × f32 → f32 only; the backend says
+            // which target a kernel's tiles come from.
+            let backend = X86Backend {
+                vnni: false,
+                avx512: true,
+            };
+            let caps = backend.target(&kernel);
+            if !is_matmul || caps.name != target {
+                return Err(format!(
+                    "{target} emits f32 matmul kernels only; `{}` runs on x86-avx2 (the int8 kernels use AVX-VNNI where the CPU has it)",
+                    kernel.name
+                ));
+            }
+            let tiles = tiles_for(caps, &kernel, variant, tile)?;
+            let (chosen, artifact) = first_accepted(&backend, &kernel, &tiles, variant)?;
+            let (text, bytes) = machine(artifact);
+            Ok(Emitted {
+                text: header("#", target, &kernel, variant, Some(&chosen)) + &text,
                 bytes,
             })
         }
