@@ -28,9 +28,9 @@
 //!
 //! Both loops keep one register per (row, column block) live across the k
 //! loop and broadcast each row's activations into ONE renamed A register
-//! (as the float loop does), so a tile of up to 8 rows — every row of a
-//! flat GEMM at M ≤ 8 — fits in one row block and each weight byte is read
-//! once per call.
+//! (as the float loop does), so up to 10 rows of one column block fit
+//! (the solver's tile for GEMM; 8×8 for a flat GEMM at M = 8): every row
+//! of M ≤ 8 is one row block and each weight byte is read once per call.
 //!
 //! W8A8 (rows = ep, or 1 for the m = 1 loop; the k loop runs column block
 //! j outer, row i inner, and rebroadcasts row i's codes per block when
@@ -47,9 +47,10 @@
 //!
 //! W4A8: the registers hold only the current group's integer sums; the f32
 //! totals live in an aligned area of the stack, opened below the shared
-//! frame for the k loop (rsp moves down by [`acc_area_bytes`], so the loop
-//! addresses the shared frame with that added) and read back into the
-//! accumulator registers before the epilogue. At each group end, per row
+//! frame for the k loop (rsp moves down by `acc_area_bytes`, so the area
+//! stays above rsp and the loop addresses the shared frame with that
+//! added) and read back into the accumulator registers before the
+//! epilogue. At each group end, per row
 //! and column block: (`vpmaddwd` with ones,) `vcvtdq2ps`, then
 //! total += sw_g·dot_g + min_g·Σq_g with two FMAs on the total loaded into
 //! B's first register, and stored back.
@@ -68,9 +69,9 @@
 //! General-purpose registers: rdi = args, rsi = weights (bias in the
 //! epilogue), rcx = step counter (valid columns in the epilogue), r8 = the
 //! row block's activations, r9 = scales, r10 = offsets, rbx = panel, rbp =
-//! first row. W4A8's k loop: r11 = f32 total area, r13 =
-//! row 0's Σq of the current group, r14 = Σq row stride, rax walks the
-//! rows. Epilogue: r8..r15 = y rows, eight rows at a time.
+//! first row. W4A8's k loop: r11 = f32 total area, r13 = row 0's Σq of
+//! the current group, r14 = Σq row stride, rax walks the rows. Epilogue:
+//! r8..r15 = y rows, eight rows at a time.
 
 use tessera_dsl::ir::{Activation, Format};
 
@@ -140,7 +141,7 @@ impl Regs {
 
 /// Bytes W4A8's k loop moves rsp down by: the f32 totals of `rows` × `hb`
 /// column blocks, plus slack to align them to 32 bytes.
-pub fn acc_area_bytes(rows: usize, hb: usize) -> i32 {
+fn acc_area_bytes(rows: usize, hb: usize) -> i32 {
     (32 * rows * hb + 32) as i32
 }
 
