@@ -34,7 +34,7 @@
 //! | `fmla v.8h, v.8h, v.h[i]` | 1×8 | 1 | 8 rows = 1 reg (lane index) | 8 cols = 1 reg |
 //! | `smull`+`smlal2`+`sadalp` | 1×1 | 16 | 1 row × 16 int8 = 1 reg | 1 col × 16 int8 = 1 reg |
 //! | `vfmadd231ps ymm` | 1×8 | 1 | every row broadcast in turn = 1 reg (a_rows 16) | 8 cols = 1 reg |
-//! | `vpmaddubsw`+`vpmaddwd` ymm | 1×8 | 4 | 1 row's 4 bytes broadcast = 1 reg | 8 cols × 4 int8 = 1 reg |
+//! | `vpmaddubsw`+`vpmaddwd` ymm | 1×8 | 4 | every row's 4 bytes broadcast in turn = 1 reg (a_rows 16) | 8 cols × 4 int8 = 1 reg |
 //! | `vfmadd231ps zmm` | 1×16 | 1 | every row broadcast in turn = 1 reg (a_rows 32) | 16 cols = 1 reg |
 //! | `vpdpbusd zmm` | 1×16 | 4 | 1 row's 4 bytes broadcast = 1 reg | 16 cols × 4 int8 = 1 reg |
 //! | OpenCL `mad` float4 | 1×4 (4 regs) | 4 | 1 row × float4 = 4 regs | 4 cols × float4 = 16 regs |
@@ -44,11 +44,11 @@
 //! | PTX `mma.m16n8k32` s8 | 8×16 (4 regs) | 32 | 8 rows × 32 = mma B fragment, 2 regs | 16 cols × 32 = mma A fragment, 4 regs |
 //!
 //! On x86 there is no by-element multiply, so an A row is broadcast to a
-//! whole register. The int8 class counts one register per row (MNN-LLM's
-//! own `ep + hp + ep·hp`, formula (3), in register units); the x86-avx2
-//! float loop broadcasts each row into one renamed register, so it counts
-//! one A register whatever ep (`a_rows` 16). On PTX the tile is a
-//! warp tile and e sits on the `mma` n side (8), h on the m side (16): the
+//! whole register. The x86 f32 loops and the x86-avx2 int8 loop broadcast
+//! each row into one renamed register just before its MACs, so they count
+//! one A register whatever ep (`a_rows` 16, or 32 on zmm); `vpdpbusd zmm`
+//! still counts one register per row (MNN-LLM's own `ep + hp + ep·hp`,
+//! formula (3), in register units). On PTX the tile is a warp tile and e sits on the `mma` n side (8), h on the m side (16): the
 //! FlashDecoding++ flat-GEMM layout, so a small M pads to 8, not 16.
 
 use std::fmt;
@@ -535,9 +535,12 @@ const VFMADD_YMM: MacInstr = MacInstr {
 /// `vpmaddubsw` multiplies unsigned by signed bytes: the u4 weight codes are
 /// the unsigned operand, the int8 activations the signed one (no +128
 /// shift). Pairs land in int16, `vpmaddwd` with ones sums them to int32:
-/// four bytes of l per int32 lane, lp = 4. With grouped weights (W4A8)
-/// each group sums in int16 (or i32 with VNNI) registers beside the f32
-/// accumulators, one per accumulator, before its scale is applied.
+/// four bytes of l per int32 lane, lp = 4. As in the float loop, each row's
+/// four codes are broadcast into one renamed register just before their
+/// MACs, so A counts one whatever ep (a_rows 16). With grouped weights
+/// (W4A8) the registers hold the current group's integer sums (the
+/// accumulators) and the loop folds them into f32 totals kept in the stack
+/// frame at each group end, so group sums take no extra registers.
 const VPMADD_YMM: MacInstr = MacInstr {
     name: "vpmaddubsw+vpmaddwd+vpaddd ymm",
     class: MacClass::Int8,
@@ -545,13 +548,13 @@ const VPMADD_YMM: MacInstr = MacInstr {
     ah: 8,
     acc_regs: 1,
     lp: 4,
-    a_rows: 1,
+    a_rows: 16,
     a_regs: 1,
     b_cols: 8,
     b_regs: 1,
     reserved: VPMADD_TEMPS,
     mma: None,
-    group_sums: 1,
+    group_sums: 0,
 };
 
 /// The AVX-512 f32 kernel (`x86::avx512`) counts as [`VFMADD_YMM`] does:

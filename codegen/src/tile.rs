@@ -16,10 +16,11 @@
 //!     + B ceil(hp/b_cols)·b_regs + dequant + reserved  ≤  R
 //! ```
 //!
-//! `group_sums` (x86 int8 with grouped weights only, [`MacInstr::group_sums`])
-//! is one register per accumulator for the current group's integer sums;
-//! that loop broadcasts one A row at a time, so A counts one register. ARM
-//! folds group sums through memory and counts none (Table 2 stays exact).
+//! `group_sums` ([`MacInstr::group_sums`]) is one register per accumulator
+//! for the current group's integer sums, for an emitter that keeps them
+//! beside f32 accumulators; that loop broadcasts one A row at a time, so A
+//! counts one register. No built-in target counts it now: ARM and x86 fold
+//! the group sums into f32 totals through memory (Table 2 stays exact).
 //!
 //! `dequant` is `2·(hp/ah)·acc_regs` (a scale and an offset vector for the
 //! hp columns of the current group) when quantized weights meet a float MAC
@@ -43,9 +44,8 @@
 //! # x86, derived the same way (and why it differs from MNN's Table 2)
 //!
 //! x86 has no multiply-by-element, so each A row is broadcast into a whole
-//! register. The int8 class keeps one per row (a_rows = 1): the count is
-//! `ep·(hp/ah) + ep + hp/ah`. The f32 class broadcasts each row into one
-//! register that its FMAs consume at once (renaming makes the rows
+//! register. The x86-avx2 loops (f32 and int8) broadcast each row into
+//! one register that its MACs consume at once (renaming makes the rows
 //! independent), so A counts 1 whatever ep.
 //!
 //! - `x86-avx2`, f32 via `vfmadd231ps` (1×8, lp 1): 16 ymm, nothing
@@ -59,16 +59,18 @@
 //!   M = 8. (Before, ep A registers and the int4 unpack's 2 reserved ones
 //!   capped f32 at 6×8.)
 //! - `x86-avx2`, int8 via `vpmaddubsw`+`vpmaddwd` (1×8, lp 4): 16 ymm − 2
-//!   (unpack) − 2 (int16 temp, ones vector) = 12. 5×8 needs 5 + 5 + 1 = 11;
-//!   6×8 needs 13; 3×16 needs 6 + 3 + 2 = 11 but costs more. → **5/8/4**.
-//!   With grouped weights (W4A8 g32) the group sums add one register per
-//!   accumulator and A drops to one: 5×8 needs 5 + 5 + 1 + 1 = 12 of the
-//!   12, 6×8 needs 14 and 3×16 needs 6 + 6 + 1 + 2 = 15: still **5/8/4**,
-//!   and every tile offered is one the emitter can hold.
+//!   (unpack) − 2 (int16 temp, ones vector) = 12: `ep·hb + 1 + hb ≤ 12`.
+//!   10×8 needs 10 + 1 + 1 = 12; 4×16 needs 8 + 1 + 2 = 11 but costs more.
+//!   → **10/8/4**. Flat GEMM: 2×24 at M = 2, 4×16 at M = 4, 6×8 at M = 6,
+//!   8×8 at M = 8 (every row in one block, each weight byte read once);
+//!   GEMV 1×40. With grouped weights (W4A8 g32) the registers hold the
+//!   group's integer sums and the f32 totals live in the stack frame (one
+//!   load/FMA/FMA/store per row and column block at a group end), so the
+//!   tiles are the same. (Before, one A register per row and W4A8's f32
+//!   accumulators beside its group sums capped both formats at 5×8, which
+//!   took two row blocks, and two passes over the weights, at M = 6–8.)
 //!   MNN-LLM lists 4/8/4, a tile of 4 + 4 + 1 = 9 ymm that leaves 7 for
-//!   temporaries — room, we read it, for one int16 temp per row so the four
-//!   `vpmaddubsw` chains overlap. Our accounting keeps a single temp, which
-//!   leaves room for a fifth row; the autotuner measures 4×8 as a neighbour.
+//!   temporaries (one int16 temp per row, we read it).
 //! - `x86-avx512`, f32 via `vfmadd231ps zmm` (1×16, lp 1; `x86::avx512`):
 //!   counted as the avx2 f32 class, one renamed A register, nothing
 //!   reserved: `ep·hb + 1 + hb ≤ 32`, A weighted 8 (see [`a_load_weight`]),

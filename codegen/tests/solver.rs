@@ -88,10 +88,22 @@ fn table_2_accounting_is_in_whole_registers() {
 /// The x86 rows as derived (and documented against MNN's 4/8/4, 4/64/4).
 #[test]
 fn x86_rows() {
-    assert_eq!(best("x86-avx2", &w4a8()), (5, 8, 4));
-    // MNN's 4x8 is one step away, so the autotuner measures it.
-    let s = solve_kernel(target("x86-avx2"), &w4a8()).unwrap();
-    assert!(s.neighbours.iter().any(|t| (t.ep, t.hp) == (4, 8)));
+    // One renamed broadcast register for every row: 10 acc + 1 A + 1 B + 4.
+    assert_eq!(best("x86-avx2", &w4a8()), (10, 8, 4));
+    // Flat GEMM: every row of M <= 8 in one row block (one weight pass).
+    let caps = target("x86-avx2");
+    let int8 = Problem::from_kernel(caps, &w4a8()).unwrap();
+    for (m, tile) in [
+        (2, (2, 24)),
+        (4, (4, 16)),
+        (6, (6, 8)),
+        (8, (8, 8)),
+        (16, (8, 8)),
+    ] {
+        let t = solve(caps, &Problem { e: m, ..int8 }).unwrap()[0];
+        assert_eq!((t.ep, t.hp), tile, "m = {m}");
+        assert_eq!(t.accounting.a_regs, 1);
+    }
     assert_eq!(best("x86-avx512", &w4a8()), (14, 16, 4));
     let f32k = matmul(Format::F32, Format::F32);
     // One renamed broadcast register for every row, nothing reserved, and
@@ -110,40 +122,39 @@ fn x86_rows() {
     }
 }
 
-/// x86 keeps W4A8's per-group integer sums in registers (one per
-/// accumulator, A broadcast one row at a time), so every tile offered fits
-/// the emitter; row-quantized weights and ARM (group sums through memory)
-/// count none.
+/// x86 keeps only the current group's integer sums of W4A8 in registers
+/// (they are the accumulators) and folds them into f32 totals in the stack
+/// frame, so W4A8 and W8A8 count alike: accumulators + 1 A + B + 4
+/// reserved, no group sums; ARM folds group sums through memory too.
 #[test]
-fn x86_grouped_int8_counts_group_sums() {
-    let s = solve_kernel(target("x86-avx2"), &w4a8()).unwrap();
-    let a = s.tiles[0].accounting;
-    assert_eq!(
-        (
-            a.accumulators,
-            a.group_sums,
-            a.a_regs,
-            a.b_regs,
-            a.reserved,
-            a.total
-        ),
-        (5, 5, 1, 1, 4, 16)
-    );
-    for t in &s.tiles {
-        let a = t.accounting;
-        assert_eq!(a.group_sums, a.accumulators, "{}", t.summary());
-        assert_eq!(
-            a.total,
-            2 * a.accumulators + 1 + t.hp / 8 + 4,
-            "{}",
-            t.summary()
-        );
-        assert!(a.total <= 16, "{}", t.summary());
-    }
+fn x86_grouped_int8_folds_group_sums_through_memory() {
     let w8a8 = matmul(Format::I8Dyn, Format::I8Sym(Group::Row));
-    let s = solve_kernel(target("x86-avx2"), &w8a8).unwrap();
-    assert!(s.tiles.iter().all(|t| t.accounting.group_sums == 0));
-    assert_eq!(best("x86-avx2", &w8a8), (5, 8, 4));
+    for kernel in [w4a8(), w8a8] {
+        let s = solve_kernel(target("x86-avx2"), &kernel).unwrap();
+        let a = s.tiles[0].accounting;
+        assert_eq!(
+            (
+                a.accumulators,
+                a.group_sums,
+                a.a_regs,
+                a.b_regs,
+                a.reserved,
+                a.total
+            ),
+            (10, 0, 1, 1, 4, 16)
+        );
+        for t in &s.tiles {
+            let a = t.accounting;
+            assert_eq!(a.group_sums, 0, "{}", t.summary());
+            assert_eq!(
+                a.total,
+                a.accumulators + 1 + t.hp / 8 + 4,
+                "{}",
+                t.summary()
+            );
+            assert!(a.total <= 16, "{}", t.summary());
+        }
+    }
     for arm in ["aarch64-neon", "aarch64-dotprod", "aarch64-i8mm"] {
         let s = solve_kernel(target(arm), &w4a8()).unwrap();
         assert!(

@@ -203,8 +203,8 @@ fn best_tile_all_shapes(name: &str) {
     }
 }
 
-/// Every feasible tile runs (the solver counts W4A8's int16 group sums, so
-/// it offers no tile the emitter must refuse).
+/// Every feasible tile runs (the solver offers no tile the emitter must
+/// refuse).
 fn every_tile(name: &str) {
     let kernel = library::get(name).unwrap();
     for b in backends() {
@@ -285,6 +285,47 @@ fn flat_gemm_w8a8() {
 #[test]
 fn flat_gemm_w4a8() {
     variant_all_shapes("matmul-w4a8", Variant::FlatGemm);
+}
+
+/// Int8 flat GEMM, plain AVX2 and AVX-VNNI: the solver's tiles for M =
+/// 2, 4, 6 and 8 (8x8 holds every row of M <= 8 in one row block) and the
+/// tallest one (10 rows: the epilogue stores eight rows, then two), over
+/// m = 1..=9, 12 and 16 (one block, several, a partial last one), n with
+/// a tail, and k with a partial last step and, for W4A8 (g32 and g16), a
+/// partial last group.
+#[test]
+fn flat_gemm_int8_every_m() {
+    let set_w = |k: &mut Kernel, f: Format| {
+        k.tensors.iter_mut().find(|t| t.name == "w").unwrap().format = f;
+    };
+    let kernels = [
+        library::get("matmul-w8a8").unwrap(),
+        library::get("matmul-w4a8").unwrap(),
+        variant("matmul-w4a8", |k| {
+            set_w(k, Format::U4Asym(tessera_dsl::ir::Group::Size(16)))
+        }),
+    ];
+    let ms: Vec<usize> = (1..=9).chain([12, 16]).collect();
+    let shapes: Vec<(usize, usize, usize)> = ms
+        .iter()
+        .flat_map(|&m| [(m, 19, 45), (m, 40, 100), (m, 8, 7)])
+        .collect();
+    for kernel in &kernels {
+        let mut picked: Vec<TileConfig> = Vec::new();
+        for m in [2, 4, 6, 8] {
+            picked.push(tiles_for_m(kernel, m)[0]);
+        }
+        picked.push(best(kernel));
+        picked.dedup_by_key(|t| (t.ep, t.hp));
+        let dims: Vec<(u32, u32)> = picked.iter().map(|t| (t.ep, t.hp)).collect();
+        assert!(dims.contains(&(8, 8)), "{}: {dims:?}", kernel.name);
+        assert!(dims.contains(&(10, 8)), "{}: {dims:?}", kernel.name);
+        for b in backends() {
+            for t in &picked {
+                check_variant(&b, kernel, t, Variant::FlatGemm, &shapes, 51 + t.ep as u64);
+            }
+        }
+    }
 }
 
 /// The GEMV variant computes any m (one row at a time); every format.

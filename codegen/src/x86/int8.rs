@@ -26,35 +26,52 @@
 //!
 //! # Register plans
 //!
-//! W8A8 (rows = ep, or 1 for the m = 1 loop):
+//! Both loops keep one register per (row, column block) live across the k
+//! loop and broadcast each row's activations into ONE renamed A register
+//! (as the float loop does), so up to 10 rows of one column block fit
+//! (the solver's tile for GEMM; 8×8 for a flat GEMM at M = 8): every row
+//! of M ≤ 8 is one row block and each weight byte is read once per call.
+//!
+//! W8A8 (rows = ep, or 1 for the m = 1 loop; the k loop runs column block
+//! j outer, row i inner, and rebroadcasts row i's codes per block when
+//! hb > 1):
 //!
 //! | ymm | holds |
 //! |---|---|
 //! | 0 .. rows·hb | i32 accumulators acc(i,j) |
-//! | then rows | A: row i's 4 codes broadcast |
+//! | then 1 | A: row i's 4 codes broadcast (renamed per row) |
 //! | then 1 | B: \|w\| of one column block |
 //! | then 1 | raw w (reserved: packed weight bytes) |
 //! | then 1 | product temp (reserved: vpmaddubsw pairs) |
 //! | then 1 | int16 ones (reserved: vpmaddwd) |
 //!
-//! W4A8:
+//! W4A8: the registers hold only the current group's integer sums; the f32
+//! totals live in an aligned area of the stack, opened below the shared
+//! frame for the k loop (rsp moves down by `acc_area_bytes`, so the area
+//! stays above rsp and the loop addresses the shared frame with that
+//! added) and read back into the accumulator registers before the
+//! epilogue. At each group end, per row
+//! and column block: (`vpmaddwd` with ones,) `vcvtdq2ps`, then
+//! total += sw_g·dot_g + min_g·Σq_g with two FMAs on the total loaded into
+//! B's first register, and stored back.
 //!
 //! | ymm | holds |
 //! |---|---|
-//! | 0 .. rows·hb | f32 accumulators acc(i,j) |
-//! | then rows·hb | int16 group sums (i32 with VNNI) — extra |
-//! | then 1 | A |
-//! | then hb | B: unpacked codes of column block j |
+//! | 0 .. rows·hb | int16 group sums (i32 with VNNI) g(i,j) |
+//! | then 1 | A: one row's codes; Σq as f32 at a group end |
+//! | then hb | B: unpacked codes of column block j; an f32 total at a group end |
 //! | then 1 | 0x0F mask (reserved) |
 //! | then 1 | shift counts (reserved: in place of a staging register) |
-//! | then 1 | product temp (reserved; unused with VNNI) |
+//! | then 1 | product temp (reserved; int16 ones at a group end) |
 //!
 //! ymm13-15 serve the shared epilogue after the loops ([`super::common`]).
 //!
 //! General-purpose registers: rdi = args, rsi = weights (bias in the
 //! epilogue), rcx = step counter (valid columns in the epilogue), r8 = the
-//! row block's activations, r9 = scales, r10 = offsets, r11..r15 = Σq row
-//! pointers (y rows in the epilogue), rbx = panel, rbp = first row.
+//! row block's activations, r9 = scales, r10 = offsets, rbx = panel, rbp =
+//! first row. W4A8's k loop: r11 = f32 total area, r13 = row 0's Σq of
+//! the current group, r14 = Σq row stride, rax walks the rows. Epilogue:
+//! r8..r15 = y rows, eight rows at a time.
 
 use tessera_dsl::ir::{Activation, Format};
 
@@ -65,7 +82,11 @@ use crate::artifact::{EmitError, MachineCode, Variant};
 
 /// k steps (of 4) per unrolled W8A8 iteration.
 const UNROLL: usize = 4;
-const ROWS: [Gp; 5] = [R11, R12, R13, R14, R15];
+/// y row pointers in the epilogue; a taller tile stores eight rows at a time.
+const YROWS: [Gp; 8] = [R8, R9, R10, R11, R12, R13, R14, R15];
+/// Most rows the emitter handles (the register plan is the real limit:
+/// accumulators must stay below the epilogue's ymm13).
+pub const MAX_ROWS: usize = 12;
 
 /// What an int8 kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +102,7 @@ pub struct Int8Spec {
     pub vnni: bool,
 }
 
+/// The register plan of one loop (see the module doc's tables).
 #[derive(Clone, Copy)]
 struct Regs {
     rows: usize,
@@ -89,35 +111,19 @@ struct Regs {
 }
 
 impl Regs {
+    /// Accumulator (W8A8: i32 over all of K; W4A8: the group's integer
+    /// sums, and the f32 totals once read back for the epilogue).
     fn acc(&self, i: usize, j: usize) -> Ymm {
         Ymm((i * self.hb + j) as u8)
     }
-    /// W4A8 group sums.
-    fn g(&self, i: usize, j: usize) -> Ymm {
-        Ymm((self.rows * self.hb + i * self.hb + j) as u8)
-    }
-    fn base(&self) -> usize {
-        if self.int4 {
-            2 * self.rows * self.hb
-        } else {
-            self.rows * self.hb
-        }
-    }
-    fn a(&self, i: usize) -> Ymm {
-        if self.int4 {
-            Ymm(self.base() as u8)
-        } else {
-            Ymm((self.base() + i) as u8)
-        }
-    }
-    fn after_a(&self) -> usize {
-        self.base() + if self.int4 { 1 } else { self.rows }
+    fn a(&self) -> Ymm {
+        Ymm((self.rows * self.hb) as u8)
     }
     fn b(&self, j: usize) -> Ymm {
-        Ymm((self.after_a() + if self.int4 { j } else { 0 }) as u8)
+        Ymm((self.rows * self.hb + 1 + if self.int4 { j } else { 0 }) as u8)
     }
     fn after_b(&self) -> usize {
-        self.after_a() + if self.int4 { self.hb } else { 1 }
+        self.rows * self.hb + 1 + if self.int4 { self.hb } else { 1 }
     }
     /// W8A8: raw weights; W4A8: the nibble mask.
     fn r0(&self) -> Ymm {
@@ -127,10 +133,16 @@ impl Regs {
     fn r1(&self) -> Ymm {
         Ymm((self.after_b() + 1) as u8)
     }
-    /// W8A8: ones; W4A8: product temp.
+    /// W8A8: ones; W4A8: product temp (int16 ones at a group end).
     fn r2(&self) -> Ymm {
         Ymm((self.after_b() + 2) as u8)
     }
+}
+
+/// Bytes W4A8's k loop moves rsp down by: the f32 totals of `rows` × `hb`
+/// column blocks, plus slack to align them to 32 bytes.
+fn acc_area_bytes(rows: usize, hb: usize) -> i32 {
+    (32 * rows * hb + 32) as i32
 }
 
 /// How far ahead of the weight stream the GEMV and flat-GEMM loops
@@ -149,10 +161,10 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
 /// prefetch the weight stream [`PREFETCH`] bytes ahead; `Gemm` leaves it to
 /// the hardware prefetcher (compute-bound).
 pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, EmitError> {
-    if spec.ep > ROWS.len() || spec.ep == 0 || spec.hb == 0 {
+    if spec.ep > MAX_ROWS || spec.ep == 0 || spec.hb == 0 {
         return Err(EmitError::BadTile {
             tile: format!("{}x{}x4", spec.ep, spec.hb * 8),
-            why: format!("the int8 kernel keeps at most {} rows", ROWS.len()),
+            why: format!("the int8 kernel keeps 1 to {MAX_ROWS} rows"),
         });
     }
     let mut a = X86Asm::new();
@@ -255,33 +267,25 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
     a.shl_imm(R9, if int4 { 3 } else { 2 });
     a.load64(RAX, mem(RDI, MM_W_PARAMS));
     a.add(R9, RAX);
+
     if int4 {
         a.imul_imm(R10, RDX, hp * 4);
         a.add(R10, R9);
-        // Σq row pointers: x_sums + (rbp + i)·groups·4.
-        for (i, &sr) in ROWS[..rows].iter().enumerate() {
-            a.mov(RAX, RBP);
-            if i > 0 {
-                a.add_imm(RAX, i as i32);
-            }
-            a.load64(RDX, mem(RSP, LOCAL2));
-            a.imul(RAX, RDX);
-            a.shl_imm(RAX, 2);
-            a.load64(RDX, mem(RDI, MM_X_SUMS));
-            a.add(RAX, RDX);
-            a.mov(sr, RAX);
-        }
-    }
-    for i in 0..rows {
-        for j in 0..hb {
-            let v = r.acc(i, j);
-            a.vxorps(v, v, v);
-        }
-    }
-
-    if int4 {
+        // r14 = Σq row stride (groups·4), r13 = x_sums + rbp·stride.
+        a.mov(R14, RDX);
+        a.shl_imm(R14, 2);
+        a.mov(R13, RBP);
+        a.imul(R13, R14);
+        a.load64(RAX, mem(RDI, MM_X_SUMS));
+        a.add(R13, RAX);
         int4_loop(a, spec, &r, ep, wstep, prefetch);
     } else {
+        for i in 0..rows {
+            for j in 0..hb {
+                let v = r.acc(i, j);
+                a.vxorps(v, v, v);
+            }
+        }
         int8_loop(a, spec, &r, ep, wstep, prefetch);
     }
 
@@ -301,15 +305,6 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
             a.vmulps(v, v, common::TMP);
         }
     }
-    let yrows = &ROWS[..rows];
-    for (i, &yr) in yrows.iter().enumerate() {
-        common::row_ptr(a, yr, i, false, MM_Y, MM_Y_STRIDE);
-        a.imul_imm(RAX, RBX, hp);
-        a.load64(RDX, mem(RDI, MM_N0));
-        a.add(RAX, RDX);
-        a.shl_imm(RAX, if spec.y == Format::F32 { 2 } else { 1 });
-        a.add(yr, RAX);
-    }
     if spec.bias {
         a.imul_imm(RAX, RBX, hp);
         a.load64(RDX, mem(RDI, MM_N0));
@@ -318,20 +313,39 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
         a.load64(RSI, mem(RDI, MM_BIAS));
         a.add(RSI, RAX);
     }
-    a.imul_imm(RAX, RBX, hp);
-    a.load64(RCX, mem(RDI, MM_N));
-    a.sub(RCX, RAX);
-    let store = Store {
-        rows,
-        hb,
-        y: spec.y,
-        finalize: true,
-        bias: spec.bias,
-        activation: spec.activation,
-        row_check: true,
-        tmp: common::TMP,
-    };
-    common::store_tile(a, &store, |i, j| r.acc(i, j), |i| yrows[i]);
+    // Eight rows at a time (one y pointer each); rbp moves to the chunk's
+    // first row so the row pointers and guards count from it.
+    for first in (0..rows).step_by(YROWS.len()) {
+        let chunk = (rows - first).min(YROWS.len());
+        if first > 0 {
+            a.add_imm(RBP, first as i32);
+        }
+        for (i, &yr) in YROWS[..chunk].iter().enumerate() {
+            common::row_ptr(a, yr, i, false, MM_Y, MM_Y_STRIDE);
+            a.imul_imm(RAX, RBX, hp);
+            a.load64(RDX, mem(RDI, MM_N0));
+            a.add(RAX, RDX);
+            a.shl_imm(RAX, if spec.y == Format::F32 { 2 } else { 1 });
+            a.add(yr, RAX);
+        }
+        a.imul_imm(RAX, RBX, hp);
+        a.load64(RCX, mem(RDI, MM_N));
+        a.sub(RCX, RAX);
+        let store = Store {
+            rows: chunk,
+            hb,
+            y: spec.y,
+            finalize: true,
+            bias: spec.bias,
+            activation: spec.activation,
+            row_check: true,
+            tmp: common::TMP,
+        };
+        common::store_tile(a, &store, |i, j| r.acc(first + i, j), |i| YROWS[i]);
+        if first > 0 {
+            a.sub_imm(RBP, first as i32);
+        }
+    }
 
     a.add_imm(RBP, rows as i32);
     a.cmp_mem(RBP, mem(RDI, MM_M));
@@ -342,7 +356,9 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
     a.jcc(Cond::L, panel_loop);
 }
 
-/// W8A8: all of K into i32 accumulators.
+/// W8A8: all of K into i32 accumulators. Column block j outer, row i
+/// inner: B (|w|) and the raw bytes serve every row, row i's codes are
+/// broadcast into the one A register just before their use.
 fn int8_loop(
     a: &mut X86Asm,
     spec: &Int8Spec,
@@ -356,15 +372,19 @@ fn int8_loop(
         a.vmovdqu_load(ones, mem(RSP, ONES16));
     }
     let step = |a: &mut X86Asm, u: i32| {
-        for i in 0..r.rows {
-            a.vpbroadcastd_load(r.a(i), mem(R8, u * ep * 4 + 4 * i as i32));
+        let x = |i: usize| mem(R8, u * ep * 4 + 4 * i as i32);
+        if r.rows == 1 {
+            a.vpbroadcastd_load(r.a(), x(0));
         }
         for j in 0..r.hb {
             a.vmovdqu_load(raw, mem(RSI, u * wstep + 32 * j as i32));
             a.vpabsb(r.b(0), raw);
             for i in 0..r.rows {
                 let acc = r.acc(i, j);
-                a.vpsignb(t, r.a(i), raw);
+                if r.rows > 1 {
+                    a.vpbroadcastd_load(r.a(), x(i));
+                }
+                a.vpsignb(t, r.a(), raw);
                 if spec.vnni {
                     a.vpdpbusd(acc, r.b(0), t);
                 } else {
@@ -406,7 +426,11 @@ fn int8_loop(
     a.bind(done);
 }
 
-/// W4A8: per group, int16 (or VNNI i32) sums, then f32 scale and zero point.
+/// W4A8: per group, int16 (or VNNI i32) sums in registers; at the group
+/// end the f32 totals in the stack area take sw·dot + min·Σq. Leaves the
+/// totals in the accumulator registers and rsp where it found it.
+/// Expects r9/r10 = the panel's scales/offsets, r13 = row 0's Σq, r14 =
+/// the Σq row stride.
 fn int4_loop(
     a: &mut X86Asm,
     spec: &Int8Spec,
@@ -420,6 +444,23 @@ fn int4_loop(
     let (mask, shifts, t) = (r.r0(), r.r1(), r.r2());
     a.vpbroadcastd_load(mask, mem(RSP, NIBBLE));
     a.vmovdqu_load(shifts, mem(RSP, SHIFTS));
+    a.load64(RAX, mem(RSP, LOCAL1));
+    a.store64(mem(RSP, LOCAL0), RAX);
+    // Open the totals area: r11 = its first 32-byte aligned byte. The
+    // shared frame is now `area` bytes further from rsp.
+    let area = acc_area_bytes(r.rows, r.hb);
+    let frame = |off: i32| mem(RSP, area + off);
+    a.sub_imm(RSP, area);
+    a.lea(R11, mem(RSP, 31));
+    a.shr_imm(R11, 5);
+    a.shl_imm(R11, 5);
+    let total = |i: usize, j: usize| mem(R11, 32 * (i * r.hb + j) as i32);
+    a.vxorps(t, t, t);
+    for i in 0..r.rows {
+        for j in 0..r.hb {
+            a.vmovups_store(total(i, j), t);
+        }
+    }
     let step = |a: &mut X86Asm, u: i32| {
         for j in 0..r.hb {
             let b = r.b(j);
@@ -427,11 +468,11 @@ fn int4_loop(
             a.vpsrlvd(b, b, shifts);
             a.vpand(b, b, mask);
         }
+        let av = r.a();
         for i in 0..r.rows {
-            let av = r.a(i);
             a.vpbroadcastd_load(av, mem(R8, u * ep * 4 + 4 * i as i32));
             for j in 0..r.hb {
-                let g = r.g(i, j);
+                let g = r.acc(i, j);
                 if spec.vnni {
                     a.vpdpbusd(g, r.b(j), av);
                 } else {
@@ -448,10 +489,8 @@ fn int4_loop(
         a.new_label(),
         a.new_label(),
     );
-    a.load64(RAX, mem(RSP, LOCAL1));
-    a.store64(mem(RSP, LOCAL0), RAX);
     a.bind(group_loop);
-    a.load64(RAX, mem(RSP, LOCAL0));
+    a.load64(RAX, frame(LOCAL0));
     a.cmp_imm(RAX, 0);
     a.jcc(Cond::E, done);
     // rcx = steps in this group, LOCAL0 -= rcx.
@@ -462,10 +501,10 @@ fn int4_loop(
     a.mov_imm(RCX, spg);
     a.bind(full);
     a.sub(RAX, RCX);
-    a.store64(mem(RSP, LOCAL0), RAX);
+    a.store64(frame(LOCAL0), RAX);
     for i in 0..r.rows {
         for j in 0..r.hb {
-            let g = r.g(i, j);
+            let g = r.acc(i, j);
             a.vxorps(g, g, g);
         }
     }
@@ -490,26 +529,43 @@ fn int4_loop(
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, slow_loop);
     a.bind(group_end);
-    // acc += sw·dot + min·Σq, per row and column block.
-    for (i, &sums) in ROWS[..r.rows].iter().enumerate() {
+    // total += sw·dot + min·Σq, per row and column block; rax walks Σq.
+    if !spec.vnni {
+        a.vmovdqu_load(t, frame(ONES16));
+    }
+    a.mov(RAX, R13);
+    for i in 0..r.rows {
         for j in 0..r.hb {
-            let g = r.g(i, j);
+            let g = r.acc(i, j);
             if !spec.vnni {
-                a.vpmaddwd_mem(g, g, mem(RSP, ONES16));
+                a.vpmaddwd(g, g, t);
             }
             a.vcvtdq2ps(g, g);
-            a.vfmadd231ps_mem(r.acc(i, j), g, mem(R9, 32 * j as i32));
         }
-        let s = r.a(0);
-        a.vpbroadcastd_load(s, mem(sums, 0));
+        let s = r.a();
+        a.vpbroadcastd_load(s, mem(RAX, 0));
         a.vcvtdq2ps(s, s);
-        for j in 0..r.hb {
-            a.vfmadd231ps_mem(r.acc(i, j), s, mem(R10, 32 * j as i32));
+        if i + 1 < r.rows {
+            a.add(RAX, R14);
         }
-        a.add_imm(sums, 4);
+        for j in 0..r.hb {
+            let g = r.acc(i, j);
+            let sum = r.b(0);
+            a.vmovups_load(sum, total(i, j));
+            a.vfmadd231ps_mem(sum, g, mem(R9, 32 * j as i32));
+            a.vfmadd231ps_mem(sum, s, mem(R10, 32 * j as i32));
+            a.vmovups_store(total(i, j), sum);
+        }
     }
+    a.add_imm(R13, 4);
     a.add_imm(R9, hp * 4);
     a.add_imm(R10, hp * 4);
     a.jmp(group_loop);
     a.bind(done);
+    for i in 0..r.rows {
+        for j in 0..r.hb {
+            a.vmovups_load(r.acc(i, j), total(i, j));
+        }
+    }
+    a.add_imm(RSP, area);
 }

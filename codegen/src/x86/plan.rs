@@ -2,14 +2,15 @@
 //! solver's `x86-avx2` accounting for the tile before anything is emitted.
 //!
 //! The solver counts, per tile ep × hp (hb = hp/8 ymm columns):
-//! accumulators ep·hb, A ep (one broadcast row each), B hb, reserved
-//! (2 CPU + 2 for the int8 class); with grouped int8 weights (W4A8) also
-//! ep·hb int16 group sums, and A = 1. A plan lists what a loop really keeps
-//! live. A loop may use fewer A or B registers than counted and may use
-//! leftover budget for `extra` registers (the float loops' second
-//! accumulator set in place of ep − 1 A registers, the GEMV loop's extra
-//! sets; W4A8's group sums, which the solver counts), but its accumulators
-//! are the tile's and its total never exceeds the 16 ymm registers.
+//! accumulators ep·hb, A 1 (every row broadcast in turn into one renamed
+//! register), B hb, reserved (4 for the int8 class: its two temporaries
+//! and the int4 unpack's two). A plan lists what a loop really keeps
+//! live. A loop may use fewer A, B or reserved registers than counted and
+//! may use leftover budget for `extra` registers (the float loops' second
+//! accumulator set, the GEMV loop's extra sets), but its accumulators are
+//! the tile's and its total never exceeds the 16 ymm registers. (W4A8's
+//! accumulators are its group's integer sums; the f32 totals live in the
+//! stack frame, see [`super::int8`].)
 
 use crate::target::TargetCaps;
 use crate::tile::TileConfig;
@@ -146,25 +147,27 @@ pub fn float_plan(spec: &FloatSpec) -> KernelPlan {
     }
 }
 
-/// Int8 kernels (see [`super::int8`] for the register tables).
+/// Int8 kernels (see [`super::int8`] for the register tables). Both
+/// formats count like the solver: accumulators rows·hb (W4A8: the group's
+/// integer sums, its f32 totals live in the stack frame), one renamed A.
 pub fn int8_plan(spec: &Int8Spec) -> KernelPlan {
     let (ep, hb) = (spec.ep as u32, spec.hb as u32);
     let main = |name, rows: u32| match spec.int4_group {
-        // f32 acc, i16 group sums, 1 A, hb B, mask + shift + product temp
+        // group sums, 1 A, hb B, mask + shift + product temp
         Some(_) => LoopPlan {
             name,
             accumulators: rows * hb,
             a: 1,
             b: hb,
             reserved: 3,
-            extra: rows * hb,
-            extra_purpose: "int16 group sums",
+            extra: 0,
+            extra_purpose: "",
         },
-        // i32 acc, ep A, |w| + raw w + product temp + ones
+        // i32 acc, 1 A, |w| + raw w + product temp + ones
         None => LoopPlan {
             name,
             accumulators: rows * hb,
-            a: rows,
+            a: 1,
             b: 1,
             reserved: 3,
             extra: 0,
@@ -186,7 +189,7 @@ mod tests {
     /// Every feasible x86-avx2 tile of every kernel the backend runs: the
     /// main loop's plan matches the solver's accounting (accumulators
     /// equal, A/B/reserved within it, total ≤ the solver's total ≤ 16) and
-    /// the backend emits it (W4A8's group sums included).
+    /// the backend emits it.
     #[test]
     fn register_plans_match_the_solver_accounting() {
         let caps = target();
@@ -247,15 +250,11 @@ mod tests {
                     "{name} {}",
                     tile.summary()
                 );
-                // The solver models W4A8's group sums, so every tile it offers
-                // fits; its count bounds the main loop's registers in its own
-                // categories (extra accumulator sets use the slack up to 16).
+                // Every tile the solver offers fits; its count bounds the main
+                // loop's registers in its own categories (extra accumulator
+                // sets use the slack up to 16).
                 assert!(fits, "{name} {}: {:?}", tile.summary(), plan.check(tile));
-                let own = if name == "matmul-w4a8" {
-                    m.total()
-                } else {
-                    m.total() - m.extra
-                };
+                let own = m.total() - m.extra;
                 assert!(own <= acc.total, "{name} {}", tile.summary());
                 assert!(m.total() <= 16, "{name} {}", tile.summary());
                 emitted += usize::from(fits);
@@ -303,18 +302,37 @@ mod tests {
         // 6x8 keeps a second accumulator set for independent FMA chains.
         let p = float_plan(&f32_spec(6, 1));
         assert_eq!(p.main.total(), 6 + 6 + 1 + 1);
-        let t = best("matmul-w4a8");
-        assert_eq!((t.ep, t.hp, t.lp), (5, 8, 4));
-        let p = int8_plan(&Int8Spec {
-            ep: 5,
-            hb: 1,
-            int4_group: Some(32),
-            y: tessera_dsl::Format::F32,
-            bias: true,
-            activation: tessera_dsl::ir::Activation::None,
-            vnni: false,
-        });
-        assert_eq!(p.main.total(), 5 + 5 + 1 + 1 + 3);
-        assert!(p.check(&t).is_ok());
+        // Int8: one renamed A register, so 10 rows fit (10 + 1 + 1 + 4).
+        for name in ["matmul-w4a8", "matmul-w8a8"] {
+            let t = best(name);
+            assert_eq!((t.ep, t.hp, t.lp), (10, 8, 4), "{name}");
+            assert_eq!(t.accounting.total, 16, "{name}");
+        }
+        let int8 = |ep, hb, int4_group| {
+            int8_plan(&Int8Spec {
+                ep,
+                hb,
+                int4_group,
+                y: tessera_dsl::Format::F32,
+                bias: true,
+                activation: tessera_dsl::ir::Activation::None,
+                vnni: false,
+            })
+        };
+        // W4A8: group sums + A + B + mask, shifts, product temp.
+        let p = int8(10, 1, Some(32));
+        assert_eq!(p.main.total(), 10 + 1 + 1 + 3);
+        // W8A8: accumulators + A + |w| + raw w, product temp, ones.
+        let w8 = int8(10, 1, None);
+        assert_eq!(w8.main.total(), 10 + 1 + 1 + 3);
+        assert!(w8.check(&best("matmul-w8a8")).is_ok());
+        assert!(p.check(&best("matmul-w4a8")).is_ok());
+        // The flat-GEMM tile at M = 8 holds every row in one block.
+        let kernel = library::get("matmul-w4a8").unwrap();
+        let mut problem = Problem::from_kernel(caps, &kernel).unwrap();
+        problem.e = 8;
+        let flat = crate::tile::solve(caps, &problem).unwrap()[0];
+        assert_eq!((flat.ep, flat.hp), (8, 8));
+        assert!(int8(8, 1, Some(32)).check(&flat).is_ok());
     }
 }
