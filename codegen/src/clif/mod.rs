@@ -119,6 +119,12 @@ impl ClifBackend {
         &*self.isa
     }
 
+    /// The ISA matmuls and the quantizer compile with (no optimiser: see
+    /// the field), for tests that inspect their machine code.
+    pub fn matmul_isa(&self) -> &dyn TargetIsa {
+        &*self.isa_matmul
+    }
+
     /// Whether the host's cranelift lowers the i8 dot tree to `sdot`.
     pub fn has_dotprod(&self) -> bool {
         self.has_flag("has_dotprod")
