@@ -7,7 +7,12 @@
 //! `cargo run --release -p tessera-codegen --example clif_timing`
 //!
 //! Environment (optional): `FORMATS=f32,f16,w8a8,w4a8`, `MS=1,512`,
-//! `THREADS=1`, `N=4096`, `K=4096`, `ROUNDS=5`.
+//! `THREADS=1`, `N=4096`, `K=4096`, `ROUNDS=5`, `CLOCK=cpu`.
+//!
+//! `CLOCK=cpu` (Linux, `THREADS=1` only: the call runs on this thread)
+//! times each call by the thread's own CPU time instead of the wall clock,
+//! so time the thread spends preempted by other processes on a loaded
+//! machine does not count (cache and memory contention still do).
 //!
 //! Method: weights rotate through copies totalling ≥ 256 MiB per
 //! implementation; the two implementations alternate in rounds of ≥ 3
@@ -24,6 +29,59 @@ use tessera_codegen::tile::{Problem, TileConfig, solve};
 use tessera_codegen::x86::{X86Backend, plan};
 
 const ROTATE_BYTES: usize = 256 << 20;
+
+/// This thread's CPU time in ns: `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`
+/// (exact; `/proc/thread-self/schedstat` only advances at scheduler ticks
+/// for a running thread, too coarse for a GEMV call of a few ms).
+#[cfg(target_os = "linux")]
+fn thread_cpu_ns() -> Option<u64> {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    unsafe extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec (64-bit time_t and long on
+    // the 64-bit Linux targets this example runs on).
+    let r = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (r == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn thread_cpu_ns() -> Option<u64> {
+    None
+}
+
+/// Seconds since `start` on the chosen clock.
+#[derive(Clone, Copy)]
+enum Clock {
+    Wall,
+    ThreadCpu,
+}
+
+impl Clock {
+    fn now(self) -> (Instant, u64) {
+        let cpu = match self {
+            Clock::Wall => 0,
+            Clock::ThreadCpu => thread_cpu_ns().unwrap_or(0),
+        };
+        (Instant::now(), cpu)
+    }
+
+    fn since(self, (t, cpu): (Instant, u64)) -> f64 {
+        match self {
+            Clock::Wall => t.elapsed().as_secs_f64(),
+            Clock::ThreadCpu => (thread_cpu_ns().unwrap_or(0) - cpu) as f64 * 1e-9,
+        }
+    }
+}
 
 fn env_list(name: &str, default: &str) -> Vec<String> {
     std::env::var(name)
@@ -85,7 +143,16 @@ impl Side {
     }
 
     /// One round: ≥ 3 calls and ≥ 0.2 s.
-    fn round(&mut self, x: &[f32], xh: &[half::f16], m: usize, threads: usize, f16: bool) {
+    #[allow(clippy::too_many_arguments)]
+    fn round(
+        &mut self,
+        x: &[f32],
+        xh: &[half::f16],
+        m: usize,
+        threads: usize,
+        f16: bool,
+        clock: Clock,
+    ) {
         let n = self.copies[0].n;
         let bias = vec![0.0f32; n];
         let mut y = vec![0f32; m * n];
@@ -105,11 +172,11 @@ impl Side {
             } else {
                 HostOutput::F32(&mut y)
             };
-            let t = Instant::now();
+            let t = clock.now();
             self.host
                 .run(input, m, w, Some(&bias), out, threads)
                 .unwrap();
-            self.times.push(t.elapsed().as_secs_f64());
+            self.times.push(clock.since(t));
             i += 1;
             calls += 1;
         }
@@ -133,6 +200,11 @@ fn main() {
     let threads = env_usize("THREADS", 1);
     let rounds = env_usize("ROUNDS", 5);
     let (n, k) = (env_usize("N", 4096), env_usize("K", 4096));
+    let clock = match std::env::var("CLOCK").as_deref() {
+        Ok("cpu") if threads == 1 && thread_cpu_ns().is_some() => Clock::ThreadCpu,
+        Ok("cpu") => panic!("CLOCK=cpu needs THREADS=1 on Linux"),
+        _ => Clock::Wall,
+    };
     let w: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
@@ -141,7 +213,13 @@ fn main() {
         .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
     let xh: Vec<half::f16> = x.iter().map(|v| half::f16::from_f32(*v)).collect();
-    println!("clif_timing: N={n} K={k}, {threads} thread(s), {rounds} alternating rounds");
+    let clock_name = match clock {
+        Clock::Wall => "wall clock",
+        Clock::ThreadCpu => "thread CPU time",
+    };
+    println!(
+        "clif_timing: N={n} K={k}, {threads} thread(s), {rounds} alternating rounds, {clock_name}"
+    );
     println!(
         "| format | M | x86 tile | x86 GFLOP/s | cranelift tile | cranelift GFLOP/s | x86 time / cranelift time |"
     );
@@ -193,7 +271,7 @@ fn main() {
                         continue;
                     }
                     std::thread::sleep(Duration::from_millis(50));
-                    s.round(&x[..m * k], &xh[..m * k], m, threads, f16);
+                    s.round(&x[..m * k], &xh[..m * k], m, threads, f16, clock);
                 }
             }
             let gflops = |s: &Side| 2.0 * (m * n * k) as f64 / s.median() / 1e9;

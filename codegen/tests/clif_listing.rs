@@ -179,3 +179,50 @@ fn clif_int8_dot_lowers_to_sdot_on_aarch64() {
         .count();
     assert!(sdots > 0, "no sdot in {} bytes", code.bytes.len());
 }
+
+/// The f32 GEMM loop of the solver's M = 512 tile keeps its accumulators
+/// in registers on x86-64: the unrolled trip (the block with the most
+/// fmas) has no stack access and no vector register move (regalloc2's
+/// answer to the x86 fma overwriting a multiplicand depends on the loop's
+/// shape, see `matmul::float_unroll`).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn clif_gemm_f32_loop_has_no_spills_or_moves() {
+    use cranelift_codegen::Context;
+    use cranelift_codegen::control::ControlPlane;
+    use tessera_codegen::artifact::Variant;
+
+    let backend = ClifBackend::host().expect("backend");
+    let kernel = library::get("matmul-f32").unwrap();
+    let caps = backend.caps();
+    let mut problem = Problem::from_kernel(caps, &kernel).unwrap();
+    (problem.e, problem.h, problem.l) = (512, 4096, 4096);
+    let tile = solve(caps, &problem).unwrap()[0];
+    assert_eq!(tile.accounting.accumulators, 12, "{}", tile.summary());
+    let fused = backend.has_flag("has_fma");
+    let func =
+        matmul::build_variant(&kernel, &tile, Variant::Gemm, DotLowering::Pmaddwd, fused).unwrap();
+    let mut ctx = Context::for_function(func);
+    ctx.set_disasm(true);
+    let code = ctx
+        .compile(backend.matmul_isa(), &mut ControlPlane::default())
+        .expect("compile");
+    let vcode = code.vcode.clone().expect("disassembly");
+    let blocks: Vec<&str> = vcode.split("\nblock").collect();
+    let mac = if fused { "vfmadd" } else { "mulps" };
+    let trip = blocks
+        .iter()
+        .max_by_key(|b| b.matches(mac).count())
+        .unwrap();
+    assert!(trip.matches(mac).count() >= 2 * 12, "{trip}");
+    for line in trip.lines().map(str::trim) {
+        let vector = line.contains("%xmm");
+        let spill = vector && line.contains("rsp");
+        let reg_move = vector && line.starts_with("mov") && !line.contains('(');
+        let vreg_move = vector && line.starts_with("vmov") && !line.contains('(');
+        assert!(
+            !(spill || reg_move || vreg_move),
+            "`{line}` in the GEMM loop:\n{trip}"
+        );
+    }
+}

@@ -213,8 +213,10 @@ fn clif_matmul_e0m4a16() {
 }
 
 /// The blocked GEMM loop (partial sums through y between K blocks) with
-/// K blocks of 8 and 16, so k = 7..100 spans one to thirteen blocks; n
-/// has a tail panel (which does all of k at once) and m tails.
+/// K blocks of about 8 and 16 (rounded up to whole unrolled trips and
+/// groups: 12 and 24 for f32, 32 for g32 weights), so k = 7..100 spans
+/// one to nine blocks; n has a tail panel (which does all of k at once)
+/// and m tails.
 #[test]
 fn clif_gemm_k_blocks() {
     let backend = ClifBackend::host().expect("backend");

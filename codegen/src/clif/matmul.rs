@@ -25,7 +25,9 @@
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{F32, F32X4, I8X16, I16X8, I32, I32X4, I64, I64X2};
-use cranelift_codegen::ir::{ConstantData, Function, InstBuilder, Value};
+use cranelift_codegen::ir::{
+    ConstantData, Function, InstBuilder, StackSlot, StackSlotData, StackSlotKind, Value,
+};
 use cranelift_frontend::{FunctionBuilderContext, Variable};
 use tessera_dsl::ir::{Activation, Format, Group, Kernel, LayoutDim, Matmul, Variant};
 
@@ -137,22 +139,31 @@ fn build_plan(plan: &Plan<'_>, kc: Option<i64>) -> Result<Function, EmitError> {
     Ok(func)
 }
 
-/// Bytes of one panel's K block in the blocked GEMM loop: a third of a
-/// 48 KiB L1 (the x86 emitter's choice too), the rest for the x rows.
-const PANEL_BLOCK_BYTES: i64 = 16 * 1024;
+/// Bytes of one panel's K block in the blocked GEMM loop: an L2-resident
+/// block (192 KiB of a 2 MiB L2), as in the x86 emitter, not an L1 one.
+/// Each K block costs a pass of partial sums through y, which costs more
+/// than reading the panel from L2: at M = 512, N = K = 4096 (6×8 tile,
+/// same runs) 16 KiB blocks (k 512) gave 47 GFLOP/s, 64 KiB (2048) 52 and
+/// one block for all of k 52.5.
+const PANEL_BLOCK_BYTES: i64 = 192 * 1024;
 
-/// k values per K block: the panel's block fills [`PANEL_BLOCK_BYTES`]
-/// (or about `wanted`), a whole number of unrolled trips and of weight
-/// groups.
+/// k values per K block: the panel's block fills about
+/// [`PANEL_BLOCK_BYTES`] (or about `wanted`), rounded up to whole unrolled
+/// trips and weight groups (up, so that a k just past a multiple of the
+/// trip does not leave a last block of a few steps).
 fn k_block(plan: &Plan<'_>, wanted: Option<i64>) -> i64 {
     let per_l = plan.hp * i64::from(plan.w.bits()) / 8;
     let unroll = float_unroll(plan);
-    let kc = wanted.unwrap_or(PANEL_BLOCK_BYTES / per_l);
-    let kc = kc.max(unroll) / unroll * unroll;
-    match plan.group {
-        Some(g) => (kc / g).max(1) * g,
-        None => kc,
-    }
+    let granule = match plan.group {
+        Some(g) => unroll / gcd(unroll, g) * g,
+        None => unroll,
+    };
+    let kc = wanted.unwrap_or(PANEL_BLOCK_BYTES / per_l).max(1);
+    (kc + granule - 1) / granule * granule
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 fn plan<'k>(
@@ -653,10 +664,18 @@ fn float_block(
         Some(g) => (fb.i64c(g), fb.udiv_c(kr.lo, g), fb.div_ceil(kr.hi, g)),
         None => (args.k, fb.i64c(0), fb.i64c(1)),
     };
+    let x_slot = (plan.x != Format::F32).then(|| {
+        fb.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            16 * ep as u32,
+            4,
+        ))
+    });
     let mac = Mac {
         plan,
         rows: &rows,
         acc: &acc,
+        x_slot,
     };
     fb.for_range(g_lo, g_hi, 1, |fb, g| {
         let mut params = Vec::new();
@@ -683,8 +702,9 @@ fn float_block(
         }
         fb.for_range(l_lo, l_hi, 1, |fb, l| {
             let pos_l = pan.l_addr.at(fb, l);
-            let mut b = Vec::with_capacity(nv);
-            for j in 0..nv {
+            let xb = i64::from(plan.x.bits() / 8);
+            let xo = fb.mul_c(l, xb);
+            mac.step_with(fb, xo, 0, |fb, j| {
                 let lanes_u = if col_pos.is_empty() {
                     let pos = fb.b.ins().iadd(h_base, pos_l);
                     let pos = fb.b.ins().iadd_imm_s(pos, 4 * j as i64);
@@ -698,11 +718,8 @@ fn float_block(
                     gather_w(fb, plan, args, [ps[0], ps[1], ps[2], ps[3]])
                 };
                 let v = w_values(fb, plan.w, lanes_u);
-                b.push(dequant(fb, v, params.get(j)));
-            }
-            let xb = i64::from(plan.x.bits() / 8);
-            let xo = fb.mul_c(l, xb);
-            mac.rows_times(fb, &b, xo, 0);
+                dequant(fb, v, params.get(j))
+            });
         });
     });
     let store = |fb: &mut Fb<'_>| {
@@ -742,46 +759,79 @@ fn dequant(fb: &mut Fb<'_>, v: Value, param: Option<&(Value, Option<Value>)>) ->
     }
 }
 
-/// Reduction steps of the float loop per trip of its unrolled loop. Four
-/// amortise the pointer updates, the branch and, above all, the register
-/// moves cranelift puts on the back edge (its x86-64 fma overwrites a
-/// multiplicand, so each result lands in a fresh register). Measured on
-/// the f32 GEMM at M = 512 (4×8 tile, same run as the x86 JIT): two steps
-/// gave 0.41× of x86, four 0.55–0.60×, eight 0.62×.
-fn float_unroll(_plan: &Plan<'_>) -> i64 {
-    4
+/// Reduction steps of the float loop per trip of its unrolled loop.
+///
+/// Cranelift's x86-64 `fma` overwrites a multiplicand (`vfmadd213ps` /
+/// `vfmadd132ps`, never the addend), so each result lands in the register
+/// of its fresh broadcast and the accumulators move through the register
+/// file as the trip goes on; regalloc2 has to bring them back to the
+/// loop-header registers on the back edge, and depending on how the
+/// trip's rotation falls it does so with moves, or with spills. Counted
+/// in the GEMM loop's machine code (12 accumulators: 4×12 and 6×8): 4
+/// steps gave 6–12 moves and 4–8 spill slots per trip, 8 steps 4 moves,
+/// 12 steps none. Grouped weights reduce a group at a time, so they take
+/// 8 steps, which divides the usual group sizes.
+fn float_unroll(plan: &Plan<'_>) -> i64 {
+    match plan.group {
+        Some(g) if g % 12 != 0 => 8,
+        _ => 12,
+    }
 }
 
 /// The float MAC of one row block: `acc[i][j] += x[row i, l]·b[j]`.
+///
+/// Column by column: each weight vector `b[j]` is loaded (or dequantized)
+/// just before its ep multiplies and dies after them, so one B register
+/// is live besides the accumulators, and every multiply gets its own
+/// broadcast of x (a `vbroadcastss` from memory that the x86-64 fma then
+/// overwrites in place: see [`float_unroll`]), so one A register is. The
+/// tile's register count is accumulators + 2 ([`super::CLIF_X86`]).
+/// Activations that are not f32 are widened once per row and step and
+/// parked as f32 in a stack slot, which the broadcasts then read.
 struct Mac<'a, 'k> {
     plan: &'a Plan<'k>,
     /// Byte address of each row of x (at l = 0).
     rows: &'a [Value],
     acc: &'a [Variable],
+    /// 16 bytes per row: the step's widened x (non-f32 activations).
+    x_slot: Option<StackSlot>,
 }
 
 impl Mac<'_, '_> {
-    /// Every row times the panel's weight vectors `b` of one step; x is
-    /// read at byte offset `xo + disp` of each row.
-    ///
-    /// Each f32 activation is broadcast once per multiply (a fresh
-    /// `vbroadcastss` from memory): x86-64 `vfmadd213ps` overwrites its
-    /// first multiplicand, so a broadcast shared by several multiplies
-    /// would be copied for each one; a fresh one is consumed in place.
-    fn rows_times(&self, fb: &mut Fb<'_>, b: &[Value], xo: Value, disp: i32) {
+    /// One step: `b(fb, j)` gives weight vector j (emitted where it is
+    /// needed); x is read at byte offset `xo + disp` of each row.
+    fn step_with(
+        &self,
+        fb: &mut Fb<'_>,
+        xo: Value,
+        disp: i32,
+        mut b: impl FnMut(&mut Fb<'_>, usize) -> Value,
+    ) {
         let plan = self.plan;
-        let nv = b.len();
-        for (i, &row) in self.rows.iter().enumerate() {
-            let p = fb.b.ins().iadd(row, xo);
-            let shared = (plan.x != Format::F32).then(|| x_splat_at(fb, plan, p, disp));
-            for (j, &bj) in b.iter().enumerate() {
-                let a = match shared {
-                    Some(a) => a,
-                    None => {
-                        let v = fb.load(F32, p, disp);
-                        fb.b.ins().splat(F32X4, v)
+        let nv = self.acc.len() / self.rows.len();
+        let slot = self.x_slot.map(|s| fb.b.ins().stack_addr(I64, s, 0));
+        let sources: Vec<(Value, i32)> = self
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(i, &row)| {
+                let p = fb.b.ins().iadd(row, xo);
+                match slot {
+                    None => (p, disp),
+                    Some(slot) => {
+                        let v = x_splat_at(fb, plan, p, disp);
+                        let off = 16 * i as i32;
+                        fb.store(v, slot, off);
+                        (slot, off)
                     }
-                };
+                }
+            })
+            .collect();
+        for j in 0..nv {
+            let bj = b(fb, j);
+            for (i, &(p, d)) in sources.iter().enumerate() {
+                let v = fb.load(F32, p, d);
+                let a = fb.b.ins().splat(F32X4, v);
                 let c = fb.get(self.acc[i * nv + j]);
                 let r = fb.madd(plan.fused, a, bj, c);
                 fb.set(self.acc[i * nv + j], r);
@@ -801,21 +851,17 @@ impl Mac<'_, '_> {
         xdisp: i32,
     ) {
         let plan = self.plan;
-        let nv = self.acc.len() / self.rows.len();
         let wb = (plan.w.bits() / 8) as i32;
-        let b: Vec<Value> = (0..nv)
-            .map(|j| {
-                let off = wdisp + 4 * j as i32 * wb;
-                let v = if plan.w == Format::F32 {
-                    fb.load(F32X4, wp, off)
-                } else {
-                    let lanes_u = fb.load_lanes_u(wp, off, plan.w.bits());
-                    w_values(fb, plan.w, lanes_u)
-                };
-                dequant(fb, v, params.get(j))
-            })
-            .collect();
-        self.rows_times(fb, &b, xo, xdisp);
+        self.step_with(fb, xo, xdisp, |fb, j| {
+            let off = wdisp + 4 * j as i32 * wb;
+            let v = if plan.w == Format::F32 {
+                fb.load(F32X4, wp, off)
+            } else {
+                let lanes_u = fb.load_lanes_u(wp, off, plan.w.bits());
+                w_values(fb, plan.w, lanes_u)
+            };
+            dequant(fb, v, params.get(j))
+        });
     }
 
     /// l in `l_lo .. l_hi` with the panel's hp channels contiguous at each

@@ -24,8 +24,9 @@
 //! (`aarch64-neon`, `aarch64-fp16`, `aarch64-dotprod`: cranelift lowers the
 //! i8 dot pattern to `sdot` when the host has dotprod). On x86-64 the
 //! budget is [`CLIF_X86`]: 16 registers of 128 bits (SSE's xmm0-15), an
-//! f32 MAC of 1×4 with a broadcast A row (no multiply-by-element, as on
-//! AVX2) and an int8 dot of 1×4 lanes × 4 bytes (`pmaddwd`-based), with
+//! f32 MAC of 1×4 with a broadcast A element per multiply (no
+//! multiply-by-element, as on AVX2; one A and one B register whatever
+//! the tile) and an int8 dot of 1×4 lanes × 4 bytes (`pmaddwd`-based), with
 //! the CPU targets' two reserved registers. The emitters check each tile
 //! against the kernel's layouts and return [`EmitError::BadTile`] for one
 //! they cannot index, never a silently wrong kernel.
@@ -116,6 +117,12 @@ impl ClifBackend {
 
     pub fn isa(&self) -> &dyn TargetIsa {
         &*self.isa
+    }
+
+    /// The ISA matmuls and the quantizer compile with (no optimiser: see
+    /// the field), for tests that inspect their machine code.
+    pub fn matmul_isa(&self) -> &dyn TargetIsa {
+        &*self.isa_matmul
     }
 
     /// Whether the host's cranelift lowers the i8 dot tree to `sdot`.
@@ -405,6 +412,11 @@ const CLIF_RESERVED: &[Reserved] = &[
     },
 ];
 
+/// The f32 MAC as [`matmul`] emits it: column by column, each multiply
+/// with its own broadcast of x (overwritten in place by the x86-64 fma),
+/// so whatever the tile one A and one B register are live besides the
+/// accumulators (A counts once for up to 16 rows, B once for up to 64
+/// columns, the emitter's limits).
 const CLIF_FMA_4S: MacInstr = MacInstr {
     name: "fma f32x4 (broadcast row)",
     class: MacClass::F32,
@@ -412,9 +424,9 @@ const CLIF_FMA_4S: MacInstr = MacInstr {
     ah: 4,
     acc_regs: 1,
     lp: 1,
-    a_rows: 1,
+    a_rows: 16,
     a_regs: 1,
-    b_cols: 4,
+    b_cols: 64,
     b_regs: 1,
     reserved: &[],
     mma: None,
@@ -445,10 +457,12 @@ const CLIF_DOT4: MacInstr = MacInstr {
     group_sums: 0,
 };
 
-/// Cranelift on x86-64: 16 xmm registers of 128 bits. Per tile: `ep·hp/4`
-/// f32x4 accumulators, `ep` broadcast A rows, `hp/4` B vectors, plus the
-/// CPU targets' two reserved registers (and two i16 temporaries for the
-/// int8 dot). E.g. f32: 4×8 needs 8 + 4 + 2 + 2 = 16.
+/// Cranelift on x86-64: 16 xmm registers of 128 bits. Per f32 tile:
+/// `ep·hp/4` f32x4 accumulators, one broadcast A and one B vector, plus
+/// the CPU targets' two reserved registers: 12 accumulators (4×12 at
+/// M = 512: 12 + 1 + 1 + 2 = 16). Int8: `ep·hp/4` i32x4 accumulators,
+/// `ep` A runs, `hp/4` B vectors, the reserved two and two i16
+/// temporaries.
 pub static CLIF_X86: TargetCaps = TargetCaps {
     name: "host-clif-x86",
     arch: Arch::X86_64,
