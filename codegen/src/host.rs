@@ -27,6 +27,7 @@ use tessera_dsl::quant::{
 };
 
 use crate::abi::{KernelFn, MatmulArgs, QuantizeArgs};
+use crate::aligned::AlignedBytes;
 use crate::artifact::MachineCode;
 use crate::jit::{JitCode, JitError};
 use crate::tile::TileConfig;
@@ -117,8 +118,9 @@ pub struct HostWeights {
     pub n: usize,
     pub k: usize,
     pub tile: HostTile,
-    /// Codes or values in the kernel's weight layout (padded to whole tiles).
-    pub codes: Vec<u8>,
+    /// Codes or values in the kernel's weight layout (padded to whole
+    /// tiles), 64-byte aligned so vector loads do not straddle lines.
+    pub codes: AlignedBytes,
     /// Parameters in the order of the module doc (empty for float formats).
     pub params: Vec<f32>,
     /// Whether the layout is a CPU panel layout `[h/hp, ...]`.
@@ -241,7 +243,7 @@ impl HostWeights {
             n,
             k,
             tile,
-            codes,
+            codes: AlignedBytes::from(codes),
             params,
             panel_layout,
         })

@@ -6,6 +6,7 @@
 //! [`jit`] and called through the one-pointer ABI of [`abi`].
 
 pub mod abi;
+pub mod aligned;
 pub mod artifact;
 #[cfg(feature = "emitters")]
 pub mod clif;
