@@ -361,6 +361,25 @@ fn best_tile_every_variant_against_the_interpreter() {
     }
 }
 
+/// K past the stack's panel buffer (the multi-row loop then unpacks in the
+/// loop) and just within it.
+#[test]
+fn long_k_with_and_without_the_panel_buffer() {
+    if !can_run() {
+        return;
+    }
+    let kernel = w4a8(32, true, Activation::Relu);
+    let tile = best(&kernel);
+    let per_step = 64 * tile.hp as usize / 16;
+    let k_max = avx512_int8::PANEL_BUFFER_BYTES as usize / per_step * 4;
+    check(
+        &kernel,
+        &tile,
+        Variant::Gemm,
+        &[(17, 17, k_max), (16, 33, k_max + 1), (2, 16, k_max + 40)],
+    );
+}
+
 #[test]
 fn groups_epilogues_and_tiles_against_the_interpreter() {
     if !can_run() {

@@ -35,12 +35,18 @@
 //! Opmask k2 = the shifted lanes, k3 = the valid lanes of the column block
 //! being stored.
 //!
+//! **Panel buffer.** With K short enough ([`PANEL_BUFFER_BYTES`]) the
+//! multi-row loop unpacks each panel once into a 64-byte-aligned stack
+//! buffer below the frame and its row blocks load B from there (one
+//! `vmovdqu32` per column block and step instead of four instructions).
+//!
 //! General-purpose registers: rdi = args, rsi = weights (bias in the
 //! epilogue), rcx = steps of the current group, r8 = the row block's
 //! activations, r9 = scales, r10 = offsets, r11 = Σq of the block's first
 //! row for the current group, r12 = Σq row stride (groups·4), r13 = Σq /
 //! y row walker, rbx = panel, rbp = first row of the row block, r14 = row
-//! within it (the one-row loop walks it; 0 in the multi-row loop).
+//! within it (the one-row loop walks it; 0 in the multi-row loop), r15 =
+//! the frame.
 
 use tessera_dsl::ir::{Activation, Format};
 
@@ -111,7 +117,12 @@ const NIBBLE: i32 = 72;
 const STEPS: i32 = 80;
 const GROUPS: i32 = 88;
 const LEFT: i32 = 96;
-const FRAME: i32 = 104;
+/// The unpacked panel buffer (below the frame), 0 when K is too long.
+const BUF: i32 = 104;
+const FRAME: i32 = 112;
+/// The most bytes of unpacked panel the multi-row loop keeps on the stack
+/// (K = 8192 at hp = 16); longer K unpacks in the loop.
+pub const PANEL_BUFFER_BYTES: i32 = 128 * 1024;
 
 const SAVED: [Gp; 6] = [RBX, RBP, R12, R13, R14, R15];
 /// Lanes 1 and 3 (dwords 4-7, 12-15): the high nibbles' lanes.
@@ -190,16 +201,27 @@ pub fn emit_variant(spec: &Avx512Int8Spec, variant: Variant) -> Result<MachineCo
         a.load64(RAX, mem(RDI, MM_M));
         a.cmp_imm(RAX, 1);
         a.jcc(Cond::E, one_row);
+        let direct = a.new_label();
+        a.load64(RAX, mem(R15, BUF));
+        a.cmp_imm(RAX, 0);
+        a.jcc(Cond::E, direct);
+        a.comment(&format!(
+            "{variant}: {} rows per tile, panel unpacked once",
+            spec.ep
+        ));
+        nest(&mut a, spec, spec.ep, true);
+        a.jmp(done);
+        a.bind(direct);
         a.comment(&format!("{variant}: {} rows per tile", spec.ep));
-        nest(&mut a, spec, spec.ep);
+        nest(&mut a, spec, spec.ep, false);
         a.jmp(done);
         a.bind(one_row);
         a.comment("gemv: one row");
-        nest(&mut a, spec, 1);
+        nest(&mut a, spec, 1, false);
         a.bind(done);
     } else {
         a.comment("gemv: one row per tile");
-        nest(&mut a, spec, 1);
+        nest(&mut a, spec, 1, false);
     }
     epilogue(&mut a);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
@@ -211,24 +233,45 @@ fn prologue(a: &mut X86Asm, spec: &Avx512Int8Spec) {
         a.push(r);
     }
     a.sub_imm(RSP, FRAME);
+    a.mov(R15, RSP);
     for v in 0..=16 {
-        a.store32_imm(mem(RSP, KMASKS + 4 * v), ((1u32 << v) - 1) as i32);
+        a.store32_imm(mem(R15, KMASKS + 4 * v), ((1u32 << v) - 1) as i32);
     }
-    a.store32_imm(mem(RSP, NIBBLE), 0x0F0F_0F0F);
+    a.store32_imm(mem(R15, NIBBLE), 0x0F0F_0F0F);
     a.mov_imm(RAX, HIGH_LANES);
     a.kmovw_from_gp(HIGH, RAX);
     a.load64(RAX, mem(RDI, MM_K));
     a.add_imm(RAX, 3);
     a.shr_imm(RAX, 2);
-    a.store64(mem(RSP, STEPS), RAX);
+    a.store64(mem(R15, STEPS), RAX);
     a.load64(RAX, mem(RDI, MM_K));
     a.add_imm(RAX, spec.group as i32 - 1);
     a.shr_imm(RAX, spec.group.trailing_zeros() as i8);
-    a.store64(mem(RSP, GROUPS), RAX);
+    a.store64(mem(R15, GROUPS), RAX);
+    // The panel buffer: steps·64·zb bytes below the frame when that is at
+    // most PANEL_BUFFER_BYTES, else none (BUF = 0).
+    let (fits, none) = (a.new_label(), a.new_label());
+    a.load64(RAX, mem(R15, STEPS));
+    a.imul_imm(RAX, RAX, 64 * spec.zb as i32);
+    a.cmp_imm(RAX, PANEL_BUFFER_BYTES);
+    a.jcc(Cond::Be, fits);
+    a.mov_imm(RAX, 0);
+    a.store64(mem(R15, BUF), RAX);
+    a.jmp(none);
+    a.bind(fits);
+    // rsp = (rsp - bytes) rounded down to 64: whole-line zmm loads.
+    a.mov(RDX, RSP);
+    a.sub(RDX, RAX);
+    a.shr_imm(RDX, 6);
+    a.shl_imm(RDX, 6);
+    a.mov(RSP, RDX);
+    a.store64(mem(R15, BUF), RSP);
+    a.bind(none);
 }
 
 fn epilogue(a: &mut X86Asm) {
     a.vzeroupper();
+    a.mov(RSP, R15);
     a.add_imm(RSP, FRAME);
     for r in SAVED.iter().rev() {
         a.pop(*r);
@@ -243,17 +286,46 @@ fn first_column(a: &mut X86Asm, hp: i32) {
     a.add(RAX, RDX);
 }
 
-fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize) {
+/// One loop nest. With `prepacked` each panel is unpacked once into the
+/// stack buffer (64 bytes per column block and step) and every row block
+/// loads its B registers from there instead of unpacking again.
+fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
     let zb = spec.zb;
     let hp = spec.hp();
     let ep = spec.ep as i32;
     let r = Regs { rows, zb };
     // Bytes of one packed weight step (hp channels × 4 codes of 4 bits).
-    let wstep = hp * 2;
+    let packed_step = hp * 2;
+    let unpacked_step = 64 * zb as i32;
 
     let (panel_loop, row_loop) = (a.new_label(), a.new_label());
     a.mov_imm(RBX, 0);
     a.bind(panel_loop);
+    if prepacked {
+        // rsi = w + first column·steps·2; r13 = the buffer; rcx = steps.
+        let (unpack_loop, unpacked) = (a.new_label(), a.new_label());
+        first_column(a, hp);
+        a.load64(RDX, mem(R15, STEPS));
+        a.imul(RAX, RDX);
+        a.shl_imm(RAX, 1);
+        a.load64(RDX, mem(RDI, MM_W));
+        a.add(RAX, RDX);
+        a.mov(RSI, RAX);
+        a.load64(R13, mem(R15, BUF));
+        a.load64(RCX, mem(R15, STEPS));
+        a.cmp_imm(RCX, 0);
+        a.jcc(Cond::E, unpacked);
+        a.bind(unpack_loop);
+        for j in 0..zb {
+            unpack(a, r.b(j), mem(RSI, 32 * j as i32));
+            a.vmovups_zmm_store(mem(R13, 64 * j as i32), r.b(j));
+        }
+        a.add_imm(RSI, packed_step);
+        a.add_imm(R13, unpacked_step);
+        a.sub_imm(RCX, 1);
+        a.jcc(Cond::Ne, unpack_loop);
+        a.bind(unpacked);
+    }
     a.mov_imm(RBP, 0);
     a.mov_imm(R14, 0);
     a.bind(row_loop);
@@ -261,24 +333,28 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize) {
     // r8 = x + rbp·steps·4 + r14·4 (row block rbp/ep: ep rows of 4 bytes
     // per step; r14 = the row within it).
     a.mov(RAX, RBP);
-    a.load64(RDX, mem(RSP, STEPS));
+    a.load64(RDX, mem(R15, STEPS));
     a.imul(RAX, RDX);
     a.add(RAX, R14);
     a.shl_imm(RAX, 2);
     a.load64(RDX, mem(RDI, MM_X));
     a.add(RAX, RDX);
     a.mov(R8, RAX);
-    // rsi = w + first column·steps·2.
+    // rsi = w + first column·steps·2 (or the unpacked panel).
     first_column(a, hp);
     a.mov(R9, RAX);
-    a.load64(RDX, mem(RSP, STEPS));
-    a.imul(RAX, RDX);
-    a.shl_imm(RAX, 1);
-    a.load64(RDX, mem(RDI, MM_W));
-    a.add(RAX, RDX);
-    a.mov(RSI, RAX);
+    if prepacked {
+        a.load64(RSI, mem(R15, BUF));
+    } else {
+        a.load64(RDX, mem(R15, STEPS));
+        a.imul(RAX, RDX);
+        a.shl_imm(RAX, 1);
+        a.load64(RDX, mem(RDI, MM_W));
+        a.add(RAX, RDX);
+        a.mov(RSI, RAX);
+    }
     // r9 = params + first column·groups·8; r10 = r9 + groups·hp·4.
-    a.load64(RDX, mem(RSP, GROUPS));
+    a.load64(RDX, mem(R15, GROUPS));
     a.imul(R9, RDX);
     a.shl_imm(R9, 3);
     a.load64(RAX, mem(RDI, MM_W_PARAMS));
@@ -300,7 +376,7 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize) {
         }
     }
 
-    group_loop(a, spec, &r, ep, wstep);
+    group_loop(a, spec, &r, ep, prepacked);
 
     // y = acc·sx (rows past m too: x_scales is padded to whole row blocks).
     a.mov(RAX, RBP);
@@ -404,22 +480,32 @@ fn set_tail_mask(a: &mut X86Asm, j: usize) {
     a.mov_imm(RDX, LANES as i32);
     a.bind(high);
     a.shl_imm(RDX, 2);
-    a.add(RDX, RSP);
+    a.add(RDX, R15);
     a.load16(RAX, mem(RDX, KMASKS));
     a.kmovw_from_gp(TAIL, RAX);
 }
 
+/// B = the 16 channels × 4 codes of two packed runs at `m` (see the
+/// module doc). `b` must be below zmm16 (a VEX load).
+fn unpack(a: &mut X86Asm, b: Zmm, m: Mem) {
+    a.vmovdqu_load(Ymm(b.0), m);
+    a.vshufi32x4_zmm(b, b, b, 0x50);
+    a.vpsrld_zmm_imm(b, HIGH, b, 4);
+    a.vpandd_zmm_bcst(b, b, mem(R15, NIBBLE));
+}
+
 /// Per group: i32 sums over its steps, then f32 scale and zero point.
-fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, wstep: i32) {
+fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, prepacked: bool) {
     let spg = spec.group as i32 / 4;
     let hp = spec.hp();
+    let wstep = if prepacked { 64 } else { 32 } * r.zb as i32;
     let step = |a: &mut X86Asm, u: i32| {
         for j in 0..r.zb {
-            let b = r.b(j);
-            a.vmovdqu_load(Ymm(b.0), mem(RSI, u * wstep + 32 * j as i32));
-            a.vshufi32x4_zmm(b, b, b, 0x50);
-            a.vpsrld_zmm_imm(b, HIGH, b, 4);
-            a.vpandd_zmm_bcst(b, b, mem(RSP, NIBBLE));
+            if prepacked {
+                a.vmovdqu32_zmm_load(r.b(j), mem(RSI, u * wstep + 64 * j as i32));
+            } else {
+                unpack(a, r.b(j), mem(RSI, u * wstep + 32 * j as i32));
+            }
         }
         for i in 0..r.rows {
             for j in 0..r.zb {
@@ -429,10 +515,10 @@ fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, wstep: i
     };
     let (group_top, slow_loop, group_end, done) =
         (a.new_label(), a.new_label(), a.new_label(), a.new_label());
-    a.load64(RAX, mem(RSP, STEPS));
-    a.store64(mem(RSP, LEFT), RAX);
+    a.load64(RAX, mem(R15, STEPS));
+    a.store64(mem(R15, LEFT), RAX);
     a.bind(group_top);
-    a.load64(RAX, mem(RSP, LEFT));
+    a.load64(RAX, mem(R15, LEFT));
     a.cmp_imm(RAX, 0);
     a.jcc(Cond::E, done);
     // rcx = steps in this group, LEFT -= rcx.
@@ -443,7 +529,7 @@ fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, wstep: i
     a.mov_imm(RCX, spg);
     a.bind(clamp);
     a.sub(RAX, RCX);
-    a.store64(mem(RSP, LEFT), RAX);
+    a.store64(mem(R15, LEFT), RAX);
     for i in 0..r.rows {
         for j in 0..r.zb {
             let g = r.g(i, j);
