@@ -155,16 +155,18 @@ impl X86Backend {
     /// `kernel`: `x86-avx512` for an f32 × f32 → f32 matmul when `avx512`
     /// is on (the AVX-512 kernel), else `x86-avx2`.
     ///
-    /// W4A8 kernels also get `x86-avx512` tiles (the AVX-512 int8 kernel)
-    /// when the host has AVX512-VNNI ([`host_has_avx512_vnni`]).
+    /// W4A8 kernels get `x86-avx512` tiles (the AVX-512 int8 kernel) when
+    /// both `avx512` and `vnni` are on: every CPU with AVX-512 and AVX-VNNI
+    /// (Sapphire Rapids, Zen 5) has AVX512-VNNI, which [`Self::load`]
+    /// still checks. The answer depends on the flags only, so emitted code
+    /// is the same on every host.
     pub fn target(&self, kernel: &Kernel) -> &'static TargetCaps {
-        let name = if self.avx512
-            && (is_f32_matmul(kernel) || (is_w4a8_matmul(kernel) && host_has_avx512_vnni()))
-        {
-            AVX512_NAME
-        } else {
-            NAME
-        };
+        let name =
+            if self.avx512 && (is_f32_matmul(kernel) || (self.vnni && is_w4a8_matmul(kernel))) {
+                AVX512_NAME
+            } else {
+                NAME
+            };
         TargetCaps::by_name(name).expect("x86 targets are built in")
     }
 
