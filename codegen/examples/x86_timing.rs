@@ -9,9 +9,10 @@
 //! `TILES=all` (also time the solver's neighbour tiles at M ≥ 64),
 //! `TILE=14x8,6x16` (time exactly these feasible tiles, ep×hp, instead),
 //! `VARIANT=gemv|flat-gemm|gemm` (one variant for every M),
-//! `AVX512=0|1|both` (f32 only: time the AVX2 kernel, the AVX-512 kernel
-//! on `x86-avx512` tiles, or both in the same run; default both when the
-//! CPU has AVX-512F), `AVX512_TILE=5x80,8x48` (the AVX-512 kernel's
+//! `AVX512=0|1|both` (f32 and w4a8: time the AVX2 kernel, the AVX-512
+//! kernel on `x86-avx512` tiles — for w4a8 the int8 one, where the CPU has
+//! AVX512-VNNI — or both in the same run; default both when the CPU has
+//! AVX-512F), `AVX512_TILE=5x80,8x48` (the AVX-512 kernel's
 //! tiles, as `TILE`), `AVX512_KC_BYTES=196608` (its K block, bytes of a
 //! panel), `AVX512_BCST=1` (its FMAs broadcast x from memory, `{1to16}`).
 //! The reference line adds a zmm FMA-peak loop on AVX-512 hosts; the
@@ -409,7 +410,7 @@ fn main() {
             let variant = variant_for(m);
             let mut runs: Vec<(String, TileConfig, HostMatmul)> = Vec::new();
             for &zmm in &engines {
-                if zmm && format != "f32" {
+                if zmm && format != "f32" && format != "w4a8" {
                     continue;
                 }
                 let (caps, tile_env) = if zmm {
@@ -418,7 +419,16 @@ fn main() {
                     (plan::target(), "TILE")
                 };
                 for tile in tiles_for(caps, tile_env, &kernel, m, n, k, all_tiles && m >= 64) {
-                    if zmm {
+                    if zmm && format == "w4a8" {
+                        // The AVX-512 int8 kernel, through the backend's routing.
+                        if !tessera_codegen::x86::host_has_avx512_vnni()
+                            || backend.emit_code_variant(&kernel, &tile, variant).is_err()
+                        {
+                            continue;
+                        }
+                        let hm = backend.load_variant(&kernel, &tile, variant).unwrap();
+                        runs.push((format!("{format}/avx512"), tile, hm));
+                    } else if zmm {
                         let mut spec = Avx512Spec::new(
                             tile.ep as usize,
                             tile.hp as usize,

@@ -579,8 +579,12 @@ const VFMADD_ZMM: MacInstr = MacInstr {
     group_sums: 0,
 };
 
-/// The 4-bit unpack's two registers ([`CPU_RESERVED`]) belong to this
-/// class only, as on x86-avx2 ([`VPMADD_TEMPS`]).
+/// As the AVX-512 int8 kernel (`x86::avx512_int8`) runs it: each
+/// `vpdpbusd` reads its row's 4 codes with a `{1to16}` broadcast, so A
+/// counts the one register the group tail converts Σq into; grouped
+/// weights (W4A8) keep one i32 group-sum register per accumulator; the
+/// 4-bit unpack keeps nothing resident (its 0x0F mask is a memory
+/// broadcast, its lane select an opmask), so nothing is reserved.
 const VPDPBUSD_ZMM: MacInstr = MacInstr {
     name: "vpdpbusd zmm",
     class: MacClass::Int8,
@@ -592,9 +596,9 @@ const VPDPBUSD_ZMM: MacInstr = MacInstr {
     a_regs: 1,
     b_cols: 16,
     b_regs: 1,
-    reserved: CPU_RESERVED,
+    reserved: NONE,
     mma: None,
-    group_sums: 0,
+    group_sums: 1,
 };
 
 const CL_MAD_FLOAT4: MacInstr = MacInstr {

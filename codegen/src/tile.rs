@@ -78,13 +78,15 @@
 //!   6×64 0.29, 14×32 0.32. → **9/48/1**. Flat GEMM at M = 8: 8×48.
 //!   The emitter holds at most 14 row pointers, so tiles with ep > 14 (hp
 //!   16, offered only for M > 14 without the A weight) are refused by name.
-//! - `x86-avx512`, `vpdpbusd` (1×16, lp 4): 32 zmm − 2 (the unpack's, now
-//!   the instruction's reservation) = 30.
-//!   14×16 needs 14 + 14 + 1 = 29 (15×16 needs 31); 9×32 needs 18 + 9 + 2
-//!   = 29 but costs more. → **14/16/4**. MNN-LLM lists 4/64/4 (16
-//!   accumulators + 4 broadcasts + 4 B = 24 registers): a wide-h kernel
-//!   that suits its [h/hp] packing and GEMV, but under formula (2) with all
-//!   32 registers it moves more data for GEMM than 14×16.
+//! - `x86-avx512`, `vpdpbusd` (1×16, lp 4; `x86::avx512_int8`): the
+//!   rows' codes come by `{1to16}` broadcast, the unpack's mask from
+//!   memory, so nothing is reserved; W4A8 adds one i32 group-sum register
+//!   per accumulator and A is the group tail's Σq register:
+//!   `2·ep·hb + 1 + hb ≤ 32`. 15×16 needs 30 + 1 + 1 = 32; 7×32 needs
+//!   28 + 1 + 2 = 31 but costs more. → **15/16/4**. MNN-LLM lists 4/64/4
+//!   (16 accumulators + 4 broadcasts + 4 B = 24 registers): a wide-h
+//!   kernel that suits its [h/hp] packing and GEMV, but under formula (2)
+//!   with all 32 registers it moves more data for GEMM than 15×16.
 //!
 //! # GPUs
 //!

@@ -104,7 +104,7 @@ fn x86_rows() {
         assert_eq!((t.ep, t.hp), tile, "m = {m}");
         assert_eq!(t.accounting.a_regs, 1);
     }
-    assert_eq!(best("x86-avx512", &w4a8()), (14, 16, 4));
+    assert_eq!(best("x86-avx512", &w4a8()), (15, 16, 4));
     let f32k = matmul(Format::F32, Format::F32);
     // One renamed broadcast register for every row, nothing reserved, and
     // A counted in broadcast loads (8 lanes per B load): 12 acc + 1 A + 3 B.

@@ -201,7 +201,7 @@ fn solver_tiles_match_the_avx512_plan() {
     let t8 = solve(caps, &p).unwrap()[0];
     assert_eq!(
         (t8.ep, t8.hp, t8.lp, t8.accounting.reserved),
-        (14, 16, 4, 2)
+        (15, 16, 4, 0)
     );
 
     let backend = X86Backend {
@@ -232,7 +232,17 @@ fn solver_tiles_match_the_avx512_plan() {
     assert!(!code.listing.contains("avx512"));
     // The target the backend asks for follows the formats.
     assert_eq!(backend.target(&kernel).name, AVX512_NAME);
+    // W4A8 goes to x86-avx512 only with vnni on too (the int8 kernel).
     assert_eq!(backend.target(&w4a8).name, "x86-avx2");
+    let vnni = X86Backend {
+        vnni: true,
+        avx512: true,
+    };
+    assert_eq!(vnni.target(&w4a8).name, AVX512_NAME);
+    assert_eq!(
+        vnni.target(&library::get("matmul-w8a8").unwrap()).name,
+        "x86-avx2"
+    );
     assert_eq!(X86Backend::default().target(&kernel).name, "x86-avx2");
 }
 

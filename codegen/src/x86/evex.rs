@@ -52,9 +52,12 @@ enum Rm {
 /// Opcode map (P0.mm).
 const MAP_0F: u8 = 1;
 const MAP_0F38: u8 = 2;
+const MAP_0F3A: u8 = 3;
 /// Implied prefix (P1.pp).
 const PP_NONE: u8 = 0;
 const PP_66: u8 = 1;
+const PP_F3: u8 = 2;
+const PP_F2: u8 = 3;
 
 /// One EVEX.512 instruction.
 #[derive(Clone, Copy, Debug)]
@@ -74,6 +77,24 @@ struct Evex {
     broadcast: bool,
     /// disp8·N scale of a memory operand.
     n: i32,
+}
+
+impl Evex {
+    /// A register-or-memory instruction with no mask and no broadcast.
+    fn plain(map: u8, pp: u8, opcode: u8, reg: u8, vvvv: u8, rm: Rm, n: i32) -> Evex {
+        Evex {
+            map,
+            pp,
+            opcode,
+            reg: reg & 31,
+            vvvv: vvvv & 31,
+            rm,
+            mask: 0,
+            zeroing: false,
+            broadcast: false,
+            n,
+        }
+    }
 }
 
 /// ModRM (+ SIB + displacement) for `reg` and a memory operand, with
@@ -337,6 +358,125 @@ impl X86Asm {
     }
 }
 
+/// The integer instructions of the AVX-512 int8 GEMM ([`super::avx512_int8`]):
+/// AVX512-VNNI `vpdpbusd`, the int4 unpack (`vpandd`, shifts, lane
+/// shuffles), dword broadcasts and `vcvtdq2ps`.
+impl X86Asm {
+    /// `vpdpbusd dst, a, b`: dst.i32 += Σ₄ a.u8 · b.s8 (AVX512-VNNI).
+    pub fn vpdpbusd_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x50, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vpdpbusd {dst}, {a}, {b}"));
+    }
+
+    /// `vpdpbusd dst, a, dword ptr [m]{1to16}`: b is one dword (4 signed
+    /// bytes) from memory in every lane.
+    pub fn vpdpbusd_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F38, PP_66, 0x50, dst.0, a.0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vpdpbusd {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+
+    /// `vpbroadcastd zmm, dword ptr [m]`
+    pub fn vpbroadcastd_zmm_load(&mut self, dst: Zmm, m: Mem) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x58, dst.0, 0, Rm::Mem(m), 4);
+        self.evex(e, format!("vpbroadcastd {dst}, dword ptr {m}"));
+    }
+
+    /// `vbroadcasti32x4 zmm, xmmword ptr [m]`: 16 bytes to all four lanes.
+    pub fn vbroadcasti32x4_zmm_load(&mut self, dst: Zmm, m: Mem) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x5A, dst.0, 0, Rm::Mem(m), 16);
+        self.evex(e, format!("vbroadcasti32x4 {dst}, xmmword ptr {m}"));
+    }
+
+    /// `vmovdqu8 zmm, zmmword ptr [m]` (AVX512BW)
+    pub fn vmovdqu8_zmm_load(&mut self, dst: Zmm, m: Mem) {
+        let e = Evex::plain(MAP_0F, PP_F2, 0x6F, dst.0, 0, Rm::Mem(m), 64);
+        self.evex(e, format!("vmovdqu8 {dst}, zmmword ptr {m}"));
+    }
+
+    /// `vmovdqu32 zmm, zmmword ptr [m]`
+    pub fn vmovdqu32_zmm_load(&mut self, dst: Zmm, m: Mem) {
+        let e = Evex::plain(MAP_0F, PP_F3, 0x6F, dst.0, 0, Rm::Mem(m), 64);
+        self.evex(e, format!("vmovdqu32 {dst}, zmmword ptr {m}"));
+    }
+
+    /// `vpandd dst, a, b`
+    pub fn vpandd_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0xDB, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vpandd {dst}, {a}, {b}"));
+    }
+
+    /// `vpandd dst, a, dword ptr [m]{1to16}`: and with a dword constant.
+    pub fn vpandd_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F, PP_66, 0xDB, dst.0, a.0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vpandd {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+
+    /// `vpsrld dst {k}, src, imm`: dwords shifted right, only the lanes in
+    /// `k` written (merge masking; k0 = all lanes).
+    pub fn vpsrld_zmm_imm(&mut self, dst: Zmm, k: Kreg, src: Zmm, imm: u8) {
+        // Group 13 (66 0F 72 /2 ib): ModRM.reg = 2, the destination in vvvv.
+        let e = Evex {
+            mask: k.0 & 7,
+            ..Evex::plain(MAP_0F, PP_66, 0x72, 2, dst.0, Rm::Reg(src.0 & 31), 64)
+        };
+        let mut bytes = e.encode();
+        bytes.push(imm);
+        self.raw(
+            &bytes,
+            format!("vpsrld {dst}{}, {src}, {imm}", mask_suffix(k, false)),
+        );
+    }
+
+    /// `vpsrlw dst, src, imm` (AVX512BW)
+    pub fn vpsrlw_zmm_imm(&mut self, dst: Zmm, src: Zmm, imm: u8) {
+        // Group 12 (66 0F 71 /2 ib).
+        let e = Evex::plain(MAP_0F, PP_66, 0x71, 2, dst.0, Rm::Reg(src.0 & 31), 64);
+        let mut bytes = e.encode();
+        bytes.push(imm);
+        self.raw(&bytes, format!("vpsrlw {dst}, {src}, {imm}"));
+    }
+
+    /// `vshufi32x4 dst, a, b, imm`: lanes 0-1 of dst from a, 2-3 from b,
+    /// two bits of `imm` per lane choosing the 128-bit source lane.
+    pub fn vshufi32x4_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm, imm: u8) {
+        let e = Evex::plain(MAP_0F3A, PP_66, 0x43, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        let mut bytes = e.encode();
+        bytes.push(imm);
+        self.raw(&bytes, format!("vshufi32x4 {dst}, {a}, {b}, {imm}"));
+    }
+
+    /// `vcvtdq2ps dst, src`: i32 → f32.
+    pub fn vcvtdq2ps_zmm(&mut self, dst: Zmm, src: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_NONE, 0x5B, dst.0, 0, Rm::Reg(src.0 & 31), 64);
+        self.evex(e, format!("vcvtdq2ps {dst}, {src}"));
+    }
+
+    /// `vcvtdq2ps dst, dword ptr [m]{1to16}`: one i32 from memory as f32
+    /// in every lane.
+    pub fn vcvtdq2ps_zmm_bcst(&mut self, dst: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F, PP_NONE, 0x5B, dst.0, 0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vcvtdq2ps {dst}, dword ptr {m}{{1to16}}"));
+    }
+
+    /// `vmulps dst, a, dword ptr [m]{1to16}`
+    pub fn vmulps_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F, PP_NONE, 0x59, dst.0, a.0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vmulps {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+}
+
 /// The 32-bit name of a general-purpose register (`eax`, `r8d`).
 fn gp32_name(r: Gp) -> String {
     const N: [&str; 8] = ["eax", "ecx", "edx", "ebx", "esp", "ebp", "esi", "edi"];
@@ -372,6 +512,12 @@ mod tests {
         // kmovw k1, eax
         let (b, _) = bytes_of(|a| a.kmovw_from_gp(Kreg(1), RAX));
         assert_eq!(b, [0xC5, 0xF8, 0x92, 0xC8]);
+        // vpdpbusd zmm1, zmm2, zmm3 (llvm-mc)
+        let (b, _) = bytes_of(|a| a.vpdpbusd_zmm(Zmm(1), Zmm(2), Zmm(3)));
+        assert_eq!(b, [0x62, 0xF2, 0x6D, 0x48, 0x50, 0xCB]);
+        // vpsrld zmm1 {k2}, zmm1, 4 (llvm-mc)
+        let (b, _) = bytes_of(|a| a.vpsrld_zmm_imm(Zmm(1), Kreg(2), Zmm(1), 4));
+        assert_eq!(b, [0x62, 0xF1, 0x75, 0x4A, 0x72, 0xD1, 0x04]);
     }
 
     #[test]

@@ -26,6 +26,7 @@
 
 pub mod asm;
 pub mod avx512;
+pub mod avx512_int8;
 mod common;
 pub mod evex;
 pub mod float;
@@ -118,6 +119,21 @@ pub fn host_has_avx512() -> bool {
     }
 }
 
+/// Whether this host runs the AVX-512 int8 kernel ([`avx512_int8`]):
+/// AVX512-VNNI `vpdpbusd` on zmm, with AVX512F/BW.
+pub fn host_has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 impl X86Backend {
     /// The backend for this CPU: fails with the missing feature names when
     /// AVX2, FMA or F16C is absent; uses `vpdpbusd` when AVX-VNNI exists
@@ -138,12 +154,19 @@ impl X86Backend {
     /// The target whose solver tiles this backend should be given for
     /// `kernel`: `x86-avx512` for an f32 × f32 → f32 matmul when `avx512`
     /// is on (the AVX-512 kernel), else `x86-avx2`.
+    ///
+    /// W4A8 kernels get `x86-avx512` tiles (the AVX-512 int8 kernel) when
+    /// both `avx512` and `vnni` are on: every CPU with AVX-512 and AVX-VNNI
+    /// (Sapphire Rapids, Zen 5) has AVX512-VNNI, which [`Self::load`]
+    /// still checks. The answer depends on the flags only, so emitted code
+    /// is the same on every host.
     pub fn target(&self, kernel: &Kernel) -> &'static TargetCaps {
-        let name = if self.avx512 && is_f32_matmul(kernel) {
-            AVX512_NAME
-        } else {
-            NAME
-        };
+        let name =
+            if self.avx512 && (is_f32_matmul(kernel) || (self.vnni && is_w4a8_matmul(kernel))) {
+                AVX512_NAME
+            } else {
+                NAME
+            };
         TargetCaps::by_name(name).expect("x86 targets are built in")
     }
 
@@ -162,6 +185,20 @@ impl X86Backend {
         classify_avx512(kernel, tile).map(Some)
     }
 
+    /// The AVX-512 int8 kernel's spec when this kernel and tile go to it:
+    /// the backend has `avx512`, the kernel is W4A8 and the tile was solved
+    /// on `x86-avx512`. Emission does not look at the host; loading does.
+    fn avx512_int8_spec(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+    ) -> Result<Option<avx512_int8::Avx512Int8Spec>, EmitError> {
+        if !self.avx512 || !is_w4a8_matmul(kernel) || tile.accounting.budget != avx512::ZMM_REGS {
+            return Ok(None);
+        }
+        classify_avx512_int8(kernel, tile).map(Some)
+    }
+
     /// The activation quantizer an `i8dyn` kernel needs (None for float x).
     pub fn emit_quantizer(
         &self,
@@ -170,6 +207,19 @@ impl X86Backend {
     ) -> Result<Option<MachineCode>, EmitError> {
         if self.avx512_spec(kernel, tile)?.is_some() {
             return Ok(None);
+        }
+        if let Some(spec) = self.avx512_int8_spec(kernel, tile)? {
+            // The same quantizer output as the AVX2 kernel's, for ep rows.
+            return quantize::emit(&int8::Int8Spec {
+                ep: spec.ep,
+                hb: spec.zb * 2,
+                int4_group: Some(spec.group),
+                y: Format::F32,
+                bias: spec.bias,
+                activation: spec.activation,
+                vnni: false,
+            })
+            .map(Some);
         }
         match classify(kernel, tile)? {
             Family::Float(_) => Ok(None),
@@ -193,6 +243,9 @@ impl X86Backend {
     ) -> Result<MachineCode, EmitError> {
         if let Some(spec) = self.avx512_spec(kernel, tile)? {
             return avx512::emit_variant(&spec, variant);
+        }
+        if let Some(spec) = self.avx512_int8_spec(kernel, tile)? {
+            return avx512_int8::emit_variant(&spec, variant);
         }
         match classify(kernel, tile)? {
             Family::Float(spec) => float::emit_variant(&spec, variant),
@@ -224,6 +277,11 @@ impl X86Backend {
         if self.avx512 && !host_has_avx512() {
             return Err(X86Error::MissingFeature {
                 missing: "avx512f".into(),
+            });
+        }
+        if self.avx512_int8_spec(kernel, tile)?.is_some() && !host_has_avx512_vnni() {
+            return Err(X86Error::MissingFeature {
+                missing: "avx512vnni, avx512bw".into(),
             });
         }
         if self.vnni && !host_has_avx_vnni() {
@@ -303,6 +361,79 @@ fn is_f32_matmul(kernel: &Kernel) -> bool {
             .iter()
             .all(|t| kernel.tensor(t).is_some_and(|t| t.format == Format::F32))
     })
+}
+
+/// i8dyn activations with u4asym weights (what the AVX-512 int8 kernel
+/// runs).
+fn is_w4a8_matmul(kernel: &Kernel) -> bool {
+    kernel.as_matmul().is_some_and(|mm| {
+        kernel
+            .tensor(&mm.x)
+            .is_some_and(|t| t.format == Format::I8Dyn)
+            && kernel
+                .tensor(&mm.w)
+                .is_some_and(|t| matches!(t.format, Format::U4Asym(_)))
+    })
+}
+
+/// The AVX-512 int8 kernel for an `x86-avx512` W4A8 tile: the AVX2 int8
+/// kernel's layout rules, f32 output, hp a multiple of 16 and a register
+/// plan within the 32 zmm.
+fn classify_avx512_int8(
+    kernel: &Kernel,
+    tile: &TileConfig,
+) -> Result<avx512_int8::Avx512Int8Spec, EmitError> {
+    let mm = kernel
+        .as_matmul()
+        .ok_or_else(|| unsupported(format!("kernel `{}`: only matmuls", kernel.name)))?;
+    let what = |why: &str| unsupported(format!("kernel `{}` (avx512 w4a8): {why}", kernel.name));
+    if !is_cpu_weight_layout(kernel, mm) {
+        return Err(what(
+            "weights must use the CPU panel layout [h/hp, l/lp, hp, lp] (GPU-layout kernels go to opencl/ptx)",
+        ));
+    }
+    if !is_packed_x_layout(kernel, mm) {
+        return Err(what(
+            "i8dyn activations must use the layout [e/ep, l/lp, ep, lp]",
+        ));
+    }
+    let w = kernel.tensor(&mm.w);
+    if !w.is_some_and(|t| t.layout.int4_pair_transpose) {
+        return Err(what("4-bit weights need the int4 pair transpose"));
+    }
+    let group = match w.map(|t| t.format) {
+        Some(Format::U4Asym(tessera_dsl::ir::Group::Size(g))) if matches!(g, 8 | 16 | 32) => {
+            g as usize
+        }
+        _ => return Err(what("u4asym groups must be 8, 16 or 32")),
+    };
+    if kernel.tensor(&mm.y).map(|t| t.format) != Some(Format::F32) {
+        return Err(what("the output must be f32"));
+    }
+    let activation = mm.epilogue.activation;
+    if activation == tessera_dsl::ir::Activation::Silu {
+        return Err(what(
+            "the silu epilogue is not emitted on x86 yet (needs a vector exp); use none or relu",
+        ));
+    }
+    let tile_err = |why: String| EmitError::BadTile {
+        tile: format!("{}x{}x{}", tile.ep, tile.hp, tile.lp),
+        why,
+    };
+    if tile.ep == 0 || tile.hp == 0 || !tile.hp.is_multiple_of(16) || tile.lp != 4 {
+        return Err(tile_err(
+            "the avx512 int8 kernel needs hp a positive multiple of 16 (one zmm) and lp = 4".into(),
+        ));
+    }
+    let spec = avx512_int8::Avx512Int8Spec {
+        ep: tile.ep as usize,
+        zb: tile.hp as usize / 16,
+        group,
+        bias: mm.epilogue.bias.is_some(),
+        activation,
+    };
+    avx512_int8::check_plan(&spec, tile).map_err(tile_err)?;
+    Ok(spec)
 }
 
 /// The AVX-512 f32 kernel for an `x86-avx512` tile, its plan checked

@@ -1,0 +1,406 @@
+//! The AVX-512 W4A8 path: its EVEX integer encodings byte-for-byte against
+//! llvm-mc, the kernel's listing against its bytes, the routing of W4A8
+//! kernels on `x86-avx512` tiles, and the kernel against the reference
+//! interpreter (tails in m, n and k, a partial last group, g8/g16/g32,
+//! bias and relu, every variant, 1 and 2 threads). Kernel runs print
+//! `SKIP: no avx512vnni` on hosts without AVX512-VNNI.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_codegen::artifact::Variant;
+use tessera_codegen::host::{HostInput, HostOutput, WeightsIn};
+use tessera_codegen::target::TargetCaps;
+use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
+use tessera_codegen::x86::asm::*;
+use tessera_codegen::x86::avx512_int8::{self, Avx512Int8Spec};
+use tessera_codegen::x86::evex::{Kreg, Zmm};
+use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512_vnni};
+use tessera_dsl::interp::{self, Bindings, Value};
+use tessera_dsl::ir::{Activation, Format, Group, Kernel};
+use tessera_dsl::{library, quant};
+use tessera_tests::llvm_mc::{McError, check_x86};
+
+const MATTR: &str = "+avx512f,+avx512vl,+avx512bw,+avx512vnni";
+
+// ---- the encoder against llvm-mc ------------------------------------------
+
+/// llvm-mc's encoding of each line, in order; None without llvm-mc.
+fn llvm_mc_encodings(lines: &[String]) -> Option<Vec<Vec<u8>>> {
+    let mut child = Command::new("llvm-mc")
+        .args([
+            "-triple=x86_64",
+            &format!("-mattr={MATTR}"),
+            "-x86-asm-syntax=intel",
+            "-show-encoding",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let src = format!(".intel_syntax noprefix\n{}\n", lines.join("\n"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(src.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("error"),
+        "llvm-mc: {stderr}"
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    Some(
+        text.lines()
+            .filter_map(|l| {
+                let start = l.find("encoding: [")? + 11;
+                let end = start + l[start..].find(']')?;
+                Some(
+                    l[start..end]
+                        .split(',')
+                        .map(|b| u8::from_str_radix(b.trim().trim_start_matches("0x"), 16).unwrap())
+                        .collect(),
+                )
+            })
+            .collect(),
+    )
+}
+
+const ZMMS: [u8; 6] = [0, 7, 8, 15, 16, 31];
+const BASES: [Gp; 6] = [RAX, RSP, RBP, R12, R13, R15];
+/// Zero, disp8 (scaled by 4, 16 and 64), both ends of the i8 range,
+/// displacements that only fit 32 bits, negative ones.
+const DISPS: [i32; 12] = [0, 4, 16, 64, -64, 200, 508, 512, 2032, 8128, -8256, 1 << 20];
+
+#[test]
+fn int_evex_encodings_match_llvm_mc_byte_for_byte() {
+    let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut add = |f: &dyn Fn(&mut X86Asm)| {
+        let mut a = X86Asm::new();
+        f(&mut a);
+        let (bytes, listing) = a.finish().unwrap();
+        cases.push((listing.trim().to_string(), bytes));
+    };
+    for (n, &d) in ZMMS.iter().enumerate() {
+        let (d, x, y) = (Zmm(d), Zmm(ZMMS[(n + 1) % 6]), Zmm(ZMMS[(n + 3) % 6]));
+        for a2 in ZMMS {
+            let a2 = Zmm(a2);
+            add(&|a| a.vpdpbusd_zmm(d, a2, y));
+            add(&|a| a.vpandd_zmm(d, a2, x));
+            add(&|a| a.vcvtdq2ps_zmm(d, a2));
+            add(&|a| a.vpsrlw_zmm_imm(d, a2, 4));
+            add(&|a| a.vshufi32x4_zmm(d, a2, y, 0x50));
+            for k in [0, 2, 7] {
+                add(&|a| a.vpsrld_zmm_imm(d, Kreg(k), a2, 4));
+            }
+        }
+        for base in BASES {
+            for disp in DISPS {
+                let m = mem(base, disp);
+                add(&|a| a.vpdpbusd_zmm_bcst(d, x, m));
+                add(&|a| a.vpandd_zmm_bcst(d, y, m));
+                add(&|a| a.vpbroadcastd_zmm_load(d, m));
+                add(&|a| a.vbroadcasti32x4_zmm_load(d, m));
+                add(&|a| a.vmovdqu8_zmm_load(d, m));
+                add(&|a| a.vmovdqu32_zmm_load(d, m));
+                add(&|a| a.vcvtdq2ps_zmm_bcst(d, m));
+                add(&|a| a.vmulps_zmm_bcst(d, x, m));
+            }
+        }
+    }
+    let lines: Vec<String> = cases.iter().map(|(l, _)| l.clone()).collect();
+    let Some(theirs) = llvm_mc_encodings(&lines) else {
+        eprintln!("SKIP: llvm-mc not installed");
+        return;
+    };
+    assert_eq!(theirs.len(), cases.len());
+    for ((line, ours), theirs) in cases.iter().zip(&theirs) {
+        assert_eq!(ours, theirs, "`{line}`");
+    }
+    assert!(cases.len() > 3000, "{}", cases.len());
+}
+
+// ---- tiles and routing -----------------------------------------------------
+
+fn avx512_caps() -> &'static TargetCaps {
+    TargetCaps::by_name(AVX512_NAME).unwrap()
+}
+
+fn w4a8(group: u32, bias: bool, act: Activation) -> Kernel {
+    let mut k = library::get("matmul-w4a8").unwrap();
+    k.tensors.iter_mut().find(|t| t.name == "w").unwrap().format =
+        Format::U4Asym(Group::Size(group));
+    if let tessera_dsl::ir::Op::Matmul(mm) = &mut k.op {
+        mm.epilogue.activation = act;
+        if !bias {
+            mm.epilogue.bias = None;
+        }
+    }
+    if !bias {
+        k.tensors.retain(|t| t.name != "bias");
+    }
+    k
+}
+
+fn best(kernel: &Kernel) -> TileConfig {
+    let caps = avx512_caps();
+    let p = Problem::from_kernel(caps, kernel).unwrap();
+    solve(caps, &p).unwrap()[0]
+}
+
+/// Feasible x86-avx512 tiles (hp a multiple of 16); the kernel holds them
+/// all (2·ep·hp/16 + hp/16 + 1 ≤ 32 zmm, checked).
+fn kernel_tiles(kernel: &Kernel) -> Vec<TileConfig> {
+    let caps = avx512_caps();
+    let p = Problem::from_kernel(caps, kernel).unwrap();
+    feasible(caps, &p)
+        .unwrap()
+        .into_iter()
+        .filter(|t| {
+            assert!(
+                avx512_int8::zmm_needed(t.ep as usize, t.hp as usize / 16) <= 32,
+                "{}",
+                t.summary()
+            );
+            t.hp % 16 == 0
+        })
+        .collect()
+}
+
+const AVX512: X86Backend = X86Backend {
+    vnni: false,
+    avx512: true,
+};
+
+#[test]
+fn w4a8_routes_to_the_avx512_int8_kernel_on_avx512_tiles() {
+    let kernel = w4a8(32, true, Activation::None);
+    let t = best(&kernel);
+    assert_eq!((t.ep, t.hp, t.lp), (15, 16, 4), "{}", t.summary());
+    let acc = t.accounting;
+    assert_eq!((acc.group_sums, acc.reserved, acc.total), (15, 0, 32));
+    let code = AVX512.emit_code(&kernel, &t).unwrap();
+    assert!(code.listing.contains("matmul avx512"), "{}", code.listing);
+    assert!(code.listing.contains("vpdpbusd zmm"));
+    let q = AVX512.emit_quantizer(&kernel, &t).unwrap().unwrap();
+    assert!(q.listing.contains("[e/15, l/4, 15, 4]"), "{}", q.listing);
+    // An x86-avx2 tile keeps the AVX2 kernel.
+    let avx2 = tessera_codegen::x86::plan::target();
+    let p2 = Problem::from_kernel(avx2, &kernel).unwrap();
+    let t2 = solve(avx2, &p2).unwrap()[0];
+    let code = AVX512.emit_code(&kernel, &t2).unwrap();
+    assert!(!code.listing.contains("avx512"));
+    // The backend asks for avx512 tiles for W4A8 with avx512 and vnni on,
+    // whatever the host.
+    let both = X86Backend {
+        vnni: true,
+        avx512: true,
+    };
+    assert_eq!(both.target(&kernel).name, AVX512_NAME);
+    assert_eq!(AVX512.target(&kernel).name, "x86-avx2");
+    assert_eq!(X86Backend::default().target(&kernel).name, "x86-avx2");
+    assert_eq!(
+        both.target(&library::get("matmul-w8a8").unwrap()).name,
+        "x86-avx2"
+    );
+    // Every tile the kernel holds emits and checks against the solver.
+    let tiles = kernel_tiles(&kernel);
+    assert!(tiles.len() > 5, "{}", tiles.len());
+    for tile in &tiles {
+        AVX512
+            .emit_code(&kernel, tile)
+            .unwrap_or_else(|e| panic!("{}: {e}", tile.summary()));
+    }
+}
+
+#[test]
+fn bad_specs_are_named() {
+    let spec = |ep, zb, group| Avx512Int8Spec {
+        ep,
+        zb,
+        group,
+        bias: false,
+        activation: Activation::None,
+    };
+    let e = avx512_int8::emit(&spec(16, 1, 32)).unwrap_err().to_string();
+    assert!(e.contains("zmm"), "{e}");
+    let e = avx512_int8::emit(&spec(1, 0, 32)).unwrap_err().to_string();
+    assert!(e.contains("multiple of 16"), "{e}");
+    let e = avx512_int8::emit(&spec(2, 8, 32)).unwrap_err().to_string();
+    assert!(e.contains("zmm"), "{e}");
+    let e = avx512_int8::emit(&spec(2, 1, 64)).unwrap_err().to_string();
+    assert!(e.contains("group"), "{e}");
+    // f16 output is refused by name on the avx512 path.
+    let mut k = w4a8(32, true, Activation::None);
+    k.tensors.iter_mut().find(|t| t.name == "y").unwrap().format = Format::F16;
+    let e = AVX512.emit_code(&k, &best(&k)).unwrap_err().to_string();
+    assert!(e.contains("f32"), "{e}");
+}
+
+#[test]
+fn listings_match_their_bytes() {
+    for (group, bias, act) in [
+        (32, true, Activation::Relu),
+        (8, false, Activation::None),
+        (16, true, Activation::None),
+    ] {
+        let kernel = w4a8(group, bias, act);
+        for tile in kernel_tiles(&kernel)
+            .iter()
+            .filter(|t| [1, 7, 15].contains(&t.ep))
+        {
+            for v in Variant::ALL {
+                let code = AVX512.emit_code_variant(&kernel, tile, v).unwrap();
+                match check_x86(&code.listing, &code.bytes, MATTR) {
+                    Ok(()) => {}
+                    Err(McError::Missing) => {
+                        eprintln!("SKIP: llvm-mc not installed");
+                        return;
+                    }
+                    Err(McError::Failed(why)) => panic!("{} {v}: {why}", tile.summary()),
+                }
+            }
+        }
+    }
+}
+
+// ---- the kernel against the reference interpreter ------------------------
+
+fn can_run() -> bool {
+    if !host_has_avx512_vnni() {
+        eprintln!("SKIP: no avx512vnni");
+        return false;
+    }
+    true
+}
+
+/// Run on random data with (m, n, k) and compare with the interpreter.
+fn check(kernel: &Kernel, tile: &TileConfig, variant: Variant, shapes: &[(usize, usize, usize)]) {
+    let hm = AVX512
+        .load_variant(kernel, tile, variant)
+        .unwrap_or_else(|e| panic!("{variant} {}: {e}", tile.summary()));
+    let wf = kernel.tensor("w").unwrap().format;
+    let has_bias = kernel.as_matmul().unwrap().epilogue.bias.is_some();
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for &(m, n, k) in shapes {
+        let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let w: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let bias: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let q = quant::quantize(wf, n, k, &w).unwrap();
+        let w_dense = q.dequantize();
+        let mut bind = Bindings::new()
+            .extent("e", m)
+            .extent("h", n)
+            .extent("l", k)
+            .tensor("x", Value::from_f32(Format::I8Dyn, &x).unwrap())
+            .tensor("w", Value::Quant(q.clone()));
+        if has_bias {
+            bind = bind.tensor("bias", Value::F32(bias.clone()));
+        }
+        let out = interp::run(kernel, &bind).unwrap();
+        let want = out.get("y").unwrap();
+        let weights = hm.pack_weights(n, k, WeightsIn::Quant(&q)).unwrap();
+        for threads in [1, 2] {
+            let mut y = vec![f32::NAN; m * n];
+            hm.run(
+                HostInput::F32(&x),
+                m,
+                &weights,
+                has_bias.then_some(&bias[..]),
+                HostOutput::F32(&mut y),
+                threads,
+            )
+            .unwrap();
+            for e in 0..m {
+                for h in 0..n {
+                    let mag: f64 = (0..k)
+                        .map(|l| (x[e * k + l] as f64 * w_dense[h * k + l] as f64).abs())
+                        .sum::<f64>()
+                        + if has_bias { bias[h].abs() as f64 } else { 0.0 };
+                    let (g, wv) = (y[e * n + h] as f64, want[e * n + h] as f64);
+                    let tol = 1e-5 * mag + 1e-6;
+                    assert!(
+                        (g - wv).abs() <= tol,
+                        "{variant} tile {}x{} m={m} n={n} k={k} threads={threads} y[{e},{h}] = {g}, want {wv}",
+                        tile.ep,
+                        tile.hp
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn shapes() -> Vec<(usize, usize, usize)> {
+    let mut v = Vec::new();
+    for m in [1, 2, 13, 14, 15, 29] {
+        for n in [16, 9, 17, 40, 64] {
+            for k in [1, 7, 31, 32, 33, 100, 257] {
+                v.push((m, n, k));
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn best_tile_every_variant_against_the_interpreter() {
+    if !can_run() {
+        return;
+    }
+    let kernel = w4a8(32, true, Activation::None);
+    let tile = best(&kernel);
+    for v in Variant::ALL {
+        check(&kernel, &tile, v, &shapes());
+    }
+}
+
+/// K past the stack's panel buffer (the multi-row loop then unpacks in the
+/// loop) and just within it.
+#[test]
+fn long_k_with_and_without_the_panel_buffer() {
+    if !can_run() {
+        return;
+    }
+    let kernel = w4a8(32, true, Activation::Relu);
+    let tile = best(&kernel);
+    let per_step = 64 * tile.hp as usize / 16;
+    let k_max = avx512_int8::PANEL_BUFFER_BYTES as usize / per_step * 4;
+    check(
+        &kernel,
+        &tile,
+        Variant::Gemm,
+        &[(17, 17, k_max), (16, 33, k_max + 1), (2, 16, k_max + 40)],
+    );
+}
+
+#[test]
+fn groups_epilogues_and_tiles_against_the_interpreter() {
+    if !can_run() {
+        return;
+    }
+    let few = [
+        (1, 9, 33),
+        (3, 40, 7),
+        (7, 17, 257),
+        (15, 48, 100),
+        (2, 16, 1),
+    ];
+    for (group, bias, act) in [
+        (8, false, Activation::Relu),
+        (16, true, Activation::Relu),
+        (32, false, Activation::None),
+    ] {
+        let kernel = w4a8(group, bias, act);
+        for tile in kernel_tiles(&kernel) {
+            check(&kernel, &tile, Variant::Gemm, &few);
+        }
+    }
+}
