@@ -155,9 +155,9 @@ pub fn library_kernel(format: &str) -> Result<&'static str, UnknownFormat> {
 pub trait TuneBackend {
     /// The CLI / record name (`x86`, `host`).
     fn kind(&self) -> BackendKind;
-    /// The solver target `kernel`'s tiles come from (written into winners):
-    /// on x86 with AVX-512, f32 kernels are solved on `x86-avx512`.
-    fn caps(&self, kernel: &Kernel) -> &'static TargetCaps;
+    /// The solver target `kernel`'s `variant` tiles come from: on x86 with
+    /// AVX-512, the f32 and W4A8 GEMM is solved on `x86-avx512`.
+    fn caps(&self, kernel: &Kernel, variant: Variant) -> &'static TargetCaps;
     /// Whether the emitter can index this tile for `kernel`.
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool;
     /// Emit and map `kernel` for `tile` and `variant`.
@@ -168,8 +168,9 @@ pub trait TuneBackend {
         variant: Variant,
     ) -> Result<HostMatmul, String>;
     /// Vector width of the MAC path, bits (for the peak-MAC loop).
+    /// (The GEMM's: the peak bounds the compute-bound variant.)
     fn vector_bits(&self, kernel: &Kernel) -> u32 {
-        self.caps(kernel).register_bits
+        self.caps(kernel, Variant::Gemm).register_bits
     }
 }
 
@@ -232,8 +233,8 @@ impl TuneBackend for X86Tune {
     fn kind(&self) -> BackendKind {
         BackendKind::X86
     }
-    fn caps(&self, kernel: &Kernel) -> &'static TargetCaps {
-        self.0.target(kernel)
+    fn caps(&self, kernel: &Kernel, variant: Variant) -> &'static TargetCaps {
+        self.0.target(kernel, variant)
     }
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {
         self.0.emit_code(kernel, tile).is_ok()
@@ -267,7 +268,7 @@ impl TuneBackend for ClifTune {
     fn kind(&self) -> BackendKind {
         BackendKind::Host
     }
-    fn caps(&self, _kernel: &Kernel) -> &'static TargetCaps {
+    fn caps(&self, _kernel: &Kernel, _variant: Variant) -> &'static TargetCaps {
         self.0.caps()
     }
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {
@@ -307,7 +308,7 @@ impl TuneBackend for NeonTune {
     fn kind(&self) -> BackendKind {
         BackendKind::Neon
     }
-    fn caps(&self, _kernel: &Kernel) -> &'static TargetCaps {
+    fn caps(&self, _kernel: &Kernel, _variant: Variant) -> &'static TargetCaps {
         self.0.caps()
     }
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {

@@ -185,9 +185,13 @@ enum Target {
 }
 
 impl Target {
-    fn caps(&self, kernel: &tessera_dsl::Kernel) -> &'static tessera_codegen::target::TargetCaps {
+    fn caps(
+        &self,
+        kernel: &tessera_dsl::Kernel,
+        variant: tessera_dsl::ir::Variant,
+    ) -> &'static tessera_codegen::target::TargetCaps {
         match self {
-            Target::Host(b) => b.caps(kernel),
+            Target::Host(b) => b.caps(kernel, variant),
             Target::OpenCl(t) => t.caps(),
         }
     }
@@ -268,7 +272,10 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
             tessera_dsl::library::get(kernel_name).map_err(|e| CliError::Usage(e.to_string()))?
         }
     };
-    let caps = target.caps(&kernel);
+    // GEMV and flat GEMM candidates (and the record's target) come from
+    // this target; the GEMM's may come from a wider one (x86-avx512).
+    let caps = target.caps(&kernel, tessera_dsl::ir::Variant::Gemv);
+    let gemm_caps = target.caps(&kernel, tessera_dsl::ir::Variant::Gemm);
     let class = mac_class(caps, &kernel).map_err(|e| {
         CliError::Usage(format!(
             "backend `{kind}` cannot run --format {format}: {e}"
@@ -430,6 +437,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
     let accept = |t: &TileConfig| target.accepts(&kernel, t);
     let solver = SolverCtx {
         caps,
+        gemm_caps,
         class,
         weight_dequant: problem.weight_dequant,
         weight_groups: problem.weight_groups,

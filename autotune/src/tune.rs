@@ -113,7 +113,10 @@ pub trait Bench {
 /// The solver's view of the kernel being tuned.
 #[derive(Clone, Copy)]
 pub struct SolverCtx<'a> {
+    /// The target of the GEMV and flat-GEMM tiles.
     pub caps: &'a TargetCaps,
+    /// The target of the GEMM tiles (x86 with AVX-512: `x86-avx512`).
+    pub gemm_caps: &'a TargetCaps,
     pub class: MacClass,
     pub weight_dequant: bool,
     /// Weights quantized in groups along K (x86 int8 needs group-sum
@@ -125,6 +128,15 @@ pub struct SolverCtx<'a> {
 }
 
 impl SolverCtx<'_> {
+    /// The target `variant`'s tiles are solved on.
+    pub fn caps_for(&self, variant: Variant) -> &TargetCaps {
+        if variant == Variant::Gemm {
+            self.gemm_caps
+        } else {
+            self.caps
+        }
+    }
+
     pub fn problem(&self, m: usize, n: usize, k: usize) -> Problem {
         Problem {
             e: m as u64,
@@ -152,12 +164,13 @@ impl SolverCtx<'_> {
         neighbours: usize,
     ) -> Result<Vec<Candidate>, SolveError> {
         let problem = self.problem(representative_m(variant), n, k);
-        let ranked = tile::solve(self.caps, &problem)?;
+        let caps = self.caps_for(variant);
+        let ranked = tile::solve(caps, &problem)?;
         let Some(best) = ranked.iter().find(|t| (self.accept)(t)).copied() else {
             return Ok(Vec::new());
         };
         let mut tiles = vec![best];
-        let near = tile::neighbours(self.caps, &problem, &best, ranked.len())?;
+        let near = tile::neighbours(caps, &problem, &best, ranked.len())?;
         tiles.extend(
             near.into_iter()
                 .filter(|t| variant != Variant::Gemv || t.ep == best.ep)

@@ -189,16 +189,17 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
             })
         }
         "x86-avx512" => {
-            // The AVX-512 kernel is f32 × f32 → f32 only; the backend says
-            // which target a kernel's tiles come from.
+            // The AVX-512 kernels are f32 × f32 → f32 and W4A8 (AVX512-VNNI);
+            // the backend says which target a kernel's tiles come from. Any
+            // variant can be emitted; the runtime uses them for GEMM.
             let backend = X86Backend {
-                vnni: false,
+                vnni: true,
                 avx512: true,
             };
-            let caps = backend.target(&kernel);
+            let caps = backend.target(&kernel, Variant::Gemm);
             if !is_matmul || caps.name != target {
                 return Err(format!(
-                    "{target} emits f32 matmul kernels only; `{}` runs on x86-avx2 (the int8 kernels use AVX-VNNI where the CPU has it)",
+                    "{target} emits the f32 and W4A8 matmul kernels only; `{}` runs on x86-avx2",
                     kernel.name
                 ));
             }

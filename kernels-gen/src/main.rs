@@ -59,7 +59,7 @@ enum Command {
     },
     /// Emit one kernel instance: print its listing (machine code) or source.
     Emit {
-        /// x86-avx2, x86-avx512 (f32), host (cranelift), aarch64-neon|fp16|dotprod|i8mm, opencl, ptx-sm80|ptx-sm90.
+        /// x86-avx2, x86-avx512 (f32, W4A8), host (cranelift), aarch64-neon|fp16|dotprod|i8mm, opencl, ptx-sm80|ptx-sm90.
         #[arg(long)]
         target: String,
         /// Library kernel name or a kernel text file.

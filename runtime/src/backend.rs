@@ -620,7 +620,7 @@ impl Device {
             Engine::Cuda(_) => return Err(self.not_host()),
             #[cfg(feature = "jit")]
             _ => self
-                .solver_tiles(kernel, representative_m(variant), n, k)?
+                .solver_tiles(kernel, variant, n, k)?
                 .iter()
                 .map(|t| [t.ep, t.hp, t.lp])
                 .collect(),
@@ -814,9 +814,13 @@ mod jit {
 
         /// The target `kernel`'s tiles are solved on (x86: `x86-avx512`
         /// for f32 matmuls on an AVX-512 host, see `X86Backend::target`).
-        fn caps(&self, kernel: &Kernel) -> Result<&'static TargetCaps, RuntimeError> {
+        fn caps(
+            &self,
+            kernel: &Kernel,
+            variant: Variant,
+        ) -> Result<&'static TargetCaps, RuntimeError> {
             match &self.engine {
-                Engine::X86(b) => Ok(b.target(kernel)),
+                Engine::X86(b) => Ok(b.target(kernel, variant)),
                 Engine::Clif => Ok(self.clif()?.caps()),
                 Engine::Neon(b) => Ok(b.caps()),
                 Engine::Prebuilt(_) => Err(emit_err("solver", "prebuilt kernels have no solver")),
@@ -825,16 +829,17 @@ mod jit {
             }
         }
 
-        /// The solver's tiles for `kernel` at m rows of [n, k], best first.
+        /// The solver's tiles for `kernel`'s `variant` on [n, k] (at the
+        /// variant's representative M), best first.
         pub(super) fn solver_tiles(
             &self,
             kernel: &Kernel,
-            m: usize,
+            variant: Variant,
             n: usize,
             k: usize,
         ) -> Result<Vec<TileConfig>, RuntimeError> {
-            let caps = self.caps(kernel)?;
-            let problem = self.problem(caps, kernel, m, n, k)?;
+            let caps = self.caps(kernel, variant)?;
+            let problem = self.problem(caps, kernel, super::representative_m(variant), n, k)?;
             tile::solve(caps, &problem).map_err(|e| emit_err(&kernel.name, e))
         }
 
@@ -865,12 +870,20 @@ mod jit {
             n: usize,
             k: usize,
         ) -> Result<TileConfig, RuntimeError> {
-            let caps = self.caps(kernel)?;
-            // x86 with AVX-512 solves f32 on x86-avx512; a tile tuned on
-            // x86-avx2 (an older record) still runs on the AVX2 kernel.
+            let caps = self.caps(kernel, variant)?;
+            // x86 with AVX-512 solves GEMM on x86-avx512 and the rest on
+            // x86-avx2; a record's tile solved on the other x86 target
+            // (an older record) still runs, on that target's kernel.
             let mut targets = vec![caps];
-            if matches!(self.engine, Engine::X86(_)) && caps.name != tessera_codegen::x86::NAME {
-                targets.extend(TargetCaps::by_name(tessera_codegen::x86::NAME).ok());
+            if let Engine::X86(b) = &self.engine {
+                let other = if caps.name == tessera_codegen::x86::NAME {
+                    tessera_codegen::x86::AVX512_NAME
+                } else {
+                    tessera_codegen::x86::NAME
+                };
+                if b.avx512 {
+                    targets.extend(TargetCaps::by_name(other).ok());
+                }
             }
             let mut found = None;
             for caps in targets {
@@ -966,9 +979,8 @@ mod jit {
             let mut jobs: Vec<MatmulJob<'_>> = Vec::new();
             for &(n, k) in shapes {
                 for variant in Variant::ALL {
-                    let m = super::representative_m(variant);
                     let Some(tile) = self
-                        .solver_tiles(&kernel, m, n, k)
+                        .solver_tiles(&kernel, variant, n, k)
                         .ok()
                         .and_then(|t| t.first().copied())
                     else {

@@ -231,19 +231,28 @@ fn solver_tiles_match_the_avx512_plan() {
     let code = backend.emit_code(&kernel, &t2).unwrap();
     assert!(!code.listing.contains("avx512"));
     // The target the backend asks for follows the formats.
-    assert_eq!(backend.target(&kernel).name, AVX512_NAME);
+    assert_eq!(backend.target(&kernel, Variant::Gemm).name, AVX512_NAME);
     // W4A8 goes to x86-avx512 only with vnni on too (the int8 kernel).
-    assert_eq!(backend.target(&w4a8).name, "x86-avx2");
+    assert_eq!(backend.target(&w4a8, Variant::Gemm).name, "x86-avx2");
     let vnni = X86Backend {
         vnni: true,
         avx512: true,
     };
-    assert_eq!(vnni.target(&w4a8).name, AVX512_NAME);
+    assert_eq!(vnni.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(
-        vnni.target(&library::get("matmul-w8a8").unwrap()).name,
+        vnni.target(&library::get("matmul-w8a8").unwrap(), Variant::Gemm)
+            .name,
         "x86-avx2"
     );
-    assert_eq!(X86Backend::default().target(&kernel).name, "x86-avx2");
+    assert_eq!(
+        X86Backend::default().target(&kernel, Variant::Gemm).name,
+        "x86-avx2"
+    );
+    // GEMV and flat GEMM stay on AVX2 (bandwidth-bound; see `target`).
+    for v in [Variant::Gemv, Variant::FlatGemm] {
+        assert_eq!(backend.target(&kernel, v).name, "x86-avx2");
+        assert_eq!(vnni.target(&w4a8, v).name, "x86-avx2");
+    }
 }
 
 /// A tile the kernel cannot hold is an error naming the problem.

@@ -203,11 +203,15 @@ fn w4a8_routes_to_the_avx512_int8_kernel_on_avx512_tiles() {
         vnni: true,
         avx512: true,
     };
-    assert_eq!(both.target(&kernel).name, AVX512_NAME);
-    assert_eq!(AVX512.target(&kernel).name, "x86-avx2");
-    assert_eq!(X86Backend::default().target(&kernel).name, "x86-avx2");
+    assert_eq!(both.target(&kernel, Variant::Gemm).name, AVX512_NAME);
+    assert_eq!(AVX512.target(&kernel, Variant::Gemm).name, "x86-avx2");
     assert_eq!(
-        both.target(&library::get("matmul-w8a8").unwrap()).name,
+        X86Backend::default().target(&kernel, Variant::Gemm).name,
+        "x86-avx2"
+    );
+    assert_eq!(
+        both.target(&library::get("matmul-w8a8").unwrap(), Variant::Gemm)
+            .name,
         "x86-avx2"
     );
     // Every tile the kernel holds emits and checks against the solver.

@@ -152,21 +152,27 @@ impl X86Backend {
     }
 
     /// The target whose solver tiles this backend should be given for
-    /// `kernel`: `x86-avx512` for an f32 × f32 → f32 matmul when `avx512`
-    /// is on (the AVX-512 kernel), else `x86-avx2`.
+    /// `kernel`'s `variant`: `x86-avx512` for the GEMM variant of an f32 ×
+    /// f32 → f32 matmul when `avx512` is on (the AVX-512 kernel), else
+    /// `x86-avx2`. GEMV and flat GEMM stay on AVX2: they are bound by the
+    /// weight stream, and the zmm kernels' wider flat tiles read less of
+    /// the bandwidth at M = 8 (f32 62% against 69%, W4A8 49% against 61%
+    /// of the read loop, same run) and the same at M = 1–4.
     ///
     /// W4A8 kernels get `x86-avx512` tiles (the AVX-512 int8 kernel) when
     /// both `avx512` and `vnni` are on: every CPU with AVX-512 and AVX-VNNI
     /// (Sapphire Rapids, Zen 5) has AVX512-VNNI, which [`Self::load`]
     /// still checks. The answer depends on the flags only, so emitted code
     /// is the same on every host.
-    pub fn target(&self, kernel: &Kernel) -> &'static TargetCaps {
-        let name =
-            if self.avx512 && (is_f32_matmul(kernel) || (self.vnni && is_w4a8_matmul(kernel))) {
-                AVX512_NAME
-            } else {
-                NAME
-            };
+    pub fn target(&self, kernel: &Kernel, variant: Variant) -> &'static TargetCaps {
+        let name = if variant == Variant::Gemm
+            && self.avx512
+            && (is_f32_matmul(kernel) || (self.vnni && is_w4a8_matmul(kernel)))
+        {
+            AVX512_NAME
+        } else {
+            NAME
+        };
         TargetCaps::by_name(name).expect("x86 targets are built in")
     }
 
