@@ -179,15 +179,18 @@ fn emit_x86_host_and_opencl() {
     let o = cli(&["emit", "--target", "x86-avx2", "--kernel", "matmul-w4a8"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("vpmaddubsw"));
-    // The AVX-512 f32 kernel: zmm FMAs on an x86-avx512 tile; other
+    // The AVX-512 kernels: zmm FMAs / vpdpbusd on x86-avx512 tiles; other
     // formats are refused by name.
     let o = cli(&["emit", "--target", "x86-avx512", "--kernel", "matmul-f32"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("vfmadd231ps zmm") && stdout(&o).contains("/32"));
     let o = cli(&["emit", "--target", "x86-avx512", "--kernel", "matmul-w4a8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("vpdpbusd zmm17, zmm"), "{}", stdout(&o));
+    let o = cli(&["emit", "--target", "x86-avx512", "--kernel", "matmul-w8a8"]);
     assert!(!o.status.success());
     assert!(
-        stderr(&o).contains("f32 matmul kernels only"),
+        stderr(&o).contains("f32 and W4A8 matmul kernels only"),
         "{}",
         stderr(&o)
     );
