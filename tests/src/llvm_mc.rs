@@ -201,3 +201,39 @@ pub fn check_aarch64(listing: &str, bytes: &[u8], mattr: &str) -> Result<(), McE
 }
 
 static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// llvm-mc's x86-64 encoding of each line of an Intel-syntax listing, in
+/// order, with the features `mattr` (for byte-for-byte checks of encoders
+/// such as the EVEX one, whose bytes must be llvm-mc's exactly); None when
+/// llvm-mc is not installed. Panics with llvm-mc's message if it rejects a
+/// line (a test helper: the listing is ours).
+pub fn x86_encodings(lines: &[String], mattr: &str) -> Option<Vec<Vec<u8>>> {
+    let src = format!(".intel_syntax noprefix\n{}\n", lines.join("\n"));
+    let text = match run(
+        &[
+            "-triple=x86_64",
+            &format!("-mattr={mattr}"),
+            "-x86-asm-syntax=intel",
+            "-show-encoding",
+        ],
+        &src,
+    ) {
+        Ok(text) => text,
+        Err(McError::Missing) => return None,
+        Err(McError::Failed(why)) => panic!("llvm-mc: {why}"),
+    };
+    let encodings = text
+        .lines()
+        .filter_map(|l| {
+            let start = l.find("encoding: [")? + 11;
+            let end = start + l[start..].find(']')?;
+            Some(
+                l[start..end]
+                    .split(',')
+                    .map(|b| u8::from_str_radix(b.trim().trim_start_matches("0x"), 16).unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
+    Some(encodings)
+}

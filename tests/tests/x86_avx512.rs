@@ -7,9 +7,6 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::Variant;
@@ -22,56 +19,11 @@ use tessera_codegen::x86::evex::{Kreg, Zmm};
 use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512};
 use tessera_dsl::ir::{Activation, Kernel};
 use tessera_dsl::library;
-use tessera_tests::llvm_mc::{McError, check_x86};
+use tessera_tests::llvm_mc::{McError, check_x86, x86_encodings};
 
 const MATTR: &str = "+avx512f,+avx512vl,+avx512bw";
 
 // ---- the encoder against llvm-mc ------------------------------------------
-
-/// llvm-mc's encoding of each line of an Intel-syntax listing, in order;
-/// None when llvm-mc is not installed.
-fn llvm_mc_encodings(lines: &[String]) -> Option<Vec<Vec<u8>>> {
-    let mut child = Command::new("llvm-mc")
-        .args([
-            "-triple=x86_64",
-            &format!("-mattr={MATTR}"),
-            "-x86-asm-syntax=intel",
-            "-show-encoding",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .ok()?;
-    let src = format!(".intel_syntax noprefix\n{}\n", lines.join("\n"));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(src.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && !stderr.contains("error"),
-        "llvm-mc: {stderr}"
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let encodings = text
-        .lines()
-        .filter_map(|l| {
-            let start = l.find("encoding: [")? + 11;
-            let end = start + l[start..].find(']')?;
-            Some(
-                l[start..end]
-                    .split(',')
-                    .map(|b| u8::from_str_radix(b.trim().trim_start_matches("0x"), 16).unwrap())
-                    .collect(),
-            )
-        })
-        .collect();
-    Some(encodings)
-}
 
 const ZMMS: [u8; 6] = [0, 7, 8, 15, 16, 31];
 const BASES: [Gp; 6] = [RAX, RSP, RBP, R12, R13, R15];
@@ -121,7 +73,7 @@ fn evex_encoder_matches_llvm_mc_byte_for_byte() {
         }
     }
     let lines: Vec<String> = cases.iter().map(|(l, _)| l.clone()).collect();
-    let Some(theirs) = llvm_mc_encodings(&lines) else {
+    let Some(theirs) = x86_encodings(&lines, MATTR) else {
         eprintln!("SKIP: llvm-mc not installed");
         return;
     };
