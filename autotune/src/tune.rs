@@ -536,7 +536,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
     fn winner(&self, c: &Candidate, from_m: Option<usize>) -> Winner {
         Winner {
             variant: c.variant,
-            target: self.cfg.target.clone(),
+            target: self.target_of(c.variant),
             tile: c.tile3(),
             kernel: self.instance_name(c),
             from_m,
@@ -603,13 +603,23 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         }
     }
 
+    /// The target `variant`'s tiles were solved on: the GEMM's may be a
+    /// wider one (x86-avx512) than the run's (`cfg.target`).
+    fn target_of(&self, variant: Variant) -> String {
+        if variant == Variant::Gemm && self.solver.gemm_caps.name != self.solver.caps.name {
+            self.solver.gemm_caps.name.to_string()
+        } else {
+            self.cfg.target.clone()
+        }
+    }
+
     /// The winner's instance name (`matmul_..._x86_avx2`), or empty when
     /// the kernel is unknown or unnameable.
     fn instance_name(&self, c: &Candidate) -> String {
         let Some(kernel) = &self.cfg.kernel else {
             return String::new();
         };
-        let target = self.cfg.target.replace('-', "_");
+        let target = self.target_of(c.variant).replace('-', "_");
         let tile = tessera_dsl::naming::MatmulTile {
             ep: c.tile.ep,
             hp: c.tile.hp,
@@ -712,7 +722,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         };
         Measurement {
             variant: c.variant,
-            target: self.cfg.target.clone(),
+            target: self.target_of(c.variant),
             tile: c.tile3(),
             threads: self.cfg.threads,
             m,
