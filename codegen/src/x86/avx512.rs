@@ -40,6 +40,7 @@
 use tessera_dsl::ir::Activation;
 
 use super::asm::*;
+use super::common::row_ptr;
 use super::evex::{Kreg, Zmm};
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
@@ -327,29 +328,6 @@ impl Regs {
     fn b(&self, j: usize) -> Zmm {
         Zmm((self.sets * self.rows * self.hb + self.a + j) as u8)
     }
-}
-
-/// `dst = base + row·stride` with row = rbp + i, clamped to m - 1 when
-/// `clamp`. Clobbers rax, rdx.
-fn row_ptr(a: &mut X86Asm, dst: Gp, i: usize, clamp: bool, base: i32, stride: i32) {
-    a.mov(RAX, RBP);
-    if i > 0 {
-        a.add_imm(RAX, i as i32);
-    }
-    if clamp {
-        let ok = a.new_label();
-        a.load64(RDX, mem(RDI, MM_M));
-        a.sub_imm(RDX, 1);
-        a.cmp(RAX, RDX);
-        a.jcc(Cond::Le, ok);
-        a.mov(RAX, RDX);
-        a.bind(ok);
-    }
-    a.load64(RDX, mem(RDI, stride));
-    a.imul(RAX, RDX);
-    a.load64(RDX, mem(RDI, base));
-    a.add(RAX, RDX);
-    a.mov(dst, RAX);
 }
 
 /// rax = (n0 + rbx·hp) · 4: the panel's first column, in bytes.
