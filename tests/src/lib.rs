@@ -2,3 +2,4 @@
 //! toolchain cross-checks that more than one backend's tests use.
 
 pub mod llvm_mc;
+pub mod reference;

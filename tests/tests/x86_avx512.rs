@@ -7,10 +7,8 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::Variant;
-use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, WeightsIn};
+use tessera_codegen::host::{HostMatmul, HostTile};
 use tessera_codegen::target::TargetCaps;
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::asm::*;
@@ -20,6 +18,7 @@ use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512};
 use tessera_dsl::ir::{Activation, Kernel};
 use tessera_dsl::library;
 use tessera_tests::llvm_mc::{McError, check_x86, x86_encodings};
+use tessera_tests::reference::check_host_matmul;
 
 const MATTR: &str = "+avx512f,+avx512vl,+avx512bw";
 
@@ -289,49 +288,6 @@ fn avx512_backend() -> Option<X86Backend> {
     }
 }
 
-/// Run `hm` on random (m, n, k) data and compare with f64 math.
-fn check(hm: &HostMatmul, what: &str, bias: bool, relu: bool, shapes: &[(usize, usize, usize)]) {
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for &(m, n, k) in shapes {
-        let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let w: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let b: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let weights = hm.pack_weights(n, k, WeightsIn::F32(&w)).unwrap();
-        for threads in [1, 2] {
-            let mut y = vec![f32::NAN; m * n];
-            hm.run(
-                HostInput::F32(&x),
-                m,
-                &weights,
-                bias.then_some(&b[..]),
-                HostOutput::F32(&mut y),
-                threads,
-            )
-            .unwrap();
-            for e in 0..m {
-                for h in 0..n {
-                    let dot = |f: fn(f64) -> f64| -> f64 {
-                        (0..k)
-                            .map(|l| f(x[e * k + l] as f64 * w[h * k + l] as f64))
-                            .sum::<f64>()
-                    };
-                    let mut want = dot(|v| v) + if bias { b[h] as f64 } else { 0.0 };
-                    if relu {
-                        want = want.max(0.0);
-                    }
-                    let mag = dot(f64::abs) + if bias { (b[h] as f64).abs() } else { 0.0 };
-                    let got = y[e * n + h] as f64;
-                    let tol = 1e-5 * mag + 1e-6;
-                    assert!(
-                        (got - want).abs() <= tol,
-                        "{what} m={m} n={n} k={k} threads={threads} y[{e},{h}] = {got}, want {want} (tol {tol})"
-                    );
-                }
-            }
-        }
-    }
-}
-
 const SHAPES: [(usize, usize, usize); 10] = [
     (1, 17, 33),
     (2, 16, 1),
@@ -348,7 +304,7 @@ const SHAPES: [(usize, usize, usize); 10] = [
 /// The backend's own path (x86-avx512 tiles, every variant) for the
 /// solver's tiles and some others, with and without bias and relu.
 #[test]
-fn avx512_kernel_matches_plain_math() {
+fn avx512_kernel_matches_the_interpreter() {
     let Some(backend) = avx512_backend() else {
         return;
     };
@@ -367,7 +323,7 @@ fn avx512_kernel_matches_plain_math() {
                     matches!(hm.tile(), HostTile { ep: e, hp: h, lp: 1 } if e == ep as usize && h == hp as usize)
                 );
                 let what = format!("{ep}x{hp} {v} bias {bias} {act:?}");
-                check(&hm, &what, bias, act == Activation::Relu, &SHAPES);
+                check_host_matmul(&hm, &kernel, &what, &SHAPES, 7);
             }
         }
     }
@@ -394,12 +350,12 @@ fn avx512_k_blocks_and_embedded_broadcast() {
                     let hm =
                         HostMatmul::new(&kernel, HostTile { ep, hp, lp: 1 }, None, &code).unwrap();
                     let what = format!("{ep}x{hp} kc {block_k} embedded {embedded}");
-                    check(
+                    check_host_matmul(
                         &hm,
+                        &kernel,
                         &what,
-                        bias,
-                        act == Activation::Relu,
                         &[(13, 90, 100), (7, 33, 24), (2, 16, 57), (1, 20, 70)],
+                        7,
                     );
                 }
             }

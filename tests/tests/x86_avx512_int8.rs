@@ -7,20 +7,17 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::Variant;
-use tessera_codegen::host::{HostInput, HostOutput, WeightsIn};
 use tessera_codegen::target::TargetCaps;
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::asm::*;
 use tessera_codegen::x86::avx512_int8::{self, Avx512Int8Spec};
 use tessera_codegen::x86::evex::{Kreg, Zmm};
 use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512_vnni};
-use tessera_dsl::interp::{self, Bindings, Value};
 use tessera_dsl::ir::{Activation, Format, Group, Kernel};
-use tessera_dsl::{library, quant};
+use tessera_dsl::library;
 use tessera_tests::llvm_mc::{McError, check_x86, x86_encodings};
+use tessera_tests::reference::check_host_matmul;
 
 const MATTR: &str = "+avx512f,+avx512vl,+avx512bw,+avx512vnni";
 
@@ -243,56 +240,8 @@ fn check(kernel: &Kernel, tile: &TileConfig, variant: Variant, shapes: &[(usize,
     let hm = AVX512
         .load_variant(kernel, tile, variant)
         .unwrap_or_else(|e| panic!("{variant} {}: {e}", tile.summary()));
-    let wf = kernel.tensor("w").unwrap().format;
-    let has_bias = kernel.as_matmul().unwrap().epilogue.bias.is_some();
-    let mut rng = ChaCha8Rng::seed_from_u64(9);
-    for &(m, n, k) in shapes {
-        let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let w: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let bias: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let q = quant::quantize(wf, n, k, &w).unwrap();
-        let w_dense = q.dequantize();
-        let mut bind = Bindings::new()
-            .extent("e", m)
-            .extent("h", n)
-            .extent("l", k)
-            .tensor("x", Value::from_f32(Format::I8Dyn, &x).unwrap())
-            .tensor("w", Value::Quant(q.clone()));
-        if has_bias {
-            bind = bind.tensor("bias", Value::F32(bias.clone()));
-        }
-        let out = interp::run(kernel, &bind).unwrap();
-        let want = out.get("y").unwrap();
-        let weights = hm.pack_weights(n, k, WeightsIn::Quant(&q)).unwrap();
-        for threads in [1, 2] {
-            let mut y = vec![f32::NAN; m * n];
-            hm.run(
-                HostInput::F32(&x),
-                m,
-                &weights,
-                has_bias.then_some(&bias[..]),
-                HostOutput::F32(&mut y),
-                threads,
-            )
-            .unwrap();
-            for e in 0..m {
-                for h in 0..n {
-                    let mag: f64 = (0..k)
-                        .map(|l| (x[e * k + l] as f64 * w_dense[h * k + l] as f64).abs())
-                        .sum::<f64>()
-                        + if has_bias { bias[h].abs() as f64 } else { 0.0 };
-                    let (g, wv) = (y[e * n + h] as f64, want[e * n + h] as f64);
-                    let tol = 1e-5 * mag + 1e-6;
-                    assert!(
-                        (g - wv).abs() <= tol,
-                        "{variant} tile {}x{} m={m} n={n} k={k} threads={threads} y[{e},{h}] = {g}, want {wv}",
-                        tile.ep,
-                        tile.hp
-                    );
-                }
-            }
-        }
-    }
+    let what = format!("{variant} tile {}x{}", tile.ep, tile.hp);
+    check_host_matmul(&hm, kernel, &what, shapes, 9);
 }
 
 fn shapes() -> Vec<(usize, usize, usize)> {

@@ -4,16 +4,12 @@
 
 #![cfg(target_arch = "x86_64")]
 
-use half::f16;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::{EmitError, Variant};
-use tessera_codegen::host::{HostInput, HostOutput, WeightsIn};
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::{X86Backend, plan};
-use tessera_dsl::interp::{self, Bindings, Value};
 use tessera_dsl::ir::{Activation, Format, Kernel};
-use tessera_dsl::{library, quant};
+use tessera_dsl::library;
+use tessera_tests::reference::check_host_matmul;
 
 /// Plain AVX2, and AVX-VNNI too when this CPU has it.
 fn backends() -> Vec<X86Backend> {
@@ -31,12 +27,6 @@ fn backends() -> Vec<X86Backend> {
             vec![]
         }
     }
-}
-
-fn formats(kernel: &Kernel) -> (Format, Format, Format) {
-    let mm = kernel.as_matmul().unwrap();
-    let f = |n: &str| kernel.tensor(n).unwrap().format;
-    (f(&mm.x), f(&mm.w), f(&mm.y))
 }
 
 pub fn tiles(kernel: &Kernel) -> Vec<TileConfig> {
@@ -74,100 +64,8 @@ fn check_variant(
     let hm = backend
         .load_variant(kernel, tile, variant)
         .unwrap_or_else(|e| panic!("{} {variant} {}: {e}", kernel.name, tile.summary()));
-    let (xf, wf, yf) = formats(kernel);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    for &(m, n, k) in shapes {
-        let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let w: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let bias: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let has_bias = kernel.as_matmul().unwrap().epilogue.bias.is_some();
-        let (w_in, w_val, w_dense) = if wf.is_quantized() {
-            let q = quant::quantize(wf, n, k, &w).unwrap();
-            let dense = q.dequantize();
-            (Some(q.clone()), Value::Quant(q), dense)
-        } else {
-            let v = Value::from_f32(wf, &w).unwrap();
-            let dense = match &v {
-                Value::F16(h) => h.iter().map(|v| v.to_f32()).collect(),
-                _ => w.clone(),
-            };
-            (None, v, dense)
-        };
-        let x_val = Value::from_f32(xf, &x).unwrap();
-        let x_dense: Vec<f32> = match &x_val {
-            Value::F16(h) => h.iter().map(|v| v.to_f32()).collect(),
-            _ => x.clone(),
-        };
-        let mut bind = Bindings::new()
-            .extent("e", m)
-            .extent("h", n)
-            .extent("l", k)
-            .tensor("x", x_val)
-            .tensor("w", w_val);
-        if has_bias {
-            bind = bind.tensor("bias", Value::F32(bias.clone()));
-        }
-        let out = interp::run(kernel, &bind).unwrap();
-        let want = out.get("y").unwrap();
-
-        let weights = match &w_in {
-            Some(q) => hm.pack_weights(n, k, WeightsIn::Quant(q)).unwrap(),
-            None => hm.pack_weights(n, k, WeightsIn::F32(&w)).unwrap(),
-        };
-        let xh: Vec<f16> = x.iter().map(|v| f16::from_f32(*v)).collect();
-        let input = if xf == Format::F16 {
-            HostInput::F16(&xh)
-        } else {
-            HostInput::F32(&x)
-        };
-        for threads in [1, 2] {
-            let got: Vec<f32> = if yf == Format::F16 {
-                let mut y = vec![f16::from_f32(f32::NAN); m * n];
-                hm.run(
-                    input,
-                    m,
-                    &weights,
-                    has_bias.then_some(&bias[..]),
-                    HostOutput::F16(&mut y),
-                    threads,
-                )
-                .unwrap();
-                y.iter().map(|v| v.to_f32()).collect()
-            } else {
-                let mut y = vec![f32::NAN; m * n];
-                hm.run(
-                    input,
-                    m,
-                    &weights,
-                    has_bias.then_some(&bias[..]),
-                    HostOutput::F32(&mut y),
-                    threads,
-                )
-                .unwrap();
-                y
-            };
-            for e in 0..m {
-                for h in 0..n {
-                    let mag: f64 = (0..k)
-                        .map(|l| (x_dense[e * k + l] as f64 * w_dense[h * k + l] as f64).abs())
-                        .sum::<f64>()
-                        + if has_bias { bias[h].abs() as f64 } else { 0.0 };
-                    let (g, wv) = (got[e * n + h] as f64, want[e * n + h] as f64);
-                    let tol = match yf {
-                        Format::F16 => 1e-3 * wv.abs() + 2e-5 * mag + 1e-6,
-                        _ => 1e-5 * mag + 1e-6,
-                    };
-                    assert!(
-                        (g - wv).abs() <= tol,
-                        "{} {variant} tile {}x{} m={m} n={n} k={k} threads={threads} y[{e},{h}] = {g}, want {wv} (tol {tol})",
-                        kernel.name,
-                        tile.ep,
-                        tile.hp
-                    );
-                }
-            }
-        }
-    }
+    let what = format!("{variant} tile {}x{}", tile.ep, tile.hp);
+    check_host_matmul(&hm, kernel, &what, shapes, seed);
 }
 
 const MS: [usize; 7] = [1, 2, 3, 5, 7, 8, 13];
