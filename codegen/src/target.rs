@@ -702,6 +702,20 @@ const PTX_MMA_S8: MacInstr = mma_instr("mma.sync m16n8k32 s8", MacClass::Int8, M
 /// `ptxas -v` checks the emitted kernel stays within it.
 const PTX_BUDGET: u32 = 128;
 
+/// x86-64 with AVX-512 (32 zmm of 512 bits): the `x86::avx512` and
+/// `x86::avx512_int8` emitters take their register file and lane count
+/// from here.
+pub const X86_AVX512: TargetCaps = TargetCaps {
+    name: "x86-avx512",
+    arch: Arch::X86_64,
+    registers: 32,
+    register_bits: 512,
+    macs: &[VFMADD_ZMM, VPDPBUSD_ZMM],
+    reserved: NONE,
+    features: &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni"],
+    gpu: None,
+};
+
 static ALL: &[TargetCaps] = &[
     TargetCaps {
         name: "aarch64-neon",
@@ -753,16 +767,7 @@ static ALL: &[TargetCaps] = &[
         features: &["avx2", "fma", "f16c"],
         gpu: None,
     },
-    TargetCaps {
-        name: "x86-avx512",
-        arch: Arch::X86_64,
-        registers: 32,
-        register_bits: 512,
-        macs: &[VFMADD_ZMM, VPDPBUSD_ZMM],
-        reserved: NONE,
-        features: &["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni"],
-        gpu: None,
-    },
+    X86_AVX512,
     TargetCaps {
         name: "opencl-gpu",
         arch: Arch::OpenCl,

@@ -44,12 +44,13 @@ use super::common::row_ptr;
 use super::evex::{Kreg, Zmm};
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
+use crate::target::X86_AVX512;
 use crate::tile::TileConfig;
 
 /// f32 lanes per zmm.
-pub const LANES: usize = 16;
+pub const LANES: usize = (X86_AVX512.register_bits / 32) as usize;
 /// The zmm register file.
-pub const ZMM_REGS: u32 = 32;
+pub const ZMM_REGS: u32 = X86_AVX512.registers;
 /// Default bytes of one panel's K block in the GEMM loop: an L2-resident
 /// block (kc = 2048 at hp = 48). At M = 512, N = K = 4096 with 9×48, 384
 /// KiB beat 192 KiB (kc 1024) by 8–14% and 96 KiB (kc 512) by 7–13% in

@@ -57,9 +57,9 @@ use crate::artifact::{EmitError, MachineCode, Variant};
 use crate::tile::TileConfig;
 
 /// int32 / f32 lanes per zmm.
-pub const LANES: usize = 16;
+pub use super::avx512::LANES;
 /// The zmm register file.
-pub const ZMM_REGS: usize = 32;
+pub const ZMM_REGS: usize = super::avx512::ZMM_REGS as usize;
 
 /// What the AVX-512 int8 kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
