@@ -156,9 +156,26 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
     } = req;
     let is_matmul = kernel.as_matmul().is_some();
     match target {
-        "x86-avx2" | "aarch64-neon" | "aarch64-fp16" | "aarch64-dotprod" | "aarch64-i8mm" => {
+        "x86-avx2" | "x86-avx512" | "aarch64-neon" | "aarch64-fp16" | "aarch64-dotprod"
+        | "aarch64-i8mm" => {
+            let x86 = target.starts_with("x86-");
+            // x86-avx512 has the f32 and W4A8 kernels (AVX512-VNNI); the
+            // backend says which target a kernel's tiles come from. Any
+            // variant can be emitted; the runtime uses them for GEMM.
+            let x86_backend = X86Backend {
+                vnni: target == "x86-avx512",
+                avx512: target == "x86-avx512",
+            };
+            if target == "x86-avx512"
+                && (!is_matmul || x86_backend.target(&kernel, Variant::Gemm).name != target)
+            {
+                return Err(format!(
+                    "{target} emits the f32 and W4A8 matmul kernels only; `{}` runs on x86-avx2",
+                    kernel.name
+                ));
+            }
             if !is_matmul {
-                if target == "x86-avx2" {
+                if x86 {
                     return Err(format!(
                         "{target} emits matmul kernels; `{}` is attention (the `host`, `opencl`, `ptx-*` and `aarch64-*` targets emit attention)",
                         kernel.name
@@ -175,39 +192,16 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
             let caps = TargetCaps::by_name(target).map_err(|e| e.to_string())?;
             mac_class(caps, &kernel).map_err(|e| e.to_string())?;
             let tiles = tiles_for(caps, &kernel, variant, tile)?;
-            let (chosen, artifact) = if target == "x86-avx2" {
-                first_accepted(&X86Backend::default(), &kernel, &tiles, variant)?
+            let (chosen, artifact) = if x86 {
+                first_accepted(&x86_backend, &kernel, &tiles, variant)?
             } else {
                 let neon = NeonBackend::new(target).map_err(|e| e.to_string())?;
                 first_accepted(&neon, &kernel, &tiles, variant)?
             };
-            let comment = if target == "x86-avx2" { "#" } else { "//" };
+            let comment = if x86 { "#" } else { "//" };
             let (text, bytes) = machine(artifact);
             Ok(Emitted {
                 text: header(comment, target, &kernel, variant, Some(&chosen)) + &text,
-                bytes,
-            })
-        }
-        "x86-avx512" => {
-            // The AVX-512 kernels are f32 × f32 → f32 and W4A8 (AVX512-VNNI);
-            // the backend says which target a kernel's tiles come from. Any
-            // variant can be emitted; the runtime uses them for GEMM.
-            let backend = X86Backend {
-                vnni: true,
-                avx512: true,
-            };
-            let caps = backend.target(&kernel, Variant::Gemm);
-            if !is_matmul || caps.name != target {
-                return Err(format!(
-                    "{target} emits the f32 and W4A8 matmul kernels only; `{}` runs on x86-avx2",
-                    kernel.name
-                ));
-            }
-            let tiles = tiles_for(caps, &kernel, variant, tile)?;
-            let (chosen, artifact) = first_accepted(&backend, &kernel, &tiles, variant)?;
-            let (text, bytes) = machine(artifact);
-            Ok(Emitted {
-                text: header("#", target, &kernel, variant, Some(&chosen)) + &text,
                 bytes,
             })
         }
