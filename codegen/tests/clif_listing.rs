@@ -185,44 +185,83 @@ fn clif_int8_dot_lowers_to_sdot_on_aarch64() {
 /// fmas) has no stack access and no vector register move (regalloc2's
 /// answer to the x86 fma overwriting a multiplicand depends on the loop's
 /// shape, see `matmul::float_unroll`).
+/// The disassembly of the hottest block (most MACs) of the cranelift f32
+/// kernel for M×4096×4096 and `variant`, the MAC mnemonic, and the
+/// tile's vectors per row.
 #[cfg(target_arch = "x86_64")]
-#[test]
-fn clif_gemm_f32_loop_has_no_spills_or_moves() {
+fn f32_hot_loop(
+    m: u64,
+    variant: tessera_codegen::artifact::Variant,
+) -> (String, &'static str, usize) {
     use cranelift_codegen::Context;
     use cranelift_codegen::control::ControlPlane;
-    use tessera_codegen::artifact::Variant;
 
     let backend = ClifBackend::host().expect("backend");
     let kernel = library::get("matmul-f32").unwrap();
     let caps = backend.caps();
     let mut problem = Problem::from_kernel(caps, &kernel).unwrap();
-    (problem.e, problem.h, problem.l) = (512, 4096, 4096);
+    (problem.e, problem.h, problem.l) = (m, 4096, 4096);
     let tile = solve(caps, &problem).unwrap()[0];
-    assert_eq!(tile.accounting.accumulators, 12, "{}", tile.summary());
     let fused = backend.has_flag("has_fma");
-    let func =
-        matmul::build_variant(&kernel, &tile, Variant::Gemm, DotLowering::Pmaddwd, fused).unwrap();
+    let func = matmul::build_variant(&kernel, &tile, variant, DotLowering::Pmaddwd, fused).unwrap();
     let mut ctx = Context::for_function(func);
     ctx.set_disasm(true);
     let code = ctx
         .compile(backend.matmul_isa(), &mut ControlPlane::default())
         .expect("compile");
     let vcode = code.vcode.clone().expect("disassembly");
-    let blocks: Vec<&str> = vcode.split("\nblock").collect();
     let mac = if fused { "vfmadd" } else { "mulps" };
-    let trip = blocks
-        .iter()
+    let trip = vcode
+        .split("\nblock")
         .max_by_key(|b| b.matches(mac).count())
-        .unwrap();
+        .unwrap()
+        .to_string();
+    (trip, mac, tile.hp as usize / 4)
+}
+
+/// Vector stack accesses in `trip`.
+#[cfg(target_arch = "x86_64")]
+fn vector_spills(trip: &str) -> Vec<&str> {
+    trip.lines()
+        .map(str::trim)
+        .filter(|l| l.contains("%xmm") && l.contains("rsp"))
+        .collect()
+}
+
+/// The GEMM loop (12 accumulators, each step an ep×hp/4 outer product of
+/// fmas) has no stack access and no vector register move (regalloc2's
+/// answer to the x86 fma overwriting a multiplicand depends on the loop's
+/// shape, see `matmul::float_unroll`).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn clif_gemm_f32_loop_has_no_spills_or_moves() {
+    let (trip, mac, _) = f32_hot_loop(512, tessera_codegen::artifact::Variant::Gemm);
     assert!(trip.matches(mac).count() >= 2 * 12, "{trip}");
+    assert_eq!(vector_spills(&trip), Vec::<&str>::new(), "{trip}");
     for line in trip.lines().map(str::trim) {
         let vector = line.contains("%xmm");
-        let spill = vector && line.contains("rsp");
         let reg_move = vector && line.starts_with("mov") && !line.contains('(');
         let vreg_move = vector && line.starts_with("vmov") && !line.contains('(');
         assert!(
-            !(spill || reg_move || vreg_move),
+            !(reg_move || vreg_move),
             "`{line}` in the GEMM loop:\n{trip}"
         );
     }
+}
+
+/// The GEMV loop broadcasts x once per k step, not once per multiply
+/// (one row: the weight vector is the operand the fma may overwrite), and
+/// keeps its accumulators in registers.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn clif_gemv_f32_loop_broadcasts_once_per_k_step() {
+    let (trip, mac, vectors) = f32_hot_loop(1, tessera_codegen::artifact::Variant::Gemv);
+    let macs = trip.matches(mac).count();
+    let broadcasts = trip.matches("broadcast").count() + trip.matches("shufps").count();
+    assert!(macs >= 2 * vectors, "{trip}");
+    assert!(
+        broadcasts * vectors <= macs,
+        "{broadcasts} broadcasts for {macs} MACs of {vectors} per step:\n{trip}"
+    );
+    assert_eq!(vector_spills(&trip), Vec::<&str>::new(), "{trip}");
 }

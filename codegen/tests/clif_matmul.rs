@@ -9,7 +9,7 @@ use tessera_codegen::TileConfig;
 use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode, Variant};
 use tessera_codegen::clif::{ClifBackend, MatmulJob};
 use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWeights, WeightsIn};
-use tessera_codegen::tile::{Problem, neighbours};
+use tessera_codegen::tile::{Problem, neighbours, solve};
 use tessera_dsl::interp::{self, Bindings, Value};
 use tessera_dsl::ir::{Format, Kernel};
 use tessera_dsl::{library, quant};
@@ -37,6 +37,14 @@ fn tiles(backend: &ClifBackend, kernel: &Kernel, extra: usize) -> Vec<TileConfig
     let problem = Problem::from_kernel(caps, kernel).expect("problem");
     let best = backend.tiles(kernel).expect("tiles")[0];
     let mut v = vec![best];
+    // The one-row (GEMV) tile: its loop shares one broadcast of x per step.
+    let mut gemv = problem;
+    gemv.e = 1;
+    let one_row = solve(caps, &gemv).expect("GEMV tiles")[0];
+    assert_eq!(one_row.ep, 1, "{}", one_row.summary());
+    if one_row != best {
+        v.push(one_row);
+    }
     v.extend(
         neighbours(caps, &problem, &best, 8)
             .expect("neighbours")

@@ -786,6 +786,11 @@ fn float_unroll(plan: &Plan<'_>) -> i64 {
 /// broadcast of x (a `vbroadcastss` from memory that the x86-64 fma then
 /// overwrites in place: see [`float_unroll`]), so one A register is. The
 /// tile's register count is accumulators + 2 ([`super::CLIF_X86`]).
+/// A one-row tile (GEMV) instead broadcasts x once per step and makes the
+/// weight vector the overwritten operand (cranelift folds its load into a
+/// `vfmadd132ps` on a copy of the broadcast): a third fewer instructions
+/// and half the loads, which took the f32 GEMV from 0.83× to 0.91–0.94×
+/// of the x86 JIT's (`clif_timing`, M = 1, weights streamed from DRAM).
 /// Activations that are not f32 are widened once per row and step and
 /// parked as f32 in a stack slot, which the broadcasts then read.
 struct Mac<'a, 'k> {
@@ -827,6 +832,20 @@ impl Mac<'_, '_> {
                 }
             })
             .collect();
+        if let [(p, d)] = sources[..] {
+            // One row: each weight vector has one multiply, so it is the
+            // operand the x86-64 fma overwrites, and one broadcast of x
+            // serves the whole step.
+            let v = fb.load(F32, p, d);
+            let a = fb.b.ins().splat(F32X4, v);
+            for j in 0..nv {
+                let bj = b(fb, j);
+                let c = fb.get(self.acc[j]);
+                let r = fb.madd(plan.fused, bj, a, c);
+                fb.set(self.acc[j], r);
+            }
+            return;
+        }
         for j in 0..nv {
             let bj = b(fb, j);
             for (i, &(p, d)) in sources.iter().enumerate() {
