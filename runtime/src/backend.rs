@@ -123,6 +123,10 @@ pub struct DeviceOptions {
     /// Where the OpenCL backend keeps compiled program binaries (default:
     /// `$TESSERA_OPENCL_CACHE`, else no cache).
     pub gpu_cache_dir: Option<std::path::PathBuf>,
+    /// Keep the x86 backend on its AVX2 kernels where AVX-512 exists: to
+    /// compare the two on one machine, or to run what a fleet without
+    /// AVX-512 runs.
+    pub x86_avx2_only: bool,
 }
 
 /// This build's generator id (records and prebuilt sets must match it).
@@ -239,7 +243,7 @@ impl Device {
                 }
             }
             (_, Some(set)) => (Engine::Prebuilt(set), None),
-            (_, None) => (jit_engine(backend)?, None),
+            (_, None) => (jit_engine(backend, options.x86_avx2_only)?, None),
         };
         // A GPU backend's host side does not split work: one thread unless asked.
         let default_threads = if gpu.is_some() {
@@ -717,7 +721,7 @@ impl Device {
 }
 
 #[cfg(not(feature = "jit"))]
-fn jit_engine(backend: Backend) -> Result<Engine, RuntimeError> {
+fn jit_engine(backend: Backend, _x86_avx2_only: bool) -> Result<Engine, RuntimeError> {
     Err(unavailable(
         backend,
         "this build has no JIT (the `jit` feature); open it with prebuilt kernels",
@@ -725,12 +729,17 @@ fn jit_engine(backend: Backend) -> Result<Engine, RuntimeError> {
 }
 
 #[cfg(feature = "jit")]
-fn jit_engine(backend: Backend) -> Result<Engine, RuntimeError> {
+fn jit_engine(backend: Backend, x86_avx2_only: bool) -> Result<Engine, RuntimeError> {
     use tessera_codegen::neon::NeonBackend;
     use tessera_codegen::x86::X86Backend;
     match backend {
         Backend::HostX86 => X86Backend::detect()
-            .map(Engine::X86)
+            .map(|b| {
+                Engine::X86(X86Backend {
+                    avx512: b.avx512 && !x86_avx2_only,
+                    ..b
+                })
+            })
             .map_err(|e| unavailable(backend, e.to_string())),
         Backend::HostClif => tessera_codegen::clif::ClifBackend::host()
             .map(|_| Engine::Clif)

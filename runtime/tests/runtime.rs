@@ -146,6 +146,45 @@ fn linear_matches_the_interpreter_for_every_m_with_tails() {
     }
 }
 
+/// `x86_avx2_only` keeps an AVX-512 host on the AVX2 kernels (other GEMM
+/// tiles), and they agree with the interpreter in every variant.
+#[test]
+fn x86_avx2_only_runs_the_avx2_kernels() {
+    let Ok(x86) = tessera_codegen::x86::X86Backend::detect() else {
+        eprintln!("SKIP: no AVX2/FMA/F16C, so no x86 backend");
+        return;
+    };
+    let avx2 = Arc::new(
+        Device::open(
+            Backend::HostX86,
+            DeviceOptions {
+                threads: Some(2),
+                x86_avx2_only: true,
+                ..Default::default()
+            },
+        )
+        .expect("open"),
+    );
+    for format in [WeightFormat::F32, WeightFormat::W4A8] {
+        check_linear(&avx2, format, 45, 96, &[1, 3, 17, 70]);
+    }
+    if x86.avx512 {
+        let default = device(Backend::HostX86, 2, None);
+        let w = vec![0.5f32; 64 * 64];
+        let tile = |dev: &Arc<Device>| {
+            let lin = Linear::new(dev, WeightFormat::F32, Weights::F32(&w), 64, 64, None).unwrap();
+            lin.plan().plan(Variant::Gemm).tile
+        };
+        assert_ne!(
+            tile(&avx2),
+            tile(&default),
+            "the AVX2 device ran the AVX-512 GEMM tile"
+        );
+    } else {
+        eprintln!("SKIP: no AVX-512 here, so both devices run the AVX2 kernels");
+    }
+}
+
 /// A record for this device with the given breakpoints and the default tiles.
 fn record_for(
     dev: &Device,

@@ -5,8 +5,9 @@
 //! defaults choose the tiles and the M1/M2 switch points; run the autotuner
 //! and compare to see what tuning adds.
 //!
-//! Names: `tessera-<backend>-<format>`, backend `x86` (AVX2 machine code)
-//! or `host` (cranelift), format `f32`, `w8a8` or `w4a8`. f16 is left out:
+//! Names: `tessera-<backend>-<format>`, backend `x86` (the x86 JIT, with
+//! its AVX-512 kernels where the CPU has them), `x86avx2` (the x86 JIT on
+//! AVX2 only) or `host` (cranelift), format `f32`, `w8a8` or `w4a8`. f16 is left out:
 //! its library kernel takes f16 activations, which this harness does not
 //! feed.
 
@@ -18,7 +19,13 @@ use super::{MatmulImpl, check_len};
 use crate::error::BenchError;
 use crate::format::WeightFormat;
 
-const BACKENDS: [(&str, Backend); 2] = [("x86", Backend::HostX86), ("host", Backend::HostClif)];
+/// (name, backend, AVX2 only): `x86avx2` keeps the x86 backend off its
+/// AVX-512 kernels, the x86 kernels issue 9 compares cranelift with.
+const BACKENDS: [(&str, Backend, bool); 3] = [
+    ("x86", Backend::HostX86, false),
+    ("x86avx2", Backend::HostX86, true),
+    ("host", Backend::HostClif, false),
+];
 const FORMATS: [(&str, RtFormat); 3] = [
     ("f32", RtFormat::F32),
     ("w8a8", RtFormat::W8A8),
@@ -28,7 +35,7 @@ const FORMATS: [(&str, RtFormat); 3] = [
 /// Names of the Tessera implementations available in this build.
 pub fn names() -> Vec<String> {
     let mut out = Vec::new();
-    for (b, _) in BACKENDS {
+    for (b, _, _) in BACKENDS {
         for (f, _) in FORMATS {
             out.push(format!("tessera-{b}-{f}"));
         }
@@ -38,12 +45,13 @@ pub fn names() -> Vec<String> {
 
 /// The Tessera implementation called `name`.
 pub fn make(name: &str) -> Option<Box<dyn MatmulImpl>> {
-    for (b, backend) in BACKENDS {
+    for (b, backend, avx2_only) in BACKENDS {
         for (f, format) in FORMATS {
             if name == format!("tessera-{b}-{f}") {
                 return Some(Box::new(TesseraLinear {
                     name: name.to_string(),
                     backend,
+                    avx2_only,
                     format,
                     n: 0,
                     k: 0,
@@ -63,6 +71,7 @@ pub fn make(name: &str) -> Option<Box<dyn MatmulImpl>> {
 struct TesseraLinear {
     name: String,
     backend: Backend,
+    avx2_only: bool,
     format: RtFormat,
     n: usize,
     k: usize,
@@ -84,6 +93,7 @@ impl TesseraLinear {
         self.linears.clear();
         let options = DeviceOptions {
             threads: Some(self.threads),
+            x86_avx2_only: self.avx2_only,
             ..DeviceOptions::default()
         };
         let device = Arc::new(Device::open(self.backend, options).map_err(|e| self.err(e))?);
