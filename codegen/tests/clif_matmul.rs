@@ -40,7 +40,11 @@ fn tiles(backend: &ClifBackend, kernel: &Kernel, extra: usize) -> Vec<TileConfig
     // The one-row (GEMV) tile: its loop shares one broadcast of x per step.
     let mut gemv = problem;
     gemv.e = 1;
-    let one_row = solve(caps, &gemv).expect("GEMV tiles")[0];
+    let one_row = solve(caps, &gemv)
+        .expect("GEMV tiles")
+        .into_iter()
+        .find(|t| tessera_codegen::clif::matmul::check_tile(kernel, t).is_ok())
+        .expect("an indexable GEMV tile");
     assert_eq!(one_row.ep, 1, "{}", one_row.summary());
     if one_row != best {
         v.push(one_row);
