@@ -128,6 +128,12 @@ pub struct SolverCtx<'a> {
 }
 
 impl SolverCtx<'_> {
+    /// Rows of one accumulator unit of the flat tiles' MAC (2 for `smmla`,
+    /// else 1): a flat step's ep is M rounded up to it.
+    pub fn row_unit(&self) -> u32 {
+        self.caps.mac(self.class).map_or(1, |mac| mac.ae.max(1))
+    }
+
     /// The target `variant`'s tiles are solved on.
     pub fn caps_for(&self, variant: Variant) -> &TargetCaps {
         if variant == Variant::Gemm {
@@ -543,8 +549,8 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         }
     }
 
-    /// The flat candidate of `m` rows: `flat` with ep = min(m, its ep)
-    /// ([`flat_tile_for`]) when the solver and backend accept that tile,
+    /// The flat candidate of `m` rows: `flat` with ep = m rounded up to
+    /// the row unit, at most its ep ([`flat_tile_for`]) when the solver and backend accept that tile,
     /// else `flat` itself (always on a GPU, whose flat tiles the runtime
     /// does not step). No kernel is built.
     fn flat_step_candidate(&self, flat: &Candidate, m: usize) -> Candidate {
@@ -554,7 +560,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         if self.solver.caps.gpu.is_some() {
             return *flat;
         }
-        let want = flat_tile_for(flat.tile3(), m);
+        let want = flat_tile_for(flat.tile3(), m, self.solver.row_unit());
         if want == flat.tile3() {
             return *flat;
         }

@@ -163,7 +163,7 @@ fn upper_wins_at(lower: &Candidate, upper: &Candidate, m: usize, n: usize, k: us
 /// ep = min(m, its ep).
 fn flat_at(flat: &Candidate, m: usize, n: usize, k: usize) -> Candidate {
     let s = solver();
-    let want = tessera_autotune::tune::flat_tile_for(flat.tile3(), m);
+    let want = tessera_autotune::tune::flat_tile_for(flat.tile3(), m, s.row_unit());
     let tile = tessera_codegen::tile::feasible(s.caps, &s.problem(m, n, k))
         .unwrap()
         .into_iter()
@@ -233,7 +233,7 @@ fn breakpoints_match_a_linear_scan_of_the_model() {
         for (from_m, w) in &steps {
             assert_eq!(
                 w.tile,
-                tessera_autotune::tune::flat_tile_for(f.tile3(), *from_m)
+                tessera_autotune::tune::flat_tile_for(f.tile3(), *from_m, solver().row_unit())
             );
         }
         assert_eq!((shape.m1, shape.m2), (m1, m2), "{}", shape.name);

@@ -23,7 +23,7 @@ pub mod tile;
 #[cfg(feature = "emitters")]
 pub mod x86;
 
-pub use target::{MacClass, MacInstr, TargetCaps, UnknownTarget, mac_class};
+pub use target::{MacClass, MacInstr, TargetCaps, UnknownTarget, mac_class, row_unit};
 pub use tile::{
     BlockTile, Problem, RegisterAccounting, Solution, SolveError, TileConfig, neighbours, solve,
     solve_kernel,

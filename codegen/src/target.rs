@@ -299,6 +299,17 @@ impl TargetCaps {
     }
 }
 
+/// Rows of e one accumulator unit of `kernel`'s MAC covers on `caps` (2
+/// for `smmla`'s 2×2 blocks, else 1): every tile's ep is a multiple of it,
+/// so a tile for M rows has ep = M rounded up to it. 1 when the target has
+/// no MAC for the kernel (nothing to round).
+pub fn row_unit(caps: &TargetCaps, kernel: &Kernel) -> u32 {
+    mac_class(caps, kernel)
+        .ok()
+        .and_then(|class| caps.mac(class))
+        .map_or(1, |mac| mac.ae.max(1))
+}
+
 /// The MAC class a matmul kernel needs on `caps`, from its x and w formats:
 ///
 /// - `i8dyn` x with integer weights (`u4asym`, `i8sym`, `i8asym`): int8

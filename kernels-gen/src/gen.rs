@@ -45,8 +45,15 @@
 //! for `m1 ≤ M < m2`, GEMM above). Without one (or for a shape the record
 //! lacks on that target) the solver picks each variant's tile for the real
 //! `[n, k]` and the ranges are the defaults [`DEFAULT_M1`] and
-//! [`DEFAULT_M2`]. A variant a backend has no loop for is served by the next
-//! one (cranelift emits only GEMM, which then serves every M).
+//! [`DEFAULT_M2`] (the runtime's). A variant a backend has no loop for is
+//! served by the next one.
+//!
+//! **Per-M flat steps.** On CPU targets the runtime runs the flat range
+//! with a tile of the real M (ep = M rounded up to the MAC's row unit, the
+//! flat tile's hp and lp: the same packed weights), by the rule
+//! [`flat_steps_for`] it shares with this generator; so the flat range is
+//! written as one entry per step, each with its kernel (M = 3 on an 8-row
+//! x86 flat tile runs a 3-row kernel, not 8 rows of which 5 are padding).
 //!
 //! **Determinism.** Output order is fixed (targets and formats as given,
 //! shapes in model order, variants GEMV → GEMM), nothing holds a time or a
@@ -65,6 +72,7 @@ use tessera_codegen::{GENERATOR_VERSION, TEMPLATE_HASH};
 use tessera_dsl::library;
 use tessera_dsl::models::{LayerShape, ModelDims, ModelError, ModelShapes};
 use tessera_dsl::naming::{AttentionBlock, AttentionInstance, MatmulInstance, MatmulTile};
+use tessera_runtime::dispatch::{FlatStep, flat_steps_for};
 use tessera_runtime::manifest::{
     AttentionEntry, CodeFile, KernelKind, MANIFEST_SCHEMA, MSource, Manifest, ManifestEntry,
     fnv1a64_hex,
@@ -73,12 +81,10 @@ use tessera_runtime::record::{GeneratorId, RecordError, ShapeEntry, TuningRecord
 
 pub use targets::{TARGETS, TargetSpec, target_names};
 
-/// GEMV serves `M < DEFAULT_M1` when no record says otherwise: decode,
-/// one token.
-pub const DEFAULT_M1: usize = 2;
-/// Flat GEMM serves `DEFAULT_M1 ≤ M < DEFAULT_M2` without a record: a few
-/// padded row tiles (the solver's flat tiles hold 8–12 rows), GEMM above.
-pub const DEFAULT_M2: usize = 32;
+/// The M ranges without a record (GEMV below `DEFAULT_M1`, flat GEMM
+/// below `DEFAULT_M2`, GEMM above) are the runtime's, so a manifest's
+/// ranges say what a runtime opened on the set will run.
+pub use tessera_runtime::dispatch::{DEFAULT_M1, DEFAULT_M2};
 
 /// Name of the manifest file in the output directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -483,7 +489,8 @@ fn shape_entries(
     // Emit each variant that has a range; one the backend lacks hands its
     // range to the next (GEMM to the previous).
     let wanted = ranges(m1, m2);
-    let mut emitted: Vec<(Variant, usize, Option<usize>, targets::Instance)> = Vec::new();
+    // (variant, m_min, m_max, instance, whether the tile is the record's)
+    let mut emitted: Vec<(Variant, usize, Option<usize>, targets::Instance, bool)> = Vec::new();
     let mut pending: Option<(usize, Option<usize>)> = None;
     for (variant, lo, hi) in wanted {
         let want = recorded
@@ -503,7 +510,8 @@ fn shape_entries(
         let lo = pending.map_or(lo, |(plo, _)| plo);
         match result {
             Ok(instance) => {
-                emitted.push((variant, lo, hi, instance));
+                let from_record = want == Some(instance.tile);
+                emitted.push((variant, lo, hi, instance, from_record));
                 pending = None;
             }
             Err(targets::EmitFail::VariantUnsupported(_)) => {
@@ -533,9 +541,28 @@ fn shape_entries(
         }
     }
 
+    let mut segments = Vec::new();
+    for (variant, lo, hi, instance, from_record) in emitted {
+        if variant == Variant::FlatGemm && spec.runs_on_cpu() {
+            let m2 = hi.map_or(usize::MAX, |h| h + 1);
+            let steps = flat_steps_for(
+                recorded,
+                instance.tile,
+                from_record,
+                (lo, m2),
+                emitter.row_unit(),
+            );
+            segments.extend(flat_segments(
+                emitter, spec, format, shape, lo, hi, instance, &steps, notes,
+            ));
+        } else {
+            segments.push((variant, lo, hi, instance));
+        }
+    }
+
     let naming_target = spec.name.replace('-', "_");
     let mut out = Vec::new();
-    for (variant, m_min, m_max, instance) in emitted {
+    for (variant, m_min, m_max, instance) in segments {
         let [ep, hp, lp] = instance.tile;
         let name =
             MatmulInstance::for_kernel(&instance.kernel, MatmulTile { ep, hp, lp }, &naming_target)
@@ -583,6 +610,61 @@ fn shape_entries(
         });
     }
     Ok(out)
+}
+
+/// The flat range `lo..=hi` of one shape split by its per-M steps (as the
+/// runtime runs it, [`flat_steps_for`]): M below the first step, and each
+/// step whose kernel cannot be emitted (with a note), run the flat tile
+/// `base`; each other step its own tile, from its `from_m` to the next
+/// step's. Adjacent ranges of one tile are merged.
+#[allow(clippy::too_many_arguments)]
+fn flat_segments(
+    emitter: &targets::Emitter,
+    spec: &TargetSpec,
+    format: &str,
+    shape: &LayerShape,
+    lo: usize,
+    hi: Option<usize>,
+    base: targets::Instance,
+    steps: &[FlatStep],
+    notes: &mut Vec<String>,
+) -> Vec<(Variant, usize, Option<usize>, targets::Instance)> {
+    let mut bounds: Vec<(usize, Option<[u32; 3]>)> = vec![(lo, None)];
+    for s in steps.iter().filter(|s| hi.is_none_or(|h| s.from_m <= h)) {
+        let tile = (s.tile != base.tile).then_some(s.tile);
+        if s.from_m <= lo {
+            bounds[0].1 = tile;
+        } else {
+            bounds.push((s.from_m, tile));
+        }
+    }
+    let mut out: Vec<(Variant, usize, Option<usize>, targets::Instance)> = Vec::new();
+    for (i, &(from, tile)) in bounds.iter().enumerate() {
+        let to = bounds.get(i + 1).map_or(hi, |(next, _)| Some(next - 1));
+        let step = tile.and_then(|t| {
+            match emitter.emit(shape.n, shape.k, Variant::FlatGemm, Some(t)) {
+                Ok(instance) => Some(instance),
+                Err(e) => {
+                    let why = match e {
+                        targets::EmitFail::VariantUnsupported(w)
+                        | targets::EmitFail::FormatUnsupported(w)
+                        | targets::EmitFail::Other(w) => w,
+                    };
+                    notes.push(format!(
+                        "{} {format} {} flat step {}x{}x{} from M = {from}: {why}; the flat tile serves it",
+                        spec.name, shape.name, t[0], t[1], t[2]
+                    ));
+                    None
+                }
+            }
+        });
+        let instance = step.unwrap_or_else(|| base.clone());
+        match out.last_mut() {
+            Some(last) if last.3.tile == instance.tile => last.2 = to,
+            _ => out.push((Variant::FlatGemm, from, to, instance)),
+        }
+    }
+    out
 }
 
 /// The decode attention kernels of one target, one per KV format

@@ -1,7 +1,7 @@
 //! What `gen` writes is what the runtime runs: x86 machine code generated
 //! for a small model, loaded as prebuilt kernels (no emitter involved at
 //! load), runs a W4A8 `Linear` that matches the reference interpreter at
-//! every variant's M.
+//! every variant's M, the flat range on its generated per-M steps.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -108,7 +108,19 @@ fn generated_x86_w4a8_kernels_run_a_linear_through_the_runtime() {
         Some(&bias),
     )
     .unwrap();
-    for m in [1, 3, 33] {
+    // The set holds the flat range's per-M steps: M rows below the flat
+    // tile's ep run a kernel of M rows, the generated one.
+    let plan = lin.plan();
+    let flat = plan.plan(tessera_dsl::ir::Variant::FlatGemm).tile;
+    assert!(flat[0] > 3, "{plan}");
+    for m in 2..16 {
+        if plan.variant_for(m) == tessera_dsl::ir::Variant::FlatGemm {
+            let want = [(m as u32).min(flat[0]), flat[1], flat[2]];
+            assert_eq!(plan.tile_for(m), want, "m={m}: {plan}");
+            assert_eq!(lin.kernel_tile(m), Some(want), "m={m}: {plan}");
+        }
+    }
+    for m in [1, 2, 3, 5, 8, 15, 33] {
         let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 13) % 29) as f32 / 29.0 - 0.5)
             .collect();

@@ -22,7 +22,7 @@ use crate::device::Fingerprint;
 #[cfg(feature = "jit")]
 use crate::dispatch::representative_m;
 use crate::dispatch::{
-    DEFAULT_M1, DEFAULT_M2, FlatStep, PlanSource, ShapePlan, VariantPlan, default_flat_steps,
+    DEFAULT_M1, DEFAULT_M2, FlatStep, PlanSource, ShapePlan, VariantPlan, flat_steps_for,
 };
 use crate::error::RuntimeError;
 use crate::format::WeightFormat;
@@ -492,7 +492,7 @@ impl Device {
             Some(s) => (s.m1, s.m2, PlanSource::Record),
             None => (DEFAULT_M1, DEFAULT_M2, PlanSource::Defaults { why }),
         };
-        let flat_steps = self.flat_steps(&kernel.name, shape_entry, &plans[1], m1, m2);
+        let flat_steps = self.flat_steps(kernel, shape_entry, &plans[1], m1, m2);
         let plan = ShapePlan {
             n,
             k,
@@ -510,13 +510,11 @@ impl Device {
         ))
     }
 
-    /// Per-M flat tiles on a host backend: the record's steps when it has
-    /// them on the flat tile's packing (hp, lp), none for a record without
-    /// steps (its breakpoints were measured with the one flat tile), else
-    /// [`default_flat_steps`]. GPU flat tiles are not per-M.
+    /// Per-M flat tiles on a host backend ([`flat_steps_for`]); GPU flat
+    /// tiles are not per-M.
     fn flat_steps(
         &self,
-        kernel: &str,
+        kernel: &Kernel,
         shape_entry: Option<&crate::record::ShapeEntry>,
         flat: &VariantPlan,
         m1: usize,
@@ -525,49 +523,42 @@ impl Device {
         if self.is_gpu() {
             return Vec::new();
         }
-        let mut steps = self.flat_steps_wanted(shape_entry, flat, m1, m2);
-        // A prebuilt set serves only the steps it holds; the flat tile
-        // serves the others' M.
+        let unit = self.row_unit(kernel);
+        let mut steps = flat_steps_for(shape_entry, flat.tile, flat.from_record, (m1, m2), unit);
+        // A prebuilt set serves only the steps it holds: a missing step
+        // runs the set's smallest tile of the same packing with at least
+        // its rows, else the flat tile.
         // (Without `jit`, prebuilt is the only host engine.)
         #[allow(irrefutable_let_patterns)]
         if let Engine::Prebuilt(set) = &self.engine {
+            let tiles = set.matmul_tiles(&kernel.name, Variant::FlatGemm);
             for s in &mut steps {
-                if set.matmul(kernel, Variant::FlatGemm, s.tile).is_none() {
-                    s.tile = flat.tile;
+                if !tiles.contains(&s.tile) {
+                    s.tile = tiles
+                        .iter()
+                        .filter(|t| {
+                            t[1..] == flat.tile[1..] && (s.tile[0]..=flat.tile[0]).contains(&t[0])
+                        })
+                        .min_by_key(|t| t[0])
+                        .copied()
+                        .unwrap_or(flat.tile);
                 }
             }
+            steps.dedup_by(|later, earlier| later.tile == earlier.tile);
         }
         steps
     }
 
-    /// The steps the record or the default rule asks for.
-    fn flat_steps_wanted(
-        &self,
-        shape_entry: Option<&crate::record::ShapeEntry>,
-        flat: &VariantPlan,
-        m1: usize,
-        m2: usize,
-    ) -> Vec<FlatStep> {
-        if let Some(s) = shape_entry
-            && flat.from_record
-        {
-            let steps = s.flat_steps();
-            if steps.iter().all(|(_, w)| w.tile[1..] == flat.tile[1..]) {
-                return steps
-                    .into_iter()
-                    .map(|(from_m, w)| FlatStep {
-                        from_m,
-                        tile: w.tile,
-                        from_record: true,
-                    })
-                    .collect();
-            }
-            tracing::warn!(
-                tile = ?flat.tile,
-                "the record's flat steps do not share the flat tile's hp and lp; using the default steps"
-            );
+    /// Rows of one accumulator unit of `kernel`'s MAC on this backend
+    /// ([`tessera_codegen::row_unit`]); 1 where no solver target is known
+    /// (prebuilt sets, whose own tiles say which steps exist).
+    fn row_unit(&self, kernel: &Kernel) -> u32 {
+        #[cfg(feature = "jit")]
+        if let Ok(caps) = self.caps(kernel, Variant::FlatGemm) {
+            return tessera_codegen::row_unit(caps, kernel);
         }
-        default_flat_steps(flat.tile, m1, m2)
+        let _ = kernel;
+        1
     }
 
     #[cfg(any(feature = "opencl", feature = "cuda"))]
@@ -823,7 +814,7 @@ mod jit {
 
         /// The target `kernel`'s tiles are solved on (x86: `x86-avx512`
         /// for f32 matmuls on an AVX-512 host, see `X86Backend::target`).
-        fn caps(
+        pub(super) fn caps(
             &self,
             kernel: &Kernel,
             variant: Variant,

@@ -62,41 +62,79 @@ pub struct FlatStep {
 }
 
 /// The flat tile for `m` rows derived from the flat variant's `base` tile:
-/// ep = min(m, base ep), the same hp and lp (the same packed weights). What
-/// the solver gives when solved at that M for the small M of a decode batch,
-/// and what the autotuner times as the flat candidate at each M.
-pub fn flat_tile_for(base: [u32; 3], m: usize) -> [u32; 3] {
+/// ep = m rounded up to the MAC's `row_unit` ([`tessera_codegen::row_unit`]:
+/// 2 for `smmla`, else 1), at most base ep; the same hp and lp (the same
+/// packed weights). What the solver gives when solved at that M for the
+/// small M of a decode batch, and what the autotuner times as the flat
+/// candidate at each M.
+pub fn flat_tile_for(base: [u32; 3], m: usize, row_unit: u32) -> [u32; 3] {
+    let unit = row_unit.max(1);
     let ep = u32::try_from(m)
         .unwrap_or(u32::MAX)
+        .div_ceil(unit)
+        .saturating_mul(unit)
         .clamp(1, base[0].max(1));
     [ep, base[1], base[2]]
 }
 
 /// The default flat steps of the range `m1..m2` for the flat variant's
-/// `base` tile: one step per M below base ep ([`flat_tile_for`]), then the
-/// base tile from its ep on. Empty when the range never needs fewer rows
-/// than base ep (the base tile serves all of it).
-pub fn default_flat_steps(base: [u32; 3], m1: usize, m2: usize) -> Vec<FlatStep> {
+/// `base` tile: a step where M's tile ([`flat_tile_for`]) changes, up to
+/// the base tile from its ep on. Empty when the range never needs fewer
+/// rows than base ep (the base tile serves all of it).
+pub fn default_flat_steps(base: [u32; 3], m1: usize, m2: usize, row_unit: u32) -> Vec<FlatStep> {
     let base_ep = base[0] as usize;
     let first = m1.max(1);
     if first >= base_ep || first >= m2 {
         return Vec::new();
     }
-    let mut steps: Vec<FlatStep> = (first..base_ep.min(m2))
-        .map(|m| FlatStep {
-            from_m: m,
-            tile: flat_tile_for(base, m),
-            from_record: false,
-        })
-        .collect();
-    if base_ep < m2 {
-        steps.push(FlatStep {
-            from_m: base_ep,
-            tile: base,
-            from_record: false,
-        });
+    let mut steps: Vec<FlatStep> = Vec::new();
+    for m in first..m2.min(base_ep + 1) {
+        let tile = flat_tile_for(base, m, row_unit);
+        if steps.last().is_none_or(|s| s.tile != tile) {
+            steps.push(FlatStep {
+                from_m: m,
+                tile,
+                from_record: false,
+            });
+        }
     }
     steps
+}
+
+/// The flat steps of a shape's flat range `m1..m2` on a host backend:
+/// the record's steps when its flat tile came from the record
+/// (`flat_from_record`) and the steps share that tile's packing (hp, lp);
+/// none for such a record without steps (its breakpoints were measured
+/// with the one flat tile); else [`default_flat_steps`]. One rule for the
+/// runtime and for the generator's prebuilt sets, so both ship and pick
+/// the same kernels.
+pub fn flat_steps_for(
+    shape_entry: Option<&crate::record::ShapeEntry>,
+    flat_tile: [u32; 3],
+    flat_from_record: bool,
+    (m1, m2): (usize, usize),
+    row_unit: u32,
+) -> Vec<FlatStep> {
+    if let Some(s) = shape_entry
+        && flat_from_record
+    {
+        let steps = s.flat_steps();
+        if steps.iter().all(|(_, w)| w.tile[1..] == flat_tile[1..]) {
+            return steps
+                .into_iter()
+                .map(|(from_m, w)| FlatStep {
+                    from_m,
+                    tile: w.tile,
+                    from_record: true,
+                })
+                .collect();
+        }
+        tracing::warn!(
+            tile = ?flat_tile,
+            "the record's flat steps do not share the flat tile's hp and lp; using the default steps"
+        );
+    }
+    default_flat_steps(flat_tile, m1, m2, row_unit)
 }
 
 /// The dispatch of one weight shape [N, K].
@@ -219,7 +257,7 @@ mod tests {
                 v(Variant::FlatGemm, flat),
                 v(Variant::Gemm, [6, 16, 1]),
             ],
-            flat_steps: default_flat_steps(flat, m1, m2),
+            flat_steps: default_flat_steps(flat, m1, m2, 1),
             source: PlanSource::Defaults { why: "test".into() },
             core_weights: vec![1.0],
         }
@@ -227,11 +265,11 @@ mod tests {
 
     #[test]
     fn flat_tile_follows_m_up_to_the_base_ep() {
-        assert_eq!(flat_tile_for([8, 8, 1], 1), [1, 8, 1]);
-        assert_eq!(flat_tile_for([8, 8, 1], 3), [3, 8, 1]);
-        assert_eq!(flat_tile_for([8, 8, 1], 8), [8, 8, 1]);
-        assert_eq!(flat_tile_for([8, 8, 1], 100), [8, 8, 1]);
-        assert_eq!(flat_tile_for([4, 16, 4], usize::MAX), [4, 16, 4]);
+        assert_eq!(flat_tile_for([8, 8, 1], 1, 1), [1, 8, 1]);
+        assert_eq!(flat_tile_for([8, 8, 1], 3, 1), [3, 8, 1]);
+        assert_eq!(flat_tile_for([8, 8, 1], 8, 1), [8, 8, 1]);
+        assert_eq!(flat_tile_for([8, 8, 1], 100, 1), [8, 8, 1]);
+        assert_eq!(flat_tile_for([4, 16, 4], usize::MAX, 1), [4, 16, 4]);
     }
 
     #[test]
@@ -251,10 +289,29 @@ mod tests {
         }
     }
 
+    /// With `smmla`'s 2-row units, odd M runs the next even ep (M = 3
+    /// on a 4-row tile), and M of one tile share one step.
+    #[test]
+    fn steps_round_m_up_to_the_row_unit() {
+        assert_eq!(flat_tile_for([8, 8, 8], 3, 2), [4, 8, 8]);
+        assert_eq!(flat_tile_for([8, 8, 8], 1, 2), [2, 8, 8]);
+        assert_eq!(flat_tile_for([8, 8, 8], 9, 2), [8, 8, 8]);
+        let steps: Vec<(usize, u32)> = default_flat_steps([8, 8, 8], 2, 16, 2)
+            .iter()
+            .map(|s| (s.from_m, s.tile[0]))
+            .collect();
+        assert_eq!(steps, [(2, 2), (3, 4), (5, 6), (7, 8)]);
+        let steps: Vec<(usize, u32)> = default_flat_steps([8, 8, 1], 2, 16, 1)
+            .iter()
+            .map(|s| (s.from_m, s.tile[0]))
+            .collect();
+        assert_eq!(steps, (2..=8).map(|m| (m, m as u32)).collect::<Vec<_>>());
+    }
+
     #[test]
     fn no_steps_when_the_range_starts_at_the_base_ep() {
-        assert!(default_flat_steps([8, 8, 1], 8, 16).is_empty());
-        assert!(default_flat_steps([4, 8, 1], 6, 16).is_empty());
+        assert!(default_flat_steps([8, 8, 1], 8, 16, 1).is_empty());
+        assert!(default_flat_steps([4, 8, 1], 6, 16, 1).is_empty());
         let p = plan(8, 16, [8, 8, 1]);
         assert_eq!(p.tile_for(9), [8, 8, 1]);
         assert!(!p.to_string().contains("flat-steps"));

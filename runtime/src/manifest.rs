@@ -439,10 +439,22 @@ impl EmbeddedKernel {
     ) -> PrebuiltSet {
         let name = format!("matmul-{format}");
         let mut set = PrebuiltSet::new(generator);
-        for k in table
+        let mine: Vec<&EmbeddedKernel> = table
             .iter()
             .filter(|k| k.target == target && k.format == format)
-        {
+            .collect();
+        // A variant's range may be split into per-M flat steps; the kernel
+        // serving the top of each shape's range is the variant's own tile
+        // (the runtime takes a prebuilt variant's first tile, and derives
+        // the steps from it), so those come first.
+        let is_top = |k: &EmbeddedKernel| {
+            !mine
+                .iter()
+                .any(|o| o.variant == k.variant && o.n == k.n && o.k == k.k && o.m_min > k.m_min)
+        };
+        let (top, steps): (Vec<&EmbeddedKernel>, Vec<&EmbeddedKernel>) =
+            mine.iter().partition(|k| is_top(k));
+        for k in top.into_iter().chain(steps) {
             if set.matmul(&name, k.variant, k.tile).is_none()
                 && let Some(p) = k.to_prebuilt()
             {

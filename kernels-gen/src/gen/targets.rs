@@ -71,6 +71,17 @@ const fn spec(
     }
 }
 
+impl TargetSpec {
+    /// Whether the target's kernels run on the CPU (machine code), where
+    /// the flat range runs a tile per M; GPU flat tiles are not per-M.
+    pub fn runs_on_cpu(&self) -> bool {
+        matches!(
+            self.backend,
+            BackendKind::X86 | BackendKind::Neon | BackendKind::Cranelift
+        )
+    }
+}
+
 /// The spec of a target name.
 pub fn target(name: &str) -> Option<&'static TargetSpec> {
     TARGETS.iter().find(|t| t.name == name)
@@ -82,6 +93,7 @@ pub fn target_names() -> Vec<&'static str> {
 }
 
 /// One emitted instance.
+#[derive(Clone)]
 pub struct Instance {
     /// The tile it was emitted with (the one the kernel name encodes).
     pub tile: [u32; 3],
@@ -115,11 +127,12 @@ pub struct Emitter {
     backend: Box<dyn Backend>,
     /// The kernel as this backend takes it.
     kernel: Kernel,
-    /// The solver's target description; `None` when the backend ranks its
-    /// own tiles (cranelift).
-    caps: Option<&'static TargetCaps>,
-    /// Cranelift's tiles (shape-independent).
-    fixed_tiles: Vec<TileConfig>,
+    /// The solver's target description (a recorded or per-M tile is
+    /// looked up among its feasible tiles).
+    caps: &'static TargetCaps,
+    /// Cranelift ranks its own tiles, the same for every shape; `None`:
+    /// the solver ranks them per shape.
+    fixed_tiles: Option<Vec<TileConfig>>,
     /// Machine-code targets: the activation quantizer emitter.
     quantizer: Option<QuantizerFn>,
 }
@@ -152,8 +165,8 @@ impl Emitter {
             spec,
             backend,
             kernel,
-            caps: Some(caps),
-            fixed_tiles: Vec::new(),
+            caps,
+            fixed_tiles: None,
             quantizer,
         };
         match spec.backend {
@@ -198,6 +211,7 @@ impl Emitter {
             }
             BackendKind::Cranelift => {
                 let backend = ClifBackend::host().map_err(|e| e.to_string())?;
+                let caps = backend.caps();
                 let fixed_tiles = backend.tiles(kernel).map_err(|e| e.to_string())?;
                 let q = ClifBackend::host().map_err(|e| e.to_string())?;
                 let quantizer: QuantizerFn = Box::new(move |k: &Kernel, t: &TileConfig| {
@@ -215,8 +229,8 @@ impl Emitter {
                     spec,
                     backend: Box::new(backend),
                     kernel: kernel.clone(),
-                    caps: None,
-                    fixed_tiles,
+                    caps,
+                    fixed_tiles: Some(fixed_tiles),
                     quantizer: Some(quantizer),
                 })
             }
@@ -224,7 +238,7 @@ impl Emitter {
     }
 
     /// Ranked tiles for weight shape `[n, k]` and `variant`, or exactly
-    /// `want` (a record's winner) when it is feasible.
+    /// `want` (a record's winner, a per-M flat step) when it is feasible.
     fn tiles(
         &self,
         n: usize,
@@ -232,9 +246,10 @@ impl Emitter {
         variant: Variant,
         want: Option<[u32; 3]>,
     ) -> Result<Vec<TileConfig>, String> {
-        let mut tiles = match self.caps {
-            None => self.fixed_tiles.clone(),
-            Some(caps) => {
+        let mut tiles = match (&self.fixed_tiles, want) {
+            (Some(fixed), None) => fixed.clone(),
+            _ => {
+                let caps = self.caps;
                 let mut problem =
                     Problem::from_kernel(caps, &self.kernel).map_err(|e| e.to_string())?;
                 problem.e = rows_for(variant);
@@ -251,6 +266,12 @@ impl Emitter {
             tiles.retain(|t| t.ep == ep && t.hp == hp && t.lp == lp);
         }
         Ok(tiles)
+    }
+
+    /// Rows of one accumulator unit of this kernel's MAC on the target
+    /// ([`tessera_codegen::row_unit`]), for the per-M flat steps.
+    pub fn row_unit(&self) -> u32 {
+        tessera_codegen::row_unit(self.caps, &self.kernel)
     }
 
     /// Emit `variant` for weight shape `[n, k]`: the record's tile `want`
