@@ -114,3 +114,85 @@ fn prebuilt_sets_from_another_generator_are_refused() {
     .unwrap_err();
     assert!(e.to_string().contains("generator"), "{e}");
 }
+
+/// A prebuilt set with some of the flat range's per-M steps: each M runs
+/// the set's smallest kernel of the flat tile's packing with at least M
+/// rows (the flat tile when none is smaller), and every result is right.
+#[test]
+fn prebuilt_flat_steps_run_the_next_larger_kernel_the_set_holds() {
+    let clif = ClifBackend::host().unwrap();
+    let kernel = library::get("matmul-f32").unwrap();
+    let caps = clif.caps();
+    let mut problem = tessera_codegen::tile::Problem::from_kernel(caps, &kernel).unwrap();
+    problem.e = 8;
+    let feasible = tessera_codegen::tile::feasible(caps, &problem).unwrap();
+    let find = |ep: u32, hp: u32| {
+        feasible
+            .iter()
+            .find(|t| t.ep == ep && t.hp == hp && t.lp == 1)
+            .copied()
+    };
+    // A 6-row flat tile and steps of 2 and 4 rows, same packing.
+    let hp = [8, 12, 4]
+        .into_iter()
+        .find(|&hp| find(6, hp).is_some() && find(2, hp).is_some() && find(4, hp).is_some())
+        .expect("6-, 4- and 2-row f32 tiles of one width");
+    let mut set = PrebuiltSet::new(current_generator());
+    for (variant, ep) in [
+        (Variant::Gemv, 6),
+        (Variant::FlatGemm, 6),
+        (Variant::FlatGemm, 2),
+        (Variant::FlatGemm, 4),
+        (Variant::Gemm, 6),
+    ] {
+        let tile = find(ep, hp).unwrap();
+        let Artifact::Machine(code) = clif.emit_variant(&kernel, &tile, variant).unwrap() else {
+            panic!("source")
+        };
+        set.push(PrebuiltKernel::matmul(
+            "matmul-f32",
+            "test",
+            variant,
+            [tile.ep, tile.hp, tile.lp],
+            code.arch,
+            code.bytes,
+            None,
+        ));
+    }
+    let dev = Arc::new(
+        Device::open(
+            Backend::HostClif,
+            DeviceOptions {
+                threads: Some(2),
+                prebuilt: Some(set),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let (n, k) = (2 * hp as usize + 3, 37);
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7) % 11) as f32 / 11.0 - 0.5)
+        .collect();
+    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
+    assert_eq!(lin.plan().plan(Variant::FlatGemm).tile, [6, hp, 1]);
+    for (m, ep) in [(2, 2), (3, 4), (4, 4), (5, 6), (6, 6), (9, 6)] {
+        assert_eq!(
+            lin.kernel_tile(m),
+            Some([ep, hp, 1]),
+            "m={m}: {}",
+            lin.plan()
+        );
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 5) % 13) as f32 / 13.0 - 0.5)
+            .collect();
+        let mut y = vec![0.0; m * n];
+        lin.forward_f32(&x, m, &mut y).unwrap();
+        for r in 0..m {
+            for c in 0..n {
+                let want: f32 = (0..k).map(|l| x[r * k + l] * w[c * k + l]).sum();
+                assert!((y[r * n + c] - want).abs() < 1e-4, "m={m} [{r},{c}]");
+            }
+        }
+    }
+}
