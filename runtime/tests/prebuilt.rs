@@ -48,19 +48,38 @@ fn prebuilt_set() -> PrebuiltSet {
     set
 }
 
-#[test]
-fn prebuilt_kernels_run_without_the_jit_path() {
-    let dev = Arc::new(
+fn clif_device(set: PrebuiltSet) -> Arc<Device> {
+    Arc::new(
         Device::open(
             Backend::HostClif,
             DeviceOptions {
                 threads: Some(2),
-                prebuilt: Some(prebuilt_set()),
+                prebuilt: Some(set),
                 ..Default::default()
             },
         )
         .unwrap(),
-    );
+    )
+}
+
+/// `lin`'s y for m rows of x against the f32 sums (weights `w` [n, k]).
+fn check_f32(lin: &Linear, w: &[f32], m: usize, n: usize, k: usize) {
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 5) % 13) as f32 / 13.0 - 0.5)
+        .collect();
+    let mut y = vec![0.0; m * n];
+    lin.forward_f32(&x, m, &mut y).unwrap();
+    for r in 0..m {
+        for c in 0..n {
+            let want: f32 = (0..k).map(|l| x[r * k + l] * w[c * k + l]).sum();
+            assert!((y[r * n + c] - want).abs() < 1e-4, "m={m} [{r},{c}]");
+        }
+    }
+}
+
+#[test]
+fn prebuilt_kernels_run_without_the_jit_path() {
+    let dev = clif_device(prebuilt_set());
     let (n, k) = (19, 24);
     let w: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7) % 11) as f32 / 11.0 - 0.5)
@@ -73,17 +92,7 @@ fn prebuilt_kernels_run_without_the_jit_path() {
     assert!(lin.plan().flat_steps.iter().all(|s| s.tile == flat));
     assert_eq!(lin.kernel_tile(3), Some(flat));
     for m in [1, 3, 20] {
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 5) % 13) as f32 / 13.0 - 0.5)
-            .collect();
-        let mut y = vec![0.0; m * n];
-        lin.forward_f32(&x, m, &mut y).unwrap();
-        for r in 0..m {
-            for c in 0..n {
-                let want: f32 = (0..k).map(|l| x[r * k + l] * w[c * k + l]).sum();
-                assert!((y[r * n + c] - want).abs() < 1e-4, "m={m} [{r},{c}]");
-            }
-        }
+        check_f32(&lin, &w, m, n, k);
     }
     // A format the set lacks is a clear error.
     let e = Linear::new(&dev, WeightFormat::W4A8, Weights::F32(&w), n, k, None).unwrap_err();
@@ -159,17 +168,7 @@ fn prebuilt_flat_steps_run_the_next_larger_kernel_the_set_holds() {
             None,
         ));
     }
-    let dev = Arc::new(
-        Device::open(
-            Backend::HostClif,
-            DeviceOptions {
-                threads: Some(2),
-                prebuilt: Some(set),
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
+    let dev = clif_device(set);
     let (n, k) = (2 * hp as usize + 3, 37);
     let w: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7) % 11) as f32 / 11.0 - 0.5)
@@ -183,16 +182,6 @@ fn prebuilt_flat_steps_run_the_next_larger_kernel_the_set_holds() {
             "m={m}: {}",
             lin.plan()
         );
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 5) % 13) as f32 / 13.0 - 0.5)
-            .collect();
-        let mut y = vec![0.0; m * n];
-        lin.forward_f32(&x, m, &mut y).unwrap();
-        for r in 0..m {
-            for c in 0..n {
-                let want: f32 = (0..k).map(|l| x[r * k + l] * w[c * k + l]).sum();
-                assert!((y[r * n + c] - want).abs() < 1e-4, "m={m} [{r},{c}]");
-            }
-        }
+        check_f32(&lin, &w, m, n, k);
     }
 }
