@@ -62,18 +62,29 @@ fn clif_device(set: PrebuiltSet) -> Arc<Device> {
     )
 }
 
-/// `lin`'s y for m rows of x against the f32 sums (weights `w` [n, k]).
+/// `lin`'s y for m rows of x against the reference interpreter's
+/// `matmul-f32` (weights `w` [n, k], no bias).
 fn check_f32(lin: &Linear, w: &[f32], m: usize, n: usize, k: usize) {
+    use tessera_dsl::interp::{Bindings, Value, run};
     let x: Vec<f32> = (0..m * k)
         .map(|i| ((i * 5) % 13) as f32 / 13.0 - 0.5)
         .collect();
     let mut y = vec![0.0; m * n];
     lin.forward_f32(&x, m, &mut y).unwrap();
-    for r in 0..m {
-        for c in 0..n {
-            let want: f32 = (0..k).map(|l| x[r * k + l] * w[c * k + l]).sum();
-            assert!((y[r * n + c] - want).abs() < 1e-4, "m={m} [{r},{c}]");
-        }
+    let b = Bindings::new()
+        .extent("e", m)
+        .extent("h", n)
+        .extent("l", k)
+        .tensor("x", Value::F32(x))
+        .tensor("w", Value::F32(w.to_vec()))
+        .tensor("bias", Value::F32(vec![0.0; n]));
+    let kernel = library::get("matmul-f32").unwrap();
+    let want = run(&kernel, &b).unwrap().get("y").unwrap().to_vec();
+    for (i, (got, want)) in y.iter().zip(&want).enumerate() {
+        assert!(
+            (got - want).abs() < 1e-4,
+            "m={m} y[{i}] = {got}, want {want}"
+        );
     }
 }
 
