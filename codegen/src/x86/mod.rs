@@ -341,6 +341,43 @@ fn unsupported(what: String) -> EmitError {
     }
 }
 
+/// What every x86 kernel family asks of a matmul: weights in the CPU
+/// panel layout and an epilogue x86 emits (no silu yet). `what` words the
+/// refusal for the family. Returns the epilogue's activation.
+fn check_cpu_matmul(
+    kernel: &Kernel,
+    mm: &Matmul,
+    what: &dyn Fn(&str) -> EmitError,
+) -> Result<tessera_dsl::ir::Activation, EmitError> {
+    if !is_cpu_weight_layout(kernel, mm) {
+        return Err(what(
+            "weights must use the CPU panel layout [h/hp, l/lp, hp, lp] (GPU-layout kernels go to opencl/ptx)",
+        ));
+    }
+    let activation = mm.epilogue.activation;
+    if activation == tessera_dsl::ir::Activation::Silu {
+        return Err(what(
+            "the silu epilogue is not emitted on x86 yet (needs a vector exp); use none or relu",
+        ));
+    }
+    Ok(activation)
+}
+
+/// A tile the x86 emitters refuse, and why.
+fn bad_tile(tile: &TileConfig, why: String) -> EmitError {
+    EmitError::BadTile {
+        tile: format!("{}x{}x{}", tile.ep, tile.hp, tile.lp),
+        why,
+    }
+}
+
+/// The matmul of `kernel`, or the refusal of anything else.
+fn as_matmul(kernel: &Kernel) -> Result<&Matmul, EmitError> {
+    kernel
+        .as_matmul()
+        .ok_or_else(|| unsupported(format!("kernel `{}`: only matmuls", kernel.name)))
+}
+
 /// Which emitter a kernel goes to, with everything it needs.
 enum Family {
     Float(float::FloatSpec),
@@ -389,15 +426,9 @@ fn classify_avx512_int8(
     kernel: &Kernel,
     tile: &TileConfig,
 ) -> Result<avx512_int8::Avx512Int8Spec, EmitError> {
-    let mm = kernel
-        .as_matmul()
-        .ok_or_else(|| unsupported(format!("kernel `{}`: only matmuls", kernel.name)))?;
+    let mm = as_matmul(kernel)?;
     let what = |why: &str| unsupported(format!("kernel `{}` (avx512 w4a8): {why}", kernel.name));
-    if !is_cpu_weight_layout(kernel, mm) {
-        return Err(what(
-            "weights must use the CPU panel layout [h/hp, l/lp, hp, lp] (GPU-layout kernels go to opencl/ptx)",
-        ));
-    }
+    let activation = check_cpu_matmul(kernel, mm, &what)?;
     if !is_packed_x_layout(kernel, mm) {
         return Err(what(
             "i8dyn activations must use the layout [e/ep, l/lp, ep, lp]",
@@ -416,16 +447,7 @@ fn classify_avx512_int8(
     if kernel.tensor(&mm.y).map(|t| t.format) != Some(Format::F32) {
         return Err(what("the output must be f32"));
     }
-    let activation = mm.epilogue.activation;
-    if activation == tessera_dsl::ir::Activation::Silu {
-        return Err(what(
-            "the silu epilogue is not emitted on x86 yet (needs a vector exp); use none or relu",
-        ));
-    }
-    let tile_err = |why: String| EmitError::BadTile {
-        tile: format!("{}x{}x{}", tile.ep, tile.hp, tile.lp),
-        why,
-    };
+    let tile_err = |why: String| bad_tile(tile, why);
     if tile.ep == 0 || tile.hp == 0 || !tile.hp.is_multiple_of(16) || tile.lp != 4 {
         return Err(tile_err(
             "the avx512 int8 kernel needs hp a positive multiple of 16 (one zmm) and lp = 4".into(),
@@ -445,31 +467,16 @@ fn classify_avx512_int8(
 /// The AVX-512 f32 kernel for an `x86-avx512` tile, its plan checked
 /// against the solver's accounting.
 fn classify_avx512(kernel: &Kernel, tile: &TileConfig) -> Result<avx512::Avx512Spec, EmitError> {
-    let mm = kernel
-        .as_matmul()
-        .ok_or_else(|| unsupported(format!("kernel `{}`: only matmuls", kernel.name)))?;
+    let mm = as_matmul(kernel)?;
     let what = |why: &str| unsupported(format!("kernel `{}` (avx512 f32): {why}", kernel.name));
-    if !is_cpu_weight_layout(kernel, mm) {
-        return Err(what(
-            "weights must use the CPU panel layout [h/hp, l/lp, hp, lp] (GPU-layout kernels go to opencl/ptx)",
-        ));
-    }
+    let activation = check_cpu_matmul(kernel, mm, &what)?;
     if kernel
         .tensor(&mm.x)
         .is_some_and(|t| !t.layout.is_row_major(&[&mm.e, &mm.l]))
     {
         return Err(what("float activations must be row-major [e, l]"));
     }
-    let activation = mm.epilogue.activation;
-    if activation == tessera_dsl::ir::Activation::Silu {
-        return Err(what(
-            "the silu epilogue is not emitted on x86 yet (needs a vector exp); use none or relu",
-        ));
-    }
-    let tile_err = |why: String| EmitError::BadTile {
-        tile: format!("{}x{}x{}", tile.ep, tile.hp, tile.lp),
-        why,
-    };
+    let tile_err = |why: String| bad_tile(tile, why);
     if tile.ep == 0 || tile.hp == 0 || !tile.hp.is_multiple_of(16) || tile.lp != 1 {
         return Err(tile_err(
             "the avx512 f32 kernel needs hp a positive multiple of 16 (one zmm) and lp = 1".into(),
@@ -486,9 +493,7 @@ fn classify_avx512(kernel: &Kernel, tile: &TileConfig) -> Result<avx512::Avx512S
 }
 
 fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
-    let mm = kernel
-        .as_matmul()
-        .ok_or_else(|| unsupported(format!("kernel `{}`: only matmuls", kernel.name)))?;
+    let mm = as_matmul(kernel)?;
     let format = |name: &str| {
         kernel.tensor(name).map(|t| t.format).ok_or_else(|| {
             unsupported(format!("kernel `{}`: tensor `{name}` missing", kernel.name))
@@ -501,25 +506,12 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
             kernel.name
         ))
     };
-    if !is_cpu_weight_layout(kernel, mm) {
-        return Err(what(
-            "weights must use the CPU panel layout [h/hp, l/lp, hp, lp] (GPU-layout kernels go to opencl/ptx)",
-        ));
-    }
+    let activation = check_cpu_matmul(kernel, mm, &what)?;
     if !matches!(y, Format::F32 | Format::F16) {
         return Err(what("the output must be f32 or f16"));
     }
-    let activation = mm.epilogue.activation;
-    if activation == tessera_dsl::ir::Activation::Silu {
-        return Err(what(
-            "the silu epilogue is not emitted on x86 yet (needs a vector exp); use none or relu",
-        ));
-    }
     let bias = mm.epilogue.bias.is_some();
-    let tile_err = |why: String| EmitError::BadTile {
-        tile: format!("{}x{}x{}", tile.ep, tile.hp, tile.lp),
-        why,
-    };
+    let tile_err = |why: String| bad_tile(tile, why);
     if tile.ep == 0 || tile.hp == 0 || !tile.hp.is_multiple_of(8) {
         return Err(tile_err(
             "hp must be a positive multiple of 8 (one ymm of f32 / i32)".into(),
