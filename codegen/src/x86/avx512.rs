@@ -40,7 +40,7 @@
 use tessera_dsl::ir::Activation;
 
 use super::asm::*;
-use super::common::row_ptr;
+use super::common::{nest, row_ptr};
 use super::evex::{Kreg, Zmm};
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
@@ -385,22 +385,9 @@ fn nest(a: &mut X86Asm, spec: &Avx512Spec, l: Loop) {
     };
     let xrows = &KROWS[..rows];
 
-    let (kc_loop, panel_loop, row_loop) = (a.new_label(), a.new_label(), a.new_label());
-    a.mov_imm(R14, 0);
-    a.bind(kc_loop);
-    a.load64(R15, mem(RDI, MM_K));
-    if let Some(kc) = kc {
-        let ok = a.new_label();
-        a.sub(R15, R14);
-        a.cmp_imm(R15, kc);
-        a.jcc(Cond::Le, ok);
-        a.mov_imm(R15, kc);
-        a.bind(ok);
-    }
-    a.mov_imm(RBX, 0);
-    a.bind(panel_loop);
-    a.mov_imm(RBP, 0);
-    a.bind(row_loop);
+    let kc_loop = nest::k_blocks_head(a, kc);
+    let panel_loop = nest::panels_head(a);
+    let row_loop = nest::rows_head(a);
 
     // Accumulators: zero, or the partial sums of earlier K blocks from y.
     let zero_all = |a: &mut X86Asm| {
@@ -614,16 +601,9 @@ fn nest(a: &mut X86Asm, spec: &Avx512Spec, l: Loop) {
         None => store_all(a, true),
     }
 
-    a.add_imm(RBP, rows as i32);
-    a.cmp_mem(RBP, mem(RDI, MM_M));
-    a.jcc(Cond::L, row_loop);
-    a.add_imm(RBX, 1);
-    a.imul_imm(RAX, RBX, hp);
-    a.cmp_mem(RAX, mem(RDI, MM_N));
-    a.jcc(Cond::L, panel_loop);
-    a.add(R14, R15);
-    a.cmp_mem(R14, mem(RDI, MM_K));
-    a.jcc(Cond::L, kc_loop);
+    nest::rows_tail(a, row_loop, rows);
+    nest::panels_tail(a, panel_loop, hp);
+    nest::k_blocks_tail(a, kc_loop);
 }
 
 /// Store `rows` rows of accumulators to the y rows in r8.., adding the

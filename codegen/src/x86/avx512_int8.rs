@@ -51,6 +51,7 @@
 use tessera_dsl::ir::{Activation, Format};
 
 use super::asm::*;
+use super::common::{self, nest};
 use super::evex::{Kreg, Zmm};
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
@@ -298,19 +299,12 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
     let packed_step = hp * 2;
     let unpacked_step = 64 * zb as i32;
 
-    let (panel_loop, row_loop) = (a.new_label(), a.new_label());
-    a.mov_imm(RBX, 0);
-    a.bind(panel_loop);
+    let panel_loop = nest::panels_head(a);
     if prepacked {
         // rsi = w + first column·steps·2; r13 = the buffer; rcx = steps.
         let (unpack_loop, unpacked) = (a.new_label(), a.new_label());
         first_column(a, hp);
-        a.load64(RDX, mem(R15, STEPS));
-        a.imul(RAX, RDX);
-        a.shl_imm(RAX, 1);
-        a.load64(RDX, mem(RDI, MM_W));
-        a.add(RAX, RDX);
-        a.mov(RSI, RAX);
+        packed_panel_ptr(a);
         a.load64(R13, mem(R15, BUF));
         a.load64(RCX, mem(R15, STEPS));
         a.cmp_imm(RCX, 0);
@@ -326,9 +320,8 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
         a.jcc(Cond::Ne, unpack_loop);
         a.bind(unpacked);
     }
-    a.mov_imm(RBP, 0);
     a.mov_imm(R14, 0);
-    a.bind(row_loop);
+    let row_loop = nest::rows_head(a);
 
     // r8 = x + rbp·steps·4 + r14·4 (row block rbp/ep: ep rows of 4 bytes
     // per step; r14 = the row within it).
@@ -346,12 +339,7 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
     if prepacked {
         a.load64(RSI, mem(R15, BUF));
     } else {
-        a.load64(RDX, mem(R15, STEPS));
-        a.imul(RAX, RDX);
-        a.shl_imm(RAX, 1);
-        a.load64(RDX, mem(RDI, MM_W));
-        a.add(RAX, RDX);
-        a.mov(RSI, RAX);
+        packed_panel_ptr(a);
     }
     // r9 = params + first column·groups·8; r10 = r9 + groups·hp·4.
     a.load64(RDX, mem(R15, GROUPS));
@@ -457,10 +445,18 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
         a.cmp_mem(RBP, mem(RDI, MM_M));
     }
     a.jcc(Cond::L, row_loop);
-    a.add_imm(RBX, 1);
-    a.imul_imm(RAX, RBX, hp);
-    a.cmp_mem(RAX, mem(RDI, MM_N));
-    a.jcc(Cond::L, panel_loop);
+    nest::panels_tail(a, panel_loop, hp);
+}
+
+/// rsi = w + rax·steps·2: the packed panel whose first column is rax.
+/// Clobbers rax, rdx.
+fn packed_panel_ptr(a: &mut X86Asm) {
+    a.load64(RDX, mem(R15, STEPS));
+    a.imul(RAX, RDX);
+    a.shl_imm(RAX, 1);
+    a.load64(RDX, mem(RDI, MM_W));
+    a.add(RAX, RDX);
+    a.mov(RSI, RAX);
 }
 
 /// k3 = the valid lanes of column block j, given rcx valid columns in the
@@ -518,18 +514,8 @@ fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, prepacke
     a.load64(RAX, mem(R15, STEPS));
     a.store64(mem(R15, LEFT), RAX);
     a.bind(group_top);
-    a.load64(RAX, mem(R15, LEFT));
-    a.cmp_imm(RAX, 0);
-    a.jcc(Cond::E, done);
     // rcx = steps in this group, LEFT -= rcx.
-    let clamp = a.new_label();
-    a.mov(RCX, RAX);
-    a.cmp_imm(RCX, spg);
-    a.jcc(Cond::Le, clamp);
-    a.mov_imm(RCX, spg);
-    a.bind(clamp);
-    a.sub(RAX, RCX);
-    a.store64(mem(R15, LEFT), RAX);
+    common::next_group(a, mem(R15, LEFT), spg, done);
     for i in 0..r.rows {
         for j in 0..r.zb {
             let g = r.g(i, j);

@@ -77,6 +77,89 @@ pub fn epilogue(a: &mut X86Asm) {
     a.ret();
 }
 
+/// The GEMM loop nest's control, the same in every x86 kernel: K blocks
+/// (r14 = first k, r15 = the block's length) → panels of hp columns (rbx
+/// = panel) → row blocks (rbp = first row). Each head returns the label
+/// its tail jumps back to.
+pub mod nest {
+    use super::*;
+    use crate::abi::{MM_K, MM_N};
+
+    /// r14 = 0, then per block r15 = min(k - r14, kc) (all of k without
+    /// `kc`).
+    pub fn k_blocks_head(a: &mut X86Asm, kc: Option<i32>) -> Label {
+        let head = a.new_label();
+        a.mov_imm(R14, 0);
+        a.bind(head);
+        a.load64(R15, mem(RDI, MM_K));
+        if let Some(kc) = kc {
+            a.sub(R15, R14);
+            min_imm(a, R15, kc);
+        }
+        head
+    }
+
+    /// r14 += r15; again while r14 < k.
+    pub fn k_blocks_tail(a: &mut X86Asm, head: Label) {
+        a.add(R14, R15);
+        a.cmp_mem(R14, mem(RDI, MM_K));
+        a.jcc(Cond::L, head);
+    }
+
+    /// rbx = 0.
+    pub fn panels_head(a: &mut X86Asm) -> Label {
+        let head = a.new_label();
+        a.mov_imm(RBX, 0);
+        a.bind(head);
+        head
+    }
+
+    /// rbx += 1; again while rbx·hp < n. Clobbers rax.
+    pub fn panels_tail(a: &mut X86Asm, head: Label, hp: i32) {
+        a.add_imm(RBX, 1);
+        a.imul_imm(RAX, RBX, hp);
+        a.cmp_mem(RAX, mem(RDI, MM_N));
+        a.jcc(Cond::L, head);
+    }
+
+    /// rbp = 0.
+    pub fn rows_head(a: &mut X86Asm) -> Label {
+        let head = a.new_label();
+        a.mov_imm(RBP, 0);
+        a.bind(head);
+        head
+    }
+
+    /// rbp += rows; again while rbp < m.
+    pub fn rows_tail(a: &mut X86Asm, head: Label, rows: usize) {
+        a.add_imm(RBP, rows as i32);
+        a.cmp_mem(RBP, mem(RDI, MM_M));
+        a.jcc(Cond::L, head);
+    }
+}
+
+/// `r = min(r, max)` (signed).
+pub fn min_imm(a: &mut X86Asm, r: Gp, max: i32) {
+    let ok = a.new_label();
+    a.cmp_imm(r, max);
+    a.jcc(Cond::Le, ok);
+    a.mov_imm(r, max);
+    a.bind(ok);
+}
+
+/// The head of a loop over weight groups of `spg` k steps, the steps left
+/// in `left`: to `done` when none are left, else rcx = this group's steps
+/// and `left` -= rcx. Clobbers rax.
+pub fn next_group(a: &mut X86Asm, left: Mem, spg: i32, done: Label) {
+    a.load64(RAX, left);
+    a.cmp_imm(RAX, 0);
+    a.jcc(Cond::E, done);
+    a.mov(RCX, RAX);
+    min_imm(a, RCX, spg);
+    a.sub(RAX, RCX);
+    a.store64(left, RAX);
+}
+
 /// `dst = base + row·stride` with row = rbp + i, clamped to m - 1 when
 /// `clamp` (XNNPACK's tail trick: missing rows alias the last one).
 /// Clobbers rax, rdx.

@@ -76,7 +76,7 @@
 use tessera_dsl::ir::{Activation, Format};
 
 use super::asm::*;
-use super::common::{self, LOCAL0, LOCAL1, LOCAL2, NIBBLE, ONES16, SHIFTS, Store};
+use super::common::{self, LOCAL0, LOCAL1, LOCAL2, NIBBLE, ONES16, SHIFTS, Store, nest};
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
 
@@ -236,11 +236,8 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
     // Bytes of one packed weight step and its parameter stride per panel.
     let wstep = if int4 { hp * 2 } else { hp * 4 };
 
-    let (panel_loop, row_loop) = (a.new_label(), a.new_label());
-    a.mov_imm(RBX, 0);
-    a.bind(panel_loop);
-    a.mov_imm(RBP, 0);
-    a.bind(row_loop);
+    let panel_loop = nest::panels_head(a);
+    let row_loop = nest::rows_head(a);
 
     // r8 = x + rbp·LB·4 (row block rbp/ep, ep rows of 4 bytes per step).
     a.mov(RAX, RBP);
@@ -347,13 +344,8 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
         }
     }
 
-    a.add_imm(RBP, rows as i32);
-    a.cmp_mem(RBP, mem(RDI, MM_M));
-    a.jcc(Cond::L, row_loop);
-    a.add_imm(RBX, 1);
-    a.imul_imm(RAX, RBX, hp);
-    a.cmp_mem(RAX, mem(RDI, MM_N));
-    a.jcc(Cond::L, panel_loop);
+    nest::rows_tail(a, row_loop, rows);
+    nest::panels_tail(a, panel_loop, hp);
 }
 
 /// W8A8: all of K into i32 accumulators. Column block j outer, row i
@@ -490,18 +482,8 @@ fn int4_loop(
         a.new_label(),
     );
     a.bind(group_loop);
-    a.load64(RAX, frame(LOCAL0));
-    a.cmp_imm(RAX, 0);
-    a.jcc(Cond::E, done);
     // rcx = steps in this group, LOCAL0 -= rcx.
-    let full = a.new_label();
-    a.mov(RCX, RAX);
-    a.cmp_imm(RCX, spg);
-    a.jcc(Cond::Le, full);
-    a.mov_imm(RCX, spg);
-    a.bind(full);
-    a.sub(RAX, RCX);
-    a.store64(frame(LOCAL0), RAX);
+    common::next_group(a, frame(LOCAL0), spg, done);
     for i in 0..r.rows {
         for j in 0..r.hb {
             let g = r.acc(i, j);
