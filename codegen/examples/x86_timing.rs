@@ -192,18 +192,21 @@ fn fma_peak(threads: usize) -> Rate {
         // SAFETY: main() checked AVX2 and FMA through X86Backend::detect.
         std::hint::black_box(unsafe { chains(iters) });
     };
-    let s = secs_per_call(threads, |_| {
-        if threads == 1 {
-            run();
-        } else {
-            std::thread::scope(|sc| {
-                for _ in 0..threads {
-                    sc.spawn(run);
-                }
-            });
-        }
-    });
+    let s = secs_per_call(threads, |_| on_threads(threads, run));
     Rate::of((threads * iters * 10 * 16) as f64 / 1e9, s)
+}
+
+/// `run` on `threads` threads at once (on this one for 1).
+fn on_threads(threads: usize, run: impl Fn() + Sync) {
+    if threads == 1 {
+        run();
+    } else {
+        std::thread::scope(|sc| {
+            for _ in 0..threads {
+                sc.spawn(&run);
+            }
+        });
+    }
 }
 
 /// zmm FMA peak: 12 independent zmm FMA chains per thread. GFLOP/s.
@@ -230,17 +233,7 @@ fn fma_peak_zmm(threads: usize) -> Rate {
         // SAFETY: main() checked AVX-512F before calling this.
         std::hint::black_box(unsafe { chains(iters) });
     };
-    let s = secs_per_call(threads, |_| {
-        if threads == 1 {
-            run();
-        } else {
-            std::thread::scope(|sc| {
-                for _ in 0..threads {
-                    sc.spawn(run);
-                }
-            });
-        }
-    });
+    let s = secs_per_call(threads, |_| on_threads(threads, run));
     Rate::of((threads * iters * 12 * 32) as f64 / 1e9, s)
 }
 

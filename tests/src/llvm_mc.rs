@@ -200,6 +200,21 @@ pub fn check_aarch64(listing: &str, bytes: &[u8], mattr: &str) -> Result<(), McE
     Err(McError::Failed("lengths differ".into()))
 }
 
+/// Each `(line, bytes)` case's bytes equal llvm-mc's encoding of its
+/// Intel-syntax line (with the features `mattr`): byte-for-byte checks of
+/// an encoder. Prints a SKIP line and checks nothing without llvm-mc.
+pub fn assert_x86_encodings(cases: &[(String, Vec<u8>)], mattr: &str) {
+    let lines: Vec<String> = cases.iter().map(|(l, _)| l.clone()).collect();
+    let Some(theirs) = x86_encodings(&lines, mattr) else {
+        eprintln!("SKIP: llvm-mc not installed");
+        return;
+    };
+    assert_eq!(theirs.len(), cases.len());
+    for ((line, ours), theirs) in cases.iter().zip(&theirs) {
+        assert_eq!(ours, theirs, "`{line}`");
+    }
+}
+
 static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// llvm-mc's x86-64 encoding of each line of an Intel-syntax listing, in

@@ -9,6 +9,7 @@ use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::{X86Backend, plan};
 use tessera_dsl::ir::{Activation, Format, Kernel};
 use tessera_dsl::library;
+use tessera_tests::kernels::set_epilogue as epilogue;
 use tessera_tests::reference::check_host_matmul;
 
 /// Plain AVX2, and AVX-VNNI too when this CPU has it.
@@ -380,18 +381,6 @@ fn variant(name: &str, edit: impl Fn(&mut Kernel)) -> Kernel {
     let mut k = library::get(name).unwrap();
     edit(&mut k);
     k
-}
-
-fn epilogue(kernel: &mut Kernel, bias: bool, act: Activation) {
-    if let tessera_dsl::ir::Op::Matmul(mm) = &mut kernel.op {
-        mm.epilogue.activation = act;
-        if !bias {
-            mm.epilogue.bias = None;
-        }
-    }
-    if !bias {
-        kernel.tensors.retain(|t| t.name != "bias");
-    }
 }
 
 #[test]
