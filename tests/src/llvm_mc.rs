@@ -200,6 +200,42 @@ pub fn check_aarch64(listing: &str, bytes: &[u8], mattr: &str) -> Result<(), McE
     Err(McError::Failed("lengths differ".into()))
 }
 
+/// The operands the EVEX encoder tests sweep: registers 0, 7, 8, 15, 16,
+/// 31 (every encoding bit), bases that need a SIB byte or a displacement
+/// (rsp, rbp, r12, r13) besides rax and r15, and displacements of zero,
+/// disp8 scaled by 4, 16 and 64, both ends of the i8 range, disp32 and
+/// negative ones.
+pub mod evex_sweep {
+    use tessera_codegen::x86::asm::{Gp, R12, R13, R15, RAX, RBP, RSP};
+
+    pub const ZMMS: [u8; 6] = [0, 7, 8, 15, 16, 31];
+    pub const BASES: [Gp; 6] = [RAX, RSP, RBP, R12, R13, R15];
+    pub const DISPS: [i32; 13] = [
+        0,
+        4,
+        16,
+        64,
+        -64,
+        200,
+        508,
+        512,
+        2032,
+        8128,
+        8192,
+        -8256,
+        1 << 20,
+    ];
+}
+
+/// Our listing line and bytes for the instruction(s) `emit` writes, as a
+/// case for [`assert_x86_encodings`].
+pub fn x86_case(emit: &dyn Fn(&mut tessera_codegen::x86::asm::X86Asm)) -> (String, Vec<u8>) {
+    let mut a = tessera_codegen::x86::asm::X86Asm::new();
+    emit(&mut a);
+    let (bytes, listing) = a.finish().expect("assemble");
+    (listing.trim().to_string(), bytes)
+}
+
 /// Each `(line, bytes)` case's bytes equal llvm-mc's encoding of its
 /// Intel-syntax line (with the features `mattr`): byte-for-byte checks of
 /// an encoder. Prints a SKIP line and checks nothing without llvm-mc.

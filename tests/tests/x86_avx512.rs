@@ -17,18 +17,13 @@ use tessera_codegen::x86::evex::{Kreg, Zmm};
 use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512};
 use tessera_dsl::ir::{Activation, Kernel};
 use tessera_dsl::library;
-use tessera_tests::llvm_mc::{McError, assert_x86_encodings, check_x86};
+use tessera_tests::llvm_mc::evex_sweep::{BASES, DISPS, ZMMS};
+use tessera_tests::llvm_mc::{McError, assert_x86_encodings, check_x86, x86_case};
 use tessera_tests::reference::check_host_matmul;
 
 const MATTR: &str = "+avx512f,+avx512vl,+avx512bw";
 
 // ---- the encoder against llvm-mc ------------------------------------------
-
-const ZMMS: [u8; 6] = [0, 7, 8, 15, 16, 31];
-const BASES: [Gp; 6] = [RAX, RSP, RBP, R12, R13, R15];
-/// Zero, disp8 (scaled by 4 and by 64, and both ends of the i8 range),
-/// displacements that only fit 32 bits, negative ones.
-const DISPS: [i32; 11] = [0, 4, 64, -64, 200, 508, 512, 8128, 8192, -8256, 1 << 20];
 
 /// Every encoder method over registers 0, 7, 8, 15, 16, 31, bases rax, rsp,
 /// rbp, r12, r13, r15 and small, scaled and large displacements: our bytes
@@ -36,12 +31,7 @@ const DISPS: [i32; 11] = [0, 4, 64, -64, 200, 508, 512, 8128, 8192, -8256, 1 << 
 #[test]
 fn evex_encoder_matches_llvm_mc_byte_for_byte() {
     let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut add = |f: &dyn Fn(&mut X86Asm)| {
-        let mut a = X86Asm::new();
-        f(&mut a);
-        let (bytes, listing) = a.finish().unwrap();
-        cases.push((listing.trim().to_string(), bytes));
-    };
+    let mut add = |f: &dyn Fn(&mut X86Asm)| cases.push(x86_case(f));
     for (n, &d) in ZMMS.iter().enumerate() {
         let (d, x, y) = (Zmm(d), Zmm(ZMMS[(n + 1) % 6]), Zmm(ZMMS[(n + 3) % 6]));
         for a2 in ZMMS {
