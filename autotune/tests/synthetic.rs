@@ -4,6 +4,7 @@
 
 use std::cell::Cell;
 use std::time::Duration;
+use tessera_dsl::ir::ParamType;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -108,7 +109,7 @@ fn config(deadline_secs: f64) -> TuneConfig {
         },
         traffic: Traffic {
             x: Format::I8Dyn,
-            w: Format::U4Asym(Group::Size(32)),
+            w: Format::U4Asym(Group::Size(32), ParamType::F32),
             y: Format::F32,
         },
         target: "x86-avx2".into(),

@@ -28,14 +28,14 @@ pub struct MatmulArgs {
     pub x_stride: usize,
     /// Integer kernels: one f32 scale per row of x (from the quantizer).
     pub x_scales: *const f32,
-    /// Integer kernels with asymmetric weights: Σ qx per row and weight
-    /// group, `[m, groups]` i32, for the zero-point correction.
+    /// Integer kernels with asymmetric (or `u4sym`) weights: Σ qx per row
+    /// and weight group, `[m, groups]` i32, for the zero-point correction.
     pub x_sums: *const i32,
     /// Packed weights (the whole tensor).
     pub w: *const u8,
-    /// Packed per-group weight parameters (see `tessera_codegen::host`
-    /// for their order).
-    pub w_params: *const f32,
+    /// Packed per-group weight parameters, f32 or f16 as the weight
+    /// format stores them (see `tessera_codegen::host` for their order).
+    pub w_params: *const u8,
     /// Bias per output channel (f32, `n_total` of them), or null.
     pub bias: *const f32,
     /// Output rows, `y_stride` bytes apart, in the kernel's output format.

@@ -13,15 +13,16 @@
 //! Parameters (`w_params`) order: for CPU panel layouts `[h/hp, ...]`, per
 //! panel p: its scales `[groups, hp]` then, for asymmetric formats, its
 //! offsets `[groups, hp]` (so one panel's parameters are contiguous: panel
-//! stride = groups·hp·(1 or 2) floats). For other layouts (GPU `[l/lp, h,
-//! lp]`): scales `[groups, n_pad]` then offsets `[groups, n_pad]`, where
-//! `n_pad` is n rounded up to hp.
+//! stride = groups·hp·(1 or 2) parameters). For other layouts (GPU `[l/lp,
+//! h, lp]`): scales `[groups, n_pad]` then offsets `[groups, n_pad]`, where
+//! `n_pad` is n rounded up to hp. Each parameter is stored in the format's
+//! [`ParamType`]: 4 bytes (f32) or 2 (f16 bits), little-endian.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::{bf16, f16};
-use tessera_dsl::ir::{Format, Kernel, Matmul};
+use tessera_dsl::ir::{Format, Kernel, Matmul, ParamType};
 use tessera_dsl::quant::{
     self, PackPlan, ParamOrder, QuantError, QuantTensor, groups_per_row, pack_params,
 };
@@ -121,8 +122,9 @@ pub struct HostWeights {
     /// Codes or values in the kernel's weight layout (padded to whole
     /// tiles), 64-byte aligned so vector loads do not straddle lines.
     pub codes: AlignedBytes,
-    /// Parameters in the order of the module doc (empty for float formats).
-    pub params: Vec<f32>,
+    /// Parameters in the order of the module doc, in the format's
+    /// parameter precision (empty for float formats).
+    pub params: AlignedBytes,
     /// Whether the layout is a CPU panel layout `[h/hp, ...]`.
     pub panel_layout: bool,
 }
@@ -244,7 +246,7 @@ impl HostWeights {
             k,
             tile,
             codes: AlignedBytes::from(codes),
-            params,
+            params: AlignedBytes::from(params),
             panel_layout,
         })
     }
@@ -254,7 +256,7 @@ impl HostWeights {
         t: &QuantTensor,
         tile: HostTile,
         panel_layout: bool,
-    ) -> Result<(Vec<u8>, Vec<f32>), HostError> {
+    ) -> Result<(Vec<u8>, Vec<u8>), HostError> {
         t.validate()?;
         let codes = plan.pack(&t.codes)?;
         let groups = t.groups_per_row();
@@ -301,7 +303,20 @@ impl HostWeights {
             }
             out
         };
-        Ok((codes, params))
+        Ok((codes, param_bytes(&params, t.format.params())))
+    }
+}
+
+/// Parameters as stored: f32 or f16 bits, little-endian. Values of f16
+/// formats are exact f16 ([`QuantTensor::validate`] checked), so the
+/// conversion does not round.
+fn param_bytes(values: &[f32], precision: Option<ParamType>) -> Vec<u8> {
+    match precision.unwrap_or_default() {
+        ParamType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ParamType::F16 => values
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
     }
 }
 
@@ -563,7 +578,7 @@ impl HostMatmul {
                 x_stride: k * 4,
                 out: qx.as_mut_ptr(),
                 out_scales: qx_scales.as_mut_ptr(),
-                out_sums: if w_format.is_asymmetric() {
+                out_sums: if w_format.needs_x_sums() {
                     qx_sums.as_mut_ptr()
                 } else {
                     std::ptr::null_mut()

@@ -293,7 +293,7 @@ impl TargetCaps {
             "f16 x (widened to f32)".to_string()
         });
         if self.mac(MacClass::Int8).is_some() {
-            parts.push("i8dyn x with u4asym, i8sym or i8asym weights".to_string());
+            parts.push("i8dyn x with u4asym, u4sym, i8sym or i8asym weights".to_string());
         }
         parts.join("; ")
     }
@@ -350,14 +350,15 @@ pub fn mac_class(caps: &TargetCaps, kernel: &Kernel) -> Result<MacClass, ClassEr
         Format::F32
             | Format::F16
             | Format::BF16
-            | Format::U4Asym(_)
-            | Format::I8Sym(_)
-            | Format::I8Asym(_)
-            | Format::E0M4(_)
+            | Format::U4Asym(..)
+            | Format::U4Sym(..)
+            | Format::I8Sym(..)
+            | Format::I8Asym(..)
+            | Format::E0M4(..)
     );
     match x {
         Format::I8Dyn => match w {
-            Format::U4Asym(_) | Format::I8Sym(_) | Format::I8Asym(_) => caps
+            Format::U4Asym(..) | Format::U4Sym(..) | Format::I8Sym(..) | Format::I8Asym(..) => caps
                 .mac(MacClass::Int8)
                 .map(|_| MacClass::Int8)
                 .ok_or_else(|| unsupported("int8")),

@@ -19,6 +19,7 @@ use tessera_codegen::opencl;
 use tessera_codegen::ptx::attention::register_budget;
 use tessera_codegen::ptx::{PtxBackend, Sm};
 use tessera_codegen::{TargetCaps, TileConfig, solve_kernel};
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::{Format, Group, Kernel, Op, SoftmaxMode, library};
 
 /// `base` with other cache formats, softmax mode or Q scaling.
@@ -51,7 +52,7 @@ fn variant(
 
 /// The canonical pair plus the plan variations.
 fn kernels() -> Vec<Kernel> {
-    let i8row = Format::I8Asym(Group::Row);
+    let i8row = Format::I8Asym(Group::Row, ParamType::F32);
     vec![
         library::get("attention-decode-f16").unwrap(),
         library::get("attention-decode-kv8").unwrap(),
@@ -380,7 +381,7 @@ fn the_backend_trait_emits_attention_and_refuses_what_it_cannot() {
         "attention-decode-f16",
         "attention-i8-values",
         Format::F16,
-        Format::I8Asym(Group::Row),
+        Format::I8Asym(Group::Row, ParamType::F32),
         None,
         true,
     );

@@ -6,6 +6,7 @@ use tessera_codegen::target::{ClassError, MacClass, TargetCaps, mac_class};
 use tessera_codegen::tile::{
     Problem, SolveError, accounting, block_tile, neighbours, solve, solve_kernel, target_cost,
 };
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::{
     Activation, Epilogue, Format, Group, Kernel, KernelBuilder, Matmul, Op, Role, TileSize,
 };
@@ -40,7 +41,10 @@ fn matmul(x: Format, w: Format) -> Kernel {
 }
 
 fn w4a8() -> Kernel {
-    matmul(Format::I8Dyn, Format::U4Asym(Group::Size(32)))
+    matmul(
+        Format::I8Dyn,
+        Format::U4Asym(Group::Size(32), ParamType::F32),
+    )
 }
 
 fn target(name: &str) -> &'static TargetCaps {
@@ -128,7 +132,7 @@ fn x86_rows() {
 /// reserved, no group sums; ARM folds group sums through memory too.
 #[test]
 fn x86_grouped_int8_folds_group_sums_through_memory() {
-    let w8a8 = matmul(Format::I8Dyn, Format::I8Sym(Group::Row));
+    let w8a8 = matmul(Format::I8Dyn, Format::I8Sym(Group::Row, ParamType::F32));
     for kernel in [w4a8(), w8a8] {
         let s = solve_kernel(target("x86-avx2"), &kernel).unwrap();
         let a = s.tiles[0].accounting;
@@ -179,25 +183,40 @@ fn classes_follow_formats() {
         (
             "aarch64-i8mm",
             Format::I8Dyn,
-            Format::I8Sym(g),
+            Format::I8Sym(g, ParamType::F32),
             MacClass::Int8,
         ),
         (
             "aarch64-fp16",
             Format::F16,
-            Format::U4Asym(g),
+            Format::U4Asym(g, ParamType::F32),
             MacClass::F16,
         ),
         (
             "aarch64-neon",
             Format::F16,
-            Format::U4Asym(g),
+            Format::U4Asym(g, ParamType::F32),
             MacClass::F32,
         ),
         ("x86-avx2", Format::F16, Format::F16, MacClass::F32),
-        ("x86-avx512", Format::BF16, Format::E0M4(g), MacClass::F32),
-        ("ptx-sm80", Format::F16, Format::U4Asym(g), MacClass::F16),
-        ("ptx-sm90", Format::I8Dyn, Format::I8Asym(g), MacClass::Int8),
+        (
+            "x86-avx512",
+            Format::BF16,
+            Format::E0M4(g, ParamType::F32),
+            MacClass::F32,
+        ),
+        (
+            "ptx-sm80",
+            Format::F16,
+            Format::U4Asym(g, ParamType::F32),
+            MacClass::F16,
+        ),
+        (
+            "ptx-sm90",
+            Format::I8Dyn,
+            Format::I8Asym(g, ParamType::F32),
+            MacClass::Int8,
+        ),
     ];
     for (t, x, w, class) in cases {
         assert_eq!(
@@ -209,7 +228,7 @@ fn classes_follow_formats() {
     // W4A16 dequantizes in the loop: scale and offset registers are counted.
     let s = solve_kernel(
         target("aarch64-fp16"),
-        &matmul(Format::F16, Format::U4Asym(g)),
+        &matmul(Format::F16, Format::U4Asym(g, ParamType::F32)),
     )
     .unwrap();
     assert!(s.problem.weight_dequant && s.tiles[0].accounting.dequant > 0);

@@ -16,7 +16,7 @@
 use std::error::Error;
 use tessera_dsl::interp::{self, Bindings, Value};
 use tessera_dsl::quant::quantize;
-use tessera_dsl::{Format, Group, kernel};
+use tessera_dsl::{Format, Group, ParamType, kernel};
 
 const H: usize = 37;
 const L: usize = 100;
@@ -42,7 +42,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let x: Vec<f32> = (0..L).map(|_| random.uniform(-2.0, 2.0)).collect();
     let w: Vec<f32> = (0..H * L).map(|_| random.uniform(-0.5, 0.5)).collect();
     let b: Vec<f32> = (0..H).map(|_| random.uniform(-1.0, 1.0)).collect();
-    let w_quant = quantize(Format::U4Asym(Group::Size(32)), H, L, &w)?;
+    let w_quant = quantize(Format::U4Asym(Group::Size(32), ParamType::F32), H, L, &w)?;
     let w_dequant = w_quant.dequantize();
 
     let bindings = Bindings::new()

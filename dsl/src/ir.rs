@@ -43,6 +43,40 @@ impl fmt::Display for Group {
     }
 }
 
+/// Storage precision of a quantized format's per-group parameters (scales
+/// and offsets).
+///
+/// At M = 1 a matmul is a read of the weights, so parameter bytes are time:
+/// f16 parameters take `u4asym:g32` from 6 to 5 bits per weight, and make
+/// `u4sym:g32:f16` / `i8sym:g32:f16` exactly ggml's Q4_0 / Q8_0 blocks (and
+/// `u4asym:g32:f16` its Q4_1). Kernels widen f16 parameters to f32 in
+/// registers; everything after the widening is computed in f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ParamType {
+    #[default]
+    F32,
+    F16,
+}
+
+impl ParamType {
+    /// Bytes one stored parameter takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            ParamType::F32 => 4,
+            ParamType::F16 => 2,
+        }
+    }
+}
+
+impl fmt::Display for ParamType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ParamType::F32 => "f32",
+            ParamType::F16 => "f16",
+        })
+    }
+}
+
 /// Storage format of a tensor's elements.
 ///
 /// Float formats hold values directly. Quantized formats hold integer codes
@@ -58,15 +92,21 @@ pub enum Format {
     /// caller passes f32; the kernel quantizes (no scalar pre-pass).
     I8Dyn,
     /// Asymmetric 4-bit (MNN-LLM formula (1)) stored pre-converted to uint4
-    /// codes 0..=15: w = scale·q + min, per group.
-    U4Asym(Group),
-    /// Symmetric int8: w = scale·q, q in [-127, 127], per group.
-    I8Sym(Group),
+    /// codes 0..=15: w = scale·q + min, per group (with f16 parameters and
+    /// groups of 32: ggml's Q4_1).
+    U4Asym(Group, ParamType),
+    /// Symmetric 4-bit, uint4 codes 0..=15 with an implied zero point of 8:
+    /// w = scale·(q − 8), per group, no offset stored (with f16 parameters
+    /// and groups of 32: ggml's Q4_0, bit for bit).
+    U4Sym(Group, ParamType),
+    /// Symmetric int8: w = scale·q, q in [-127, 127], per group (with f16
+    /// parameters and groups of 32: ggml's Q8_0).
+    I8Sym(Group, ParamType),
     /// Asymmetric int8 (formula (1) with clip [-128, 127]): w = scale·(q+128) + min.
-    I8Asym(Group),
+    I8Asym(Group, ParamType),
     /// E0M4 FP4 (Transformer-Lite 2.3): 4 fraction bits of an fp16 in [2, 4):
     /// w = (2 + q/8)·scale + bias, per group.
-    E0M4(Group),
+    E0M4(Group, ParamType),
     /// fp8 e4m3 (OCP, finite, max 448), stored as is; used for KV values.
     Fp8E4M3,
     /// fp8 e5m2 (OCP, IEEE-like), stored as is; used for KV values.
@@ -90,16 +130,59 @@ impl Format {
     pub fn is_asymmetric(self) -> bool {
         matches!(
             self,
-            Format::U4Asym(_) | Format::I8Asym(_) | Format::E0M4(_)
+            Format::U4Asym(..) | Format::I8Asym(..) | Format::E0M4(..)
         )
+    }
+
+    /// Whether an integer matmul needs Σ x per weight group: asymmetric
+    /// formats for their offset term, `u4sym` for its implied zero point
+    /// (Σ x·(q − 8) = Σ x·q − 8·Σ x).
+    pub fn needs_x_sums(self) -> bool {
+        self.is_asymmetric() || matches!(self, Format::U4Sym(..))
     }
 
     /// Quantization group, if the format has one.
     pub fn group(self) -> Option<Group> {
         match self {
-            Format::U4Asym(g) | Format::I8Sym(g) | Format::I8Asym(g) | Format::E0M4(g) => Some(g),
+            Format::U4Asym(g, _)
+            | Format::U4Sym(g, _)
+            | Format::I8Sym(g, _)
+            | Format::I8Asym(g, _)
+            | Format::E0M4(g, _) => Some(g),
             Format::I8Dyn => Some(Group::Row),
             _ => None,
+        }
+    }
+
+    /// Storage precision of the per-group parameters of a format stored
+    /// with them (`None` for float formats and `i8dyn`, whose one scale
+    /// per row the kernel computes and keeps in f32).
+    pub fn params(self) -> Option<ParamType> {
+        match self {
+            Format::U4Asym(_, p)
+            | Format::U4Sym(_, p)
+            | Format::I8Sym(_, p)
+            | Format::I8Asym(_, p)
+            | Format::E0M4(_, p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Whether the per-group parameters are stored as f16.
+    pub fn has_f16_params(self) -> bool {
+        self.params() == Some(ParamType::F16)
+    }
+
+    /// Stored bits per element, parameters included (amortised over the
+    /// group; `Row` groups count as free): the figure decode time follows.
+    pub fn bits_per_weight(self) -> f64 {
+        let bits = f64::from(self.bits());
+        match (self.group(), self.params()) {
+            (Some(Group::Size(g)), Some(p)) => {
+                let n = if self.is_asymmetric() { 2.0 } else { 1.0 };
+                bits + n * 8.0 * p.bytes() as f64 / f64::from(g)
+            }
+            _ => bits,
         }
     }
 
@@ -108,9 +191,9 @@ impl Format {
         match self {
             Format::F32 => 32,
             Format::F16 | Format::BF16 => 16,
-            Format::I8Dyn | Format::I8Sym(_) | Format::I8Asym(_) => 8,
+            Format::I8Dyn | Format::I8Sym(..) | Format::I8Asym(..) => 8,
             Format::Fp8E4M3 | Format::Fp8E5M2 => 8,
-            Format::U4Asym(_) | Format::E0M4(_) => 4,
+            Format::U4Asym(..) | Format::U4Sym(..) | Format::E0M4(..) => 4,
         }
     }
 
@@ -130,12 +213,15 @@ impl Format {
             Group::Size(128),
             Group::Row,
         ] {
-            v.extend([
-                Format::U4Asym(g),
-                Format::I8Sym(g),
-                Format::I8Asym(g),
-                Format::E0M4(g),
-            ]);
+            for p in [ParamType::F32, ParamType::F16] {
+                v.extend([
+                    Format::U4Asym(g, p),
+                    Format::U4Sym(g, p),
+                    Format::I8Sym(g, p),
+                    Format::I8Asym(g, p),
+                    Format::E0M4(g, p),
+                ]);
+            }
         }
         v
     }
@@ -143,21 +229,31 @@ impl Format {
 
 impl fmt::Display for Format {
     /// Canonical spelling, also accepted by the parser: `f32`, `f16`, `bf16`,
-    /// `i8dyn`, `u4asym:g32`, `i8sym:row`, `i8asym:g64`, `e0m4:g128`,
-    /// `fp8e4m3`, `fp8e5m2`.
+    /// `i8dyn`, `u4asym:g32`, `u4sym:g32:f16`, `i8sym:row`, `i8asym:g64`,
+    /// `e0m4:g128`, `fp8e4m3`, `fp8e5m2`. f32 parameters are the default and
+    /// are not spelled; f16 parameters add `:f16`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Format::F32 => f.write_str("f32"),
             Format::F16 => f.write_str("f16"),
             Format::BF16 => f.write_str("bf16"),
             Format::I8Dyn => f.write_str("i8dyn"),
-            Format::U4Asym(g) => write!(f, "u4asym:{g}"),
-            Format::I8Sym(g) => write!(f, "i8sym:{g}"),
-            Format::I8Asym(g) => write!(f, "i8asym:{g}"),
-            Format::E0M4(g) => write!(f, "e0m4:{g}"),
+            Format::U4Asym(g, p) => write!(f, "u4asym:{g}{}", param_suffix(*p)),
+            Format::U4Sym(g, p) => write!(f, "u4sym:{g}{}", param_suffix(*p)),
+            Format::I8Sym(g, p) => write!(f, "i8sym:{g}{}", param_suffix(*p)),
+            Format::I8Asym(g, p) => write!(f, "i8asym:{g}{}", param_suffix(*p)),
+            Format::E0M4(g, p) => write!(f, "e0m4:{g}{}", param_suffix(*p)),
             Format::Fp8E4M3 => f.write_str("fp8e4m3"),
             Format::Fp8E5M2 => f.write_str("fp8e5m2"),
         }
+    }
+}
+
+/// The text form's parameter suffix: none for the default f32, `:f16`.
+fn param_suffix(p: ParamType) -> &'static str {
+    match p {
+        ParamType::F32 => "",
+        ParamType::F16 => ":f16",
     }
 }
 

@@ -22,6 +22,9 @@
 //! | `matmul-f16` | f16, row-major | f16 | `[h/hp, l/lp, hp, lp]` | bias (y is f16) |
 //! | `matmul-w4a8` | i8dyn, `[e/ep, l/lp, ep, lp]` | u4asym:g32 | `[h/hp, l/lp, hp, lp]` + int4 pair transpose | scale, zero point, bias |
 //! | `matmul-w8a8` | i8dyn, `[e/ep, l/lp, ep, lp]` | i8sym:row | `[h/hp, l/lp, hp, lp]` | scale, bias |
+//! | `matmul-q4_0` | i8dyn, `[e/ep, l/lp, ep, lp]` | u4sym:g32:f16 (ggml Q4_0, 4.5 bits/weight) | `[h/hp, l/lp, hp, lp]` + int4 pair transpose | scale, bias |
+//! | `matmul-q4_1` | i8dyn, `[e/ep, l/lp, ep, lp]` | u4asym:g32:f16 (ggml Q4_1, 5 bits/weight) | `[h/hp, l/lp, hp, lp]` + int4 pair transpose | scale, zero point, bias |
+//! | `matmul-q8_0` | i8dyn, `[e/ep, l/lp, ep, lp]` | i8sym:g32:f16 (ggml Q8_0, 8.5 bits/weight) | `[h/hp, l/lp, hp, lp]` | scale, bias |
 //! | `matmul-w4a16` | f16, row-major | u4asym:g32 | `[l/lp, h, lp]` | scale, zero point, bias |
 //! | `matmul-w8a16` | f16, row-major | i8sym:row | `[l/lp, h, lp]` | scale, bias |
 //! | `matmul-e0m4a16` | f16, row-major | e0m4:g32 | `[l/lp, h, lp]` | scale, zero point (the E0M4 bias), bias |
@@ -87,7 +90,7 @@ type Entry = (&'static str, fn() -> Result<Kernel, VerifyError>);
 /// (flash-decoding: one query token gives too little parallelism otherwise);
 /// prefill has `t × hq` rows of work already and runs the exact online
 /// softmax.
-const ENTRIES: [Entry; 10] = [
+const ENTRIES: [Entry; 13] = [
     ("attention-decode-f16", || {
         kernel! {
             attention-decode-f16(t = 1, hq, kvh, d, s) {
@@ -170,6 +173,48 @@ const ENTRIES: [Entry; 10] = [
                 y:    output f32 [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue bias(bias);
+                parallel h;
+            }
+        }
+    }),
+    ("matmul-q4_0", || {
+        kernel! {
+            matmul-q4_0(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  i8dyn         [e, l] layout [e/ep, l/lp, ep, lp];
+                w:    weight u4sym:g32:f16 [h, l] layout [h/hp, l/lp, hp, lp] pair_transpose;
+                bias: input  f32           [h];
+                y:    output f32           [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, bias(bias);
+                parallel h;
+            }
+        }
+    }),
+    ("matmul-q4_1", || {
+        kernel! {
+            matmul-q4_1(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  i8dyn          [e, l] layout [e/ep, l/lp, ep, lp];
+                w:    weight u4asym:g32:f16 [h, l] layout [h/hp, l/lp, hp, lp] pair_transpose;
+                bias: input  f32            [h];
+                y:    output f32            [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, zero_point, bias(bias);
+                parallel h;
+            }
+        }
+    }),
+    ("matmul-q8_0", || {
+        kernel! {
+            matmul-q8_0(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  i8dyn         [e, l] layout [e/ep, l/lp, ep, lp];
+                w:    weight i8sym:g32:f16 [h, l] layout [h/hp, l/lp, hp, lp];
+                bias: input  f32           [h];
+                y:    output f32           [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, bias(bias);
                 parallel h;
             }
         }

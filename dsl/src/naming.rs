@@ -9,7 +9,7 @@
 //!   ```text
 //!   library   := "matmul-" variant | "attention-" phase "-" variant
 //!   phase     := "decode" | "prefill"
-//!   variant   := [a-z] [a-z0-9]*                 e.g. w4a8, f16, kv8
+//!   variant   := [a-z] [a-z0-9_]*                e.g. w4a8, f16, kv8, q4_0 (ggml's block names)
 //!   ```
 //!
 //! - **Instance names** ([`InstanceName`]) — one emitted kernel, in the style
@@ -26,15 +26,17 @@
 //!              | "pl" N             [l/K, h, K], the GPU layout of MNN-LLM 5.1
 //!   format    := "f32" | "f16" | "bf16" | "f8e4m3" | "f8e5m2"
 //!              | "qsi8dx"                        i8dyn: symmetric int8, dynamic, per row
-//!              | ("qsi8" | "qai8" | "qau4" | "qae0m4") group
+//!              | ("qsi8" | "qai8" | "qau4" | "qsu4" | "qae0m4") group params?
 //!   group     := "g" N | "cx"                    N codes per group | one group per row (channel)
+//!   params    := "f16"                           group parameters stored as f16 (default f32)
 //!   softmax   := "online" | "async"
 //!   target    := token ("_" token)*,  token := [a-z0-9]+   e.g. neon_i8mm, opencl, ptx_sm80
 //!   N         := [1-9] [0-9]*                    (fits in u32)
 //!   ```
 //!
 //!   The `q` formats read as KleidiAI's: quantized, `s`ymmetric or
-//!   `a`symmetric, `i`nt or `u`int or `e0m4`, bits, granularity. `s16s0`
+//!   `a`symmetric, `i`nt or `u`int or `e0m4`, bits, granularity (`qsu4`:
+//!   uint4 with the implied zero point 8, ggml's Q4_0 with `g32f16`). `s16s0`
 //!   marks the int4 pair transpose (byte j holds codes j and j+16, seed 000
 //!   IV.D), KleidiAI's spelling of the same nibble order. The matmul tile is
 //!   `ep x hp x lp`; the attention tile is query tokens × keys per block, and
@@ -48,7 +50,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::ir::{AttentionKind, Format, Group, Kernel, LayoutDim, SoftmaxMode, TileSize};
+use crate::ir::{
+    AttentionKind, Format, Group, Kernel, LayoutDim, ParamType, SoftmaxMode, TileSize,
+};
 
 /// Why a name cannot be parsed, or a kernel cannot be named.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -93,7 +97,7 @@ pub struct LibraryName {
 }
 
 const LIBRARY_GRAMMAR: &str =
-    "`matmul-<variant>` or `attention-<decode|prefill>-<variant>` with variant [a-z][a-z0-9]*";
+    "`matmul-<variant>` or `attention-<decode|prefill>-<variant>` with variant [a-z][a-z0-9_]*";
 
 impl fmt::Display for LibraryName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -133,7 +137,7 @@ impl FromStr for LibraryName {
 fn is_variant(s: &str) -> bool {
     let mut chars = s.chars();
     chars.next().is_some_and(|c| c.is_ascii_lowercase())
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 fn phase_token(kind: AttentionKind) -> &'static str {
@@ -198,22 +202,33 @@ const PLAIN_FORMATS: [(&str, Format); 6] = [
     ("qsi8dx", Format::I8Dyn),
 ];
 
-/// Makes a grouped format from its group.
-type WithGroup = fn(Group) -> Format;
+/// Makes a grouped format from its group and parameter precision.
+type WithGroup = fn(Group, ParamType) -> Format;
 
-/// Grouped formats: prefix, then a group.
-const GROUPED_FORMATS: [(&str, WithGroup); 4] = [
+/// Grouped formats: prefix, then a group, then `f16` for f16 parameters
+/// (KleidiAI spells the symmetric uint4 with zero point 8 `qsu4`).
+const GROUPED_FORMATS: [(&str, WithGroup); 5] = [
     ("qsi8", Format::I8Sym),
     ("qai8", Format::I8Asym),
     ("qau4", Format::U4Asym),
+    ("qsu4", Format::U4Sym),
     ("qae0m4", Format::E0M4),
 ];
 
+/// The name token's suffix for f16 group parameters.
+const F16_PARAMS: &str = "f16";
+
 /// The name token of a format (see the module grammar).
 pub fn format_token(format: Format) -> String {
-    let group = |g: Group| match g {
-        Group::Size(n) => format!("g{n}"),
-        Group::Row => "cx".to_string(),
+    let group = |g: Group, p: ParamType| {
+        let g = match g {
+            Group::Size(n) => format!("g{n}"),
+            Group::Row => "cx".to_string(),
+        };
+        match p {
+            ParamType::F32 => g,
+            ParamType::F16 => format!("{g}{F16_PARAMS}"),
+        }
     };
     match format {
         Format::F32 => "f32".into(),
@@ -222,10 +237,11 @@ pub fn format_token(format: Format) -> String {
         Format::Fp8E4M3 => "f8e4m3".into(),
         Format::Fp8E5M2 => "f8e5m2".into(),
         Format::I8Dyn => "qsi8dx".into(),
-        Format::I8Sym(g) => format!("qsi8{}", group(g)),
-        Format::I8Asym(g) => format!("qai8{}", group(g)),
-        Format::U4Asym(g) => format!("qau4{}", group(g)),
-        Format::E0M4(g) => format!("qae0m4{}", group(g)),
+        Format::I8Sym(g, p) => format!("qsi8{}", group(g, p)),
+        Format::I8Asym(g, p) => format!("qai8{}", group(g, p)),
+        Format::U4Asym(g, p) => format!("qau4{}", group(g, p)),
+        Format::U4Sym(g, p) => format!("qsu4{}", group(g, p)),
+        Format::E0M4(g, p) => format!("qae0m4{}", group(g, p)),
     }
 }
 
@@ -257,11 +273,17 @@ fn take_format(s: &str) -> Option<(Format, &str)> {
     }
     for (token, make) in GROUPED_FORMATS {
         if let Some(rest) = s.strip_prefix(token) {
-            if let Some(rest) = rest.strip_prefix("cx") {
-                return Some((make(Group::Row), rest));
-            }
-            let (n, rest) = take_number(rest.strip_prefix('g')?)?;
-            return Some((make(Group::Size(n)), rest));
+            let (group, rest) = match rest.strip_prefix("cx") {
+                Some(rest) => (Group::Row, rest),
+                None => {
+                    let (n, rest) = take_number(rest.strip_prefix('g')?)?;
+                    (Group::Size(n), rest)
+                }
+            };
+            return Some(match rest.strip_prefix(F16_PARAMS) {
+                Some(rest) => (make(group, ParamType::F16), rest),
+                None => (make(group, ParamType::F32), rest),
+            });
         }
     }
     None

@@ -648,7 +648,8 @@ fn check_attention(k: &Kernel, a: &Attention) -> Result<(), VerifyError> {
         is_plain_float(kc.format)
             || matches!(
                 kc.format,
-                Format::I8Asym(Group::Row) | Format::U4Asym(Group::Row)
+                Format::I8Asym(Group::Row, ParamType::F32)
+                    | Format::U4Asym(Group::Row, ParamType::F32)
             ),
         ATTN_K,
     )?;
@@ -659,7 +660,7 @@ fn check_attention(k: &Kernel, a: &Attention) -> Result<(), VerifyError> {
         is_plain_float(v.format)
             || matches!(
                 v.format,
-                Format::Fp8E4M3 | Format::Fp8E5M2 | Format::I8Asym(Group::Row)
+                Format::Fp8E4M3 | Format::Fp8E5M2 | Format::I8Asym(Group::Row, ParamType::F32)
             ),
         ATTN_V,
     )?;

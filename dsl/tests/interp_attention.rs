@@ -134,9 +134,9 @@ fn cache(rng: &mut impl Rng, format: Format, rows: usize, cols: usize) -> (Value
     };
     let code = |rng: &mut ChaCha8Rng| -> u8 {
         match format {
-            Format::U4Asym(_) | Format::E0M4(_) => rng.gen_range(0..=15),
-            Format::I8Sym(_) => rng.gen_range(-127i8..=127) as u8,
-            Format::I8Asym(_) => rng.gen_range(-128i8..=127) as u8,
+            Format::U4Asym(..) | Format::E0M4(..) => rng.gen_range(0..=15),
+            Format::I8Sym(..) => rng.gen_range(-127i8..=127) as u8,
+            Format::I8Asym(..) => rng.gen_range(-128i8..=127) as u8,
             // Finite fp8 values of moderate size.
             _ => loop {
                 let b: u8 = rng.r#gen();
@@ -306,8 +306,8 @@ fn every_kv_format_combination() {
         Format::F16,
         Format::F32,
         Format::BF16,
-        Format::I8Asym(Group::Row),
-        Format::U4Asym(Group::Row),
+        Format::I8Asym(Group::Row, ParamType::F32),
+        Format::U4Asym(Group::Row, ParamType::F32),
     ];
     let values = [Format::F16, Format::F32, Format::Fp8E4M3, Format::Fp8E5M2];
     let mut seed = 0;
@@ -336,8 +336,8 @@ fn sequence_lengths_head_dims_and_kinds() {
             for d in [64, 20] {
                 for (k, v) in [
                     (Format::F16, Format::F16),
-                    (Format::I8Asym(Group::Row), Format::Fp8E4M3),
-                    (Format::U4Asym(Group::Row), Format::Fp8E5M2),
+                    (Format::I8Asym(Group::Row, ParamType::F32), Format::Fp8E4M3),
+                    (Format::U4Asym(Group::Row, ParamType::F32), Format::Fp8E5M2),
                 ] {
                     seed += 1;
                     check(&Spec::new(kind, k, v), dims(tokens(kind, s), d, s), seed);
@@ -573,7 +573,11 @@ fn async_equals_online_inside_the_bounds() {
             for d in [64, 20] {
                 seed += 1;
                 let dm = dims(tokens(kind, s), d, s);
-                let spec = Spec::new(kind, Format::I8Asym(Group::Row), Format::Fp8E4M3);
+                let spec = Spec::new(
+                    kind,
+                    Format::I8Asym(Group::Row, ParamType::F32),
+                    Format::Fp8E4M3,
+                );
                 let case = make_case(&spec, dm, seed);
                 let (online, _) = run_modes(&spec, &case, SoftmaxMode::Online);
                 // phi away from the true max: still exact while in bounds.

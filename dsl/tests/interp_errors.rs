@@ -25,7 +25,7 @@ fn axis(name: &str, extent: Extent) -> Axis {
     }
 }
 
-const G32: Format = Format::U4Asym(Group::Size(32));
+const G32: Format = Format::U4Asym(Group::Size(32), ParamType::F32);
 
 /// W4A8 matmul with `l` fixed at 40.
 fn w4a8() -> Kernel {
@@ -94,7 +94,7 @@ fn attention(kind: AttentionKind, softmax: SoftmaxMode) -> Kernel {
                 "k",
                 Role::Cache,
                 &["s", "kvh", "d"],
-                Format::I8Asym(Group::Row),
+                Format::I8Asym(Group::Row, ParamType::F32),
             ),
             tensor("v", Role::Cache, &["s", "kvh", "d"], Format::Fp8E4M3),
             tensor("o", Role::Output, &["t", "hq", "d"], Format::F32),
@@ -150,7 +150,7 @@ fn attention_bindings(t: usize, hq: usize, kvh: usize, d: usize, s: usize) -> Bi
         )
         .tensor(
             "k",
-            Value::Quant(kv(Format::I8Asym(Group::Row), s * kvh, d)),
+            Value::Quant(kv(Format::I8Asym(Group::Row, ParamType::F32), s * kvh, d)),
         )
         .tensor("v", Value::Quant(kv(Format::Fp8E4M3, s * kvh, d)))
 }
@@ -250,7 +250,7 @@ fn values_must_match_the_declared_format() {
         Err(InterpError::WrongValue { tensor, .. }) if tensor == "w"
     ));
     let mut other_group = weights(5, 40);
-    other_group.format = Format::U4Asym(Group::Size(64));
+    other_group.format = Format::U4Asym(Group::Size(64), ParamType::F32);
     other_group.scales.truncate(5);
     other_group.offsets.truncate(5);
     assert!(matches!(
@@ -341,7 +341,7 @@ fn inconsistent_kernels_are_refused() {
         Err(InterpError::WrongValue { .. } | InterpError::UnsupportedFormat { .. })
     ));
     let mut k = w4a8();
-    k.tensors[2].format = Format::I8Sym(Group::Row);
+    k.tensors[2].format = Format::I8Sym(Group::Row, ParamType::F32);
     assert!(matches!(
         run(&k, &w4a8_bindings()),
         Err(InterpError::UnsupportedFormat { tensor, .. }) if tensor == "y"
@@ -353,7 +353,7 @@ fn inconsistent_kernels_are_refused() {
         Err(InterpError::UnsupportedFormat { tensor, .. }) if tensor == "b"
     ));
     let mut k = decode();
-    k.tensors[0].format = Format::I8Sym(Group::Row);
+    k.tensors[0].format = Format::I8Sym(Group::Row, ParamType::F32);
     assert!(matches!(
         run(&k, &attention_bindings(1, 8, 2, 20, 9)),
         Err(InterpError::UnsupportedFormat { tensor, .. }) if tensor == "q"
@@ -528,7 +528,7 @@ fn mutate(b: &Bindings, m: &Mutation) -> Bindings {
             // Codes >= 128 are out of range for u4asym, and for i8asym the
             // extra code is pushed past the end instead.
             let q = tensors.iter_mut().find_map(|(_, v)| match v {
-                Value::Quant(q) if matches!(q.format, Format::U4Asym(_)) => Some(q),
+                Value::Quant(q) if matches!(q.format, Format::U4Asym(..)) => Some(q),
                 _ => None,
             });
             match q {
@@ -599,7 +599,7 @@ proptest! {
         let rows = ext[4].saturating_mul(ext[2]).min(64);
         let b = b
             .tensor("q", Value::F16(vec![f16::ONE; n]))
-            .tensor("k", Value::Quant(kv(Format::I8Asym(Group::Row), rows, ext[3].min(16))))
+            .tensor("k", Value::Quant(kv(Format::I8Asym(Group::Row, ParamType::F32), rows, ext[3].min(16))))
             .tensor("v", Value::Quant(kv(Format::Fp8E4M3, rows, ext[3].min(16))));
         let _ = run(&decode(), &b);
         let _ = run(&prefill(), &b);

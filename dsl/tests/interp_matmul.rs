@@ -6,6 +6,7 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_dsl::interp::{Bindings, InterpError, Value, round_to_format, run};
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::quant::{QuantTensor, groups_per_row, quantize_row_i8dyn};
 use tessera_dsl::*;
 
@@ -109,9 +110,9 @@ fn random_quant(rng: &mut impl Rng, format: Format, rows: usize, cols: usize) ->
     let params = format.group().map_or(0, |g| rows * groups_per_row(g, cols));
     let codes = (0..rows * cols)
         .map(|_| match format {
-            Format::U4Asym(_) | Format::E0M4(_) => rng.gen_range(0u8..=15),
-            Format::I8Sym(_) => rng.gen_range(-127i8..=127) as u8,
-            Format::I8Asym(_) => rng.gen_range(-128i8..=127) as u8,
+            Format::U4Asym(..) | Format::E0M4(..) => rng.gen_range(0u8..=15),
+            Format::I8Sym(..) => rng.gen_range(-127i8..=127) as u8,
+            Format::I8Asym(..) => rng.gen_range(-128i8..=127) as u8,
             f => panic!("unexpected {f}"),
         })
         .collect();
@@ -239,7 +240,7 @@ fn check(spec: &Spec, e: usize, h: usize, l: usize, seed: u64) {
     let integer = spec.x == Format::I8Dyn
         && matches!(
             spec.w,
-            Format::U4Asym(_) | Format::I8Sym(_) | Format::I8Asym(_)
+            Format::U4Asym(..) | Format::I8Sym(..) | Format::I8Asym(..)
         );
     for (i, (&got, &(want, mag))) in y.iter().zip(&dense(&case, spec.act, e, h, l)).enumerate() {
         let ctx = || {
@@ -304,7 +305,7 @@ fn w4a8_every_group_with_tails() {
     for (n, g) in groups().into_iter().enumerate() {
         for (i, &(e, h, l)) in SIZES.iter().enumerate() {
             check(
-                &Spec::new(Format::I8Dyn, Format::U4Asym(g)),
+                &Spec::new(Format::I8Dyn, Format::U4Asym(g, ParamType::F32)),
                 e,
                 h,
                 l,
@@ -317,7 +318,10 @@ fn w4a8_every_group_with_tails() {
 #[test]
 fn w8a8_symmetric_and_asymmetric() {
     for (n, g) in groups().into_iter().enumerate() {
-        for w in [Format::I8Sym(g), Format::I8Asym(g)] {
+        for w in [
+            Format::I8Sym(g, ParamType::F32),
+            Format::I8Asym(g, ParamType::F32),
+        ] {
             for (i, &(e, h, l)) in SIZES.iter().enumerate() {
                 check(&Spec::new(Format::I8Dyn, w), e, h, l, (n * 100 + i) as u64);
             }
@@ -330,10 +334,10 @@ fn float_activations_with_quantized_weights() {
     // W4A16, W8A16 (sym and asym), E0M4-A16, with f16, bf16 and f32 activations.
     for (n, g) in groups().into_iter().enumerate() {
         for w in [
-            Format::U4Asym(g),
-            Format::I8Sym(g),
-            Format::I8Asym(g),
-            Format::E0M4(g),
+            Format::U4Asym(g, ParamType::F32),
+            Format::I8Sym(g, ParamType::F32),
+            Format::I8Asym(g, ParamType::F32),
+            Format::E0M4(g, ParamType::F32),
         ] {
             for x in [Format::F16, Format::BF16, Format::F32] {
                 for (i, &(e, h, l)) in SIZES.iter().enumerate() {
@@ -346,7 +350,11 @@ fn float_activations_with_quantized_weights() {
 
 #[test]
 fn i8dyn_activations_with_non_integer_weights_use_the_float_path() {
-    for w in [Format::E0M4(Group::Size(32)), Format::F16, Format::F32] {
+    for w in [
+        Format::E0M4(Group::Size(32), ParamType::F32),
+        Format::F16,
+        Format::F32,
+    ] {
         for (i, &(e, h, l)) in SIZES.iter().enumerate() {
             check(&Spec::new(Format::I8Dyn, w), e, h, l, i as u64);
         }
@@ -366,8 +374,11 @@ fn bias_activation_and_output_formats() {
             for y in [Format::F32, Format::F16, Format::BF16] {
                 for (x, w) in [
                     (Format::F16, Format::F16),
-                    (Format::I8Dyn, Format::U4Asym(Group::Size(32))),
-                    (Format::F32, Format::I8Asym(Group::Row)),
+                    (
+                        Format::I8Dyn,
+                        Format::U4Asym(Group::Size(32), ParamType::F32),
+                    ),
+                    (Format::F32, Format::I8Asym(Group::Row, ParamType::F32)),
                 ] {
                     seed += 1;
                     let spec = Spec { x, w, y, bias, act };
@@ -432,7 +443,7 @@ fn integer_path_is_exact_where_f32_accumulation_is_not() {
     );
 
     let w = QuantTensor {
-        format: Format::I8Sym(Group::Row),
+        format: Format::I8Sym(Group::Row, ParamType::F32),
         rows: 1,
         cols: l,
         codes: wq.iter().map(|&q| q as u8).collect(),
@@ -445,7 +456,7 @@ fn integer_path_is_exact_where_f32_accumulation_is_not() {
         .extent("l", l)
         .tensor("x", Value::F32(x))
         .tensor("w", Value::Quant(w));
-    let spec = Spec::new(Format::I8Dyn, Format::I8Sym(Group::Row));
+    let spec = Spec::new(Format::I8Dyn, Format::I8Sym(Group::Row, ParamType::F32));
     let y = run(&kernel(&spec, &["e", "l"]), &b).unwrap();
     assert_eq!(y.get("y").unwrap(), &[exact as f32]);
 }
@@ -462,7 +473,7 @@ fn zero_point_correction_is_exact_for_u4asym() {
         .map(|(&a, &q)| a as i64 * (i64::from(q) - 8))
         .sum();
     let w = QuantTensor {
-        format: Format::U4Asym(Group::Size(32)),
+        format: Format::U4Asym(Group::Size(32), ParamType::F32),
         rows: 1,
         cols: l,
         codes,
@@ -475,7 +486,10 @@ fn zero_point_correction_is_exact_for_u4asym() {
         .extent("l", l)
         .tensor("x", Value::F32(x))
         .tensor("w", Value::Quant(w));
-    let spec = Spec::new(Format::I8Dyn, Format::U4Asym(Group::Size(32)));
+    let spec = Spec::new(
+        Format::I8Dyn,
+        Format::U4Asym(Group::Size(32), ParamType::F32),
+    );
     let y = run(&kernel(&spec, &["e", "l"]), &b).unwrap();
     assert_eq!(y.get("y").unwrap(), &[exact as f32]);
 }
@@ -484,7 +498,7 @@ fn zero_point_correction_is_exact_for_u4asym() {
 fn transposed_activation_dims_are_read_in_logical_order() {
     let (e, h, l) = (3, 5, 70);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let spec = Spec::new(Format::F32, Format::U4Asym(Group::Size(32)));
+    let spec = Spec::new(Format::F32, Format::U4Asym(Group::Size(32), ParamType::F32));
     let case = make_case(&mut rng, &spec, e, h, l);
     let want = run(&kernel(&spec, &["e", "l"]), &case.bindings).unwrap();
     // Same x bound as [l, e].
@@ -506,7 +520,10 @@ fn transposed_activation_dims_are_read_in_logical_order() {
 
 #[test]
 fn missing_epilogue_terms_are_refused() {
-    let spec = Spec::new(Format::I8Dyn, Format::U4Asym(Group::Size(32)));
+    let spec = Spec::new(
+        Format::I8Dyn,
+        Format::U4Asym(Group::Size(32), ParamType::F32),
+    );
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let case = make_case(&mut rng, &spec, 1, 2, 32);
     let mut k = kernel(&spec, &["e", "l"]);
@@ -538,10 +555,10 @@ fn any_format() -> impl Strategy<Value = (Format, Format)> {
     let float = prop_oneof![Just(Format::F32), Just(Format::F16), Just(Format::BF16)];
     let quant = group.prop_flat_map(|g| {
         prop_oneof![
-            Just(Format::U4Asym(g)),
-            Just(Format::I8Sym(g)),
-            Just(Format::I8Asym(g)),
-            Just(Format::E0M4(g)),
+            Just(Format::U4Asym(g, ParamType::F32)),
+            Just(Format::I8Sym(g, ParamType::F32)),
+            Just(Format::I8Asym(g, ParamType::F32)),
+            Just(Format::E0M4(g, ParamType::F32)),
         ]
     });
     let x = prop_oneof![float.clone(), Just(Format::I8Dyn)];

@@ -3,6 +3,7 @@
 //! has the axes, formats, layouts, epilogue and schedule documented in
 //! `library.rs`.
 
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::library::{self, ASYNC_SOFTMAX, LibraryError};
 use tessera_dsl::naming::{LibraryName, LibraryOp};
 use tessera_dsl::*;
@@ -67,16 +68,24 @@ fn unknown_names_are_errors_listing_every_valid_name() {
 }
 
 /// The short variant the formats call for: `f32`/`f16` for plain float
-/// matmuls, `w<bits>a<bits>` (or `e0m4a<bits>`) for quantized weights,
-/// `f16` / `kv8` for attention caches.
+/// matmuls, ggml's block name for the formats that are ggml's blocks
+/// (`q4_0`, `q4_1`, `q8_0`), `w<bits>a<bits>` (or `e0m4a<bits>`) for other
+/// quantized weights, `f16` / `kv8` for attention caches.
 fn variant_from_formats(kernel: &Kernel) -> String {
     let format = |name: &str| kernel.tensor(name).unwrap().format;
     match &kernel.op {
         Op::Matmul(m) => {
             let (x, w) = (format(&m.x), format(&m.w));
+            let g32f16 = (Group::Size(32), ParamType::F16);
             if x.is_float() && x == w {
                 x.to_string()
-            } else if let Format::E0M4(_) = w {
+            } else if w == Format::U4Sym(g32f16.0, g32f16.1) {
+                "q4_0".into()
+            } else if w == Format::U4Asym(g32f16.0, g32f16.1) {
+                "q4_1".into()
+            } else if w == Format::I8Sym(g32f16.0, g32f16.1) {
+                "q8_0".into()
+            } else if let Format::E0M4(..) = w {
                 format!("e0m4a{}", x.bits())
             } else {
                 format!("w{}a{}", w.bits(), x.bits())
@@ -202,7 +211,7 @@ fn matmul_table() -> Vec<MatmulExpect> {
             "matmul-w4a8",
             Format::I8Dyn,
             true,
-            Format::U4Asym(g32),
+            Format::U4Asym(g32, ParamType::F32),
             true,
             Format::F32,
             true,
@@ -212,15 +221,49 @@ fn matmul_table() -> Vec<MatmulExpect> {
             "matmul-w8a8",
             Format::I8Dyn,
             true,
-            Format::I8Sym(Group::Row),
+            Format::I8Sym(Group::Row, ParamType::F32),
             false,
             Format::F32,
             true,
             false,
         ),
-        a16("matmul-w4a16", Format::U4Asym(g32), true),
-        a16("matmul-w8a16", Format::I8Sym(Group::Row), false),
-        a16("matmul-e0m4a16", Format::E0M4(g32), true),
+        cpu(
+            "matmul-q4_0",
+            Format::I8Dyn,
+            true,
+            Format::U4Sym(g32, ParamType::F16),
+            true,
+            Format::F32,
+            true,
+            false,
+        ),
+        cpu(
+            "matmul-q4_1",
+            Format::I8Dyn,
+            true,
+            Format::U4Asym(g32, ParamType::F16),
+            true,
+            Format::F32,
+            true,
+            true,
+        ),
+        cpu(
+            "matmul-q8_0",
+            Format::I8Dyn,
+            true,
+            Format::I8Sym(g32, ParamType::F16),
+            false,
+            Format::F32,
+            true,
+            false,
+        ),
+        a16("matmul-w4a16", Format::U4Asym(g32, ParamType::F32), true),
+        a16(
+            "matmul-w8a16",
+            Format::I8Sym(Group::Row, ParamType::F32),
+            false,
+        ),
+        a16("matmul-e0m4a16", Format::E0M4(g32, ParamType::F32), true),
     ]
 }
 
@@ -342,7 +385,7 @@ fn attention_kernels_match_their_documentation() {
         (
             "attention-decode-kv8",
             AttentionKind::Decode,
-            Format::I8Asym(Group::Row),
+            Format::I8Asym(Group::Row, ParamType::F32),
             Format::Fp8E4M3,
         ),
         (

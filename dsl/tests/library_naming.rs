@@ -160,7 +160,7 @@ fn a_hand_written_name_parses_to_its_fields() {
             int4_pair_transpose: false,
         },
         w: Operand {
-            format: Format::U4Asym(Group::Size(128)),
+            format: Format::U4Asym(Group::Size(128), ParamType::F32),
             packing: Packing::Blocked { rows: 8, cols: 8 },
             int4_pair_transpose: true,
         },
@@ -180,7 +180,7 @@ fn a_hand_written_name_parses_to_its_fields() {
         kind: AttentionKind::Prefill,
         output: Format::F32,
         q: Format::BF16,
-        k: Format::I8Sym(Group::Size(64)),
+        k: Format::I8Sym(Group::Size(64), ParamType::F32),
         v: Format::Fp8E5M2,
         softmax: SoftmaxKind::Online,
         head_dim: 80,
@@ -358,11 +358,16 @@ fn format() -> impl Strategy<Value = Format> {
             Format::Fp8E4M3,
             Format::Fp8E5M2,
         ]),
-        group().prop_map(Format::U4Asym),
-        group().prop_map(Format::I8Sym),
-        group().prop_map(Format::I8Asym),
-        group().prop_map(Format::E0M4),
+        (group(), params()).prop_map(|(g, p)| Format::U4Asym(g, p)),
+        (group(), params()).prop_map(|(g, p)| Format::U4Sym(g, p)),
+        (group(), params()).prop_map(|(g, p)| Format::I8Sym(g, p)),
+        (group(), params()).prop_map(|(g, p)| Format::I8Asym(g, p)),
+        (group(), params()).prop_map(|(g, p)| Format::E0M4(g, p)),
     ]
+}
+
+fn params() -> impl Strategy<Value = ParamType> {
+    prop_oneof![Just(ParamType::F32), Just(ParamType::F16)]
 }
 
 fn size() -> impl Strategy<Value = u32> {

@@ -2,6 +2,7 @@
 //! oracle over random layouts, padding, and errors.
 
 use proptest::prelude::*;
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::quant::{
     ElemWidth, PackPlan, PackedWeights, ParamOrder, QuantError, QuantTensor, Tile, WeightPacking,
     activation_layout, gpu_weight_layout, pack, pack_activations, pack_params, pack_weights,
@@ -244,7 +245,7 @@ fn weights_4bit_cpu_params_and_transposed_codes() {
     let data: Vec<f32> = (0..24)
         .map(|i| (100 * (i / 8) + 20 * (i % 8 / 4) + 5 * (i % 4)) as f32)
         .collect();
-    let t = quantize(Format::U4Asym(Group::Size(4)), 3, 8, &data).unwrap();
+    let t = quantize(Format::U4Asym(Group::Size(4), ParamType::F32), 3, 8, &data).unwrap();
     let p = pack_weights(&t, WeightPacking::Cpu { hp: 4, lp: 8 }).unwrap();
     // One block of 32 codes: rows 0, 1, 2 and padding row 3, 8 codes each.
     // byte j = code[j] | code[j+16] << 4: j < 8 pairs row 0 with row 2,
@@ -336,7 +337,7 @@ fn layout_errors() {
     assert!(m.contains("4-bit"), "{m}");
     assert!(matches!(
         pack_weights(
-            &quantize(Format::U4Asym(Group::Row), 4, 4, &[0.0; 16]).unwrap(),
+            &quantize(Format::U4Asym(Group::Row, ParamType::F32), 4, 4, &[0.0; 16]).unwrap(),
             WeightPacking::Cpu { hp: 4, lp: 4 }
         ),
         Err(QuantError::Layout(_))
@@ -382,7 +383,7 @@ fn data_errors() {
         Err(QuantError::SizeOverflow { .. })
     ));
     let bad = PackedWeights {
-        format: Format::I8Sym(Group::Row),
+        format: Format::I8Sym(Group::Row, ParamType::F32),
         h: 2,
         l: 4,
         packing: WeightPacking::Gpu { lp: 32 },
@@ -434,7 +435,7 @@ fn plan_from_kernel_tensor() {
                 "w",
                 Role::Weight,
                 &["h", "l"],
-                Format::U4Asym(Group::Size(32)),
+                Format::U4Asym(Group::Size(32), ParamType::F32),
                 weight_layout(true),
             ),
             tensor(
@@ -682,9 +683,9 @@ proptest! {
         h in 0usize..13, l in 0usize..70, pick in 0usize..4, seed in any::<u64>()
     ) {
         let formats = [
-            Format::U4Asym(Group::Size(8)),
-            Format::E0M4(Group::Row),
-            Format::I8Asym(Group::Size(32)),
+            Format::U4Asym(Group::Size(8), ParamType::F32),
+            Format::E0M4(Group::Row, ParamType::F32),
+            Format::I8Asym(Group::Size(32), ParamType::F32),
             Format::Fp8E5M2,
         ];
         let mut s = seed | 1;

@@ -3,6 +3,7 @@
 //! constant groups are exact, errors name the element.
 
 use proptest::prelude::*;
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::quant::{
     QuantError, QuantTensor, fp8_e4m3_to_f32, fp8_e5m2_to_f32, quantize, quantize_row_i8dyn,
 };
@@ -12,10 +13,10 @@ fn formats() -> Vec<Format> {
     let mut v = vec![Format::I8Dyn, Format::Fp8E4M3, Format::Fp8E5M2];
     for g in [Group::Size(4), Group::Size(8), Group::Size(32), Group::Row] {
         v.extend([
-            Format::U4Asym(g),
-            Format::I8Sym(g),
-            Format::I8Asym(g),
-            Format::E0M4(g),
+            Format::U4Asym(g, ParamType::F32),
+            Format::I8Sym(g, ParamType::F32),
+            Format::I8Asym(g, ParamType::F32),
+            Format::E0M4(g, ParamType::F32),
         ]);
     }
     v
@@ -45,7 +46,7 @@ fn bound(t: &QuantTensor, data: &[f32], r: usize, c: usize) -> f32 {
             let scale = t.scale(r, c);
             let half_step = match f {
                 // 5-bit rounding of the fp16 w1 plus half an fp16 ulp (2^-10).
-                Format::E0M4(_) => scale * (1.0 / 16.0 + 1.0 / 1024.0),
+                Format::E0M4(..) => scale * (1.0 / 16.0 + 1.0 / 1024.0),
                 _ => scale / 2.0,
             };
             let mag = group_absmax(t, data, r, c) + t.offset(r, c).abs();
@@ -125,9 +126,9 @@ proptest! {
     #[test]
     fn affine_codes_are_nearest((rows, cols, data) in matrix(), asym_i8 in any::<bool>()) {
         let (format, clip_min, clip_max) = if asym_i8 {
-            (Format::I8Asym(Group::Size(8)), -128i32, 127i32)
+            (Format::I8Asym(Group::Size(8), ParamType::F32), -128i32, 127i32)
         } else {
-            (Format::U4Asym(Group::Size(8)), 0, 15)
+            (Format::U4Asym(Group::Size(8), ParamType::F32), 0, 15)
         };
         let t = quantize(format, rows, cols, &data).unwrap();
         for r in 0..rows {
@@ -153,7 +154,7 @@ proptest! {
     #[test]
     fn i8dyn_is_per_row((rows, cols, data) in matrix()) {
         let t = quantize(Format::I8Dyn, rows, cols, &data).unwrap();
-        let s = quantize(Format::I8Sym(Group::Row), rows, cols, &data).unwrap();
+        let s = quantize(Format::I8Sym(Group::Row, ParamType::F32), rows, cols, &data).unwrap();
         prop_assert_eq!(&t.codes, &s.codes);
         prop_assert_eq!(&t.scales, &s.scales);
         for r in 0..rows {
@@ -167,7 +168,7 @@ proptest! {
     /// E0M4: a zero inside a group that spans zero dequantizes to exactly 0.
     #[test]
     fn e0m4_zero_is_exact((rows, cols, data) in matrix()) {
-        let t = quantize(Format::E0M4(Group::Size(8)), rows, cols, &data).unwrap();
+        let t = quantize(Format::E0M4(Group::Size(8), ParamType::F32), rows, cols, &data).unwrap();
         let deq = t.dequantize();
         for (i, (&x, &y)) in data.iter().zip(&deq).enumerate() {
             if x == 0.0 {
@@ -199,7 +200,7 @@ fn zero_rows_and_constant_groups_are_exact() {
         assert_eq!(&deq[..4], &[0.0; 4], "{format}: zero row");
         if !matches!(
             format,
-            Format::Fp8E4M3 | Format::Fp8E5M2 | Format::I8Sym(_) | Format::I8Dyn
+            Format::Fp8E4M3 | Format::Fp8E5M2 | Format::I8Sym(..) | Format::I8Dyn
         ) {
             assert_eq!(&deq[4..], &data[4..], "{format}: constant groups");
         }

@@ -46,11 +46,16 @@ fn group() -> impl Strategy<Value = Group> {
 fn weight_format() -> impl Strategy<Value = Format> {
     prop_oneof![
         select(vec![Format::F32, Format::F16, Format::BF16]),
-        group().prop_map(Format::U4Asym),
-        group().prop_map(Format::I8Sym),
-        group().prop_map(Format::I8Asym),
-        group().prop_map(Format::E0M4),
+        (group(), params()).prop_map(|(g, p)| Format::U4Asym(g, p)),
+        (group(), params()).prop_map(|(g, p)| Format::U4Sym(g, p)),
+        (group(), params()).prop_map(|(g, p)| Format::I8Sym(g, p)),
+        (group(), params()).prop_map(|(g, p)| Format::I8Asym(g, p)),
+        (group(), params()).prop_map(|(g, p)| Format::E0M4(g, p)),
     ]
+}
+
+fn params() -> impl Strategy<Value = ParamType> {
+    prop_oneof![Just(ParamType::F32), Just(ParamType::F16)]
 }
 
 fn plain_float() -> impl Strategy<Value = Format> {
@@ -298,11 +303,11 @@ prop_compose! {
             plain_float(),
             select(vec![
                 Format::F32, Format::F16, Format::BF16,
-                Format::I8Asym(Group::Row), Format::U4Asym(Group::Row),
+                Format::I8Asym(Group::Row, ParamType::F32), Format::U4Asym(Group::Row, ParamType::F32),
             ]),
             select(vec![
                 Format::F32, Format::F16, Format::BF16, Format::Fp8E4M3,
-                Format::Fp8E5M2, Format::I8Asym(Group::Row),
+                Format::Fp8E5M2, Format::I8Asym(Group::Row, ParamType::F32),
             ]),
             plain_float(),
         ),

@@ -27,7 +27,7 @@ fn w4a8() -> Kernel {
             "w",
             Role::Weight,
             &["h", "l"],
-            Format::U4Asym(Group::Size(32)),
+            Format::U4Asym(Group::Size(32), ParamType::F32),
             Layout {
                 dims: vec![
                     LayoutDim::outer("h", "hp"),
@@ -159,7 +159,7 @@ fn w4a16_gemv() {
             "w",
             Role::Weight,
             &["n", "k"],
-            Format::E0M4(Group::Size(128)),
+            Format::E0M4(Group::Size(128), ParamType::F32),
             Layout {
                 dims: vec![
                     LayoutDim::whole("n"),
@@ -173,9 +173,9 @@ fn w4a16_gemv() {
         .op(Op::Matmul(Matmul {
             epilogue: Epilogue {
                 activation: Activation::Silu,
-                ..matmul(Format::F16, Format::E0M4(Group::Size(128))).epilogue
+                ..matmul(Format::F16, Format::E0M4(Group::Size(128), ParamType::F32)).epilogue
             },
-            ..matmul(Format::F16, Format::E0M4(Group::Size(128)))
+            ..matmul(Format::F16, Format::E0M4(Group::Size(128), ParamType::F32))
         }))
         .parallel("n")
         .build()
@@ -198,7 +198,7 @@ fn attention_kernel(kind: AttentionKind, softmax: SoftmaxMode, t: Extent) -> Ker
             "k",
             Role::Cache,
             &["s", "kvh", "d"],
-            Format::U4Asym(Group::Row),
+            Format::U4Asym(Group::Row, ParamType::F32),
             Layout {
                 dims: vec![
                     LayoutDim::outer("s", "sp"),

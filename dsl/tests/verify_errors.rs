@@ -36,7 +36,7 @@ fn mm() -> Kernel {
         "w",
         Role::Weight,
         &["h", "l"],
-        Format::U4Asym(Group::Size(32)),
+        Format::U4Asym(Group::Size(32), ParamType::F32),
     );
     w.layout = Layout {
         dims: vec![
@@ -103,7 +103,7 @@ fn attn() -> Kernel {
                 "k",
                 Role::Cache,
                 &["s", "kvh", "d"],
-                Format::U4Asym(Group::Row),
+                Format::U4Asym(Group::Row, ParamType::F32),
             ),
             tensor("v", Role::Cache, &["s", "kvh", "d"], Format::Fp8E5M2),
             tensor("o", Role::Output, &["t", "hq", "d"], Format::F16),
@@ -180,7 +180,7 @@ fn base_kernels_are_valid() {
 #[test]
 fn integer_weights_with_i8dyn_activations_are_fine() {
     let mut k = mm();
-    tensor_of(&mut k, "w").format = Format::I8Sym(Group::Row);
+    tensor_of(&mut k, "w").format = Format::I8Sym(Group::Row, ParamType::F32);
     tensor_of(&mut k, "w").layout.int4_pair_transpose = false;
     matmul_of(&mut k).epilogue.zero_point = false;
     verify(&k).unwrap();
@@ -532,12 +532,12 @@ fn layout_missing_and_repeated_dims() {
 #[test]
 fn pair_transpose_needs_4_bits() {
     let mut k = mm();
-    tensor_of(&mut k, "w").format = Format::I8Asym(Group::Size(32));
+    tensor_of(&mut k, "w").format = Format::I8Asym(Group::Size(32), ParamType::F32);
     expect(
         &k,
         VerifyError::PairTransposeFormat {
             tensor: s("w"),
-            format: Format::I8Asym(Group::Size(32)),
+            format: Format::I8Asym(Group::Size(32), ParamType::F32),
         },
         &["'w'", "i8asym:g32"],
     );
@@ -547,7 +547,7 @@ fn pair_transpose_needs_4_bits() {
 fn group_sizes() {
     for bad in [0, 2, 30, 33] {
         let mut k = mm();
-        let f = Format::U4Asym(Group::Size(bad));
+        let f = Format::U4Asym(Group::Size(bad), ParamType::F32);
         tensor_of(&mut k, "w").format = f;
         expect(
             &k,
@@ -560,7 +560,7 @@ fn group_sizes() {
     }
     for good in [4, 32, 64, 128, 256] {
         let mut k = mm();
-        tensor_of(&mut k, "w").format = Format::U4Asym(Group::Size(good));
+        tensor_of(&mut k, "w").format = Format::U4Asym(Group::Size(good), ParamType::F32);
         verify(&k).unwrap();
     }
 }
@@ -691,16 +691,26 @@ fn operand_formats() {
     type Case = (fn() -> Kernel, &'static str, &'static str, Format);
     let cases: Vec<Case> = vec![
         (mm, "x", "x", Format::Fp8E4M3),
-        (mm, "x", "x", Format::I8Sym(Group::Row)),
+        (mm, "x", "x", Format::I8Sym(Group::Row, ParamType::F32)),
         (mm, "w", "w", Format::I8Dyn),
         (mm, "w", "w", Format::Fp8E5M2),
         (mm, "y", "y", Format::I8Dyn),
         (mm, "y", "y", Format::Fp8E4M3),
-        (mm, "b", "bias", Format::U4Asym(Group::Size(32))),
+        (
+            mm,
+            "b",
+            "bias",
+            Format::U4Asym(Group::Size(32), ParamType::F32),
+        ),
         (attn, "q", "q", Format::I8Dyn),
-        (attn, "k", "k", Format::I8Asym(Group::Size(32))),
+        (
+            attn,
+            "k",
+            "k",
+            Format::I8Asym(Group::Size(32), ParamType::F32),
+        ),
         (attn, "k", "k", Format::Fp8E4M3),
-        (attn, "v", "v", Format::U4Asym(Group::Row)),
+        (attn, "v", "v", Format::U4Asym(Group::Row, ParamType::F32)),
         (attn, "o", "o", Format::Fp8E4M3),
     ];
     for (make, name, operand, format) in cases {
@@ -724,7 +734,7 @@ fn operand_formats() {
         Format::F32,
         Format::BF16,
         Format::Fp8E4M3,
-        Format::I8Asym(Group::Row),
+        Format::I8Asym(Group::Row, ParamType::F32),
     ] {
         let mut k = attn();
         tensor_of(&mut k, "v").format = v;
@@ -778,7 +788,7 @@ fn scale_rules() {
         &k,
         VerifyError::MissingScale {
             tensor: s("w"),
-            format: Format::U4Asym(Group::Size(32)),
+            format: Format::U4Asym(Group::Size(32), ParamType::F32),
         },
         &["'w'", "u4asym:g32"],
     );
@@ -799,19 +809,19 @@ fn zero_point_rules() {
         &k,
         VerifyError::MissingZeroPoint {
             tensor: s("w"),
-            format: Format::U4Asym(Group::Size(32)),
+            format: Format::U4Asym(Group::Size(32), ParamType::F32),
         },
         &["'w'", "u4asym:g32"],
     );
     let mut k = mm();
     let w = tensor_of(&mut k, "w");
-    w.format = Format::I8Sym(Group::Size(64));
+    w.format = Format::I8Sym(Group::Size(64), ParamType::F32);
     w.layout.int4_pair_transpose = false;
     expect(
         &k,
         VerifyError::UnexpectedZeroPoint {
             tensor: s("w"),
-            format: Format::I8Sym(Group::Size(64)),
+            format: Format::I8Sym(Group::Size(64), ParamType::F32),
         },
         &["'w'", "i8sym:g64"],
     );

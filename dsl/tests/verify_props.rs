@@ -56,8 +56,11 @@ fn format() -> impl Strategy<Value = Format> {
     let group = prop_oneof![Just(Group::Row), (0u32..70).prop_map(Group::Size)];
     prop_oneof![
         select(Format::examples()),
-        group.clone().prop_map(Format::U4Asym),
-        group.prop_map(Format::I8Asym),
+        group
+            .clone()
+            .prop_map(|g| Format::U4Asym(g, ParamType::F32)),
+        group.clone().prop_map(|g| Format::U4Sym(g, ParamType::F16)),
+        group.prop_map(|g| Format::I8Asym(g, ParamType::F32)),
     ]
 }
 

@@ -48,6 +48,7 @@ pub fn run(target: &str, kernel: &Kernel, top: usize, json: bool) -> Result<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_dsl::ir::ParamType;
     use tessera_dsl::{
         Activation, Epilogue, Format, Group, KernelBuilder, Matmul, Op, Role, TileSize,
     };
@@ -82,7 +83,10 @@ mod tests {
     }
 
     fn w4a8() -> Kernel {
-        matmul(Format::I8Dyn, Format::U4Asym(Group::Size(32)))
+        matmul(
+            Format::I8Dyn,
+            Format::U4Asym(Group::Size(32), ParamType::F32),
+        )
     }
 
     #[test]

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 use tessera_codegen::host_attention::{HostAttention, KvCache as KvView};
-use tessera_dsl::ir::{Format, Group};
+use tessera_dsl::ir::{Format, Group, ParamType};
 use tessera_dsl::quant;
 
 use crate::backend::Device;
@@ -60,7 +60,7 @@ impl KvFormat {
     pub fn key_format(self) -> Format {
         match self {
             KvFormat::F16 => Format::F16,
-            KvFormat::Kv8 => Format::I8Asym(Group::Row),
+            KvFormat::Kv8 => Format::I8Asym(Group::Row, ParamType::F32),
         }
     }
 

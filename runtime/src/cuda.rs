@@ -22,7 +22,7 @@ use tessera_codegen::artifact::EmitError;
 use tessera_codegen::gpu::{ArgKind, KernelArg, KvFormat, LaunchDim, LaunchExtent};
 use tessera_codegen::ptx::{PtxAttentionProgram, PtxBackend, PtxProgram, Sm};
 use tessera_dsl::interp::Value;
-use tessera_dsl::{Format, Group};
+use tessera_dsl::{Format, Group, ParamType};
 
 use crate::gpu_weights::{self, GpuWeights};
 
@@ -314,7 +314,7 @@ pub fn cache_bytes(
         }
         (KvFormat::I8AsymRow | KvFormat::Fp8E4M3 | KvFormat::Fp8E5M2, Value::Quant(qt)) => {
             let want = match format {
-                KvFormat::I8AsymRow => Format::I8Asym(Group::Row),
+                KvFormat::I8AsymRow => Format::I8Asym(Group::Row, ParamType::F32),
                 KvFormat::Fp8E5M2 => Format::Fp8E5M2,
                 _ => Format::Fp8E4M3,
             };

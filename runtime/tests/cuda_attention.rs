@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::ptx::{PtxAttentionProgram, PtxBackend, Sm};
 use tessera_dsl::interp::{Bindings, Value, run};
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::quant::quantize;
 use tessera_dsl::{Format, Group, Kernel, library};
 use tessera_runtime::cuda::{
@@ -37,7 +38,10 @@ fn kernels() -> Vec<Kernel> {
         .iter()
         .map(|n| library::get(n).unwrap())
         .collect();
-    assert_eq!(v[1].tensor("k").unwrap().format, Format::I8Asym(Group::Row));
+    assert_eq!(
+        v[1].tensor("k").unwrap().format,
+        Format::I8Asym(Group::Row, ParamType::F32)
+    );
     assert_eq!(v[1].tensor("v").unwrap().format, Format::Fp8E4M3);
     v
 }

@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::opencl::OpenClBackend;
 use tessera_dsl::interp::{Bindings, Value, run};
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::quant::quantize;
 use tessera_dsl::{Format, Group, Kernel, library};
 use tessera_runtime::opencl::{ClDevice, run_attention};
@@ -84,7 +85,10 @@ fn kernels() -> Vec<Kernel> {
         .iter()
         .map(|n| library::get(n).unwrap())
         .collect();
-    assert_eq!(v[1].tensor("k").unwrap().format, Format::I8Asym(Group::Row));
+    assert_eq!(
+        v[1].tensor("k").unwrap().format,
+        Format::I8Asym(Group::Row, ParamType::F32)
+    );
     assert_eq!(v[1].tensor("v").unwrap().format, Format::Fp8E4M3);
     // The shared plan's third value format: fp8 e5m2, decoded by bit
     // operations in the OpenCL C.

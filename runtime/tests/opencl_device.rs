@@ -324,7 +324,7 @@ fn linear_bad_shapes_and_formats_are_errors() {
     let e = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap_err();
     assert!(matches!(e, RuntimeError::Unsupported { .. }), "{e}");
     let q = quantize(
-        tessera_dsl::Format::I8Sym(tessera_dsl::Group::Row),
+        tessera_dsl::Format::I8Sym(tessera_dsl::Group::Row, tessera_dsl::ParamType::F32),
         n,
         k,
         &w,

@@ -5,6 +5,7 @@
 #![cfg(feature = "jit")]
 
 use std::sync::Arc;
+use tessera_dsl::ir::ParamType;
 
 use half::f16;
 use rand::{Rng, SeedableRng};
@@ -354,7 +355,7 @@ fn bad_shapes_and_formats_are_errors_naming_the_mismatch() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("bias"), "{e}");
-    let q = quant::quantize(Format::I8Sym(Group::Row), n, k, &w).unwrap();
+    let q = quant::quantize(Format::I8Sym(Group::Row, ParamType::F32), n, k, &w).unwrap();
     let e = Linear::new(&dev, WeightFormat::W4A8, Weights::Quant(&q), n, k, None).unwrap_err();
     assert!(e.to_string().contains("quantized weights"), "{e}");
     let e = Linear::new(&dev, WeightFormat::F32, Weights::F32(&[]), 0, k, None).unwrap_err();

@@ -8,6 +8,7 @@
 
 use tessera_codegen::artifact::MachineCode;
 use tessera_codegen::neon::{NeonBackend, attention_append};
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::ir::{Format, Group, Kernel, Op, SoftmaxMode};
 use tessera_dsl::library;
 use tessera_tests::llvm_mc::{McError, check_aarch64};
@@ -53,8 +54,8 @@ fn unscaled(mut k: Kernel) -> Kernel {
 fn format_pairs() -> Vec<(Format, Format)> {
     let keys = [
         Format::F16,
-        Format::I8Asym(Group::Row),
-        Format::I8Sym(Group::Row),
+        Format::I8Asym(Group::Row, ParamType::F32),
+        Format::I8Sym(Group::Row, ParamType::F32),
     ];
     let values = [Format::F16, Format::Fp8E4M3, Format::Fp8E5M2];
     let mut out = Vec::new();
@@ -133,7 +134,7 @@ fn llvm_mc_assembles_every_variant_to_the_same_bytes() {
 /// Cache format pairs the KV append writes.
 fn append_pairs() -> Vec<(Format, Format)> {
     let mut out = Vec::new();
-    for kf in [Format::F16, Format::I8Asym(Group::Row)] {
+    for kf in [Format::F16, Format::I8Asym(Group::Row, ParamType::F32)] {
         for vf in [Format::F16, Format::Fp8E4M3, Format::Fp8E5M2] {
             out.push((kf, vf));
         }
@@ -158,7 +159,7 @@ fn kv_append_assembles_to_the_same_bytes_and_refuses_other_formats() {
         }
     }
     let be = NeonBackend::new("aarch64-neon").unwrap();
-    let sym = with_formats(base, Format::I8Sym(Group::Row), Format::F16);
+    let sym = with_formats(base, Format::I8Sym(Group::Row, ParamType::F32), Format::F16);
     let e = attention_append::emit(be.caps(), &sym)
         .unwrap_err()
         .to_string();
@@ -175,7 +176,11 @@ fn unsupported_kernels_are_refused_with_a_reason() {
         "{l}"
     );
     let base = library::get("attention-decode-f16").unwrap();
-    let k4 = with_formats(base.clone(), Format::U4Asym(Group::Row), Format::F16);
+    let k4 = with_formats(
+        base.clone(),
+        Format::U4Asym(Group::Row, ParamType::F32),
+        Format::F16,
+    );
     let e = be.emit_attention(&k4).unwrap_err().to_string();
     assert!(e.contains("keys"), "{e}");
     let mm = library::get("matmul-f16").unwrap();
@@ -478,7 +483,11 @@ mod run {
     #[test]
     fn prefill_is_causal_and_matches_the_interpreter() {
         let k = library::get("attention-prefill-f16").unwrap();
-        let kv8 = with_formats(k.clone(), Format::I8Asym(Group::Row), Format::Fp8E4M3);
+        let kv8 = with_formats(
+            k.clone(),
+            Format::I8Asym(Group::Row, ParamType::F32),
+            Format::Fp8E4M3,
+        );
         for target in runnable() {
             let mut seed = 900;
             for &(t, s) in &[(1usize, 1usize), (3, 3), (5, 70), (17, 17), (9, 130)] {

@@ -7,6 +7,7 @@ use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::neon::asm::V;
 use tessera_codegen::tile::{Problem, neighbours, solve};
 use tessera_codegen::{TileConfig, mac_class};
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::{Kernel, library};
 use tessera_tests::llvm_mc::{McError, check_aarch64};
 
@@ -254,12 +255,18 @@ fn flat_formats() -> Vec<(&'static str, Kernel)> {
         ("w4a8", with("matmul-w4a8", None)),
         (
             "w4a8-row",
-            with("matmul-w4a8", Some(Format::U4Asym(Group::Row))),
+            with(
+                "matmul-w4a8",
+                Some(Format::U4Asym(Group::Row, ParamType::F32)),
+            ),
         ),
         ("w8a8", with("matmul-w8a8", None)),
         (
             "w8a8-asym-g32",
-            with("matmul-w8a8", Some(Format::I8Asym(Group::Size(32)))),
+            with(
+                "matmul-w8a8",
+                Some(Format::I8Asym(Group::Size(32), ParamType::F32)),
+            ),
         ),
         ("f32", with("matmul-f32", None)),
         ("f16", with("matmul-f16", None)),

@@ -14,6 +14,7 @@ use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::tile::{Problem, neighbours, solve};
 use tessera_codegen::{TileConfig, mac_class};
 use tessera_dsl::interp::{self, Bindings, Value};
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::quant::quantize;
 use tessera_dsl::{Format, Group, Kernel, library};
 
@@ -226,8 +227,10 @@ fn w4a8_every_target_group_and_tile() {
             Group::Size(128),
             Group::Row,
         ] {
-            let kernel =
-                with_weight_format(library::get("matmul-w4a8").unwrap(), Format::U4Asym(g));
+            let kernel = with_weight_format(
+                library::get("matmul-w4a8").unwrap(),
+                Format::U4Asym(g, ParamType::F32),
+            );
             for (i, tile) in tiles(target, &kernel, 4096).iter().enumerate() {
                 for (s, (m, n, k)) in shapes(i as u64 * 7 + 1, 3, 300).into_iter().enumerate() {
                     check(target, &kernel, tile, Variant::Gemm, m, n, k, s as u64);
@@ -241,9 +244,9 @@ fn w4a8_every_target_group_and_tile() {
 fn w8a8_every_target() {
     for target in runnable() {
         for f in [
-            Format::I8Sym(Group::Row),
-            Format::I8Sym(Group::Size(64)),
-            Format::I8Asym(Group::Size(32)),
+            Format::I8Sym(Group::Row, ParamType::F32),
+            Format::I8Sym(Group::Size(64), ParamType::F32),
+            Format::I8Asym(Group::Size(32), ParamType::F32),
         ] {
             let kernel = with_weight_format(library::get("matmul-w8a8").unwrap(), f);
             for tile in tiles(target, &kernel, 4096) {
@@ -311,9 +314,15 @@ fn long_reduction_k_11008() {
 fn flat_formats() -> Vec<(&'static str, Option<Format>)> {
     vec![
         ("matmul-w4a8", None),
-        ("matmul-w4a8", Some(Format::U4Asym(Group::Row))),
+        (
+            "matmul-w4a8",
+            Some(Format::U4Asym(Group::Row, ParamType::F32)),
+        ),
         ("matmul-w8a8", None),
-        ("matmul-w8a8", Some(Format::I8Asym(Group::Size(32)))),
+        (
+            "matmul-w8a8",
+            Some(Format::I8Asym(Group::Size(32), ParamType::F32)),
+        ),
         ("matmul-f32", None),
         ("matmul-f16", None),
     ]

@@ -14,6 +14,7 @@ use tessera_codegen::x86::asm::*;
 use tessera_codegen::x86::avx512_int8::{self, Avx512Int8Spec};
 use tessera_codegen::x86::evex::{Kreg, Zmm};
 use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512_vnni};
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::ir::{Activation, Format, Group, Kernel};
 use tessera_dsl::library;
 use tessera_tests::llvm_mc::evex_sweep::{BASES, DISPS, ZMMS};
@@ -68,7 +69,7 @@ fn avx512_caps() -> &'static TargetCaps {
 fn w4a8(group: u32, bias: bool, act: Activation) -> Kernel {
     let mut k = library::get("matmul-w4a8").unwrap();
     k.tensors.iter_mut().find(|t| t.name == "w").unwrap().format =
-        Format::U4Asym(Group::Size(group));
+        Format::U4Asym(Group::Size(group), ParamType::F32);
     tessera_tests::kernels::set_epilogue(&mut k, bias, act);
     k
 }

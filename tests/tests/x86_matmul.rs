@@ -7,7 +7,7 @@
 use tessera_codegen::artifact::{EmitError, Variant};
 use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::{X86Backend, plan};
-use tessera_dsl::ir::{Activation, Format, Kernel};
+use tessera_dsl::ir::{Activation, Format, Group, Kernel, ParamType};
 use tessera_dsl::library;
 use tessera_tests::kernels::set_epilogue as epilogue;
 use tessera_tests::reference::check_host_matmul;
@@ -201,7 +201,17 @@ fn flat_gemm_int8_every_m() {
         library::get("matmul-w8a8").unwrap(),
         library::get("matmul-w4a8").unwrap(),
         variant("matmul-w4a8", |k| {
-            set_w(k, Format::U4Asym(tessera_dsl::ir::Group::Size(16)))
+            set_w(k, Format::U4Asym(Group::Size(16), ParamType::F32))
+        }),
+        // The compact formats: ggml's Q4_0 and Q4_1 blocks, and the long
+        // groups whose int16 sums would overflow (widened every step).
+        library::get("matmul-q4_0").unwrap(),
+        library::get("matmul-q4_1").unwrap(),
+        variant("matmul-q4_0", |k| {
+            set_w(k, Format::U4Sym(Group::Size(64), ParamType::F16))
+        }),
+        variant("matmul-w4a8", |k| {
+            set_w(k, Format::U4Asym(Group::Size(128), ParamType::F32))
         }),
     ];
     let ms: Vec<usize> = (1..=9).chain([12, 16]).collect();

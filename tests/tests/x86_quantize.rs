@@ -24,6 +24,8 @@ fn emitted(ep: usize, group: Option<usize>, x: &[f32], m: usize, k: usize) -> Qu
         ep,
         hb: 1,
         int4_group: group,
+        int4_sym: false,
+        params: tessera_dsl::ir::ParamType::F32,
         y: Format::F32,
         bias: false,
         activation: Activation::None,

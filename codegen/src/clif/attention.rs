@@ -20,7 +20,7 @@ use cranelift_codegen::ir::types::{F32, F32X4, I8X16, I16X8, I32, I32X4, I64};
 use cranelift_codegen::ir::{Function, InstBuilder, Value};
 use cranelift_frontend::FunctionBuilderContext;
 use tessera_dsl::interp::ONLINE_BLOCK;
-use tessera_dsl::ir::{AttentionKind, Format, Group, Kernel, SoftmaxMode};
+use tessera_dsl::ir::{AttentionKind, Format, Group, Kernel, ParamType, SoftmaxMode};
 
 use super::build::{Fb, lanes, mem, new_function};
 use crate::artifact::EmitError;
@@ -37,7 +37,10 @@ fn unsupported(what: String) -> EmitError {
 fn check_formats(k: Format, v: Format) -> Result<(), EmitError> {
     let k_ok = matches!(
         k,
-        Format::F16 | Format::F32 | Format::I8Sym(Group::Row) | Format::I8Asym(Group::Row)
+        Format::F16
+            | Format::F32
+            | Format::I8Sym(Group::Row, ParamType::F32)
+            | Format::I8Asym(Group::Row, ParamType::F32)
     );
     let v_ok = matches!(
         v,
@@ -280,7 +283,7 @@ fn load4(fb: &mut Fb<'_>, f: Format, p: Value) -> Value {
             let v = fb.b.ins().scalar_to_vector(I32X4, w);
             let b = fb.b.ins().bitcast(I8X16, lanes(), v);
             match f {
-                Format::I8Sym(_) | Format::I8Asym(_) => {
+                Format::I8Sym(..) | Format::I8Asym(..) => {
                     let h = fb.b.ins().swiden_low(b);
                     let i = fb.b.ins().swiden_low(h);
                     fb.b.ins().fcvt_from_sint(F32X4, i)
@@ -311,7 +314,7 @@ fn load1(fb: &mut Fb<'_>, f: Format, p: Value) -> Value {
             let v = fb.b.ins().splat(I32X4, x);
             fb.f16_to_f32(v)
         }
-        Format::I8Sym(_) | Format::I8Asym(_) => {
+        Format::I8Sym(..) | Format::I8Asym(..) => {
             let x = fb.b.ins().sload8(I32, mem(), p, 0);
             let v = fb.b.ins().splat(I32X4, x);
             fb.b.ins().fcvt_from_sint(F32X4, v)

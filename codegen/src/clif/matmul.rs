@@ -198,6 +198,16 @@ fn plan<'k>(
     if !matches!(y, Format::F32 | Format::F16 | Format::BF16) {
         return Err(unsupported(format!("output format {y}")));
     }
+    if w.has_f16_params() {
+        return Err(unsupported(format!(
+            "weights {w}: f16 group parameters (the cranelift loops read f32 parameters)"
+        )));
+    }
+    if matches!(w, Format::U4Sym(..)) {
+        return Err(unsupported(format!(
+            "weights {w}: u4sym's implied zero point (the cranelift loops fold stored offsets only)"
+        )));
+    }
     let group = match w.group() {
         Some(Group::Size(g)) => Some(i64::from(g)),
         _ => None,
@@ -221,7 +231,10 @@ fn plan<'k>(
     };
     match x {
         Format::I8Dyn => {
-            if !matches!(w, Format::U4Asym(_) | Format::I8Sym(_) | Format::I8Asym(_)) {
+            if !matches!(
+                w,
+                Format::U4Asym(..) | Format::I8Sym(..) | Format::I8Asym(..)
+            ) {
                 return Err(unsupported(format!("i8dyn activations with {w} weights")));
             }
             check_int8(&plan, tile)?;
@@ -552,13 +565,14 @@ fn w_values(fb: &mut Fb<'_>, w: Format, lanes_u: Value) -> Value {
         Format::BF16 => fb.bf16_to_f32(lanes_u),
         Format::Fp8E4M3 => fb.e4m3_to_f32(lanes_u),
         Format::Fp8E5M2 => fb.e5m2_to_f32(lanes_u),
-        Format::U4Asym(_) => fb.b.ins().fcvt_from_uint(F32X4, lanes_u),
-        Format::I8Sym(_) | Format::I8Asym(_) | Format::I8Dyn => {
+        // u4sym is refused in `plan` (its zero point is not folded here).
+        Format::U4Asym(..) | Format::U4Sym(..) => fb.b.ins().fcvt_from_uint(F32X4, lanes_u),
+        Format::I8Sym(..) | Format::I8Asym(..) | Format::I8Dyn => {
             let s = fb.b.ins().ishl_imm_s(lanes_u, 24);
             let s = fb.b.ins().sshr_imm_s(s, 24);
             fb.b.ins().fcvt_from_sint(F32X4, s)
         }
-        Format::E0M4(_) => {
+        Format::E0M4(..) => {
             // 2 + q/8, exact.
             let q = fb.b.ins().fcvt_from_uint(F32X4, lanes_u);
             let eighth = fb.f32x4c(0.125);

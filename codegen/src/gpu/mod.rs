@@ -60,7 +60,9 @@
 //! a combine kernel merges `(max, sum, output)` partials.
 
 use tessera_dsl::interp::ONLINE_BLOCK;
-use tessera_dsl::{Activation, AttentionKind, Format, Group, Kernel, LayoutDim, SoftmaxMode};
+use tessera_dsl::{
+    Activation, AttentionKind, Format, Group, Kernel, LayoutDim, ParamType, SoftmaxMode,
+};
 
 use crate::artifact::{EmitError, Variant};
 use crate::target::{GpuCaps, TargetCaps};
@@ -123,24 +125,29 @@ pub struct WeightPlan {
 impl WeightPlan {
     /// The plan for weights stored in `format`.
     pub fn for_format(format: Format) -> Result<WeightPlan, EmitError> {
+        if format.has_f16_params() {
+            return Err(unsupported(format!(
+                "{format} weights: f16 group parameters (the GPU kernels read f32 parameters)"
+            )));
+        }
         let dequant = match format {
             Format::F16 => Dequant::None,
-            Format::U4Asym(_) => Dequant::MagicOr {
+            Format::U4Asym(..) => Dequant::MagicOr {
                 half_magic: 0x6400,
                 float_magic: 0x4B00_0000,
                 half_sub: 1024.0,
                 float_sub: 8_388_608.0,
             },
-            Format::E0M4(_) => Dequant::ShiftOr {
+            Format::E0M4(..) => Dequant::ShiftOr {
                 half_base: 0x4000,
                 half_shift: 6,
                 float_base: 0x4000_0000,
                 float_shift: 19,
             },
-            Format::I8Sym(_) | Format::I8Asym(_) => Dequant::SignedByte,
+            Format::I8Sym(..) | Format::I8Asym(..) => Dequant::SignedByte,
             other => {
                 return Err(unsupported(format!(
-                    "{other} weights (GPU weights are f16, u4asym, e0m4, i8sym or i8asym)"
+                    "{other} weights (GPU weights are f16, u4asym, e0m4, i8sym or i8asym; u4sym's implied zero point is not folded)"
                 )));
             }
         };
@@ -655,7 +662,7 @@ impl KvFormat {
     fn of(format: Format, tensor: &str) -> Result<KvFormat, EmitError> {
         match format {
             Format::F16 => Ok(KvFormat::F16),
-            Format::I8Asym(Group::Row) => Ok(KvFormat::I8AsymRow),
+            Format::I8Asym(Group::Row, ParamType::F32) => Ok(KvFormat::I8AsymRow),
             Format::Fp8E4M3 => Ok(KvFormat::Fp8E4M3),
             Format::Fp8E5M2 => Ok(KvFormat::Fp8E5M2),
             other => Err(unsupported(format!(

@@ -38,7 +38,7 @@
 //! short). Nothing is read past a cache row's end.
 
 use tessera_dsl::interp::ONLINE_BLOCK;
-use tessera_dsl::ir::{AttentionKind, Format, Group, Kernel, SoftmaxMode};
+use tessera_dsl::ir::{AttentionKind, Format, Group, Kernel, ParamType, SoftmaxMode};
 
 use super::asm::{A64, Cond, V, X};
 use super::attention_asm::AttentionAsm;
@@ -103,8 +103,8 @@ impl AttentionSpec {
         }
         let keys = match kf {
             Format::F16 => KeyStore::F16,
-            Format::I8Sym(Group::Row) => KeyStore::I8 { asym: false },
-            Format::I8Asym(Group::Row) => KeyStore::I8 { asym: true },
+            Format::I8Sym(Group::Row, ParamType::F32) => KeyStore::I8 { asym: false },
+            Format::I8Asym(Group::Row, ParamType::F32) => KeyStore::I8 { asym: true },
             f => {
                 return Err(unsupported(format!(
                     "attention keys {f} (NEON: f16, i8sym:row, i8asym:row)"

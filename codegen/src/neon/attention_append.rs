@@ -20,7 +20,7 @@
 //! `s·kvh·d` an attention step reads.
 
 use half::f16;
-use tessera_dsl::ir::{Format, Group, Kernel};
+use tessera_dsl::ir::{Format, Group, Kernel, ParamType};
 
 use super::asm::{A64, Cond, V, X};
 use super::attention_asm::AttentionAsm;
@@ -79,7 +79,7 @@ fn formats(caps: &TargetCaps, kernel: &Kernel) -> Result<(Format, Format), EmitE
             .ok_or_else(|| unsupported(format!("missing tensor `{n}`")))
     };
     let (kf, vf) = (fmt(&a.k)?, fmt(&a.v)?);
-    if !matches!(kf, Format::F16 | Format::I8Asym(Group::Row)) {
+    if !matches!(kf, Format::F16 | Format::I8Asym(Group::Row, ParamType::F32)) {
         return Err(unsupported(format!(
             "KV append of {kf} keys (NEON: f16, i8asym:row)"
         )));

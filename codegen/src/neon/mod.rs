@@ -37,7 +37,7 @@ pub mod quantize;
 use std::ops::Range;
 
 use tessera_dsl::Kernel;
-use tessera_dsl::ir::{Format, Group};
+use tessera_dsl::ir::{Format, Group, ParamType};
 
 use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, Variant};
 use crate::target::{MacClass, TargetCaps, mac_class};
@@ -568,9 +568,9 @@ impl NeonBackend {
                     return Err(self.unsupported(format!("int8 kernels with {yf} output")));
                 }
                 let (wbits, asym, group) = match wf {
-                    Format::U4Asym(g) => (4, true, g),
-                    Format::I8Sym(g) => (8, false, g),
-                    Format::I8Asym(g) => (8, true, g),
+                    Format::U4Asym(g, ParamType::F32) => (4, true, g),
+                    Format::I8Sym(g, ParamType::F32) => (8, false, g),
+                    Format::I8Asym(g, ParamType::F32) => (8, true, g),
                     f => {
                         return Err(self.unsupported(format!("{f} weights with i8dyn activations")));
                     }

@@ -540,6 +540,12 @@ impl X86Asm {
     }
 
     /// Logical right shift of each 16-bit lane.
+    pub fn vpslld_imm(&mut self, dst: Ymm, src: Ymm, imm: i8) {
+        self.log(format!("vpslld {dst}, {src}, {imm}"));
+        let (d, s) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; vpslld Ry(d), Ry(s), imm);
+    }
+
     pub fn vpsrlw_imm(&mut self, dst: Ymm, src: Ymm, imm: i8) {
         self.log(format!("vpsrlw {dst}, {src}, {imm}"));
         let (d, s) = (dst.0, src.0);
@@ -674,6 +680,7 @@ impl X86Asm {
     }
 
     vex3!(vpaddw, "vpaddw");
+    vex3!(vpsubd, "vpsubd");
     vex3!(vpsrlvd, "vpsrlvd");
     vex3!(vpackssdw, "vpackssdw");
     vex3!(vpacksswb, "vpacksswb");

@@ -1,6 +1,8 @@
 //! Integer matmul kernels: `i8dyn` activations (quantized by the emitted
 //! [`super::quantize`] pass into `[e/ep, l/4, ep, 4]`) with `i8sym:row`
-//! (W8A8) or `u4asym:g8/g16/g32` (W4A8, int4 pair-transposed) weights.
+//! (W8A8) or 4-bit weights (W4A8, int4 pair-transposed): `u4asym:gN` and
+//! `u4sym:gN` (ggml Q4_0's zero point 8), N a multiple of 8, with f32 or
+//! f16 group parameters.
 //!
 //! The MAC is `vpmaddubsw` (u8 × s8 → pairs summed to i16) then `vpmaddwd`
 //! with int16 ones (→ i32, 4 bytes of l per i32 lane: lp = 4), or with
@@ -22,7 +24,13 @@
 //! unsigned (0..15) and the activations signed, as vpmaddubsw wants. A
 //! group (g/4 ≤ 8 steps) sums in int16 (|sum| ≤ 8·2·15·127 < 2^15), then
 //! `vpmaddwd` widens it and y += sw_g·dot_g + min_g·Σq_g in f32; y·sx at
-//! the end.
+//! the end. Longer groups (64, 128, …) would overflow int16, so each step
+//! widens at once (`vpmaddwd` with the ones in the frame, `vpaddd`), as
+//! ggml's AVX2 loop does. `u4sym` has no stored offset: the zero point is
+//! folded in integers at the group end, dot_g − 8·Σq_g (`vpslld`, `vpsubd`),
+//! then y += sw_g·(that) with one FMA. f16 parameters are widened at the
+//! group end with `vcvtph2ps` (F16C) into the shift-count register, which
+//! is reloaded from the frame afterwards.
 //!
 //! # Register plans
 //!
@@ -73,7 +81,7 @@
 //! the current group, r14 = Σq row stride, rax walks the rows. Epilogue:
 //! r8..r15 = y rows, eight rows at a time.
 
-use tessera_dsl::ir::{Activation, Format};
+use tessera_dsl::ir::{Activation, Format, ParamType};
 
 use super::asm::*;
 use super::common::{self, LOCAL0, LOCAL1, LOCAL2, NIBBLE, ONES16, SHIFTS, Store, nest};
@@ -93,8 +101,12 @@ pub const MAX_ROWS: usize = 12;
 pub struct Int8Spec {
     pub ep: usize,
     pub hb: usize,
-    /// Group length of u4asym weights; None for i8sym:row.
+    /// Group length of 4-bit weights; None for i8sym:row.
     pub int4_group: Option<usize>,
+    /// 4-bit weights are `u4sym` (zero point 8, no offsets stored).
+    pub int4_sym: bool,
+    /// Storage precision of the 4-bit weights' group parameters.
+    pub params: ParamType,
     pub y: Format,
     pub bias: bool,
     pub activation: Activation,
@@ -139,6 +151,13 @@ impl Regs {
     }
 }
 
+/// Where a group parameter vector is read from at the group end.
+#[derive(Clone, Copy)]
+enum ParamOperand {
+    Reg(Ymm),
+    Mem(Mem),
+}
+
 /// Bytes W4A8's k loop moves rsp down by: the f32 totals of `rows` × `hb`
 /// column blocks, plus slack to align them to 32 bytes.
 fn acc_area_bytes(rows: usize, hb: usize) -> i32 {
@@ -171,7 +190,15 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
     a.comment(&format!(
         "matmul {variant} x i8dyn w {} y {} tile {}x{}x4 bias {} act {:?} mac {}",
         match spec.int4_group {
-            Some(g) => format!("u4asym:g{g}"),
+            Some(g) => format!(
+                "{}:g{g}{}",
+                if spec.int4_sym { "u4sym" } else { "u4asym" },
+                if spec.params == ParamType::F16 {
+                    ":f16"
+                } else {
+                    ""
+                }
+            ),
             None => "i8sym:row".into(),
         },
         spec.y,
@@ -258,15 +285,18 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
     a.load64(RDX, mem(RDI, MM_W));
     a.add(RAX, RDX);
     a.mov(RSI, RAX);
-    // r9 = params + first column·groups·4·param_sets; r10 = r9 + groups·hp·4.
+    // r9 = params + first column·groups·param_bytes·param_sets; r10 = r9 +
+    // groups·hp·param_bytes (the panel's offsets, asymmetric formats).
+    let param_bytes = if int4 { spec.params.bytes() as i32 } else { 4 };
+    let param_sets = if int4 && !spec.int4_sym { 2 } else { 1 };
     a.load64(RDX, mem(RSP, LOCAL2));
     a.imul(R9, RDX);
-    a.shl_imm(R9, if int4 { 3 } else { 2 });
+    a.shl_imm(R9, (param_bytes * param_sets).trailing_zeros() as i8);
     a.load64(RAX, mem(RDI, MM_W_PARAMS));
     a.add(R9, RAX);
 
     if int4 {
-        a.imul_imm(R10, RDX, hp * 4);
+        a.imul_imm(R10, RDX, hp * param_bytes);
         a.add(R10, R9);
         // r14 = Σq row stride (groups·4), r13 = x_sums + rbp·stride.
         a.mov(R14, RDX);
@@ -418,11 +448,11 @@ fn int8_loop(
     a.bind(done);
 }
 
-/// W4A8: per group, int16 (or VNNI i32) sums in registers; at the group
-/// end the f32 totals in the stack area take sw·dot + min·Σq. Leaves the
-/// totals in the accumulator registers and rsp where it found it.
-/// Expects r9/r10 = the panel's scales/offsets, r13 = row 0's Σq, r14 =
-/// the Σq row stride.
+/// W4A8: per group, int16 (or i32: VNNI, or groups over 32) sums in
+/// registers; at the group end the f32 totals in the stack area take
+/// sw·dot + min·Σq (`u4sym`: sw·(dot − 8·Σq)). Leaves the totals in the
+/// accumulator registers and rsp where it found it. Expects r9/r10 = the
+/// panel's scales/offsets, r13 = row 0's Σq, r14 = the Σq row stride.
 fn int4_loop(
     a: &mut X86Asm,
     spec: &Int8Spec,
@@ -432,6 +462,11 @@ fn int4_loop(
     prefetch: Option<i32>,
 ) {
     let spg = spec.int4_group.unwrap_or(32) as i32 / 4;
+    // int16 group sums stay exact up to 8 steps (32 codes); longer groups
+    // widen every step.
+    let wide = !spec.vnni && spg > 8;
+    let f16_params = spec.params == ParamType::F16;
+    let param_bytes = spec.params.bytes() as i32;
     let hp = 8 * r.hb as i32;
     let (mask, shifts, t) = (r.r0(), r.r1(), r.r2());
     a.vpbroadcastd_load(mask, mem(RSP, NIBBLE));
@@ -467,6 +502,10 @@ fn int4_loop(
                 let g = r.acc(i, j);
                 if spec.vnni {
                     a.vpdpbusd(g, r.b(j), av);
+                } else if wide {
+                    a.vpmaddubsw(t, r.b(j), av);
+                    a.vpmaddwd_mem(t, t, frame(ONES16));
+                    a.vpaddd(g, g, t);
                 } else {
                     a.vpmaddubsw(t, r.b(j), av);
                     a.vpaddw(g, g, t);
@@ -511,22 +550,45 @@ fn int4_loop(
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, slow_loop);
     a.bind(group_end);
-    // total += sw·dot + min·Σq, per row and column block; rax walks Σq.
-    if !spec.vnni {
+    // total += sw·dot + min·Σq (u4sym: sw·(dot − 8·Σq)), per row and column
+    // block; rax walks Σq.
+    let narrow = !spec.vnni && !wide;
+    if narrow {
         a.vmovdqu_load(t, frame(ONES16));
     }
+    // The group's parameters of column block j: f32 from memory, or f16
+    // widened into the shift-count register (reloaded below).
+    let param = |a: &mut X86Asm, base: Gp, j: usize| -> ParamOperand {
+        if f16_params {
+            a.vcvtph2ps_load(shifts, mem(base, 16 * j as i32));
+            ParamOperand::Reg(shifts)
+        } else {
+            ParamOperand::Mem(mem(base, 32 * j as i32))
+        }
+    };
+    let fma = |a: &mut X86Asm, acc: Ymm, x: Ymm, p: ParamOperand| match p {
+        ParamOperand::Reg(v) => a.vfmadd231ps(acc, x, v),
+        ParamOperand::Mem(m) => a.vfmadd231ps_mem(acc, x, m),
+    };
     a.mov(RAX, R13);
     for i in 0..r.rows {
+        let s = r.a();
+        a.vpbroadcastd_load(s, mem(RAX, 0));
+        if spec.int4_sym {
+            a.vpslld_imm(s, s, 3);
+        } else {
+            a.vcvtdq2ps(s, s);
+        }
         for j in 0..r.hb {
             let g = r.acc(i, j);
-            if !spec.vnni {
+            if narrow {
                 a.vpmaddwd(g, g, t);
+            }
+            if spec.int4_sym {
+                a.vpsubd(g, g, s);
             }
             a.vcvtdq2ps(g, g);
         }
-        let s = r.a();
-        a.vpbroadcastd_load(s, mem(RAX, 0));
-        a.vcvtdq2ps(s, s);
         if i + 1 < r.rows {
             a.add(RAX, R14);
         }
@@ -534,14 +596,23 @@ fn int4_loop(
             let g = r.acc(i, j);
             let sum = r.b(0);
             a.vmovups_load(sum, total(i, j));
-            a.vfmadd231ps_mem(sum, g, mem(R9, 32 * j as i32));
-            a.vfmadd231ps_mem(sum, s, mem(R10, 32 * j as i32));
+            let sw = param(a, R9, j);
+            fma(a, sum, g, sw);
+            if !spec.int4_sym {
+                let min = param(a, R10, j);
+                fma(a, sum, s, min);
+            }
             a.vmovups_store(total(i, j), sum);
         }
     }
+    if f16_params {
+        a.vmovdqu_load(shifts, frame(SHIFTS));
+    }
     a.add_imm(R13, 4);
-    a.add_imm(R9, hp * 4);
-    a.add_imm(R10, hp * 4);
+    a.add_imm(R9, hp * param_bytes);
+    if !spec.int4_sym {
+        a.add_imm(R10, hp * param_bytes);
+    }
     a.jmp(group_loop);
     a.bind(done);
     for i in 0..r.rows {

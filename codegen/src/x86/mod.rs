@@ -34,7 +34,7 @@ pub mod int8;
 pub mod plan;
 pub mod quantize;
 
-use tessera_dsl::ir::{Format, Kernel, Matmul};
+use tessera_dsl::ir::{Format, Group, Kernel, Matmul, ParamType};
 
 use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, Variant};
 use crate::host::{HostError, HostMatmul, HostTile};
@@ -46,6 +46,10 @@ pub const NAME: &str = "x86-avx2";
 
 /// The target of the AVX-512 f32 kernel's tiles ([`avx512`]).
 pub const AVX512_NAME: &str = "x86-avx512";
+
+/// Longest 4-bit group the AVX2 int8 kernel takes: one group is one
+/// unrolled block of g/4 steps.
+pub const MAX_INT4_GROUP: u32 = 128;
 
 /// The x86-64 AVX2 backend. `vnni` selects `vpdpbusd` for the int8 kernels
 /// (AVX-VNNI); `avx512` runs f32 matmuls given an `x86-avx512` tile on the
@@ -220,6 +224,8 @@ impl X86Backend {
                 ep: spec.ep,
                 hb: spec.zb * 2,
                 int4_group: Some(spec.group),
+                int4_sym: false,
+                params: ParamType::F32,
                 y: Format::F32,
                 bias: spec.bias,
                 activation: spec.activation,
@@ -415,7 +421,7 @@ fn is_w4a8_matmul(kernel: &Kernel) -> bool {
             .is_some_and(|t| t.format == Format::I8Dyn)
             && kernel
                 .tensor(&mm.w)
-                .is_some_and(|t| matches!(t.format, Format::U4Asym(_)))
+                .is_some_and(|t| matches!(t.format, Format::U4Asym(..)))
     })
 }
 
@@ -439,10 +445,14 @@ fn classify_avx512_int8(
         return Err(what("4-bit weights need the int4 pair transpose"));
     }
     let group = match w.map(|t| t.format) {
-        Some(Format::U4Asym(tessera_dsl::ir::Group::Size(g))) if matches!(g, 8 | 16 | 32) => {
+        Some(Format::U4Asym(Group::Size(g), ParamType::F32)) if matches!(g, 8 | 16 | 32) => {
             g as usize
         }
-        _ => return Err(what("u4asym groups must be 8, 16 or 32")),
+        _ => {
+            return Err(what(
+                "weights must be u4asym:g8, g16 or g32 with f32 parameters (f16 parameters, u4sym and longer groups run on the AVX2 kernel)",
+            ));
+        }
     };
     if kernel.tensor(&mm.y).map(|t| t.format) != Some(Format::F32) {
         return Err(what("the output must be f32"));
@@ -540,8 +550,8 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
             plan::float_plan(&spec).check(tile).map_err(tile_err)?;
             Ok(Family::Float(spec))
         }
-        (Format::I8Dyn, Format::I8Sym(tessera_dsl::ir::Group::Row))
-        | (Format::I8Dyn, Format::U4Asym(_)) => {
+        (Format::I8Dyn, Format::I8Sym(Group::Row, ParamType::F32))
+        | (Format::I8Dyn, Format::U4Asym(..) | Format::U4Sym(..)) => {
             if !is_packed_x_layout(kernel, mm) {
                 return Err(what(
                     "i8dyn activations must use the layout [e/ep, l/lp, ep, lp]",
@@ -551,13 +561,15 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
                 return Err(tile_err("the int8 class (vpmaddubsw) needs lp = 4".into()));
             }
             let group = match w {
-                Format::U4Asym(tessera_dsl::ir::Group::Size(g)) if matches!(g, 8 | 16 | 32) => {
+                Format::U4Asym(Group::Size(g), _) | Format::U4Sym(Group::Size(g), _)
+                    if g.is_power_of_two() && (8..=MAX_INT4_GROUP).contains(&g) =>
+                {
                     Some(g as usize)
                 }
-                Format::U4Asym(_) => {
-                    return Err(what(
-                        "u4asym groups must be 8, 16 or 32 (int16 group sums stay exact up to 32)",
-                    ));
+                Format::U4Asym(..) | Format::U4Sym(..) => {
+                    return Err(what(&format!(
+                        "4-bit groups must be a power of two from 8 to {MAX_INT4_GROUP} (one group is one unrolled block of steps)"
+                    )));
                 }
                 _ => None,
             };
@@ -571,6 +583,8 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
                 ep: tile.ep as usize,
                 hb: tile.hp as usize / 8,
                 int4_group: group,
+                int4_sym: matches!(w, Format::U4Sym(..)),
+                params: w.params().unwrap_or_default(),
                 y,
                 bias,
                 activation,
@@ -580,7 +594,7 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
             Ok(Family::Int8(spec))
         }
         _ => Err(what(
-            "x86-avx2 runs f32/f16 x with f32/f16 weights, and i8dyn x with i8sym:row or u4asym:g8/g16/g32 weights",
+            "x86-avx2 runs f32/f16 x with f32/f16 weights, and i8dyn x with i8sym:row (f32 scale) or u4asym/u4sym weights (groups 8 to 128, f32 or f16 parameters)",
         )),
     }
 }

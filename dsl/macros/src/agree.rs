@@ -138,7 +138,7 @@ const ROLES: [Role; 4] = [Role::Input, Role::Weight, Role::Output, Role::Cache];
 /// Every format with several groups, plus the smallest legal group, `g4`.
 fn formats() -> Vec<Format> {
     let mut all = Format::examples();
-    all.push(Format::U4Asym(ir::Group::Size(4)));
+    all.push(Format::U4Asym(ir::Group::Size(4), ir::ParamType::F32));
     all
 }
 
@@ -521,7 +521,7 @@ fn matmul_checks_agree_with_verify() {
                 c.bias = Some((role, f, dim));
                 cases.push(c.clone());
                 c.x.format = Format::I8Dyn;
-                c.w.format = Format::U4Asym(ir::Group::Size(32));
+                c.w.format = Format::U4Asym(ir::Group::Size(32), ir::ParamType::F32);
                 cases.push(c.fitting());
             }
         }

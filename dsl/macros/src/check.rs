@@ -7,7 +7,7 @@
 //! time (`agree.rs` runs both over the same variations).
 
 use crate::error::{Loc, fail};
-use crate::format::{Format, Group};
+use crate::format::{Format, Group, ParamType};
 use crate::parse::{
     AttentionKind, Compute, EpilogueItem, EpilogueStmt, Indexed, KernelDef, LayoutItem, Rhs, Role,
     SoftmaxMode, SoftmaxStmt, Stmt, TensorDecl, TileDecl,
@@ -1050,7 +1050,8 @@ fn check_attention(
         k_decl.format.is_compute_float()
             || matches!(
                 k_decl.format,
-                Format::I8Asym(Group::Row) | Format::U4Asym(Group::Row)
+                Format::I8Asym(Group::Row, ParamType::F32)
+                    | Format::U4Asym(Group::Row, ParamType::F32)
             ),
         "the key cache",
         "f32, f16, bf16, or quantized per token: i8asym:row or u4asym:row",
@@ -1060,7 +1061,7 @@ fn check_attention(
         v_decl.format.is_compute_float()
             || matches!(
                 v_decl.format,
-                Format::Fp8E4M3 | Format::Fp8E5M2 | Format::I8Asym(Group::Row)
+                Format::Fp8E4M3 | Format::Fp8E5M2 | Format::I8Asym(Group::Row, ParamType::F32)
             ),
         "the value cache",
         "f32, f16, bf16, fp8e4m3, fp8e5m2, or quantized per token: i8asym:row",

@@ -17,6 +17,14 @@ pub enum Group {
     Row,
 }
 
+/// Mirror of `tessera_dsl::ir::ParamType`: storage precision of group
+/// parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamType {
+    F32,
+    F16,
+}
+
 /// Mirror of `tessera_dsl::ir::Format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -24,18 +32,19 @@ pub enum Format {
     F16,
     BF16,
     I8Dyn,
-    U4Asym(Group),
-    I8Sym(Group),
-    I8Asym(Group),
-    E0M4(Group),
+    U4Asym(Group, ParamType),
+    U4Sym(Group, ParamType),
+    I8Sym(Group, ParamType),
+    I8Asym(Group, ParamType),
+    E0M4(Group, ParamType),
     Fp8E4M3,
     Fp8E5M2,
 }
 
 /// The spellings listed in error messages.
 pub const FORMAT_HELP: &str = "f32, f16, bf16, i8dyn, fp8e4m3, fp8e5m2, \
-     or a grouped format u4asym:G, i8sym:G, i8asym:G, e0m4:G with G = gN (N a positive \
-     multiple of 4, e.g. g32) or row";
+     or a grouped format u4asym:G, u4sym:G, i8sym:G, i8asym:G, e0m4:G with G = gN (N a positive \
+     multiple of 4, e.g. g32) or row, optionally followed by :f16 for f16 group parameters";
 
 impl Format {
     pub fn is_float(self) -> bool {
@@ -52,7 +61,7 @@ impl Format {
     pub fn is_asymmetric(self) -> bool {
         matches!(
             self,
-            Format::U4Asym(_) | Format::I8Asym(_) | Format::E0M4(_)
+            Format::U4Asym(..) | Format::I8Asym(..) | Format::E0M4(..)
         )
     }
 
@@ -60,9 +69,9 @@ impl Format {
         match self {
             Format::F32 => 32,
             Format::F16 | Format::BF16 => 16,
-            Format::I8Dyn | Format::I8Sym(_) | Format::I8Asym(_) => 8,
+            Format::I8Dyn | Format::I8Sym(..) | Format::I8Asym(..) => 8,
             Format::Fp8E4M3 | Format::Fp8E5M2 => 8,
-            Format::U4Asym(_) | Format::E0M4(_) => 4,
+            Format::U4Asym(..) | Format::U4Sym(..) | Format::E0M4(..) => 4,
         }
     }
 
@@ -73,19 +82,26 @@ impl Format {
 
     /// The canonical spelling (same as the IR's `Display`).
     pub fn spelling(self) -> String {
-        let grouped = |base: &str, g: Group| match g {
-            Group::Size(n) => format!("{base}:g{n}"),
-            Group::Row => format!("{base}:row"),
+        let grouped = |base: &str, g: Group, p: ParamType| {
+            let params = match p {
+                ParamType::F32 => "",
+                ParamType::F16 => ":f16",
+            };
+            match g {
+                Group::Size(n) => format!("{base}:g{n}{params}"),
+                Group::Row => format!("{base}:row{params}"),
+            }
         };
         match self {
             Format::F32 => "f32".into(),
             Format::F16 => "f16".into(),
             Format::BF16 => "bf16".into(),
             Format::I8Dyn => "i8dyn".into(),
-            Format::U4Asym(g) => grouped("u4asym", g),
-            Format::I8Sym(g) => grouped("i8sym", g),
-            Format::I8Asym(g) => grouped("i8asym", g),
-            Format::E0M4(g) => grouped("e0m4", g),
+            Format::U4Asym(g, p) => grouped("u4asym", g, p),
+            Format::U4Sym(g, p) => grouped("u4sym", g, p),
+            Format::I8Sym(g, p) => grouped("i8sym", g, p),
+            Format::I8Asym(g, p) => grouped("i8asym", g, p),
+            Format::E0M4(g, p) => grouped("e0m4", g, p),
             Format::Fp8E4M3 => "fp8e4m3".into(),
             Format::Fp8E5M2 => "fp8e5m2".into(),
         }
@@ -97,6 +113,10 @@ impl Format {
             Group::Size(n) => quote!(::tessera_dsl::ir::Group::Size(#n)),
             Group::Row => quote!(::tessera_dsl::ir::Group::Row),
         };
+        let params = |p: ParamType| match p {
+            ParamType::F32 => quote!(::tessera_dsl::ir::ParamType::F32),
+            ParamType::F16 => quote!(::tessera_dsl::ir::ParamType::F16),
+        };
         match self {
             Format::F32 => quote!(::tessera_dsl::ir::Format::F32),
             Format::F16 => quote!(::tessera_dsl::ir::Format::F16),
@@ -104,21 +124,25 @@ impl Format {
             Format::I8Dyn => quote!(::tessera_dsl::ir::Format::I8Dyn),
             Format::Fp8E4M3 => quote!(::tessera_dsl::ir::Format::Fp8E4M3),
             Format::Fp8E5M2 => quote!(::tessera_dsl::ir::Format::Fp8E5M2),
-            Format::U4Asym(g) => {
-                let g = group(g);
-                quote!(::tessera_dsl::ir::Format::U4Asym(#g))
+            Format::U4Asym(g, p) => {
+                let (g, p) = (group(g), params(p));
+                quote!(::tessera_dsl::ir::Format::U4Asym(#g, #p))
             }
-            Format::I8Sym(g) => {
-                let g = group(g);
-                quote!(::tessera_dsl::ir::Format::I8Sym(#g))
+            Format::I8Sym(g, p) => {
+                let (g, p) = (group(g), params(p));
+                quote!(::tessera_dsl::ir::Format::I8Sym(#g, #p))
             }
-            Format::I8Asym(g) => {
-                let g = group(g);
-                quote!(::tessera_dsl::ir::Format::I8Asym(#g))
+            Format::I8Asym(g, p) => {
+                let (g, p) = (group(g), params(p));
+                quote!(::tessera_dsl::ir::Format::I8Asym(#g, #p))
             }
-            Format::E0M4(g) => {
-                let g = group(g);
-                quote!(::tessera_dsl::ir::Format::E0M4(#g))
+            Format::E0M4(g, p) => {
+                let (g, p) = (group(g), params(p));
+                quote!(::tessera_dsl::ir::Format::E0M4(#g, #p))
+            }
+            Format::U4Sym(g, p) => {
+                let (g, p) = (group(g), params(p));
+                quote!(::tessera_dsl::ir::Format::U4Sym(#g, #p))
             }
         }
     }
@@ -143,13 +167,14 @@ pub fn parse_format(input: ParseStream) -> syn::Result<(Format, Loc)> {
             let colon: syn::Token![:] = input.parse()?;
             return Err(syn::Error::new(
                 colon.span,
-                format!("`{name}` takes no group; only u4asym, i8sym, i8asym and e0m4 do"),
+                format!("`{name}` takes no group; only u4asym, u4sym, i8sym, i8asym and e0m4 do"),
             ));
         }
         return Ok((format, Loc::of(base.span())));
     }
-    let make: fn(Group) -> Format = match name.as_str() {
+    let make: fn(Group, ParamType) -> Format = match name.as_str() {
         "u4asym" => Format::U4Asym,
+        "u4sym" => Format::U4Sym,
         "i8sym" => Format::I8Sym,
         "i8asym" => Format::I8Asym,
         "e0m4" => Format::E0M4,
@@ -174,10 +199,26 @@ pub fn parse_format(input: ParseStream) -> syn::Result<(Format, Loc)> {
         "expected a quantization group: `gN` (N a positive multiple of 4, e.g. `g32`) or `row`",
     )?;
     let group = parse_group(&group_ident)?;
-    Ok((
-        make(group),
-        Loc::of(base.span()).to(Loc::of(group_ident.span())),
-    ))
+    let mut end = Loc::of(group_ident.span());
+    let mut params = ParamType::F32;
+    if input.peek(syn::Token![:]) && !input.peek(syn::Token![::]) {
+        let _colon: syn::Token![:] = input.parse()?;
+        let p = ident_or(
+            input,
+            "expected a group parameter precision after `:`: `f16` (f32 is the default and not written)",
+        )?;
+        if p != "f16" {
+            return Err(syn::Error::new(
+                p.span(),
+                format!(
+                    "unknown group parameter precision `{p}`: expected `f16` (f32 is the default and not written)"
+                ),
+            ));
+        }
+        params = ParamType::F16;
+        end = Loc::of(p.span());
+    }
+    Ok((make(group, params), Loc::of(base.span()).to(end)))
 }
 
 fn parse_group(ident: &Ident) -> syn::Result<Group> {
@@ -223,10 +264,10 @@ mod tests {
             Format::I8Dyn,
             Format::Fp8E4M3,
             Format::Fp8E5M2,
-            Format::U4Asym(Group::Size(32)),
-            Format::I8Sym(Group::Row),
-            Format::I8Asym(Group::Size(64)),
-            Format::E0M4(Group::Size(128)),
+            Format::U4Asym(Group::Size(32), ParamType::F32),
+            Format::I8Sym(Group::Row, ParamType::F32),
+            Format::I8Asym(Group::Size(64), ParamType::F32),
+            Format::E0M4(Group::Size(128), ParamType::F32),
         ];
         for f in all {
             assert_eq!(parse(&f.spelling()).ok(), Some(f), "{}", f.spelling());

@@ -3,7 +3,7 @@
 
 use crate::check::{Activation, LayoutDim, OpSpec, Spec};
 use crate::expand::{expand, spec};
-use crate::format::{Format, Group};
+use crate::format::{Format, Group, ParamType};
 use crate::parse::{AttentionKind, Role, SoftmaxMode};
 use proc_macro2::TokenStream;
 use std::str::FromStr;
@@ -79,7 +79,7 @@ fn w4a8_means_what_it_says() {
     );
     let w = &s.tensors[1];
     assert_eq!(w.role, Role::Weight);
-    assert_eq!(w.format, Format::U4Asym(Group::Size(32)));
+    assert_eq!(w.format, Format::U4Asym(Group::Size(32), ParamType::F32));
     assert!(w.pair_transpose);
     assert_eq!(
         w.layout,

@@ -1,6 +1,7 @@
 //! The kernels `kernel!` must express, built for real and compared field by
 //! field with the IR written out by hand.
 
+use tessera_dsl::ir::ParamType;
 use tessera_dsl::ir::*;
 use tessera_dsl::kernel;
 
@@ -103,7 +104,7 @@ fn w4a8_linear_layer() {
                 "w",
                 Role::Weight,
                 &["h", "l"],
-                Format::U4Asym(Group::Size(32)),
+                Format::U4Asym(Group::Size(32), ParamType::F32),
                 packed(
                     vec![
                         D::outer("h", "hp"),
@@ -308,7 +309,10 @@ fn library_shapes_are_expressible() {
         }
     }
     .expect("e0m4 builds");
-    assert_eq!(e0m4.tensors[1].format, Format::E0M4(Group::Size(128)));
+    assert_eq!(
+        e0m4.tensors[1].format,
+        Format::E0M4(Group::Size(128), ParamType::F32)
+    );
     assert!(e0m4.tensors[1].layout.int4_pair_transpose);
     let w8a8 = kernel! {
         matmul-w8a8(e, h, l) {

@@ -39,7 +39,7 @@ pub(crate) fn run(env: &Env<'_>, m: &Matmul) -> Result<Outputs, InterpError> {
         (Format::I8Dyn, Some(q))
             if matches!(
                 q.format,
-                Format::U4Asym(_) | Format::I8Sym(_) | Format::I8Asym(_)
+                Format::U4Asym(..) | Format::U4Sym(..) | Format::I8Sym(..) | Format::I8Asym(..)
             ) =>
         {
             integer_path(&x, q, e, h, l)?

@@ -14,6 +14,7 @@
 //! | format | code q | v(q) | offset |
 //! |---|---|---|---|
 //! | `u4asym` | uint4 0..=15 (int4 pre-converted, seed 000 IV.D) | q | w_min (formula (1), clip [0, 15]) |
+//! | `u4sym` | uint4 0..=15, zero point 8 (ggml Q4_0) | q − 8 | 0 |
 //! | `i8sym` | int8 -127..=127 | q | 0 |
 //! | `i8asym` | int8 -128..=127 | q | w_min + 128·scale (formula (1), clip [-128, 127]) |
 //! | `e0m4` | 4 fraction bits of an fp16 in [2, 4) | 2 + q/8 (fp16 bits 0x4000 \| q<<6) | bias |
@@ -21,7 +22,12 @@
 //! | `fp8e4m3`, `fp8e5m2` | the fp8 bits | decoded fp8 | 0, scale 1 |
 //!
 //! The offset form makes zero-point correction uniform for integer
-//! matmuls: Σ x·w over a group = scale·Σ x·q + offset·Σ x.
+//! matmuls: Σ x·w over a group = scale·Σ x·q + offset·Σ x (and for
+//! `u4sym`, scale·(Σ x·q − 8·Σ x)).
+//!
+//! Parameters are held here as f32 whatever their storage precision; with
+//! f16 parameters (`…:f16`) every value is exactly an f16 (checked by
+//! [`QuantTensor::validate`]) and packers store the f16 bits.
 //!
 //! Where the rest lives:
 //! - [`quantize()`](quantize::quantize): f32 → [`QuantTensor`] for every
@@ -96,8 +102,15 @@ pub enum QuantError {
     SizeOverflow { what: &'static str },
     #[error("4-bit code at element {index} is {byte:#04x}, above 15")]
     Nibble { index: usize, byte: u8 },
-    #[error("quantization parameters overflow f32: {what} is not finite")]
+    #[error("quantization parameters overflow: {what} is not finite")]
     ParamOverflow { what: &'static str },
+    #[error("{what} {index} is {value}, which the format stores as f16 but is not an f16 value")]
+    NotF16 {
+        what: &'static str,
+        index: usize,
+        /// The value as printed (f32 is not `Eq`).
+        value: String,
+    },
 }
 
 /// Number of groups in a row of `cols` elements (the last may be partial).
@@ -157,11 +170,28 @@ impl QuantTensor {
                 got: self.offsets.len(),
             });
         }
+        if self.format.has_f16_params() {
+            let exact = |v: &f32| half::f16::from_f32(*v).to_f32().to_bits() == v.to_bits();
+            if let Some(index) = self.scales.iter().position(|v| !exact(v)) {
+                return Err(QuantError::NotF16 {
+                    what: "scale",
+                    index,
+                    value: self.scales[index].to_string(),
+                });
+            }
+            if let Some(index) = self.offsets.iter().position(|v| !exact(v)) {
+                return Err(QuantError::NotF16 {
+                    what: "offset",
+                    index,
+                    value: self.offsets[index].to_string(),
+                });
+            }
+        }
         for (index, &b) in self.codes.iter().enumerate() {
             let code = code_of(self.format, b);
             let ok = match self.format {
-                Format::U4Asym(_) | Format::E0M4(_) => b <= 15,
-                Format::I8Sym(_) | Format::I8Dyn => code >= -127,
+                Format::U4Asym(..) | Format::E0M4(..) => b <= 15,
+                Format::I8Sym(..) | Format::I8Dyn => code >= -127,
                 _ => true,
             };
             if !ok {
@@ -220,7 +250,9 @@ impl QuantTensor {
 /// Integer reading of a stored code byte.
 pub fn code_of(format: Format, b: u8) -> i32 {
     match format {
-        Format::I8Sym(_) | Format::I8Asym(_) | Format::I8Dyn => b as i8 as i32,
+        Format::I8Sym(..) | Format::I8Asym(..) | Format::I8Dyn => b as i8 as i32,
+        // ggml Q4_0: the stored nibble less the implied zero point.
+        Format::U4Sym(..) => i32::from(b) - 8,
         _ => b as i32,
     }
 }
@@ -228,7 +260,7 @@ pub fn code_of(format: Format, b: u8) -> i32 {
 /// v(q): the value a code contributes before scale and offset.
 pub fn code_value(format: Format, b: u8) -> f32 {
     match format {
-        Format::E0M4(_) => e0m4_value(b),
+        Format::E0M4(..) => e0m4_value(b),
         Format::Fp8E4M3 => fp8_e4m3_to_f32(b),
         Format::Fp8E5M2 => fp8_e5m2_to_f32(b),
         f => code_of(f, b) as f32,
@@ -283,6 +315,7 @@ pub fn quantize_row_i8dyn(row: &[f32]) -> (Vec<i8>, f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::ParamType;
 
     #[test]
     fn e0m4_values_span_two_to_four() {
@@ -314,7 +347,7 @@ mod tests {
     #[test]
     fn validate_rejects_bad_lengths_and_codes() {
         let t = QuantTensor {
-            format: Format::U4Asym(Group::Size(4)),
+            format: Format::U4Asym(Group::Size(4), ParamType::F32),
             rows: 1,
             cols: 6,
             codes: vec![0, 1, 2, 3, 4, 16],

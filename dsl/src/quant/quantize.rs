@@ -14,6 +14,7 @@
 //! | `i8asym` | (max−min)/255 | round((w−min)/scale) − 128, clip [−128, 127] | min + 128·scale |
 //! | `i8sym` | absmax/127 | round(w·(127/absmax)), clip [−127, 127] | — |
 //! | `i8dyn` | absmax/127 per row | as `i8sym` ([`quantize_row_i8dyn`]) | — |
+//! | `u4sym` (ggml Q4_0) | m/−8, m the group's value of largest magnitude (first if tied) | min(15, trunc(w·(1/scale) + 8.5)) | — (v(q) = q − 8) |
 //! | `e0m4` | see [`super::e0m4`] | top 4 fp16 fraction bits of w mapped to [2, 4) | bias |
 //! | `fp8e4m3`/`fp8e5m2` | — | [`super::fp8`] encoding (RNE, saturating) | — |
 //!
@@ -27,11 +28,22 @@
 //! underflows to 0) gets scale 0, code `clip_min` and offset `min`, so it
 //! decodes exactly to `min`. An all-zero symmetric group gets scale 0 and
 //! codes 0. A row with no columns has one (empty) group with parameters 0.
+//!
+//! **f16 parameters** (`…:f16`). Where the format is one of ggml's blocks
+//! (`u4sym` = Q4_0, `u4asym` = Q4_1, `i8sym` = Q8_0, any group size) the
+//! quantizer is ggml's reference one, step for step in f32: the scale (and
+//! min) in f32, codes against that f32 scale (`u4asym`: min(15,
+//! trunc((w − min)·(1/scale) + 0.5)); `i8sym`: round-half-away(w·(1/scale))),
+//! then the parameters rounded to f16 (ties to even). So the same f32
+//! weights give the same bytes as llama.cpp's quantizer, and the stored
+//! parameters decode exactly as ggml decodes them. `i8asym` and `e0m4`
+//! with f16 parameters quantize as with f32 ones, then round the
+//! parameters to f16. Parameters beyond f16's range are an error.
 
 use super::e0m4::quantize_group_e0m4;
 use super::fp8::{f32_to_fp8_e4m3, f32_to_fp8_e5m2};
 use super::{QuantError, QuantTensor, groups_per_row, quantize_row_i8dyn};
-use crate::ir::{Format, Group};
+use crate::ir::{Format, Group, ParamType};
 
 /// Quantize a row-major `[rows, cols]` f32 matrix into `format`.
 ///
@@ -106,23 +118,30 @@ pub fn quantize(
 /// Quantize one group, appending its codes and parameters to `t`.
 fn quantize_group(format: Format, g: &[f32], t: &mut QuantTensor) -> Result<(), QuantError> {
     match format {
-        Format::U4Asym(_) => {
+        Format::U4Asym(_, ParamType::F16) => {
+            let (scale, min) = ggml_q4_1_group(g, &mut t.codes);
+            t.scales.push(scale);
+            t.offsets.push(min);
+        }
+        Format::U4Sym(..) => t.scales.push(ggml_q4_0_group(g, &mut t.codes)),
+        Format::I8Sym(_, ParamType::F16) => t.scales.push(ggml_q8_0_group(g, &mut t.codes)),
+        Format::U4Asym(..) => {
             let (scale, offset) = affine_group(g, 0, 15, &mut t.codes)?;
             t.scales.push(scale);
             t.offsets.push(offset);
         }
-        Format::I8Asym(_) => {
+        Format::I8Asym(..) => {
             let (scale, min) = affine_group(g, -128, 127, &mut t.codes)?;
             t.scales.push(scale);
             t.offsets
                 .push((f64::from(min) + 128.0 * f64::from(scale)) as f32);
         }
-        Format::I8Sym(_) | Format::I8Dyn => {
+        Format::I8Sym(..) | Format::I8Dyn => {
             let (codes, scale) = quantize_row_i8dyn(g);
             t.codes.extend(codes.iter().map(|&q| q as u8));
             t.scales.push(scale);
         }
-        Format::E0M4(_) => {
+        Format::E0M4(..) => {
             let q = quantize_group_e0m4(g)?;
             t.codes.extend(q.codes);
             t.scales.push(q.scale);
@@ -133,7 +152,73 @@ fn quantize_group(format: Format, g: &[f32], t: &mut QuantTensor) -> Result<(), 
             return Err(QuantError::NotQuantized(format));
         }
     }
+    if format.has_f16_params() {
+        round_last_params_to_f16(t)?;
+    }
     check_decodes_finite(format, t)
+}
+
+/// Round the group just pushed's parameters to f16 (ties to even), the
+/// precision they are stored in; a parameter beyond f16's range is an error.
+fn round_last_params_to_f16(t: &mut QuantTensor) -> Result<(), QuantError> {
+    let round = |v: &mut f32, what: &'static str| {
+        let h = half::f16::from_f32(*v);
+        if h.is_finite() {
+            *v = h.to_f32();
+            Ok(())
+        } else {
+            Err(QuantError::ParamOverflow { what })
+        }
+    };
+    if let Some(s) = t.scales.last_mut() {
+        round(s, "scale (beyond f16's range)")?;
+    }
+    if let Some(o) = t.offsets.last_mut() {
+        round(o, "offset (beyond f16's range)")?;
+    }
+    Ok(())
+}
+
+/// ggml's `quantize_row_q4_0_ref` on one group: scale = m/−8 for the value m
+/// of largest magnitude, codes min(15, trunc(w/scale + 8.5)) in f32.
+/// Returns the f32 scale (rounded to f16 by the caller where stored so).
+fn ggml_q4_0_group(g: &[f32], codes: &mut Vec<u8>) -> f32 {
+    let mut amax = 0.0f32;
+    let mut max = 0.0f32;
+    for &w in g {
+        if amax < w.abs() {
+            amax = w.abs();
+            max = w;
+        }
+    }
+    let scale = max / -8.0;
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    // w·inv + 8.5 lies in [0.5, 16.5]: truncation is the C cast to int8.
+    codes.extend(g.iter().map(|&w| ((w * inv + 8.5).trunc() as u8).min(15)));
+    scale
+}
+
+/// ggml's `quantize_row_q4_1_ref` on one group: scale = (max − min)/15,
+/// codes min(15, trunc((w − min)/scale + 0.5)) in f32. Returns (scale, min).
+fn ggml_q4_1_group(g: &[f32], codes: &mut Vec<u8>) -> (f32, f32) {
+    let (min, max) = min_max(g);
+    let scale = (max - min) / 15.0;
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    codes.extend(
+        g.iter()
+            .map(|&w| (((w - min) * inv + 0.5).trunc() as u8).min(15)),
+    );
+    (scale, min)
+}
+
+/// ggml's `quantize_row_q8_0_ref` on one group: scale = absmax/127, codes
+/// round-half-away-from-zero(w/scale) in f32. Returns the scale.
+fn ggml_q8_0_group(g: &[f32], codes: &mut Vec<u8>) -> f32 {
+    let amax = g.iter().fold(0.0f32, |m, &w| m.max(w.abs()));
+    let scale = amax / 127.0;
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    codes.extend(g.iter().map(|&w| (w * inv).round() as i8 as u8));
+    scale
 }
 
 /// The kernels (and [`QuantTensor::value`]) compute `scale·v(q) + offset`
@@ -141,9 +226,9 @@ fn quantize_group(format: Format, g: &[f32], t: &mut QuantTensor) -> Result<(), 
 /// code range (only groups spanning more than ~1e38 get here).
 fn check_decodes_finite(format: Format, t: &QuantTensor) -> Result<(), QuantError> {
     let (v_lo, v_hi) = match format {
-        Format::U4Asym(_) => (0.0, 15.0),
-        Format::I8Asym(_) => (-128.0, 127.0),
-        Format::E0M4(_) => (2.0, 3.875),
+        Format::U4Asym(..) => (0.0, 15.0),
+        Format::I8Asym(..) => (-128.0, 127.0),
+        Format::E0M4(..) => (2.0, 3.875),
         _ => (-127.0, 127.0),
     };
     let scale = t.scales.last().copied().unwrap_or(0.0);
@@ -198,14 +283,26 @@ mod tests {
     #[test]
     fn u4asym_formula_one() {
         // min 0, max 15 → scale 1, offset 0; 7.5 is a tie → even 8.
-        let t = quantize(Format::U4Asym(Group::Row), 1, 4, &[0.0, 15.0, 7.5, 6.5]).unwrap();
+        let t = quantize(
+            Format::U4Asym(Group::Row, ParamType::F32),
+            1,
+            4,
+            &[0.0, 15.0, 7.5, 6.5],
+        )
+        .unwrap();
         assert_eq!(t.codes, vec![0, 15, 8, 6]);
         assert_eq!((t.scales[0], t.offsets[0]), (1.0, 0.0));
     }
 
     #[test]
     fn i8asym_offset_is_min_plus_128_scale() {
-        let t = quantize(Format::I8Asym(Group::Row), 1, 3, &[-1.0, 254.0, 0.0]).unwrap();
+        let t = quantize(
+            Format::I8Asym(Group::Row, ParamType::F32),
+            1,
+            3,
+            &[-1.0, 254.0, 0.0],
+        )
+        .unwrap();
         assert_eq!(t.scales, vec![1.0]);
         assert_eq!(t.offsets, vec![127.0]);
         assert_eq!(t.codes, vec![(-128i8) as u8, 127, (-127i8) as u8]);
@@ -215,7 +312,7 @@ mod tests {
     #[test]
     fn partial_last_group() {
         let data: Vec<f32> = (0..10).map(|i| i as f32).collect();
-        let t = quantize(Format::I8Sym(Group::Size(8)), 1, 10, &data).unwrap();
+        let t = quantize(Format::I8Sym(Group::Size(8), ParamType::F32), 1, 10, &data).unwrap();
         assert_eq!(t.scales, vec![7.0 / 127.0, 9.0 / 127.0]);
         assert_eq!(t.codes[8..], [113, 127]); // 8·127/9 = 112.9
     }
@@ -242,7 +339,12 @@ mod tests {
             Err(QuantError::NotQuantized(Format::F16))
         );
         assert_eq!(
-            quantize(Format::U4Asym(Group::Size(6)), 1, 6, &[0.0; 6]),
+            quantize(
+                Format::U4Asym(Group::Size(6), ParamType::F32),
+                1,
+                6,
+                &[0.0; 6]
+            ),
             Err(QuantError::GroupSize { group: 6 })
         );
         assert!(matches!(
@@ -253,10 +355,10 @@ mod tests {
 
     #[test]
     fn empty_rows_and_cols() {
-        let t = quantize(Format::U4Asym(Group::Size(32)), 3, 0, &[]).unwrap();
+        let t = quantize(Format::U4Asym(Group::Size(32), ParamType::F32), 3, 0, &[]).unwrap();
         assert_eq!((t.scales.len(), t.offsets.len()), (3, 3));
         t.validate().unwrap();
-        let t = quantize(Format::I8Sym(Group::Row), 0, 5, &[]).unwrap();
+        let t = quantize(Format::I8Sym(Group::Row, ParamType::F32), 0, 5, &[]).unwrap();
         assert!(t.scales.is_empty());
         t.validate().unwrap();
     }
@@ -264,10 +366,10 @@ mod tests {
     #[test]
     fn extreme_values_decode_finite_or_error() {
         let formats = [
-            Format::U4Asym(Group::Row),
-            Format::I8Asym(Group::Row),
-            Format::I8Sym(Group::Row),
-            Format::E0M4(Group::Row),
+            Format::U4Asym(Group::Row, ParamType::F32),
+            Format::I8Asym(Group::Row, ParamType::F32),
+            Format::I8Sym(Group::Row, ParamType::F32),
+            Format::E0M4(Group::Row, ParamType::F32),
         ];
         for f in formats {
             let t = quantize(f, 1, 4, &[-1e37, 1e37, 0.0, 1.0]).unwrap();

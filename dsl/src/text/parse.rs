@@ -12,7 +12,8 @@ use crate::ir::*;
 use crate::verify::{AxisUser, VerifyError, verify};
 
 const FORMATS_EXPECTED: &str = "f32, f16, bf16, i8dyn, fp8e4m3, fp8e5m2, \
-     u4asym:G, i8sym:G, i8asym:G, e0m4:G with G = gN or row";
+     u4asym:G, u4sym:G, i8sym:G, i8asym:G, e0m4:G with G = gN or row, \
+     optionally :f16 after G for f16 group parameters";
 
 const KEYWORDS: &str = "kernel, axis, tile, input, weight, output, cache, matmul, attention, \
      parallel, double-buffer, split";
@@ -31,11 +32,16 @@ fn group_from(s: &str) -> Result<Group, String> {
     }
 }
 
-/// Parse a format: `f16`, `u4asym:g32`, `i8asym:row` ...
+/// Parse a format: `f16`, `u4asym:g32`, `i8asym:row`, `u4sym:g32:f16` ...
 fn format_from(s: &str) -> Result<Format, String> {
     let (base, group) = match s.split_once(':') {
         Some((b, g)) => (b, Some(g)),
         None => (s, None),
+    };
+    let (group, params) = match group.map(|g| g.split_once(':')) {
+        Some(Some((g, p))) => (Some(g), Some(p)),
+        Some(None) => (group, None),
+        None => (None, None),
     };
     let plain = match base {
         "f32" => Some(Format::F32),
@@ -52,8 +58,9 @@ fn format_from(s: &str) -> Result<Format, String> {
             Some(_) => Err(format!("format '{base}' takes no group")),
         };
     }
-    let grouped: fn(Group) -> Format = match base {
+    let grouped: fn(Group, ParamType) -> Format = match base {
         "u4asym" => Format::U4Asym,
+        "u4sym" => Format::U4Sym,
         "i8sym" => Format::I8Sym,
         "i8asym" => Format::I8Asym,
         "e0m4" => Format::E0M4,
@@ -63,8 +70,17 @@ fn format_from(s: &str) -> Result<Format, String> {
             ));
         }
     };
+    let params = match params {
+        None => ParamType::F32,
+        Some("f16") => ParamType::F16,
+        Some(p) => {
+            return Err(format!(
+                "unknown parameter precision '{p}' in '{s}' (expected f16, or nothing for f32)"
+            ));
+        }
+    };
     match group {
-        Some(g) => group_from(g).map(grouped),
+        Some(g) => group_from(g).map(|g| grouped(g, params)),
         None => Err(format!(
             "format '{base}' needs a group, e.g. {base}:g32 or {base}:row"
         )),
@@ -271,13 +287,18 @@ impl<'a> Cursor<'a> {
         Ok(names)
     }
 
-    /// A format: a word, then `:group` for grouped formats.
+    /// A format: a word, then `:group` for grouped formats, then `:f16`
+    /// for f16 group parameters.
     fn format(&mut self) -> Result<Format, ParseError> {
         let col = self.col();
         let mut text = self.word("a format")?;
         if self.eat_punct(':') {
             text.push(':');
             text.push_str(&self.word("a group (gN or row)")?);
+            if self.eat_punct(':') {
+                text.push(':');
+                text.push_str(&self.word("a parameter precision (f16)")?);
+            }
         }
         format_from(&text).map_err(|m| self.error_at(col, m))
     }
