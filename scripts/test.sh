@@ -129,6 +129,22 @@ ensure_ptxas() {
     export PTXAS
 }
 
+# The ggml oracle: llama.cpp's own numpy quantizers (PyPI `gguf`), installed
+# into Tessera's cache folder, not system-wide. Exports
+# TESSERA_GGUF_PYTHONPATH (the dsl oracle test reads it).
+GGUF_PREFIX="${XDG_CACHE_HOME:-$HOME/.cache}/tessera/gguf"
+ensure_gguf() {
+    if [ ! -d "$GGUF_PREFIX/gguf" ]; then
+        have python3 || ensure_apt_packages python3 python3-pip
+        python3 -m pip --version >/dev/null 2>&1 || ensure_apt_packages python3-pip
+        log "pip install gguf into $GGUF_PREFIX"
+        python3 -m pip install --quiet --target "$GGUF_PREFIX" gguf
+        [ -d "$GGUF_PREFIX/gguf" ] || die "gguf not found under $GGUF_PREFIX after pip install"
+    fi
+    TESSERA_GGUF_PYTHONPATH="$GGUF_PREFIX"
+    export TESSERA_GGUF_PYTHONPATH
+}
+
 # What the tests need today. Later issues add their ensure_* calls here.
 install_requirements() {
     ensure_rust
@@ -140,6 +156,7 @@ install_requirements() {
     ensure_pocl
     ensure_clang
     ensure_ptxas
+    ensure_gguf
 }
 
 # The cranelift (host) backend's aarch64 code paths, natively under

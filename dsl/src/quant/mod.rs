@@ -45,12 +45,14 @@ use crate::ir::{Format, Group};
 
 pub mod e0m4;
 pub mod fp8;
+pub mod ggml;
 pub mod layouts;
 pub mod pack;
 pub mod quantize;
 
 pub use e0m4::{E0M4Group, quantize_group_e0m4};
 pub use fp8::{f32_to_fp8_e4m3, f32_to_fp8_e5m2};
+pub use ggml::GgmlBlock;
 pub use layouts::{
     PackedWeights, ParamOrder, WeightPacking, activation_layout, gpu_weight_layout,
     pack_activations, pack_params, pack_weights, unpack_params, weight_layout,
@@ -225,12 +227,16 @@ impl QuantTensor {
     }
 
     /// Dequantized value of element (r, c), computed in f32 exactly as
-    /// `scale · v(q) + offset` (one rounding per operation).
+    /// `scale · v(q) + offset` (one rounding per operation; no addition for
+    /// formats without offsets).
     pub fn value(&self, r: usize, c: usize) -> f32 {
         let b = self.codes[r * self.cols + c];
         match self.format {
             Format::Fp8E4M3 => fp8_e4m3_to_f32(b),
             Format::Fp8E5M2 => fp8_e5m2_to_f32(b),
+            // No offset, no addition: scale·v alone keeps ggml's −0 for a
+            // zero scale and a negative code (Q4_0, Q8_0 bit for bit).
+            f if self.offsets.is_empty() => self.scale(r, c) * code_value(f, b),
             f => self.scale(r, c) * code_value(f, b) + self.offset(r, c),
         }
     }
