@@ -326,6 +326,30 @@ pub struct HostMatmul {
     tile: HostTile,
     quantizer: Option<JitCode>,
     matmul: JitCode,
+    /// The activation quantizer's output, kept between calls so a decode
+    /// step allocates nothing (a call that finds it busy uses its own).
+    scratch: std::sync::Mutex<QuantScratch>,
+}
+
+/// Buffers of the activation quantizer's output (packed codes, one scale
+/// per row, Σq per row and weight group).
+#[derive(Default)]
+struct QuantScratch {
+    qx: Vec<u8>,
+    scales: Vec<f32>,
+    sums: Vec<i32>,
+}
+
+/// `v` cleared and zero-filled to `len` elements, growing fallibly.
+fn refill<T: Copy + Default>(
+    v: &mut Vec<T>,
+    len: usize,
+    what: &'static str,
+) -> Result<(), HostError> {
+    v.clear();
+    v.try_reserve(len).map_err(|_| HostError::Overflow(what))?;
+    v.resize(len, T::default());
+    Ok(())
 }
 
 impl std::fmt::Debug for HostMatmul {
@@ -388,6 +412,7 @@ impl HostMatmul {
             tile,
             quantizer: quantizer.map(JitCode::map).transpose()?,
             matmul: JitCode::map(matmul)?,
+            scratch: std::sync::Mutex::new(QuantScratch::default()),
         })
     }
 
@@ -554,9 +579,12 @@ impl HostMatmul {
         // Activation quantization (i8dyn): one pass before the threads split.
         let group = w_format.group().map_or(k, |g| g.len(k)).max(1);
         let groups = w_format.group().map_or(1, |g| groups_per_row(g, k));
-        let mut qx = Vec::new();
-        let mut qx_scales = Vec::new();
-        let mut qx_sums = Vec::new();
+        let mut own = QuantScratch::default();
+        let mut shared = self.scratch.try_lock().ok();
+        let scratch: &mut QuantScratch = match shared.as_deref_mut() {
+            Some(s) => s,
+            None => &mut own,
+        };
         if let Some(quantizer) = &self.quantizer {
             let plan = PackPlan::for_tensor(
                 &self.kernel,
@@ -565,21 +593,23 @@ impl HostMatmul {
                 &tile_sizes(mm, &self.kernel, self.tile),
             )?;
             let m_pad = m.div_ceil(self.tile.ep.max(1)) * self.tile.ep.max(1);
-            qx = vec![0u8; plan.packed_bytes()];
-            qx_scales = vec![0f32; m_pad];
-            qx_sums = vec![
-                0i32;
-                m_pad
-                    .checked_mul(groups)
-                    .ok_or(HostError::Overflow("sums"))?
-            ];
+            let sums = m_pad
+                .checked_mul(groups)
+                .ok_or(HostError::Overflow("sums"))?;
+            refill(
+                &mut scratch.qx,
+                plan.packed_bytes(),
+                "quantized activations",
+            )?;
+            refill(&mut scratch.scales, m_pad, "activation scales")?;
+            refill(&mut scratch.sums, sums, "activation sums")?;
             let args = QuantizeArgs {
                 x: x_ptr as *const f32,
                 x_stride: k * 4,
-                out: qx.as_mut_ptr(),
-                out_scales: qx_scales.as_mut_ptr(),
+                out: scratch.qx.as_mut_ptr(),
+                out_scales: scratch.scales.as_mut_ptr(),
                 out_sums: if w_format.needs_x_sums() {
-                    qx_sums.as_mut_ptr()
+                    scratch.sums.as_mut_ptr()
                 } else {
                     std::ptr::null_mut()
                 },
@@ -589,14 +619,15 @@ impl HostMatmul {
             };
             // SAFETY: `quantizer` was emitted for this kernel and tile with the
             // QuantizeArgs ABI. x holds m·k f32 (checked above); `qx` holds the
-            // packed size of x's layout for (m, k) and this tile, `qx_scales`
-            // m rounded up to ep, `qx_sums` that times the group count; all
-            // live across the call.
+            // packed size of x's layout for (m, k) and this tile, `scales`
+            // m rounded up to ep, `sums` that times the group count (all
+            // just sized above); all live across the call.
             unsafe {
                 let f: KernelFn<QuantizeArgs> = std::mem::transmute(quantizer.entry());
                 f(&args);
             }
         }
+        let (qx, qx_scales, qx_sums) = (&scratch.qx, &scratch.scales, &scratch.sums);
 
         let hp = self.tile.hp.max(1);
         let base = SharedArgs(MatmulArgs {

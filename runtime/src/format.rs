@@ -25,10 +25,19 @@ pub enum WeightFormat {
     W8A16,
     /// E0M4 4-bit weights (groups of 32), f16 activations (GPU family).
     E0M4A16,
+    /// ggml's Q4_0 blocks (`u4sym:g32:f16`, 4.5 bits per weight), dynamic
+    /// int8 activations.
+    Q4_0,
+    /// ggml's Q4_1 blocks (`u4asym:g32:f16`, 5 bits per weight), dynamic
+    /// int8 activations.
+    Q4_1,
+    /// ggml's Q8_0 blocks (`i8sym:g32:f16`, 8.5 bits per weight), dynamic
+    /// int8 activations.
+    Q8_0,
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 7] = [
+    pub const ALL: [WeightFormat; 10] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::W8A8,
@@ -36,6 +45,9 @@ impl WeightFormat {
         WeightFormat::W4A16,
         WeightFormat::W8A16,
         WeightFormat::E0M4A16,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q8_0,
     ];
 
     /// Record / CLI name.
@@ -48,6 +60,9 @@ impl WeightFormat {
             WeightFormat::W4A16 => "w4a16",
             WeightFormat::W8A16 => "w8a16",
             WeightFormat::E0M4A16 => "e0m4a16",
+            WeightFormat::Q4_0 => "q4_0",
+            WeightFormat::Q4_1 => "q4_1",
+            WeightFormat::Q8_0 => "q8_0",
         }
     }
 
@@ -61,6 +76,9 @@ impl WeightFormat {
             WeightFormat::W4A16 => "matmul-w4a16",
             WeightFormat::W8A16 => "matmul-w8a16",
             WeightFormat::E0M4A16 => "matmul-e0m4a16",
+            WeightFormat::Q4_0 => "matmul-q4_0",
+            WeightFormat::Q4_1 => "matmul-q4_1",
+            WeightFormat::Q8_0 => "matmul-q8_0",
         }
     }
 

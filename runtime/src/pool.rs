@@ -10,10 +10,24 @@
 //! worker 0) and returns only when every worker is done, so the closure may
 //! borrow from the caller's stack. Workers live as long as the pool: no
 //! thread is spawned per call.
+//!
+//! Decode runs one small matmul after another (a Qwen2-1.5B GEMV reads
+//! 1–9 MB, 50–400 µs), so waking a sleeping worker through the OS (a futex
+//! round trip, tens of µs on a VM) would be a visible share of each call.
+//! Workers therefore spin for [`SPIN`] after their last job before they
+//! sleep on the condition variable, and the caller spins as long for the
+//! workers to finish; a pool used back to back never enters the kernel.
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker (and a caller waiting for workers) spins before
+/// it sleeps: longer than the gap between a decode step's matmuls, short
+/// enough that an idle pool stops burning its cores at once.
+pub const SPIN: Duration = Duration::from_micros(200);
 
 /// The job of one [`ThreadPool::run`] call with its borrow lifetime erased.
 /// Only dereferenced while `run` blocks the caller (see the SAFETY notes).
@@ -25,16 +39,21 @@ unsafe impl Send for JobPtr {}
 
 struct State {
     job: Option<JobPtr>,
-    /// Bumped per run so a worker runs each job exactly once.
-    generation: u64,
-    /// Workers (excluding the caller) still running the current job.
-    pending: usize,
     panicked: bool,
     shutdown: bool,
+    /// Workers asleep on `work` (notified only when some are).
+    sleepers: usize,
+    /// Whether the caller sleeps on `done`.
+    caller_sleeps: bool,
 }
 
 struct Shared {
     state: Mutex<State>,
+    /// Bumped per run (after `job` is set, under the lock) so a worker runs
+    /// each job exactly once; read without the lock while spinning.
+    generation: AtomicU64,
+    /// Workers (excluding the caller) still running the current job.
+    pending: AtomicUsize,
     work: Condvar,
     done: Condvar,
 }
@@ -68,11 +87,13 @@ impl ThreadPool {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 job: None,
-                generation: 0,
-                pending: 0,
                 panicked: false,
                 shutdown: false,
+                sleepers: 0,
+                caller_sleeps: false,
             }),
+            generation: AtomicU64::new(0),
+            pending: AtomicUsize::new(0),
             work: Condvar::new(),
             done: Condvar::new(),
         });
@@ -115,19 +136,28 @@ impl ThreadPool {
                 job as *const _,
             )
         });
+        let shared = &self.shared;
         {
-            let mut s = lock(&self.shared.state);
+            let mut s = lock(&shared.state);
             s.job = Some(erased);
-            s.generation = s.generation.wrapping_add(1);
-            s.pending = self.workers.len();
             s.panicked = false;
-            self.shared.work.notify_all();
+            shared.pending.store(self.workers.len(), Ordering::Release);
+            shared.generation.fetch_add(1, Ordering::AcqRel);
+            if s.sleepers > 0 {
+                shared.work.notify_all();
+            }
         }
         let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
-        let mut s = lock(&self.shared.state);
-        while s.pending > 0 {
-            s = self.shared.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        let start = Instant::now();
+        while shared.pending.load(Ordering::Acquire) > 0 && start.elapsed() < SPIN {
+            std::hint::spin_loop();
         }
+        let mut s = lock(&shared.state);
+        while shared.pending.load(Ordering::Acquire) > 0 {
+            s.caller_sleeps = true;
+            s = shared.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.caller_sleeps = false;
         s.job = None;
         let worker_panicked = s.panicked;
         drop(s);
@@ -143,31 +173,41 @@ impl ThreadPool {
 fn worker(shared: &Shared, index: usize) {
     let mut seen = 0u64;
     loop {
+        let start = Instant::now();
+        while shared.generation.load(Ordering::Acquire) == seen && start.elapsed() < SPIN {
+            std::hint::spin_loop();
+        }
         let job = {
             let mut s = lock(&shared.state);
             loop {
                 if s.shutdown {
                     return;
                 }
-                if s.generation != seen
+                let generation = shared.generation.load(Ordering::Acquire);
+                if generation != seen
                     && let Some(job) = s.job
                 {
-                    seen = s.generation;
+                    seen = generation;
                     break job;
                 }
+                s.sleepers += 1;
                 s = shared.work.wait(s).unwrap_or_else(|e| e.into_inner());
+                s.sleepers -= 1;
             }
         };
         // SAFETY: `run` keeps the job alive until `pending` reaches 0, which
         // happens only after this call returns (below).
         let result = catch_unwind(AssertUnwindSafe(|| unsafe { (*job.0)(index) }));
-        let mut s = lock(&shared.state);
         if result.is_err() {
-            s.panicked = true;
+            lock(&shared.state).panicked = true;
         }
-        s.pending -= 1;
-        if s.pending == 0 {
-            shared.done.notify_all();
+        // The last worker out wakes a sleeping caller; it takes the lock
+        // first so the caller cannot check `pending` and then miss this.
+        if shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let s = lock(&shared.state);
+            if s.caller_sleeps {
+                shared.done.notify_all();
+            }
         }
     }
 }
@@ -175,6 +215,8 @@ fn worker(shared: &Shared, index: usize) {
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         lock(&self.shared.state).shutdown = true;
+        // Spinning workers see the new generation and then `shutdown`.
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
         self.shared.work.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();

@@ -147,6 +147,25 @@ fn linear_matches_the_interpreter_for_every_m_with_tails() {
     }
 }
 
+/// ggml's blocks (Q4_0, Q4_1: f16 group parameters, u4sym's zero point) run
+/// on x86 in every M range, a partial last group included; cranelift
+/// refuses them by name.
+#[test]
+fn ggml_block_formats_match_the_interpreter_on_x86() {
+    let clif = device(Backend::HostClif, 1, None);
+    let w = vec![0.5f32; 8 * 64];
+    let err = Linear::new(&clif, WeightFormat::Q4_0, Weights::F32(&w), 8, 64, None).unwrap_err();
+    assert!(err.to_string().contains("u4sym"), "{err}");
+    if !tessera_codegen::x86::missing_features().is_empty() {
+        eprintln!("SKIP: no AVX2/FMA/F16C, so no x86 backend");
+        return;
+    }
+    let dev = device(Backend::HostX86, 2, None);
+    for format in [WeightFormat::Q4_0, WeightFormat::Q4_1] {
+        check_linear(&dev, format, 45, 100, &[1, 2, 3, 15, 16, 17, 33]);
+    }
+}
+
 /// `x86_avx2_only` keeps an AVX-512 host on the AVX2 kernels (other GEMM
 /// tiles), and they agree with the interpreter in every variant.
 #[test]

@@ -7,7 +7,8 @@
 //!
 //! Names: `tessera-<backend>-<format>`, backend `x86` (the x86 JIT, with
 //! its AVX-512 kernels where the CPU has them), `x86avx2` (the x86 JIT on
-//! AVX2 only) or `host` (cranelift), format `f32`, `w8a8` or `w4a8`. f16 is left out:
+//! AVX2 only) or `host` (cranelift), format `f32`, `w8a8`, `w4a8` or ggml's
+//! blocks `q4_0`, `q4_1`, `q8_0` (f16 group parameters). f16 is left out:
 //! its library kernel takes f16 activations, which this harness does not
 //! feed.
 
@@ -26,10 +27,13 @@ const BACKENDS: [(&str, Backend, bool); 3] = [
     ("x86avx2", Backend::HostX86, true),
     ("host", Backend::HostClif, false),
 ];
-const FORMATS: [(&str, RtFormat); 3] = [
+const FORMATS: [(&str, RtFormat); 6] = [
     ("f32", RtFormat::F32),
     ("w8a8", RtFormat::W8A8),
     ("w4a8", RtFormat::W4A8),
+    ("q4_0", RtFormat::Q4_0),
+    ("q4_1", RtFormat::Q4_1),
+    ("q8_0", RtFormat::Q8_0),
 ];
 
 /// Names of the Tessera implementations available in this build.
@@ -138,6 +142,21 @@ impl MatmulImpl for TesseraLinear {
             RtFormat::W4A16 | RtFormat::E0M4A16 => WeightFormat::Int4 {
                 group: 32,
                 param_bytes: 8,
+            },
+            // One f16 scale per group of 32 (ggml Q4_0: 4.5 bits per weight).
+            RtFormat::Q4_0 => WeightFormat::Int4 {
+                group: 32,
+                param_bytes: 2,
+            },
+            // f16 scale and min per group of 32 (ggml Q4_1: 5 bits).
+            RtFormat::Q4_1 => WeightFormat::Int4 {
+                group: 32,
+                param_bytes: 4,
+            },
+            // One f16 scale per group of 32 (ggml Q8_0: 8.5 bits).
+            RtFormat::Q8_0 => WeightFormat::Int8 {
+                group: 32,
+                param_bytes: 2,
             },
             RtFormat::F16 => WeightFormat::F16,
             RtFormat::F32 => WeightFormat::F32,
