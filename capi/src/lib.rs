@@ -111,9 +111,9 @@ impl From<RuntimeError> for Error {
             RuntimeError::CacheFull { .. } => TesseraStatus::CacheFull,
             RuntimeError::Gpu { .. } => TesseraStatus::Device,
             RuntimeError::Quant(_) => TesseraStatus::InvalidArgument,
-            RuntimeError::Host(_)
-            | RuntimeError::Attention(_)
-            | RuntimeError::Library(_) => TesseraStatus::Kernel,
+            RuntimeError::Host(_) | RuntimeError::Attention(_) | RuntimeError::Library(_) => {
+                TesseraStatus::Kernel
+            }
         };
         Error {
             status,
@@ -526,10 +526,13 @@ pub const TESSERA_FORMAT_W8A16: TesseraFormat = 5;
 pub const TESSERA_FORMAT_E0M4A16: TesseraFormat = 6;
 
 fn format_of(f: TesseraFormat) -> Result<WeightFormat> {
-    WeightFormat::ALL.get(f as usize).copied().ok_or_else(|| Error {
-        status: TesseraStatus::InvalidArgument,
-        message: format!("unknown format {f} (valid: 0..=6, TESSERA_FORMAT_*)"),
-    })
+    WeightFormat::ALL
+        .get(f as usize)
+        .copied()
+        .ok_or_else(|| Error {
+            status: TesseraStatus::InvalidArgument,
+            message: format!("unknown format {f} (valid: 0..=6, TESSERA_FORMAT_*)"),
+        })
 }
 
 /// An element type of activations and outputs (`TESSERA_DTYPE_*`).
@@ -618,12 +621,11 @@ pub extern "C" fn tessera_status_name(status: u32) -> *const c_char {
 /// This library's version (`"0.1.0"`), static. Never NULL; never freed.
 #[unsafe(no_mangle)]
 pub extern "C" fn tessera_version() -> *const c_char {
-    static VERSION: &CStr = match CStr::from_bytes_with_nul(
-        concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes(),
-    ) {
-        Ok(v) => v,
-        Err(_) => c"unknown",
-    };
+    static VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => c"unknown",
+        };
     VERSION.as_ptr()
 }
 
