@@ -129,6 +129,17 @@ ensure_ptxas() {
     export PTXAS
 }
 
+# C API tests (capi/tests/c_examples.rs): the C++ compiler for the C++
+# example, pkg-config to find the library the way an engine does, valgrind
+# for the memory checks (AddressSanitizer comes with gcc), strip for the
+# debug-info-free copies the examples link.
+ensure_capi_tools() {
+    have c++ || ensure_apt_packages g++
+    have pkg-config || ensure_apt_packages pkg-config
+    have valgrind || ensure_apt_packages valgrind
+    have strip || ensure_apt_packages binutils
+}
+
 # What the tests need today. Later issues add their ensure_* calls here.
 install_requirements() {
     ensure_rust
@@ -140,6 +151,7 @@ install_requirements() {
     ensure_pocl
     ensure_clang
     ensure_ptxas
+    ensure_capi_tools
 }
 
 # The cranelift (host) backend's aarch64 code paths, natively under
