@@ -16,8 +16,16 @@
 //! - Enumerations the caller passes in (backend, format, ...) are plain
 //!   `uint32_t` values checked here, since an out-of-range C enum value
 //!   would be undefined behaviour in a Rust enum.
-//! - Buffers whose size comes from the caller are allocated fallibly
-//!   (`try_reserve`), so a huge request is `TESSERA_STATUS_OUT_OF_MEMORY`.
+//! - Buffers this crate allocates with a size from the caller are allocated
+//!   fallibly (`try_reserve`), so a huge request is
+//!   `TESSERA_STATUS_OUT_OF_MEMORY`; a KV cache's first allocation (made
+//!   by the runtime) is probed the same way first. The runtime's own
+//!   working buffers (packed weights, per-call scratch) are sized like the
+//!   buffers the caller already holds and are allocated as Rust normally
+//!   does.
+//! - Prebuilt kernel sets are not offered: the runtime takes them only as
+//!   tables compiled into a Rust binary (`kernels-gen`'s `kernels.rs`) and
+//!   has no run-time loader a C caller could point at a directory.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -1522,4 +1530,98 @@ pub extern "C" fn tessera_attention_close(attention: TesseraAttention) -> Tesser
             matches!(o, Object::Attention(_))
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last_error() -> String {
+        // SAFETY: tessera_last_error never returns NULL and the string
+        // lives until this thread's next call.
+        unsafe { CStr::from_ptr(tessera_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_a_status_with_its_message() {
+        let status = ffi("tessera_test", || panic!("boom {}", 42));
+        assert_eq!(status, TesseraStatus::Panic);
+        assert!(
+            last_error().contains("internal panic: boom 42"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(ffi("tessera_test", || Ok(())), TesseraStatus::Ok);
+        assert_eq!(last_error(), "");
+    }
+
+    #[test]
+    fn the_last_error_belongs_to_its_thread() {
+        let status = tessera_device_close(TesseraDevice { id: u64::MAX });
+        assert_eq!(status, TesseraStatus::InvalidHandle);
+        assert!(last_error().contains("not open"));
+        let other = std::thread::spawn(last_error).join().unwrap();
+        assert_eq!(other, "");
+        assert!(last_error().contains("not open"));
+    }
+
+    #[test]
+    fn one_layer_runs_on_several_threads_at_once() {
+        let (n, k, m) = (24, 32, 3);
+        let w: Vec<f32> = (0..n * k).map(|i| (i % 9) as f32 / 9.0 - 0.5).collect();
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 5) as f32 / 5.0).collect();
+        let mut dev = TesseraDevice::default();
+        let mut lin = TesseraLinear::default();
+        // SAFETY: valid pointers and lengths for every call below.
+        unsafe {
+            assert_eq!(
+                tessera_device_open(std::ptr::null(), &mut dev),
+                TesseraStatus::Ok
+            );
+            assert_eq!(
+                tessera_linear_create_f32(
+                    dev,
+                    TESSERA_FORMAT_F32,
+                    w.as_ptr(),
+                    w.len(),
+                    n,
+                    k,
+                    std::ptr::null(),
+                    0,
+                    &mut lin
+                ),
+                TesseraStatus::Ok
+            );
+        }
+        let forward = || {
+            let mut y = vec![0.0f32; m * n];
+            // SAFETY: x and y have the lengths passed.
+            let s = unsafe {
+                tessera_linear_forward(
+                    lin,
+                    x.as_ptr().cast(),
+                    x.len(),
+                    m,
+                    y.as_mut_ptr().cast(),
+                    y.len(),
+                )
+            };
+            assert_eq!(s, TesseraStatus::Ok, "{}", last_error());
+            y
+        };
+        let want = forward();
+        std::thread::scope(|s| {
+            let runs: Vec<_> = (0..4).map(|_| s.spawn(forward)).collect();
+            for r in runs {
+                assert_eq!(r.join().unwrap(), want);
+            }
+        });
+        // Closing the device first is allowed: the layer keeps it alive.
+        assert_eq!(tessera_device_close(dev), TesseraStatus::Ok);
+        assert_eq!(forward(), want);
+        assert_eq!(tessera_linear_close(lin), TesseraStatus::Ok);
+        assert_eq!(tessera_linear_close(lin), TesseraStatus::InvalidHandle);
+    }
 }

@@ -41,7 +41,13 @@ fn have(tool: &str) -> bool {
                 "`{tool}` is required by the C API tests (CI is set); scripts/test.sh installs it"
             );
         }
-        println!("SKIP c_examples: `{tool}` not found (install it, or run scripts/test.sh)");
+        // Straight to the stderr handle: the test harness captures
+        // `println!`, and a skip must be visible.
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP c_examples: `{tool}` not found (install it, or run scripts/test.sh)"
+        );
     }
     found
 }
