@@ -145,6 +145,17 @@ ensure_gguf() {
     export TESSERA_GGUF_PYTHONPATH
 }
 
+# C API tests (capi/tests/c_examples.rs): the C++ compiler for the C++
+# example, pkg-config to find the library the way an engine does, valgrind
+# for the memory checks (AddressSanitizer comes with gcc), strip for the
+# debug-info-free copies the examples link.
+ensure_capi_tools() {
+    have c++ || ensure_apt_packages g++
+    have pkg-config || ensure_apt_packages pkg-config
+    have valgrind || ensure_apt_packages valgrind
+    have strip || ensure_apt_packages binutils
+}
+
 # What the tests need today. Later issues add their ensure_* calls here.
 install_requirements() {
     ensure_rust
@@ -157,6 +168,7 @@ install_requirements() {
     ensure_clang
     ensure_ptxas
     ensure_gguf
+    ensure_capi_tools
 }
 
 # The cranelift (host) backend's aarch64 code paths, natively under
