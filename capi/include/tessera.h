@@ -215,6 +215,19 @@ typedef struct TesseraAttention {
 // family).
 #define TESSERA_FORMAT_E0M4A16 6
 
+// ggml's Q4_0 blocks (`u4sym:g32:f16`: uint4 with zero point 8, one f16
+// scale per 32 weights), dynamic int8 activations (given as f32), f32
+// output.
+#define TESSERA_FORMAT_Q4_0 7
+
+// ggml's Q4_1 blocks (`u4asym:g32:f16`: f16 scale and min per 32), dynamic
+// int8 activations (given as f32), f32 output.
+#define TESSERA_FORMAT_Q4_1 8
+
+// ggml's Q8_0 blocks (`i8sym:g32:f16`), dynamic int8 activations (given as
+// f32), f32 output.
+#define TESSERA_FORMAT_Q8_0 9
+
 // 32-bit IEEE float (`float`).
 #define TESSERA_DTYPE_F32 0
 

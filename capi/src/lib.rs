@@ -532,6 +532,16 @@ pub const TESSERA_FORMAT_W8A16: TesseraFormat = 5;
 /// E0M4 4-bit weights in groups of 32, f16 activations, f32 output (GPU
 /// family).
 pub const TESSERA_FORMAT_E0M4A16: TesseraFormat = 6;
+/// ggml's Q4_0 blocks (`u4sym:g32:f16`: uint4 with zero point 8, one f16
+/// scale per 32 weights), dynamic int8 activations (given as f32), f32
+/// output.
+pub const TESSERA_FORMAT_Q4_0: TesseraFormat = 7;
+/// ggml's Q4_1 blocks (`u4asym:g32:f16`: f16 scale and min per 32), dynamic
+/// int8 activations (given as f32), f32 output.
+pub const TESSERA_FORMAT_Q4_1: TesseraFormat = 8;
+/// ggml's Q8_0 blocks (`i8sym:g32:f16`), dynamic int8 activations (given as
+/// f32), f32 output.
+pub const TESSERA_FORMAT_Q8_0: TesseraFormat = 9;
 
 fn format_of(f: TesseraFormat) -> Result<WeightFormat> {
     WeightFormat::ALL
@@ -539,7 +549,10 @@ fn format_of(f: TesseraFormat) -> Result<WeightFormat> {
         .copied()
         .ok_or_else(|| Error {
             status: TesseraStatus::InvalidArgument,
-            message: format!("unknown format {f} (valid: 0..=6, TESSERA_FORMAT_*)"),
+            message: format!(
+                "unknown format {f} (valid: 0..={}, TESSERA_FORMAT_*)",
+                WeightFormat::ALL.len() - 1
+            ),
         })
 }
 
@@ -1535,6 +1548,28 @@ pub extern "C" fn tessera_attention_close(attention: TesseraAttention) -> Tesser
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The C constants index `WeightFormat::ALL`: a reordering there must
+    /// not silently change what a C caller's format number means.
+    #[test]
+    fn format_constants_name_their_formats() {
+        let pairs = [
+            (TESSERA_FORMAT_F32, WeightFormat::F32),
+            (TESSERA_FORMAT_F16, WeightFormat::F16),
+            (TESSERA_FORMAT_W8A8, WeightFormat::W8A8),
+            (TESSERA_FORMAT_W4A8, WeightFormat::W4A8),
+            (TESSERA_FORMAT_W4A16, WeightFormat::W4A16),
+            (TESSERA_FORMAT_W8A16, WeightFormat::W8A16),
+            (TESSERA_FORMAT_E0M4A16, WeightFormat::E0M4A16),
+            (TESSERA_FORMAT_Q4_0, WeightFormat::Q4_0),
+            (TESSERA_FORMAT_Q4_1, WeightFormat::Q4_1),
+            (TESSERA_FORMAT_Q8_0, WeightFormat::Q8_0),
+        ];
+        assert_eq!(pairs.len(), WeightFormat::ALL.len());
+        for (c, f) in pairs {
+            assert_eq!(format_of(c).unwrap(), f, "TESSERA_FORMAT {c}");
+        }
+    }
 
     fn last_error() -> String {
         // SAFETY: tessera_last_error never returns NULL and the string
