@@ -227,6 +227,7 @@ fn record_for(
                 m2,
                 winners,
                 measurements: vec![],
+                notes: Default::default(),
             }],
         }],
     }

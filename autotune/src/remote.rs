@@ -1,0 +1,1 @@
+//! Tuning another device (placeholder).
