@@ -16,9 +16,14 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::stats::Timing;
+
 /// The smallest relative margin: differences below it are never trusted,
-/// however quiet the run looked (three blocks can agree by chance).
-pub const MIN_MARGIN: f64 = 0.03;
+/// however quiet the run looked (three blocks can agree by chance). The
+/// previous rule's intervals (± 2% each, tied when they overlap) made 4%
+/// differences ties already; a run-to-run change of 1–2% in a ratio is
+/// common on a VM, so a difference must clear 5% to be reproducible.
+pub const MIN_MARGIN: f64 = 0.05;
 
 /// The largest run noise floor used in a margin: a run noisier than this
 /// still decides clear differences (and the record shows the floor).
@@ -78,6 +83,14 @@ pub struct Verdict {
     pub ratio: f64,
     /// Relative half-width of the tie zone around 1.
     pub margin: f64,
+    /// How much the per-pair ratios disagree: four times their median
+    /// absolute deviation (about three standard deviations), relative to
+    /// the ratio — this comparison's own noise (part
+    /// of the margin; pooled into the run's noise floor by
+    /// [`pooled_floor`]). A MAD, not the range: one block in which a few
+    /// calls were preempted is an outlier pair, and must not widen the
+    /// margin by the preemption's 10–40%.
+    pub noise: f64,
 }
 
 impl Verdict {
@@ -95,9 +108,9 @@ impl Verdict {
 /// Compare `b` with `a`. The ratio is the median over block pairs of
 /// median(b_i) / median(a_i) (the driver interleaves the blocks, so pair i
 /// shares the machine's state); the margin is the largest of
-/// [`MIN_MARGIN`], the spread of those per-pair ratios (how much the
-/// comparison itself moved during the measurement) and `floor`, the run's
-/// noise floor (capped at [`MAX_FLOOR`]). `None` when either has no
+/// [`MIN_MARGIN`], the dispersion of those per-pair ratios (how much the
+/// comparison itself moved during the measurement, [`Verdict::noise`])
+/// and `floor`, the run's noise floor (capped at [`MAX_FLOOR`]). `None` when either has no
 /// samples.
 pub fn compare(a: &Blocks, b: &Blocks, floor: f64) -> Option<Verdict> {
     let (ma, mb) = (a.medians(), b.medians());
@@ -120,8 +133,26 @@ pub fn compare(a: &Blocks, b: &Blocks, floor: f64) -> Option<Verdict> {
     } else {
         0.0
     };
-    let margin = MIN_MARGIN.max(floor).max(rel_range(&ratios));
-    Some(Verdict { ratio, margin })
+    let noise = match Timing::from_samples(&ratios) {
+        Some(t) if ratios.len() >= 2 && ratio > 0.0 => 4.0 * t.mad_ns / ratio,
+        _ => 0.0,
+    };
+    let margin = MIN_MARGIN.max(floor);
+    Some(Verdict {
+        ratio,
+        margin,
+        noise,
+    })
+}
+
+/// The run's noise floor from the comparisons made so far: the median of
+/// their own noise. One comparison's three pairs can agree by luck; the
+/// median over a run's comparisons is what the machine shows, and it moves
+/// little between runs, so the margins — and with them the decisions near
+/// the margin — move little too.
+pub fn pooled_floor(verdicts: &[Verdict]) -> f64 {
+    let noise: Vec<f64> = verdicts.iter().map(|v| v.noise).collect();
+    crate::stats::median(&noise).unwrap_or(0.0)
 }
 
 /// A candidate as [`choose`] sees it.
@@ -195,28 +226,55 @@ pub fn upper_serves(v: &Verdict, tie_to_upper: bool) -> bool {
     if v.tie() { tie_to_upper } else { v.ratio < 1.0 }
 }
 
-/// The smallest M in `[lo, hi]` from which `upper_wins` holds and keeps
-/// holding: the galloping bisection of [`crate::search::breakpoint`],
-/// whose answer is then confirmed one step above (M + max(1, M / 8)); a
-/// win that does not hold there was noise, and the search continues above
-/// the neighbour. `hi + 1` when there is no such M in range.
+/// The Ms a breakpoint may take: every M up to 8, then two per octave
+/// (12, 16, 24, 32, 48, ... 3072, 4096). Above 8 rows the kernels' times
+/// cross slowly — a few percent per ten rows — so a finer breakpoint would
+/// be placed by the noise, not by the kernels, and move from run to run;
+/// on this grid it moves only when the crossing straddles a grid point,
+/// and what a step either way costs is in the record's savings.
+pub fn grid(lo: usize, hi: usize) -> Vec<usize> {
+    let mut g: Vec<usize> = (1..=8).collect();
+    let mut p = 8usize;
+    while p < hi {
+        g.push(p + p / 2);
+        g.push(p * 2);
+        p *= 2;
+    }
+    let mut g: Vec<usize> = g.into_iter().filter(|&m| m > lo && m <= hi).collect();
+    if lo <= hi {
+        g.insert(0, lo.max(1));
+    }
+    g.dedup();
+    g
+}
+
+/// The smallest M of [`grid`]`(lo, hi)` from which `upper_wins` holds and
+/// keeps holding: the galloping bisection of [`crate::search::breakpoint`]
+/// over the grid's points, its answer then confirmed at the next grid
+/// point; a win that does not hold there was noise, and the search goes on
+/// above that point. `hi + 1` when there is no such M in range.
 pub fn confirmed_breakpoint<E>(
     lo: usize,
     hi: usize,
     mut upper_wins: impl FnMut(usize) -> Result<bool, E>,
 ) -> Result<usize, E> {
-    let mut lo = lo.max(1);
+    let g = grid(lo.max(1), hi);
+    if g.is_empty() {
+        return Ok(lo.max(1).max(hi + 1));
+    }
+    let last = g.len() - 1;
+    let mut from = 0usize;
     loop {
-        let found = crate::search::breakpoint(lo, hi, &mut upper_wins)?;
-        if found > hi {
-            return Ok(found);
+        // Indices are 1-based for `search::breakpoint` (its lower bound is 1).
+        let found = crate::search::breakpoint(from + 1, last + 1, |i| upper_wins(g[i - 1]))? - 1;
+        if found > last {
+            return Ok(hi + 1);
         }
-        let neighbour = (found + (found / 8).max(1)).min(hi);
-        if neighbour == found || upper_wins(neighbour)? {
-            return Ok(found);
+        if found == last || upper_wins(g[found + 1])? {
+            return Ok(g[found]);
         }
-        lo = neighbour + 1;
-        if lo > hi {
+        from = found + 2;
+        if from > last {
             return Ok(hi + 1);
         }
     }
@@ -249,10 +307,14 @@ mod tests {
         assert!((v.ratio - 0.9).abs() < 1e-12);
         assert_eq!(v.margin, MIN_MARGIN);
         assert!(v.b_clearly_faster() && !v.tie());
-        // Pairs that disagree widen the margin: 0.9 vs 1.05 -> a tie.
-        let d = b(&[&[90.0], &[168.0], &[99.0]]);
+        // Pairs that disagree widen the margin: 0.9, 0.97, 1.05 -> a tie.
+        let d = b(&[&[90.0], &[155.2], &[115.5]]);
         let v = compare(&a, &d, 0.0).unwrap();
         assert!(v.tie(), "{v:?}");
+        // One outlier pair does not: 0.9, 0.9, 1.3 -> still clear.
+        let o = b(&[&[90.0], &[144.0], &[143.0]]);
+        let v = compare(&a, &o, 0.0).unwrap();
+        assert!(v.b_clearly_faster(), "{v:?}");
         // The run's floor widens it too, up to MAX_FLOOR.
         assert!(compare(&a, &c, 0.12).unwrap().tie());
         assert!(
@@ -285,6 +347,7 @@ mod tests {
         let v = |ratio| Verdict {
             ratio,
             margin: 0.05,
+            noise: 0.0,
         };
         assert!(upper_serves(&v(0.9), false));
         assert!(!upper_serves(&v(1.1), true));
@@ -296,15 +359,24 @@ mod tests {
     fn a_lone_noisy_win_below_the_crossover_is_not_a_breakpoint() {
         // Truly from 33 on; M = 8 looks like a win once (noise).
         let pred = |m: usize| Ok::<bool, ()>(m == 8 || m >= 33);
-        assert_eq!(confirmed_breakpoint(1, 4096, pred), Ok(33));
+        assert_eq!(confirmed_breakpoint(1, 4096, pred), Ok(48));
         assert_eq!(crate::search::breakpoint(1, 4096, pred), Ok(8));
+        assert_eq!(
+            grid(1, 40),
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48]
+                .into_iter()
+                .filter(|&m| m <= 40)
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(grid(13, 4096).first(), Some(&13));
+        assert_eq!(grid(13, 4096).last(), Some(&4096));
         let never = |_| Ok::<bool, ()>(false);
         assert_eq!(confirmed_breakpoint(1, 4096, never), Ok(4097));
         let always = |_| Ok::<bool, ()>(true);
         assert_eq!(confirmed_breakpoint(3, 4096, always), Ok(3));
         assert_eq!(confirmed_breakpoint(4096, 4096, always), Ok(4096));
         // A win at the top that does not hold at its neighbour: none.
-        let blip = |m: usize| Ok::<bool, ()>(m == 4000);
-        assert_eq!(confirmed_breakpoint(3990, 4096, blip), Ok(4097));
+        let blip = |m: usize| Ok::<bool, ()>(m == 3072);
+        assert_eq!(confirmed_breakpoint(3000, 4096, blip), Ok(4097));
     }
 }

@@ -346,6 +346,7 @@ pub fn tune<B: Bench + ?Sized>(
     // The run's noise floor so far (each shape measures its own and passes
     // it on: the first decisions of the next shape use it).
     let mut floor = 0.0f64;
+    let mut seen: Vec<Verdict> = Vec::new();
     for (pos, &(index, shape)) in todo.iter().enumerate() {
         let now = bench.elapsed();
         if now >= cfg.deadline {
@@ -372,10 +373,13 @@ pub fn tune<B: Bench + ?Sized>(
             flat_steps: BTreeMap::new(),
             groups: 0,
             floor,
+            seen: std::mem::take(&mut seen),
+            drift: 0.0,
             decisions: Vec::new(),
         };
         let result = tuner.run();
         floor = tuner.floor;
+        seen = std::mem::take(&mut tuner.seen);
         match result {
             Ok(entry) => {
                 bench.release_all();
@@ -428,8 +432,12 @@ struct ShapeTuner<'a, B: Bench + ?Sized> {
     flat_steps: BTreeMap<usize, Candidate>,
     /// Groups timed so far (their ids).
     groups: u64,
-    /// The run's noise floor ([`decide::compare`]).
+    /// The run's noise floor ([`decide::compare`], [`decide::pooled_floor`]).
     floor: f64,
+    /// The candidate comparisons of the run so far (the floor's source).
+    seen: Vec<Verdict>,
+    /// The GEMV leader's own spread, re-timed later ([`ShapeNotes::drift`]).
+    drift: f64,
     decisions: Vec<Decision>,
 }
 
@@ -508,6 +516,8 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
                 .collect();
             let w = match decide::choose(&entrants, self.floor) {
                 Some(choice) => {
+                    self.seen.extend(choice.verdicts.iter().map(|(_, v)| *v));
+                    self.floor = decide::pooled_floor(&self.seen);
                     for (i, v) in &choice.verdicts {
                         self.note(
                             format!("{variant} winner"),
@@ -531,11 +541,11 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         }
         let (gemv, flat, gemm) = (winners[0], winners[1], winners[2]);
 
-        // The run's noise floor: the GEMV leader re-timed now, after the
-        // other variants' candidates, against its own earlier blocks.
+        // How far the machine moved: the GEMV leader re-timed now, after
+        // the other variants' candidates, against its own earlier blocks.
         self.retime(&gemv, representative_m(Variant::Gemv))?;
         if let Some((_, b)) = self.timings.get(&(gemv.key(), 1)) {
-            self.floor = b.spread();
+            self.drift = b.spread();
         }
 
         (self.events)(Event::Phase(format!(
@@ -628,6 +638,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             measurements,
             notes: ShapeNotes {
                 noise_floor: self.floor,
+                drift: self.drift,
                 decisions: std::mem::take(&mut self.decisions),
                 savings: None,
             },

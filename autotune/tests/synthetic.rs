@@ -181,7 +181,8 @@ fn flat_at(flat: &Candidate, m: usize, n: usize, k: usize) -> Candidate {
     Candidate { tile, ..*flat }
 }
 
-/// The first M where the upper kernel wins by a linear scan of the model
+/// The first M of the breakpoint grid where the upper kernel wins, by a
+/// linear scan of the model
 /// (what the galloping bisection must reproduce), the flat side at the tile
 /// of each M.
 fn linear_breakpoint_stepped(
@@ -192,7 +193,8 @@ fn linear_breakpoint_stepped(
     k: usize,
 ) -> usize {
     let tie = tie_to_upper(lower, upper, n, k);
-    (from..=4096)
+    decide::grid(from, 4096)
+        .into_iter()
         .find(|&m| {
             let (l, u) = match (lower.variant, upper.variant) {
                 (Variant::FlatGemm, _) => (flat_at(lower, m, n, k), *upper),

@@ -133,10 +133,16 @@ pub struct Savings {
 /// How a shape's decisions were made (absent in older records).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShapeNotes {
-    /// The run's noise floor: relative spread of the GEMV leader's own
-    /// block medians, the last block re-timed after the other variants.
+    /// The run's noise floor: the median dispersion of the paired ratios
+    /// of the comparisons so far (relative); every margin is at least this.
     #[serde(default)]
     pub noise_floor: f64,
+    /// How far the machine itself moved: the relative spread of the GEMV
+    /// leader's own block medians, its last block re-timed after the other
+    /// variants' candidates (cancels in paired comparisons; shown so a
+    /// record says how unquiet its machine was).
+    #[serde(default)]
+    pub drift: f64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<Decision>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
