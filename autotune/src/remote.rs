@@ -452,7 +452,7 @@ mod tests {
         std::fs::write(&src, "hello").unwrap();
         let there = t.copy(&src, &dir).unwrap();
         assert!(there.starts_with(&dir));
-        let out = t.run(&dir, "cat", &[there.clone()]).unwrap();
+        let out = t.run(&dir, "cat", std::slice::from_ref(&there)).unwrap();
         assert_eq!(out.stdout, b"hello");
         let back = src.with_extension("back");
         t.fetch(&there, &back).unwrap();

@@ -415,6 +415,9 @@ pub fn tune<B: Bench + ?Sized>(
     })
 }
 
+/// A candidate's key and the M it was timed at.
+type TimingKey = ((u8, [u32; 3]), usize);
+
 struct ShapeTuner<'a, B: Bench + ?Sized> {
     bench: &'a mut B,
     solver: &'a SolverCtx<'a>,
@@ -423,7 +426,7 @@ struct ShapeTuner<'a, B: Bench + ?Sized> {
     shape_deadline: Duration,
     /// Blocks per (candidate, M), with the group they were timed in (only
     /// kernels timed in one group are compared by paired blocks).
-    timings: BTreeMap<((u8, [u32; 3]), usize), (u64, Blocks)>,
+    timings: BTreeMap<TimingKey, (u64, Blocks)>,
     measurements: Vec<Measurement>,
     expected_left: usize,
     events: &'a mut dyn FnMut(Event),
@@ -796,10 +799,10 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             .iter()
             .map(|c| self.timings.get(&(c.key(), m)))
             .collect();
-        if let Some(Some((g, _))) = cached.first() {
-            if cached.iter().all(|e| matches!(e, Some((h, _)) if h == g)) {
-                return Ok(cached.into_iter().flatten().map(|e| e.1.clone()).collect());
-            }
+        if let Some(Some((g, _))) = cached.first()
+            && cached.iter().all(|e| matches!(e, Some((h, _)) if h == g))
+        {
+            return Ok(cached.into_iter().flatten().map(|e| e.1.clone()).collect());
         }
         if self.bench.interrupted() {
             return Err(Stop::Interrupted);
@@ -850,6 +853,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             .min(fits(hard, round));
         let blocks = BLOCKS.min(samples).max(1);
         let mut times: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); blocks as usize]; cands.len()];
+        #[allow(clippy::needless_range_loop)] // b indexes blocks of every candidate
         for b in 0..blocks as usize {
             let per = samples / blocks + u64::from((b as u64) < samples % blocks);
             let n = cands.len();
