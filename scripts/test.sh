@@ -156,6 +156,12 @@ ensure_capi_tools() {
     have strip || ensure_apt_packages binutils
 }
 
+# Remote tuning tests: an sshd the test starts on loopback, and the clients.
+ensure_openssh() {
+    { have ssh && have scp && have ssh-keygen; } || ensure_apt_packages openssh-client
+    [ -x /usr/sbin/sshd ] || ensure_apt_packages openssh-server
+}
+
 # What the tests need today. Later issues add their ensure_* calls here.
 install_requirements() {
     ensure_rust
@@ -169,6 +175,7 @@ install_requirements() {
     ensure_ptxas
     ensure_gguf
     ensure_capi_tools
+    ensure_openssh
 }
 
 # The cranelift (host) backend's aarch64 code paths, natively under
@@ -235,6 +242,8 @@ main() {
         cargo run -p tessera-prebuilt-example
     check "aarch64 clif tests (qemu)" run_aarch64_clif_tests
     check "aarch64 NEON suite (qemu: max, cortex-a76, cortex-a72)" bash scripts/test-aarch64.sh
+    check "remote tuning (aarch64 under qemu; ssh on loopback)" \
+        env CI="${CI:-1}" cargo test -p tessera-autotune --test remote -- --ignored
 
     printf '\n==> summary\n'
     printf '  %s\n' "${SUMMARY[@]}"

@@ -6,6 +6,11 @@
 //!   no call is served from cache (decode streams each weight from DRAM
 //!   once per token, and so must the measurement).
 //! - Calls are timed one by one (the driver takes the median and MAD).
+//! - Threads come from a persistent pool ([`ThreadPool`], the runtime's):
+//!   spawning and joining OS threads per call, as a plain
+//!   [`HostMatmul::run`] does, adds tens of microseconds that vary from
+//!   call to call on a VM — a large and noisy part of a 250 µs GEMV that
+//!   the runtime never pays.
 //! - Large shapes are timed on a slice of their output channels: at most
 //!   [`WEIGHT_CAP`] weights for memory-bound calls, and at most
 //!   [`FLOP_CAP`] flops per call for large M, never below a few panels
@@ -23,6 +28,7 @@ use rand_chacha::ChaCha8Rng;
 use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWeights, WeightsIn};
 use tessera_dsl::ir::{Format, Kernel};
 use tessera_dsl::quant::{self, QuantTensor};
+use tessera_runtime::pool::{ThreadPool, split_weighted};
 
 use crate::backend::TuneBackend;
 use crate::tune::{Bench, BenchError, Candidate, ShapeSpec};
@@ -64,6 +70,8 @@ pub struct HostBench<'a> {
     w_format: Format,
     y_format: Format,
     threads: usize,
+    /// Workers of the timed calls (the runtime's pool: no spawn per call).
+    pool: ThreadPool,
     /// Channels per thread below which no slice goes (whole panels).
     min_rows: usize,
     rotate: usize,
@@ -114,6 +122,7 @@ impl<'a> HostBench<'a> {
             y_format,
             kernel,
             threads: threads.max(1),
+            pool: ThreadPool::new(threads.max(1)),
             min_rows: 64 * threads.max(1),
             rotate: rotation_bytes(llc_bytes),
             start,
@@ -308,9 +317,20 @@ impl Bench for HostBench<'_> {
             .as_matmul()
             .and_then(|mm| mm.epilogue.bias.as_ref())
             .map(|_| vec![0.0f32; rows]);
+        // An even split of the hp panels over the pool's workers, as
+        // `HostMatmul::run` splits them (the runtime weights it by core).
+        let panels = w.n.div_ceil(p.matmul.tile().hp.max(1));
+        let workers = self
+            .threads
+            .min(self.pool.threads())
+            .clamp(1, panels.max(1));
+        let ranges = split_weighted(panels, &vec![1.0; workers]);
+        let pool = &self.pool;
         let t0 = Instant::now();
         p.matmul
-            .run(x, m, w, bias.as_deref(), y, self.threads)
+            .run_ranges(x, m, w, bias.as_deref(), y, &ranges, &|call| {
+                pool.run(&|worker| call(worker));
+            })
             .map_err(|e| BenchError(e.to_string()))?;
         Ok(t0.elapsed().as_nanos() as f64)
     }

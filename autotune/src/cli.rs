@@ -78,6 +78,21 @@ pub struct Args {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Tune another device: ssh://user@host[:port], adb[:SERIAL], or
+    /// run:COMMAND (a runner prefix on this filesystem, e.g. qemu). The
+    /// record comes back and is merged into --out.
+    #[arg(long, value_name = "TARGET")]
+    pub remote: Option<String>,
+    /// The device's Rust target triple, to cross-build the tuner for.
+    #[arg(long, default_value = "aarch64-unknown-linux-gnu")]
+    pub remote_target: String,
+    /// A tuner already built for the device (skips the cross-build).
+    #[arg(long, value_name = "PATH")]
+    pub remote_bin: Option<PathBuf>,
+    /// An ssh/scp option (-o) for --remote ssh://, e.g.
+    /// IdentityFile=~/.ssh/board; repeatable.
+    #[arg(long, value_name = "OPTION")]
+    pub ssh_option: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -122,6 +137,8 @@ pub enum CliError {
     },
     #[error("{0}")]
     Io(String),
+    #[error("{0}")]
+    Remote(#[from] crate::remote::RemoteError),
 }
 
 impl CliError {
@@ -130,7 +147,7 @@ impl CliError {
             CliError::Model(_) | CliError::Usage(_) => 2,
             CliError::Partial { .. } => 3,
             CliError::Interrupted { .. } => 130,
-            CliError::Record(_) | CliError::Tune(_) | CliError::Io(_) => 1,
+            CliError::Record(_) | CliError::Tune(_) | CliError::Io(_) | CliError::Remote(_) => 1,
         }
     }
 }
@@ -151,7 +168,192 @@ pub fn run(args: Args) -> Result<(), CliError> {
     if let Some(Command::Merge { a, b, out }) = &args.command {
         return merge(a, b, out);
     }
+    if let Some(target) = &args.remote {
+        return remote_command(&args, target);
+    }
     tune_command(&args)
+}
+
+fn check_budget(budget: f64) -> Result<(), CliError> {
+    if budget.is_finite() && budget >= MIN_BUDGET_SECS {
+        Ok(())
+    } else {
+        Err(CliError::Usage(format!(
+            "a budget of {budget} s is too small: measuring the device's limits alone takes about a second; give --budget {MIN_BUDGET_SECS} or more"
+        )))
+    }
+}
+
+/// `--remote`: build (or take `--remote-bin`), copy, run with this run's
+/// options, fetch the record, merge it into `--out`, print its summary and
+/// plot it here.
+fn remote_command(args: &Args, target: &str) -> Result<(), CliError> {
+    use crate::remote::{self, Step};
+    check_budget(args.budget)?;
+    if args.resume {
+        return Err(CliError::Usage(
+            "--resume is not supported with --remote (rerun with a larger --budget)".into(),
+        ));
+    }
+    let model = ModelShapes::resolve(&args.model)?;
+    let mut transport = remote::parse(target, &args.ssh_option).map_err(CliError::Usage)?;
+    let say = |msg: String| {
+        if !args.quiet {
+            eprintln!("{msg}");
+        }
+    };
+    let bin = match &args.remote_bin {
+        Some(p) if p.is_file() => p.clone(),
+        Some(p) => {
+            return Err(CliError::Usage(format!(
+                "--remote-bin {}: no such file",
+                p.display()
+            )));
+        }
+        None => {
+            say(format!(
+                "building tessera-autotune for {} (cargo build --release)",
+                args.remote_target
+            ));
+            remote::build(&args.remote_target)?
+        }
+    };
+    say(format!("tuning on {}", transport.describe()));
+    let dir = transport.workdir()?;
+    let exe = transport.copy(&bin, &dir)?;
+    let mut rargs: Vec<String> = vec![
+        "--budget".into(),
+        args.budget.to_string(),
+        "--out".into(),
+        "tessera-record.json".into(),
+        "--no-plots".into(),
+        "--quiet".into(),
+    ];
+    // A config.json model travels too, named as it is here.
+    if Path::new(&args.model).is_file() {
+        let text = std::fs::read_to_string(&args.model)
+            .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", args.model)))?;
+        let mut json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| CliError::Usage(format!("{}: {e}", args.model)))?;
+        if let Some(o) = json.as_object_mut() {
+            o.insert("_name_or_path".into(), model.name.clone().into());
+        }
+        let local = std::env::temp_dir().join(format!(
+            "tessera-autotune-model-{}/config.json",
+            std::process::id()
+        ));
+        if let Some(parent) = local.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| CliError::Io(format!("cannot create {}: {e}", parent.display())))?;
+        }
+        std::fs::write(&local, json.to_string())
+            .map_err(|e| CliError::Io(format!("cannot write {}: {e}", local.display())))?;
+        let there = transport.copy(&local, &dir)?;
+        rargs.extend(["--model".into(), there]);
+    } else {
+        rargs.extend(["--model".into(), args.model.clone()]);
+    }
+    for (flag, value) in [
+        ("--backend", &args.backend),
+        ("--format", &args.format),
+        ("--threads", &args.threads.map(|t| t.to_string())),
+    ] {
+        if let Some(v) = value {
+            rargs.extend([flag.to_string(), v.clone()]);
+        }
+    }
+    if args.lm_head {
+        rargs.push("--lm-head".into());
+    }
+    let out = transport.run(&dir, &exe, &rargs)?;
+    let code = out.status.code();
+    // 0 done, 3 partial (a record was written); anything else failed.
+    if !matches!(code, Some(0) | Some(3)) {
+        return Err(remote::RemoteError {
+            step: Step::Run,
+            what: format!(
+                "{exe} on {} exited with {}: {}",
+                transport.describe(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }
+        .into());
+    }
+    let fetched = std::env::temp_dir().join(format!(
+        "tessera-autotune-fetched-{}.json",
+        std::process::id()
+    ));
+    transport.fetch(&format!("{dir}/tessera-record.json"), &fetched)?;
+    let merge_err = |e: RecordError| remote::RemoteError {
+        step: Step::Merge,
+        what: e.to_string(),
+    };
+    let theirs = TuningRecord::load(&fetched).map_err(merge_err)?;
+    let _ = std::fs::remove_file(&fetched);
+    let base = if args.out.exists() {
+        TuningRecord::load(&args.out).map_err(merge_err)?
+    } else {
+        TuningRecord::default()
+    };
+    let merged = base.merge(theirs.clone());
+    merged.save(&args.out).map_err(merge_err)?;
+    for entry in &theirs.entries {
+        println!("{}", report::summary(entry, "measured on the device"));
+    }
+    if !args.no_plots {
+        let dir = plots_dir(args);
+        for entry in &theirs.entries {
+            write_plots(entry, &dir)?;
+        }
+        println!("plots: {}", dir.display());
+    }
+    println!(
+        "record: {} (merged {} entr{} from {})",
+        args.out.display(),
+        theirs.entries.len(),
+        if theirs.entries.len() == 1 {
+            "y"
+        } else {
+            "ies"
+        },
+        transport.describe()
+    );
+    if code == Some(3) {
+        return Err(CliError::Partial {
+            budget: args.budget,
+            done: theirs.entries.first().map_or(0, |e| e.shapes.len()),
+            total: model.distinct(args.lm_head).len(),
+            out: args.out.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn plots_dir(args: &Args) -> PathBuf {
+    args.plots.clone().unwrap_or_else(|| {
+        let mut p = args.out.clone().into_os_string();
+        p.push("-plots");
+        PathBuf::from(p)
+    })
+}
+
+/// One SVG per shape of `entry` into `dir` (a plot that fails is a warning).
+fn write_plots(entry: &DeviceEntry, dir: &Path) -> Result<(), CliError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CliError::Io(format!("cannot create {}: {e}", dir.display())))?;
+    for shape in &entry.shapes {
+        let file = dir.join(format!(
+            "{}_{}x{}.svg",
+            shape.name.replace('+', "-"),
+            shape.n,
+            shape.k
+        ));
+        if let Err(e) = report::plot(shape, &file) {
+            eprintln!("tessera-autotune: warning: {e}");
+        }
+    }
+    Ok(())
 }
 
 fn merge(a: &Path, b: &Path, out: &Path) -> Result<(), CliError> {
@@ -239,12 +441,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         .unwrap_or_else(|| backend::default_format(kind).to_string());
     let kernel_name =
         backend::library_kernel(&format).map_err(|e| CliError::Usage(e.to_string()))?;
-    if !(args.budget.is_finite() && args.budget >= MIN_BUDGET_SECS) {
-        return Err(CliError::Usage(format!(
-            "a budget of {} s is too small: measuring the device's limits alone takes about a second; give --budget {MIN_BUDGET_SECS} or more",
-            args.budget
-        )));
-    }
+    check_budget(args.budget)?;
     let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
     let gpu = matches!(kind, BackendKind::OpenCl | BackendKind::Cuda);
     let threads = args.threads.unwrap_or(if gpu { 1 } else { logical });
@@ -544,24 +741,8 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         }
     }
     if !args.no_plots && !entry.shapes.is_empty() {
-        let dir = args.plots.clone().unwrap_or_else(|| {
-            let mut p = args.out.clone().into_os_string();
-            p.push("-plots");
-            PathBuf::from(p)
-        });
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| CliError::Io(format!("cannot create {}: {e}", dir.display())))?;
-        for shape in &entry.shapes {
-            let file = dir.join(format!(
-                "{}_{}x{}.svg",
-                shape.name.replace('+', "-"),
-                shape.n,
-                shape.k
-            ));
-            if let Err(e) = report::plot(shape, &file) {
-                eprintln!("tessera-autotune: warning: {e}");
-            }
-        }
+        let dir = plots_dir(args);
+        write_plots(&entry, &dir)?;
         println!("plots: {}", dir.display());
     }
     println!(

@@ -8,7 +8,12 @@
 //! searched offline, looked up at run time). See `docs/AUTOTUNE.md`.
 //!
 //! - [`stats`]: median, MAD and the tie interval;
-//! - [`search`]: winner choice and the breakpoint search (pure logic);
+//! - [`search`]: the galloping bisection over M (pure logic);
+//! - [`decide`]: the decision rule over timing blocks: paired ratios, the
+//!   noise margin, ties to the solver's cost, confirmed breakpoints;
+//! - [`savings`]: what the chosen breakpoints save against their
+//!   neighbours and against never switching;
+//! - [`remote`]: tuning another device (build, copy, run, fetch, merge);
 //! - [`tune`]: the budgeted driver over a [`tune::Bench`];
 //! - [`bench`]: timing real kernels with rotated weight copies;
 //! - [`backend`]: the backends that can tune here;
@@ -20,9 +25,12 @@
 pub mod backend;
 pub mod bench;
 pub mod cli;
+pub mod decide;
 pub mod limits;
 pub mod opencl;
+pub mod remote;
 pub mod report;
+pub mod savings;
 pub mod search;
 pub mod stats;
 pub mod tune;

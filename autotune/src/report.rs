@@ -73,7 +73,39 @@ pub fn shape_table(shape: &ShapeEntry) -> String {
             let _ = writeln!(s, "            {}", w.kernel);
         }
     }
+    if let Some(line) = savings_line(shape) {
+        let _ = writeln!(s, "  {line}");
+    }
+    let ties = shape.notes.ties().count();
+    if !shape.notes.decisions.is_empty() {
+        let _ = writeln!(
+            s,
+            "  {} decisions, {ties} ties (to the solver's cost); noise floor {:.1}%, drift {:.1}%",
+            shape.notes.decisions.len(),
+            shape.notes.noise_floor * 100.0,
+            shape.notes.drift * 100.0
+        );
+    }
     s
+}
+
+/// What the breakpoints save (see [`crate::savings`]), one line; `None`
+/// for records without savings.
+pub fn savings_line(shape: &ShapeEntry) -> Option<String> {
+    let v = shape.notes.savings.as_ref()?;
+    let p = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{:+.1}%", x * 100.0));
+    Some(format!(
+        "saves vs M1-1 {} M1+1 {} | M2-{st} {} M2+{st} {} | over M 1..{}: vs always gemv {} flat {} gemm {}",
+        p(v.vs_m1_minus),
+        p(v.vs_m1_plus),
+        p(v.vs_m2_minus),
+        p(v.vs_m2_plus),
+        v.range_m,
+        p(v.vs_always_gemv),
+        p(v.vs_always_flat),
+        p(v.vs_always_gemm),
+        st = v.m2_step,
+    ))
 }
 
 /// Header and every shape's table.
@@ -199,6 +231,15 @@ pub fn plot(shape: &ShapeEntry, path: &Path) -> Result<(), PlotError> {
                 )))
                 .map_err(|e| err(e.to_string()))?;
         }
+    }
+    if let Some(line) = savings_line(shape) {
+        chart
+            .draw_series(std::iter::once(Text::new(
+                line,
+                (1.05, top * 0.06),
+                ("sans-serif", 11),
+            )))
+            .map_err(|e| err(e.to_string()))?;
     }
     chart
         .configure_series_labels()

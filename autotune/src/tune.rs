@@ -23,9 +23,9 @@ use std::time::Duration;
 use tessera_codegen::target::{MacClass, TargetCaps};
 use tessera_codegen::tile::{self, Problem, SolveError, TileConfig};
 use tessera_dsl::ir::{Format, Variant};
-use tessera_runtime::record::{Limits, Measurement, ShapeEntry, Winner};
+use tessera_runtime::record::{Decision, Limits, Measurement, ShapeEntry, ShapeNotes, Winner};
 
-use crate::search::{self, Scored};
+use crate::decide::{self, Blocks, Entrant, Verdict};
 use crate::stats::Timing;
 
 /// The largest M the breakpoint search considers.
@@ -315,8 +315,14 @@ impl From<Stop> for ShapeFail {
 }
 
 /// Measurements expected per shape beyond the candidates: two breakpoint
-/// searches of about 2·log2(M) probes, two kernels each.
-const EXPECTED_PROBES: usize = 24;
+/// searches of about 2·log2(M) probes, two kernels each, their
+/// confirmations and the breakpoints' neighbours.
+const EXPECTED_PROBES: usize = 30;
+
+/// Blocks each measurement is split into: kernels compared at one M are
+/// timed in interleaved blocks (A B, B A, A B), so drift of the machine
+/// hits all of them and the paired ratios of [`decide::compare`] cancel it.
+pub const BLOCKS: u64 = 3;
 
 /// Tune every shape not already in `done` (resume), in order. Shapes of
 /// `done` are kept as they are.
@@ -337,6 +343,10 @@ pub fn tune<B: Bench + ?Sized>(
     // Keep resumed shapes in model order.
     let weight = |s: &ShapeSpec| (s.n * s.k) as f64;
     let mut stopped = None;
+    // The run's noise floor so far (each shape measures its own and passes
+    // it on: the first decisions of the next shape use it).
+    let mut floor = 0.0f64;
+    let mut seen: Vec<Verdict> = Vec::new();
     for (pos, &(index, shape)) in todo.iter().enumerate() {
         let now = bench.elapsed();
         if now >= cfg.deadline {
@@ -361,11 +371,18 @@ pub fn tune<B: Bench + ?Sized>(
             expected_left: 0,
             events: &mut *events,
             flat_steps: BTreeMap::new(),
+            groups: 0,
+            floor,
+            seen: std::mem::take(&mut seen),
+            drift: 0.0,
+            decisions: Vec::new(),
         };
         let result = tuner.run();
-        bench.release_all();
+        floor = tuner.floor;
+        seen = std::mem::take(&mut tuner.seen);
         match result {
             Ok(entry) => {
+                bench.release_all();
                 events(Event::ShapeDone {
                     index,
                     entry: Box::new(entry.clone()),
@@ -373,10 +390,14 @@ pub fn tune<B: Bench + ?Sized>(
                 out.push(entry);
             }
             Err(ShapeFail::Stop(s)) => {
+                bench.release_all();
                 stopped = Some(s);
                 break;
             }
-            Err(ShapeFail::Error(e)) => return Err(e),
+            Err(ShapeFail::Error(e)) => {
+                bench.release_all();
+                return Err(e);
+            }
         }
     }
     // Model order: resumed and new shapes interleaved as the model lists them.
@@ -394,19 +415,39 @@ pub fn tune<B: Bench + ?Sized>(
     })
 }
 
+/// A candidate's key and the M it was timed at.
+type TimingKey = ((u8, [u32; 3]), usize);
+
 struct ShapeTuner<'a, B: Bench + ?Sized> {
     bench: &'a mut B,
     solver: &'a SolverCtx<'a>,
     shape: &'a ShapeSpec,
     cfg: &'a TuneConfig,
     shape_deadline: Duration,
-    timings: BTreeMap<((u8, [u32; 3]), usize), Timing>,
+    /// Blocks per (candidate, M), with the group they were timed in (only
+    /// kernels timed in one group are compared by paired blocks).
+    timings: BTreeMap<TimingKey, (u64, Blocks)>,
     measurements: Vec<Measurement>,
     expected_left: usize,
     events: &'a mut dyn FnMut(Event),
     /// The flat candidate decided for each M below the flat winner's ep
     /// ([`ShapeTuner::flat_at`]).
     flat_steps: BTreeMap<usize, Candidate>,
+    /// Groups timed so far (their ids).
+    groups: u64,
+    /// The run's noise floor ([`decide::compare`], [`decide::pooled_floor`]).
+    floor: f64,
+    /// The candidate comparisons of the run so far (the floor's source).
+    seen: Vec<Verdict>,
+    /// The GEMV leader's own spread, re-timed later ([`ShapeNotes::drift`]).
+    drift: f64,
+    decisions: Vec<Decision>,
+}
+
+/// A kernel as the record's decisions name it.
+fn label(c: &Candidate) -> String {
+    let [e, h, l] = c.tile3();
+    format!("{} {e}x{h}x{l}", c.variant)
 }
 
 impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
@@ -466,16 +507,34 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             if ready.is_empty() {
                 return Err(self.fail(variant, why));
             }
-            let mut scored = Vec::new();
-            for c in &ready {
-                let timing = self.measure(c, m)?;
-                scored.push(Scored {
-                    timing,
+            let blocks = self.measure_group(&ready, m)?;
+            let entrants: Vec<Entrant> = ready
+                .iter()
+                .zip(blocks)
+                .map(|(c, blocks)| Entrant {
+                    blocks,
                     cost: self.solver.cost(c.tile3(), m, n, k),
                     order: c.order,
-                });
-            }
-            let w = search::choose(&scored).unwrap_or(0);
+                })
+                .collect();
+            let w = match decide::choose(&entrants, self.floor) {
+                Some(choice) => {
+                    self.seen.extend(choice.verdicts.iter().map(|(_, v)| *v));
+                    self.floor = decide::pooled_floor(&self.seen);
+                    for (i, v) in &choice.verdicts {
+                        self.note(
+                            format!("{variant} winner"),
+                            m,
+                            &ready[choice.fastest],
+                            &ready[*i],
+                            v,
+                            &ready[choice.winner],
+                        );
+                    }
+                    choice.winner
+                }
+                None => 0,
+            };
             for (i, c) in ready.iter().enumerate() {
                 if i != w {
                     self.bench.release(c);
@@ -485,15 +544,30 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         }
         let (gemv, flat, gemm) = (winners[0], winners[1], winners[2]);
 
+        // How far the machine moved: the GEMV leader re-timed now, after
+        // the other variants' candidates, against its own earlier blocks.
+        self.retime(&gemv, representative_m(Variant::Gemv))?;
+        if let Some((_, b)) = self.timings.get(&(gemv.key(), 1)) {
+            self.drift = b.spread();
+        }
+
         (self.events)(Event::Phase(format!(
             "{} M1 (gemv | flat-gemm)",
             self.shape.name
         )));
+        // A tie between two variants goes by the solver's cost of the two
+        // tiles at the upper variant's representative M: one answer for
+        // the whole search (see `decide::upper_serves`).
+        let tie_up = |lower: &Candidate, upper: &Candidate| {
+            let m = representative_m(upper.variant);
+            self.solver.cost(upper.tile3(), m, n, k) <= self.solver.cost(lower.tile3(), m, n, k)
+        };
+        let (tie_m1, tie_m2) = (tie_up(&gemv, &flat), tie_up(&flat, &gemm));
         // The flat side of both duels runs the tile of the real M, as the
         // runtime does (per-M flat steps).
-        let m1 = search::breakpoint(1, MAX_M, |m| {
+        let m1 = decide::confirmed_breakpoint(1, MAX_M, |m| {
             let f = self.flat_at(&flat, m);
-            let upper = self.duel(&gemv, &f, m);
+            let upper = self.duel("M1", &gemv, &f, m, tie_m1);
             self.release_step(&f, &flat);
             upper
         })?;
@@ -501,13 +575,42 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             "{} M2 (flat-gemm | gemm)",
             self.shape.name
         )));
-        let m2 = search::breakpoint(m1.min(MAX_M), MAX_M, |m| {
+        let m2 = decide::confirmed_breakpoint(m1.min(MAX_M), MAX_M, |m| {
             let f = self.flat_at(&flat, m);
-            let upper = self.duel(&f, &gemm, m);
+            let upper = self.duel("M2", &f, &gemm, m, tie_m2);
             self.release_step(&f, &flat);
             upper
         })?;
         let m2 = m2.max(m1);
+
+        // The breakpoints' neighbours, for the savings report (best
+        // effort: a spent budget keeps the shape without them).
+        let step = m2_step(m2);
+        let pairs = [
+            (m1.wrapping_sub(1), &gemv, &flat),
+            (m1, &gemv, &flat),
+            (m1 + 1, &gemv, &flat),
+            (m2.wrapping_sub(step), &flat, &gemm),
+            (m2, &flat, &gemm),
+            (m2 + step, &flat, &gemm),
+        ];
+        for (m, lower, upper) in pairs {
+            if !(1..=MAX_M).contains(&m) {
+                continue;
+            }
+            let (lo, up) = if lower.variant == Variant::FlatGemm {
+                (self.flat_at(lower, m), *upper)
+            } else {
+                (*lower, self.flat_at(upper, m))
+            };
+            let r = self.measure_group(&[lo, up], m);
+            self.release_step(&lo, &flat);
+            self.release_step(&up, &flat);
+            match r {
+                Ok(_) | Err(Stop::Budget) => {}
+                Err(Stop::Interrupted) => return Err(Stop::Interrupted.into()),
+            }
+        }
 
         let mut winners: Vec<Winner> = winners.iter().map(|c| self.winner(c, None)).collect();
         // Flat steps: one per M of the flat range below the flat winner's
@@ -528,7 +631,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         measurements.sort_by(|a, b| {
             (variant_index(a.variant), a.tile, a.m).cmp(&(variant_index(b.variant), b.tile, b.m))
         });
-        Ok(ShapeEntry {
+        let mut entry = ShapeEntry {
             name: self.shape.name.clone(),
             n,
             k,
@@ -536,7 +639,15 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             m2,
             winners,
             measurements,
-        })
+            notes: ShapeNotes {
+                noise_floor: self.floor,
+                drift: self.drift,
+                decisions: std::mem::take(&mut self.decisions),
+                savings: None,
+            },
+        };
+        entry.notes.savings = crate::savings::savings(&entry, step);
+        Ok(entry)
     }
 
     fn winner(&self, c: &Candidate, from_m: Option<usize>) -> Winner {
@@ -636,81 +747,213 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             .unwrap_or_default()
     }
 
-    /// Whether `upper` should serve M rather than `lower`.
-    fn duel(&mut self, lower: &Candidate, upper: &Candidate, m: usize) -> Result<bool, ShapeFail> {
-        let (n, k) = (self.shape.n, self.shape.k);
-        let tl = self.measure(lower, m)?;
-        let tu = self.measure(upper, m)?;
-        Ok(search::upper_wins(
-            &tl,
-            self.solver.cost(lower.tile3(), m, n, k),
-            &tu,
-            self.solver.cost(upper.tile3(), m, n, k),
-        ))
+    /// Record one decision (a verdict of `b` against `a`).
+    fn note(
+        &mut self,
+        step: String,
+        m: usize,
+        a: &Candidate,
+        b: &Candidate,
+        v: &Verdict,
+        chose: &Candidate,
+    ) {
+        self.decisions.push(Decision {
+            step,
+            m,
+            a: label(a),
+            b: label(b),
+            ratio: v.ratio,
+            margin: v.margin,
+            tie: v.tie(),
+            chose: label(chose),
+        });
     }
 
-    fn measure(&mut self, c: &Candidate, m: usize) -> Result<Timing, Stop> {
-        if let Some(t) = self.timings.get(&(c.key(), m)) {
-            return Ok(*t);
+    /// Whether `upper` should serve M rather than `lower`: both timed
+    /// together in interleaved blocks, then [`decide::upper_serves`].
+    fn duel(
+        &mut self,
+        step: &str,
+        lower: &Candidate,
+        upper: &Candidate,
+        m: usize,
+        tie_to_upper: bool,
+    ) -> Result<bool, ShapeFail> {
+        let blocks = self.measure_group(&[*lower, *upper], m)?;
+        let Some(v) = decide::compare(&blocks[0], &blocks[1], self.floor) else {
+            return Err(Stop::Budget.into());
+        };
+        let wins = decide::upper_serves(&v, tie_to_upper);
+        let chose = if wins { upper } else { lower };
+        self.note(step.to_string(), m, lower, upper, &v, chose);
+        Ok(wins)
+    }
+
+    /// Time `cands` at `m` together: a warm-up call each (which also
+    /// estimates the call time), then [`BLOCKS`] blocks, each taking every
+    /// candidate's share of samples in turn, the order rotating from block
+    /// to block. Reuses timings only when all of `cands` were timed in one
+    /// group at `m` (pairs must share the machine's state).
+    fn measure_group(&mut self, cands: &[Candidate], m: usize) -> Result<Vec<Blocks>, Stop> {
+        let cached: Vec<Option<&(u64, Blocks)>> = cands
+            .iter()
+            .map(|c| self.timings.get(&(c.key(), m)))
+            .collect();
+        if let Some(Some((g, _))) = cached.first()
+            && cached.iter().all(|e| matches!(e, Some((h, _)) if h == g))
+        {
+            return Ok(cached.into_iter().flatten().map(|e| e.1.clone()).collect());
         }
         if self.bench.interrupted() {
             return Err(Stop::Interrupted);
         }
         let deadline = self.cfg.deadline;
-        let now = self.bench.elapsed();
-        if now >= deadline {
+        if self.bench.elapsed() >= deadline {
             return Err(Stop::Budget);
         }
-        let call = |b: &mut B| b.call(self.shape, c, m).map_err(|_| Stop::Budget);
         // Warm-up: also estimates the call time. A failing call stops the
         // run like a spent budget (what was finished is kept), and says why.
-        let warm = match self.bench.call(self.shape, c, m) {
-            Ok(t) => t.max(1.0),
-            Err(e) => {
-                (self.events)(Event::Skipped {
-                    candidate: format!("{} {:?} at M = {m}", c.variant, c.tile3()),
-                    why: e.0,
-                });
-                return Err(Stop::Budget);
+        // (Prepared again first: a flat step is released after its probe
+        // and may be timed again for a breakpoint's neighbour; a no-op for
+        // one still prepared.)
+        let mut warm = Vec::with_capacity(cands.len());
+        for c in cands {
+            let r = self
+                .bench
+                .prepare(self.shape, c)
+                .and_then(|()| self.bench.call(self.shape, c, m));
+            match r {
+                Ok(t) => warm.push(t.max(1.0)),
+                Err(e) => {
+                    (self.events)(Event::Skipped {
+                        candidate: format!("{} {:?} at M = {m}", c.variant, c.tile3()),
+                        why: e.0,
+                    });
+                    return Err(Stop::Budget);
+                }
             }
-        };
+        }
         let now = self.bench.elapsed();
         let slice = self
             .shape_deadline
             .saturating_sub(now)
             .div_f64(self.expected_left.max(1) as f64);
         let hard = deadline.saturating_sub(now);
-        let fits = |d: Duration| (d.as_nanos() as f64 / warm).floor() as u64;
+        let round: f64 = warm.iter().sum();
+        // Samples per candidate: as many as its slice holds, within the
+        // configured bounds, and all of them before the hard deadline.
+        let fits = |d: Duration, per: f64| (d.as_nanos() as f64 / per).floor() as u64;
         let min = u64::from(self.cfg.min_samples.max(1));
-        if fits(hard) < min {
+        if fits(hard, round) < min {
             return Err(Stop::Budget);
         }
-        let samples = fits(slice)
-            .clamp(
-                min,
-                u64::from(self.cfg.max_samples.max(self.cfg.min_samples)),
-            )
-            .min(fits(hard));
-        let mut times = Vec::with_capacity(samples as usize);
-        for _ in 0..samples {
-            if self.bench.interrupted() {
-                return Err(Stop::Interrupted);
+        let most = u64::from(self.cfg.max_samples.max(self.cfg.min_samples));
+        let samples = fits(slice.mul_f64(cands.len() as f64), round)
+            .clamp(min, most)
+            .min(fits(hard, round));
+        let blocks = BLOCKS.min(samples).max(1);
+        let mut times: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); blocks as usize]; cands.len()];
+        #[allow(clippy::needless_range_loop)] // b indexes blocks of every candidate
+        for b in 0..blocks as usize {
+            let per = samples / blocks + u64::from((b as u64) < samples % blocks);
+            let n = cands.len();
+            for j in 0..n {
+                // Rotate, and reverse every other block: A B, B A, A B, ...
+                let i = if b % 2 == 0 {
+                    (j + b) % n
+                } else {
+                    (n - 1 - j + b) % n
+                };
+                for _ in 0..per {
+                    if self.bench.interrupted() {
+                        return Err(Stop::Interrupted);
+                    }
+                    let t = self
+                        .bench
+                        .call(self.shape, &cands[i], m)
+                        .map_err(|_| Stop::Budget)?;
+                    times[i][b].push(t);
+                }
             }
-            times.push(call(self.bench)?);
         }
-        self.expected_left = self.expected_left.saturating_sub(1);
+        self.expected_left = self.expected_left.saturating_sub(cands.len());
+        self.groups += 1;
         let rows = self.bench.rows(self.shape, m).clamp(1, self.shape.n);
-        let raw = Timing::from_samples(&times).ok_or(Stop::Budget)?;
         let scale = self.shape.n as f64 / rows as f64;
-        let timing = Timing {
-            median_ns: raw.median_ns * scale,
-            mad_ns: raw.mad_ns * scale,
-            samples: raw.samples,
+        let mut out = Vec::with_capacity(cands.len());
+        for (c, t) in cands.iter().zip(times) {
+            let blocks = Blocks(
+                t.into_iter()
+                    .map(|b| b.into_iter().map(|x| x * scale).collect())
+                    .collect(),
+            );
+            self.timings
+                .insert((c.key(), m), (self.groups, blocks.clone()));
+            self.record(c, m, &blocks);
+            (self.events)(Event::Measured);
+            out.push(blocks);
+        }
+        Ok(out)
+    }
+
+    /// One more block of a timed candidate, appended to its blocks (the
+    /// leader re-timed later in the run: the spread of its own medians is
+    /// the run's noise floor).
+    fn retime(&mut self, c: &Candidate, m: usize) -> Result<(), Stop> {
+        let Some((_, blocks)) = self.timings.get(&(c.key(), m)) else {
+            return Ok(());
         };
-        self.timings.insert((c.key(), m), timing);
-        self.measurements.push(self.measurement(c, m, &timing));
-        (self.events)(Event::Measured);
-        Ok(timing)
+        let per = blocks.0.first().map_or(1, Vec::len).max(1);
+        if self.bench.interrupted() {
+            return Err(Stop::Interrupted);
+        }
+        if self.bench.elapsed() >= self.cfg.deadline {
+            return Err(Stop::Budget);
+        }
+        let rows = self.bench.rows(self.shape, m).clamp(1, self.shape.n);
+        let scale = self.shape.n as f64 / rows as f64;
+        // A warm-up call first, as every measurement has.
+        self.bench
+            .call(self.shape, c, m)
+            .map_err(|_| Stop::Budget)?;
+        let mut block = Vec::with_capacity(per);
+        for _ in 0..per {
+            let t = self
+                .bench
+                .call(self.shape, c, m)
+                .map_err(|_| Stop::Budget)?;
+            block.push(t * scale);
+        }
+        let mut blocks = self
+            .timings
+            .get(&(c.key(), m))
+            .map(|e| e.1.clone())
+            .unwrap_or_default();
+        blocks.0.push(block);
+        if let Some(e) = self.timings.get_mut(&(c.key(), m)) {
+            e.1 = blocks.clone();
+        }
+        self.record(c, m, &blocks);
+        Ok(())
+    }
+
+    /// Keep the measurement of `c` at `m` (replacing an earlier one).
+    fn record(&mut self, c: &Candidate, m: usize, blocks: &Blocks) {
+        let all = blocks.all();
+        let Some(raw) = Timing::from_samples(&all) else {
+            return;
+        };
+        let timing = Timing {
+            median_ns: blocks.best().unwrap_or(raw.median_ns),
+            ..raw
+        };
+        let mut meas = self.measurement(c, m, &timing);
+        meas.block_medians_ns = blocks.medians();
+        let target = meas.target.clone();
+        self.measurements.retain(|x| {
+            !(x.variant == c.variant && x.tile == c.tile3() && x.m == m && x.target == target)
+        });
+        self.measurements.push(meas);
     }
 
     fn measurement(&self, c: &Candidate, m: usize, t: &Timing) -> Measurement {
@@ -738,6 +981,13 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             gflops: flops / secs / 1e9,
             gbps: bytes / secs / 1e9,
             roofline,
+            block_medians_ns: Vec::new(),
         }
     }
+}
+
+/// The distance of M2's neighbours in the savings report: an eighth of M2,
+/// at least 1 (the bisection's resolution near M2 is about that).
+pub fn m2_step(m2: usize) -> usize {
+    (m2 / 8).max(1)
 }

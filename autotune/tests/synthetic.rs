@@ -8,8 +8,7 @@ use tessera_dsl::ir::ParamType;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tessera_autotune::search;
-use tessera_autotune::stats::Timing;
+use tessera_autotune::decide::{self, Blocks};
 use tessera_autotune::tune::{
     Bench, BenchError, Candidate, Event, ShapeSpec, SolverCtx, Stop, Traffic, TuneConfig,
     TuneError, tune,
@@ -144,20 +143,30 @@ fn run(sim: &mut Sim, deadline: f64) -> tessera_autotune::tune::TuneOutcome {
     .unwrap()
 }
 
-/// Whether the upper kernel wins at `m` on the exact model.
-fn upper_wins_at(lower: &Candidate, upper: &Candidate, m: usize, n: usize, k: usize) -> bool {
-    let s = solver();
-    let exact = |c: &Candidate, m: usize| Timing {
-        median_ns: model(c.variant, c.tile3(), m) * (n * k) as f64 / (2048.0 * 1536.0),
-        mad_ns: 0.0,
-        samples: 1,
+/// Whether the upper kernel serves `m` on the exact model, by the
+/// driver's rule: faster beyond the margin, or tied and preferred by the
+/// solver's cost of the two winners at the upper variant's representative M.
+fn upper_wins_at(
+    lower: &Candidate,
+    upper: &Candidate,
+    tie_to_upper: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> bool {
+    let exact = |c: &Candidate, m: usize| {
+        let t = model(c.variant, c.tile3(), m) * (n * k) as f64 / (2048.0 * 1536.0);
+        Blocks(vec![vec![t]; 3])
     };
-    search::upper_wins(
-        &exact(lower, m),
-        s.cost(lower.tile3(), m, n, k),
-        &exact(upper, m),
-        s.cost(upper.tile3(), m, n, k),
-    )
+    let v = decide::compare(&exact(lower, m), &exact(upper, m), 0.0).unwrap();
+    decide::upper_serves(&v, tie_to_upper)
+}
+
+/// The driver's tie rule between two variants' winners.
+fn tie_to_upper(lower: &Candidate, upper: &Candidate, n: usize, k: usize) -> bool {
+    let s = solver();
+    let m = tessera_autotune::tune::representative_m(upper.variant);
+    s.cost(upper.tile3(), m, n, k) <= s.cost(lower.tile3(), m, n, k)
 }
 
 /// The flat candidate the driver times at `m`: the flat winner with
@@ -173,7 +182,8 @@ fn flat_at(flat: &Candidate, m: usize, n: usize, k: usize) -> Candidate {
     Candidate { tile, ..*flat }
 }
 
-/// The first M where the upper kernel wins by a linear scan of the model
+/// The first M of the breakpoint grid where the upper kernel wins, by a
+/// linear scan of the model
 /// (what the galloping bisection must reproduce), the flat side at the tile
 /// of each M.
 fn linear_breakpoint_stepped(
@@ -183,13 +193,15 @@ fn linear_breakpoint_stepped(
     n: usize,
     k: usize,
 ) -> usize {
-    (from..=4096)
+    let tie = tie_to_upper(lower, upper, n, k);
+    decide::grid(from, 4096)
+        .into_iter()
         .find(|&m| {
             let (l, u) = match (lower.variant, upper.variant) {
                 (Variant::FlatGemm, _) => (flat_at(lower, m, n, k), *upper),
                 _ => (*lower, flat_at(upper, m, n, k)),
             };
-            upper_wins_at(&l, &u, m, n, k)
+            upper_wins_at(&l, &u, tie, m, n, k)
         })
         .unwrap_or(4097)
 }

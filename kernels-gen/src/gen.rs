@@ -895,6 +895,7 @@ mod tests {
                     m2,
                     winners: vec![],
                     measurements: vec![],
+                    notes: Default::default(),
                 };
                 prop_assert_eq!(serving[0], shape.variant_for(m));
             }

@@ -261,6 +261,7 @@ fn record_with(generator: GeneratorId) -> TuningRecord {
             },
         ],
         measurements: vec![],
+        notes: Default::default(),
     };
     let fp = tessera_runtime::device::from_cpuinfo("processor\t: 0\nmodel name\t: Test\n");
     TuningRecord {

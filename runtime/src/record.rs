@@ -83,6 +83,81 @@ pub struct Measurement {
     pub gbps: f64,
     /// Fraction of the device roofline reached (0..1).
     pub roofline: f64,
+    /// The median of each timing block, in the order taken (`median_ns` is
+    /// the fastest of them); absent in records written before blocks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_medians_ns: Vec<f64>,
+}
+
+/// One decision the tuner made between two kernels at one M: a candidate
+/// against the fastest of its variant, or a breakpoint probe (lower variant
+/// against upper). Kernels are named `variant ep x hp x lp`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// `gemv winner`, `flat-gemm winner`, `gemm winner`, `M1` or `M2`.
+    pub step: String,
+    pub m: usize,
+    pub a: String,
+    pub b: String,
+    /// time(b) / time(a) (paired block medians): below 1, `b` is faster.
+    pub ratio: f64,
+    /// Relative noise margin the difference had to clear.
+    pub margin: f64,
+    /// Within the margin: decided by the solver's cost, not by time.
+    pub tie: bool,
+    /// The kernel the decision went to.
+    pub chose: String,
+}
+
+/// Time the chosen policy saves, as a fraction of the alternative's time
+/// (0.1 = the alternative takes 10% longer than the chosen breakpoints;
+/// negative: the alternative would have been faster), summed over the Ms
+/// where the two differ. `None` where the alternative does not exist (M1 =
+/// 1 has no M1 − 1) or could not be estimated from the measurements.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Savings {
+    /// The largest M of the range the "always" alternatives are summed over
+    /// (1..=range_m).
+    pub range_m: usize,
+    /// The M2 neighbours' distance (the M1 neighbours are at ±1).
+    pub m2_step: usize,
+    pub vs_m1_minus: Option<f64>,
+    pub vs_m1_plus: Option<f64>,
+    pub vs_m2_minus: Option<f64>,
+    pub vs_m2_plus: Option<f64>,
+    pub vs_always_gemv: Option<f64>,
+    pub vs_always_flat: Option<f64>,
+    pub vs_always_gemm: Option<f64>,
+}
+
+/// How a shape's decisions were made (absent in older records).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShapeNotes {
+    /// The run's noise floor: the median dispersion of the paired ratios
+    /// of the comparisons so far (relative); every margin is at least this.
+    #[serde(default)]
+    pub noise_floor: f64,
+    /// How far the machine itself moved: the relative spread of the GEMV
+    /// leader's own block medians, its last block re-timed after the other
+    /// variants' candidates (cancels in paired comparisons; shown so a
+    /// record says how unquiet its machine was).
+    #[serde(default)]
+    pub drift: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<Decision>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub savings: Option<Savings>,
+}
+
+impl ShapeNotes {
+    pub fn is_empty(&self) -> bool {
+        *self == ShapeNotes::default()
+    }
+
+    /// The decisions that were ties.
+    pub fn ties(&self) -> impl Iterator<Item = &Decision> {
+        self.decisions.iter().filter(|d| d.tie)
+    }
 }
 
 /// Results for one weight shape [N, K].
@@ -98,6 +173,9 @@ pub struct ShapeEntry {
     pub m2: usize,
     pub winners: Vec<Winner>,
     pub measurements: Vec<Measurement>,
+    /// Ties, margins, noise floor and savings of the breakpoints.
+    #[serde(default, skip_serializing_if = "ShapeNotes::is_empty")]
+    pub notes: ShapeNotes,
 }
 
 impl ShapeEntry {
@@ -345,6 +423,7 @@ mod tests {
                 m2: 32,
                 winners: vec![],
                 measurements: vec![],
+                notes: Default::default(),
             }],
         }
     }

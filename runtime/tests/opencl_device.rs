@@ -233,6 +233,7 @@ fn record_for(
                 m2,
                 winners,
                 measurements: Vec::new(),
+                notes: Default::default(),
             }],
         }],
         ..TuningRecord::default()

@@ -247,6 +247,7 @@ fn record_for(
                 m2,
                 winners,
                 measurements: vec![],
+                notes: Default::default(),
             }],
         }],
     }

@@ -1,0 +1,382 @@
+//! The decision rule, as pure functions of timing blocks: which of two
+//! kernels is faster at one M, by how much, and whether the difference is
+//! beyond the noise the run itself shows.
+//!
+//! Why blocks: on a shared or frequency-scaling machine the same kernel's
+//! median moves by tens of percent between runs (a GEMV measured 244, 388
+//! and 269 µs in three runs), and within a run. The driver therefore times
+//! the kernels it compares in interleaved blocks (A B, B A, A B, ...), so a
+//! slow phase of the machine hits both, and this module compares them by
+//! the *paired* ratio of their block medians: drift shared by a pair of
+//! blocks cancels in the ratio. What does not cancel — the disagreement
+//! between the pairs, and the spread of the leader's own repeated medians
+//! (the run's noise floor) — sets the margin a difference must clear.
+//! Inside the margin the decision is a tie, and ties are decided by the
+//! solver's cost, which does not vary between runs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::stats::Timing;
+
+/// The smallest relative margin: differences below it are never trusted,
+/// however quiet the run looked (three blocks can agree by chance). The
+/// previous rule's intervals (± 2% each, tied when they overlap) made 4%
+/// differences ties already; a run-to-run change of 1–2% in a ratio is
+/// common on a VM, so a difference must clear 5% to be reproducible.
+pub const MIN_MARGIN: f64 = 0.05;
+
+/// The largest run noise floor used in a margin: a run noisier than this
+/// still decides clear differences (and the record shows the floor).
+pub const MAX_FLOOR: f64 = 0.15;
+
+/// Repeated timings of one kernel at one M: one `Vec` of call times (ns)
+/// per block, in the order the blocks were taken.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Blocks(pub Vec<Vec<f64>>);
+
+impl Blocks {
+    /// The median of each non-empty block.
+    pub fn medians(&self) -> Vec<f64> {
+        self.0
+            .iter()
+            .filter_map(|b| crate::stats::median(b))
+            .collect()
+    }
+
+    /// The kernel's time: the fastest block's median. Interference on a
+    /// shared machine only ever adds time, so the least disturbed block is
+    /// the best estimate of the kernel itself (min of medians).
+    pub fn best(&self) -> Option<f64> {
+        self.medians().into_iter().reduce(f64::min)
+    }
+
+    /// Relative spread of the block medians, (max − min) / min: how far
+    /// this kernel's own repeated medians disagree (0 with one block).
+    pub fn spread(&self) -> f64 {
+        rel_range(&self.medians())
+    }
+
+    /// Every sample, blocks concatenated.
+    pub fn all(&self) -> Vec<f64> {
+        self.0.concat()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Vec::is_empty)
+    }
+}
+
+fn rel_range(v: &[f64]) -> f64 {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if v.len() < 2 || lo <= 0.0 || !lo.is_finite() {
+        0.0
+    } else {
+        (hi - lo) / lo
+    }
+}
+
+/// The comparison of kernel `b` against kernel `a` at one M.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verdict {
+    /// time(b) / time(a): below 1 means `b` is faster.
+    pub ratio: f64,
+    /// Relative half-width of the tie zone around 1.
+    pub margin: f64,
+    /// How much the per-pair ratios disagree: four times their median
+    /// absolute deviation (about three standard deviations), relative to
+    /// the ratio — this comparison's own noise (part
+    /// of the margin; pooled into the run's noise floor by
+    /// [`pooled_floor`]). A MAD, not the range: one block in which a few
+    /// calls were preempted is an outlier pair, and must not widen the
+    /// margin by the preemption's 10–40%.
+    pub noise: f64,
+}
+
+impl Verdict {
+    /// The difference is within the noise.
+    pub fn tie(&self) -> bool {
+        (self.ratio - 1.0).abs() <= self.margin
+    }
+
+    /// `b` is faster by more than the noise.
+    pub fn b_clearly_faster(&self) -> bool {
+        self.ratio < 1.0 - self.margin
+    }
+}
+
+/// Compare `b` with `a`. The ratio is the median over block pairs of
+/// median(b_i) / median(a_i) (the driver interleaves the blocks, so pair i
+/// shares the machine's state); the margin is the largest of
+/// [`MIN_MARGIN`], the dispersion of those per-pair ratios (how much the
+/// comparison itself moved during the measurement, [`Verdict::noise`])
+/// and `floor`, the run's noise floor (capped at [`MAX_FLOOR`]). `None` when either has no
+/// samples.
+pub fn compare(a: &Blocks, b: &Blocks, floor: f64) -> Option<Verdict> {
+    let (ma, mb) = (a.medians(), b.medians());
+    if ma.is_empty() || mb.is_empty() {
+        return None;
+    }
+    let ratios: Vec<f64> = ma
+        .iter()
+        .zip(&mb)
+        .filter(|(x, _)| **x > 0.0)
+        .map(|(x, y)| y / x)
+        .collect();
+    let ratio = match crate::stats::median(&ratios) {
+        Some(r) if ratios.len() >= 2 => r,
+        // Unpaired (one block each): the best times.
+        _ => b.best()? / a.best()?.max(f64::MIN_POSITIVE),
+    };
+    let floor = if floor.is_finite() {
+        floor.clamp(0.0, MAX_FLOOR)
+    } else {
+        0.0
+    };
+    let noise = match Timing::from_samples(&ratios) {
+        Some(t) if ratios.len() >= 2 && ratio > 0.0 => 4.0 * t.mad_ns / ratio,
+        _ => 0.0,
+    };
+    let margin = MIN_MARGIN.max(floor);
+    Some(Verdict {
+        ratio,
+        margin,
+        noise,
+    })
+}
+
+/// The run's noise floor from the comparisons made so far: the median of
+/// their own noise. One comparison's three pairs can agree by luck; the
+/// median over a run's comparisons is what the machine shows, and it moves
+/// little between runs, so the margins — and with them the decisions near
+/// the margin — move little too.
+pub fn pooled_floor(verdicts: &[Verdict]) -> f64 {
+    let noise: Vec<f64> = verdicts.iter().map(|v| v.noise).collect();
+    crate::stats::median(&noise).unwrap_or(0.0)
+}
+
+/// A candidate as [`choose`] sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entrant {
+    pub blocks: Blocks,
+    /// The solver's formula-(2) cost (lower wins a tie).
+    pub cost: u128,
+    /// The solver's order (0 = optimum; lower wins an equal cost).
+    pub order: usize,
+}
+
+/// The outcome of [`choose`]: the winner, and each other candidate's
+/// comparison against the fastest one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    pub winner: usize,
+    /// The fastest by best time (the leader the others are compared with).
+    pub fastest: usize,
+    /// (candidate, its verdict against the fastest), for every candidate
+    /// other than the fastest.
+    pub verdicts: Vec<(usize, Verdict)>,
+}
+
+/// The winner among candidates timed together: the fastest, unless
+/// candidates within the noise of it (ties) have a lower solver cost
+/// (then solver order). `None` when no candidate has samples.
+pub fn choose(entrants: &[Entrant], floor: f64) -> Option<Choice> {
+    let timed: Vec<(usize, f64)> = entrants
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| e.blocks.best().map(|t| (i, t)))
+        .collect();
+    let &(fastest, _) = timed.iter().min_by(|x, y| {
+        x.1.total_cmp(&y.1)
+            .then(entrants[x.0].cost.cmp(&entrants[y.0].cost))
+            .then(entrants[x.0].order.cmp(&entrants[y.0].order))
+    })?;
+    let mut verdicts = Vec::new();
+    let mut tied = vec![fastest];
+    for &(i, _) in &timed {
+        if i == fastest {
+            continue;
+        }
+        if let Some(v) = compare(&entrants[fastest].blocks, &entrants[i].blocks, floor) {
+            if v.tie() {
+                tied.push(i);
+            }
+            verdicts.push((i, v));
+        }
+    }
+    let winner = tied
+        .into_iter()
+        .min_by_key(|&i| (entrants[i].cost, entrants[i].order))?;
+    Some(Choice {
+        winner,
+        fastest,
+        verdicts,
+    })
+}
+
+/// Whether the kernel for larger M (`upper`) serves M rather than `lower`:
+/// faster beyond the noise, or tied and preferred by `tie_to_upper` — the
+/// solver's cost of the two tiles compared once per pair of kernels (at the
+/// upper variant's representative M), not at each M: formula (2) at M
+/// carries ceil(M / ep), which flips back and forth between two tiles of
+/// different ep as M grows, and a tie rule that flips with M makes the
+/// bisection's predicate non-monotone, so the breakpoint it lands on
+/// depends on which Ms the noise led it to probe.
+pub fn upper_serves(v: &Verdict, tie_to_upper: bool) -> bool {
+    if v.tie() { tie_to_upper } else { v.ratio < 1.0 }
+}
+
+/// The Ms a breakpoint may take: every M up to 8, then two per octave
+/// (12, 16, 24, 32, 48, ... 3072, 4096). Above 8 rows the kernels' times
+/// cross slowly — a few percent per ten rows — so a finer breakpoint would
+/// be placed by the noise, not by the kernels, and move from run to run;
+/// on this grid it moves only when the crossing straddles a grid point,
+/// and what a step either way costs is in the record's savings.
+pub fn grid(lo: usize, hi: usize) -> Vec<usize> {
+    let mut g: Vec<usize> = (1..=8).collect();
+    let mut p = 8usize;
+    while p < hi {
+        g.push(p + p / 2);
+        g.push(p * 2);
+        p *= 2;
+    }
+    let mut g: Vec<usize> = g.into_iter().filter(|&m| m > lo && m <= hi).collect();
+    if lo <= hi {
+        g.insert(0, lo.max(1));
+    }
+    g.dedup();
+    g
+}
+
+/// The smallest M of [`grid`]`(lo, hi)` from which `upper_wins` holds and
+/// keeps holding: the galloping bisection of [`crate::search::breakpoint`]
+/// over the grid's points, its answer then confirmed at the next grid
+/// point; a win that does not hold there was noise, and the search goes on
+/// above that point. `hi + 1` when there is no such M in range.
+pub fn confirmed_breakpoint<E>(
+    lo: usize,
+    hi: usize,
+    mut upper_wins: impl FnMut(usize) -> Result<bool, E>,
+) -> Result<usize, E> {
+    let g = grid(lo.max(1), hi);
+    if g.is_empty() {
+        return Ok(lo.max(1).max(hi + 1));
+    }
+    let last = g.len() - 1;
+    let mut from = 0usize;
+    loop {
+        // Indices are 1-based for `search::breakpoint` (its lower bound is 1).
+        let found = crate::search::breakpoint(from + 1, last + 1, |i| upper_wins(g[i - 1]))? - 1;
+        if found > last {
+            return Ok(hi + 1);
+        }
+        if found == last || upper_wins(g[found + 1])? {
+            return Ok(g[found]);
+        }
+        from = found + 2;
+        if from > last {
+            return Ok(hi + 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(blocks: &[&[f64]]) -> Blocks {
+        Blocks(blocks.iter().map(|x| x.to_vec()).collect())
+    }
+
+    #[test]
+    fn best_is_the_fastest_block_median_and_spread_its_range() {
+        let x = b(&[&[10.0, 11.0, 30.0], &[12.0, 12.0, 12.0], &[9.0, 40.0, 9.5]]);
+        assert_eq!(x.medians(), vec![11.0, 12.0, 9.5]);
+        assert_eq!(x.best(), Some(9.5));
+        assert!((x.spread() - 2.5 / 9.5).abs() < 1e-12);
+        assert_eq!(Blocks::default().best(), None);
+        assert_eq!(b(&[&[5.0]]).spread(), 0.0);
+    }
+
+    #[test]
+    fn paired_ratios_cancel_shared_drift() {
+        // The machine slows by 60% in the second pair: both kernels see it.
+        let a = b(&[&[100.0], &[160.0], &[110.0]]);
+        let c = b(&[&[90.0], &[144.0], &[99.0]]);
+        let v = compare(&a, &c, 0.0).unwrap();
+        assert!((v.ratio - 0.9).abs() < 1e-12);
+        assert_eq!(v.margin, MIN_MARGIN);
+        assert!(v.b_clearly_faster() && !v.tie());
+        // Pairs that disagree widen the margin: 0.9, 0.97, 1.05 -> a tie.
+        let d = b(&[&[90.0], &[155.2], &[115.5]]);
+        let v = compare(&a, &d, 0.0).unwrap();
+        assert!(v.tie(), "{v:?}");
+        // One outlier pair does not: 0.9, 0.9, 1.3 -> still clear.
+        let o = b(&[&[90.0], &[144.0], &[143.0]]);
+        let v = compare(&a, &o, 0.0).unwrap();
+        assert!(v.b_clearly_faster(), "{v:?}");
+        // The run's floor widens it too, up to MAX_FLOOR.
+        assert!(compare(&a, &c, 0.12).unwrap().tie());
+        assert!(
+            !compare(&a, &b(&[&[50.0], &[80.0], &[55.0]]), 9.0)
+                .unwrap()
+                .tie()
+        );
+        assert!(compare(&a, &Blocks::default(), 0.0).is_none());
+    }
+
+    #[test]
+    fn ties_go_to_cost_then_order() {
+        let e = |t: f64, cost: u128, order: usize| Entrant {
+            blocks: b(&[&[t], &[t], &[t]]),
+            cost,
+            order,
+        };
+        let c = choose(&[e(100.0, 5, 0), e(98.0, 9, 1), e(150.0, 1, 2)], 0.0).unwrap();
+        assert_eq!((c.winner, c.fastest), (0, 1));
+        assert_eq!(c.verdicts.len(), 2);
+        let c = choose(&[e(100.0, 5, 0), e(80.0, 9, 1)], 0.0).unwrap();
+        assert_eq!(c.winner, 1);
+        let c = choose(&[e(100.0, 5, 1), e(100.5, 5, 0)], 0.0).unwrap();
+        assert_eq!(c.winner, 1);
+        assert!(choose(&[], 0.0).is_none());
+    }
+
+    #[test]
+    fn upper_serves_on_clear_wins_and_on_ties_by_the_pair_rule() {
+        let v = |ratio| Verdict {
+            ratio,
+            margin: 0.05,
+            noise: 0.0,
+        };
+        assert!(upper_serves(&v(0.9), false));
+        assert!(!upper_serves(&v(1.1), true));
+        assert!(upper_serves(&v(0.97), true));
+        assert!(!upper_serves(&v(0.97), false));
+    }
+
+    #[test]
+    fn a_lone_noisy_win_below_the_crossover_is_not_a_breakpoint() {
+        // Truly from 33 on; M = 8 looks like a win once (noise).
+        let pred = |m: usize| Ok::<bool, ()>(m == 8 || m >= 33);
+        assert_eq!(confirmed_breakpoint(1, 4096, pred), Ok(48));
+        assert_eq!(crate::search::breakpoint(1, 4096, pred), Ok(8));
+        assert_eq!(
+            grid(1, 40),
+            vec![1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48]
+                .into_iter()
+                .filter(|&m| m <= 40)
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(grid(13, 4096).first(), Some(&13));
+        assert_eq!(grid(13, 4096).last(), Some(&4096));
+        let never = |_| Ok::<bool, ()>(false);
+        assert_eq!(confirmed_breakpoint(1, 4096, never), Ok(4097));
+        let always = |_| Ok::<bool, ()>(true);
+        assert_eq!(confirmed_breakpoint(3, 4096, always), Ok(3));
+        assert_eq!(confirmed_breakpoint(4096, 4096, always), Ok(4096));
+        // A win at the top that does not hold at its neighbour: none.
+        let blip = |m: usize| Ok::<bool, ()>(m == 3072);
+        assert_eq!(confirmed_breakpoint(3000, 4096, blip), Ok(4097));
+    }
+}
