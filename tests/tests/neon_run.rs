@@ -429,23 +429,38 @@ fn compact_formats() -> Vec<(Kernel, u32)> {
         (library::get("matmul-q4_1").unwrap(), 32),
         (library::get("matmul-q8_0").unwrap(), 32),
         (
-            v("matmul-q4_0", Format::U4Sym(Group::Size(64), ParamType::F16)),
+            v(
+                "matmul-q4_0",
+                Format::U4Sym(Group::Size(64), ParamType::F16),
+            ),
             64,
         ),
         (
-            v("matmul-q4_1", Format::U4Asym(Group::Size(128), ParamType::F16)),
+            v(
+                "matmul-q4_1",
+                Format::U4Asym(Group::Size(128), ParamType::F16),
+            ),
             128,
         ),
         (
-            v("matmul-q4_0", Format::U4Sym(Group::Size(128), ParamType::F32)),
+            v(
+                "matmul-q4_0",
+                Format::U4Sym(Group::Size(128), ParamType::F32),
+            ),
             128,
         ),
         (
-            v("matmul-q8_0", Format::I8Sym(Group::Size(64), ParamType::F16)),
+            v(
+                "matmul-q8_0",
+                Format::I8Sym(Group::Size(64), ParamType::F16),
+            ),
             64,
         ),
         (
-            v("matmul-w8a8", Format::I8Asym(Group::Size(32), ParamType::F16)),
+            v(
+                "matmul-w8a8",
+                Format::I8Asym(Group::Size(32), ParamType::F16),
+            ),
             32,
         ),
         (
@@ -485,7 +500,16 @@ fn compact_formats_every_target_and_variant() {
             }
             let tile = flat_tile(target, &kernel, 8);
             for (s, (m, n)) in [(2, 19), (7, 37), (16, 5)].into_iter().enumerate() {
-                check(target, &kernel, &tile, Variant::FlatGemm, m, n, ks[s], s as u64);
+                check(
+                    target,
+                    &kernel,
+                    &tile,
+                    Variant::FlatGemm,
+                    m,
+                    n,
+                    ks[s],
+                    s as u64,
+                );
             }
             // K blocks of ~3 groups: block boundaries, several row blocks
             // per pass and a second pass.
@@ -497,6 +521,42 @@ fn compact_formats_every_target_and_variant() {
                 let k = 7 * group as usize + 9;
                 check_code(target, &kernel, &tile, &code, m, 11 + s, k, s as u64);
             }
+        }
+    }
+}
+
+/// The smull fallback's tiles with hp not a multiple of 4: the last
+/// column block loads 1 or 3 f16 scales (`ldr h`; `ldr s` + `ld1 {h}[2]`).
+#[test]
+fn compact_formats_odd_panel_widths() {
+    let target = "aarch64-neon";
+    let be = NeonBackend::new(target).unwrap();
+    for name in ["matmul-q8_0", "matmul-q4_0", "matmul-q4_1"] {
+        let kernel = library::get(name).unwrap();
+        let class = mac_class(be.caps(), &kernel).unwrap();
+        let p = Problem::new(4096, 4096, 4096, class);
+        let best = solve(be.caps(), &p).unwrap()[0];
+        let mut widths = Vec::new();
+        for t in neighbours(be.caps(), &p, &best, 64).unwrap() {
+            if t.hp % 4 != 0 && !widths.contains(&(t.hp % 4)) && be.emit(&kernel, &t).is_ok() {
+                widths.push(t.hp % 4);
+                check(
+                    target,
+                    &kernel,
+                    &t,
+                    Variant::Gemm,
+                    5,
+                    2 * t.hp as usize + 3,
+                    77,
+                    1,
+                );
+            }
+        }
+        if name == "matmul-q8_0" {
+            assert!(
+                widths.iter().any(|w| w % 2 == 1),
+                "{name}: no tile with an odd hp ({widths:?})"
+            );
         }
     }
 }

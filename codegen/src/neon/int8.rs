@@ -208,7 +208,8 @@ pub fn emit(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
         "group parameters are f16 or f32"
     );
     assert!(
-        spec.zero_point.is_none_or(|z| z.is_power_of_two() && !spec.asym),
+        spec.zero_point
+            .is_none_or(|z| z.is_power_of_two() && !spec.asym),
         "an implied zero point is a power of two, of a format without offsets"
     );
     let lay = layout(spec, plan);
