@@ -461,8 +461,9 @@ fn compact_formats_every_target_and_variant() {
     }
 }
 
-/// Listings of the compact formats: Q4_0 (u4sym:g32:f16) on sdot and
-/// Q4_1 (u4asym:g32:f16) on smmla, at the solver's GEMV tiles.
+/// Listings of the compact formats: Q4_0 (u4sym:g32:f16) on sdot, Q4_1
+/// (u4asym:g32:f16) on smmla and Q8_0 (i8sym:g32:f16) on the smull
+/// fallback, at the solver's GEMV tiles.
 #[test]
 fn compact_listings_are_pinned() {
     for (target, name, label) in [
