@@ -81,6 +81,8 @@ fn every_instruction_encodes_as_llvm_mc_assembles_it() {
     a.ldr_h_post(v7, x1, 2);
     a.ldr_d(v7, x1, 8);
     a.ldr_s(v7, x1, 12);
+    a.ldr_h_off(v7, x1, 6);
+    a.ldr_h_off(v31, x28, 0);
     a.str_d(v7, x1, 8);
     a.str_s(v7, x1, 12);
     a.str_d_post(v7, x1, 8);
@@ -89,10 +91,14 @@ fn every_instruction_encodes_as_llvm_mc_assembles_it() {
     a.ld1r_4s(v1, x2);
     a.ld1r_4s_post(v1, x2, x3);
     a.ld1r_2d(v31, x2);
+    a.ld1r_2s(v31, x2);
+    a.ld1r_2s(v1, x28);
     a.ld1_s_lane_post(v1, 3, x2, x3);
     a.ld1_s_lane_post4(v1, 2, x2);
     a.ld1_h_lane_post2(v1, 7, x2);
     a.ld1_s_lane(v1, 1, x2);
+    a.ld1_h_lane(v1, 2, x2);
+    a.ld1_h_lane(v31, 7, x28);
     a.st1_d_lane1(v1, x2);
     a.zero(v31);
     a.movi_16b(v7, 15);
@@ -108,6 +114,10 @@ fn every_instruction_encodes_as_llvm_mc_assembles_it() {
     a.sadalp_8h(v31, v1);
     a.addp_4s(v1, v2(), v3());
     a.add_4s(v1, v2(), v3());
+    a.sub_4s(v1, v2(), v3());
+    a.sub_4s(v31, v16, v0);
+    a.shl_4s(v1, v2(), 3);
+    a.shl_4s(v31, v16, 31);
     a.addv_4s(v1, v2());
     a.trn1_4s(v1, v1, v1);
     a.zip1_4s(v1, v2(), v31);

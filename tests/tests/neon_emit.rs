@@ -270,6 +270,16 @@ fn flat_formats() -> Vec<(&'static str, Kernel)> {
         ),
         ("f32", with("matmul-f32", None)),
         ("f16", with("matmul-f16", None)),
+        ("q4_0", with("matmul-q4_0", None)),
+        ("q4_1", with("matmul-q4_1", None)),
+        ("q8_0", with("matmul-q8_0", None)),
+        (
+            "u4sym-row-f16",
+            with(
+                "matmul-q4_0",
+                Some(Format::U4Sym(Group::Row, ParamType::F16)),
+            ),
+        ),
     ]
 }
 
@@ -396,7 +406,7 @@ fn flat_loop_prefetches_and_differs_from_gemm() {
             let flat = machine(be.emit_variant(&kernel, &t, Variant::FlatGemm).unwrap()).listing;
             let gemm = machine(be.emit_variant(&kernel, &t, Variant::Gemm).unwrap()).listing;
             assert!(flat.contains("prfm pldl1keep"), "{target} {label}");
-            if label != "w4a8-row" {
+            if !label.ends_with("-row") && !label.contains("-row-") {
                 assert!(flat.contains("prfm pldl2strm"), "{target} {label}");
             }
             assert!(!gemm.contains("prfm"), "{target} {label}");
@@ -414,4 +424,62 @@ fn flat_loop_prefetches_and_differs_from_gemm() {
     let be = NeonBackend::new("aarch64-dotprod").unwrap();
     let t = flat_tile("aarch64-dotprod", &w4, 8);
     assert!(be.emit_flat(&w4, &t, 0).is_err());
+}
+
+/// The compact formats (ggml's Q4_0, Q4_1, Q8_0: f16 group parameters,
+/// Q4_0's implied zero point 8) on every target and variant: the listing
+/// says what the group epilogue holds, widens f16 parameters with fcvtl,
+/// folds the zero point in int32 (shl #3, sub) without offset loads, and
+/// assembles to the emitted bytes.
+#[test]
+fn compact_formats_every_target_and_variant() {
+    for target in TARGETS {
+        let be = NeonBackend::new(target).unwrap();
+        for name in ["matmul-q4_0", "matmul-q4_1", "matmul-q8_0"] {
+            let kernel = library::get(name).unwrap();
+            let (best, next) = tiles(target, &kernel, 4096);
+            let (g, _) = tiles(target, &kernel, 1);
+            let flat = flat_tile(target, &kernel, 8);
+            for (t, variant) in [
+                (best, Variant::Gemm),
+                (next, Variant::Gemm),
+                (g, Variant::Gemv),
+                (flat, Variant::FlatGemm),
+            ] {
+                let what = format!("{target} {name} {variant} {}x{}x{}", t.ep, t.hp, t.lp);
+                let code = machine(be.emit_variant(&kernel, &t, variant).unwrap());
+                let l = &code.listing;
+                assert!(l.contains("// group epilogue: f16 "), "{what}");
+                assert!(l.contains("fcvtl "), "{what}");
+                let zp = name == "matmul-q4_0";
+                assert_eq!(l.contains("shl "), zp, "{what}");
+                assert_eq!(l.contains("sub v"), zp, "{what}");
+                assert_eq!(l.contains("zero point 8"), zp, "{what}");
+                mc(&code, &what);
+            }
+        }
+    }
+}
+
+/// Listings of the compact formats: Q4_0 (u4sym:g32:f16) on sdot, Q4_1
+/// (u4asym:g32:f16) on smmla and Q8_0 (i8sym:g32:f16) on the smull
+/// fallback, at the solver's GEMV tiles.
+#[test]
+fn compact_listings_are_pinned() {
+    for (target, name, label) in [
+        ("aarch64-dotprod", "matmul-q4_0", "q4_0"),
+        ("aarch64-i8mm", "matmul-q4_1", "q4_1"),
+        ("aarch64-neon", "matmul-q8_0", "q8_0"),
+    ] {
+        let kernel = library::get(name).unwrap();
+        let (g, _) = tiles(target, &kernel, 1);
+        let code = machine(
+            NeonBackend::new(target)
+                .unwrap()
+                .emit_variant(&kernel, &g, Variant::Gemv)
+                .unwrap(),
+        );
+        let snap = format!("{target}_{label}_gemv_{}x{}x{}", g.ep, g.hp, g.lp);
+        insta::assert_snapshot!(snap, code.listing);
+    }
 }

@@ -418,3 +418,145 @@ fn flat_gemm_long_reduction() {
         }
     }
 }
+
+/// The compact formats: ggml's Q4_0, Q4_1 and Q8_0 blocks (f16 group
+/// parameters; Q4_0's implied zero point 8 folded in int32), longer
+/// groups, and f16 parameters on the other int8 formats.
+fn compact_formats() -> Vec<(Kernel, u32)> {
+    let v = |name: &str, f: Format| with_weight_format(library::get(name).unwrap(), f);
+    vec![
+        (library::get("matmul-q4_0").unwrap(), 32),
+        (library::get("matmul-q4_1").unwrap(), 32),
+        (library::get("matmul-q8_0").unwrap(), 32),
+        (
+            v(
+                "matmul-q4_0",
+                Format::U4Sym(Group::Size(64), ParamType::F16),
+            ),
+            64,
+        ),
+        (
+            v(
+                "matmul-q4_1",
+                Format::U4Asym(Group::Size(128), ParamType::F16),
+            ),
+            128,
+        ),
+        (
+            v(
+                "matmul-q4_0",
+                Format::U4Sym(Group::Size(128), ParamType::F32),
+            ),
+            128,
+        ),
+        (
+            v(
+                "matmul-q8_0",
+                Format::I8Sym(Group::Size(64), ParamType::F16),
+            ),
+            64,
+        ),
+        (
+            v(
+                "matmul-w8a8",
+                Format::I8Asym(Group::Size(32), ParamType::F16),
+            ),
+            32,
+        ),
+        (
+            v("matmul-q4_0", Format::U4Sym(Group::Row, ParamType::F16)),
+            0,
+        ),
+    ]
+}
+
+/// k for an odd number of groups of `g` with a partial last one (and a
+/// partial last lp-step), and one shorter than a group; whole-row formats
+/// (g = 0) get odd lengths.
+fn compact_ks(g: usize) -> [usize; 3] {
+    match g {
+        0 => [7, 101, 300],
+        g => [2 * g + 5, 4 * g + 17, g - 3],
+    }
+}
+
+/// Every compact format on every runnable target and variant (GEMM at the
+/// solver's tile and its neighbour, GEMV, flat GEMM at the M = 8 tile and
+/// with K blocks of a few groups), tails in M, N and K.
+#[test]
+fn compact_formats_every_target_and_variant() {
+    for target in runnable() {
+        let be = NeonBackend::new(target).unwrap();
+        for (kernel, g) in compact_formats() {
+            let ks = compact_ks(g as usize);
+            for tile in tiles(target, &kernel, 4096) {
+                for (s, (m, n)) in [(13, 29), (4, 9), (23, 37)].into_iter().enumerate() {
+                    check(target, &kernel, &tile, Variant::Gemm, m, n, ks[s], s as u64);
+                }
+            }
+            let tile = tiles(target, &kernel, 1)[0];
+            for (s, (m, n)) in [(1, 37), (1, 8), (3, 17)].into_iter().enumerate() {
+                check(target, &kernel, &tile, Variant::Gemv, m, n, ks[s], s as u64);
+            }
+            let tile = flat_tile(target, &kernel, 8);
+            for (s, (m, n)) in [(2, 19), (7, 37), (16, 5)].into_iter().enumerate() {
+                check(
+                    target,
+                    &kernel,
+                    &tile,
+                    Variant::FlatGemm,
+                    m,
+                    n,
+                    ks[s],
+                    s as u64,
+                );
+            }
+            // K blocks of ~3 groups: block boundaries, several row blocks
+            // per pass and a second pass.
+            let plan = be.flat_plan(&kernel, &tile).unwrap();
+            let group = if g == 0 { 32 } else { g };
+            let small = 3 * group * plan.step_bytes / tile.lp;
+            let code = machine(be.emit_flat(&kernel, &tile, small).unwrap());
+            for (s, m) in [5usize, 17, 23].into_iter().enumerate() {
+                let k = 7 * group as usize + 9;
+                check_code(target, &kernel, &tile, &code, m, 11 + s, k, s as u64);
+            }
+        }
+    }
+}
+
+/// The smull fallback's tiles with hp not a multiple of 4: the last
+/// column block loads 1 or 3 f16 scales (`ldr h`; `ldr s` + `ld1 {h}[2]`).
+#[test]
+fn compact_formats_odd_panel_widths() {
+    let target = "aarch64-neon";
+    let be = NeonBackend::new(target).unwrap();
+    for name in ["matmul-q8_0", "matmul-q4_0", "matmul-q4_1"] {
+        let kernel = library::get(name).unwrap();
+        let class = mac_class(be.caps(), &kernel).unwrap();
+        let p = Problem::new(4096, 4096, 4096, class);
+        let best = solve(be.caps(), &p).unwrap()[0];
+        let mut widths = Vec::new();
+        for t in neighbours(be.caps(), &p, &best, 64).unwrap() {
+            if t.hp % 4 != 0 && !widths.contains(&(t.hp % 4)) && be.emit(&kernel, &t).is_ok() {
+                widths.push(t.hp % 4);
+                check(
+                    target,
+                    &kernel,
+                    &t,
+                    Variant::Gemm,
+                    5,
+                    2 * t.hp as usize + 3,
+                    77,
+                    1,
+                );
+            }
+        }
+        if name == "matmul-q8_0" {
+            assert!(
+                widths.iter().any(|w| w % 2 == 1),
+                "{name}: no tile with an odd hp ({widths:?})"
+            );
+        }
+    }
+}

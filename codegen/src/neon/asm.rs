@@ -592,6 +592,13 @@ impl A64 {
         dynasm!(self.ops ; .arch aarch64 ; ldr H(t), [X(n)], imm);
     }
 
+    /// `ldr ht, [xn, #off]` (`off` a multiple of 2)
+    pub fn ldr_h_off(&mut self, t: V, n: X, off: u32) {
+        self.log(format!("ldr h{}, [{n}, #{off}]", t.0));
+        let (t, n) = (t.0, n.0);
+        dynasm!(self.ops ; .arch aarch64 ; ldr H(t), [X(n), off]);
+    }
+
     /// `ldr dt, [xn, #off]`
     pub fn ldr_d(&mut self, t: V, n: X, off: u32) {
         self.log(format!("ldr d{}, [{n}, #{off}]", t.0));
@@ -655,6 +662,14 @@ impl A64 {
         dynasm!(self.ops ; .arch aarch64 ; ld1r {V(t).S4 * 1}, [X(n)], X(m));
     }
 
+    /// `ld1r {vt.2s}, [xn]`: 4 bytes replicated into both lanes of the
+    /// low half (the high half cleared).
+    pub fn ld1r_2s(&mut self, t: V, n: X) {
+        self.log(format!("ld1r {{ {t}.2s }}, [{n}]"));
+        let (t, n) = (t.0, n.0);
+        dynasm!(self.ops ; .arch aarch64 ; ld1r {V(t).S2 * 1}, [X(n)]);
+    }
+
     /// `ld1r {vt.2d}, [xn]`: 8 bytes replicated into both halves.
     pub fn ld1r_2d(&mut self, t: V, n: X) {
         self.log(format!("ld1r {{ {t}.2d }}, [{n}]"));
@@ -681,6 +696,13 @@ impl A64 {
         self.log(format!("ld1 {{ {t}.h }}[{lane}], [{n}], #2"));
         let (t, n) = (t.0, n.0);
         dynasm!(self.ops ; .arch aarch64 ; ld1 {V(t).H * 1}[lane], [X(n)], 2);
+    }
+
+    /// `ld1 {vt.h}[lane], [xn]`
+    pub fn ld1_h_lane(&mut self, t: V, lane: u32, n: X) {
+        self.log(format!("ld1 {{ {t}.h }}[{lane}], [{n}]"));
+        let (t, n) = (t.0, n.0);
+        dynasm!(self.ops ; .arch aarch64 ; ld1 {V(t).H * 1}[lane], [X(n)]);
     }
 
     /// `ld1 {vt.s}[lane], [xn]`
@@ -835,6 +857,22 @@ impl A64 {
         self.log(format!("add {d}.4s, {n}.4s, {m}.4s"));
         let (d, n, m) = (d.0, n.0, m.0);
         dynasm!(self.ops ; .arch aarch64 ; add V(d).S4, V(n).S4, V(m).S4);
+    }
+
+    /// `sub vd.4s, vn.4s, vm.4s`
+    pub fn sub_4s(&mut self, d: V, n: V, m: V) {
+        self.log(format!("sub {d}.4s, {n}.4s, {m}.4s"));
+        let (d, n, m) = (d.0, n.0, m.0);
+        dynasm!(self.ops ; .arch aarch64 ; sub V(d).S4, V(n).S4, V(m).S4);
+    }
+
+    /// `shl vd.4s, vn.4s, #s` (s in 0..32; the attention exp polynomial's
+    /// exponent bits and the `u4sym` zero-point fold)
+    pub fn shl_4s(&mut self, d: V, n: V, s: u32) {
+        assert!(s < 32, "shl .4s takes 0..31");
+        self.log(format!("shl {d}.4s, {n}.4s, #{s}"));
+        let (d, n) = (d.0, n.0);
+        dynasm!(self.ops ; .arch aarch64 ; shl V(d).S4, V(n).S4, s);
     }
 
     /// `addv sd, vn.4s`

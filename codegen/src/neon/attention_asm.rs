@@ -22,8 +22,6 @@ pub trait AttentionAsm {
     fn faddp_4s(&mut self, d: V, n: V, m: V);
     /// `faddp sd, vn.2s`
     fn faddp_s(&mut self, d: V, n: V);
-    /// `shl vd.4s, vn.4s, #sh`
-    fn shl_4s(&mut self, d: V, n: V, sh: u32);
     fn fsub_s(&mut self, d: V, n: V, m: V);
     fn fmul_s(&mut self, d: V, n: V, m: V);
     /// `fmadd sd, sn, sm, sa` (d = a + n·m)
@@ -111,12 +109,6 @@ impl AttentionAsm for A64 {
     fn faddp_s(&mut self, d: V, n: V) {
         let w = rd_rn(0x7E30_D800, d.0, n.0);
         self.encoded(format!("faddp s{}, {n}.2s", d.0), w);
-    }
-
-    fn shl_4s(&mut self, d: V, n: V, sh: u32) {
-        assert!(sh < 32, "shl .4s takes 0..31");
-        let w = rd_rn(0x4F00_5400 | (32 + sh) << 16, d.0, n.0);
-        self.encoded(format!("shl {d}.4s, {n}.4s, #{sh}"), w);
     }
 
     fn fsub_s(&mut self, d: V, n: V, m: V) {

@@ -12,7 +12,9 @@
 //!         load per 32 codes, then `and` 0x0F → the first 16, `ushr` #4 → the
 //!         next 16: the pair transpose makes them consecutive, no `zip`)
 //!         MACs into int32 accumulators
-//!       group epilogue: acc → f32, partial[r, c] += sw[g, c]·acc + off[g, c]·Σqx[r, g]
+//!       group epilogue: (u4sym: acc −= 8·Σqx[r, g] in int32) acc → f32,
+//!         partial[r, c] += sw[g, c]·acc + off[g, c]·Σqx[r, g]
+//!         (sw, off stored as f32 or f16; f16 widened by fcvtl)
 //!     tile epilogue: y[r, c] = sx[r]·partial[r, c] + bias[c], valid rows/columns only
 //! ```
 //!
@@ -51,6 +53,22 @@
 //! | v12-v31 | 20 accumulators 2×2: row pair i, column pair j in v(12 + 4i + j) |
 //!
 //! One register is left unused in each (29 of 30 after the reservations).
+//!
+//! # Group epilogue (registers freed by the reduction: A, B, mask, staging)
+//!
+//! | format | free[0] | free[1] | free[2..] per column block | int32 step |
+//! |---|---|---|---|---|
+//! | `i8sym` (f32 parameters) | - | partial-sum temporary | scale | - |
+//! | `u4asym`, `i8asym` (f32) | Σqx as f32 | partial-sum temporary | scale, offset | - |
+//! | `…:f16` (any of the above) | as above | as above | the same, loaded as 4 (or 2, `smmla`) f16 and widened by `fcvtl` | - |
+//! | `u4sym` (zero point 8) | 8·Σqx as int32 (`shl` #3) | partial-sum temporary | scale (f32 or f16 + `fcvtl`) | acc − 8·Σqx before `scvtf` |
+//!
+//! Parameter strides follow the stored width: a group's scales are hp × 4
+//! bytes (f32) or hp × 2 (f16), offsets after all of a panel's scales. The
+//! `u4sym` fold is integer (one `sub` per accumulator and one `shl` per row
+//! per group), cheaper than an offset of −8·scale in f32 (a load-free but
+//! extra `fmla` per accumulator); both are exact up to f32 rounding, and
+//! the int32 sum cannot overflow (|acc| ≤ 15·127·group).
 
 use super::asm::{A64, Addr, Cond, Label, Prefetch, V, X};
 use super::frame::{self, OutType, StoreRegs};
@@ -71,6 +89,12 @@ pub struct Int8Spec {
     pub wbits: u32,
     /// Weights carry offsets (zero points).
     pub asym: bool,
+    /// Bytes of one stored group parameter (scale or offset): 4 (f32) or 2
+    /// (f16 bits, widened with `fcvtl` in the group epilogue).
+    pub param_bytes: u32,
+    /// An implied integer zero point (`u4sym`: 8, a power of two), folded
+    /// in int32 at the group end: acc − zp·Σqx, then the symmetric scale.
+    pub zero_point: Option<u32>,
     /// Group length along l; None: the whole row.
     pub group: Option<u32>,
     /// The GEMV loop (ep = ae): unrolled steady state, A loaded once per
@@ -150,8 +174,44 @@ fn layout(spec: &Int8Spec, plan: &RegisterPlan) -> Layout {
     }
 }
 
+/// The listing header line that says what the group epilogue holds for
+/// the compact formats (f16 parameters, an implied zero point); None for
+/// f32 parameters without one.
+pub fn epilogue_note(spec: &Int8Spec) -> Option<String> {
+    if spec.param_bytes == 4 && spec.zero_point.is_none() {
+        return None;
+    }
+    let params = if spec.asym {
+        "scales and offsets"
+    } else {
+        "scales"
+    };
+    let width = if spec.param_bytes == 2 {
+        format!("f16 {params} (hp x 2 bytes a group), widened by fcvtl")
+    } else {
+        format!("f32 {params}")
+    };
+    let zp = match spec.zero_point {
+        Some(z) => format!(
+            "; zero point {z}: acc -= {z}*sum(qx) in int32 (shl #{}) before scvtf",
+            z.trailing_zeros()
+        ),
+        None => String::new(),
+    };
+    Some(format!("group epilogue: {width}{zp}"))
+}
+
 /// Emit the matmul kernel.
 pub fn emit(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    assert!(
+        matches!(spec.param_bytes, 2 | 4),
+        "group parameters are f16 or f32"
+    );
+    assert!(
+        spec.zero_point
+            .is_none_or(|z| z.is_power_of_two() && !spec.asym),
+        "an implied zero point is a power of two, of a format without offsets"
+    );
     let lay = layout(spec, plan);
     let (ep, hp, lp) = (spec.ep, spec.hp, spec.lp);
     let step_a = ep * lp;
@@ -180,7 +240,7 @@ pub fn emit(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     }
     // T0 = groups. Sums row stride, parameter sizes.
     a.lsl_imm(GSTRIDE, T0, 2);
-    a.mov_imm(T1, u64::from(hp * 4));
+    a.mov_imm(T1, u64::from(hp * spec.param_bytes));
     a.mul(T2, T0, T1);
     a.str_x_sp(T2, SLOT_OFFDELTA);
     let params_per_group: u32 = if spec.asym { 2 } else { 1 };
@@ -277,7 +337,7 @@ fn gemm_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout) {
     }
     k_loop(a, spec, plan);
     group_epilogue(a, spec, plan);
-    a.add_imm(PG, PG, hp * 4);
+    a.add_imm(PG, PG, hp * spec.param_bytes);
     a.add_imm(SG, SG, 4);
     a.cbnz(LEFT, group_loop);
 
@@ -396,7 +456,7 @@ fn flat_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout, f:
     if let Some(g) = spec.group {
         a.mov_imm(T1, u64::from(g / lp));
         a.udiv(T3, T2, T1);
-        a.mov_imm(T1, u64::from(hp * 4));
+        a.mov_imm(T1, u64::from(hp * spec.param_bytes));
         a.madd(PG, T3, T1, PG);
         a.add_lsl(SG, SG, T3, 2);
     }
@@ -481,7 +541,7 @@ fn group_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, s
     fold_sets(a, plan, sets, set_regs(spec, plan, f));
     group_epilogue(a, spec, plan);
     if spec.group.is_some() {
-        a.add_imm(PG, PG, spec.hp * 4);
+        a.add_imm(PG, PG, spec.hp * spec.param_bytes);
         a.add_imm(SG, SG, 4);
     }
     a.cbnz(LEFT, group_loop);
@@ -791,9 +851,64 @@ fn load_cols(a: &mut A64, v: V, base: X, off: u32, cols: u32, tmp: X) {
     }
 }
 
-/// After a group: partial += sw·acc + off·Σqx, accumulators cleared.
+/// Load the `cols` (≤ 4) f16 at [base + off] into the low half of `v`
+/// without reading past them, and widen them to f32 (`fcvtl`).
+fn load_cols_f16(a: &mut A64, v: V, base: X, off: u32, cols: u32, tmp: X) {
+    match cols {
+        4 => a.ldr_d(v, base, off),
+        2 => a.ldr_s(v, base, off),
+        1 => a.ldr_h_off(v, base, off),
+        _ => {
+            a.ldr_s(v, base, off);
+            a.add_imm(tmp, base, off + 4);
+            a.ld1_h_lane(v, 2, tmp);
+        }
+    }
+    a.fcvtl_4s(v, v);
+}
+
+/// Load the group parameters (scales or offsets) of accumulator column
+/// block `j` at `base` into `v` as f32: `cols` columns for the 1×4 blocks,
+/// the column pair replicated over both rows for `smmla`'s 2×2 blocks.
+/// f16 parameters are widened with `fcvtl`.
+fn load_params(a: &mut A64, spec: &Int8Spec, v: V, base: X, j: u32, cols: u32) {
+    let pb = spec.param_bytes;
+    match (spec.mac, pb) {
+        (Mac::Smmla, 4) => {
+            a.add_imm(T3, base, j * 8);
+            a.ld1r_2d(v, T3);
+        }
+        (Mac::Smmla, _) => {
+            a.add_imm(T3, base, j * 4);
+            a.ld1r_2s(v, T3);
+            a.fcvtl_4s(v, v);
+        }
+        (_, 4) => load_cols(a, v, base, j * 16, cols, T3),
+        _ => load_cols_f16(a, v, base, j * 8, cols, T3),
+    }
+}
+
+/// After a group: partial += sw·(acc − zp·Σqx) + off·Σqx, accumulators
+/// cleared (the offset term for asymmetric weights, the implied zero point
+/// for `u4sym`, neither for symmetric ones).
 fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
-    a.comment("group epilogue: int32 -> f32, scale, zero point, into the partial sums");
+    if spec.param_bytes == 4 && spec.zero_point.is_none() {
+        a.comment("group epilogue: int32 -> f32, scale, zero point, into the partial sums");
+    } else {
+        a.comment(&format!(
+            "group epilogue: int32{} -> f32, {} scale{}, into the partial sums",
+            match spec.zero_point {
+                Some(z) => format!(" - {z}*sum(qx)"),
+                None => String::new(),
+            },
+            if spec.param_bytes == 2 {
+                "f16 (fcvtl)"
+            } else {
+                "f32"
+            },
+            if spec.asym { " and offset" } else { "" }
+        ));
+    }
     let (bw, jn) = col_blocks(spec);
     let ru = row_unit(spec);
     let rn = spec.ep / ru;
@@ -845,29 +960,20 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
             let j = j0 + jj;
             let cols = (spec.hp - j * bw).min(bw);
             let sc = vecs[(jj * per_block) as usize];
-            match spec.mac {
-                Mac::Smmla => {
-                    a.add_imm(T3, PG, j * 8);
-                    a.ld1r_2d(sc, T3);
-                }
-                _ => load_cols(a, sc, PG, j * 16, cols, T3),
-            }
+            load_params(a, spec, sc, PG, j, cols);
             if spec.asym {
                 let of = vecs[(jj * per_block + 1) as usize];
-                match spec.mac {
-                    Mac::Smmla => {
-                        a.add_imm(T3, T2, j * 8);
-                        a.ld1r_2d(of, T3);
-                    }
-                    _ => load_cols(a, of, T2, j * 16, cols, T3),
-                }
+                load_params(a, spec, of, T2, j, cols);
             }
         }
-        if spec.asym {
+        let sums = spec.asym || spec.zero_point.is_some();
+        if sums {
             a.mov(T1, SG);
         }
         for i in 0..rn {
-            if spec.asym {
+            if sums {
+                // Σqx of the block's rows: one row broadcast, or the row
+                // pair (r, r, r+1, r+1) of an smmla 2×2 block.
                 match spec.mac {
                     Mac::Smmla => {
                         a.ld1_s_lane_post(sumv, 0, T1, GSTRIDE);
@@ -876,6 +982,11 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
                     }
                     _ => a.ld1r_4s_post(sumv, T1, GSTRIDE),
                 }
+            }
+            if let Some(z) = spec.zero_point {
+                a.shl_4s(sumv, sumv, z.trailing_zeros());
+            }
+            if spec.asym {
                 a.scvtf_4s(sumv, sumv);
             }
             for jj in 0..jc {
@@ -883,6 +994,9 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
                 let acc = acc_of(i, j);
                 let off = 16 * (i * jn + j);
                 let sc = vecs[(jj * per_block) as usize];
+                if spec.zero_point.is_some() {
+                    a.sub_4s(acc, acc, sumv);
+                }
                 a.scvtf_4s(acc, acc);
                 a.ldr_q(tmp, SCR, off);
                 a.fmla_4s(tmp, acc, sc);

@@ -14,6 +14,13 @@
 //! | `aarch64-fp16` | `smull`/`smlal2`/`sadalp` | `fmla .8h` | `fmla .4s` |
 //! | `aarch64-neon` | `smull`/`smlal2`/`sadalp` | widened to `fmla .4s` | `fmla .4s` |
 //!
+//! The int8 kernels take `u4asym`, `u4sym` (ggml Q4_0: implied zero
+//! point 8, folded in int32 at the group end), `i8sym` and `i8asym`
+//! weights, per row or in groups (a multiple of lp: 32, 64, 128, …), with
+//! f32 or f16 group parameters (f16 widened by `fcvtl`, base NEON) on
+//! every target and variant: `matmul-q4_0`, `matmul-q4_1` and
+//! `matmul-q8_0` run everywhere.
+//!
 //! Variants: `Gemm` (panel → row block → all of K), `Gemv` (one row block
 //! of ae rows, unrolled), `FlatGemm` ([`FlatPlan`]: M = 2–16 read each
 //! weight byte from memory once, K blocks stay in L1 across row blocks,
@@ -567,13 +574,20 @@ impl NeonBackend {
                 if out != frame::OutType::F32 {
                     return Err(self.unsupported(format!("int8 kernels with {yf} output")));
                 }
-                let (wbits, asym, group) = match wf {
-                    Format::U4Asym(g, ParamType::F32) => (4, true, g),
-                    Format::I8Sym(g, ParamType::F32) => (8, false, g),
-                    Format::I8Asym(g, ParamType::F32) => (8, true, g),
+                // (code bits, stored offsets, implied zero point, group,
+                // parameter precision).
+                let (wbits, asym, zero_point, group, params) = match wf {
+                    Format::U4Asym(g, p) => (4, true, None, g, p),
+                    Format::U4Sym(g, p) => (4, false, Some(8), g, p),
+                    Format::I8Sym(g, p) => (8, false, None, g, p),
+                    Format::I8Asym(g, p) => (8, true, None, g, p),
                     f => {
                         return Err(self.unsupported(format!("{f} weights with i8dyn activations")));
                     }
+                };
+                let param_bytes = match params {
+                    ParamType::F32 => 4,
+                    ParamType::F16 => 2,
                 };
                 if wbits == 4 && !(tile.hp * tile.lp).is_multiple_of(32) {
                     return Err(Self::bad_tile(
@@ -602,7 +616,9 @@ impl NeonBackend {
                         tile.ep,
                         tile.hp * tile.lp * wbits / 8,
                         group.map(|g| g / tile.lp),
-                        group.is_none() && asym,
+                        // The activation-sum terms need the whole row's Σqx
+                        // at once.
+                        group.is_none() && (asym || zero_point.is_some()),
                         k_block_bytes,
                     )
                     .with_row_unit(instr.ae)
@@ -614,6 +630,8 @@ impl NeonBackend {
                     lp: tile.lp,
                     wbits,
                     asym,
+                    param_bytes,
+                    zero_point,
                     group,
                     gemv: variant == Variant::Gemv,
                     flat,
@@ -750,6 +768,12 @@ impl NeonBackend {
         if let Some(f) = spec.flat() {
             Self::check_flat(tile, &plan, &acc, &f)?;
             a.header(&f.summary());
+        }
+        if let Some(note) = match &spec {
+            KernelSpec::Int8(s) => int8::epilogue_note(s),
+            KernelSpec::Float(_) => None,
+        } {
+            a.header(&note);
         }
         match &spec {
             KernelSpec::Int8(s) => int8::emit(&mut a, s, &plan),
