@@ -126,6 +126,9 @@ pub const FORMATS: &[(&str, &str)] = &[
     ("e0m4a16", "matmul-e0m4a16"),
     ("f16", "matmul-f16"),
     ("f32", "matmul-f32"),
+    ("q4_0", "matmul-q4_0"),
+    ("q4_1", "matmul-q4_1"),
+    ("q8_0", "matmul-q8_0"),
 ];
 
 /// The format tuned when `--format` is not given: the int8 path on CPUs,
@@ -139,7 +142,9 @@ pub fn default_format(kind: BackendKind) -> &'static str {
 
 /// A format name the CLI does not know.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown format `{0}`; valid formats: w4a8, w8a8, w4a16, w8a16, e0m4a16, f16, f32")]
+#[error(
+    "unknown format `{0}`; valid formats: q4_0, q4_1, q8_0, w4a8, w8a8, w4a16, w8a16, e0m4a16, f16, f32"
+)]
 pub struct UnknownFormat(pub String);
 
 /// The library kernel name of a CLI format.

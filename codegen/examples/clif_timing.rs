@@ -1,5 +1,5 @@
 //! The cranelift kernels against the x86 JIT's, side by side in one run
-//! (not a test): issue 9 wants cranelift within 2× of x86 for f32 GEMM and
+//! (not a test): the host-backend targets want cranelift within 2× of x86 for f32 GEMM and
 //! within 1.2× for GEMV. Each implementation gets the solver's tile for its
 //! own target and the real M; the x86 side runs the variant the runtime
 //! picks (GEMV at M = 1, flat GEMM up to 64, GEMM above).

@@ -165,6 +165,7 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
             let x86_backend = X86Backend {
                 vnni: target == "x86-avx512",
                 avx512: target == "x86-avx512",
+                avx512_vnni: target == "x86-avx512",
             };
             if target == "x86-avx512"
                 && (!is_matmul || x86_backend.target(&kernel, Variant::Gemm).name != target)

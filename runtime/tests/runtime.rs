@@ -147,7 +147,7 @@ fn linear_matches_the_interpreter_for_every_m_with_tails() {
     }
 }
 
-/// ggml's blocks (Q4_0, Q4_1: f16 group parameters, u4sym's zero point) run
+/// ggml's blocks (Q4_0, Q4_1, Q8_0: f16 group parameters, u4sym's zero point) run
 /// on x86 in every M range, a partial last group included; cranelift
 /// refuses them by name.
 #[test]
@@ -161,7 +161,7 @@ fn ggml_block_formats_match_the_interpreter_on_x86() {
         return;
     }
     let dev = device(Backend::HostX86, 2, None);
-    for format in [WeightFormat::Q4_0, WeightFormat::Q4_1] {
+    for format in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0] {
         check_linear(&dev, format, 45, 100, &[1, 2, 3, 15, 16, 17, 33]);
     }
 }

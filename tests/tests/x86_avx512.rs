@@ -132,6 +132,7 @@ fn solver_tiles_match_the_avx512_plan() {
     let backend = X86Backend {
         vnni: false,
         avx512: true,
+        avx512_vnni: false,
     };
     let p = Problem::from_kernel(caps, &kernel).unwrap();
     let mut emitted = 0;
@@ -157,13 +158,21 @@ fn solver_tiles_match_the_avx512_plan() {
     assert!(!code.listing.contains("avx512"));
     // The target the backend asks for follows the formats.
     assert_eq!(backend.target(&kernel, Variant::Gemm).name, AVX512_NAME);
-    // W4A8 goes to x86-avx512 only with vnni on too (the int8 kernel).
+    // W4A8 goes to x86-avx512 only with AVX512-VNNI on too (the int8
+    // kernel), whether or not the CPU has AVX-VNNI (Zen 4 has not).
     assert_eq!(backend.target(&w4a8, Variant::Gemm).name, "x86-avx2");
     let vnni = X86Backend {
         vnni: true,
         avx512: true,
+        avx512_vnni: true,
     };
     assert_eq!(vnni.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
+    let zen4 = X86Backend {
+        vnni: false,
+        avx512: true,
+        avx512_vnni: true,
+    };
+    assert_eq!(zen4.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(
         vnni.target(&library::get("matmul-w8a8").unwrap(), Variant::Gemm)
             .name,
@@ -187,6 +196,7 @@ fn bad_tiles_are_named() {
     let backend = X86Backend {
         vnni: false,
         avx512: true,
+        avx512_vnni: false,
     };
     let mut t = tile_at(&kernel, 5, 80);
     t.hp = 72;
@@ -206,6 +216,7 @@ fn avx512_kernel_listings_match_their_bytes() {
     let backend = X86Backend {
         vnni: false,
         avx512: true,
+        avx512_vnni: false,
     };
     for (ep, hp) in [(5, 80), (8, 48), (14, 32), (1, 16)] {
         let tile = tile_at(&kernel, ep, hp);
@@ -237,6 +248,7 @@ fn avx512_listing_snapshot() {
     let backend = X86Backend {
         vnni: false,
         avx512: true,
+        avx512_vnni: false,
     };
     let code = backend.emit_code(&kernel, &tile).unwrap();
     assert_eq!(code, backend.emit_code(&kernel, &tile).unwrap());

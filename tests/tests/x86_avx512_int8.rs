@@ -102,6 +102,7 @@ fn kernel_tiles(kernel: &Kernel) -> Vec<TileConfig> {
 const AVX512: X86Backend = X86Backend {
     vnni: false,
     avx512: true,
+    avx512_vnni: false,
 };
 
 #[test]
@@ -127,6 +128,7 @@ fn w4a8_routes_to_the_avx512_int8_kernel_on_avx512_tiles() {
     let both = X86Backend {
         vnni: true,
         avx512: true,
+        avx512_vnni: true,
     };
     assert_eq!(both.target(&kernel, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(AVX512.target(&kernel, Variant::Gemm).name, "x86-avx2");

@@ -125,10 +125,12 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                 X86Backend {
                     vnni: false,
                     avx512: false,
+                    avx512_vnni: false,
                 },
                 X86Backend {
                     vnni: true,
                     avx512: false,
+                    avx512_vnni: false,
                 },
             ] {
                 let Ok(code) = backend.emit_code(&kernel, &tile) else {

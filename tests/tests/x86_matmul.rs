@@ -19,6 +19,7 @@ fn backends() -> Vec<X86Backend> {
             X86Backend {
                 vnni: false,
                 avx512: false,
+                avx512_vnni: false,
             },
             b,
         ],
@@ -207,6 +208,10 @@ fn flat_gemm_int8_every_m() {
         // groups whose int16 sums would overflow (widened every step).
         library::get("matmul-q4_0").unwrap(),
         library::get("matmul-q4_1").unwrap(),
+        library::get("matmul-q8_0").unwrap(),
+        variant("matmul-q8_0", |k| {
+            set_w(k, Format::I8Sym(Group::Size(64), ParamType::F32))
+        }),
         variant("matmul-q4_0", |k| {
             set_w(k, Format::U4Sym(Group::Size(64), ParamType::F16))
         }),

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::abi::{KernelFn, QuantizeArgs};
 use tessera_codegen::jit::JitCode;
-use tessera_codegen::x86::int8::Int8Spec;
+use tessera_codegen::x86::int8::{Int8Spec, ZeroPoint};
 use tessera_codegen::x86::{missing_features, quantize};
 use tessera_dsl::ir::{Activation, Format};
 use tessera_dsl::quant::layouts::activation_plan;
@@ -23,8 +23,13 @@ fn emitted(ep: usize, group: Option<usize>, x: &[f32], m: usize, k: usize) -> Qu
     let spec = Int8Spec {
         ep,
         hb: 1,
-        int4_group: group,
-        int4_sym: false,
+        group,
+        wbits: 4,
+        zero: if group.is_some() {
+            ZeroPoint::Offset
+        } else {
+            ZeroPoint::None
+        },
         params: tessera_dsl::ir::ParamType::F32,
         y: Format::F32,
         bias: false,

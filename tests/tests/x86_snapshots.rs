@@ -20,6 +20,7 @@ fn x86_canonical_listings() {
         let plain = X86Backend {
             vnni: false,
             avx512: false,
+            avx512_vnni: false,
         };
         let code = plain.emit_code(&kernel, &tile).unwrap();
         insta::assert_snapshot!(tag.clone(), code.listing);
@@ -28,6 +29,7 @@ fn x86_canonical_listings() {
             let vnni = X86Backend {
                 vnni: true,
                 avx512: false,
+                avx512_vnni: false,
             }
             .emit_code(&kernel, &tile)
             .unwrap();
@@ -48,6 +50,7 @@ fn x86_variant_listings() {
             let code = X86Backend {
                 vnni: false,
                 avx512: false,
+                avx512_vnni: false,
             }
             .emit_code_variant(&kernel, &tile, v)
             .unwrap();

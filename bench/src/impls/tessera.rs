@@ -21,7 +21,7 @@ use crate::error::BenchError;
 use crate::format::WeightFormat;
 
 /// (name, backend, AVX2 only): `x86avx2` keeps the x86 backend off its
-/// AVX-512 kernels, the x86 kernels issue 9 compares cranelift with.
+/// AVX-512 kernels, the x86 kernels the host-backend targets compare cranelift with.
 const BACKENDS: [(&str, Backend, bool); 3] = [
     ("x86", Backend::HostX86, false),
     ("x86avx2", Backend::HostX86, true),

@@ -1,4 +1,4 @@
-//! The OpenCL C backend (issue 7): GEMV, flat GEMM and GEMM for the A16
+//! The OpenCL C backend: GEMV, flat GEMM and GEMM for the A16
 //! weight formats, and split-K decode attention, for mobile GPUs.
 //!
 //! ```text

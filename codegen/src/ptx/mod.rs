@@ -1,4 +1,4 @@
-//! The PTX backend (issue 8): GEMV on CUDA cores, flat GEMM and GEMM on
+//! The PTX backend: GEMV on CUDA cores, flat GEMM and GEMM on
 //! tensor cores (`mma.sync.aligned.m16n8k16`, `ldmatrix`, `cp.async`), and
 //! split-K decode attention, for `sm_80` and `sm_90`.
 //!

@@ -1,8 +1,10 @@
 //! Integer matmul kernels: `i8dyn` activations (quantized by the emitted
 //! [`super::quantize`] pass into `[e/ep, l/4, ep, 4]`) with `i8sym:row`
-//! (W8A8) or 4-bit weights (W4A8, int4 pair-transposed): `u4asym:gN` and
-//! `u4sym:gN` (ggml Q4_0's zero point 8), N a multiple of 8, with f32 or
-//! f16 group parameters.
+//! (W8A8) or grouped weights: 4-bit (W4A8, int4 pair-transposed)
+//! `u4asym:gN` and `u4sym:gN` (ggml Q4_0's zero point 8), and 8-bit
+//! `i8sym:gN` (ggml Q8_0), N a power of two from 8 to 128, with f32 or f16
+//! group parameters. Grouped 8-bit codes use W8A8's sign trick per step and
+//! the 4-bit group fold.
 //!
 //! The MAC is `vpmaddubsw` (u8 × s8 → pairs summed to i16) then `vpmaddwd`
 //! with int16 ones (→ i32, 4 bytes of l per i32 lane: lp = 4), or with
@@ -101,11 +103,14 @@ pub const MAX_ROWS: usize = 12;
 pub struct Int8Spec {
     pub ep: usize,
     pub hb: usize,
-    /// Group length of 4-bit weights; None for i8sym:row.
-    pub int4_group: Option<usize>,
-    /// 4-bit weights are `u4sym` (zero point 8, no offsets stored).
-    pub int4_sym: bool,
-    /// Storage precision of the 4-bit weights' group parameters.
+    /// Group length of grouped weights (4-bit, or 8-bit `i8sym:gN`);
+    /// None for `i8sym:row`.
+    pub group: Option<usize>,
+    /// Bits per weight code of grouped weights (4 or 8).
+    pub wbits: u32,
+    /// How grouped weights' zero point enters the group fold.
+    pub zero: ZeroPoint,
+    /// Storage precision of grouped weights' parameters.
     pub params: ParamType,
     pub y: Format,
     pub bias: bool,
@@ -114,12 +119,31 @@ pub struct Int8Spec {
     pub vnni: bool,
 }
 
+/// How grouped weights' zero point enters the group fold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroPoint {
+    /// Symmetric codes (`i8sym:gN`): total += sw·dot.
+    None,
+    /// Stored offsets (`u4asym`): total += sw·dot + min·Σq.
+    Offset,
+    /// `u4sym`'s implied 8: total += sw·(dot − 8·Σq).
+    Implied8,
+}
+
+impl ZeroPoint {
+    /// Whether the fold reads Σq per row and group (the quantizer's sums).
+    pub fn needs_sums(self) -> bool {
+        self != ZeroPoint::None
+    }
+}
+
 /// The register plan of one loop (see the module doc's tables).
 #[derive(Clone, Copy)]
 struct Regs {
     rows: usize,
     hb: usize,
-    int4: bool,
+    /// Grouped weights: one B register per column block.
+    grouped: bool,
 }
 
 impl Regs {
@@ -132,10 +156,10 @@ impl Regs {
         Ymm((self.rows * self.hb) as u8)
     }
     fn b(&self, j: usize) -> Ymm {
-        Ymm((self.rows * self.hb + 1 + if self.int4 { j } else { 0 }) as u8)
+        Ymm((self.rows * self.hb + 1 + if self.grouped { j } else { 0 }) as u8)
     }
     fn after_b(&self) -> usize {
-        self.rows * self.hb + 1 + if self.int4 { self.hb } else { 1 }
+        self.rows * self.hb + 1 + if self.grouped { self.hb } else { 1 }
     }
     /// W8A8: raw weights; W4A8: the nibble mask.
     fn r0(&self) -> Ymm {
@@ -189,10 +213,14 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
     let mut a = X86Asm::new();
     a.comment(&format!(
         "matmul {variant} x i8dyn w {} y {} tile {}x{}x4 bias {} act {:?} mac {}",
-        match spec.int4_group {
+        match spec.group {
             Some(g) => format!(
                 "{}:g{g}{}",
-                if spec.int4_sym { "u4sym" } else { "u4asym" },
+                match (spec.wbits, spec.zero) {
+                    (8, _) => "i8sym",
+                    (_, ZeroPoint::Implied8) => "u4sym",
+                    _ => "u4asym",
+                },
                 if spec.params == ParamType::F16 {
                     ":f16"
                 } else {
@@ -223,7 +251,7 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
     a.add_imm(RAX, 3);
     a.shr_imm(RAX, 2);
     a.store64(mem(RSP, LOCAL1), RAX);
-    match spec.int4_group {
+    match spec.group {
         Some(g) => {
             a.load64(RAX, mem(RDI, MM_K));
             a.add_imm(RAX, g as i32 - 1);
@@ -258,10 +286,11 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
     let hb = spec.hb;
     let hp = 8 * hb as i32;
     let ep = spec.ep as i32;
-    let int4 = spec.int4_group.is_some();
-    let r = Regs { rows, hb, int4 };
+    let grouped = spec.group.is_some();
+    let nibbles = grouped && spec.wbits == 4;
+    let r = Regs { rows, hb, grouped };
     // Bytes of one packed weight step and its parameter stride per panel.
-    let wstep = if int4 { hp * 2 } else { hp * 4 };
+    let wstep = if nibbles { hp * 2 } else { hp * 4 };
 
     let panel_loop = nest::panels_head(a);
     let row_loop = nest::rows_head(a);
@@ -281,21 +310,29 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
     a.mov(R9, RAX); // first column, kept for the parameters
     a.load64(RDX, mem(RSP, LOCAL1));
     a.imul(RAX, RDX);
-    a.shl_imm(RAX, if int4 { 1 } else { 2 });
+    a.shl_imm(RAX, if nibbles { 1 } else { 2 });
     a.load64(RDX, mem(RDI, MM_W));
     a.add(RAX, RDX);
     a.mov(RSI, RAX);
     // r9 = params + first column·groups·param_bytes·param_sets; r10 = r9 +
     // groups·hp·param_bytes (the panel's offsets, asymmetric formats).
-    let param_bytes = if int4 { spec.params.bytes() as i32 } else { 4 };
-    let param_sets = if int4 && !spec.int4_sym { 2 } else { 1 };
+    let param_bytes = if grouped {
+        spec.params.bytes() as i32
+    } else {
+        4
+    };
+    let param_sets = if grouped && spec.zero == ZeroPoint::Offset {
+        2
+    } else {
+        1
+    };
     a.load64(RDX, mem(RSP, LOCAL2));
     a.imul(R9, RDX);
     a.shl_imm(R9, (param_bytes * param_sets).trailing_zeros() as i8);
     a.load64(RAX, mem(RDI, MM_W_PARAMS));
     a.add(R9, RAX);
 
-    if int4 {
+    if grouped {
         a.imul_imm(R10, RDX, hp * param_bytes);
         a.add(R10, R9);
         // r14 = Σq row stride (groups·4), r13 = x_sums + rbp·stride.
@@ -305,7 +342,7 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
         a.imul(R13, R14);
         a.load64(RAX, mem(RDI, MM_X_SUMS));
         a.add(R13, RAX);
-        int4_loop(a, spec, &r, ep, wstep, prefetch);
+        grouped_loop(a, spec, &r, ep, wstep, prefetch);
     } else {
         for i in 0..rows {
             for j in 0..hb {
@@ -325,7 +362,7 @@ fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
         a.vpbroadcastd_load(common::TMP, mem(RAX, 4 * i as i32));
         for j in 0..hb {
             let v = r.acc(i, j);
-            if !int4 {
+            if !grouped {
                 a.vcvtdq2ps(v, v);
                 a.vmulps_mem(v, v, mem(R9, 32 * j as i32));
             }
@@ -448,12 +485,13 @@ fn int8_loop(
     a.bind(done);
 }
 
-/// W4A8: per group, int16 (or i32: VNNI, or groups over 32) sums in
-/// registers; at the group end the f32 totals in the stack area take
-/// sw·dot + min·Σq (`u4sym`: sw·(dot − 8·Σq)). Leaves the totals in the
-/// accumulator registers and rsp where it found it. Expects r9/r10 = the
-/// panel's scales/offsets, r13 = row 0's Σq, r14 = the Σq row stride.
-fn int4_loop(
+/// Grouped weights (W4A8, and `i8sym:gN`): per group, int16 (or i32:
+/// VNNI, groups over 32, 8-bit codes) sums in registers; at the group end
+/// the f32 totals in the stack area take sw·dot + min·Σq (`u4sym`:
+/// sw·(dot − 8·Σq); `i8sym`: sw·dot). Leaves the totals in the accumulator
+/// registers and rsp where it found it. Expects r9/r10 = the panel's
+/// scales/offsets, r13 = row 0's Σq, r14 = the Σq row stride.
+fn grouped_loop(
     a: &mut X86Asm,
     spec: &Int8Spec,
     r: &Regs,
@@ -461,10 +499,12 @@ fn int4_loop(
     wstep: i32,
     prefetch: Option<i32>,
 ) {
-    let spg = spec.int4_group.unwrap_or(32) as i32 / 4;
-    // int16 group sums stay exact up to 8 steps (32 codes); longer groups
-    // widen every step.
-    let wide = !spec.vnni && spg > 8;
+    let spg = spec.group.unwrap_or(32) as i32 / 4;
+    // int16 group sums of 4-bit codes stay exact up to 8 steps (32 codes);
+    // longer groups widen every step, and so do 8-bit codes, whose pair
+    // sums (≤ 2·127·127) already fill an int16.
+    let bytes = spec.wbits == 8;
+    let wide = !spec.vnni && (spg > 8 || bytes);
     let f16_params = spec.params == ParamType::F16;
     let param_bytes = spec.params.bytes() as i32;
     let hp = 8 * r.hb as i32;
@@ -491,16 +531,33 @@ fn int4_loop(
     let step = |a: &mut X86Asm, u: i32| {
         for j in 0..r.hb {
             let b = r.b(j);
-            a.vbroadcasti128_load(b, mem(RSI, u * wstep + 16 * j as i32));
-            a.vpsrlvd(b, b, shifts);
-            a.vpand(b, b, mask);
+            if bytes {
+                // Raw signed codes; |w| and the sign move per row below.
+                a.vmovdqu_load(b, mem(RSI, u * wstep + 32 * j as i32));
+            } else {
+                a.vbroadcasti128_load(b, mem(RSI, u * wstep + 16 * j as i32));
+                a.vpsrlvd(b, b, shifts);
+                a.vpand(b, b, mask);
+            }
         }
         let av = r.a();
         for i in 0..r.rows {
             a.vpbroadcastd_load(av, mem(R8, u * ep * 4 + 4 * i as i32));
             for j in 0..r.hb {
                 let g = r.acc(i, j);
-                if spec.vnni {
+                if bytes {
+                    // vpmaddubsw wants unsigned weights: |w| · (x·sign w),
+                    // |w| into the nibble-mask register (unused for bytes).
+                    a.vpabsb(mask, r.b(j));
+                    a.vpsignb(t, av, r.b(j));
+                    if spec.vnni {
+                        a.vpdpbusd(g, mask, t);
+                    } else {
+                        a.vpmaddubsw(t, mask, t);
+                        a.vpmaddwd_mem(t, t, frame(ONES16));
+                        a.vpaddd(g, g, t);
+                    }
+                } else if spec.vnni {
                     a.vpdpbusd(g, r.b(j), av);
                 } else if wide {
                     a.vpmaddubsw(t, r.b(j), av);
@@ -570,26 +627,34 @@ fn int4_loop(
         ParamOperand::Reg(v) => a.vfmadd231ps(acc, x, v),
         ParamOperand::Mem(m) => a.vfmadd231ps_mem(acc, x, m),
     };
-    a.mov(RAX, R13);
+    let sums = spec.zero.needs_sums();
+    if sums {
+        a.mov(RAX, R13);
+    }
     for i in 0..r.rows {
         let s = r.a();
-        a.vpbroadcastd_load(s, mem(RAX, 0));
-        if spec.int4_sym {
-            a.vpslld_imm(s, s, 3);
-        } else {
-            a.vcvtdq2ps(s, s);
+        match spec.zero {
+            ZeroPoint::Implied8 => {
+                a.vpbroadcastd_load(s, mem(RAX, 0));
+                a.vpslld_imm(s, s, 3);
+            }
+            ZeroPoint::Offset => {
+                a.vpbroadcastd_load(s, mem(RAX, 0));
+                a.vcvtdq2ps(s, s);
+            }
+            ZeroPoint::None => {}
         }
         for j in 0..r.hb {
             let g = r.acc(i, j);
             if narrow {
                 a.vpmaddwd(g, g, t);
             }
-            if spec.int4_sym {
+            if spec.zero == ZeroPoint::Implied8 {
                 a.vpsubd(g, g, s);
             }
             a.vcvtdq2ps(g, g);
         }
-        if i + 1 < r.rows {
+        if sums && i + 1 < r.rows {
             a.add(RAX, R14);
         }
         for j in 0..r.hb {
@@ -598,7 +663,7 @@ fn int4_loop(
             a.vmovups_load(sum, total(i, j));
             let sw = param(a, R9, j);
             fma(a, sum, g, sw);
-            if !spec.int4_sym {
+            if spec.zero == ZeroPoint::Offset {
                 let min = param(a, R10, j);
                 fma(a, sum, s, min);
             }
@@ -608,9 +673,11 @@ fn int4_loop(
     if f16_params {
         a.vmovdqu_load(shifts, frame(SHIFTS));
     }
-    a.add_imm(R13, 4);
+    if sums {
+        a.add_imm(R13, 4);
+    }
     a.add_imm(R9, hp * param_bytes);
-    if !spec.int4_sym {
+    if spec.zero == ZeroPoint::Offset {
         a.add_imm(R10, hp * param_bytes);
     }
     a.jmp(group_loop);

@@ -58,8 +58,12 @@ pub const MAX_INT4_GROUP: u32 = 128;
 /// every host, [`X86Backend::detect`] matches this CPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct X86Backend {
+    /// AVX-VNNI (VEX `vpdpbusd` on ymm) for the AVX2 int8 kernels.
     pub vnni: bool,
     pub avx512: bool,
+    /// AVX512-VNNI (EVEX `vpdpbusd`, with AVX512BW) for the AVX-512 W4A8
+    /// GEMM: Zen 4 and Ice Lake have it without AVX-VNNI.
+    pub avx512_vnni: bool,
 }
 
 /// Why x86 code cannot run here.
@@ -152,6 +156,7 @@ impl X86Backend {
         Ok(X86Backend {
             vnni: host_has_avx_vnni(),
             avx512: host_has_avx512(),
+            avx512_vnni: host_has_avx512_vnni(),
         })
     }
 
@@ -164,14 +169,14 @@ impl X86Backend {
     /// of the read loop, same run) and the same at M = 1–4.
     ///
     /// W4A8 kernels get `x86-avx512` tiles (the AVX-512 int8 kernel) when
-    /// both `avx512` and `vnni` are on: every CPU with AVX-512 and AVX-VNNI
-    /// (Sapphire Rapids, Zen 5) has AVX512-VNNI, which [`Self::load`]
-    /// still checks. The answer depends on the flags only, so emitted code
-    /// is the same on every host.
+    /// both `avx512` and `avx512_vnni` are on (the EVEX form it uses, which
+    /// [`Self::load`] still checks; Zen 4 and Ice Lake have it without
+    /// AVX-VNNI). The answer depends on the flags only, so emitted code is
+    /// the same on every host.
     pub fn target(&self, kernel: &Kernel, variant: Variant) -> &'static TargetCaps {
         let name = if variant == Variant::Gemm
             && self.avx512
-            && (is_f32_matmul(kernel) || (self.vnni && is_w4a8_matmul(kernel)))
+            && (is_f32_matmul(kernel) || (self.avx512_vnni && is_w4a8_matmul(kernel)))
         {
             AVX512_NAME
         } else {
@@ -223,8 +228,9 @@ impl X86Backend {
             return quantize::emit(&int8::Int8Spec {
                 ep: spec.ep,
                 hb: spec.zb * 2,
-                int4_group: Some(spec.group),
-                int4_sym: false,
+                group: Some(spec.group),
+                wbits: 4,
+                zero: int8::ZeroPoint::Offset,
                 params: ParamType::F32,
                 y: Format::F32,
                 bias: spec.bias,
@@ -551,7 +557,10 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
             Ok(Family::Float(spec))
         }
         (Format::I8Dyn, Format::I8Sym(Group::Row, ParamType::F32))
-        | (Format::I8Dyn, Format::U4Asym(..) | Format::U4Sym(..)) => {
+        | (
+            Format::I8Dyn,
+            Format::U4Asym(..) | Format::U4Sym(..) | Format::I8Sym(Group::Size(_), _),
+        ) => {
             if !is_packed_x_layout(kernel, mm) {
                 return Err(what(
                     "i8dyn activations must use the layout [e/ep, l/lp, ep, lp]",
@@ -561,14 +570,16 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
                 return Err(tile_err("the int8 class (vpmaddubsw) needs lp = 4".into()));
             }
             let group = match w {
-                Format::U4Asym(Group::Size(g), _) | Format::U4Sym(Group::Size(g), _)
+                Format::U4Asym(Group::Size(g), _)
+                | Format::U4Sym(Group::Size(g), _)
+                | Format::I8Sym(Group::Size(g), _)
                     if g.is_power_of_two() && (8..=MAX_INT4_GROUP).contains(&g) =>
                 {
                     Some(g as usize)
                 }
-                Format::U4Asym(..) | Format::U4Sym(..) => {
+                Format::U4Asym(..) | Format::U4Sym(..) | Format::I8Sym(Group::Size(_), _) => {
                     return Err(what(&format!(
-                        "4-bit groups must be a power of two from 8 to {MAX_INT4_GROUP} (one group is one unrolled block of steps)"
+                        "weight groups must be a power of two from 8 to {MAX_INT4_GROUP} (one group is one unrolled block of steps)"
                     )));
                 }
                 _ => None,
@@ -576,14 +587,19 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
             let pair = kernel
                 .tensor(&mm.w)
                 .is_some_and(|t| t.layout.int4_pair_transpose);
-            if group.is_some() && !pair {
+            if group.is_some() && !matches!(w, Format::I8Sym(..)) && !pair {
                 return Err(what("4-bit weights need the int4 pair transpose"));
             }
             let spec = int8::Int8Spec {
                 ep: tile.ep as usize,
                 hb: tile.hp as usize / 8,
-                int4_group: group,
-                int4_sym: matches!(w, Format::U4Sym(..)),
+                group,
+                wbits: if matches!(w, Format::I8Sym(..)) { 8 } else { 4 },
+                zero: match w {
+                    Format::U4Sym(..) => int8::ZeroPoint::Implied8,
+                    Format::U4Asym(..) => int8::ZeroPoint::Offset,
+                    _ => int8::ZeroPoint::None,
+                },
                 params: w.params().unwrap_or_default(),
                 y,
                 bias,
@@ -594,7 +610,7 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
             Ok(Family::Int8(spec))
         }
         _ => Err(what(
-            "x86-avx2 runs f32/f16 x with f32/f16 weights, and i8dyn x with i8sym:row (f32 scale) or u4asym/u4sym weights (groups 8 to 128, f32 or f16 parameters)",
+            "x86-avx2 runs f32/f16 x with f32/f16 weights, and i8dyn x with i8sym:row (f32 scale), or u4asym, u4sym or i8sym weights in groups of 8 to 128 (f32 or f16 parameters)",
         )),
     }
 }

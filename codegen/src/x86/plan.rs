@@ -152,7 +152,7 @@ pub fn float_plan(spec: &FloatSpec) -> KernelPlan {
 /// integer sums, its f32 totals live in the stack frame), one renamed A.
 pub fn int8_plan(spec: &Int8Spec) -> KernelPlan {
     let (ep, hb) = (spec.ep as u32, spec.hb as u32);
-    let main = |name, rows: u32| match spec.int4_group {
+    let main = |name, rows: u32| match spec.group {
         // group sums, 1 A, hb B, mask + shift + product temp
         Some(_) => LoopPlan {
             name,
@@ -208,8 +208,9 @@ mod tests {
                     int8_plan(&Int8Spec {
                         ep: tile.ep as usize,
                         hb,
-                        int4_group: name.contains("w4").then_some(32),
-                        int4_sym: false,
+                        group: name.contains("w4").then_some(32),
+                        wbits: 4,
+                        zero: crate::x86::int8::ZeroPoint::Offset,
                         params: tessera_dsl::ir::ParamType::F32,
                         y: tessera_dsl::Format::F32,
                         bias: true,
@@ -310,12 +311,13 @@ mod tests {
             assert_eq!((t.ep, t.hp, t.lp), (10, 8, 4), "{name}");
             assert_eq!(t.accounting.total, 16, "{name}");
         }
-        let int8 = |ep, hb, int4_group| {
+        let int8 = |ep, hb, group| {
             int8_plan(&Int8Spec {
                 ep,
                 hb,
-                int4_group,
-                int4_sym: false,
+                group,
+                wbits: 4,
+                zero: crate::x86::int8::ZeroPoint::Offset,
                 params: tessera_dsl::ir::ParamType::F32,
                 y: tessera_dsl::Format::F32,
                 bias: true,

@@ -30,7 +30,7 @@ use crate::artifact::{EmitError, MachineCode};
 /// Emit the quantizer for an int8 kernel's activations.
 pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     let ep = spec.ep as i32;
-    let sums = spec.int4_group.is_some();
+    let sums = spec.group.is_some() && spec.zero.needs_sums();
     let mut a = X86Asm::new();
     a.comment(&format!(
         "quantize i8dyn rows into [e/{ep}, l/4, {ep}, 4]{}",
