@@ -131,11 +131,15 @@ pub const FORMATS: &[(&str, &str)] = &[
     ("q8_0", "matmul-q8_0"),
 ];
 
-/// The format tuned when `--format` is not given: the int8 path on CPUs,
-/// W4A16 on GPUs (whose matmuls take f16 activations).
+/// The format tuned when `--format` is not given: ggml's Q4_0 blocks
+/// (`u4sym:g32:f16`, int8 activations) on the x86 and NEON JITs, which run
+/// them and where decode is a read of 4.5 bits per weight (measured
+/// against `u4asym:g32`'s 6 in `docs/PERFORMANCE.md`); W4A8 on cranelift,
+/// which refuses f16 parameters; W4A16 on GPUs (f16 activations).
 pub fn default_format(kind: BackendKind) -> &'static str {
     match kind {
         BackendKind::OpenCl | BackendKind::Cuda => "w4a16",
+        BackendKind::X86 | BackendKind::Neon => "q4_0",
         _ => "w4a8",
     }
 }

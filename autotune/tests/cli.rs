@@ -52,9 +52,12 @@ fn tiny_model_tunes_loads_and_is_selected_here() {
         "{stdout}"
     );
     let record = TuningRecord::load(&out).unwrap();
-    let backend = tessera_autotune::backend::BackendKind::available()[0].name();
+    let kind = tessera_autotune::backend::BackendKind::available()[0];
+    let backend = kind.name();
+    // The main job's format: q4_0 on x86 and NEON, w4a8 on cranelift.
+    let format = tessera_autotune::backend::default_format(kind);
     let entry = record
-        .select(&Fingerprint::detect(), &generator(), backend, "w4a8")
+        .select(&Fingerprint::detect(), &generator(), backend, format)
         .unwrap();
     assert!(!entry.partial);
     assert_eq!(entry.model, "tiny");
@@ -116,7 +119,7 @@ fn tiny_model_tunes_loads_and_is_selected_here() {
     let m = TuningRecord::load(&merged).unwrap();
     assert_eq!(m.entries.len(), 2);
     assert!(
-        m.select(&Fingerprint::detect(), &generator(), backend, "w4a8")
+        m.select(&Fingerprint::detect(), &generator(), backend, format)
             .is_ok()
     );
 }

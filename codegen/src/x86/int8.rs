@@ -190,7 +190,7 @@ fn acc_area_bytes(rows: usize, hb: usize) -> i32 {
 
 /// How far ahead of the weight stream the GEMV and flat-GEMM loops
 /// prefetch, in bytes.
-pub const PREFETCH: i32 = 1024;
+pub const PREFETCH: i32 = 2048;
 
 /// Emit the kernel: the GEMM variant (with the one-row loop for m = 1).
 pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
