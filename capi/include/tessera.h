@@ -109,6 +109,19 @@ typedef struct TesseraDeviceOptions {
   // A record from `tessera_record_load`, or the null handle. At most one
   // of `record_path` and `record` may be set.
   struct TesseraRecord record;
+  // A directory written by `tessera-kernels-gen gen` (its
+  // `manifest.json` and kernel files), or NULL to compile kernels at run
+  // time. With it the device runs only those prebuilt kernels (no JIT
+  // compiler is used): the set must come from this library's generator
+  // and every file must match the manifest's hash. Read during the call
+  // only.
+  const char *prebuilt_dir;
+  // The generator target whose kernels to load from `prebuilt_dir`
+  // (`x86-avx2`, `host`, `aarch64-i8mm`, …), or NULL for the backend's
+  // own (`x86-avx2` for `TESSERA_BACKEND_X86`, `host` for
+  // `TESSERA_BACKEND_HOST_JIT`; NEON names its target). Read during the
+  // call only.
+  const char *prebuilt_target;
 } TesseraDeviceOptions;
 
 // An open device (backend, thread pool, tuning record, prepared kernels).

@@ -23,9 +23,10 @@
 //!   working buffers (packed weights, per-call scratch) are sized like the
 //!   buffers the caller already holds and are allocated as Rust normally
 //!   does.
-//! - Prebuilt kernel sets are not offered: the runtime takes them only as
-//!   tables compiled into a Rust binary (`kernels-gen`'s `kernels.rs`) and
-//!   has no run-time loader a C caller could point at a directory.
+//! - Prebuilt kernel sets come as the directory `tessera-kernels-gen gen`
+//!   wrote (`TesseraDeviceOptions::prebuilt_dir`), read at run time by
+//!   `tessera_runtime::manifest::Manifest::load_prebuilt` (generator and
+//!   per-file hashes checked), for engines that must not JIT.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -126,6 +127,23 @@ impl From<RuntimeError> for Error {
         Error {
             status,
             message: e.to_string(),
+        }
+    }
+}
+
+impl From<tessera_runtime::manifest::ManifestError> for Error {
+    fn from(e: tessera_runtime::manifest::ManifestError) -> Error {
+        use tessera_runtime::manifest::ManifestError;
+        let status = match e {
+            ManifestError::Io { .. } => TesseraStatus::Io,
+            ManifestError::Stale { .. } | ManifestError::Corrupt { .. } => {
+                TesseraStatus::Unavailable
+            }
+            _ => TesseraStatus::InvalidArgument,
+        };
+        Error {
+            status,
+            message: format!("prebuilt kernels: {e}"),
         }
     }
 }
@@ -752,6 +770,19 @@ pub struct TesseraDeviceOptions {
     /// A record from `tessera_record_load`, or the null handle. At most one
     /// of `record_path` and `record` may be set.
     pub record: TesseraRecord,
+    /// A directory written by `tessera-kernels-gen gen` (its
+    /// `manifest.json` and kernel files), or NULL to compile kernels at run
+    /// time. With it the device runs only those prebuilt kernels (no JIT
+    /// compiler is used): the set must come from this library's generator
+    /// and every file must match the manifest's hash. Read during the call
+    /// only.
+    pub prebuilt_dir: *const c_char,
+    /// The generator target whose kernels to load from `prebuilt_dir`
+    /// (`x86-avx2`, `host`, `aarch64-i8mm`, …), or NULL for the backend's
+    /// own (`x86-avx2` for `TESSERA_BACKEND_X86`, `host` for
+    /// `TESSERA_BACKEND_HOST_JIT`; NEON names its target). Read during the
+    /// call only.
+    pub prebuilt_target: *const c_char,
 }
 
 /// Fill `*options` with the defaults: best host backend, all cores, no
@@ -772,6 +803,8 @@ pub unsafe extern "C" fn tessera_device_options_default(
             x86_avx2_only: 0,
             record_path: std::ptr::null(),
             record: TesseraRecord::default(),
+            prebuilt_dir: std::ptr::null(),
+            prebuilt_target: std::ptr::null(),
         };
         Ok(())
     })
@@ -837,6 +870,8 @@ pub unsafe extern "C" fn tessera_device_open(
             x86_avx2_only: 0,
             record_path: std::ptr::null(),
             record: TesseraRecord::default(),
+            prebuilt_dir: std::ptr::null(),
+            prebuilt_target: std::ptr::null(),
         };
         if !options.is_null() {
             if !options.is_aligned() {
@@ -877,12 +912,42 @@ pub unsafe extern "C" fn tessera_device_open(
                 );
             }
         };
+        let prebuilt = if opts.prebuilt_dir.is_null() {
+            None
+        } else {
+            // SAFETY: non-null; the caller guarantees a NUL-terminated
+            // string (documented on the field).
+            let dir = unsafe { c_str(opts.prebuilt_dir, "options->prebuilt_dir") }?;
+            let target = if opts.prebuilt_target.is_null() {
+                match backend {
+                    Backend::HostX86 => "x86-avx2",
+                    Backend::HostClif => "host",
+                    other => {
+                        return err(
+                            TesseraStatus::InvalidArgument,
+                            format!(
+                                "options->prebuilt_target is NULL: name the generator target for the {other:?} backend (e.g. aarch64-i8mm)"
+                            ),
+                        );
+                    }
+                }
+            } else {
+                // SAFETY: non-null; NUL-terminated by contract.
+                unsafe { c_str(opts.prebuilt_target, "options->prebuilt_target") }?
+            };
+            Some(tessera_runtime::manifest::Manifest::load_prebuilt(
+                Path::new(dir),
+                target,
+                &tessera_runtime::current_generator(),
+            )?)
+        };
         let dev = Device::open(
             backend,
             DeviceOptions {
                 threads: (opts.threads > 0).then_some(opts.threads as usize),
                 record: rec.clone(),
                 x86_avx2_only: opts.x86_avx2_only != 0,
+                prebuilt,
                 ..Default::default()
             },
         )?;

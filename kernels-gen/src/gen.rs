@@ -87,7 +87,7 @@ pub use targets::{TARGETS, TargetSpec, target_names};
 pub use tessera_runtime::dispatch::{DEFAULT_M1, DEFAULT_M2};
 
 /// Name of the manifest file in the output directory.
-pub const MANIFEST_FILE: &str = "manifest.json";
+pub const MANIFEST_FILE: &str = tessera_runtime::manifest::MANIFEST_FILE;
 /// Name of the Rust file to `include!`.
 pub const KERNELS_RS: &str = "kernels.rs";
 

@@ -190,6 +190,13 @@ pub enum ManifestError {
         found: String,
         want: String,
     },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {why}")]
+    Unusable { path: String, why: String },
 }
 
 /// FNV-1a 64 of `bytes`, lowercase hex: the manifest's content hash.
@@ -393,16 +400,9 @@ impl EmbeddedKernel {
         check_embedded(self.generator_version, self.template_hash, generator)
     }
 
-    /// The machine code's architecture: `aarch64-*` targets are AArch64,
-    /// `x86-avx2` x86-64, `host` (cranelift) the machine that ran the
-    /// generator, taken to be this one (cross builds name their target).
+    /// The machine code's architecture (see [`target_arch`]).
     pub fn arch(&self) -> Option<Arch> {
-        match self.target {
-            t if t.starts_with("aarch64-") => Some(Arch::Aarch64),
-            "x86-avx2" => Some(Arch::X86_64),
-            "host" => Arch::host(),
-            _ => None,
-        }
+        target_arch(self.target)
     }
 
     /// A machine-code kernel as the runtime's [`PrebuiltKernel`] (for
@@ -437,56 +437,21 @@ impl EmbeddedKernel {
         format: &str,
         generator: GeneratorId,
     ) -> PrebuiltSet {
-        let name = format!("matmul-{format}");
         let mut set = PrebuiltSet::new(generator);
-        let mine: Vec<&EmbeddedKernel> = table
+        let mine: Vec<Candidate> = table
             .iter()
             .filter(|k| k.target == target && k.format == format)
+            .filter_map(|k| {
+                Some(Candidate {
+                    variant: k.variant,
+                    n: k.n,
+                    k: k.k,
+                    m_min: k.m_min,
+                    kernel: k.to_prebuilt()?,
+                })
+            })
             .collect();
-        // A variant's range may be split into per-M flat steps; the kernel
-        // serving the top of each shape's range is the variant's own tile
-        // (the runtime takes a prebuilt variant's first tile, and derives
-        // the steps from it), so those come first.
-        let is_top = |k: &EmbeddedKernel| {
-            !mine
-                .iter()
-                .any(|o| o.variant == k.variant && o.n == k.n && o.k == k.k && o.m_min > k.m_min)
-        };
-        let (top, steps): (Vec<&EmbeddedKernel>, Vec<&EmbeddedKernel>) =
-            mine.iter().partition(|k| is_top(k));
-        for k in top.into_iter().chain(steps) {
-            if set.matmul(&name, k.variant, k.tile).is_none()
-                && let Some(p) = k.to_prebuilt()
-            {
-                set.push(p);
-            }
-        }
-        let has = |set: &PrebuiltSet, v: Variant| !set.matmul_tiles(&name, v).is_empty();
-        let all = Variant::ALL;
-        for (i, &v) in all.iter().enumerate() {
-            if has(&set, v) {
-                continue;
-            }
-            let donor = all[i + 1..]
-                .iter()
-                .chain(all[..i].iter().rev())
-                .copied()
-                .find(|&d| has(&set, d));
-            if let Some(d) = donor {
-                let copies: Vec<PrebuiltKernel> = set
-                    .kernels
-                    .iter()
-                    .filter(|p| p.kernel == name && p.variant == Some(d))
-                    .map(|p| PrebuiltKernel {
-                        variant: Some(v),
-                        ..p.clone()
-                    })
-                    .collect();
-                for p in copies {
-                    set.push(p);
-                }
-            }
-        }
+        add_format(&mut set, format, mine);
         set
     }
 
@@ -504,6 +469,168 @@ impl EmbeddedKernel {
         })
     }
 }
+
+/// The machine code architecture of a generator target: `aarch64-*`
+/// targets are AArch64, `x86-avx2` x86-64, `host` (cranelift) the machine
+/// that ran the generator, taken to be this one (cross builds name their
+/// target); `None` for source targets (OpenCL, PTX).
+pub fn target_arch(target: &str) -> Option<Arch> {
+    match target {
+        t if t.starts_with("aarch64-") => Some(Arch::Aarch64),
+        "x86-avx2" => Some(Arch::X86_64),
+        "host" => Arch::host(),
+        _ => None,
+    }
+}
+
+/// One machine-code matmul kernel of a generated set, with what orders it.
+struct Candidate {
+    variant: Variant,
+    n: usize,
+    k: usize,
+    m_min: usize,
+    kernel: PrebuiltKernel,
+}
+
+/// Add one format's kernels to `set`. Kernels serving several shapes
+/// appear once per (variant, tile). A variant the target has no loop for
+/// (x86 and cranelift have only GEMM) is served by the kernels of the next
+/// variant (the last by the previous), as the generator's M ranges say,
+/// since the runtime looks kernels up per variant.
+fn add_format(set: &mut PrebuiltSet, format: &str, mine: Vec<Candidate>) {
+    let name = format!("matmul-{format}");
+    // A variant's range may be split into per-M flat steps; the kernel
+    // serving the top of each shape's range is the variant's own tile (the
+    // runtime takes a prebuilt variant's first tile, and derives the steps
+    // from it), so those come first.
+    let is_top = |c: &Candidate| {
+        !mine
+            .iter()
+            .any(|o| o.variant == c.variant && o.n == c.n && o.k == c.k && o.m_min > c.m_min)
+    };
+    let (top, steps): (Vec<&Candidate>, Vec<&Candidate>) = mine.iter().partition(|c| is_top(c));
+    for c in top.into_iter().chain(steps) {
+        if set.matmul(&name, c.variant, c.kernel.tile).is_none() {
+            set.push(c.kernel.clone());
+        }
+    }
+    let has = |set: &PrebuiltSet, v: Variant| !set.matmul_tiles(&name, v).is_empty();
+    let all = Variant::ALL;
+    for (i, &v) in all.iter().enumerate() {
+        if has(set, v) {
+            continue;
+        }
+        let donor = all[i + 1..]
+            .iter()
+            .chain(all[..i].iter().rev())
+            .copied()
+            .find(|&d| has(set, d));
+        if let Some(d) = donor {
+            let copies: Vec<PrebuiltKernel> = set
+                .kernels
+                .iter()
+                .filter(|p| p.kernel == name && p.variant == Some(d))
+                .map(|p| PrebuiltKernel {
+                    variant: Some(v),
+                    ..p.clone()
+                })
+                .collect();
+            for p in copies {
+                set.push(p);
+            }
+        }
+    }
+}
+
+impl Manifest {
+    /// The machine-code kernels of a set `tessera-kernels-gen gen` wrote to
+    /// `dir`, for `target` (every format it holds), as a [`PrebuiltSet`] of
+    /// `generator`, read at run time: what a caller that cannot compile
+    /// `kernels.rs` into its binary (a C engine) passes to
+    /// `DeviceOptions::prebuilt`. The manifest must come from this
+    /// generator and every file must match its hash.
+    pub fn load_prebuilt(
+        dir: &std::path::Path,
+        target: &str,
+        generator: &GeneratorId,
+    ) -> Result<PrebuiltSet, ManifestError> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read(&path).map_err(|source| ManifestError::Io {
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        let manifest_path = dir.join(MANIFEST_FILE);
+        let text = read(MANIFEST_FILE)?;
+        let text = String::from_utf8(text).map_err(|e| ManifestError::Unusable {
+            path: manifest_path.display().to_string(),
+            why: format!("not UTF-8 ({e})"),
+        })?;
+        let manifest = Manifest::from_json(&text, &manifest_path.display().to_string())?;
+        manifest.check(generator)?;
+        let Some(arch) = target_arch(target) else {
+            return Err(ManifestError::Unusable {
+                path: manifest_path.display().to_string(),
+                why: format!("target `{target}` has no machine code to load"),
+            });
+        };
+        let mut formats: Vec<&str> = manifest
+            .entries
+            .iter()
+            .filter(|e| e.target == target)
+            .map(|e| e.format.as_str())
+            .collect();
+        formats.sort_unstable();
+        formats.dedup();
+        if formats.is_empty() {
+            return Err(ManifestError::Unusable {
+                path: manifest_path.display().to_string(),
+                why: format!("no kernels for target `{target}`"),
+            });
+        }
+        let mut set = PrebuiltSet::new(generator.clone());
+        for format in formats {
+            let mut mine = Vec::new();
+            for e in manifest
+                .entries
+                .iter()
+                .filter(|e| e.target == target && e.format == format)
+            {
+                let bytes = read(&e.file)?;
+                Manifest::verify(e, &bytes)?;
+                let quantizer = match &e.quantizer {
+                    Some(q) => {
+                        let qb = read(&q.file)?;
+                        Manifest::verify_file(q, &qb)?;
+                        Some(qb)
+                    }
+                    None => None,
+                };
+                mine.push(Candidate {
+                    variant: e.variant,
+                    n: e.n,
+                    k: e.k,
+                    m_min: e.m_min,
+                    kernel: PrebuiltKernel::matmul(
+                        &format!("matmul-{format}"),
+                        &e.kernel,
+                        e.variant,
+                        e.tile,
+                        arch,
+                        bytes,
+                        quantizer,
+                    ),
+                });
+            }
+            add_format(&mut set, format, mine);
+        }
+        Ok(set)
+    }
+}
+
+/// The manifest's file name in a generated directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
 
 #[cfg(test)]
 mod tests {
