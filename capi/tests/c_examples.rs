@@ -18,6 +18,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+mod common;
+use common::reference_linear;
+
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -68,33 +71,6 @@ fn write_f32(dir: &Path, name: &str, v: &[f32]) {
 fn write_f16(dir: &Path, name: &str, v: &[f16]) {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
     std::fs::write(dir.join(name), bytes).unwrap();
-}
-
-/// The interpreter's y = x·wᵀ + bias in `format` (weights quantized as the
-/// runtime quantizes them).
-fn reference_linear(
-    format: WeightFormat,
-    x: &[f32],
-    w: &[f32],
-    bias: &[f32],
-    (m, n, k): (usize, usize, usize),
-) -> Vec<f32> {
-    let kernel = library::get(format.library_kernel()).unwrap();
-    let mm = kernel.as_matmul().unwrap();
-    let w_format = kernel.tensor(&mm.w).unwrap().format;
-    let x_format = kernel.tensor(&mm.x).unwrap().format;
-    let wv = match Value::from_f32(w_format, w) {
-        Some(v) => v,
-        None => Value::Quant(quant::quantize(w_format, n, k, w).unwrap()),
-    };
-    let b = Bindings::new()
-        .extent("e", m)
-        .extent("h", n)
-        .extent("l", k)
-        .tensor("x", Value::from_f32(x_format, x).unwrap())
-        .tensor("w", wv)
-        .tensor("bias", Value::F32(bias.to_vec()));
-    interp::run(&kernel, &b).unwrap().get("y").unwrap().to_vec()
 }
 
 /// The interpreter's attention for the last `t` of `s` cached tokens.
