@@ -203,10 +203,11 @@ check() {
     local name=$1
     shift
     log "$name: $*"
+    local start=$SECONDS
     if "$@"; then
-        SUMMARY+=("ok      $name")
+        SUMMARY+=("ok      $(printf '%5ss' $((SECONDS - start)))  $name")
     else
-        SUMMARY+=("FAILED  $name")
+        SUMMARY+=("FAILED  $(printf '%5ss' $((SECONDS - start)))  $name")
         FAILED+=("$name")
     fi
 }
@@ -231,7 +232,9 @@ run_tests() {
 }
 
 main() {
+    local start=$SECONDS
     install_requirements
+    SUMMARY+=("ok      $(printf '%5ss' $((SECONDS - start)))  toolchains installed (idempotent)")
 
     TOTALS="0 passed, 0 failed, 0 skipped"
     check "rustfmt" cargo fmt --all -- --check
@@ -248,6 +251,7 @@ main() {
     printf '\n==> summary\n'
     printf '  %s\n' "${SUMMARY[@]}"
     printf 'tests: %s\n' "$TOTALS"
+    printf 'total: %ss\n' "$SECONDS"
     if [ "${#FAILED[@]}" -ne 0 ]; then
         printf 'failed checks: %s\n' "${FAILED[*]}" >&2
         exit 1

@@ -212,19 +212,30 @@ fn write_records(dir: &Path) {
     std::fs::write(dir.join("not_a_record.json"), "{ not json").unwrap();
 }
 
-/// `target/<profile>`, where cargo put libtessera.{a,so} for this test run
-/// (this binary is `target/<profile>/deps/c_examples-<hash>`).
+/// Where cargo put libtessera.{a,so} for this test run. `cargo test` builds
+/// the library's staticlib and cdylib into `target/<profile>/deps` (this
+/// binary's own folder) and copies them up to `target/<profile>` only on
+/// `cargo build`, so the deps copy is the one that matches this run; the
+/// folder above is the fallback for a library built by hand.
 fn library_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    for lib in ["libtessera.a", "libtessera.so"] {
-        assert!(
-            dir.join(lib).exists(),
-            "{} not found next to the test binary: build it with `cargo build -p tessera-capi`",
-            dir.join(lib).display()
-        );
+    let deps = exe.parent().unwrap().to_path_buf();
+    let has_both = |dir: &Path| {
+        ["libtessera.a", "libtessera.so"]
+            .iter()
+            .all(|lib| dir.join(lib).is_file())
+    };
+    if has_both(&deps) {
+        return deps;
     }
-    dir
+    let profile_dir = deps.parent().unwrap().to_path_buf();
+    assert!(
+        has_both(&profile_dir),
+        "libtessera.a and libtessera.so not found in {} or {}: build them with `cargo build -p tessera-capi`",
+        deps.display(),
+        profile_dir.display()
+    );
+    profile_dir
 }
 
 /// An install-style prefix (include/, lib/, lib/pkgconfig/tessera.pc from
