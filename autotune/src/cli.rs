@@ -89,6 +89,11 @@ pub struct Args {
     /// A tuner already built for the device (skips the cross-build).
     #[arg(long, value_name = "PATH")]
     pub remote_bin: Option<PathBuf>,
+    /// The cargo profile of the cross-build (`release` times the kernels
+    /// as a user's build would; another profile reuses what a test or dev
+    /// build of that target already compiled).
+    #[arg(long, value_name = "NAME", default_value = "release")]
+    pub remote_profile: String,
     /// An ssh/scp option (-o) for --remote ssh://, e.g.
     /// IdentityFile=~/.ssh/board; repeatable.
     #[arg(long, value_name = "OPTION")]
@@ -212,10 +217,10 @@ fn remote_command(args: &Args, target: &str) -> Result<(), CliError> {
         }
         None => {
             say(format!(
-                "building tessera-autotune for {} (cargo build --release)",
-                args.remote_target
+                "building tessera-autotune for {} (cargo build --profile {})",
+                args.remote_target, args.remote_profile
             ));
-            remote::build(&args.remote_target)?
+            remote::build(&args.remote_target, &args.remote_profile)?
         }
     };
     say(format!("tuning on {}", transport.describe()));

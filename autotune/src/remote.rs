@@ -376,15 +376,16 @@ fn file_name(p: &Path) -> Result<String, RemoteError> {
         .ok_or_else(|| fail(Step::Copy, format!("{} has no file name", p.display())))
 }
 
-/// Cross-build the tuner for `triple` with cargo (release) and return the
+/// Cross-build the tuner for `triple` with cargo's `profile` and return the
 /// binary's path, from cargo's own artifact messages.
-pub fn build(triple: &str) -> Result<PathBuf, RemoteError> {
+pub fn build(triple: &str, profile: &str) -> Result<PathBuf, RemoteError> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = exec(
         Step::Build,
         Command::new(cargo).args([
             "build",
-            "--release",
+            "--profile",
+            profile,
             "-p",
             "tessera-autotune",
             "--bin",

@@ -1,6 +1,9 @@
 //! `--remote` end to end (ignored by default: it cross-builds the tuner).
 //! Run by `scripts/test.sh` as
-//! `cargo test -p tessera-autotune --test remote -- --ignored`.
+//! `cargo test --workspace --test remote -- --ignored` (`--workspace`, so
+//! the features match the workspace test build and nothing is rebuilt).
+//! The cross-build uses the `test` profile, whose aarch64 artifacts the
+//! NEON and clif suites have already compiled.
 //!
 //! - the runner transport under qemu-aarch64: build for aarch64, copy, run,
 //!   fetch, merge; the record brought back carries the aarch64 fingerprint
@@ -8,7 +11,8 @@
 //! - the ssh transport against an sshd started here on loopback with a
 //!   throwaway host key and user key, running this host's tuner.
 //!
-//! A missing tool fails the test when `CI` is set, else it prints SKIP.
+//! A missing tool fails the test under CI and in scripts/test.sh, else it
+//! prints SKIP.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -30,16 +34,14 @@ fn have(tool: &str) -> bool {
             .is_ok_and(|s| s.success())
 }
 
-/// False (SKIP) when a tool is missing; panics naming it under CI.
+/// False (SKIP) when a tool is missing; fails naming it under CI
+/// (`tessera_dsl::testing`).
 fn tools(test: &str, names: &[&str]) -> bool {
     let missing: Vec<&&str> = names.iter().filter(|t| !have(t)).collect();
     if missing.is_empty() {
         return true;
     }
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: missing {missing:?} (scripts/test.sh installs them)");
-    }
-    eprintln!("SKIP {test}: missing {missing:?}");
+    tessera_dsl::testing::missing_tool(test, &format!("missing {missing:?}"));
     false
 }
 
@@ -80,6 +82,7 @@ fn runner_transport_tunes_an_aarch64_device_under_qemu() {
             "run:qemu-aarch64 -cpu max -L /usr/aarch64-linux-gnu",
         ])
         .args(["--model", tiny_config().to_str().unwrap()])
+        .args(["--remote-profile", "test"])
         .args(["--budget", "6", "--threads", "1", "--no-plots", "--quiet"])
         .arg("--out")
         .arg(&out)

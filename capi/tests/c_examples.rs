@@ -250,9 +250,8 @@ fn make_prefix(root: &Path) -> PathBuf {
         prefix.join("include/tessera.h"),
     )
     .unwrap();
-    // Copies without debug info: the test profile's libraries carry
-    // ~200 MB of it, which makes every static link and valgrind's start
-    // take tens of seconds.
+    // Copies without debug info: what the test profile keeps (line
+    // tables) still makes every static link and valgrind's start slower.
     let libs = library_dir();
     for lib in ["libtessera.a", "libtessera.so"] {
         run(Command::new("strip")
