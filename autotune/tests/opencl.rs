@@ -39,7 +39,10 @@ fn opencl_tunes_a_small_model_and_the_runtime_loads_the_record() {
     let dev = match ClDevice::first() {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("SKIP opencl tuning: {e}");
+            tessera_dsl::testing::missing_tool(
+                "opencl tuning",
+                &format!("no OpenCL platform (PoCL): {e}"),
+            );
             return;
         }
     };

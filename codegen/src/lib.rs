@@ -32,5 +32,7 @@ pub use tile::{
 /// This generator's version (the crate version).
 pub const GENERATOR_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// A hash of every emitter source file: changes whenever emitted code can.
+/// The generator hash (`generator_hash.rs`): changes whenever emitted code
+/// or packed bytes can — emitters, IR, library kernels, quantizers, packers,
+/// the `kernel!` macro, the assembler crates' versions.
 pub const TEMPLATE_HASH: &str = env!("TESSERA_TEMPLATE_HASH");

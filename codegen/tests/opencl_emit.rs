@@ -74,13 +74,18 @@ fn all_sources(mode: Fp16Mode) -> Vec<(String, String)> {
     out
 }
 
-fn clang() -> Option<&'static str> {
-    Command::new("clang")
+/// clang, or None after a SKIP (a failure under CI) naming `check`.
+fn clang(check: &str) -> Option<&'static str> {
+    let found = Command::new("clang")
         .arg("--version")
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .map(|_| "clang")
+        .map(|_| "clang");
+    if found.is_none() {
+        tessera_dsl::testing::missing_tool(check, "clang not installed");
+    }
+    found
 }
 
 fn clang_check(name: &str, src: &str, fp16: bool) -> Result<(), String> {
@@ -116,8 +121,7 @@ fn clang_check(name: &str, src: &str, fp16: bool) -> Result<(), String> {
 
 #[test]
 fn native_half_programs_are_valid_opencl_c() {
-    if clang().is_none() {
-        eprintln!("SKIP native_half_programs_are_valid_opencl_c: clang not installed");
+    if clang("native_half_programs_are_valid_opencl_c").is_none() {
         return;
     }
     let sources = all_sources(Fp16Mode::Native);
@@ -133,8 +137,7 @@ fn native_half_programs_are_valid_opencl_c() {
 
 #[test]
 fn storage_programs_are_valid_without_fp16() {
-    if clang().is_none() {
-        eprintln!("SKIP storage_programs_are_valid_without_fp16: clang not installed");
+    if clang("storage_programs_are_valid_without_fp16").is_none() {
         return;
     }
     for (name, src) in &all_sources(Fp16Mode::Storage) {

@@ -17,6 +17,7 @@ pub mod library;
 pub mod models;
 pub mod naming;
 pub mod quant;
+pub mod testing;
 pub mod text;
 pub mod verify;
 

@@ -60,12 +60,9 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 #[test]
 fn ggml_blocks_match_llama_cpp_quantizers_bit_for_bit() {
     let Some(pythonpath) = gguf_path() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the gguf package (llama.cpp's quantizers) is required in CI: scripts/test.sh installs it"
-        );
-        println!(
-            "SKIP ggml oracle: the gguf package is not installed (scripts/test.sh installs it)"
+        tessera_dsl::testing::missing_tool(
+            "ggml oracle",
+            "the gguf package (llama.cpp's quantizers) is not installed",
         );
         return;
     };

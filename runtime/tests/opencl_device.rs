@@ -43,7 +43,7 @@ fn open(
     match Device::open(Backend::OpenCl, options) {
         Ok(d) => Some((Arc::new(d), guard)),
         Err(RuntimeError::Unavailable { why, .. }) => {
-            eprintln!("SKIP {test}: {why}");
+            tessera_dsl::testing::missing_tool(test, &format!("no OpenCL platform (PoCL): {why}"));
             None
         }
         Err(e) => panic!("{test}: {e}"),

@@ -201,7 +201,10 @@ fn opencl_source_from_the_attention_table_is_the_program_built() {
     let dev = match open(set.clone()) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("SKIP opencl prebuilt attention: {e}");
+            tessera_dsl::testing::missing_tool(
+                "opencl prebuilt attention",
+                &format!("no OpenCL platform (PoCL): {e}"),
+            );
             return;
         }
     };
@@ -293,7 +296,10 @@ fn opencl_matmul_sources_from_the_kernel_table_are_tried_first() {
     ) {
         Ok(d) => Arc::new(d),
         Err(e) => {
-            eprintln!("SKIP opencl prebuilt matmul: {e}");
+            tessera_dsl::testing::missing_tool(
+                "opencl prebuilt matmul",
+                &format!("no OpenCL platform (PoCL): {e}"),
+            );
             return;
         }
     };

@@ -12,9 +12,17 @@ use std::process::{Command, Stdio};
 /// Why the cross-check could not run or failed.
 #[derive(Debug)]
 pub enum McError {
-    /// llvm-mc is not installed: tests report and skip.
+    /// llvm-mc is not installed: tests report and skip (fail under CI:
+    /// [`missing`]).
     Missing,
     Failed(String),
+}
+
+/// `tool` could not be started: SKIP on a developer's machine, a failure
+/// naming it under CI (`tessera_dsl::testing`).
+fn missing(tool: &str) -> McError {
+    tessera_dsl::testing::missing_tool("llvm-mc cross-check", &format!("{tool} not installed"));
+    McError::Missing
 }
 
 fn run(args: &[&str], input: &str) -> Result<String, McError> {
@@ -24,7 +32,7 @@ fn run(args: &[&str], input: &str) -> Result<String, McError> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|_| McError::Missing)?;
+        .map_err(|_| missing("llvm-mc"))?;
     child
         .stdin
         .take()
@@ -151,7 +159,7 @@ pub fn check_aarch64(listing: &str, bytes: &[u8], mattr: &str) -> Result<(), McE
         .arg(&obj)
         .arg(&src)
         .output()
-        .map_err(|_| McError::Missing)?;
+        .map_err(|_| missing("llvm-mc"))?;
     if !status.status.success() {
         return Err(McError::Failed(format!(
             "llvm-mc: {}",
@@ -163,7 +171,7 @@ pub fn check_aarch64(listing: &str, bytes: &[u8], mattr: &str) -> Result<(), McE
         .arg(&obj)
         .arg(&bin)
         .output()
-        .map_err(|_| McError::Missing)?;
+        .map_err(|_| missing("llvm-objcopy"))?;
     if !copy.status.success() {
         return Err(McError::Failed(format!(
             "llvm-objcopy: {}",

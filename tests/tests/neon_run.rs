@@ -560,3 +560,59 @@ fn compact_formats_odd_panel_widths() {
         }
     }
 }
+
+/// `kernel` with the epilogue activation `act`.
+fn with_activation(mut k: Kernel, act: tessera_dsl::ir::Activation) -> Kernel {
+    if let tessera_dsl::Op::Matmul(mm) = &mut k.op {
+        mm.epilogue.activation = act;
+    }
+    k
+}
+
+/// The epilogue's relu runs in every variant on every target (tails in M,
+/// N and K; half the outputs are clamped), and what NEON does not emit is
+/// refused naming the field: silu, 4-bit weights without the pair
+/// transpose, weights outside the CPU panel layout.
+#[test]
+fn epilogue_relu_every_target_and_variant_refusals_by_field() {
+    use tessera_dsl::ir::Activation;
+    for target in runnable() {
+        for name in ["matmul-f32", "matmul-f16", "matmul-w4a8", "matmul-w8a8", "matmul-q4_0"] {
+            let kernel = with_activation(library::get(name).unwrap(), Activation::Relu);
+            let gemv = tiles(target, &kernel, 1)[0];
+            check(target, &kernel, &gemv, Variant::Gemv, 1, 37, 96, 1);
+            check(target, &kernel, &gemv, Variant::Gemv, 3, 17, 64, 2);
+            let flat = flat_tile(target, &kernel, 8);
+            check(target, &kernel, &flat, Variant::FlatGemm, 7, 23, 160, 3);
+            let gemm = tiles(target, &kernel, 4096)[0];
+            check(target, &kernel, &gemm, Variant::Gemm, 19, 29, 96, 4);
+            let listing = machine(NeonBackend::new(target).unwrap().emit(&kernel, &gemm).unwrap())
+                .listing;
+            assert!(listing.contains("fmaxnm"), "{target} {name}: no relu in the store");
+
+            let be = NeonBackend::new(target).unwrap();
+            let silu = with_activation(library::get(name).unwrap(), Activation::Silu);
+            let err = be.emit(&silu, &gemm).unwrap_err().to_string();
+            assert!(err.contains("silu") && err.contains("activation"), "{err}");
+        }
+        let be = NeonBackend::new(target).unwrap();
+        let mut plain = library::get("matmul-w4a8").unwrap();
+        for t in &mut plain.tensors {
+            if t.name == "w" {
+                t.layout.int4_pair_transpose = false;
+            }
+        }
+        let tile = tiles(target, &library::get("matmul-w4a8").unwrap(), 4096)[0];
+        let err = be.emit(&plain, &tile).unwrap_err().to_string();
+        assert!(err.contains("pair_transpose"), "{err}");
+        let mut row_major = library::get("matmul-f32").unwrap();
+        for t in &mut row_major.tensors {
+            if t.name == "w" {
+                t.layout = tessera_dsl::ir::Layout::row_major(&["h", "l"]);
+            }
+        }
+        let tile = tiles(target, &library::get("matmul-f32").unwrap(), 4096)[0];
+        let err = be.emit(&row_major, &tile).unwrap_err().to_string();
+        assert!(err.contains("panel layout"), "{err}");
+    }
+}

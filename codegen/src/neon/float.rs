@@ -52,6 +52,8 @@ pub struct FloatSpec {
     pub gemv: bool,
     /// The flat-GEMM nest and its numbers (None: the GEMM/GEMV nest).
     pub flat: Option<FlatPlan>,
+    /// The epilogue's relu (in the tile store).
+    pub relu: bool,
 }
 
 /// Row pointers: x1..x15 (so ep ≤ 15 on this path).
@@ -221,7 +223,8 @@ fn gemm_nest(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan, row_bytes: u32)
         v: [V(0), V(1)],
     };
     frame::store_tile(
-        a, STAGE, row_bytes, hp, rows, COLS, y_row, YSTRIDE, BIAS, spec.out, &regs,
+        a, STAGE, row_bytes, hp, rows, COLS, y_row, YSTRIDE, BIAS, spec.out, spec.relu,
+        &regs,
     );
     a.mov_imm(T0, u64::from(ep));
     a.madd(XBASE, T0, XSTRIDE, XBASE);
@@ -261,7 +264,8 @@ fn store_row_block(a: &mut A64, spec: &FloatSpec, row_bytes: u32) {
         v: [V(0), V(1)],
     };
     frame::store_tile(
-        a, STAGE, row_bytes, spec.hp, rows, COLS, y_row, YSTRIDE, BIAS, spec.out, &regs,
+        a, STAGE, row_bytes, spec.hp, rows, COLS, y_row, YSTRIDE, BIAS, spec.out, spec.relu,
+        &regs,
     );
 }
 

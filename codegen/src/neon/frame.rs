@@ -48,7 +48,9 @@ pub enum OutType {
 /// `0..rows` (a register) to `y_row`, `y_stride` bytes apart, columns
 /// `0..cols` (a register). A full-width tile stores with vectors; a
 /// column tail goes element by element. `bias` points at the tile's first
-/// column (a zero area when the kernel has no bias).
+/// column (a zero area when the kernel has no bias). `relu` clamps the
+/// sum at 0 with `fmaxnm` (a NaN sum becomes 0, like `f32::max`, the
+/// interpreter's relu); the tile is stored once, after the whole of k.
 #[allow(clippy::too_many_arguments)]
 pub fn store_tile(
     a: &mut A64,
@@ -61,6 +63,7 @@ pub fn store_tile(
     y_stride: X,
     bias: X,
     out: OutType,
+    relu: bool,
     r: &StoreRegs,
 ) {
     let [cnt, src, dst, bp, col] = r.gp;
@@ -69,7 +72,11 @@ pub fn store_tile(
         OutType::F32 => 4,
         OutType::F16 => 2,
     };
-    a.comment("store the tile: y = acc + bias, valid rows and columns only");
+    a.comment(if relu {
+        "store the tile: y = max(acc + bias, 0), valid rows and columns only"
+    } else {
+        "store the tile: y = acc + bias, valid rows and columns only"
+    });
     a.mov(cnt, rows);
     a.mov(src, stage);
     a.mov(dst, y_row);
@@ -89,6 +96,10 @@ pub fn store_tile(
         a.ldr_q(t0, src, 16 * c);
         a.ldr_q(t1, bp, 16 * c);
         a.fadd_4s(t0, t0, t1);
+        if relu {
+            a.zero(t1);
+            a.fmaxnm_4s(t0, t0, t1);
+        }
         match out {
             OutType::F32 => a.str_q(t0, dst, 16 * c),
             OutType::F16 => {
@@ -101,6 +112,10 @@ pub fn store_tile(
         a.ldr_s(t0, src, 4 * c);
         a.ldr_s(t1, bp, 4 * c);
         a.fadd_s(t0, t0, t1);
+        if relu {
+            a.zero(t1);
+            a.fmaxnm_s(t0, t0, t1);
+        }
         match out {
             OutType::F32 => a.str_s(t0, dst, 4 * c),
             OutType::F16 => {
@@ -122,6 +137,10 @@ pub fn store_tile(
     a.ldr_s_post(t0, src, 4);
     a.ldr_s_post(t1, bp, 4);
     a.fadd_s(t0, t0, t1);
+    if relu {
+        a.zero(t1);
+        a.fmaxnm_s(t0, t0, t1);
+    }
     match out {
         OutType::F32 => a.str_s_post(t0, dst, 4),
         OutType::F16 => {

@@ -102,6 +102,8 @@ pub struct Int8Spec {
     pub gemv: bool,
     /// The flat-GEMM nest and its numbers (None: the GEMM/GEMV nest).
     pub flat: Option<FlatPlan>,
+    /// The epilogue's relu (in the tile store).
+    pub relu: bool,
 }
 
 // General-purpose registers (x0 holds the argument block throughout).
@@ -1075,6 +1077,7 @@ fn tile_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout
         YSTRIDE,
         BIAS,
         OutType::F32,
+        spec.relu,
         &regs,
     );
     a.pop_pair(X(29), X(30));

@@ -44,7 +44,7 @@ pub mod quantize;
 use std::ops::Range;
 
 use tessera_dsl::Kernel;
-use tessera_dsl::ir::{Format, Group, ParamType};
+use tessera_dsl::ir::{Activation, Format, Group, ParamType};
 
 use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, Variant};
 use crate::target::{MacClass, TargetCaps, mac_class};
@@ -508,6 +508,51 @@ impl NeonBackend {
         }
     }
 
+    /// What the NEON loops read, checked against the description: weights
+    /// in the CPU panel layout `[h/hp, l/lp, hp, lp]` (4-bit codes pair-
+    /// transposed, which is how the loops unpack them), quantized
+    /// activations in `[e/ep, l/lp, ep, lp]`, and an epilogue the tile
+    /// store emits (bias, relu; no silu yet). Returns whether to relu.
+    fn check_epilogue_and_layouts(
+        &self,
+        kernel: &Kernel,
+        mm: &tessera_dsl::ir::Matmul,
+        wf: Format,
+        xf: Format,
+    ) -> Result<bool, EmitError> {
+        let what = |why: &str| self.unsupported(format!("kernel `{}`: {why}", kernel.name));
+        if !kernel.is_blocked(&mm.w, &mm.h, &mm.l) {
+            return Err(what(
+                "weights must use the CPU panel layout [h/hp, l/lp, hp, lp] (GPU-layout kernels go to opencl/ptx)",
+            ));
+        }
+        let pair_transposed = kernel
+            .tensor(&mm.w)
+            .is_some_and(|t| t.layout.int4_pair_transpose);
+        let four_bit = matches!(wf, Format::U4Asym(..) | Format::U4Sym(..));
+        if four_bit && !pair_transposed {
+            return Err(what("4-bit weights need the int4 pair transpose (layout field pair_transpose)"));
+        }
+        if !four_bit && pair_transposed {
+            return Err(what("the int4 pair transpose applies to 4-bit weights only"));
+        }
+        if xf == Format::I8Dyn
+            && !(kernel.is_blocked(&mm.x, &mm.e, &mm.l)
+                && kernel
+                    .tensor(&mm.x)
+                    .is_some_and(|t| !t.layout.int4_pair_transpose))
+        {
+            return Err(what("i8dyn activations must use the layout [e/ep, l/lp, ep, lp]"));
+        }
+        match mm.epilogue.activation {
+            Activation::None => Ok(false),
+            Activation::Relu => Ok(true),
+            Activation::Silu => Err(what(
+                "the silu epilogue (activation field) is not emitted on NEON yet (needs a vector exp); use none or relu",
+            )),
+        }
+    }
+
     fn spec(
         &self,
         kernel: &Kernel,
@@ -564,6 +609,7 @@ impl NeonBackend {
         else {
             return Err(self.unsupported("a matmul with missing tensors".into()));
         };
+        let relu = self.check_epilogue_and_layouts(kernel, mm, wf, xf)?;
         let out = match yf {
             Format::F32 => frame::OutType::F32,
             Format::F16 => frame::OutType::F16,
@@ -635,6 +681,7 @@ impl NeonBackend {
                     group,
                     gemv: variant == Variant::Gemv,
                     flat,
+                    relu,
                 }))
             }
             MacClass::F32 | MacClass::F16 => {
@@ -665,6 +712,7 @@ impl NeonBackend {
                     out,
                     gemv: variant == Variant::Gemv,
                     flat,
+                    relu,
                 }))
             }
         }

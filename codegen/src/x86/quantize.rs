@@ -4,8 +4,11 @@
 //! absmax/127, q = round_ties_even(x · (127/absmax)) computed in f32
 //! (`vdivps`, `vmulps`, `vcvtps2dq` under the default round-to-nearest-even
 //! MXCSR), rows whose absmax is 0 or not finite get scale 0 and codes 0.
-//! (An infinite element itself is out of contract: the reference clamps,
-//! this pass does not.)
+//! Non-finite elements follow the reference too: the absmax ignores NaN
+//! (`vmaxps` with the running maximum as its second source, which it
+//! returns when either is NaN, like `f32::max`), and a NaN product (a NaN
+//! element, or an infinite one times the 0 inverse of its row) becomes code
+//! 0 (`vcmpps` ordered mask) where `vcvtps2dq` would give -128.
 //!
 //! Output: the kernel's x layout `[e/ep, l/4, ep, 4]` (row r's codes for
 //! k = 4t..4t+4 at byte ((r/ep)·LB + t)·ep·4 + (r%ep)·4, LB = ceil(k/4));
@@ -79,7 +82,7 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     a.jcc(Cond::L, am_tail);
     a.vmovups_load(y1, mem(R10, 0));
     a.vandps(y1, y1, Ymm(7));
-    a.vmaxps(y0, y0, y1);
+    a.vmaxps(y0, y1, y0);
     a.add_imm(R10, 32);
     a.sub_imm(RCX, 8);
     a.jmp(am);
@@ -89,7 +92,7 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     common::column_mask(&mut a, 0, RCX);
     a.vmaskmovps_load(y1, common::MASK, mem(R10, 0));
     a.vandps(y1, y1, Ymm(7));
-    a.vmaxps(y0, y0, y1);
+    a.vmaxps(y0, y1, y0);
     a.bind(am_done);
     a.vextractf128_hi(y1, y0);
     a.vmaxps(y0, y0, y1);
@@ -130,6 +133,9 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     };
     let convert = |a: &mut X86Asm| {
         a.vmulps(y1, y1, y3);
+        // NaN products become 0.0 (ordered-compare mask), hence code 0.
+        a.vcmpps(y4, y1, y1, 7);
+        a.vandps(y1, y1, y4);
         a.vcvtps2dq(y1, y1);
         if sums {
             a.vpaddd(sum, sum, y1);

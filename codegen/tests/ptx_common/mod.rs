@@ -68,7 +68,15 @@ pub fn ptxas() -> Option<PathBuf> {
     {
         candidates.push(PathBuf::from(loc.trim()).join("nvidia/cuda_nvcc/bin/ptxas"));
     }
-    candidates.into_iter().find(works)
+    let found = candidates.into_iter().find(works);
+    if found.is_none() {
+        tessera_dsl::testing::missing_tool(
+            "ptxas checks",
+            "ptxas not found (set PTXAS, or run scripts/test.sh, which pip-installs \
+             nvidia-cuda-nvcc-cu12)",
+        );
+    }
+    found
 }
 
 /// What `ptxas -v` reports for one entry.

@@ -36,7 +36,7 @@ pub fn device(test: &str) -> Option<Locked> {
             ),
         }),
         Err(e) => {
-            eprintln!("SKIP {test}: {e}");
+            tessera_dsl::testing::missing_tool(test, &format!("no OpenCL platform (PoCL): {e}"));
             None
         }
     }
