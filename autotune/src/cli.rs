@@ -603,6 +603,12 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         "limits: read {:.1} GB/s, peak {:.1} GMAC/s ({path_name})",
         measured.read_gbps, measured.mac_gops,
     ));
+    // One weight per thread at least (a record says so): threads beyond
+    // the CPUs measured share the machine and weigh 1.
+    let mut core_weights = core_weights;
+    if core_weights.len() < threads {
+        core_weights.resize(threads, 1.0);
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     {

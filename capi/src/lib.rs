@@ -18,8 +18,8 @@
 //!   would be undefined behaviour in a Rust enum.
 //! - Buffers this crate allocates with a size from the caller are allocated
 //!   fallibly (`try_reserve`), so a huge request is
-//!   `TESSERA_STATUS_OUT_OF_MEMORY`; a KV cache's first allocation (made
-//!   by the runtime) is probed the same way first. The runtime's own
+//!   `TESSERA_STATUS_OUT_OF_MEMORY`, as is a KV cache the runtime cannot
+//!   allocate (it reserves fallibly too). The runtime's own
 //!   working buffers (packed weights, per-call scratch) are sized like the
 //!   buffers the caller already holds and are allocated as Rust normally
 //!   does.
@@ -118,6 +118,8 @@ impl From<RuntimeError> for Error {
             }
             RuntimeError::NoKernel { .. } => TesseraStatus::NoKernel,
             RuntimeError::CacheFull { .. } => TesseraStatus::CacheFull,
+            RuntimeError::OutOfMemory { .. } => TesseraStatus::OutOfMemory,
+            RuntimeError::Record(_) => TesseraStatus::Record,
             RuntimeError::Gpu { .. } => TesseraStatus::Device,
             RuntimeError::Quant(_) => TesseraStatus::InvalidArgument,
             RuntimeError::Host(_) | RuntimeError::Attention(_) | RuntimeError::Library(_) => {
@@ -1418,13 +1420,8 @@ pub unsafe extern "C" fn tessera_kv_cache_create(
                 );
             }
         };
-        // The runtime allocates the first chunk infallibly; probe the same
-        // size (at most 2 bytes per element, for K and V) fallibly first so
-        // an impossible capacity is a status, not an abort.
-        let elems = mul("capacity·kvh·d", mul("capacity·kvh", capacity, kvh)?, d)?;
-        for half_name in ["keys", "values"] {
-            drop(try_vec::<f16>(elems, half_name)?);
-        }
+        // The runtime allocates fallibly: an impossible capacity is
+        // RuntimeError::OutOfMemory, TESSERA_STATUS_OUT_OF_MEMORY here.
         let cache = KvCache::for_device(&dev, format, kvh, d, mode)?;
         *out = TesseraKvCache {
             id: insert(Object::KvCache(Arc::new(Mutex::new(cache)))),

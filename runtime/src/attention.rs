@@ -94,35 +94,48 @@ enum Store {
     },
 }
 
+/// `v` reserved to hold `total` elements, or the error naming `what` and
+/// the bytes asked for (a KV cache is sized by the caller: never abort).
+fn try_hold<T>(v: &mut Vec<T>, total: usize, what: &str) -> Result<(), RuntimeError> {
+    v.try_reserve_exact(total.saturating_sub(v.len()))
+        .map_err(|_| RuntimeError::OutOfMemory {
+            what: what.to_string(),
+            bytes: total.saturating_mul(std::mem::size_of::<T>()),
+        })
+}
+
 impl Store {
-    fn new(format: Format, elems: usize, rows: usize) -> Store {
-        match format {
-            Format::F16 => Store::F16(Vec::with_capacity(elems)),
+    fn new(format: Format, elems: usize, rows: usize) -> Result<Store, RuntimeError> {
+        let mut store = match format {
+            Format::F16 => Store::F16(Vec::new()),
             f => Store::Rows {
                 format: f,
-                codes: Vec::with_capacity(elems),
-                scales: Vec::with_capacity(if f.group().is_some() { rows } else { 0 }),
-                offsets: Vec::with_capacity(if f.is_asymmetric() { rows } else { 0 }),
+                codes: Vec::new(),
+                scales: Vec::new(),
+                offsets: Vec::new(),
             },
-        }
+        };
+        store.reserve(elems, rows)?;
+        Ok(store)
     }
 
-    fn reserve(&mut self, elems: usize, rows: usize) {
+    fn reserve(&mut self, elems: usize, rows: usize) -> Result<(), RuntimeError> {
         match self {
-            Store::F16(v) => v.reserve_exact(elems.saturating_sub(v.len())),
+            Store::F16(v) => try_hold(v, elems, "KV cache (f16 values)"),
             Store::Rows {
                 format,
                 codes,
                 scales,
                 offsets,
             } => {
-                codes.reserve_exact(elems.saturating_sub(codes.len()));
+                try_hold(codes, elems, "KV cache (codes)")?;
                 if format.group().is_some() {
-                    scales.reserve_exact(rows.saturating_sub(scales.len()));
+                    try_hold(scales, rows, "KV cache (row scales)")?;
                 }
                 if format.is_asymmetric() {
-                    offsets.reserve_exact(rows.saturating_sub(offsets.len()));
+                    try_hold(offsets, rows, "KV cache (row offsets)")?;
                 }
+                Ok(())
             }
         }
     }
@@ -220,7 +233,10 @@ impl KvCache {
         capacity: KvCapacity,
     ) -> Result<KvCache, RuntimeError> {
         let (tokens, rows, elems) = KvCache::check(kvh, d, capacity)?;
-        let _ = tokens;
+        let (k, v) = (
+            Store::new(format.key_format(), elems, rows)?,
+            Store::new(format.value_format(), elems, rows)?,
+        );
         Ok(KvCache {
             format,
             kvh,
@@ -229,10 +245,7 @@ impl KvCache {
             capacity: tokens,
             mode: capacity,
             growths: 0,
-            storage: Storage::Host {
-                k: Store::new(format.key_format(), elems, rows),
-                v: Store::new(format.value_format(), elems, rows),
-            },
+            storage: Storage::Host { k, v },
         })
     }
 
@@ -357,11 +370,18 @@ impl KvCache {
                     });
                 }
                 KvCapacity::Chunked(chunk) => {
-                    let grown = want.max(self.capacity * 2).div_ceil(chunk) * chunk;
+                    let overflow = || shape("KV cache growth (tokens·kvh·d)", "no overflow", "overflow");
+                    let grown = want
+                        .max(self.capacity.saturating_mul(2))
+                        .div_ceil(chunk)
+                        .checked_mul(chunk)
+                        .ok_or_else(overflow)?;
+                    let grown_rows = grown.checked_mul(self.kvh).ok_or_else(overflow)?;
+                    let grown_elems = grown.checked_mul(row).ok_or_else(overflow)?;
                     match &mut self.storage {
                         Storage::Host { k, v } => {
-                            k.reserve(grown * row, grown * self.kvh);
-                            v.reserve(grown * row, grown * self.kvh);
+                            k.reserve(grown_elems, grown_rows)?;
+                            v.reserve(grown_elems, grown_rows)?;
                         }
                         #[cfg(feature = "opencl")]
                         Storage::OpenCl { dev, cache } => {

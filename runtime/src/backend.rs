@@ -245,6 +245,9 @@ impl Device {
             (_, Some(set)) => (Engine::Prebuilt(set), None),
             (_, None) => (jit_engine(backend, options.x86_avx2_only)?, None),
         };
+        if let Some(record) = &options.record {
+            record.validate("the record in DeviceOptions")?;
+        }
         // A GPU backend's host side does not split work: one thread unless asked.
         let default_threads = if gpu.is_some() {
             1

@@ -29,6 +29,9 @@ pub enum RuntimeError {
     },
     #[error("{backend} driver: {why}")]
     Gpu { backend: String, why: String },
+    /// An allocation sized by the caller's input could not be made.
+    #[error("cannot allocate {what}: {bytes} bytes")]
+    OutOfMemory { what: String, bytes: usize },
     #[error("{0}")]
     Host(#[from] HostError),
     #[error("{0}")]
@@ -37,6 +40,8 @@ pub enum RuntimeError {
     Quant(#[from] tessera_dsl::quant::QuantError),
     #[error("{0}")]
     Library(#[from] tessera_dsl::library::LibraryError),
+    #[error("tuning record: {0}")]
+    Record(#[from] crate::record::RecordError),
 }
 
 /// A shape/length mismatch error.

@@ -289,6 +289,88 @@ pub enum RecordError {
     },
     #[error("the record is stale for this device: {why}")]
     Stale { why: String },
+    #[error("{path}: {entry}: `{field}` {why}")]
+    Invalid {
+        path: String,
+        /// Which entry (index, backend, format, model) and shape.
+        entry: String,
+        field: String,
+        why: String,
+    },
+}
+
+/// The largest ratio between two cores' weights a record may carry: no
+/// real core is a thousand times another, and larger ratios (or huge
+/// values) overflow the work split.
+const MAX_CORE_WEIGHT_RATIO: f64 = 1e3;
+
+/// The largest tile dimension a record may name (the solvers' tiles are
+/// tens of rows; this only bounds what a hand-edited file can ask for).
+const MAX_TILE_DIM: u32 = 1 << 16;
+
+impl DeviceEntry {
+    /// The values the runtime relies on: thread count, per-core weights
+    /// (finite, positive, one per thread, within a sane ratio), shapes
+    /// (n, k ≥ 1, 1 ≤ m1 ≤ m2) and winner tiles (every dimension ≥ 1).
+    /// Returns (field, why) of the first violation, with the shape named.
+    fn invalid(&self) -> Option<(String, String)> {
+        if self.threads == 0 {
+            return Some(("threads".into(), "is 0".into()));
+        }
+        let w = &self.core_weights;
+        if w.len() < self.threads {
+            return Some((
+                "core_weights".into(),
+                format!(
+                    "has {} values for {} threads (one per thread at least)",
+                    w.len(),
+                    self.threads
+                ),
+            ));
+        }
+        if let Some((i, v)) = w.iter().enumerate().find(|(_, v)| !v.is_finite() || **v <= 0.0) {
+            return Some((
+                "core_weights".into(),
+                format!("[{i}] = {v} (each must be finite and > 0)"),
+            ));
+        }
+        let (lo, hi) = w
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        if hi / lo > MAX_CORE_WEIGHT_RATIO {
+            return Some((
+                "core_weights".into(),
+                format!("range {lo}..{hi} exceeds a ratio of {MAX_CORE_WEIGHT_RATIO}"),
+            ));
+        }
+        for s in &self.shapes {
+            let at = |field: &str| format!("shapes[{}, {}].{field}", s.n, s.k);
+            if s.n == 0 || s.k == 0 {
+                return Some((at("n, k"), "must be ≥ 1".into()));
+            }
+            if s.m1 == 0 || s.m1 > s.m2 {
+                return Some((
+                    at("m1, m2"),
+                    format!("are {}, {} (need 1 ≤ m1 ≤ m2)", s.m1, s.m2),
+                ));
+            }
+            for w in &s.winners {
+                if w.tile.iter().any(|&d| d == 0 || d > MAX_TILE_DIM) {
+                    return Some((
+                        at("winners.tile"),
+                        format!(
+                            "{:?} for {} (each of ep, hp, lp must be 1..={MAX_TILE_DIM})",
+                            w.tile, w.variant
+                        ),
+                    ));
+                }
+                if w.from_m == Some(0) {
+                    return Some((at("winners.from_m"), "is 0".into()));
+                }
+            }
+        }
+        None
+    }
 }
 
 impl TuningRecord {
@@ -303,7 +385,27 @@ impl TuningRecord {
                 found: record.schema,
             });
         }
+        record.validate(path)?;
         Ok(record)
+    }
+
+    /// Every entry's values are ones the runtime can rely on (see
+    /// `DeviceEntry::invalid`); `source` names the record in the error.
+    pub fn validate(&self, source: &str) -> Result<(), RecordError> {
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some((field, why)) = e.invalid() {
+                return Err(RecordError::Invalid {
+                    path: source.to_string(),
+                    entry: format!(
+                        "entry {i} (backend `{}`, format `{}`, model `{}`)",
+                        e.backend, e.format, e.model
+                    ),
+                    field,
+                    why,
+                });
+            }
+        }
+        Ok(())
     }
 
     pub fn load(path: &Path) -> Result<TuningRecord, RecordError> {
@@ -445,6 +547,62 @@ mod tests {
             TuningRecord::from_json("{", "mem"),
             Err(RecordError::Json { .. })
         ));
+    }
+
+    #[test]
+    fn invalid_values_are_refused_naming_the_entry_and_field() {
+        let valid = entry("qwen2-1.5b", "avx2 fma", "aa");
+        let cases: Vec<(&str, Box<dyn Fn(&mut DeviceEntry)>)> = vec![
+            ("threads", Box::new(|e| e.threads = 0)),
+            ("core_weights", Box::new(|e| e.core_weights = vec![])),
+            ("core_weights", Box::new(|e| e.core_weights = vec![f64::NAN])),
+            ("core_weights", Box::new(|e| e.core_weights = vec![-1.0])),
+            ("core_weights", Box::new(|e| e.core_weights = vec![0.0])),
+            (
+                "core_weights",
+                Box::new(|e| {
+                    e.threads = 2;
+                    e.core_weights = vec![1.0, 1e300];
+                }),
+            ),
+            ("m1, m2", Box::new(|e| e.shapes[0].m1 = 0)),
+            ("m1, m2", Box::new(|e| e.shapes[0].m2 = 1)),
+            ("n, k", Box::new(|e| e.shapes[0].k = 0)),
+            (
+                "winners.tile",
+                Box::new(|e| {
+                    e.shapes[0].winners.push(Winner {
+                        variant: Variant::Gemm,
+                        target: "host".into(),
+                        tile: [0, 0, 0],
+                        kernel: "k".into(),
+                        from_m: None,
+                    })
+                }),
+            ),
+        ];
+        for (field, break_it) in cases {
+            let mut e = valid.clone();
+            break_it(&mut e);
+            let rec = TuningRecord {
+                schema: RECORD_SCHEMA,
+                entries: vec![valid.clone(), e],
+            };
+            let err = TuningRecord::from_json(&rec.to_json(), "rec.json").unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, RecordError::Invalid { .. }), "{msg}");
+            assert!(msg.starts_with("rec.json: entry 1 (backend `host`"), "{msg}");
+            assert!(msg.contains(field), "{field}: {msg}");
+        }
+        // JSON has no NaN: a huge number is how a file says "absurd".
+        let text = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![valid.clone()],
+        }
+        .to_json()
+        .replace("\"core_weights\": [\n        1.0\n      ]", "\"core_weights\": [1e999]");
+        assert!(text.contains("1e999"), "{text}");
+        assert!(TuningRecord::from_json(&text, "rec.json").is_err());
     }
 
     #[test]

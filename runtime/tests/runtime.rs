@@ -166,6 +166,58 @@ fn ggml_block_formats_match_the_interpreter_on_x86() {
     }
 }
 
+/// Non-finite activations mean what the interpreter says on every host
+/// backend: f32 kernels propagate them; the int8 kernels' per-row
+/// quantizer ignores a NaN in the absmax and codes it 0, and a row with an
+/// infinity gets scale 0 (so its outputs are the bias).
+#[test]
+fn nan_and_infinite_activations_match_the_interpreter() {
+    let (n, k) = (21, 72);
+    let mut r = rng(7);
+    let w = randv(&mut r, n * k);
+    let bias = randv(&mut r, n);
+    for backend in host_backends() {
+        let dev = device(backend, 2, None);
+        let mut formats = vec![WeightFormat::F32, WeightFormat::W8A8, WeightFormat::W4A8];
+        if backend == Backend::HostX86 {
+            formats.extend([WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0]);
+        }
+        for format in formats {
+            let lin = Linear::new(&dev, format, Weights::F32(&w), n, k, Some(&bias)).unwrap();
+            for m in [1, 3, 9] {
+                let mut x = randv(&mut r, m * k);
+                // Row 0: a NaN (in the k tail too); row 1: +inf; row 2: -inf and a NaN.
+                x[5] = f32::NAN;
+                x[k - 1] = f32::NAN;
+                if m > 1 {
+                    x[k + 7] = f32::INFINITY;
+                }
+                if m > 2 {
+                    x[2 * k] = f32::NEG_INFINITY;
+                    x[2 * k + 3] = f32::NAN;
+                }
+                let y = run_linear(&lin, &x, m);
+                let want = reference(format, &x, &w, &bias, m, n, k);
+                for (i, (&got, &exp)) in y.iter().zip(&want).enumerate() {
+                    let same = if exp.is_nan() {
+                        got.is_nan()
+                    } else if exp.is_infinite() {
+                        got == exp
+                    } else {
+                        got.is_finite() && (got - exp).abs() <= 1e-4 * (1.0 + exp.abs())
+                    };
+                    assert!(
+                        same,
+                        "{backend:?} {format} m={m}: y[{}, {}] = {got}, interpreter {exp}",
+                        i / n,
+                        i % n
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// `x86_avx2_only` keeps an AVX-512 host on the AVX2 kernels (other GEMM
 /// tiles), and they agree with the interpreter in every variant.
 #[test]
@@ -483,6 +535,21 @@ fn randh(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f16> {
     (0..n)
         .map(|_| f16::from_f32(r.gen_range(-1.0f32..1.0) * scale))
         .collect()
+}
+
+#[test]
+fn an_impossible_kv_cache_is_an_error_not_an_abort() {
+    // 2^44 tokens of 64 f16 values: 2^51 bytes, past any address space.
+    for format in [KvFormat::F16, KvFormat::Kv8] {
+        for capacity in [KvCapacity::Max(1 << 44), KvCapacity::Chunked(1 << 44)] {
+            let err = KvCache::new(format, 1, 64, capacity).unwrap_err();
+            assert!(
+                matches!(err, RuntimeError::OutOfMemory { .. }),
+                "{format:?} {capacity:?}: {err}"
+            );
+            assert!(err.to_string().contains("KV cache"), "{err}");
+        }
+    }
 }
 
 #[test]
