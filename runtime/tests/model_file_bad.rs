@@ -7,9 +7,10 @@
 //! overwrites with extreme values, byte insertions — and loads every
 //! tensor of whatever still opens, in several formats.
 //!
-//! `TESSERA_FUZZ_CASES` sets the fuzz test's case count (default 3000).
+//! `TESSERA_FUZZ_CASES` sets the fuzz test's case count (default 20 000).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 use tessera_dsl::ir::{Format, Group, ParamType};
@@ -303,7 +304,7 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     assert!(out.len() >= 3, "the seed corpus is in {}", dir.display());
     out.push(("hand.gguf".into(), Gguf::valid().bytes()));
     // A safetensors file from the crate's writer.
-    let w: Vec<u8> = (0..4 * 32 * 2).map(|i| (i * 7 % 251) as u8).collect();
+    let w: Vec<u8> = (0..4 * 32 * 4).map(|i| (i * 7 % 251) as u8).collect();
     let h: Vec<u8> = (0..2 * 32).map(|i| (i * 5 % 200) as u8).collect();
     let st = safetensors::serialize(
         vec![
@@ -387,14 +388,21 @@ fn cases() -> u32 {
     std::env::var("TESSERA_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3000)
+        .unwrap_or(20_000)
 }
+
+/// Mutated files that still opened, and tensors that still loaded.
+static OPENED: AtomicUsize = AtomicUsize::new(0);
+static LOADED: AtomicUsize = AtomicUsize::new(0);
 
 /// Load everything a (possibly broken) file offers: every error must name
 /// the file; nothing may panic.
 fn exercise(name: &str, bytes: Vec<u8>) -> Result<(), TestCaseError> {
     let file = match ModelFile::from_bytes(name, bytes) {
-        Ok(f) => f,
+        Ok(f) => {
+            OPENED.fetch_add(1, Ordering::Relaxed);
+            f
+        }
         Err(e) => {
             let msg = e.to_string();
             prop_assert!(msg.starts_with(&format!("{name}: ")), "{msg}");
@@ -410,9 +418,14 @@ fn exercise(name: &str, bytes: Vec<u8>) -> Result<(), TestCaseError> {
         Format::F32,
     ];
     for t in file.tensors() {
-        if let Err(e) = file.dequantize(&t.name) {
-            let msg = e.to_string();
-            prop_assert!(msg.starts_with(&format!("{name}: ")), "{msg}");
+        match file.dequantize(&t.name) {
+            Ok(_) => {
+                LOADED.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                prop_assert!(msg.starts_with(&format!("{name}: ")), "{msg}");
+            }
         }
         for target in targets {
             if let Err(e) = file.weights(&t.name, target) {
@@ -448,8 +461,10 @@ fn fuzz_mutated_model_files_never_panic() {
         exercise(name, b)?;
     });
     println!(
-        "fuzz: {} mutated files in {:.1} s",
+        "fuzz: {} mutated files in {:.1} s ({} still opened, {} tensors dequantized)",
         cases(),
-        start.elapsed().as_secs_f64()
+        start.elapsed().as_secs_f64(),
+        OPENED.load(Ordering::Relaxed),
+        LOADED.load(Ordering::Relaxed)
     );
 }

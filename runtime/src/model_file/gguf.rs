@@ -425,7 +425,7 @@ pub fn parse(bytes: &[u8], path: &str) -> Result<GgufHeader, ModelFileError> {
             &h,
             "metadata_kv_count",
             format!(
-                "{kv_count} entries cannot fit in the {} byte(s) left (each takes at least {MIN_KV_BYTES})",
+                "{kv_count} entries cannot fit in the {} byte(s) left (each takes at least {MIN_KV_BYTES}): truncated or corrupt",
                 r.left()
             ),
         ));
@@ -435,7 +435,7 @@ pub fn parse(bytes: &[u8], path: &str) -> Result<GgufHeader, ModelFileError> {
             &h,
             "tensor_count",
             format!(
-                "{tensor_count} tensors cannot fit in the {} byte(s) left (each info takes at least {MIN_TENSOR_BYTES})",
+                "{tensor_count} tensors cannot fit in the {} byte(s) left (each info takes at least {MIN_TENSOR_BYTES}): truncated or corrupt",
                 r.left()
             ),
         ));
