@@ -267,6 +267,27 @@ fn unsupported_types_open_but_are_refused_by_name() {
     assert!(err.contains("supported: F32, F16, BF16, Q4_0"), "{err}");
 }
 
+/// Found by the fuzz test: an F32 tensor whose values' abs max divided by
+/// 127 is a subnormal made ggml's Q8_0 quantizer cast ±inf to a code.
+#[test]
+fn subnormal_weights_quantize_into_q8_0() {
+    let mut g = Gguf::valid();
+    for (i, v) in [1e-38f32, -1e-38, 0.0, 3e-39, -2e-39, 1e-38, 0.0, -1e-38]
+        .iter()
+        .enumerate()
+    {
+        g.data[96 + 4 * i..100 + 4 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    let f = g.open().unwrap();
+    let (w, ..) = f
+        .weights("b", Format::I8Sym(Group::Size(32), ParamType::F16))
+        .unwrap();
+    let tessera_runtime::model_file::OwnedWeights::Quant(q) = w else {
+        panic!("quantized")
+    };
+    q.validate().unwrap();
+}
+
 #[test]
 fn model_files_on_disk_name_the_path() {
     let dir = std::env::temp_dir().join(format!("tessera-bad-files-{}", std::process::id()));
