@@ -263,8 +263,8 @@ fn gguf_pythonpath(test: &str) -> Option<PathBuf> {
 fn tiny_gguf(py: &std::path::Path, name: &str, embd: usize, o_type: &str) -> PathBuf {
     let dir = tmp(&format!("gguf-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../runtime/tests/oracle/write_gguf.py");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../runtime/tests/oracle/write_gguf.py");
     let specs: Vec<String> = [
         "blk.0.attn_q.weight:Q4_0:256:256".to_string(),
         "blk.0.attn_k.weight:Q4_0:128:256".into(),
@@ -400,7 +400,10 @@ fn a_gguf_model_travels_to_remote_as_a_shape_list() {
     assert!(r.status.success(), "{}", stderr(&r));
     let args = std::fs::read_to_string(&log).unwrap();
     assert!(args.contains("shapes.json"), "{args}");
-    assert!(!args.contains(".gguf"), "the GGUF file itself was shipped: {args}");
+    assert!(
+        !args.contains(".gguf"),
+        "the GGUF file itself was shipped: {args}"
+    );
     let rec = TuningRecord::load(&out).unwrap();
     assert_eq!(entries(&rec), want_gguf_entries("remote-llama"));
 }
@@ -419,7 +422,9 @@ fn bad_gguf_models_are_refused_with_the_file_and_tensor() {
     assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
     let e = stderr(&r);
     assert!(
-        e.contains("wrong-embd.gguf") && e.contains("blk.0.attn_q.weight") && e.contains("[256, 256]"),
+        e.contains("wrong-embd.gguf")
+            && e.contains("blk.0.attn_q.weight")
+            && e.contains("[256, 256]"),
         "{e}"
     );
     // A layer in a type Tessera does not load.

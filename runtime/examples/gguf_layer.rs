@@ -185,8 +185,16 @@ impl Layer {
                 };
                 let bound = act
                     + sum_x * w_err
-                    + if self.gpu { sum_xw * 2f64.powi(-10) } else { 0.0 }
-                    + if f16_out { want.abs() * 2f64.powi(-10) } else { 0.0 }
+                    + if self.gpu {
+                        sum_xw * 2f64.powi(-10)
+                    } else {
+                        0.0
+                    }
+                    + if f16_out {
+                        want.abs() * 2f64.powi(-10)
+                    } else {
+                        0.0
+                    }
                     + 1e-5 * sum_xw
                     + 1e-5;
                 let err = (f64::from(y[i * n + j]) - want).abs();

@@ -205,7 +205,10 @@ fn absurd_counts_and_dimensions() {
     // A string length past the end.
     let mut g = Gguf::valid();
     g.kvs[0].2 = (1u64 << 60).to_le_bytes().to_vec();
-    refused(&g, &["metadata `general.architecture`", "`value`", "truncated"]);
+    refused(
+        &g,
+        &["metadata `general.architecture`", "`value`", "truncated"],
+    );
     // An array too long for the file.
     let mut g = Gguf::valid();
     g.kvs[1].2[4..12].copy_from_slice(&(1u64 << 61).to_le_bytes());
@@ -225,14 +228,25 @@ fn unknown_types_misaligned_offsets_and_bad_metadata() {
     g.tensors[1].3 = 100;
     refused(&g, &["tensor `b`", "`offset`", "misaligned"]);
     let mut g = Gguf::valid();
-    g.kvs.push((b"general.alignment".to_vec(), 4, 24u32.to_le_bytes().to_vec()));
+    g.kvs.push((
+        b"general.alignment".to_vec(),
+        4,
+        24u32.to_le_bytes().to_vec(),
+    ));
     refused(&g, &["metadata `general.alignment`", "power of two"]);
     let mut g = Gguf::valid();
-    g.kvs.push((b"general.alignment".to_vec(), 10, 32u64.to_le_bytes().to_vec()));
+    g.kvs.push((
+        b"general.alignment".to_vec(),
+        10,
+        32u64.to_le_bytes().to_vec(),
+    ));
     refused(&g, &["metadata `general.alignment`", "u32"]);
     let mut g = Gguf::valid();
     g.kvs[0].1 = 13;
-    refused(&g, &["metadata `general.architecture`", "`value type`", "13"]);
+    refused(
+        &g,
+        &["metadata `general.architecture`", "`value type`", "13"],
+    );
     let mut g = Gguf::valid();
     g.kvs.push((b"flag".to_vec(), 7, vec![2]));
     refused(&g, &["metadata `flag`", "not 0 or 1"]);
@@ -240,7 +254,8 @@ fn unknown_types_misaligned_offsets_and_bad_metadata() {
     g.kvs[1].2[0..4].copy_from_slice(&9u32.to_le_bytes());
     refused(&g, &["metadata `test.array`", "arrays of arrays"]);
     let mut g = Gguf::valid();
-    g.kvs.push((b"general.architecture".to_vec(), 4, vec![0; 4]));
+    g.kvs
+        .push((b"general.architecture".to_vec(), 4, vec![0; 4]));
     refused(&g, &["metadata `general.architecture`", "appears twice"]);
     let mut g = Gguf::valid();
     g.tensors[1].0 = b"a".to_vec();
@@ -295,7 +310,10 @@ fn model_files_on_disk_name_the_path() {
     let empty = dir.join("empty.gguf");
     std::fs::write(&empty, b"").unwrap();
     let err = ModelFile::open(&empty).unwrap_err().to_string();
-    assert!(err.contains("empty.gguf") && err.contains("truncated"), "{err}");
+    assert!(
+        err.contains("empty.gguf") && err.contains("truncated"),
+        "{err}"
+    );
     let missing = dir.join("missing.gguf");
     let err = ModelFile::open(&missing).unwrap_err().to_string();
     assert!(err.contains("missing.gguf"), "{err}");
@@ -349,11 +367,23 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
 
 #[derive(Clone, Debug)]
 enum Mutation {
-    FlipBit { at: usize, bit: u8 },
-    Truncate { at: usize },
+    FlipBit {
+        at: usize,
+        bit: u8,
+    },
+    Truncate {
+        at: usize,
+    },
     /// Overwrite 1, 2, 4 or 8 bytes with an extreme or random value.
-    Overwrite { at: usize, width: u8, value: u64 },
-    Insert { at: usize, bytes: Vec<u8> },
+    Overwrite {
+        at: usize,
+        width: u8,
+        value: u64,
+    },
+    Insert {
+        at: usize,
+        bytes: Vec<u8>,
+    },
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {

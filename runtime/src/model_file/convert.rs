@@ -223,10 +223,7 @@ pub fn convert(
     match target {
         Format::F32 => Ok((OwnedWeights::F32(values), Conversion::Exact)),
         Format::F16 => {
-            let stats = error_stats(
-                &values,
-                values.iter().map(|&v| f16::from_f32(v).to_f32()),
-            );
+            let stats = error_stats(&values, values.iter().map(|&v| f16::from_f32(v).to_f32()));
             let conversion = if stats.max_abs == 0.0 {
                 Conversion::Exact
             } else {
@@ -238,7 +235,9 @@ pub fn convert(
             let q = quant::quantize(t, rows, cols, &values)?;
             let stats = error_stats(
                 &values,
-                (0..rows).flat_map(|r| (0..cols).map(move |c| (r, c))).map(|(r, c)| q.value(r, c)),
+                (0..rows)
+                    .flat_map(|r| (0..cols).map(move |c| (r, c)))
+                    .map(|(r, c)| q.value(r, c)),
             );
             Ok((OwnedWeights::Quant(q), Conversion::Requantized(stats)))
         }

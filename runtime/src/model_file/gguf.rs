@@ -279,7 +279,11 @@ impl<'a> Reader<'a> {
         if let Some(max) = max
             && len > max
         {
-            return Err(self.err(at, field, format!("is {len} bytes long; the limit is {max}")));
+            return Err(self.err(
+                at,
+                field,
+                format!("is {len} bytes long; the limit is {max}"),
+            ));
         }
         let raw = self.take(len, at, field)?;
         let s = std::str::from_utf8(raw)
@@ -322,7 +326,11 @@ impl<'a> Reader<'a> {
             ValueType::Array => {
                 let id = self.u32(at, "array element type")?;
                 let elem = ValueType::from_id(id).ok_or_else(|| {
-                    self.err(at, "array element type", format!("{id} is not a GGUF value type"))
+                    self.err(
+                        at,
+                        "array element type",
+                        format!("{id} is not a GGUF value type"),
+                    )
                 })?;
                 if elem == ValueType::Array {
                     return Err(self.err(

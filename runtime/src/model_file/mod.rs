@@ -51,8 +51,8 @@ pub enum TensorType {
 impl std::fmt::Display for TensorType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TensorType::Ggml(t) => write!(f, "{t}"),
-            TensorType::Other(s) => f.write_str(s),
+            TensorType::Ggml(t) => f.pad(t.name()),
+            TensorType::Other(s) => f.pad(s),
         }
     }
 }

@@ -42,7 +42,13 @@ pub fn temp_dir(test: &str) -> PathBuf {
 /// Write `dir/model.gguf` with gguf's writer (tests/oracle/write_gguf.py):
 /// tensors `name:TYPE:rows:cols`, plus `dir/<name>.deq` (gguf's
 /// dequantization). `env` sets the llama metadata the script reads.
-pub fn write_gguf(pythonpath: &Path, dir: &Path, seed: u64, specs: &[String], env: &[(&str, usize)]) {
+pub fn write_gguf(
+    pythonpath: &Path,
+    dir: &Path,
+    seed: u64,
+    specs: &[String],
+    env: &[(&str, usize)],
+) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/write_gguf.py");
     let mut cmd = Command::new("python3");
     cmd.arg(&script)
