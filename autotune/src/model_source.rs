@@ -417,7 +417,8 @@ mod tests {
             ],
         };
         let g = plan.groups(false, None, "w4a8");
-        let view: Vec<(String, Vec<(String, usize, usize)>)> = g
+        type Shapes = Vec<(String, usize, usize)>;
+        let view: Vec<(String, Shapes)> = g
             .iter()
             .map(|(f, s)| {
                 (

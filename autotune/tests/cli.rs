@@ -294,8 +294,11 @@ fn tiny_gguf(py: &std::path::Path, name: &str, embd: usize, o_type: &str) -> Pat
     file
 }
 
-/// (format, [(name, n, k)]) of every entry, sorted by format.
-fn entries(record: &TuningRecord) -> Vec<(String, String, Vec<(String, usize, usize)>)> {
+/// An entry as (format, model, [(shape name, n, k)]).
+type EntryView = (String, String, Vec<(String, usize, usize)>);
+
+/// Every entry, sorted by format.
+fn entries(record: &TuningRecord) -> Vec<EntryView> {
     let mut v: Vec<_> = record
         .entries
         .iter()
@@ -314,7 +317,7 @@ fn entries(record: &TuningRecord) -> Vec<(String, String, Vec<(String, usize, us
     v
 }
 
-fn want_gguf_entries(model: &str) -> Vec<(String, String, Vec<(String, usize, usize)>)> {
+fn want_gguf_entries(model: &str) -> Vec<EntryView> {
     let s = |n: &str, a, b| (n.to_string(), a, b);
     vec![
         ("q4_0".into(), model.into(), vec![s("qkv", 512, 256)]),

@@ -319,9 +319,8 @@ fn every_supported_gguf_tensor_is_a_linear_on_every_backend() {
                 assert_eq!(conversion, Conversion::Repacked, "{name}");
             }
             if ["Q4_0", "Q4_1"].contains(ty) {
-                assert_ne!(
-                    matches!(conversion, Conversion::Requantized(_)),
-                    true,
+                assert!(
+                    !matches!(conversion, Conversion::Requantized(_)),
                     "{backend} {name}: 4-bit blocks load without requantizing"
                 );
             }
