@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tessera_codegen::target::{MacClass, mac_class};
-use tessera_dsl::models::{DEFAULT_MODEL, ModelError, ModelShapes};
+use tessera_dsl::models::{DEFAULT_MODEL, ModelError};
 use tessera_runtime::device::Fingerprint;
 use tessera_runtime::record::{DeviceEntry, GeneratorId, RecordError, ShapeEntry, TuningRecord};
 
@@ -25,6 +25,7 @@ use tessera_codegen::tile::TileConfig;
 use crate::backend::{self, BackendKind, TuneBackend};
 use crate::bench::HostBench;
 use crate::limits::{self, MacPath};
+use crate::model_source::TunePlan;
 use crate::opencl::ClTarget;
 use crate::report;
 use crate::tune::{self, Bench, Event, ShapeSpec, SolverCtx, Stop, Traffic, TuneConfig};
@@ -45,7 +46,8 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
     /// Embedded model (qwen2-1.5b, qwen2-7b, llama2-7b, chatglm2-6b,
-    /// gemma-2b) or a Hugging Face config.json.
+    /// gemma-2b), a Hugging Face config.json, or a .gguf file (its shapes
+    /// in its tensors' formats, one record entry per format).
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// host (cranelift), x86 (AVX2), neon, opencl, cuda [default: the best available CPU backend]
@@ -117,6 +119,8 @@ pub enum CliError {
     #[error("{0}")]
     Model(#[from] ModelError),
     #[error("{0}")]
+    Source(#[from] crate::model_source::SourceError),
+    #[error("{0}")]
     Usage(String),
     #[error("{0}")]
     Record(#[from] RecordError),
@@ -149,7 +153,7 @@ pub enum CliError {
 impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Model(_) | CliError::Usage(_) => 2,
+            CliError::Model(_) | CliError::Source(_) | CliError::Usage(_) => 2,
             CliError::Partial { .. } => 3,
             CliError::Interrupted { .. } => 130,
             CliError::Record(_) | CliError::Tune(_) | CliError::Io(_) | CliError::Remote(_) => 1,
@@ -200,7 +204,7 @@ fn remote_command(args: &Args, target: &str) -> Result<(), CliError> {
             "--resume is not supported with --remote (rerun with a larger --budget)".into(),
         ));
     }
-    let model = ModelShapes::resolve(&args.model)?;
+    let plan = TunePlan::resolve(&args.model)?;
     let mut transport = remote::parse(target, &args.ssh_option).map_err(CliError::Usage)?;
     let say = |msg: String| {
         if !args.quiet {
@@ -234,26 +238,33 @@ fn remote_command(args: &Args, target: &str) -> Result<(), CliError> {
         "--no-plots".into(),
         "--quiet".into(),
     ];
-    // A config.json model travels too, named as it is here.
-    if Path::new(&args.model).is_file() {
-        let text = std::fs::read_to_string(&args.model)
-            .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", args.model)))?;
-        let mut json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| CliError::Usage(format!("{}: {e}", args.model)))?;
-        if let Some(o) = json.as_object_mut() {
-            o.insert("_name_or_path".into(), model.name.clone().into());
-        }
+    // A model file travels as its shape list (a GGUF file may be
+    // gigabytes); a config.json travels too, named as it is here.
+    let mut ship = |file: &str, text: String| -> Result<String, CliError> {
         let local = std::env::temp_dir().join(format!(
-            "tessera-autotune-model-{}/config.json",
+            "tessera-autotune-model-{}/{file}",
             std::process::id()
         ));
         if let Some(parent) = local.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| CliError::Io(format!("cannot create {}: {e}", parent.display())))?;
         }
-        std::fs::write(&local, json.to_string())
+        std::fs::write(&local, text)
             .map_err(|e| CliError::Io(format!("cannot write {}: {e}", local.display())))?;
-        let there = transport.copy(&local, &dir)?;
+        Ok(transport.copy(&local, &dir)?)
+    };
+    if plan.has_formats() {
+        let there = ship("shapes.json", plan.to_shape_list())?;
+        rargs.extend(["--model".into(), there]);
+    } else if Path::new(&args.model).is_file() {
+        let text = std::fs::read_to_string(&args.model)
+            .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", args.model)))?;
+        let mut json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| CliError::Usage(format!("{}: {e}", args.model)))?;
+        if let Some(o) = json.as_object_mut() {
+            o.insert("_name_or_path".into(), plan.name.clone().into());
+        }
+        let there = ship("config.json", json.to_string())?;
         rargs.extend(["--model".into(), there]);
     } else {
         rargs.extend(["--model".into(), args.model.clone()]);
@@ -328,7 +339,11 @@ fn remote_command(args: &Args, target: &str) -> Result<(), CliError> {
         return Err(CliError::Partial {
             budget: args.budget,
             done: theirs.entries.first().map_or(0, |e| e.shapes.len()),
-            total: model.distinct(args.lm_head).len(),
+            total: plan
+                .groups(args.lm_head, args.format.as_deref(), "-")
+                .iter()
+                .map(|(_, s)| s.len())
+                .sum(),
             out: args.out.display().to_string(),
         });
     }
@@ -423,8 +438,7 @@ impl Target {
 }
 
 fn tune_command(args: &Args) -> Result<(), CliError> {
-    let start = Instant::now();
-    let model = ModelShapes::resolve(&args.model)?;
+    let plan = TunePlan::resolve(&args.model)?;
     let kind = match &args.backend {
         Some(name) => name
             .parse::<BackendKind>()
@@ -440,13 +454,78 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
                 )
             })?,
     };
-    let format = args
-        .format
-        .clone()
-        .unwrap_or_else(|| backend::default_format(kind).to_string());
+    check_budget(args.budget)?;
+    let groups = plan.groups(
+        args.lm_head,
+        args.format.as_deref(),
+        backend::default_format(kind),
+    );
+    for (format, _) in &groups {
+        backend::library_kernel(format).map_err(|e| CliError::Usage(e.to_string()))?;
+    }
+    // A model file in several formats: one record entry per format, the
+    // budget shared by shape count.
+    let total: usize = groups.iter().map(|(_, s)| s.len()).sum();
+    let budgets: Vec<f64> = groups
+        .iter()
+        .map(|(_, s)| args.budget * s.len() as f64 / total.max(1) as f64)
+        .collect();
+    if groups.len() > 1 && budgets.iter().any(|&b| b < MIN_BUDGET_SECS) {
+        let least = groups
+            .iter()
+            .map(|(_, s)| MIN_BUDGET_SECS * total as f64 / s.len() as f64)
+            .fold(0.0, f64::max);
+        return Err(CliError::Usage(format!(
+            "{} stores its {total} shapes in {} formats ({}), tuned one after another with the budget shared by shape count: give --budget {:.0} or more, or tune one format with --format",
+            args.model,
+            groups.len(),
+            groups
+                .iter()
+                .map(|(f, s)| format!("{f}: {}", s.len()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            least.ceil()
+        )));
+    }
+    let mut partial = None;
+    for ((format, shapes), budget) in groups.iter().zip(budgets) {
+        let job = Job {
+            kind,
+            model: &plan.name,
+            format,
+            shapes: shapes.clone(),
+            budget,
+            resume_fresh_ok: groups.len() > 1,
+        };
+        match tune_group(args, &job) {
+            Ok(()) => {}
+            Err(e @ CliError::Partial { .. }) => {
+                partial.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    partial.map_or(Ok(()), Err)
+}
+
+/// One tuning run: one format, its shapes, its share of the budget.
+struct Job<'a> {
+    kind: BackendKind,
+    model: &'a str,
+    format: &'a str,
+    shapes: Vec<ShapeSpec>,
+    budget: f64,
+    /// With several formats, `--resume` tunes a format with no entry yet
+    /// instead of refusing.
+    resume_fresh_ok: bool,
+}
+
+fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
+    let start = Instant::now();
+    let kind = job.kind;
+    let format = job.format.to_string();
     let kernel_name =
         backend::library_kernel(&format).map_err(|e| CliError::Usage(e.to_string()))?;
-    check_budget(args.budget)?;
     let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
     let gpu = matches!(kind, BackendKind::OpenCl | BackendKind::Cuda);
     let threads = args.threads.unwrap_or(if gpu { 1 } else { logical });
@@ -516,15 +595,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         version: tessera_codegen::GENERATOR_VERSION.to_string(),
         template_hash: tessera_codegen::TEMPLATE_HASH.to_string(),
     };
-    let shapes: Vec<ShapeSpec> = model
-        .distinct(args.lm_head)
-        .into_iter()
-        .map(|l| ShapeSpec {
-            name: l.name,
-            n: l.n,
-            k: l.k,
-        })
-        .collect();
+    let shapes: Vec<ShapeSpec> = job.shapes.clone();
 
     // The existing file: merged into; with --resume, its partial entry
     // for this device and configuration supplies the finished shapes.
@@ -538,7 +609,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
             && e.generator == generator
             && e.backend == kind.name()
             && e.format == format
-            && e.model == model.name
+            && e.model == job.model
             && e.threads == threads
     };
     let mut done: Vec<ShapeEntry> = Vec::new();
@@ -549,22 +620,25 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
                 args.out.display()
             )));
         };
-        let Some(entry) = record.entries.iter().find(|e| same(e)) else {
-            return Err(CliError::Usage(format!(
-                "nothing to resume: {} has no entry for this device, generator, backend `{kind}`, format `{}`, model `{}` and {threads} thread(s)",
-                args.out.display(),
-                format,
-                model.name
-            )));
-        };
-        if !entry.partial {
-            println!(
-                "{} is already complete for this configuration; nothing to resume",
-                args.out.display()
-            );
-            return Ok(());
+        match record.entries.iter().find(|e| same(e)) {
+            None if job.resume_fresh_ok => {}
+            None => {
+                return Err(CliError::Usage(format!(
+                    "nothing to resume: {} has no entry for this device, generator, backend `{kind}`, format `{}`, model `{}` and {threads} thread(s)",
+                    args.out.display(),
+                    format,
+                    job.model
+                )));
+            }
+            Some(entry) if !entry.partial => {
+                println!(
+                    "{} is already complete for format {format}; nothing to resume",
+                    args.out.display()
+                );
+                return Ok(());
+            }
+            Some(entry) => done = entry.shapes.clone(),
         }
-        done = entry.shapes.clone();
     }
 
     let quiet = args.quiet;
@@ -578,10 +652,12 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         Target::Host(_) => caps.name.to_string(),
     };
     say(format!(
-        "tuning {model} with backend {kind} ({device}), format {format} ({kernel_name}), {threads} thread(s), budget {:.0} s",
-        args.budget
+        "tuning {} ({} shape(s)) with backend {kind} ({device}), format {format} ({kernel_name}), {threads} thread(s), budget {:.0} s",
+        job.model,
+        shapes.len(),
+        job.budget
     ));
-    let quick = args.budget < 20.0;
+    let quick = job.budget < 20.0;
     let llc = limits::llc_bytes(&fingerprint);
     let (measured, core_weights, path_name) = match &target {
         Target::Host(b) => {
@@ -630,7 +706,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
             )));
         }
     };
-    let budget = Duration::from_secs_f64(args.budget);
+    let budget = Duration::from_secs_f64(job.budget);
     let cfg = TuneConfig {
         threads,
         deadline: budget.saturating_sub(RESERVE),
@@ -671,7 +747,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         generator: generator.clone(),
         backend: kind.name().to_string(),
         format: format.clone(),
-        model: model.name.clone(),
+        model: job.model.to_string(),
         threads,
         partial,
         created_unix: SystemTime::now()
@@ -767,7 +843,7 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
     match outcome.stopped {
         None => Ok(()),
         Some(Stop::Budget) => Err(CliError::Partial {
-            budget: args.budget,
+            budget: job.budget,
             done: entry.shapes.len(),
             total: shapes.len(),
             out: args.out.display().to_string(),

@@ -19,6 +19,8 @@
 //! - [`backend`]: the backends that can tune here;
 //! - [`opencl`]: tuning on an OpenCL device (its bench and limits);
 //! - [`limits`]: read bandwidth, peak MAC rate, core weights;
+//! - [`model_source`]: what `--model` names (embedded model, config.json,
+//!   GGUF file, shape list) as shapes and their formats;
 //! - [`report`]: summary tables and SVG plots;
 //! - [`cli`]: the `tessera-autotune` command.
 
@@ -27,6 +29,7 @@ pub mod bench;
 pub mod cli;
 pub mod decide;
 pub mod limits;
+pub mod model_source;
 pub mod opencl;
 pub mod remote;
 pub mod report;

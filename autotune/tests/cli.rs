@@ -230,3 +230,220 @@ fn a_config_json_model_tunes() {
     let dims: Vec<(usize, usize)> = rec.entries[0].shapes.iter().map(|s| (s.n, s.k)).collect();
     assert_eq!(dims, vec![(256, 128), (128, 128), (400, 128), (128, 200)]);
 }
+
+// ---- GGUF model files --------------------------------------------------------
+
+/// llama.cpp's `gguf` package (installed by scripts/test.sh), or None after
+/// a SKIP line; missing under CI fails.
+fn gguf_pythonpath(test: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("TESSERA_GGUF_PYTHONPATH")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|c| c.join("tessera/gguf"))
+        })
+        .filter(|p| p.join("gguf").is_dir());
+    if path.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: the gguf package is required in CI (scripts/test.sh installs it)"
+        );
+        println!("SKIP {test}: the gguf package is not installed");
+    }
+    path
+}
+
+/// A one-block llama GGUF written by gguf's writer
+/// (runtime/tests/oracle/write_gguf.py) as `dir/<name>.gguf`: hidden 256,
+/// feed-forward 256, 4 heads, 2 KV heads; Q, K, V in Q4_0, the attention
+/// output in `o_type` (Q8_0 unless a test needs another), gate and up in
+/// Q4_K, down in Q6_K; metadata `embedding_length` = `embd`.
+fn tiny_gguf(py: &std::path::Path, name: &str, embd: usize, o_type: &str) -> PathBuf {
+    let dir = tmp(&format!("gguf-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../runtime/tests/oracle/write_gguf.py");
+    let specs: Vec<String> = [
+        "blk.0.attn_q.weight:Q4_0:256:256".to_string(),
+        "blk.0.attn_k.weight:Q4_0:128:256".into(),
+        "blk.0.attn_v.weight:Q4_0:128:256".into(),
+        format!("blk.0.attn_output.weight:{o_type}:256:256"),
+        "blk.0.ffn_gate.weight:Q4_K:256:256".into(),
+        "blk.0.ffn_up.weight:Q4_K:256:256".into(),
+        "blk.0.ffn_down.weight:Q6_K:256:256".into(),
+        "output.weight:Q8_0:96:256".into(),
+    ]
+    .to_vec();
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(&dir)
+        .arg("7")
+        .args(&specs)
+        .env("PYTHONPATH", py)
+        .env("GGUF_EMBD", embd.to_string())
+        .env("GGUF_FF", "256")
+        .env("GGUF_HEADS", "4")
+        .env("GGUF_KV_HEADS", "2")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let file = dir.join(format!("{name}.gguf"));
+    std::fs::rename(dir.join("model.gguf"), &file).unwrap();
+    file
+}
+
+/// An entry as (format, model, [(shape name, n, k)]).
+type EntryView = (String, String, Vec<(String, usize, usize)>);
+
+/// Every entry, sorted by format.
+fn entries(record: &TuningRecord) -> Vec<EntryView> {
+    let mut v: Vec<_> = record
+        .entries
+        .iter()
+        .map(|e| {
+            (
+                e.format.clone(),
+                e.model.clone(),
+                e.shapes
+                    .iter()
+                    .map(|s| (s.name.clone(), s.n, s.k))
+                    .collect(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn want_gguf_entries(model: &str) -> Vec<EntryView> {
+    let s = |n: &str, a, b| (n.to_string(), a, b);
+    vec![
+        ("q4_0".into(), model.into(), vec![s("qkv", 512, 256)]),
+        ("q4_1".into(), model.into(), vec![s("gate_up", 512, 256)]),
+        ("q8_0".into(), model.into(), vec![s("o+down", 256, 256)]),
+    ]
+}
+
+/// The ggml formats run on x86 and NEON; elsewhere these tests SKIP.
+fn ggml_backend(test: &str) -> bool {
+    use tessera_autotune::backend::BackendKind;
+    let ok = matches!(
+        BackendKind::available().first(),
+        Some(BackendKind::X86 | BackendKind::Neon)
+    );
+    if !ok {
+        println!("SKIP {test}: no backend here runs ggml's block formats");
+    }
+    ok
+}
+
+#[test]
+fn a_gguf_model_tunes_its_shapes_in_its_own_formats() {
+    let test = "gguf_tunes";
+    let Some(py) = gguf_pythonpath(test) else {
+        return;
+    };
+    if !ggml_backend(test) {
+        return;
+    }
+    let file = tiny_gguf(&py, "tiny-llama", 256, "Q8_0");
+    let out = tmp("gguf-record.json");
+    let _ = std::fs::remove_file(&out);
+    let r = run(&[
+        "--model",
+        file.to_str().unwrap(),
+        "--budget",
+        "12",
+        "--out",
+        out.to_str().unwrap(),
+        "--no-plots",
+    ]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let rec = TuningRecord::load(&out).unwrap();
+    assert_eq!(entries(&rec), want_gguf_entries("tiny-llama"));
+    assert!(rec.entries.iter().all(|e| !e.partial));
+}
+
+#[test]
+fn a_gguf_model_travels_to_remote_as_a_shape_list() {
+    let test = "gguf_remote";
+    let Some(py) = gguf_pythonpath(test) else {
+        return;
+    };
+    if !ggml_backend(test) {
+        return;
+    }
+    let file = tiny_gguf(&py, "remote-llama", 256, "Q8_0");
+    // A runner that logs the command line it runs, then runs it here.
+    let log = tmp("gguf-remote-args.log");
+    let _ = std::fs::remove_file(&log);
+    let runner = tmp("log-and-run.sh");
+    std::fs::write(
+        &runner,
+        format!("echo \"$@\" >> '{}'\nexec \"$@\"\n", log.display()),
+    )
+    .unwrap();
+    let out = tmp("gguf-remote-record.json");
+    let _ = std::fs::remove_file(&out);
+    let r = run(&[
+        "--model",
+        file.to_str().unwrap(),
+        "--remote",
+        &format!("run:sh {}", runner.display()),
+        "--remote-bin",
+        env!("CARGO_BIN_EXE_tessera-autotune"),
+        "--budget",
+        "12",
+        "--out",
+        out.to_str().unwrap(),
+        "--no-plots",
+    ]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let args = std::fs::read_to_string(&log).unwrap();
+    assert!(args.contains("shapes.json"), "{args}");
+    assert!(
+        !args.contains(".gguf"),
+        "the GGUF file itself was shipped: {args}"
+    );
+    let rec = TuningRecord::load(&out).unwrap();
+    assert_eq!(entries(&rec), want_gguf_entries("remote-llama"));
+}
+
+#[test]
+fn bad_gguf_models_are_refused_with_the_file_and_tensor() {
+    let test = "gguf_bad";
+    let Some(py) = gguf_pythonpath(test) else {
+        return;
+    };
+    let out = tmp("gguf-bad.json");
+    let o = out.to_str().unwrap();
+    // Metadata that disagrees with the tensors.
+    let file = tiny_gguf(&py, "wrong-embd", 128, "Q8_0");
+    let r = run(&["--model", file.to_str().unwrap(), "--out", o]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    let e = stderr(&r);
+    assert!(
+        e.contains("wrong-embd.gguf")
+            && e.contains("blk.0.attn_q.weight")
+            && e.contains("[256, 256]"),
+        "{e}"
+    );
+    // A layer in a type Tessera does not load.
+    let file = tiny_gguf(&py, "q5", 256, "Q5_0");
+    let r = run(&["--model", file.to_str().unwrap(), "--out", o]);
+    assert_eq!(r.status.code(), Some(2), "{}", stderr(&r));
+    let e = stderr(&r);
+    assert!(
+        e.contains("q5.gguf") && e.contains("blk.0.attn_output.weight") && e.contains("Q5_0"),
+        "{e}"
+    );
+    let not_gguf = tmp("not.gguf");
+    std::fs::write(&not_gguf, b"GGUF\x07\0\0\0").unwrap();
+    let r = run(&["--model", not_gguf.to_str().unwrap(), "--out", o]);
+    assert_eq!(r.status.code(), Some(2));
+    let e = stderr(&r);
+    assert!(e.contains("not.gguf") && e.contains("`version`"), "{e}");
+    assert!(!out.exists());
+}

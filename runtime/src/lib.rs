@@ -22,6 +22,10 @@
 //!   `Device` keeps);
 //!   `cuda` (feature, off by default) loads and launches the PTX backend's
 //!   programs through the CUDA driver, where one exists.
+//! - [`model_file`]: GGUF and safetensors weights (memory-mapped) into
+//!   [`Linear`] layers: ggml's Q4_0 / Q4_1 / Q8_0 repacked bit for bit,
+//!   K-quants requantized with their error reported, floats quantized on
+//!   load.
 //!
 //! Every public entry point checks shapes, lengths and formats before any
 //! unsafe call and returns a [`RuntimeError`] naming the mismatch.
@@ -34,6 +38,7 @@ pub mod error;
 pub mod format;
 pub mod linear;
 pub mod manifest;
+pub mod model_file;
 pub mod pool;
 pub mod prebuilt;
 pub mod record;
@@ -53,4 +58,5 @@ pub use dispatch::{PlanSource, ShapePlan};
 pub use error::RuntimeError;
 pub use format::WeightFormat;
 pub use linear::{Input, Linear, Output, Weights};
+pub use model_file::{ModelFile, ModelFileError};
 pub use prebuilt::{PrebuiltKernel, PrebuiltSet, PrebuiltSource};

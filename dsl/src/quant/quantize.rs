@@ -213,11 +213,19 @@ fn ggml_q4_1_group(g: &[f32], codes: &mut Vec<u8>) -> (f32, f32) {
 
 /// ggml's `quantize_row_q8_0_ref` on one group: scale = absmax/127, codes
 /// round-half-away-from-zero(w/scale) in f32. Returns the scale.
+///
+/// The clamp to ±127 changes nothing where ggml's C is defined (|w·inv| ≤
+/// 127 up to rounding); it matters when absmax is subnormal: 1/scale is
+/// then +inf, w·inv ±inf, and C's cast to int8 undefined — here the code
+/// stays in i8sym's range (and the scale rounds to 0 in f16 anyway).
 fn ggml_q8_0_group(g: &[f32], codes: &mut Vec<u8>) -> f32 {
     let amax = g.iter().fold(0.0f32, |m, &w| m.max(w.abs()));
     let scale = amax / 127.0;
     let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-    codes.extend(g.iter().map(|&w| (w * inv).round() as i8 as u8));
+    codes.extend(
+        g.iter()
+            .map(|&w| (w * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+    );
     scale
 }
 
@@ -279,6 +287,28 @@ pub(crate) fn min_max(g: &[f32]) -> (f32, f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing model files: a group of subnormals makes 1/scale
+    /// infinite; every format still gives a valid tensor.
+    #[test]
+    fn subnormal_groups_quantize_to_valid_tensors() {
+        // absmax/127 is a nonzero subnormal whose reciprocal overflows.
+        let a = 1e-38f32;
+        assert!((1.0 / (a / 127.0)).is_infinite() && a / 127.0 > 0.0);
+        let g: Vec<f32> = (0..32).map(|i| [a, -a, 0.0, 0.3 * a][i % 4]).collect();
+        let g32 = Group::Size(32);
+        for format in [
+            Format::I8Sym(g32, ParamType::F16),
+            Format::I8Sym(g32, ParamType::F32),
+            Format::U4Sym(g32, ParamType::F16),
+            Format::U4Asym(g32, ParamType::F16),
+            Format::U4Asym(g32, ParamType::F32),
+            Format::I8Asym(g32, ParamType::F32),
+        ] {
+            let t = quantize(format, 1, 32, &g).unwrap();
+            t.validate().unwrap_or_else(|e| panic!("{format}: {e}"));
+        }
+    }
 
     #[test]
     fn u4asym_formula_one() {
