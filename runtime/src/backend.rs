@@ -163,6 +163,8 @@ pub struct Device {
     #[cfg(feature = "jit")]
     clif: Mutex<Option<Arc<tessera_codegen::clif::ClifBackend>>>,
     pool: ThreadPool,
+    /// The work-split weight of each worker (see [`Device::core_weights`]).
+    core_weights: Vec<f64>,
     fingerprint: Fingerprint,
     generator: GeneratorId,
     record: Option<TuningRecord>,
@@ -184,6 +186,43 @@ fn unavailable(backend: Backend, why: impl Into<String>) -> RuntimeError {
     RuntimeError::Unavailable {
         backend: backend.record_name().to_string(),
         why: why.into(),
+    }
+}
+
+/// The pool and its work-split weights: the record's per-CPU weights for
+/// this device and backend (any format) when it has one per thread; where
+/// they differ, workers pinned to their CPUs (the caller and unpinned
+/// workers get the smallest weight).
+fn pool_for(
+    record: Option<&TuningRecord>,
+    fingerprint: &Fingerprint,
+    generator: &GeneratorId,
+    backend: Backend,
+    threads: usize,
+) -> (ThreadPool, Vec<f64>) {
+    let per_cpu = record.and_then(|record| {
+        WeightFormat::ALL.iter().find_map(|format| {
+            record
+                .select(fingerprint, generator, backend.record_name(), format.name())
+                .ok()
+                .filter(|entry| entry.core_weights.len() >= threads)
+                .map(|entry| entry.core_weights[..threads].to_vec())
+        })
+    });
+    match per_cpu {
+        Some(w) if w.iter().any(|&x| x != w[0]) => {
+            let cpus: Vec<usize> = (0..threads).collect();
+            let pool = ThreadPool::pinned(threads, &cpus);
+            let smallest = w.iter().copied().fold(f64::INFINITY, f64::min);
+            let split = pool
+                .worker_cpus()
+                .iter()
+                .map(|cpu| cpu.map_or(smallest, |c| w[c]))
+                .collect();
+            (pool, split)
+        }
+        Some(w) => (ThreadPool::new(threads), w),
+        None => (ThreadPool::new(threads), vec![1.0; threads]),
     }
 }
 
@@ -262,12 +301,20 @@ impl Device {
                 None => fp,
             }
         });
+        let (pool, core_weights) = pool_for(
+            options.record.as_ref(),
+            &fingerprint,
+            &generator,
+            backend,
+            threads,
+        );
         Ok(Device {
             backend,
             engine,
             #[cfg(feature = "jit")]
             clif: Mutex::new(None),
-            pool: ThreadPool::new(threads),
+            pool,
+            core_weights,
             fingerprint,
             generator,
             record: options.record,
@@ -301,24 +348,20 @@ impl Device {
         &self.pool
     }
 
-    /// Relative throughput per worker (MNN-LLM 5.2): the record's entry
-    /// for this device and backend (any format), else equal weights.
+    /// Relative throughput per worker (MNN-LLM 5.2), the work split's
+    /// weights: from the record's per-CPU weights for this device and
+    /// backend (any format), else equal. Where they differ (big.LITTLE),
+    /// worker i is pinned to CPU i and takes CPU i's weight; the calling
+    /// thread, never pinned, and any worker the OS would not pin take the
+    /// smallest weight — they may run on the slowest core.
     pub fn core_weights(&self) -> Vec<f64> {
-        let threads = self.pool.threads();
-        if let Some(record) = &self.record {
-            for format in WeightFormat::ALL {
-                if let Ok(entry) = record.select(
-                    &self.fingerprint,
-                    &self.generator,
-                    self.backend.record_name(),
-                    format.name(),
-                ) && entry.core_weights.len() >= threads
-                {
-                    return entry.core_weights[..threads].to_vec();
-                }
-            }
-        }
-        vec![1.0; threads]
+        self.core_weights.clone()
+    }
+
+    /// The CPU each worker is pinned to (index 0, the calling thread, and
+    /// every worker on a machine whose record has equal weights: None).
+    pub fn worker_cpus(&self) -> Vec<Option<usize>> {
+        self.pool.worker_cpus()
     }
 
     /// Number of distinct matmul kernels prepared so far.
@@ -414,8 +457,7 @@ impl Device {
                 format!("[{n}, {k}]"),
             ));
         }
-        let threads = self.pool.threads();
-        let mut core_weights = vec![1.0; threads];
+        let core_weights = self.core_weights.clone();
         let mut shape_entry = None;
         let why = match &self.record {
             None => "no tuning record was given".to_string(),
@@ -426,19 +468,14 @@ impl Device {
                 format.name(),
             ) {
                 Err(e) => e.to_string(),
-                Ok(entry) => {
-                    if entry.core_weights.len() >= threads {
-                        core_weights = entry.core_weights[..threads].to_vec();
+                Ok(entry) => match entry.shape(n, k) {
+                    Some(s) if s.m1 <= s.m2 => {
+                        shape_entry = Some(s);
+                        String::new()
                     }
-                    match entry.shape(n, k) {
-                        Some(s) if s.m1 <= s.m2 => {
-                            shape_entry = Some(s);
-                            String::new()
-                        }
-                        Some(s) => format!("its breakpoints m1={} > m2={}", s.m1, s.m2),
-                        None => format!("the record has no shape [{n}, {k}]"),
-                    }
-                }
+                    Some(s) => format!("its breakpoints m1={} > m2={}", s.m1, s.m2),
+                    None => format!("the record has no shape [{n}, {k}]"),
+                },
             },
         };
         if shape_entry.is_none() {

@@ -17,7 +17,7 @@ pub enum RuntimeError {
         expected: String,
         got: String,
     },
-    #[error("unknown format `{0}`; valid formats: f32, f16, w8a8, w4a8, w4a16, w8a16, e0m4a16")]
+    #[error("unknown format `{0}`; valid formats: {valid}", valid = crate::WeightFormat::ALL.map(crate::WeightFormat::name).join(", "))]
     UnknownFormat(String),
     #[error("no kernel for {what}: {why}")]
     NoKernel { what: String, why: String },

@@ -6,6 +6,11 @@
 //! proportional to its measured throughput ([`split_weighted`]); the
 //! weights come from the tuning record and default to equal.
 //!
+//! Per-core weights belong to CPUs, so on such parts the workers are pinned
+//! ([`ThreadPool::pinned`]): worker i runs on the CPU whose weight it uses.
+//! The calling thread (the engine's) is never pinned; it may run anywhere
+//! and is given the smallest weight (see `Device::open`).
+//!
 //! [`ThreadPool::run`] calls one closure per worker (the calling thread is
 //! worker 0) and returns only when every worker is done, so the closure may
 //! borrow from the caller's stack. Workers live as long as the pool: no
@@ -49,6 +54,8 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// The CPU each worker is pinned to (index 0, the caller: never).
+    pins: Mutex<Vec<Option<usize>>>,
     /// Bumped per run (after `job` is set, under the lock) so a worker runs
     /// each job exactly once; read without the lock while spinning.
     generation: AtomicU64,
@@ -56,6 +63,50 @@ struct Shared {
     pending: AtomicUsize,
     work: Condvar,
     done: Condvar,
+}
+
+fn lock_pins(shared: &Shared) -> MutexGuard<'_, Vec<Option<usize>>> {
+    shared.pins.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Pin the calling thread to `cpu`: Linux and Android (`sched_setaffinity`);
+/// false where the OS refuses (a CPU outside the process's set, a cgroup)
+/// or has no such call.
+pub fn pin_current_thread(cpu: usize) -> bool {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
+        // SAFETY: `set` is a plain bitmask initialised by CPU_ZERO; the call
+        // reads `size_of::<cpu_set_t>()` bytes of it and affects only the
+        // calling thread (pid 0).
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_ZERO(&mut set);
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        }
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    {
+        let _ = cpu;
+        false
+    }
+}
+
+/// The CPU the calling thread runs on now (Linux and Android), else None.
+pub fn current_cpu() -> Option<usize> {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        // SAFETY: no arguments; returns the CPU number or -1.
+        let cpu = unsafe { libc::sched_getcpu() };
+        usize::try_from(cpu).ok()
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    {
+        None
+    }
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -83,6 +134,26 @@ impl std::fmt::Debug for ThreadPool {
 impl ThreadPool {
     /// A pool of `threads` (at least 1: the caller alone).
     pub fn new(threads: usize) -> ThreadPool {
+        ThreadPool::spawn(threads, &[])
+    }
+
+    /// A pool whose worker i (i ≥ 1) is pinned to `cpus[i]` where the OS
+    /// allows it ([`ThreadPool::worker_cpus`] says which were); returns once
+    /// every worker has tried.
+    pub fn pinned(threads: usize, cpus: &[usize]) -> ThreadPool {
+        ThreadPool::spawn(threads, cpus)
+    }
+
+    /// The CPU each worker is pinned to (None: not pinned; index 0, the
+    /// calling thread, is never pinned).
+    pub fn worker_cpus(&self) -> Vec<Option<usize>> {
+        let pins = self.shared.pins.lock().unwrap_or_else(|e| e.into_inner());
+        (0..self.threads())
+            .map(|i| pins.get(i).copied().flatten())
+            .collect()
+    }
+
+    fn spawn(threads: usize, cpus: &[usize]) -> ThreadPool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -92,20 +163,39 @@ impl ThreadPool {
                 sleepers: 0,
                 caller_sleeps: false,
             }),
+            pins: Mutex::new(vec![None; threads]),
             generation: AtomicU64::new(0),
             pending: AtomicUsize::new(0),
             work: Condvar::new(),
             done: Condvar::new(),
         });
-        let workers = (1..threads)
+        // Each worker tries to pin itself first thing; `pinned` waits for
+        // all of them so `worker_cpus` is final when it returns.
+        let tried = Arc::new(AtomicUsize::new(0));
+        let workers: Vec<JoinHandle<()>> = (1..threads)
             .map(|index| {
                 let shared = Arc::clone(&shared);
+                let tried = Arc::clone(&tried);
+                let cpu = cpus.get(index).copied();
                 std::thread::Builder::new()
                     .name(format!("tessera-{index}"))
-                    .spawn(move || worker(&shared, index))
+                    .spawn(move || {
+                        if let Some(cpu) = cpu
+                            && pin_current_thread(cpu)
+                        {
+                            lock_pins(&shared)[index] = Some(cpu);
+                        }
+                        tried.fetch_add(1, Ordering::Release);
+                        worker(&shared, index)
+                    })
             })
             .filter_map(Result::ok)
             .collect();
+        if !cpus.is_empty() {
+            while tried.load(Ordering::Acquire) < workers.len() {
+                std::thread::yield_now();
+            }
+        }
         ThreadPool {
             shared,
             workers,
@@ -296,6 +386,55 @@ mod tests {
             }
             assert_eq!(next, units);
         }
+    }
+
+    /// A two-cluster machine: worker 1 pinned to CPU 1 runs there on every
+    /// call; the caller is never pinned. Where the OS refuses (one CPU, a
+    /// restricted cpuset, not Linux) the pool says so and still runs.
+    #[test]
+    fn pinned_workers_run_on_their_cpus() {
+        let pool = ThreadPool::pinned(2, &[0, 1]);
+        let cpus = pool.worker_cpus();
+        assert_eq!(cpus[0], None, "the caller is never pinned");
+        let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cpus[1].is_none() {
+            assert!(
+                online < 2 || current_cpu().is_none() || !pin_current_thread_probe(1),
+                "CPU 1 exists and allows pinning, but worker 1 was not pinned"
+            );
+            eprintln!(
+                "worker 1 not pinned here (CPUs: {online}); the split uses the smallest weight"
+            );
+        } else {
+            assert_eq!(cpus[1], Some(1));
+            let seen = Mutex::new(Vec::new());
+            for _ in 0..20 {
+                pool.run(&|w| {
+                    if w == 1 {
+                        lock_vec(&seen).push(current_cpu());
+                    }
+                });
+            }
+            assert!(
+                lock_vec(&seen).iter().all(|c| *c == Some(1)),
+                "{:?}",
+                lock_vec(&seen)
+            );
+        }
+        // An unpinned pool reports no pins.
+        assert!(ThreadPool::new(2).worker_cpus().iter().all(Option::is_none));
+    }
+
+    fn lock_vec<T>(m: &Mutex<Vec<T>>) -> MutexGuard<'_, Vec<T>> {
+        m.lock().unwrap()
+    }
+
+    /// Whether a fresh thread may pin itself to `cpu` (the check the pool's
+    /// result is compared with).
+    fn pin_current_thread_probe(cpu: usize) -> bool {
+        std::thread::spawn(move || pin_current_thread(cpu))
+            .join()
+            .unwrap_or(false)
     }
 
     #[test]

@@ -290,7 +290,8 @@ fn record_for(
             partial: false,
             created_unix: 0,
             limits: Limits::default(),
-            core_weights: vec![3.0, 1.0],
+            // A two-cluster part: CPU 0 little, CPU 1 three times faster.
+            core_weights: vec![1.0, 3.0],
             shapes: vec![ShapeEntry {
                 name: "t".into(),
                 n,
@@ -326,7 +327,20 @@ fn dispatch_switches_at_the_records_breakpoints() {
         .unwrap();
         assert_eq!(lin.plan().source, PlanSource::Record);
         assert!(lin.plan().variants.iter().all(|v| v.from_record));
-        assert_eq!(lin.plan().core_weights, vec![3.0, 1.0]);
+        // Worker 1 is pinned to CPU 1 and takes its weight; the caller,
+        // never pinned, takes the smallest (it may run on the little core).
+        let cpus = dev.worker_cpus();
+        assert_eq!(cpus[0], None);
+        let want = if cpus[1] == Some(1) {
+            vec![1.0, 3.0]
+        } else {
+            eprintln!("worker 1 could not be pinned here: both take the smallest weight");
+            vec![1.0, 1.0]
+        };
+        assert_eq!(lin.plan().core_weights, want);
+        assert_eq!(dev.core_weights(), want);
+        // Equal weights pin nothing.
+        assert!(probe.worker_cpus().iter().all(Option::is_none));
         for (m, want) in [
             (m1 - 1, Variant::Gemv),
             (m1, Variant::FlatGemm),

@@ -531,10 +531,14 @@ impl NeonBackend {
             .is_some_and(|t| t.layout.int4_pair_transpose);
         let four_bit = matches!(wf, Format::U4Asym(..) | Format::U4Sym(..));
         if four_bit && !pair_transposed {
-            return Err(what("4-bit weights need the int4 pair transpose (layout field pair_transpose)"));
+            return Err(what(
+                "4-bit weights need the int4 pair transpose (layout field pair_transpose)",
+            ));
         }
         if !four_bit && pair_transposed {
-            return Err(what("the int4 pair transpose applies to 4-bit weights only"));
+            return Err(what(
+                "the int4 pair transpose applies to 4-bit weights only",
+            ));
         }
         if xf == Format::I8Dyn
             && !(kernel.is_blocked(&mm.x, &mm.e, &mm.l)
@@ -542,7 +546,9 @@ impl NeonBackend {
                     .tensor(&mm.x)
                     .is_some_and(|t| !t.layout.int4_pair_transpose))
         {
-            return Err(what("i8dyn activations must use the layout [e/ep, l/lp, ep, lp]"));
+            return Err(what(
+                "i8dyn activations must use the layout [e/ep, l/lp, ep, lp]",
+            ));
         }
         match mm.epilogue.activation {
             Activation::None => Ok(false),
