@@ -67,10 +67,7 @@ fn locked_versions(lock: &str) -> Vec<String> {
 }
 
 /// The hash, as 16 hex digits, and the files it read (for rerun-if-changed).
-pub fn generator_hash(
-    roots: &[(&str, PathBuf)],
-    lock: Option<&Path>,
-) -> (String, Vec<PathBuf>) {
+pub fn generator_hash(roots: &[(&str, PathBuf)], lock: Option<&Path>) -> (String, Vec<PathBuf>) {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut feed = |bytes: &[u8]| {
         for &b in bytes {

@@ -56,7 +56,10 @@ fn editing_a_library_kernel_or_a_locked_assembler_version_changes_the_hash() {
     assert!(text.contains("g32"), "the library names a g32 format");
     std::fs::write(&library, text.replacen("g32", "g64", 1)).unwrap();
     let edited = hash_of_copy();
-    assert_ne!(edited, original, "a library kernel edit must change the hash");
+    assert_ne!(
+        edited, original,
+        "a library kernel edit must change the hash"
+    );
     std::fs::write(&library, &text).unwrap();
     assert_eq!(hash_of_copy(), original);
 

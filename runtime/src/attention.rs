@@ -370,7 +370,8 @@ impl KvCache {
                     });
                 }
                 KvCapacity::Chunked(chunk) => {
-                    let overflow = || shape("KV cache growth (tokens·kvh·d)", "no overflow", "overflow");
+                    let overflow =
+                        || shape("KV cache growth (tokens·kvh·d)", "no overflow", "overflow");
                     let grown = want
                         .max(self.capacity.saturating_mul(2))
                         .div_ceil(chunk)

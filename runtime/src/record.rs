@@ -328,15 +328,19 @@ impl DeviceEntry {
                 ),
             ));
         }
-        if let Some((i, v)) = w.iter().enumerate().find(|(_, v)| !v.is_finite() || **v <= 0.0) {
+        if let Some((i, v)) = w
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite() || **v <= 0.0)
+        {
             return Some((
                 "core_weights".into(),
                 format!("[{i}] = {v} (each must be finite and > 0)"),
             ));
         }
-        let (lo, hi) = w
-            .iter()
-            .fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let (lo, hi) = w.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        });
         if hi / lo > MAX_CORE_WEIGHT_RATIO {
             return Some((
                 "core_weights".into(),
@@ -555,7 +559,10 @@ mod tests {
         let cases: Vec<(&str, Box<dyn Fn(&mut DeviceEntry)>)> = vec![
             ("threads", Box::new(|e| e.threads = 0)),
             ("core_weights", Box::new(|e| e.core_weights = vec![])),
-            ("core_weights", Box::new(|e| e.core_weights = vec![f64::NAN])),
+            (
+                "core_weights",
+                Box::new(|e| e.core_weights = vec![f64::NAN]),
+            ),
             ("core_weights", Box::new(|e| e.core_weights = vec![-1.0])),
             ("core_weights", Box::new(|e| e.core_weights = vec![0.0])),
             (
@@ -591,7 +598,10 @@ mod tests {
             let err = TuningRecord::from_json(&rec.to_json(), "rec.json").unwrap_err();
             let msg = err.to_string();
             assert!(matches!(err, RecordError::Invalid { .. }), "{msg}");
-            assert!(msg.starts_with("rec.json: entry 1 (backend `host`"), "{msg}");
+            assert!(
+                msg.starts_with("rec.json: entry 1 (backend `host`"),
+                "{msg}"
+            );
             assert!(msg.contains(field), "{field}: {msg}");
         }
         // JSON has no NaN: a huge number is how a file says "absurd".
@@ -600,7 +610,10 @@ mod tests {
             entries: vec![valid.clone()],
         }
         .to_json()
-        .replace("\"core_weights\": [\n        1.0\n      ]", "\"core_weights\": [1e999]");
+        .replace(
+            "\"core_weights\": [\n        1.0\n      ]",
+            "\"core_weights\": [1e999]",
+        );
         assert!(text.contains("1e999"), "{text}");
         assert!(TuningRecord::from_json(&text, "rec.json").is_err());
     }

@@ -577,7 +577,13 @@ fn with_activation(mut k: Kernel, act: tessera_dsl::ir::Activation) -> Kernel {
 fn epilogue_relu_every_target_and_variant_refusals_by_field() {
     use tessera_dsl::ir::Activation;
     for target in runnable() {
-        for name in ["matmul-f32", "matmul-f16", "matmul-w4a8", "matmul-w8a8", "matmul-q4_0"] {
+        for name in [
+            "matmul-f32",
+            "matmul-f16",
+            "matmul-w4a8",
+            "matmul-w8a8",
+            "matmul-q4_0",
+        ] {
             let kernel = with_activation(library::get(name).unwrap(), Activation::Relu);
             let gemv = tiles(target, &kernel, 1)[0];
             check(target, &kernel, &gemv, Variant::Gemv, 1, 37, 96, 1);
@@ -586,9 +592,17 @@ fn epilogue_relu_every_target_and_variant_refusals_by_field() {
             check(target, &kernel, &flat, Variant::FlatGemm, 7, 23, 160, 3);
             let gemm = tiles(target, &kernel, 4096)[0];
             check(target, &kernel, &gemm, Variant::Gemm, 19, 29, 96, 4);
-            let listing = machine(NeonBackend::new(target).unwrap().emit(&kernel, &gemm).unwrap())
-                .listing;
-            assert!(listing.contains("fmaxnm"), "{target} {name}: no relu in the store");
+            let listing = machine(
+                NeonBackend::new(target)
+                    .unwrap()
+                    .emit(&kernel, &gemm)
+                    .unwrap(),
+            )
+            .listing;
+            assert!(
+                listing.contains("fmaxnm"),
+                "{target} {name}: no relu in the store"
+            );
 
             let be = NeonBackend::new(target).unwrap();
             let silu = with_activation(library::get(name).unwrap(), Activation::Silu);

@@ -223,8 +223,7 @@ fn gemm_nest(a: &mut A64, spec: &FloatSpec, plan: &RegisterPlan, row_bytes: u32)
         v: [V(0), V(1)],
     };
     frame::store_tile(
-        a, STAGE, row_bytes, hp, rows, COLS, y_row, YSTRIDE, BIAS, spec.out, spec.relu,
-        &regs,
+        a, STAGE, row_bytes, hp, rows, COLS, y_row, YSTRIDE, BIAS, spec.out, spec.relu, &regs,
     );
     a.mov_imm(T0, u64::from(ep));
     a.madd(XBASE, T0, XSTRIDE, XBASE);
@@ -264,8 +263,7 @@ fn store_row_block(a: &mut A64, spec: &FloatSpec, row_bytes: u32) {
         v: [V(0), V(1)],
     };
     frame::store_tile(
-        a, STAGE, row_bytes, spec.hp, rows, COLS, y_row, YSTRIDE, BIAS, spec.out, spec.relu,
-        &regs,
+        a, STAGE, row_bytes, spec.hp, rows, COLS, y_row, YSTRIDE, BIAS, spec.out, spec.relu, &regs,
     );
 }
 
