@@ -36,7 +36,6 @@
 //! targets are surveyed and run.
 
 #[cfg(target_arch = "x86_64")]
-#[allow(dead_code)]
 #[path = "../../codegen/tests/ptx_sim/mod.rs"]
 mod ptx_sim;
 
@@ -455,17 +454,42 @@ fn space() -> Vec<Desc> {
     v
 }
 
-/// Size of the sampled part of the space.
-const SAMPLES: usize = 240;
+/// Sizes of the sampled parts of the space: uniform over every valid
+/// combination (mostly refusals: most combinations mix a CPU field with a
+/// GPU one), and over the combinations whose layouts follow a family's
+/// conventions (CPU: weight panels, pair-transposed 4-bit codes and
+/// activation panels with i8dyn; GPU: the GPU weight layout, row-major
+/// activations), so that many sampled descriptions are emitted and run.
+const SAMPLES: [(&str, usize); 3] = [("uniform", 300), ("CPU layouts", 300), ("GPU layouts", 150)];
 
-/// A fixed-seed sample of the valid space.
-fn sample() -> Vec<Desc> {
+/// Whether `d` is in the sample stratum `kind` (an index into [`SAMPLES`]).
+fn in_stratum(kind: usize, d: &Desc) -> bool {
+    match kind {
+        1 => {
+            d.w_layout == WLayout::Cpu
+                && d.pair == (d.w.bits() == 4 && d.x == Format::I8Dyn)
+                && d.x_panel == (d.x == Format::I8Dyn)
+        }
+        2 => d.w_layout == WLayout::Gpu && !d.pair && !d.x_panel,
+        _ => true,
+    }
+}
+
+/// The fixed-seed samples of the valid space, one list per stratum.
+fn sample() -> Vec<Vec<Desc>> {
     let mut all = space();
     let mut rng = ChaCha8Rng::seed_from_u64(0x7e55e7a);
     all.shuffle(&mut rng);
-    all.into_iter()
-        .filter(|d| d.kernel().is_some())
-        .take(SAMPLES)
+    SAMPLES
+        .iter()
+        .enumerate()
+        .map(|(kind, &(_, n))| {
+            all.iter()
+                .filter(|d| in_stratum(kind, d) && d.kernel().is_some())
+                .take(n)
+                .copied()
+                .collect()
+        })
         .collect()
 }
 
@@ -672,8 +696,8 @@ struct BackendSurvey {
     be: Be,
     /// One field at a time: per feature, the outcomes of its substitutions.
     single: Vec<(Feature, Vec<usize>)>,
-    /// Sampled combinations (indices into `outcomes`).
-    sampled: Vec<usize>,
+    /// Sampled combinations per stratum (indices into `outcomes`).
+    sampled: Vec<Vec<usize>>,
     outcomes: Vec<Outcome>,
     /// Contract violations found while surveying.
     problems: Vec<String>,
@@ -713,7 +737,7 @@ impl BackendSurvey {
     }
 }
 
-fn survey_backend(be: Be, samples: &[Desc]) -> BackendSurvey {
+fn survey_backend(be: Be, samples: &[Vec<Desc>]) -> BackendSurvey {
     let mut s = BackendSurvey {
         be,
         single: Vec::new(),
@@ -750,9 +774,16 @@ fn survey_backend(be: Be, samples: &[Desc]) -> BackendSurvey {
         }
         s.single.push((f, idx));
     }
-    for d in samples {
+    for (kind, d) in samples
+        .iter()
+        .enumerate()
+        .flat_map(|(kind, list)| list.iter().map(move |d| (kind, d)))
+    {
         let Some(i) = s.add(*d) else { continue };
-        s.sampled.push(i);
+        if s.sampled.len() <= kind {
+            s.sampled.resize(kind + 1, Vec::new());
+        }
+        s.sampled[kind].push(i);
         if let Err(msg) = &s.outcomes[i].result
             && !d.features().iter().any(|f| f.named_in(msg))
         {
@@ -788,7 +819,8 @@ fn survey() -> &'static Survey {
         let samples = sample();
         let bes = Be::surveyed();
         // Two threads (CI has two cores): backends alternate between them.
-        let (a, b): (Vec<(usize, Be)>, Vec<(usize, Be)>) = bes
+        type Share = Vec<(usize, Be)>;
+        let (a, b): (Share, Share) = bes
             .iter()
             .copied()
             .enumerate()
@@ -847,28 +879,43 @@ fn table(s: &Survey) -> String {
         let cells: Vec<&str> = s.backends.iter().map(|b| b.cell(&f)).collect();
         let _ = writeln!(t, "| {field} | {} | {} |", f.value(), cells.join(" | "));
     }
+    let valid = space().iter().filter(|d| d.kernel().is_some()).count();
     let _ = writeln!(
         t,
         "\n## Sampled combinations\n\n\
-         {SAMPLES} descriptions drawn with a fixed seed from the {} valid combinations of the\n\
-         fields above (every activation and weight format, layout, output, bias, activation\n\
-         and variant); each refusal names one of its fields, each emitted kernel is run where\n\
-         the host can.\n",
-        space().iter().filter(|d| d.kernel().is_some()).count()
+         Descriptions drawn with a fixed seed from the {valid} valid combinations of the\n\
+         fields above: uniformly, and among those whose layouts follow the CPU or the GPU\n\
+         conventions (weight panels with pair-transposed 4-bit codes and activation panels\n\
+         for i8dyn; the GPU weight layout with row-major activations). Each refusal names\n\
+         one of its fields; each emitted kernel is run where the host can (CPU backends:\n\
+         all of them; OpenCL and PTX: a cover of every field value they emit).\n"
     );
-    let _ = writeln!(t, "| | {} |", names.join(" | "));
-    let _ = writeln!(t, "|---|{}", "---|".repeat(names.len()));
-    let count = |b: &BackendSurvey, ok: bool| {
-        b.sampled
-            .iter()
-            .filter(|&&i| b.outcomes[i].result.is_ok() == ok)
-            .count()
-            .to_string()
-    };
-    let emitted: Vec<String> = s.backends.iter().map(|b| count(b, true)).collect();
-    let refused: Vec<String> = s.backends.iter().map(|b| count(b, false)).collect();
-    let _ = writeln!(t, "| runs | {} |", emitted.join(" | "));
-    let _ = writeln!(t, "| refused | {} |", refused.join(" | "));
+    let _ = writeln!(t, "| sample | | {} |", names.join(" | "));
+    let _ = writeln!(t, "|---|---|{}", "---|".repeat(names.len()));
+    for (kind, (label, n)) in SAMPLES.iter().enumerate() {
+        for (ok, what) in [(true, "runs"), (false, "refused")] {
+            let cells: Vec<String> = s
+                .backends
+                .iter()
+                .map(|b| {
+                    b.sampled
+                        .get(kind)
+                        .map_or(0, |v| {
+                            v.iter()
+                                .filter(|&&i| b.outcomes[i].result.is_ok() == ok)
+                                .count()
+                        })
+                        .to_string()
+                })
+                .collect();
+            let head = if ok {
+                format!("{label} ({n})")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(t, "| {head} | {what} | {} |", cells.join(" | "));
+        }
+    }
     t
 }
 
@@ -1042,8 +1089,7 @@ fn compare(be: Be, d: &Desc, c: &Case, got: &[f32]) -> Result<(), String> {
     if got.len() != c.want.len() {
         return Err(format!("{} outputs, want {}", got.len(), c.want.len()));
     }
-    for i in 0..got.len() {
-        let (g, w) = (got[i], c.want[i]);
+    for (i, (&g, &w)) in got.iter().zip(&c.want).enumerate() {
         let out_round = if d.y == Format::F16 {
             2f32.powi(-10) * w.abs()
         } else {
