@@ -402,6 +402,12 @@ fn baselines() -> Vec<Desc> {
         };
         v.push(base);
         v.push(Desc {
+            x: Format::F16,
+            w: Format::F16,
+            y: Format::F16,
+            ..base
+        });
+        v.push(Desc {
             x: Format::I8Dyn,
             x_panel: true,
             w: Format::U4Asym(Group::Size(32), ParamType::F32),
@@ -861,7 +867,7 @@ fn table(s: &Survey) -> String {
          follow the weight and activation formats. fp8 is a KV-cache format; `verify()`\n\
          refuses it as a matmul weight.\n\n\
          **runs**: the backend emits this value of the field (with at least one of its\n\
-         baselines: f32 and W4A8 CPU kernels, the W4A16 GPU kernel, each as GEMV, flat GEMM\n\
+         baselines: f32, f16 and W4A8 CPU kernels, the W4A16 GPU kernel, each as GEMV, flat GEMM\n\
          and GEMM), and the emitted code agrees with the interpreter. **refused**: every\n\
          such description is refused with an error naming the field. x86-avx512 is the x86\n\
          backend with AVX-512 on: its own kernels serve f32 and W4A8 (u4asym, f32 parameters,\n\

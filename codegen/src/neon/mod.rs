@@ -729,6 +729,12 @@ impl NeonBackend {
                 }
                 };
                 let w = elem(wf)?;
+                if class == MacClass::F16 && wf != Format::F16 {
+                    return Err(self.unsupported(format!(
+                        "f16 activations with {wf} weights on {}: its fp16 path (fmla.8h) multiplies f16 by f16, so the w format must be f16 (aarch64-neon widens both to f32)",
+                        self.caps.name
+                    )));
+                }
                 let flat = (variant == Variant::FlatGemm).then(|| {
                     FlatPlan::sized(tile.ep, tile.hp * w.bytes(), None, false, k_block_bytes)
                 });
