@@ -12,5 +12,5 @@ for spec in max:aarch64-i8mm cortex-a76:aarch64-dotprod cortex-a72:aarch64-neon;
     echo "== qemu-aarch64 -cpu $cpu (expects $want)"
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /usr/aarch64-linux-gnu" \
         TESSERA_EXPECT_TARGET="$want" \
-        cargo test -p tessera-tests --target aarch64-unknown-linux-gnu --test neon_run --test neon_attention
+        cargo test -p tessera-tests --target aarch64-unknown-linux-gnu --test neon_run --test neon_attention --test conformance
 done

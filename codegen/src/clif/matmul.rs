@@ -198,6 +198,13 @@ fn plan<'k>(
     if !matches!(y, Format::F32 | Format::F16 | Format::BF16) {
         return Err(unsupported(format!("output format {y}")));
     }
+    if let Some(b) = &mm.epilogue.bias
+        && kernel.tensor(b).is_some_and(|t| t.format != Format::F32)
+    {
+        return Err(unsupported(
+            "a bias that is not f32 (the cranelift loops read the bias as f32)",
+        ));
+    }
     if w.has_f16_params() {
         return Err(unsupported(format!(
             "weights {w}: f16 group parameters (the cranelift loops read f32 parameters)"
@@ -229,6 +236,14 @@ fn plan<'k>(
         fused,
         dot,
     };
+    let pair_transpose = kernel
+        .tensor(&mm.w)
+        .is_some_and(|t| t.layout.int4_pair_transpose);
+    if pair_transpose && x != Format::I8Dyn {
+        return Err(unsupported(format!(
+            "the int4 pair transpose (w layout field pair_transpose) with {x} activations: the cranelift float loops read 4-bit codes in order"
+        )));
+    }
     match x {
         Format::I8Dyn => {
             if !matches!(
@@ -282,9 +297,14 @@ fn check_int8(plan: &Plan<'_>, tile: &TileConfig) -> Result<(), EmitError> {
     let w_ok = wt.is_some_and(|d| {
         d.len() >= 2 && inner(d.last(), &plan.mm.l) && inner(d.get(d.len() - 2), &plan.mm.h)
     });
-    if !x_ok || !w_ok {
+    if !x_ok {
         return Err(unsupported(
-            "int8 matmul layouts other than lp-innermost activations and [.., hp, lp] weight blocks",
+            "the x layout: i8dyn activations must use a layout with lp innermost, e.g. [e/ep, l/lp, ep, lp]",
+        ));
+    }
+    if !w_ok {
+        return Err(unsupported(
+            "the w layout: int8 weights must use a weight layout ending in [.., hp, lp] blocks, e.g. [h/hp, l/lp, hp, lp]",
         ));
     }
     Ok(())

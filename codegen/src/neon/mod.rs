@@ -529,8 +529,11 @@ impl NeonBackend {
         let pair_transposed = kernel
             .tensor(&mm.w)
             .is_some_and(|t| t.layout.int4_pair_transpose);
-        let four_bit = matches!(wf, Format::U4Asym(..) | Format::U4Sym(..));
-        if four_bit && !pair_transposed {
+        // Every 4-bit format (e0m4 too, which NEON refuses by format below).
+        let four_bit = wf.bits() == 4;
+        // The int8 loops unpack pair-transposed codes; the float path takes
+        // no 4-bit weights at all (refused by format below).
+        if four_bit && !pair_transposed && xf == Format::I8Dyn {
             return Err(what(
                 "4-bit weights need the int4 pair transpose (layout field pair_transpose)",
             ));
@@ -548,6 +551,22 @@ impl NeonBackend {
         {
             return Err(what(
                 "i8dyn activations must use the layout [e/ep, l/lp, ep, lp]",
+            ));
+        }
+        if xf != Format::I8Dyn
+            && !kernel
+                .tensor(&mm.x)
+                .is_some_and(|t| t.layout.is_row_major(&[&mm.e, &mm.l]))
+        {
+            return Err(what(
+                "float activations must be row-major [e, l] (the x layout field)",
+            ));
+        }
+        if let Some(b) = &mm.epilogue.bias
+            && kernel.tensor(b).is_some_and(|t| t.format != Format::F32)
+        {
+            return Err(what(
+                "the bias must be f32 (the NEON kernels read the bias as f32)",
             ));
         }
         match mm.epilogue.activation {
@@ -700,12 +719,22 @@ impl NeonBackend {
                         ),
                     ));
                 }
-                let elem = |f: Format| match f {
+                let elem = |f: Format| {
+                    match f {
                     Format::F32 => Ok(float::Elem::F32),
                     Format::F16 => Ok(float::Elem::F16),
-                    f => Err(self.unsupported(format!("{f} operands on the NEON float path"))),
+                    f => Err(self.unsupported(format!(
+                        "{f} operands on the NEON float path (x {xf}, w {wf}; quantized weights take i8dyn activations)"
+                    ))),
+                }
                 };
                 let w = elem(wf)?;
+                if class == MacClass::F16 && wf != Format::F16 {
+                    return Err(self.unsupported(format!(
+                        "f16 activations with {wf} weights on {}: its fp16 path (fmla.8h) multiplies f16 by f16, so the w format must be f16 (aarch64-neon widens both to f32)",
+                        self.caps.name
+                    )));
+                }
                 let flat = (variant == Variant::FlatGemm).then(|| {
                     FlatPlan::sized(tile.ep, tile.hp * w.bytes(), None, false, k_block_bytes)
                 });

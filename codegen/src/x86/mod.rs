@@ -366,6 +366,13 @@ fn check_cpu_matmul(
             "weights must use the CPU panel layout [h/hp, l/lp, hp, lp] (GPU-layout kernels go to opencl/ptx)",
         ));
     }
+    if let Some(b) = &mm.epilogue.bias
+        && kernel.tensor(b).is_some_and(|t| t.format != Format::F32)
+    {
+        return Err(what(
+            "the bias must be f32 (the x86 kernels read the bias as f32)",
+        ));
+    }
     let activation = mm.epilogue.activation;
     if activation == tessera_dsl::ir::Activation::Silu {
         return Err(what(
