@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The NEON suite under qemu-aarch64 on three emulated CPUs: `max` (i8mm,
-# dotprod, fp16), `cortex-a76` (dotprod and fp16, no i8mm) and `cortex-a72`
-# (plain NEON), proving the run-time dispatch falls back. Needs the cross
+# The NEON suite (and the runtime's NEON device) under qemu-aarch64 on three
+# emulated CPUs: `max` (i8mm, dotprod, fp16), `cortex-a76` (dotprod and
+# fp16, no i8mm) and `cortex-a72` (plain NEON), proving the run-time
+# dispatch falls back. Needs the cross
 # toolchain (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user and the
 # rustup target aarch64-unknown-linux-gnu); scripts/test.sh installs them.
 set -euo pipefail
@@ -13,4 +14,11 @@ for spec in max:aarch64-i8mm cortex-a76:aarch64-dotprod cortex-a72:aarch64-neon;
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /usr/aarch64-linux-gnu" \
         TESSERA_EXPECT_TARGET="$want" \
         cargo test -p tessera-tests --target aarch64-unknown-linux-gnu --test neon_run --test neon_attention --test conformance
+    # The runtime's NEON device (Linear, Attention decode and prefill, KV
+    # cache) next to cranelift on the same CPU; model files (GGUF blocks
+    # repacked for NEON, checked against llama.cpp's gguf) once, on max.
+    runtime_tests=(--test runtime)
+    [ "$cpu" = max ] && runtime_tests+=(--test model_file)
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /usr/aarch64-linux-gnu" \
+        cargo test -p tessera-runtime --target aarch64-unknown-linux-gnu "${runtime_tests[@]}"
 done

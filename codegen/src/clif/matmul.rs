@@ -183,18 +183,6 @@ fn plan<'k>(
     };
     let (x, w, y) = (fmt(&mm.x)?, fmt(&mm.w)?, fmt(&mm.y)?);
     let (ep, hp, lp) = (tile.ep as i64, tile.hp as i64, tile.lp as i64);
-    if !(1..=16).contains(&ep) {
-        return Err(bad_tile(tile, "ep must be 1..=16"));
-    }
-    if hp < 4 || hp % 4 != 0 || hp > 64 {
-        return Err(bad_tile(
-            tile,
-            "hp must be a multiple of 4 (f32x4 lanes), at most 64",
-        ));
-    }
-    if lp < 1 {
-        return Err(bad_tile(tile, "lp must be positive"));
-    }
     if !matches!(y, Format::F32 | Format::F16 | Format::BF16) {
         return Err(unsupported(format!("output format {y}")));
     }
@@ -214,6 +202,20 @@ fn plan<'k>(
         return Err(unsupported(format!(
             "weights {w}: u4sym's implied zero point (the cranelift loops fold stored offsets only)"
         )));
+    }
+    // The description's fields first (a refusal names the field), then
+    // the tile.
+    if !(1..=16).contains(&ep) {
+        return Err(bad_tile(tile, "ep must be 1..=16"));
+    }
+    if hp < 4 || hp % 4 != 0 || hp > 64 {
+        return Err(bad_tile(
+            tile,
+            "hp must be a multiple of 4 (f32x4 lanes), at most 64",
+        ));
+    }
+    if lp < 1 {
+        return Err(bad_tile(tile, "lp must be positive"));
     }
     let group = match w.group() {
         Some(Group::Size(g)) => Some(i64::from(g)),

@@ -76,12 +76,16 @@ pub fn read_f32(path: &Path) -> Vec<f32> {
 }
 
 /// The backends this machine runs, opened: cranelift always, x86 where the
-/// CPU has AVX2/FMA/F16C, OpenCL where a platform exists (a SKIP line
+/// CPU has AVX2/FMA/F16C, NEON on aarch64 (under qemu in
+/// scripts/test-aarch64.sh), OpenCL where a platform exists (a SKIP line
 /// otherwise).
 pub fn devices(test: &str, threads: usize) -> Vec<std::sync::Arc<Device>> {
     let mut backends = vec![Backend::HostClif];
     if tessera_codegen::x86::missing_features().is_empty() {
         backends.push(Backend::HostX86);
+    }
+    if cfg!(target_arch = "aarch64") {
+        backends.push(Backend::Neon);
     }
     if cfg!(feature = "opencl") {
         backends.push(Backend::OpenCl);
