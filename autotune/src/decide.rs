@@ -145,6 +145,35 @@ pub fn compare(a: &Blocks, b: &Blocks, floor: f64) -> Option<Verdict> {
     })
 }
 
+/// A clear verdict checked by a second, independent measurement of the same
+/// pair: it stands only if the second is clear the same way (the combined
+/// ratio is their geometric mean); otherwise the pair is a tie, with the
+/// margin widened to cover both ratios. On a VM a whole block pair can be
+/// slowed for one candidate, and a margin from the MAD (which must ignore
+/// such pairs) then lets a 15% excursion through as a "clear" win — in
+/// the middle of a range where two kernels are within a few percent, which
+/// sent M2 to 48, 96 or 384 in three runs of the same command.
+pub fn confirm(first: Verdict, second: Verdict) -> Verdict {
+    let same_way = !second.tie() && first.b_clearly_faster() == second.b_clearly_faster();
+    if first.tie() || same_way {
+        return Verdict {
+            ratio: (first.ratio * second.ratio).sqrt(),
+            margin: first.margin.max(second.margin),
+            noise: first.noise.max(second.noise),
+        };
+    }
+    let margin = first
+        .margin
+        .max(second.margin)
+        .max((first.ratio - 1.0).abs())
+        .max((second.ratio - 1.0).abs());
+    Verdict {
+        ratio: (first.ratio * second.ratio).sqrt(),
+        margin,
+        noise: first.noise.max(second.noise),
+    }
+}
+
 /// The run's noise floor from the comparisons made so far: the median of
 /// their own noise. One comparison's three pairs can agree by luck; the
 /// median over a run's comparisons is what the machine shows, and it moves
@@ -286,6 +315,28 @@ mod tests {
 
     fn b(blocks: &[&[f64]]) -> Blocks {
         Blocks(blocks.iter().map(|x| x.to_vec()).collect())
+    }
+
+    #[test]
+    fn a_clear_verdict_stands_only_if_a_second_measurement_agrees() {
+        let v = |ratio: f64| Verdict {
+            ratio,
+            margin: 0.1,
+            noise: 0.02,
+        };
+        // Both clear, the same way: clear, at their geometric mean.
+        let c = confirm(v(0.8), v(0.85));
+        assert!(c.b_clearly_faster() && (c.ratio - (0.8f64 * 0.85).sqrt()).abs() < 1e-12);
+        let c = confirm(v(1.2), v(1.3));
+        assert!(!c.tie() && !c.b_clearly_faster());
+        // A lone excursion (1.15, then 0.99): a tie, the margin covers both.
+        let c = confirm(v(1.15), v(0.99));
+        assert!(c.tie(), "{c:?}");
+        assert!(c.margin >= 0.15 - 1e-12);
+        // Opposite clear verdicts: a tie.
+        assert!(confirm(v(0.8), v(1.2)).tie());
+        // A tie first stays a tie-or-better judged on both.
+        assert!(confirm(v(1.02), v(0.98)).tie());
     }
 
     #[test]
