@@ -19,3 +19,27 @@ pub fn missing_tool(check: &str, why: &str) {
     }
     eprintln!("SKIP {check}: {why}");
 }
+
+/// Where llama.cpp's `gguf` package (the oracle for ggml's blocks and GGUF
+/// files) is installed: `TESSERA_GGUF_PYTHONPATH`, else
+/// `~/.cache/tessera/gguf`, where `scripts/test.sh` puts it. None after
+/// [`missing_tool`] (a SKIP, or a failure under CI).
+pub fn gguf_pythonpath(check: &str) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let path = std::env::var_os("TESSERA_GGUF_PYTHONPATH")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            Some(cache.join("tessera/gguf"))
+        })
+        .filter(|p| p.join("gguf").is_dir());
+    if path.is_none() {
+        missing_tool(
+            check,
+            "the gguf package (llama.cpp's GGUF writer and quantizers) is not installed",
+        );
+    }
+    path
+}

@@ -17,18 +17,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_dsl::quant::{GgmlBlock, quantize};
 
-fn gguf_path() -> Option<PathBuf> {
-    let path = std::env::var_os("TESSERA_GGUF_PYTHONPATH")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-            Some(cache.join("tessera/gguf"))
-        })?;
-    path.join("gguf").is_dir().then_some(path)
-}
-
 /// Weights with the cases the quantizers treat specially: an all-zero
 /// block, a block whose largest magnitude is negative, a constant block,
 /// ties at .5 steps, and magnitudes from 1e-3 to 1e3.
@@ -59,11 +47,7 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 
 #[test]
 fn ggml_blocks_match_llama_cpp_quantizers_bit_for_bit() {
-    let Some(pythonpath) = gguf_path() else {
-        tessera_dsl::testing::missing_tool(
-            "ggml oracle",
-            "the gguf package (llama.cpp's quantizers) is not installed",
-        );
+    let Some(pythonpath) = tessera_dsl::testing::gguf_pythonpath("ggml oracle") else {
         return;
     };
     let (rows, cols) = (9, 32 * 7);

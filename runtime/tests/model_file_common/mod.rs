@@ -8,27 +8,9 @@ use std::process::Command;
 
 use tessera_runtime::{Backend, Device, DeviceOptions, RuntimeError};
 
-/// Where `gguf` is installed (`TESSERA_GGUF_PYTHONPATH`, else
-/// `~/.cache/tessera/gguf`, where scripts/test.sh puts it), or None after
-/// a SKIP line; under CI a missing oracle fails the test.
+/// Where `gguf` is installed, or None after a SKIP (a failure under CI).
 pub fn gguf_pythonpath(test: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("TESSERA_GGUF_PYTHONPATH")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-            Some(cache.join("tessera/gguf"))
-        })
-        .filter(|p| p.join("gguf").is_dir());
-    if path.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{test}: the gguf package (llama.cpp's GGUF writer) is required in CI: scripts/test.sh installs it"
-        );
-        println!("SKIP {test}: the gguf package is not installed (scripts/test.sh installs it)");
-    }
-    path
+    tessera_dsl::testing::gguf_pythonpath(test)
 }
 
 /// A fresh temporary folder for one test.
