@@ -12,21 +12,17 @@ mod ptx_sim;
 
 use half::f16;
 use ptx_common::{matmuls, rows, tiles};
-use ptx_sim::{Arg, Buffer, Module, launch_with_shared};
+use ptx_sim::{MatmulOperands, run_matmul};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::Variant;
-use tessera_codegen::gpu::{LaunchExtent, WEIGHT_LP};
+use tessera_codegen::gpu::WEIGHT_LP;
 use tessera_codegen::ptx::{PtxBackend, Sm};
 use tessera_dsl::interp::{Bindings, Value, run};
 use tessera_dsl::quant::{
     ElemWidth, PackPlan, Tile, WeightPacking, gpu_weight_layout, pack_weights, quantize,
 };
 use tessera_dsl::{Format, Kernel};
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
 
 /// One random case: (want, got) for `[e, h, l]`.
 fn case(
@@ -78,63 +74,14 @@ fn case(
         .iter()
         .find_map(|t| PtxBackend::new(sm).program(k, t, v).ok())
         .unwrap();
-    let plan = &prog.plan;
-    let module = Module::parse(&prog.text);
-    let y_half = plan.y_format == Format::F16;
-    let mut bufs: Vec<Buffer> = [
-        x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+    let ops = MatmulOperands {
+        x_f16: x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
         codes,
-        f32_bytes(&scales),
-        f32_bytes(&offsets),
-        f32_bytes(&bias),
-        vec![0u8; e * h * if y_half { 2 } else { 4 }],
-    ]
-    .into_iter()
-    .map(|bytes| Buffer { bytes })
-    .collect();
-    let int = |v: usize| Arg::Int(i32::try_from(v).unwrap());
-    let args = [
-        ("x", Arg::Buf(0)),
-        ("w", Arg::Buf(1)),
-        ("scales", Arg::Buf(2)),
-        ("offsets", Arg::Buf(3)),
-        ("bias", Arg::Buf(4)),
-        ("y", Arg::Buf(5)),
-        ("e", int(e)),
-        ("h", int(h)),
-        ("l", int(l)),
-    ];
-    let extent = |x: LaunchExtent| match x {
-        LaunchExtent::E => e,
-        LaunchExtent::H => h,
-        _ => 1,
+        scales,
+        offsets,
+        bias,
     };
-    let grid = plan
-        .launch
-        .map(|d| (d.global(extent(d.extent)) / d.local as usize) as u32);
-    let block = plan.launch.map(|d| d.local);
-    launch_with_shared(
-        &module,
-        &plan.entry,
-        grid,
-        block,
-        prog.dynamic_shared_bytes,
-        &args,
-        &mut bufs,
-    );
-    let got = if y_half {
-        bufs[5]
-            .bytes
-            .chunks(2)
-            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect()
-    } else {
-        bufs[5]
-            .bytes
-            .chunks(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
+    let got = run_matmul(&prog, ops, [e, h, l]);
     (want, got)
 }
 

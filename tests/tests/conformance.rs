@@ -1353,15 +1353,13 @@ fn opencl_runs_match_the_interpreter() {
 
 #[cfg(target_arch = "x86_64")]
 fn run_ptx(be: Be, o: &Outcome, tile: &TileConfig, c: &Case) -> Result<Vec<f32>, String> {
-    use ptx_sim::{Arg, Buffer, Module, launch_with_shared};
-    use tessera_codegen::gpu::{LaunchExtent, WEIGHT_LP};
+    use tessera_codegen::gpu::WEIGHT_LP;
     use tessera_dsl::quant::{
         ElemWidth, PackPlan, Tile, WeightPacking, gpu_weight_layout, pack_weights,
     };
     let prog = tessera_codegen::ptx::PtxBackend::new(sm(be))
         .program(&o.kernel, tile, o.desc.variant)
         .map_err(|e| e.to_string())?;
-    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let (codes, scales, offsets) = match (&c.w, &c.qt) {
         (_, Some(q)) => {
             let p = pack_weights(
@@ -1390,67 +1388,18 @@ fn run_ptx(be: Be, o: &Outcome, tile: &TileConfig, c: &Case) -> Result<Vec<f32>,
         }
         _ => return Err(format!("weights {} on the PTX simulator", o.desc.w)),
     };
-    let plan = &prog.plan;
-    let module = Module::parse(&prog.text);
-    let y_half = plan.y_format == Format::F16;
-    let xh: Vec<u8> =
+    let x_f16: Vec<u8> =
         c.x.iter()
             .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
             .collect();
-    let mut bufs: Vec<Buffer> = [
-        xh,
+    let ops = ptx_sim::MatmulOperands {
+        x_f16,
         codes,
-        f32_bytes(&scales),
-        f32_bytes(&offsets),
-        f32_bytes(c.bias.as_deref().unwrap_or(&[])),
-        vec![0u8; c.m * c.n * if y_half { 2 } else { 4 }],
-    ]
-    .into_iter()
-    .map(|bytes| Buffer { bytes })
-    .collect();
-    let int = |v: usize| Arg::Int(i32::try_from(v).expect("small"));
-    let args = [
-        ("x", Arg::Buf(0)),
-        ("w", Arg::Buf(1)),
-        ("scales", Arg::Buf(2)),
-        ("offsets", Arg::Buf(3)),
-        ("bias", Arg::Buf(4)),
-        ("y", Arg::Buf(5)),
-        ("e", int(c.m)),
-        ("h", int(c.n)),
-        ("l", int(c.k)),
-    ];
-    let extent = |x: LaunchExtent| match x {
-        LaunchExtent::E => c.m,
-        LaunchExtent::H => c.n,
-        _ => 1,
+        scales,
+        offsets,
+        bias: c.bias.clone().unwrap_or_default(),
     };
-    let grid = plan
-        .launch
-        .map(|d| (d.global(extent(d.extent)) / d.local as usize) as u32);
-    let block = plan.launch.map(|d| d.local);
-    launch_with_shared(
-        &module,
-        &plan.entry,
-        grid,
-        block,
-        prog.dynamic_shared_bytes,
-        &args,
-        &mut bufs,
-    );
-    Ok(if y_half {
-        bufs[5]
-            .bytes
-            .chunks(2)
-            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-            .collect()
-    } else {
-        bufs[5]
-            .bytes
-            .chunks(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect()
-    })
+    Ok(ptx_sim::run_matmul(&prog, ops, [c.m, c.n, c.k]))
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -992,3 +992,83 @@ fn step(
     }
     t.pc = next;
 }
+
+/// A PTX matmul's operands as its kernels take them: x as f16 bits,
+/// GPU-packed weight codes, f32 group scales and offsets (empty where the
+/// format has none) and the f32 bias (empty: none).
+pub struct MatmulOperands {
+    pub x_f16: Vec<u8>,
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub offsets: Vec<f32>,
+    pub bias: Vec<f32>,
+}
+
+/// Bind `ops` to `prog`'s entry by name, launch it over the grid its plan
+/// gives for `[e, h, l]`, and return y as f32 (widened where the kernel
+/// writes f16).
+pub fn run_matmul(
+    prog: &tessera_codegen::ptx::PtxProgram,
+    ops: MatmulOperands,
+    [e, h, l]: [usize; 3],
+) -> Vec<f32> {
+    use tessera_codegen::gpu::LaunchExtent;
+    let plan = &prog.plan;
+    let module = Module::parse(&prog.text);
+    let y_half = plan.y_format == tessera_dsl::Format::F16;
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut bufs: Vec<Buffer> = [
+        ops.x_f16,
+        ops.codes,
+        f32_bytes(&ops.scales),
+        f32_bytes(&ops.offsets),
+        f32_bytes(&ops.bias),
+        vec![0u8; e * h * if y_half { 2 } else { 4 }],
+    ]
+    .into_iter()
+    .map(|bytes| Buffer { bytes })
+    .collect();
+    let int = |v: usize| Arg::Int(i32::try_from(v).expect("a test-sized extent"));
+    let args = [
+        ("x", Arg::Buf(0)),
+        ("w", Arg::Buf(1)),
+        ("scales", Arg::Buf(2)),
+        ("offsets", Arg::Buf(3)),
+        ("bias", Arg::Buf(4)),
+        ("y", Arg::Buf(5)),
+        ("e", int(e)),
+        ("h", int(h)),
+        ("l", int(l)),
+    ];
+    let extent = |x: LaunchExtent| match x {
+        LaunchExtent::E => e,
+        LaunchExtent::H => h,
+        _ => 1,
+    };
+    let grid = plan
+        .launch
+        .map(|d| (d.global(extent(d.extent)) / d.local as usize) as u32);
+    let block = plan.launch.map(|d| d.local);
+    launch_with_shared(
+        &module,
+        &plan.entry,
+        grid,
+        block,
+        prog.dynamic_shared_bytes,
+        &args,
+        &mut bufs,
+    );
+    if y_half {
+        bufs[5]
+            .bytes
+            .chunks(2)
+            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect()
+    } else {
+        bufs[5]
+            .bytes
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+}
