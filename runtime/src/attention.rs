@@ -222,6 +222,11 @@ enum Storage {
         dev: Arc<crate::opencl::ClDevice>,
         cache: crate::opencl::ClKvCache,
     },
+    #[cfg(feature = "cuda")]
+    Cuda {
+        dev: crate::cuda::CudaDevice,
+        cache: Box<crate::cuda::CudaKvCache>,
+    },
 }
 
 impl KvCache {
@@ -249,9 +254,9 @@ impl KvCache {
         })
     }
 
-    /// A cache where `device`'s attention reads it: device buffers on
-    /// OpenCL (appended in place there; a growth copies on the device),
-    /// host memory otherwise.
+    /// A cache where `device`'s attention reads it: device memory on
+    /// OpenCL and CUDA (appended in place there; a growth copies on the
+    /// device), host memory otherwise.
     pub fn for_device(
         device: &Device,
         format: KvFormat,
@@ -262,7 +267,7 @@ impl KvCache {
         #[cfg(feature = "opencl")]
         if let Some(dev) = device.opencl() {
             let (tokens, _, _) = KvCache::check(kvh, d, capacity)?;
-            let (k, v) = gpu_formats(format);
+            let (k, v) = crate::gpu_kv::gpu_formats(format);
             let cache = crate::opencl::ClKvCache::new(dev, k, v, kvh, d, tokens)
                 .map_err(|e| gpu_err(device, e))?;
             return Ok(KvCache {
@@ -276,6 +281,26 @@ impl KvCache {
                 storage: Storage::OpenCl {
                     dev: Arc::clone(dev),
                     cache,
+                },
+            });
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = device.cuda() {
+            let (tokens, _, _) = KvCache::check(kvh, d, capacity)?;
+            let (k, v) = crate::gpu_kv::gpu_formats(format);
+            let cache = crate::cuda::CudaKvCache::new(dev, k, v, kvh, d, tokens)
+                .map_err(|e| gpu_err(device, e))?;
+            return Ok(KvCache {
+                format,
+                kvh,
+                d,
+                len: 0,
+                capacity: tokens,
+                mode: capacity,
+                growths: 0,
+                storage: Storage::Cuda {
+                    dev: dev.clone(),
+                    cache: Box::new(cache),
                 },
             });
         }
@@ -344,6 +369,8 @@ impl KvCache {
             Storage::Host { k, v } => (k.base(), v.base()),
             #[cfg(feature = "opencl")]
             Storage::OpenCl { cache, .. } => cache.addresses(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda { dev, cache } => cache.addresses(dev),
         }
     }
 
@@ -393,6 +420,15 @@ impl KvCache {
                                     why: e.to_string(),
                                 })?;
                         }
+                        #[cfg(feature = "cuda")]
+                        Storage::Cuda { dev, cache } => {
+                            cache
+                                .grow(dev, grown, self.len)
+                                .map_err(|e| RuntimeError::Gpu {
+                                    backend: "cuda".into(),
+                                    why: e.to_string(),
+                                })?;
+                        }
                     }
                     self.capacity = grown;
                     self.growths += 1;
@@ -410,12 +446,24 @@ impl KvCache {
             #[cfg(feature = "opencl")]
             Storage::OpenCl { dev, cache } => {
                 let (kf, vf) = (self.format.key_format(), self.format.value_format());
-                let ke = encode(kf, rows, self.d, k)?;
-                let ve = encode(vf, rows, self.d, v)?;
+                let ke = crate::gpu_kv::encode(kf, rows, self.d, k)?;
+                let ve = crate::gpu_kv::encode(vf, rows, self.d, v)?;
                 cache
                     .write(dev, self.len, tokens, ke.rows(), ve.rows())
                     .map_err(|e| RuntimeError::Gpu {
                         backend: "opencl".into(),
+                        why: e.to_string(),
+                    })?;
+            }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda { dev, cache } => {
+                let (kf, vf) = (self.format.key_format(), self.format.value_format());
+                let ke = crate::gpu_kv::encode(kf, rows, self.d, k)?;
+                let ve = crate::gpu_kv::encode(vf, rows, self.d, v)?;
+                cache
+                    .write(dev, self.len, tokens, ke.rows(), ve.rows())
+                    .map_err(|e| RuntimeError::Gpu {
+                        backend: "cuda".into(),
                         why: e.to_string(),
                     })?;
             }
@@ -458,22 +506,9 @@ impl KvCache {
             Storage::Host { k, v } => Some((k.view(rows, self.d), v.view(rows, self.d))),
             #[cfg(feature = "opencl")]
             Storage::OpenCl { .. } => None,
+            #[cfg(feature = "cuda")]
+            Storage::Cuda { .. } => None,
         }
-    }
-}
-
-/// The GPU kernels' names for a cache format's K and V.
-#[cfg(feature = "opencl")]
-fn gpu_formats(
-    format: KvFormat,
-) -> (
-    tessera_codegen::gpu::KvFormat,
-    tessera_codegen::gpu::KvFormat,
-) {
-    use tessera_codegen::gpu::KvFormat as G;
-    match format {
-        KvFormat::F16 => (G::F16, G::F16),
-        KvFormat::Kv8 => (G::I8AsymRow, G::Fp8E4M3),
     }
 }
 
@@ -482,59 +517,6 @@ fn gpu_err(device: &Device, e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Gpu {
         backend: device.backend().to_string(),
         why: e.to_string(),
-    }
-}
-
-/// Rows encoded as a device cache stores them.
-#[cfg(feature = "opencl")]
-enum Encoded {
-    F16(Vec<f16>),
-    Bytes {
-        codes: Vec<u8>,
-        scales: Vec<f32>,
-        offsets: Vec<f32>,
-    },
-}
-
-#[cfg(feature = "opencl")]
-impl Encoded {
-    fn rows(&self) -> crate::opencl::KvRows<'_> {
-        match self {
-            Encoded::F16(v) => crate::opencl::KvRows::F16(v),
-            Encoded::Bytes {
-                codes,
-                scales,
-                offsets,
-            } => crate::opencl::KvRows::Bytes {
-                codes,
-                scales,
-                offsets,
-            },
-        }
-    }
-}
-
-/// Encode `rows` rows of `d` values in `format` (quantized per row, as the
-/// host cache stores them).
-#[cfg(feature = "opencl")]
-fn encode(format: Format, rows: usize, d: usize, data: &[f32]) -> Result<Encoded, RuntimeError> {
-    match format {
-        Format::F16 => Ok(Encoded::F16(
-            data.iter().map(|&x| f16::from_f32(x)).collect(),
-        )),
-        f => {
-            let t = quant::quantize(f, rows, d, data)?;
-            let per_row = f.group().is_some();
-            Ok(Encoded::Bytes {
-                codes: t.codes,
-                scales: if per_row { t.scales } else { Vec::new() },
-                offsets: if f.is_asymmetric() {
-                    t.offsets
-                } else {
-                    Vec::new()
-                },
-            })
-        }
     }
 }
 
@@ -554,10 +536,9 @@ enum AttentionKernel {
     Host(Arc<HostAttention>),
     #[cfg(feature = "opencl")]
     OpenCl(Arc<crate::opencl::ClAttention>),
-    /// The split-K PTX pair; the cache stays in host memory and is
-    /// uploaded per call (`cuda::run_attention` has no resident cache yet).
+    /// The split-K PTX pair, loaded once; reads a device cache.
     #[cfg(feature = "cuda")]
-    Cuda(Box<tessera_codegen::ptx::PtxAttentionProgram>),
+    Cuda(Arc<crate::cuda::CudaAttention>),
 }
 
 impl std::fmt::Debug for Attention {
@@ -572,30 +553,6 @@ impl std::fmt::Debug for Attention {
 }
 
 /// A borrowed cache view as the owned value the CUDA launcher uploads.
-#[cfg(feature = "cuda")]
-fn view_value(view: KvView<'_>) -> tessera_dsl::interp::Value {
-    use tessera_dsl::interp::Value;
-    match view {
-        KvView::F16(v) => Value::F16(v.to_vec()),
-        KvView::Quant(qt) => Value::Quant(qt.clone()),
-        KvView::QuantRows {
-            format,
-            rows,
-            cols,
-            codes,
-            scales,
-            offsets,
-        } => Value::Quant(quant::QuantTensor {
-            format,
-            rows,
-            cols,
-            codes: codes.to_vec(),
-            scales: scales.to_vec(),
-            offsets: offsets.to_vec(),
-        }),
-    }
-}
-
 /// Split items of the given costs into one contiguous range per weight, each
 /// with a share of the total cost proportional to its weight.
 fn split_by_cost(costs: &[usize], weights: &[f64]) -> Vec<Range<usize>> {
@@ -653,14 +610,7 @@ impl Attention {
             }
             #[cfg(feature = "cuda")]
             crate::Backend::Cuda => {
-                let engine = device.cuda_engine()?;
-                let kernel = tessera_dsl::library::get(format.kernel_name())?;
-                let program = engine
-                    .dev
-                    .backend()
-                    .attention_program(&kernel)
-                    .map_err(|e| gpu_err(device, e))?;
-                AttentionKernel::Cuda(Box::new(program))
+                AttentionKernel::Cuda(device.cuda_engine()?.attention(format.kernel_name())?)
             }
             #[cfg(not(feature = "cuda"))]
             crate::Backend::Cuda => {
@@ -750,36 +700,34 @@ impl Attention {
         }
     }
 
-    /// One token over the first `s` cached tokens on the CUDA device (the
-    /// host cache is copied into the launch's buffers).
+    /// One token over the first `s` cached tokens on the CUDA device.
     #[cfg(feature = "cuda")]
     fn decode_cuda(
         &self,
-        program: &tessera_codegen::ptx::PtxAttentionProgram,
+        kernel: &crate::cuda::CudaAttention,
         q: &[f16],
         cache: &KvCache,
         s: usize,
         o: &mut [f16],
     ) -> Result<u64, RuntimeError> {
+        let Storage::Cuda { dev, cache: cu } = &cache.storage else {
+            return Err(shape(
+                "KV cache location",
+                "CUDA device memory (KvCache::for_device)",
+                "host memory",
+            ));
+        };
         let engine = self.device.cuda_engine()?;
-        let (k, v) = self.host_views(cache, s)?;
-        let out = crate::cuda::run_attention(
-            &engine.dev,
-            program,
-            q,
-            &view_value(k),
-            &view_value(v),
-            self.hq,
-            self.kvh,
-            self.d,
-            s,
-        )
-        .map_err(|e| gpu_err(&self.device, e))?;
-        check_len("attention output (hq·d)", o.len(), out.o.len())?;
-        for (dst, src) in o.iter_mut().zip(&out.o) {
-            *dst = f16::from_f32(*src);
+        if !Arc::ptr_eq(engine.dev.context(), dev.context()) {
+            return Err(shape(
+                "KV cache device",
+                "the attention's CUDA context",
+                "another context",
+            ));
         }
-        Ok(out.recomputed as u64)
+        let n = crate::cuda::attention_into(dev, kernel, q, cu, s, self.hq, o)
+            .map_err(|e| gpu_err(&self.device, e))?;
+        Ok(n as u64)
     }
 
     fn host_views<'c>(

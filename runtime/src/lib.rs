@@ -44,6 +44,8 @@ pub mod prebuilt;
 pub mod record;
 
 #[cfg(any(feature = "opencl", feature = "cuda"))]
+pub mod gpu_kv;
+#[cfg(any(feature = "opencl", feature = "cuda"))]
 pub mod gpu_weights;
 
 #[cfg(feature = "opencl")]

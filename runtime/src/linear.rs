@@ -59,12 +59,12 @@ enum Imp {
         kernels: [Arc<crate::opencl::ClMatmul>; 3],
         weights: crate::opencl::ClWeights,
     },
-    /// `crate::cuda::run_matmul` uploads per call (no resident API yet).
+    /// Three loaded modules over one upload (the GPU layout does not
+    /// depend on the tile).
     #[cfg(feature = "cuda")]
     Cuda {
-        programs: [Arc<tessera_codegen::ptx::PtxProgram>; 3],
-        weights: tessera_dsl::interp::Value,
-        bias: Vec<f32>,
+        kernels: [Arc<crate::cuda::CudaMatmul>; 3],
+        weights: crate::cuda::CudaWeights,
     },
 }
 
@@ -295,39 +295,112 @@ impl Linear {
                     .map_err(|e| gpu_err(&self.device, e))
             }
             #[cfg(feature = "cuda")]
-            Imp::Cuda {
-                programs,
-                weights,
-                bias,
-            } => {
+            Imp::Cuda { kernels, weights } => {
                 let (HostInput::F16(x), Ok(engine)) = (x, self.device.cuda_engine()) else {
                     return Err(shape("x dtype on cuda", "f16", "another dtype"));
                 };
-                let out = crate::cuda::run_matmul(
-                    &engine.dev,
-                    &programs[v],
-                    x,
-                    weights,
-                    Some(bias),
-                    m,
-                    n,
-                    k,
-                )
-                .map_err(|e| gpu_err(&self.device, e))?;
-                match y {
-                    HostOutput::F32(v) => v.copy_from_slice(&out),
-                    HostOutput::F16(v) => {
-                        for (d, s) in v.iter_mut().zip(&out) {
-                            *d = half::f16::from_f32(*s);
-                        }
-                    }
+                let out = match y {
+                    HostOutput::F32(v) => crate::cuda::HostOut::F32(v),
+                    HostOutput::F16(v) => crate::cuda::HostOut::F16(v),
                     HostOutput::BF16(_) => {
                         return Err(shape("y dtype on cuda", "f32 or f16", "bf16"));
                     }
-                }
-                Ok(())
+                };
+                crate::cuda::matmul_into(&engine.dev, &kernels[v], weights, x, m, out)
+                    .map_err(|e| gpu_err(&self.device, e))
             }
         }
+    }
+
+    /// Enqueue `y = x·wᵀ + bias` for `m` rows on `stream` with operands
+    /// already on the device (`x`: f16 bits `[m, k]`; `y` `[m, n]` in the
+    /// output type of the kernel serving `m`, [`Linear::cuda_writes_half`]
+    /// of [`Linear::variant_for`]). Nothing is
+    /// synchronised: chain layers, overlap streams, time with events.
+    #[cfg(feature = "cuda")]
+    pub fn forward_cuda(
+        &self,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        x: &cudarc::driver::CudaSlice<u16>,
+        m: usize,
+        y: crate::cuda::CudaOut<'_>,
+    ) -> Result<(), RuntimeError> {
+        let Imp::Cuda { kernels, weights } = &self.imp else {
+            return Err(RuntimeError::Unsupported {
+                backend: self.device.backend().to_string(),
+                what: "a CUDA launch".into(),
+            });
+        };
+        let v = variant_index(self.plan.variant_for(m));
+        crate::cuda::matmul_launch(stream, &kernels[v], weights, x, m, y)
+            .map_err(|e| gpu_err(&self.device, e))
+    }
+
+    /// [`Linear::forward_cuda`] with `variant`'s kernel whatever the plan
+    /// picks for `m` (how a benchmark or a tuner compares the variants).
+    #[cfg(feature = "cuda")]
+    pub fn forward_cuda_as(
+        &self,
+        variant: Variant,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        x: &cudarc::driver::CudaSlice<u16>,
+        m: usize,
+        y: crate::cuda::CudaOut<'_>,
+    ) -> Result<(), RuntimeError> {
+        let Imp::Cuda { kernels, weights } = &self.imp else {
+            return Err(RuntimeError::Unsupported {
+                backend: self.device.backend().to_string(),
+                what: "a CUDA launch".into(),
+            });
+        };
+        crate::cuda::matmul_launch(stream, &kernels[variant_index(variant)], weights, x, m, y)
+            .map_err(|e| gpu_err(&self.device, e))
+    }
+
+    /// The same layer over a second device copy of its weights (a
+    /// device-to-device copy; the loaded kernels are shared). What a
+    /// benchmark rotates through so every call reads its weights from
+    /// DRAM rather than the L2 cache.
+    #[cfg(feature = "cuda")]
+    pub fn duplicate_cuda(&self) -> Result<Linear, RuntimeError> {
+        let (Imp::Cuda { kernels, weights }, Ok(engine)) = (&self.imp, self.device.cuda_engine())
+        else {
+            return Err(RuntimeError::Unsupported {
+                backend: self.device.backend().to_string(),
+                what: "a CUDA weight copy".into(),
+            });
+        };
+        Ok(Linear {
+            device: Arc::clone(&self.device),
+            format: self.format,
+            plan: self.plan.clone(),
+            imp: Imp::Cuda {
+                kernels: kernels.clone(),
+                weights: weights
+                    .try_clone(&engine.dev)
+                    .map_err(|e| gpu_err(&self.device, e))?,
+            },
+        })
+    }
+
+    /// Bytes of packed weights and parameters on the CUDA device; None off
+    /// CUDA.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_weight_bytes(&self) -> Option<usize> {
+        match &self.imp {
+            Imp::Cuda { weights, .. } => Some(weights.bytes()),
+            _ => None,
+        }
+    }
+
+    /// Whether `variant`'s CUDA kernel writes f16 (else f32); None off
+    /// CUDA.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_writes_half(&self, variant: Variant) -> Option<bool> {
+        let Imp::Cuda { kernels, .. } = &self.imp else {
+            return None;
+        };
+        Some(kernels[variant_index(variant)].writes_half())
     }
 
     /// The host kernel serving `m` rows: the flat step's when M has one
@@ -483,18 +556,29 @@ impl Linear {
         bias: Option<&[f32]>,
     ) -> Result<Linear, RuntimeError> {
         let (plan, programs) = device.plan_shape_cuda(format, n, k)?;
+        let engine = device.cuda_engine()?;
         let w_format = programs[0].plan.weights.format;
         let weights = gpu_value(w_format, weights, n, k)?;
         let bias = bias_or_zeros(bias, n)?;
+        let kernels = [
+            engine.matmul(&programs[0])?,
+            engine.matmul(&programs[1])?,
+            engine.matmul(&programs[2])?,
+        ];
+        let weights = crate::cuda::CudaWeights::upload(
+            &engine.dev,
+            &programs[0].plan,
+            &weights,
+            Some(&bias),
+            n,
+            k,
+        )
+        .map_err(|e| gpu_err(device, e))?;
         Ok(Linear {
             device: Arc::clone(device),
             format,
             plan,
-            imp: Imp::Cuda {
-                programs,
-                weights,
-                bias,
-            },
+            imp: Imp::Cuda { kernels, weights },
         })
     }
 }

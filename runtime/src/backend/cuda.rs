@@ -2,10 +2,9 @@
 //! opened at run time, PTX programs from `tessera_codegen::ptx` planned
 //! once per (variant, tile) and shared by every layer.
 //!
-//! `crate::cuda`'s entry points, `run_matmul` and `run_attention`, load the
-//! module and upload their operands on every call; `Linear` and `Attention`
-//! on CUDA go through them (correct, not yet resident: weights and the KV
-//! cache stay in host memory between calls).
+//! Each program's module is loaded once per device ([`CudaMatmul`],
+//! [`CudaAttention`]); `Linear` uploads its weights once and `Attention`
+//! reads a KV cache kept in device memory (`crate::cuda::resident`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -16,7 +15,7 @@ use tessera_dsl::ir::Variant;
 
 use super::gpu::{default_tile, gpu_kernel, no_kernel, recorded_tile};
 use super::{Backend, Device, Engine, lock, unavailable};
-use crate::cuda::CudaDevice;
+use crate::cuda::{CudaAttention, CudaDevice, CudaMatmul};
 use crate::device::{GpuInfo, fnv1a};
 use crate::dispatch::ShapePlan;
 use crate::error::RuntimeError;
@@ -27,6 +26,9 @@ pub(crate) struct CudaEngine {
     pub(crate) dev: CudaDevice,
     backend: PtxBackend,
     programs: Mutex<BTreeMap<u64, Arc<PtxProgram>>>,
+    /// Loaded modules by program text hash.
+    matmuls: Mutex<BTreeMap<u64, Arc<CudaMatmul>>>,
+    attentions: Mutex<BTreeMap<String, Arc<CudaAttention>>>,
 }
 
 impl CudaEngine {
@@ -38,6 +40,8 @@ impl CudaEngine {
             dev,
             backend,
             programs: Mutex::new(BTreeMap::new()),
+            matmuls: Mutex::new(BTreeMap::new()),
+            attentions: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -53,9 +57,48 @@ impl CudaEngine {
     pub(super) fn prepared_matmuls(&self) -> usize {
         lock(&self.programs).len()
     }
+
+    /// `program`'s module, loaded on first use.
+    pub(crate) fn matmul(&self, program: &PtxProgram) -> Result<Arc<CudaMatmul>, RuntimeError> {
+        let key = fnv1a(program.text.as_bytes());
+        if let Some(m) = lock(&self.matmuls).get(&key) {
+            return Ok(Arc::clone(m));
+        }
+        let loaded = Arc::new(CudaMatmul::new(&self.dev, program).map_err(gpu_error)?);
+        Ok(Arc::clone(lock(&self.matmuls).entry(key).or_insert(loaded)))
+    }
+
+    /// The decode attention program of library kernel `name`, loaded on
+    /// first use.
+    pub(crate) fn attention(&self, name: &str) -> Result<Arc<CudaAttention>, RuntimeError> {
+        if let Some(a) = lock(&self.attentions).get(name) {
+            return Ok(Arc::clone(a));
+        }
+        let kernel = tessera_dsl::library::get(name)?;
+        let program = self.backend.attention_program(&kernel).map_err(gpu_error)?;
+        let loaded = Arc::new(CudaAttention::new(&self.dev, &program).map_err(gpu_error)?);
+        Ok(Arc::clone(
+            lock(&self.attentions)
+                .entry(name.to_string())
+                .or_insert(loaded),
+        ))
+    }
+}
+
+fn gpu_error(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Gpu {
+        backend: "cuda".into(),
+        why: e.to_string(),
+    }
 }
 
 impl Device {
+    /// The CUDA device this runtime device runs on (for streams, events
+    /// and device buffers of the caller's own); None on other backends.
+    pub fn cuda(&self) -> Option<&CudaDevice> {
+        self.cuda_engine().ok().map(|e| &e.dev)
+    }
+
     pub(crate) fn cuda_engine(&self) -> Result<&CudaEngine, RuntimeError> {
         match &self.engine {
             Engine::Cuda(e) => Ok(e),

@@ -420,17 +420,8 @@ impl ClAttention {
     }
 }
 
-/// Rows of keys or values to append, already in the cache's encoding.
-pub enum KvRows<'a> {
-    F16(&'a [f16]),
-    /// One byte per element, with one scale and offset per row for int8
-    /// keys (empty for fp8).
-    Bytes {
-        codes: &'a [u8],
-        scales: &'a [f32],
-        offsets: &'a [f32],
-    },
-}
+pub use crate::gpu_kv::KvRows;
+use crate::gpu_kv::elem_bytes;
 
 /// One of K or V on the device.
 struct KvSide {
@@ -438,13 +429,6 @@ struct KvSide {
     data: Buffer<u8>,
     scales: Buffer<f32>,
     offsets: Buffer<f32>,
-}
-
-fn elem_bytes(format: KvFormat) -> usize {
-    match format {
-        KvFormat::F16 => 2,
-        KvFormat::I8AsymRow | KvFormat::Fp8E4M3 | KvFormat::Fp8E5M2 => 1,
-    }
 }
 
 impl KvSide {

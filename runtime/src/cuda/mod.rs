@@ -1,7 +1,10 @@
 //! The CUDA host side of the PTX backend (feature `cuda`, off by default):
 //! load a [`PtxProgram`] (matmul) or a [`PtxAttentionProgram`] (decode
 //! attention: partial then combine) through the driver API and launch it
-//! with the plan's arguments and geometry.
+//! with the plan's arguments and geometry. [`resident`] keeps modules,
+//! weights and KV caches on the device (what the runtime's `Linear` and
+//! `Attention` use); [`run_matmul`] and [`run_attention`] are one-shot
+//! wrappers over it for tests and tools.
 //!
 //! The driver library is opened at run time (cudarc's `dynamic-loading`),
 //! so this builds everywhere; where no `libcuda` exists every entry point
@@ -12,19 +15,25 @@
 //! [`tessera_codegen::gpu::LaunchDim`], dynamic shared memory from the
 //! program.
 
+pub mod resident;
+
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::Ptx;
+use cudarc::driver::{CudaContext, CudaStream, LaunchConfig};
 use half::f16;
 use tessera_codegen::artifact::EmitError;
-use tessera_codegen::gpu::{ArgKind, KernelArg, KvFormat, LaunchDim, LaunchExtent};
+use tessera_codegen::gpu::{KvFormat, LaunchDim, LaunchExtent};
 use tessera_codegen::ptx::{PtxAttentionProgram, PtxBackend, PtxProgram, Sm};
 use tessera_dsl::interp::Value;
 use tessera_dsl::{Format, Group, ParamType};
 
-use crate::gpu_weights::{self, GpuWeights};
+pub use resident::{
+    AttentionScratch, CudaAttention, CudaKvCache, CudaMatmul, CudaOut, CudaWeights, HostOut,
+    attention_into, attention_launch, matmul_into, matmul_launch,
+};
+
+use crate::gpu_kv::KvRows;
+use crate::gpu_weights;
 
 /// Why a CUDA operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +67,10 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-/// One device with its context and stream.
+/// One device with its context and the stream its work is enqueued on
+/// (clones share both; [`CudaDevice::with_new_stream`] gives a handle
+/// whose work runs on a stream of its own).
+#[derive(Clone)]
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -126,18 +138,30 @@ impl CudaDevice {
         PtxBackend::new(self.sm)
     }
 
-    fn upload<T>(&self, v: &[T]) -> Result<CudaSlice<T>, CudaError>
-    where
-        T: cudarc::driver::DeviceRepr + Clone + Default,
-    {
-        // Zero-length arguments (no scales, no bias) still bind a pointer.
-        if v.is_empty() {
-            return self
-                .stream
-                .clone_htod(&[T::default()])
-                .map_err(driver("upload"));
-        }
-        self.stream.clone_htod(v).map_err(driver("upload"))
+    /// The context every stream of this device shares.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream this handle enqueues on (for events and for buffers a
+    /// caller allocates itself).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The same device and context, with a new stream: work enqueued
+    /// through the returned handle may overlap this one's; order the two
+    /// with events (`stream().record_event`, `stream().wait`).
+    pub fn with_new_stream(&self) -> Result<CudaDevice, CudaError> {
+        Ok(CudaDevice {
+            stream: self.ctx.new_stream().map_err(driver("stream creation"))?,
+            ..self.clone()
+        })
+    }
+
+    /// Wait until everything enqueued on this handle's stream has run.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(driver("synchronize"))
     }
 }
 
@@ -179,95 +203,27 @@ pub fn run_matmul(
     if plan.bias && bias.is_none_or(|b| b.len() != h) {
         return Err(input(format!("the kernel needs a bias of {h} elements")));
     }
-    let (ei, hi, li) = (to_i32(e, "e")?, to_i32(h, "h")?, to_i32(l, "l")?);
+    to_i32(e, "e")?;
     if e == 0 || h == 0 {
         return Ok(Vec::new());
     }
-    let (codes, scales, offsets): (Vec<u8>, Vec<f32>, Vec<f32>) =
-        match gpu_weights::prepare(plan.weights.format, w, h, l).map_err(input)? {
-            GpuWeights::Halves(halves) => (
-                halves.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                vec![],
-                vec![],
-            ),
-            GpuWeights::Quant(packed) => (packed.codes, packed.scales, packed.offsets),
-        };
-    let module = dev
-        .ctx
-        .load_module(Ptx::from_src(program.text.clone()))
-        .map_err(driver("PTX module load"))?;
-    let func = module
-        .load_function(&plan.entry)
-        .map_err(driver("function lookup"))?;
-    if program.dynamic_shared_bytes > 48 * 1024 {
-        let bytes = i32::try_from(program.dynamic_shared_bytes)
-            .map_err(|_| input("shared memory size overflows"))?;
-        func.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes,
-        )
-        .map_err(driver("shared memory opt-in"))?;
-    }
-    let xbits: Vec<u16> = x.iter().map(|v| v.to_bits()).collect();
-    let xb = dev.upload(&xbits)?;
-    let wb = dev.upload(&codes)?;
-    let sb = dev.upload(&scales)?;
-    let ob = dev.upload(&offsets)?;
-    let bb = dev.upload(bias.unwrap_or(&[]))?;
-    let out_half = plan.args.iter().any(|a| a.kind == ArgKind::HalfOut);
-    let yf = dev
-        .stream
-        .alloc_zeros::<f32>(if out_half { 1 } else { e * h })
-        .map_err(driver("alloc"))?;
-    let yh = dev
-        .stream
-        .alloc_zeros::<u16>(if out_half { e * h } else { 1 })
-        .map_err(driver("alloc"))?;
-    let dims = plan.launch.map(|d| {
-        let extent = match d.extent {
-            LaunchExtent::E => e,
-            LaunchExtent::H => h,
-            _ => 1,
-        };
-        (d.global(extent) / d.local as usize, d.local)
-    });
-    let grid = |i: usize| u32::try_from(dims[i].0).map_err(|_| input("grid too large"));
-    let cfg = LaunchConfig {
-        grid_dim: (grid(0)?, grid(1)?, grid(2)?),
-        block_dim: (dims[0].1, dims[1].1, dims[2].1),
-        shared_mem_bytes: program.dynamic_shared_bytes,
-    };
-    let mut launch = dev.stream.launch_builder(&func);
-    for a in &plan.args {
-        match a.name {
-            "x" => launch.arg(&xb),
-            "w" => launch.arg(&wb),
-            "scales" => launch.arg(&sb),
-            "offsets" => launch.arg(&ob),
-            "bias" => launch.arg(&bb),
-            "y" if out_half => launch.arg(&yh),
-            "y" => launch.arg(&yf),
-            "e" => launch.arg(&ei),
-            "h" => launch.arg(&hi),
-            "l" => launch.arg(&li),
-            other => return Err(input(format!("argument `{other}` is not bound"))),
-        };
-    }
-    // `y` is bound by shared reference: the read-back on the same stream
-    // orders after the kernel's writes.
-    // SAFETY: the arguments follow the emitted signature (device pointers
-    // for `.u64`, i32 for `.u32`), every buffer holds what the kernel
-    // indexes for these e, h, l (weights padded to lp by the packer), and
-    // the buffers outlive the synchronous read-back below.
-    unsafe { launch.launch(cfg) }.map_err(driver("kernel launch"))?;
-    if out_half {
-        let bits = dev.stream.clone_dtoh(&yh).map_err(driver("read back"))?;
-        Ok(bits
-            .into_iter()
-            .map(|b| f16::from_bits(b).to_f32())
-            .collect())
-    } else {
-        dev.stream.clone_dtoh(&yf).map_err(driver("read back"))
+    let weights = CudaWeights::upload(dev, plan, w, bias, h, l)?;
+    let matmul = CudaMatmul::new(dev, program)?;
+    let mut y = vec![0.0f32; e * h];
+    matmul_into(dev, &matmul, &weights, x, e, HostOut::F32(&mut y))?;
+    Ok(y)
+}
+
+/// A cache's rows as the device cache takes them: halves for f16, the
+/// bytes and per-row parameters otherwise.
+fn as_rows<'a>(format: KvFormat, bytes: &'a CacheBytes, halves: &'a [f16]) -> KvRows<'a> {
+    match format {
+        KvFormat::F16 => KvRows::F16(halves),
+        _ => KvRows::Bytes {
+            codes: &bytes.codes,
+            scales: &bytes.scales,
+            offsets: &bytes.offsets,
+        },
     }
 }
 
@@ -459,91 +415,27 @@ pub fn run_attention(
             splits,
         });
     }
-    let module = dev
-        .ctx
-        .load_module(Ptx::from_src(program.text.clone()))
-        .map_err(driver("PTX module load"))?;
-    let partial = module
-        .load_function(&plan.partial_entry)
-        .map_err(driver("function lookup"))?;
-    let combine = module
-        .load_function(&plan.combine_entry)
-        .map_err(driver("function lookup"))?;
-    let qbits: Vec<u16> = q.iter().map(|h| h.to_bits()).collect();
-    let qb = dev.upload(&qbits)?;
-    let kb = dev.upload(&inputs.k.codes)?;
-    let ks = dev.upload(&inputs.k.scales)?;
-    let ko = dev.upload(&inputs.k.offsets)?;
-    let vb = dev.upload(&inputs.v.codes)?;
-    let alloc = |n: usize| dev.stream.alloc_zeros::<f32>(n).map_err(driver("alloc"));
-    let po = alloc(splits * hq * d)?;
-    let pm = alloc(splits * hq)?;
-    let pl = alloc(splits * hq)?;
-    let rc = dev
-        .stream
-        .alloc_zeros::<i32>(splits * hq)
-        .map_err(driver("alloc"))?;
-    let ob = dev
-        .stream
-        .alloc_zeros::<u16>(hq * d)
-        .map_err(driver("alloc"))?;
-    let ints = [
-        ("hq", to_i32(hq, "hq")?),
-        ("kvh", to_i32(kvh, "kvh")?),
-        ("d", to_i32(d, "d")?),
-        ("s", to_i32(s, "s")?),
-        ("splits", to_i32(splits, "splits")?),
-    ];
-    let extent = |x: LaunchExtent| match x {
-        LaunchExtent::Splits => splits,
-        LaunchExtent::KvHeads => kvh,
-        LaunchExtent::Heads => hq,
-        LaunchExtent::HeadDim => d,
-        _ => 1,
+    let attention = CudaAttention::new(dev, program)?;
+    let mut cache = CudaKvCache::new(dev, plan.k, plan.v, kvh, d, s)?;
+    let halves = |c: &CacheBytes| -> Vec<f16> {
+        c.codes
+            .chunks_exact(2)
+            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+            .collect()
     };
-    let launches = [
-        (&partial, &plan.partial_args, &plan.partial_launch),
-        (&combine, &plan.combine_args, &plan.combine_launch),
-    ];
-    for (func, args, dims) in launches {
-        let cfg = launch_config(dims, extent)?;
-        let mut launch = dev.stream.launch_builder(func);
-        for a in args.iter() {
-            let KernelArg { name, .. } = a;
-            match *name {
-                "q" => launch.arg(&qb),
-                "k" => launch.arg(&kb),
-                "k_scales" => launch.arg(&ks),
-                "k_offsets" => launch.arg(&ko),
-                "v" => launch.arg(&vb),
-                "part_o" => launch.arg(&po),
-                "part_m" => launch.arg(&pm),
-                "part_l" => launch.arg(&pl),
-                "recomputed" => launch.arg(&rc),
-                "o" => launch.arg(&ob),
-                other => match ints.iter().find(|(n, _)| *n == other) {
-                    Some((_, v)) => launch.arg(v),
-                    None => return Err(input(format!("argument `{other}` is not bound"))),
-                },
-            };
-        }
-        // SAFETY: the arguments follow the emitted signatures (device
-        // pointers for `.u64`, i32 for `.u32`, in the plan's order), every
-        // buffer holds what the kernels index for these extents (checked
-        // by check_attention: q [hq, d], caches [s·kvh, d], partials
-        // [splits, hq(, d)], o [hq, d]), the partial buffers the combine
-        // reads are written by the partial launch before it on the same
-        // stream, and every buffer outlives the synchronous read-back.
-        unsafe { launch.launch(cfg) }.map_err(driver("kernel launch"))?;
-    }
-    let bits = dev.stream.clone_dtoh(&ob).map_err(driver("read back"))?;
-    let flags = dev.stream.clone_dtoh(&rc).map_err(driver("read back"))?;
+    let (kh, vh) = (halves(&inputs.k), halves(&inputs.v));
+    cache.write(
+        dev,
+        0,
+        s,
+        as_rows(plan.k, &inputs.k, &kh),
+        as_rows(plan.v, &inputs.v, &vh),
+    )?;
+    let mut o = vec![f16::ZERO; hq * d];
+    let recomputed = attention_into(dev, &attention, q, &cache, s, hq, &mut o)?;
     Ok(AttentionResult {
-        o: bits
-            .into_iter()
-            .map(|b| f16::from_bits(b).to_f32())
-            .collect(),
-        recomputed: flags.into_iter().filter(|&r| r != 0).count(),
+        o: o.into_iter().map(f16::to_f32).collect(),
+        recomputed,
         splits,
     })
 }
