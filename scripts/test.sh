@@ -187,10 +187,17 @@ run_aarch64_clif_tests() {
 }
 
 # The CUDA host path is behind a non-default feature: lint it and run its
-# tests, which print a visible SKIP where no CUDA driver exists.
+# tests, which print a visible SKIP where no CUDA driver exists; then the
+# GPU check's build half (what scripts/gpu-check.sh carries to a GPU
+# machine), in the dev profile so it reuses the tests' artifacts.
 run_cuda_feature_checks() {
     cargo clippy -p tessera-runtime --features cuda --all-targets -- -D warnings &&
-        cargo test -p tessera-runtime --features cuda --test cuda_matmul --test cuda_attention -- --nocapture
+        cargo test -p tessera-runtime --features cuda \
+            --test cuda_matmul --test cuda_attention --test cuda_device -- --nocapture &&
+        scripts/gpu-check.sh build --profile dev "${CARGO_TARGET_DIR:-target}/gpu-check-ci" &&
+        for f in cuda_bench gpu-check.sh vendor_bench.py tests/cuda_matmul tests/cuda_attention tests/cuda_device; do
+            [ -s "${CARGO_TARGET_DIR:-target}/gpu-check-ci/$f" ] || { echo "gpu-check build lacks $f" >&2; return 1; }
+        done
 }
 
 # --- checks -------------------------------------------------------------------
@@ -243,7 +250,7 @@ main() {
     check "rustfmt" cargo fmt --all -- --check
     check "clippy" cargo clippy --workspace --all-targets -- -D warnings
     check "tests (cargo test --workspace)" run_tests
-    check "cuda feature (clippy; tests SKIP without a driver)" run_cuda_feature_checks
+    check "cuda feature (clippy; tests SKIP without a driver; GPU check build)" run_cuda_feature_checks
     check "prebuilt kernels example (build-time generation, no JIT, on PoCL)" \
         cargo run -p tessera-prebuilt-example
     check "aarch64 clif tests (qemu)" run_aarch64_clif_tests

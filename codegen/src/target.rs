@@ -174,6 +174,11 @@ pub struct GpuCaps {
     /// Pipeline stages of K slices resident in shared memory (2: double
     /// buffering, the next slice loads while this one computes).
     pub stages: u32,
+    /// Blocks a tiled (tensor-core) grid should have so every SM holds a
+    /// few: the solver ranks a tile whose grid has fewer as that many times
+    /// slower (0: no floor). Two per SM of the largest part of the
+    /// generation (132-SM H100/H200, 108-SM A100).
+    pub min_blocks: u32,
 }
 
 /// Instruction-set family of a target.
@@ -795,6 +800,7 @@ static ALL: &[TargetCaps] = &[
             max_regs_per_thread: 128,
             k_slice: 32,
             stages: 2,
+            min_blocks: 0,
         }),
     },
     TargetCaps {
@@ -813,6 +819,7 @@ static ALL: &[TargetCaps] = &[
             max_regs_per_thread: 255,
             k_slice: 32,
             stages: 2,
+            min_blocks: 2 * 108,
         }),
     },
     TargetCaps {
@@ -831,6 +838,7 @@ static ALL: &[TargetCaps] = &[
             max_regs_per_thread: 255,
             k_slice: 32,
             stages: 2,
+            min_blocks: 2 * 132,
         }),
     },
 ];

@@ -156,6 +156,44 @@ fn bench_linear(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Result<()
     Ok(())
 }
 
+/// One launch of each variant on [4096, 4096] at M = 8, W4A16 and f16, for
+/// a profiler (`ncu ... cuda_bench profile`).
+fn profile_once(device: &Arc<Device>, cuda: &CudaDevice) -> Result<(), Failure> {
+    let stream = cuda.stream();
+    let (n, k, m) = (4096, 4096, 8);
+    let mut rng = Lcg(5);
+    let raw: Vec<f32> = (0..n * k).map(|_| rng.next() * 0.6).collect();
+    let bits: Vec<u16> = (0..m * k)
+        .map(|_| f16::from_f32(rng.next()).to_bits())
+        .collect();
+    let x = stream.clone_htod(&bits)?;
+    for format in [WeightFormat::W4A16, WeightFormat::F16] {
+        let kernel = library::get(format.library_kernel())?;
+        let wf = kernel.tensor("w").map(|t| t.format).ok_or("no weights")?;
+        let quantized;
+        let weights = if wf.is_quantized() {
+            quantized = quantize(wf, n, k, &raw)?;
+            Weights::Quant(&quantized)
+        } else {
+            Weights::F32(&raw)
+        };
+        let layer = Linear::new(device, format, weights, n, k, None)?;
+        for variant in [Variant::Gemv, Variant::FlatGemm, Variant::Gemm] {
+            let half = layer.cuda_writes_half(variant).ok_or("not a CUDA layer")?;
+            let mut yh = stream.alloc_zeros::<u16>(m * n)?;
+            let mut yf = stream.alloc_zeros::<f32>(m * n)?;
+            let y = if half {
+                CudaOut::F16(&mut yh)
+            } else {
+                CudaOut::F32(&mut yf)
+            };
+            layer.forward_cuda_as(variant, stream, &x, m, y)?;
+        }
+    }
+    stream.synchronize()?;
+    Ok(())
+}
+
 fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
     let stream = cuda.stream();
     let (hq, kvh, d) = (32usize, 32usize, 128usize);
@@ -223,6 +261,9 @@ fn main() -> Result<(), Failure> {
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
     eprintln!("{} ({:?}), L2 {l2} bytes", cuda.name(), cuda.sm());
     let only = std::env::args().nth(1).unwrap_or_default();
+    if only == "profile" {
+        return profile_once(&device, &cuda);
+    }
     if only.is_empty() || only == "attention" {
         bench_attention(&cuda, l2)?;
     }

@@ -22,7 +22,8 @@ use crate::device::Fingerprint;
 #[cfg(feature = "jit")]
 use crate::dispatch::representative_m;
 use crate::dispatch::{
-    DEFAULT_M1, DEFAULT_M2, FlatStep, PlanSource, ShapePlan, VariantPlan, flat_steps_for,
+    CUDA_DEFAULT_BREAKPOINTS, DEFAULT_M1, DEFAULT_M2, FlatStep, PlanSource, ShapePlan, VariantPlan,
+    flat_steps_for,
 };
 use crate::error::RuntimeError;
 use crate::format::WeightFormat;
@@ -478,12 +479,16 @@ impl Device {
                 },
             },
         };
+        let (default_m1, default_m2) = match self.backend {
+            Backend::Cuda => CUDA_DEFAULT_BREAKPOINTS,
+            _ => (DEFAULT_M1, DEFAULT_M2),
+        };
         if shape_entry.is_none() {
             tracing::warn!(
                 backend = %self.backend,
                 format = %format,
                 n, k,
-                "not using a tuning record ({why}); using solver defaults m1={DEFAULT_M1} m2={DEFAULT_M2}"
+                "not using a tuning record ({why}); using defaults m1={default_m1} m2={default_m2}"
             );
         }
         let mut plans = Vec::with_capacity(3);
@@ -530,7 +535,7 @@ impl Device {
         }
         let (m1, m2, source) = match shape_entry {
             Some(s) => (s.m1, s.m2, PlanSource::Record),
-            None => (DEFAULT_M1, DEFAULT_M2, PlanSource::Defaults { why }),
+            None => (default_m1, default_m2, PlanSource::Defaults { why }),
         };
         let flat_steps = self.flat_steps(kernel, shape_entry, &plans[1], m1, m2);
         let plan = ShapePlan {

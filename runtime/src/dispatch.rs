@@ -20,6 +20,14 @@ pub const DEFAULT_M1: usize = 2;
 /// nothing was measured.
 pub const DEFAULT_M2: usize = 16;
 
+/// CUDA's breakpoints when nothing was measured: GEMV up to 16 rows, GEMM
+/// from 17, no flat GEMM. Measured on an H200 (W4A16, W8A16 and f16 on
+/// the Llama2-7B shapes): the GEMV re-reads the weights per row and still
+/// beats the tensor-core flat GEMM, which runs one block per 384 output
+/// channels (11–32 blocks on 132 SMs) and takes 150–450 µs at every M ≤ 64;
+/// the GEMM ties the flat GEMM there and wins as M grows.
+pub const CUDA_DEFAULT_BREAKPOINTS: (usize, usize) = (17, 17);
+
 /// The M each variant's default tile is solved for (the autotuner compares
 /// its candidates at the same rows).
 pub fn representative_m(variant: Variant) -> usize {

@@ -266,7 +266,10 @@ fn load_chunk(b: &mut Body, a: &Args, plan: &MatmulPlan, at: &ChunkAt<'_>) -> Lo
     let whole = b.pred();
     let lend = b.r();
     b.op(format!("add.s32 {lend}, {l0}, {epl}"));
-    b.op(format!("setp.le.and.s32 {whole}, {lend}, {l}, {}", at.aligned));
+    b.op(format!(
+        "setp.le.and.s32 {whole}, {lend}, {l}, {}",
+        at.aligned
+    ));
     let slow = b.label("x_tail");
     let joined = b.label("x_ready");
     b.op(format!("@!{whole} bra {slow}"));
