@@ -535,8 +535,7 @@ fn shared_bytes(problem: &Problem, k_slice: u32, stages: u32, tile_e: u32, tile_
 /// blocks has for `problem` ([`crate::target::GpuCaps::min_blocks`]), at
 /// least 1: each block's warps stream the whole of K, so a grid of 11
 /// blocks on 132 SMs leaves 121 idle (measured on an H200: the W4A16 flat
-/// GEMM of [4096, 4096] ran as 11 blocks, 6% occupancy, 170 µs). A
-/// one-row problem is a GEMV, whose grid does not follow the block tile.
+/// GEMM of [4096, 4096] ran as 11 blocks, 6% occupancy, 170 µs).
 fn starvation(
     caps: &TargetCaps,
     instr: &MacInstr,
@@ -545,7 +544,12 @@ fn starvation(
     tile_h: u32,
 ) -> u128 {
     let Some(gpu) = caps.gpu else { return 1 };
-    if instr.mma.is_none() || problem.e <= 1 || gpu.min_blocks == 0 {
+    // A one-row problem is a GEMV (its grid does not follow the block
+    // tile); a GEMM tile is solved at a representative M but serves every
+    // M above it, and a grid-filling tile at M = 128 ran the 2048-row
+    // prefill 1.7× slower on the H200: only flat GEMMs are held to it.
+    let flat = (2..=FLAT_GEMM_MAX_ROWS).contains(&problem.e);
+    if instr.mma.is_none() || !flat || gpu.min_blocks == 0 {
         return 1;
     }
     let blocks = u128::from(problem.e.div_ceil(u64::from(tile_e.max(1))))
