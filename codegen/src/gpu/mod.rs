@@ -65,7 +65,7 @@ use tessera_dsl::{
 };
 
 use crate::artifact::{EmitError, Variant};
-use crate::target::{GpuCaps, TargetCaps};
+use crate::target::{Arch, GpuCaps, TargetCaps};
 use crate::tile::TileConfig;
 
 /// Widest load one GPU work item issues (MNN-LLM 5.1: 128 bits, the size of
@@ -194,6 +194,9 @@ pub enum WeightMemory {
     Image,
 }
 
+/// Output channels per thread of the PTX GEMV ([`GemvPlan::channels`]).
+pub const PTX_GEMV_CHANNELS: u32 = 4;
+
 /// GEMV: see the module doc.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvPlan {
@@ -201,6 +204,10 @@ pub struct GemvPlan {
     pub wg_h: u32,
     /// Work items along l in one work group, reduced in local memory.
     pub k_lanes: u32,
+    /// Output channels per work item (`h`, `h + wg_h`, ...): its chunk of
+    /// activations is converted and summed once for all of them. 4 on
+    /// PTX, where those instructions bound the 4-bit GEMV; 1 on OpenCL.
+    pub channels: u32,
 }
 
 /// Flat GEMM and GEMM: a block tile staged through local memory.
@@ -486,7 +493,16 @@ pub fn plan_matmul(
             // free, so it splits l instead.
             let wg_h = block.units_h.max(1);
             let k_lanes = (gpu.max_threads_per_block / wg_h).max(1);
-            MatmulShape::Gemv(GemvPlan { wg_h, k_lanes })
+            let channels = if caps.arch == Arch::Ptx {
+                PTX_GEMV_CHANNELS
+            } else {
+                1
+            };
+            MatmulShape::Gemv(GemvPlan {
+                wg_h,
+                k_lanes,
+                channels,
+            })
         }
         Variant::FlatGemm | Variant::Gemm => {
             if memory == WeightMemory::Image {
@@ -595,7 +611,7 @@ pub fn plan_matmul(
         MatmulShape::Gemv(g) => [
             LaunchDim {
                 extent: LaunchExtent::H,
-                per_group: g.wg_h,
+                per_group: g.wg_h * g.channels,
                 local: g.wg_h,
             },
             LaunchDim {

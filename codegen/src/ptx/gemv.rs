@@ -1,11 +1,14 @@
 //! The GEMV on CUDA cores (FlashDecoding++ section 5, FastGEMV style) for
 //! a [`GemvPlan`]: the OpenCL GEMV's mapping, printed as PTX.
 //!
-//! Block `(wg_h, k_lanes)`: thread `(x, y)` owns output channel
-//! `h = ctaid.x·wg_h + x` of row `e = ctaid.z` and strides over the 128-bit
-//! weight chunks `c = y, y + k_lanes, ...` of l, each chunk's loads
-//! (codes, group parameters, activations) issued before its math. Per
-//! chunk: one
+//! Block `(wg_h, k_lanes)`: thread `(x, y)` owns the `channels` output
+//! channels `h = ctaid.x·wg_h·channels + x + j·wg_h` of row `e = ctaid.z`
+//! and strides over the 128-bit weight chunks `c = y, y + k_lanes, ...` of
+//! l, each chunk's loads (every channel's codes and group parameters, then
+//! the activations) issued before its math. The activations are converted
+//! to f32 and summed once per chunk for all the thread's channels (the
+//! instructions a 4-bit weight costs are what bound this kernel). Per
+//! chunk and channel: one
 //! `ld.global.nc.v4.u32` of codes, the matching activations (`v4` loads
 //! when whole and aligned, guarded 16-bit loads at the tail), every code
 //! turned into an f32 `v(q)` with bit operations, then `fma.rn.f32`:
@@ -43,6 +46,7 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     let warp = sm.caps().gpu.map_or(32, |c| c.warp_width);
     let wt = &plan.weights;
     let epl = wt.elems_per_load;
+    let channels = g.channels.max(1);
     let lanes_per_warp = warp_lanes(g, warp);
     let partials = g.k_lanes / lanes_per_warp;
     let red = format!("{}_red", plan.entry);
@@ -50,20 +54,38 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     let a = Args::load(&mut b, &plan.entry, &plan.args);
     let (h, l) = (a.get("h").to_string(), a.get("l").to_string());
 
-    b.comment("Thread (x, y): output channel hi, lane y of l; row ei.");
+    b.comment(format!(
+        "Thread (x, y): output channels h0 + x + j·{} (j < {channels}), lane y of l; row ei.",
+        g.wg_h
+    ));
     let (tx, ty, cx, cz) = (b.r(), b.r(), b.r(), b.r());
     b.op(format!("mov.u32 {tx}, %tid.x"));
     b.op(format!("mov.u32 {ty}, %tid.y"));
     b.op(format!("mov.u32 {cx}, %ctaid.x"));
     b.op(format!("mov.u32 {cz}, %ctaid.z"));
-    let hi = b.r();
-    b.op(format!("mad.lo.s32 {hi}, {cx}, {}, {tx}", g.wg_h));
-    let acc = b.f();
-    b.op(format!("mov.f32 {acc}, 0f00000000"));
-    let out = b.pred();
-    b.op(format!("setp.ge.s32 {out}, {hi}, {h}"));
+    // Channel j of this thread and whether it is past h; channel 0 past h
+    // means all are, and the thread only joins the reduction.
+    let mut his = Vec::new();
+    let mut outs = Vec::new();
+    for j in 0..channels {
+        let (hj, oj) = (b.r(), b.pred());
+        b.op(format!(
+            "mad.lo.s32 {hj}, {cx}, {}, {tx}",
+            g.wg_h * channels
+        ));
+        if j > 0 {
+            b.op(format!("add.s32 {hj}, {hj}, {}", j * g.wg_h));
+        }
+        b.op(format!("setp.ge.s32 {oj}, {hj}, {h}"));
+        his.push(hj);
+        outs.push(oj);
+    }
+    let accs: Vec<String> = (0..channels).map(|_| b.f()).collect();
+    for acc in &accs {
+        b.op(format!("mov.f32 {acc}, 0f00000000"));
+    }
     let done = b.label("lanes_done");
-    b.op(format!("@{out} bra {done}"));
+    b.op(format!("@{} bra {done}", outs[0]));
 
     // row = x + ei·l halves
     let row = b.rd();
@@ -90,22 +112,20 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     let pend = b.pred();
     b.op(format!("setp.ge.s32 {pend}, {c}, {chunks}"));
     b.op(format!("@{pend} bra {bottom}"));
-    // One chunk per trip, its loads (codes, group parameters, activations)
-    // all issued before its math. Two chunks per trip with both chunks'
-    // loads first measured 20–25% slower on an H200 (W4A16, Llama2-7B
-    // shapes): the extra live registers cut the resident blocks.
-    let loaded = load_chunk(
-        &mut b,
-        &a,
-        plan,
-        &ChunkAt {
-            c: &c,
-            row: &row,
-            aligned: &aligned,
-            hi: &hi,
-        },
-    );
-    chunk_math(&mut b, plan, &loaded, &acc);
+    // Every channel's codes and group parameters, then the activations,
+    // all issued before the math; the activations are converted (and
+    // summed, for the offsets) once for all channels.
+    let weights: Vec<ChannelWeights> = (0..channels as usize)
+        .map(|j| {
+            let guard = (j > 0).then_some(outs[j].as_str());
+            load_weights(&mut b, &a, plan, &c, &his[j], guard)
+        })
+        .collect();
+    let xw = load_x(&mut b, &a, plan, &c, &row, &aligned);
+    let (xf, sx) = convert_x(&mut b, plan, &xw);
+    for (w, acc) in weights.iter().zip(&accs) {
+        channel_math(&mut b, plan, w, &xf, sx.as_deref(), acc);
+    }
     b.op(format!("add.s32 {c}, {c}, {}", g.k_lanes));
     b.op(format!("bra.uni {top}"));
     b.place(&bottom);
@@ -118,17 +138,19 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
             g.wg_h.ilog2(),
             warp.ilog2() - 1
         ));
-        let mut off = g.wg_h;
-        while off < warp {
-            let t = b.f();
-            b.op(format!(
-                "shfl.sync.bfly.b32 {t}, {acc}, {off}, 31, 0xffffffff"
-            ));
-            b.op(format!("add.f32 {acc}, {acc}, {t}"));
-            off *= 2;
+        for acc in &accs {
+            let mut off = g.wg_h;
+            while off < warp {
+                let t = b.f();
+                b.op(format!(
+                    "shfl.sync.bfly.b32 {t}, {acc}, {off}, 31, 0xffffffff"
+                ));
+                b.op(format!("add.f32 {acc}, {acc}, {t}"));
+                off *= 2;
+            }
         }
     }
-    // Partial (y / lanes_per_warp, x) → red.
+    // Partial of channel j from warp row ywarp → red[(j·partials + ywarp)·wg_h + x].
     let slot = b.r();
     let ywarp = b.r();
     b.op(format!("shr.u32 {ywarp}, {ty}, {}", lanes_per_warp.ilog2()));
@@ -141,38 +163,52 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     let ylow = b.r();
     b.op(format!("and.b32 {ylow}, {ty}, {}", lanes_per_warp - 1));
     b.op(format!("setp.eq.s32 {writer}, {ylow}, 0"));
-    b.op(format!("@{writer} st.shared.f32 [{sa}], {acc}"));
+    for (j, acc) in accs.iter().enumerate() {
+        b.op(format!(
+            "@{writer} st.shared.f32 [{sa}+{}], {acc}",
+            4 * j as u32 * partials * g.wg_h
+        ));
+    }
     b.op("bar.sync 0");
-    let fin = b.pred();
-    b.op(format!("setp.eq.and.s32 {fin}, {ty}, 0, !{out}"));
+    let first = b.pred();
+    b.op(format!("setp.eq.s32 {first}, {ty}, 0"));
     let exit = b.label("exit");
-    b.op(format!("@!{fin} bra {exit}"));
-    let total = b.f();
+    b.op(format!("@!{first} bra {exit}"));
     let xa = b.r();
     b.op(format!("mad.lo.s32 {xa}, {tx}, 4, {redaddr}"));
-    b.op(format!("ld.shared.f32 {total}, [{xa}]"));
-    for k in 1..partials {
-        let t = b.f();
-        b.op(format!("ld.shared.f32 {t}, [{xa}+{}]", 4 * k * g.wg_h));
-        b.op(format!("add.f32 {total}, {total}, {t}"));
+    for (j, hj) in his.iter().enumerate() {
+        let skip = b.label("channel_stored");
+        b.op(format!("@{} bra {skip}", outs[j]));
+        let base = 4 * j as u32 * partials * g.wg_h;
+        let total = b.f();
+        b.op(format!("ld.shared.f32 {total}, [{xa}+{base}]"));
+        for k in 1..partials {
+            let t = b.f();
+            b.op(format!(
+                "ld.shared.f32 {t}, [{xa}+{}]",
+                base + 4 * k * g.wg_h
+            ));
+            b.op(format!("add.f32 {total}, {total}, {t}"));
+        }
+        if plan.bias {
+            let (bo, ba, bv) = (b.rd(), b.rd(), b.f());
+            b.op(format!("mul.wide.s32 {bo}, {hj}, 4"));
+            b.op(format!("add.s64 {ba}, {}, {bo}", a.get("bias")));
+            b.op(format!("ld.global.nc.f32 {bv}, [{ba}]"));
+            b.op(format!("add.f32 {total}, {total}, {bv}"));
+        }
+        activation(&mut b, plan.activation, &total);
+        let yi = b.r();
+        b.op(format!("mad.lo.s32 {yi}, {cz}, {h}, {hj}"));
+        store_y(&mut b, plan.y_format, a.get("y"), &yi, &total);
+        b.place(&skip);
     }
-    if plan.bias {
-        let (bo, ba, bv) = (b.rd(), b.rd(), b.f());
-        b.op(format!("mul.wide.s32 {bo}, {hi}, 4"));
-        b.op(format!("add.s64 {ba}, {}, {bo}", a.get("bias")));
-        b.op(format!("ld.global.nc.f32 {bv}, [{ba}]"));
-        b.op(format!("add.f32 {total}, {total}, {bv}"));
-    }
-    activation(&mut b, plan.activation, &total);
-    let yi = b.r();
-    b.op(format!("mad.lo.s32 {yi}, {cz}, {h}, {hi}"));
-    store_y(&mut b, plan.y_format, a.get("y"), &yi, &total);
     b.place(&exit);
     b.op("ret");
 
     let decls = vec![format!(
         ".shared .align 4 .f32 {red}[{}];",
-        partials * g.wg_h
+        partials * g.wg_h * channels
     )];
     module(
         sm,
@@ -188,31 +224,27 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     )
 }
 
-/// Where one chunk is: its index `c` (a register), the row of x, the
-/// alignment predicate of x and the thread's output channel.
-struct ChunkAt<'r> {
-    c: &'r str,
-    row: &'r str,
-    aligned: &'r str,
-    hi: &'r str,
-}
-
-/// One chunk's loaded registers: the four code words, the activations
-/// (as half pairs) and the group parameters.
-struct Loaded {
+/// One channel's loaded codes (four words) and group parameters.
+struct ChannelWeights {
     words: Vec<String>,
-    xw: Vec<String>,
     params: Option<(String, Option<String>)>,
 }
 
-/// Issue one chunk's loads (codes, group parameters, activations).
-fn load_chunk(b: &mut Body, a: &Args, plan: &MatmulPlan, at: &ChunkAt<'_>) -> Loaded {
+/// Issue one channel's loads of chunk `c`: its 128-bit codes and group
+/// parameters. Under `guard` (a channel past h) nothing is loaded and the
+/// registers stay 0, so the channel adds 0 (its scale and offset are 0).
+fn load_weights(
+    b: &mut Body,
+    a: &Args,
+    plan: &MatmulPlan,
+    c: &str,
+    hi: &str,
+    guard: Option<&str>,
+) -> ChannelWeights {
     let wt = &plan.weights;
     let (epl, cpb) = (wt.elems_per_load, wt.chunks_per_block);
-    let (h, l) = (a.get("h").to_string(), a.get("l").to_string());
-    let (c, hi) = (at.c, at.hi);
-    let l0 = b.r();
-    b.op(format!("mul.lo.s32 {l0}, {c}, {epl}"));
+    let h = a.get("h").to_string();
+    let pred = guard.map_or(String::new(), |p| format!("@!{p} "));
     // Chunk index ((c / cpb)·h + hi)·cpb + c % cpb, 16 bytes each.
     let (blk, sub, idx) = (b.r(), b.r(), b.r());
     b.op(format!("shr.u32 {blk}, {c}, {}", cpb.ilog2()));
@@ -224,15 +256,20 @@ fn load_chunk(b: &mut Body, a: &Args, plan: &MatmulPlan, at: &ChunkAt<'_>) -> Lo
     b.op(format!("add.s64 {waddr}, {}, {woff}", a.get("w")));
     let words: Vec<String> = (0..4).map(|_| b.r()).collect();
     b.comment("One 128-bit load of weight codes.");
+    if guard.is_some() {
+        for w in &words {
+            b.op(format!("mov.b32 {w}, 0"));
+        }
+    }
     b.op(format!(
-        "ld.global.nc.v4.u32 {{{}}}, [{waddr}]",
+        "{pred}ld.global.nc.v4.u32 {{{}}}, [{waddr}]",
         words.join(", ")
     ));
-
     // The chunk's group parameters, loaded with its codes so both round
     // trips overlap (not after the math).
     let params = wt.has_scale.then(|| {
-        let gi = b.r();
+        let (l0, gi) = (b.r(), b.r());
+        b.op(format!("mul.lo.s32 {l0}, {c}, {epl}"));
         match wt.group {
             Some(Group::Size(gs)) if gs.is_power_of_two() => {
                 b.op(format!("shr.u32 {gi}, {l0}, {}", gs.ilog2()));
@@ -246,30 +283,45 @@ fn load_chunk(b: &mut Body, a: &Args, plan: &MatmulPlan, at: &ChunkAt<'_>) -> Lo
         }
         let goff = b.rd();
         b.op(format!("mul.wide.u32 {goff}, {gi}, 4"));
-        let load = |b: &mut Body, base: &str| {
-            let addr = b.rd();
+        let mut load = |base: &str| {
+            let (addr, v) = (b.rd(), b.f());
             b.op(format!("add.s64 {addr}, {base}, {goff}"));
-            let v = b.f();
-            b.op(format!("ld.global.nc.f32 {v}, [{addr}]"));
+            if guard.is_some() {
+                b.op(format!("mov.f32 {v}, 0f00000000"));
+            }
+            b.op(format!("{pred}ld.global.nc.f32 {v}, [{addr}]"));
             v
         };
-        let scale = load(b, a.get("scales"));
-        let offset = wt.has_offset.then(|| load(b, a.get("offsets")));
+        let scale = load(a.get("scales"));
+        let offset = wt.has_offset.then(|| load(a.get("offsets")));
         (scale, offset)
     });
+    ChannelWeights { words, params }
+}
 
-    // Activations: epl halves from row + l0, as epl/2 words.
+/// Issue the loads of chunk `c`'s activations: `epl` halves from `row`
+/// as `epl / 2` words (`v4` loads when whole and aligned, guarded halves
+/// otherwise, zero past l).
+fn load_x(
+    b: &mut Body,
+    a: &Args,
+    plan: &MatmulPlan,
+    c: &str,
+    row: &str,
+    aligned: &str,
+) -> Vec<String> {
+    let epl = plan.weights.elems_per_load;
+    let l = a.get("l").to_string();
+    let l0 = b.r();
+    b.op(format!("mul.lo.s32 {l0}, {c}, {epl}"));
     let xw: Vec<String> = (0..epl / 2).map(|_| b.r()).collect();
     let (xoff, xaddr) = (b.rd(), b.rd());
     b.op(format!("mul.wide.s32 {xoff}, {l0}, 2"));
-    b.op(format!("add.s64 {xaddr}, {}, {xoff}", at.row));
+    b.op(format!("add.s64 {xaddr}, {row}, {xoff}"));
     let whole = b.pred();
     let lend = b.r();
     b.op(format!("add.s32 {lend}, {l0}, {epl}"));
-    b.op(format!(
-        "setp.le.and.s32 {whole}, {lend}, {l}, {}",
-        at.aligned
-    ));
+    b.op(format!("setp.le.and.s32 {whole}, {lend}, {l}, {aligned}"));
     let slow = b.label("x_tail");
     let joined = b.label("x_ready");
     b.op(format!("@!{whole} bra {slow}"));
@@ -303,36 +355,58 @@ fn load_chunk(b: &mut Body, a: &Args, plan: &MatmulPlan, at: &ChunkAt<'_>) -> Lo
         ));
     }
     b.place(&joined);
-    Loaded { words, xw, params }
+    xw
 }
 
-/// One loaded chunk's `acc += scale·Σ x·v + offset·Σ x` (or `Σ x·v`).
-fn chunk_math(b: &mut Body, plan: &MatmulPlan, chunk: &Loaded, acc: &str) {
-    let wt = &plan.weights;
-    // v(q) for every element of the chunk, in l order.
-    let v = dequant(b, wt.dequant, &chunk.words, wt.elems_per_load);
-    let dot = b.f();
-    b.op(format!("mov.f32 {dot}, 0f00000000"));
-    let sx = b.f();
-    if wt.has_offset {
-        b.op(format!("mov.f32 {sx}, 0f00000000"));
-    }
-    for (i, pair) in v.chunks(2).enumerate() {
+/// The chunk's activations as f32, in l order, and their sum when the
+/// weights have offsets (`offset·Σ x`); shared by every channel.
+fn convert_x(b: &mut Body, plan: &MatmulPlan, xw: &[String]) -> (Vec<String>, Option<String>) {
+    let mut xf = Vec::with_capacity(2 * xw.len());
+    for w in xw {
         let (h0, h1) = (b.h(), b.h());
-        b.op(format!("mov.b32 {{{h0}, {h1}}}, {}", chunk.xw[i]));
-        for (hh, vi) in [h0, h1].iter().zip(pair) {
-            let xf = b.f();
-            b.op(format!("cvt.f32.f16 {xf}, {hh}"));
-            b.op(format!("fma.rn.f32 {dot}, {xf}, {vi}, {dot}"));
-            if wt.has_offset {
-                b.op(format!("add.f32 {sx}, {sx}, {xf}"));
-            }
+        b.op(format!("mov.b32 {{{h0}, {h1}}}, {w}"));
+        for hh in [h0, h1] {
+            let f = b.f();
+            b.op(format!("cvt.f32.f16 {f}, {hh}"));
+            xf.push(f);
         }
     }
-    match &chunk.params {
+    let sx = plan.weights.has_offset.then(|| {
+        let sx = b.f();
+        b.op(format!("mov.f32 {sx}, 0f00000000"));
+        for f in &xf {
+            b.op(format!("add.f32 {sx}, {sx}, {f}"));
+        }
+        sx
+    });
+    (xf, sx)
+}
+
+/// One channel's `acc += scale·Σ x·v + offset·Σ x` (or `Σ x·v`).
+fn channel_math(
+    b: &mut Body,
+    plan: &MatmulPlan,
+    w: &ChannelWeights,
+    xf: &[String],
+    sx: Option<&str>,
+    acc: &str,
+) {
+    let wt = &plan.weights;
+    let dot = b.f();
+    b.op(format!("mov.f32 {dot}, 0f00000000"));
+    // v(q) word by word, each word's values used at once, so a word's
+    // values are all that is live beside the activations.
+    let per_word = (wt.elems_per_load as usize / w.words.len()) as u32;
+    for (k, word) in w.words.iter().enumerate() {
+        let v = dequant(b, wt.dequant, std::slice::from_ref(word), per_word);
+        for (xi, vi) in xf[k * per_word as usize..].iter().zip(&v) {
+            b.op(format!("fma.rn.f32 {dot}, {xi}, {vi}, {dot}"));
+        }
+    }
+    match &w.params {
         Some((scale, offset)) => {
             b.op(format!("fma.rn.f32 {acc}, {scale}, {dot}, {acc}"));
-            if let Some(o) = offset {
+            if let (Some(o), Some(sx)) = (offset, sx) {
                 b.op(format!("fma.rn.f32 {acc}, {o}, {sx}, {acc}"));
             }
         }

@@ -146,8 +146,8 @@ impl PtxBackend {
             MatmulShape::Gemv(g) => {
                 let _ = writeln!(
                     h,
-                    "gemv: block {} h x {} lanes of l; lanes reduced by shfl.sync within a warp, then in shared memory",
-                    g.wg_h, g.k_lanes
+                    "gemv: block {} h x {} lanes of l, {} channels per thread; lanes reduced by shfl.sync within a warp, then in shared memory",
+                    g.wg_h, g.k_lanes, g.channels
                 );
             }
             MatmulShape::Tiled(t) => {
