@@ -55,7 +55,7 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     let (h, l) = (a.get("h").to_string(), a.get("l").to_string());
 
     b.comment(format!(
-        "Thread (x, y): output channels h0 + x + j·{} (j < {channels}), lane y of l; row ei.",
+        "Thread (x, y): output channels h0 + x + j*{} (j < {channels}), lane y of l; row ei.",
         g.wg_h
     ));
     let (tx, ty, cx, cz) = (b.r(), b.r(), b.r(), b.r());
