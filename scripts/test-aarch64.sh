@@ -11,8 +11,10 @@ for spec in max:aarch64-i8mm cortex-a76:aarch64-dotprod cortex-a72:aarch64-neon;
     cpu=${spec%%:*}
     want=${spec#*:}
     echo "== qemu-aarch64 -cpu $cpu (expects $want)"
+    # TESSERA_EMULATED: the llvm-mc cross-checks run on the host instead
+    # (forking llvm-mc from a multithreaded guest can hang qemu-user).
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /usr/aarch64-linux-gnu" \
-        TESSERA_EXPECT_TARGET="$want" \
+        TESSERA_EXPECT_TARGET="$want" TESSERA_EMULATED=1 \
         cargo test -p tessera-tests --target aarch64-unknown-linux-gnu --test neon_run --test neon_attention --test conformance
     # The runtime's NEON device (Linear, Attention decode and prefill, KV
     # cache) next to cranelift on the same CPU; model files (GGUF blocks

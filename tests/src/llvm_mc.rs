@@ -18,6 +18,15 @@ pub enum McError {
     Failed(String),
 }
 
+/// Whether this test binary runs under an emulator (`scripts/test-aarch64.sh`
+/// sets `TESSERA_EMULATED`): there a test skips the llvm-mc cross-check,
+/// because qemu-user can deadlock forking a multithreaded guest to start
+/// llvm-mc (seen: a child stuck before exec, the suite hung), and the host
+/// run of the same test checks the same bytes natively.
+pub fn emulated() -> bool {
+    std::env::var_os("TESSERA_EMULATED").is_some()
+}
+
 /// `tool` could not be started: SKIP on a developer's machine, a failure
 /// naming it under CI (`tessera_dsl::testing`).
 fn missing(tool: &str) -> McError {
