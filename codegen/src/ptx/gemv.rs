@@ -15,7 +15,7 @@
 //!
 //! | format | per 8 codes (one 32-bit word) | per code |
 //! |---|---|---|
-//! | u4asym | `lop3` (& 0x0F0F0F0F) on the word and on `word >> 4` | `prmt` under 0x4B000000, `sub` 2^23 |
+//! | u4asym | `(word << 3)` and `(word >> 1)`, `lop3` (& 0x78787878): v' = 2 + q/8, with `8s` and `o − 16s` applied per chunk | `prmt` under 0x40000000 |
 //! | e0m4 | `(word << 3)` and `(word >> 1)`, `lop3` (& 0x78787878) | `prmt` under 0x40000000 (= `0x40000000 \| n << 19`) |
 //! | i8 | | `bfe.s32`, `cvt.rn.f32.s32` |
 //! | f16 | | `cvt.f32.f16` |
@@ -358,8 +358,23 @@ fn load_x(
     xw
 }
 
+/// Whether a chunk's math needs `Σ x`: for the offsets (`offset·Σ x`), and
+/// for 4-bit codes read as `v' = 2 + q/8` ([`channel_math`]).
+fn needs_x_sum(plan: &MatmulPlan) -> bool {
+    plan.weights.has_offset || matches!(plan.weights.dequant, Dequant::MagicOr { .. })
+}
+
+/// `v' = 2 + q/8` for a 4-bit code q: the code under an exponent of 1
+/// (`0x40000000 | q << 19`, E0M4's bit operations), so `q = 8·v' − 16`.
+const U4_AS_SHIFT_OR: Dequant = Dequant::ShiftOr {
+    half_base: 0x4000,
+    half_shift: 6,
+    float_base: 0x4000_0000,
+    float_shift: 19,
+};
+
 /// The chunk's activations as f32, in l order, and their sum when the
-/// weights have offsets (`offset·Σ x`); shared by every channel.
+/// math needs it ([`needs_x_sum`]); shared by every channel.
 fn convert_x(b: &mut Body, plan: &MatmulPlan, xw: &[String]) -> (Vec<String>, Option<String>) {
     let mut xf = Vec::with_capacity(2 * xw.len());
     for w in xw {
@@ -371,7 +386,7 @@ fn convert_x(b: &mut Body, plan: &MatmulPlan, xw: &[String]) -> (Vec<String>, Op
             xf.push(f);
         }
     }
-    let sx = plan.weights.has_offset.then(|| {
+    let sx = needs_x_sum(plan).then(|| {
         let sx = b.f();
         b.op(format!("mov.f32 {sx}, 0f00000000"));
         for f in &xf {
@@ -392,25 +407,48 @@ fn channel_math(
     acc: &str,
 ) {
     let wt = &plan.weights;
+    // 4-bit codes are read as v' = 2 + q/8 (two bit operations per word of
+    // eight codes, one `prmt` per code, no subtraction), so
+    // Σ x·v = 8·Σ x·v' − 16·Σ x: acc += 8s·Σ x·v' + (o − 16s)·Σ x. The
+    // cancellation costs about 2^-19·s·Σ|x|, far under f16 output
+    // precision; the `sub` per code it saves was a fifth of the kernel's
+    // instructions.
+    let (dq, stretch) = match wt.dequant {
+        Dequant::MagicOr { .. } => (U4_AS_SHIFT_OR, Some((8.0f32, -16.0f32))),
+        other => (other, None),
+    };
     let dot = b.f();
     b.op(format!("mov.f32 {dot}, 0f00000000"));
     // v(q) word by word, each word's values used at once, so a word's
     // values are all that is live beside the activations.
     let per_word = (wt.elems_per_load as usize / w.words.len()) as u32;
     for (k, word) in w.words.iter().enumerate() {
-        let v = dequant(b, wt.dequant, std::slice::from_ref(word), per_word);
+        let v = dequant(b, dq, std::slice::from_ref(word), per_word);
         for (xi, vi) in xf[k * per_word as usize..].iter().zip(&v) {
             b.op(format!("fma.rn.f32 {dot}, {xi}, {vi}, {dot}"));
         }
     }
-    match &w.params {
-        Some((scale, offset)) => {
+    match (&w.params, stretch) {
+        (Some((scale, offset)), Some((alpha, beta))) => {
+            // t = α·s, u = β·s + o: acc += t·Σ x·v' + u·Σ x.
+            let (t, u) = (b.f(), b.f());
+            b.op(format!("mul.f32 {t}, {scale}, {}", f32_lit(alpha)));
+            match offset {
+                Some(o) => b.op(format!("fma.rn.f32 {u}, {scale}, {}, {o}", f32_lit(beta))),
+                None => b.op(format!("mul.f32 {u}, {scale}, {}", f32_lit(beta))),
+            }
+            b.op(format!("fma.rn.f32 {acc}, {t}, {dot}, {acc}"));
+            if let Some(sx) = sx {
+                b.op(format!("fma.rn.f32 {acc}, {u}, {sx}, {acc}"));
+            }
+        }
+        (Some((scale, offset)), None) => {
             b.op(format!("fma.rn.f32 {acc}, {scale}, {dot}, {acc}"));
             if let (Some(o), Some(sx)) = (offset, sx) {
                 b.op(format!("fma.rn.f32 {acc}, {o}, {sx}, {acc}"));
             }
         }
-        None => b.op(format!("add.f32 {acc}, {acc}, {dot}")),
+        (None, _) => b.op(format!("add.f32 {acc}, {acc}, {dot}")),
     }
 }
 
