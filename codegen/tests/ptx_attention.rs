@@ -2,8 +2,8 @@
 //! variant assemble with `ptxas -v` for sm_80 and sm_90 (no spills,
 //! registers within the budget), the parameter lists and launch geometry
 //! are the shared [`AttentionPlan`]'s (the OpenCL kernel's), the
-//! instructions the issue names are there, and the canonical kernels are
-//! pinned by insta.
+//! instructions the design relies on are there, and the canonical kernels
+//! are pinned by insta.
 //!
 //! Head dimension, query/KV head counts (the GQA ratio) and the sequence
 //! length (the split count) are kernel arguments, not plan decisions: one
@@ -289,7 +289,7 @@ fn parameters_and_launch_are_the_shared_plans() {
 }
 
 #[test]
-fn the_issue_s_instructions_are_there() {
+fn the_design_s_instructions_are_there() {
     let f16 = library::get("attention-decode-f16").unwrap();
     let kv8 = library::get("attention-decode-kv8").unwrap();
     for sm in Sm::ALL {

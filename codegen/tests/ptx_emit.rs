@@ -1,7 +1,8 @@
 //! PTX emission: every kernel × variant × SM assembles with `ptxas -v`
 //! (no spills, registers within the solver's budget), the parameter list
 //! and launch geometry are the shared GPU plan's, the instructions the
-//! issue names are there, and a canonical set is pinned by insta.
+//! design relies on (mma.sync, cp.async, ldmatrix, shfl) are there, and a
+//! canonical set is pinned by insta.
 
 mod ptx_common;
 
@@ -178,7 +179,7 @@ fn parameters_and_launch_are_the_shared_plans() {
 }
 
 #[test]
-fn the_issue_s_instructions_are_there() {
+fn the_design_s_instructions_are_there() {
     let be = PtxBackend::new(Sm::Sm80);
     let f16 = gpu::with_gpu_weight_layout(&library::get("matmul-f16").unwrap()).unwrap();
     let t = tiles(Sm::Sm80, &f16, 8).remove(0);

@@ -9,7 +9,7 @@ use tessera_dsl::naming::{LibraryName, LibraryOp};
 use tessera_dsl::*;
 
 #[test]
-fn names_are_sorted_unique_and_cover_the_issue() {
+fn names_are_sorted_unique_and_cover_the_library() {
     let names = library::names();
     assert!(
         names.windows(2).all(|w| w[0] < w[1]),

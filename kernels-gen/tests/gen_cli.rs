@@ -1,4 +1,4 @@
-//! `tessera-kernels-gen gen`: the command the issue names works; bad
+//! `tessera-kernels-gen gen`: the build-time generation command works; bad
 //! targets, models and formats exit 1 naming the valid choices.
 
 use std::path::Path;
