@@ -89,22 +89,35 @@ fn copies_for(bytes: usize, l2: usize) -> usize {
         .clamp(2, (8usize << 30).div_ceil(bytes.max(1)).max(2))
 }
 
+/// A CUDA layer of `raw` ([n, k]) in `format`, quantized here once (the
+/// runtime would quantize f32 weights itself; passing codes keeps the
+/// setup time of the large shapes down).
+fn layer(
+    device: &Arc<Device>,
+    format: WeightFormat,
+    raw: &[f32],
+    n: usize,
+    k: usize,
+) -> Result<Linear, Failure> {
+    let kernel = library::get(format.library_kernel())?;
+    let wf = kernel.tensor("w").map(|t| t.format).ok_or("no weights")?;
+    let quantized;
+    let weights = if wf.is_quantized() {
+        quantized = quantize(wf, n, k, raw)?;
+        Weights::Quant(&quantized)
+    } else {
+        Weights::F32(raw)
+    };
+    Ok(Linear::new(device, format, weights, n, k, None)?)
+}
+
 fn bench_linear(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
     let stream = cuda.stream();
     let mut rng = Lcg(7);
     for (n, k) in SHAPES {
         let raw: Vec<f32> = (0..n * k).map(|_| rng.next() * 0.6).collect();
         for format in [WeightFormat::W4A16, WeightFormat::W8A16, WeightFormat::F16] {
-            let kernel = library::get(format.library_kernel())?;
-            let wf = kernel.tensor("w").map(|t| t.format).ok_or("no weights")?;
-            let quantized;
-            let weights = if wf.is_quantized() {
-                quantized = quantize(wf, n, k, &raw)?;
-                Weights::Quant(&quantized)
-            } else {
-                Weights::F32(&raw)
-            };
-            let first = Linear::new(device, format, weights, n, k, None)?;
+            let first = layer(device, format, &raw, n, k)?;
             let bytes = first.cuda_weight_bytes().ok_or("not a CUDA layer")?;
             let copies = copies_for(bytes, l2);
             let mut layers = vec![first];
@@ -168,18 +181,9 @@ fn profile_once(device: &Arc<Device>, cuda: &CudaDevice) -> Result<(), Failure> 
         .collect();
     let x = stream.clone_htod(&bits)?;
     for format in [WeightFormat::W4A16, WeightFormat::F16] {
-        let kernel = library::get(format.library_kernel())?;
-        let wf = kernel.tensor("w").map(|t| t.format).ok_or("no weights")?;
-        let quantized;
-        let weights = if wf.is_quantized() {
-            quantized = quantize(wf, n, k, &raw)?;
-            Weights::Quant(&quantized)
-        } else {
-            Weights::F32(&raw)
-        };
-        let layer = Linear::new(device, format, weights, n, k, None)?;
+        let linear = layer(device, format, &raw, n, k)?;
         for variant in [Variant::Gemv, Variant::FlatGemm, Variant::Gemm] {
-            let half = layer.cuda_writes_half(variant).ok_or("not a CUDA layer")?;
+            let half = linear.cuda_writes_half(variant).ok_or("not a CUDA layer")?;
             let mut yh = stream.alloc_zeros::<u16>(m * n)?;
             let mut yf = stream.alloc_zeros::<f32>(m * n)?;
             let y = if half {
@@ -187,7 +191,7 @@ fn profile_once(device: &Arc<Device>, cuda: &CudaDevice) -> Result<(), Failure> 
             } else {
                 CudaOut::F32(&mut yf)
             };
-            layer.forward_cuda_as(variant, stream, &x, m, y)?;
+            linear.forward_cuda_as(variant, stream, &x, m, y)?;
         }
     }
     stream.synchronize()?;

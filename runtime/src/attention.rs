@@ -50,6 +50,22 @@ pub enum KvFormat {
 }
 
 impl KvFormat {
+    /// `rows` rows of keys and of values (`d` each) as a device cache of
+    /// this format stores them.
+    #[cfg(any(feature = "opencl", feature = "cuda"))]
+    fn encode_rows(
+        self,
+        rows: usize,
+        d: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(crate::gpu_kv::Encoded, crate::gpu_kv::Encoded), RuntimeError> {
+        Ok((
+            crate::gpu_kv::encode(self.key_format(), rows, d, k)?,
+            crate::gpu_kv::encode(self.value_format(), rows, d, v)?,
+        ))
+    }
+
     pub fn kernel_name(self) -> &'static str {
         match self {
             KvFormat::F16 => "attention-decode-f16",
@@ -242,16 +258,35 @@ impl KvCache {
             Store::new(format.key_format(), elems, rows)?,
             Store::new(format.value_format(), elems, rows)?,
         );
-        Ok(KvCache {
+        Ok(KvCache::empty(
+            format,
+            kvh,
+            d,
+            tokens,
+            capacity,
+            Storage::Host { k, v },
+        ))
+    }
+
+    /// No tokens yet, room for `tokens` in `storage`.
+    fn empty(
+        format: KvFormat,
+        kvh: usize,
+        d: usize,
+        tokens: usize,
+        mode: KvCapacity,
+        storage: Storage,
+    ) -> KvCache {
+        KvCache {
             format,
             kvh,
             d,
             len: 0,
             capacity: tokens,
-            mode: capacity,
+            mode,
             growths: 0,
-            storage: Storage::Host { k, v },
-        })
+            storage,
+        }
     }
 
     /// A cache where `device`'s attention reads it: device memory on
@@ -270,19 +305,11 @@ impl KvCache {
             let (k, v) = crate::gpu_kv::gpu_formats(format);
             let cache = crate::opencl::ClKvCache::new(dev, k, v, kvh, d, tokens)
                 .map_err(|e| gpu_err(device, e))?;
-            return Ok(KvCache {
-                format,
-                kvh,
-                d,
-                len: 0,
-                capacity: tokens,
-                mode: capacity,
-                growths: 0,
-                storage: Storage::OpenCl {
-                    dev: Arc::clone(dev),
-                    cache,
-                },
-            });
+            let storage = Storage::OpenCl {
+                dev: Arc::clone(dev),
+                cache,
+            };
+            return Ok(KvCache::empty(format, kvh, d, tokens, capacity, storage));
         }
         #[cfg(feature = "cuda")]
         if let Some(dev) = device.cuda() {
@@ -290,19 +317,11 @@ impl KvCache {
             let (k, v) = crate::gpu_kv::gpu_formats(format);
             let cache = crate::cuda::CudaKvCache::new(dev, k, v, kvh, d, tokens)
                 .map_err(|e| gpu_err(device, e))?;
-            return Ok(KvCache {
-                format,
-                kvh,
-                d,
-                len: 0,
-                capacity: tokens,
-                mode: capacity,
-                growths: 0,
-                storage: Storage::Cuda {
-                    dev: dev.clone(),
-                    cache: Box::new(cache),
-                },
-            });
+            let storage = Storage::Cuda {
+                dev: dev.clone(),
+                cache: Box::new(cache),
+            };
+            return Ok(KvCache::empty(format, kvh, d, tokens, capacity, storage));
         }
         let _ = device;
         KvCache::new(format, kvh, d, capacity)
@@ -445,9 +464,7 @@ impl KvCache {
             }
             #[cfg(feature = "opencl")]
             Storage::OpenCl { dev, cache } => {
-                let (kf, vf) = (self.format.key_format(), self.format.value_format());
-                let ke = crate::gpu_kv::encode(kf, rows, self.d, k)?;
-                let ve = crate::gpu_kv::encode(vf, rows, self.d, v)?;
+                let (ke, ve) = self.format.encode_rows(rows, self.d, k, v)?;
                 cache
                     .write(dev, self.len, tokens, ke.rows(), ve.rows())
                     .map_err(|e| RuntimeError::Gpu {
@@ -457,9 +474,7 @@ impl KvCache {
             }
             #[cfg(feature = "cuda")]
             Storage::Cuda { dev, cache } => {
-                let (kf, vf) = (self.format.key_format(), self.format.value_format());
-                let ke = crate::gpu_kv::encode(kf, rows, self.d, k)?;
-                let ve = crate::gpu_kv::encode(vf, rows, self.d, v)?;
+                let (ke, ve) = self.format.encode_rows(rows, self.d, k, v)?;
                 cache
                     .write(dev, self.len, tokens, ke.rows(), ve.rows())
                     .map_err(|e| RuntimeError::Gpu {

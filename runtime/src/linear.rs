@@ -325,15 +325,7 @@ impl Linear {
         m: usize,
         y: crate::cuda::CudaOut<'_>,
     ) -> Result<(), RuntimeError> {
-        let Imp::Cuda { kernels, weights } = &self.imp else {
-            return Err(RuntimeError::Unsupported {
-                backend: self.device.backend().to_string(),
-                what: "a CUDA launch".into(),
-            });
-        };
-        let v = variant_index(self.plan.variant_for(m));
-        crate::cuda::matmul_launch(stream, &kernels[v], weights, x, m, y)
-            .map_err(|e| gpu_err(&self.device, e))
+        self.forward_cuda_as(self.plan.variant_for(m), stream, x, m, y)
     }
 
     /// [`Linear::forward_cuda`] with `variant`'s kernel whatever the plan

@@ -417,6 +417,26 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32) -> Body {
     }
     let j = b.r();
     b.op(format!("mov.u32 {j}, 0"));
+    // One vector step at element `js`: its loads, then its FMAs.
+    let load_step = |b: &mut Body, js: &str| {
+        let qa = addr(b, &qr, js, 2);
+        let ka = addr(b, &kr, js, elem_bytes(plan.k));
+        let qw: Vec<String> = (0..4).map(|_| b.r()).collect();
+        b.op(format!("ld.global.nc.v4.u32 {{{}}}, [{qa}]", qw.join(", ")));
+        let kv = load_vec(b, plan.k, sm, &ka, &magic);
+        (qw, kv)
+    };
+    let fma_step = |b: &mut Body, qw: &[String], kv: &[String]| {
+        for (t, word) in qw.iter().enumerate() {
+            let qf = halves_f32(b, word);
+            for (u, qe) in qf.iter().enumerate() {
+                b.op(format!("fma.rn.f32 {x}, {qe}, {}, {x}", kv[2 * t + u]));
+                if int8_keys {
+                    b.op(format!("add.f32 {qsum}, {qsum}, {qe}"));
+                }
+            }
+        }
+    };
     // QK_UNROLL vector steps per trip in one straight block (every load
     // issued before the first FMA needs it), then single steps; the FMAs
     // keep the element order, so the score is the single-step loop's.
@@ -431,23 +451,10 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32) -> Body {
     for step in 0..QK_UNROLL {
         let js = b.r();
         b.op(format!("add.s32 {js}, {j}, {}", step * VEC));
-        let qa = addr(&mut b, &qr, &js, 2);
-        let ka = addr(&mut b, &kr, &js, elem_bytes(plan.k));
-        let qw: Vec<String> = (0..4).map(|_| b.r()).collect();
-        b.op(format!("ld.global.nc.v4.u32 {{{}}}, [{qa}]", qw.join(", ")));
-        let kv = load_vec(&mut b, plan.k, sm, &ka, &magic);
-        steps.push((qw, kv));
+        steps.push(load_step(&mut b, &js));
     }
     for (qw, kv) in &steps {
-        for (t, word) in qw.iter().enumerate() {
-            let qf = halves_f32(&mut b, word);
-            for (u, qe) in qf.iter().enumerate() {
-                b.op(format!("fma.rn.f32 {x}, {qe}, {}, {x}", kv[2 * t + u]));
-                if int8_keys {
-                    b.op(format!("add.f32 {qsum}, {qsum}, {qe}"));
-                }
-            }
-        }
+        fma_step(&mut b, qw, kv);
     }
     b.op(format!("mov.u32 {j}, {wide_last}"));
     b.op(format!("bra {wide_top}"));
@@ -459,20 +466,8 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32) -> Body {
     let pv = b.pred();
     b.op(format!("setp.ge.s32 {pv}, {j}, {vec_end}"));
     b.op(format!("@{pv} bra {vec_done}"));
-    let qa = addr(&mut b, &qr, &j, 2);
-    let ka = addr(&mut b, &kr, &j, elem_bytes(plan.k));
-    let qw: Vec<String> = (0..4).map(|_| b.r()).collect();
-    b.op(format!("ld.global.nc.v4.u32 {{{}}}, [{qa}]", qw.join(", ")));
-    let kv = load_vec(&mut b, plan.k, sm, &ka, &magic);
-    for (t, word) in qw.iter().enumerate() {
-        let qf = halves_f32(&mut b, word);
-        for (u, qe) in qf.iter().enumerate() {
-            b.op(format!("fma.rn.f32 {x}, {qe}, {}, {x}", kv[2 * t + u]));
-            if int8_keys {
-                b.op(format!("add.f32 {qsum}, {qsum}, {qe}"));
-            }
-        }
-    }
+    let (qw, kv) = load_step(&mut b, &j);
+    fma_step(&mut b, &qw, &kv);
     b.op(format!("add.s32 {j}, {j}, {VEC}"));
     b.op(format!("bra {vec_top}"));
     b.place(&vec_done);
