@@ -247,9 +247,18 @@ fn parameters_and_launch_are_the_shared_plans() {
                 reqntid(&prog.text, &plan.combine_entry),
                 plan.combine_launch.map(|d| d.local)
             );
-            // The shapes the printer relies on: whole warps, one key per
-            // thread per trip, a warp per combine block.
+            // The shapes the printer relies on: whole warps, a warp wide
+            // combine block in x with its warps in z; PTX's own split.
             assert_eq!(plan.wg % warp, 0);
+            assert_eq!(
+                (plan.wg, plan.keys_per_split, plan.combine_launch[2].local),
+                (
+                    gpu::PTX_ATTENTION_BLOCK,
+                    gpu::PTX_KEYS_PER_SPLIT,
+                    gpu::PTX_COMBINE_WARPS
+                )
+            );
+            assert_eq!(plan.combine_launch[2].extent, LaunchExtent::One);
             assert_eq!(plan.partial_launch[0].extent, LaunchExtent::Splits);
             assert_eq!(plan.partial_launch[1].extent, LaunchExtent::KvHeads);
             assert_eq!(plan.combine_launch[0].extent, LaunchExtent::HeadDim);
@@ -260,9 +269,10 @@ fn parameters_and_launch_are_the_shared_plans() {
                 ".shared .align 16 .f32 {}_p[{}];",
                 plan.partial_entry, plan.keys_per_split
             )));
-            // The OpenCL kernel binds the same arguments in the same order,
-            // splits the same way and launches the same partial grid; the
-            // combine differs only in the sub-group width it groups by.
+            // The OpenCL kernel binds the same arguments in the same order
+            // and launches over the same extents; it keeps the
+            // interpreter's 64-key partials, one work item per key, and a
+            // combine of one work item per element.
             let cl = opencl::OpenClBackend::new(opencl::Fp16Mode::Storage);
             let opencl::Program::Attention { plan: ocl, .. } = cl.attention_program(&k).unwrap()
             else {
@@ -274,8 +284,12 @@ fn parameters_and_launch_are_the_shared_plans() {
                 (&ocl.partial_entry, &ocl.combine_entry),
                 (&plan.partial_entry, &plan.combine_entry)
             );
-            assert_eq!((ocl.wg, ocl.keys_per_split), (plan.wg, plan.keys_per_split));
-            assert_eq!(ocl.partial_launch, plan.partial_launch);
+            assert_eq!((ocl.wg, ocl.keys_per_split), (64, 64));
+            assert_eq!(ocl.combine_launch[2].local, 1);
+            assert_eq!(
+                ocl.partial_launch.map(|d| d.extent),
+                plan.partial_launch.map(|d| d.extent)
+            );
             assert_eq!(
                 ocl.combine_launch.map(|d| d.extent),
                 plan.combine_launch.map(|d| d.extent)
@@ -420,6 +434,8 @@ fn canonical_snapshots() {
 
 mod ptx_sim;
 
+use tessera_codegen::ptx::attention::Depth;
+
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -506,10 +522,23 @@ type Cache = (Value, Vec<u8>, Vec<f32>, Vec<f32>);
 fn run_both(
     kernel: &Kernel,
     sm: Sm,
+    dims: [usize; 4],
+    q: &[f16],
+    kc: Cache,
+    vc: Cache,
+) -> Both {
+    run_both_at(kernel, sm, dims, q, kc, vc, Depth::DEFAULT)
+}
+
+/// [`run_both`] with the partial kernel's loops at `depth`.
+fn run_both_at(
+    kernel: &Kernel,
+    sm: Sm,
     [hq, kvh, d, s]: [usize; 4],
     q: &[f16],
     kc: Cache,
     vc: Cache,
+    depth: Depth,
 ) -> Both {
     use ptx_sim::{Arg, Buffer, Module, launch};
     let (kval, kbytes, ks, ko) = kc;
@@ -528,7 +557,10 @@ fn run_both(
 
     let prog = PtxBackend::new(sm).attention_program(kernel).unwrap();
     let plan = &prog.plan;
-    let module = Module::parse(&prog.text);
+    let budget = tessera_codegen::ptx::attention::register_budget(sm);
+    let text =
+        tessera_codegen::ptx::attention::print_at(plan, sm, "depth", depth, budget).unwrap();
+    let module = Module::parse(&text);
     let splits = s.div_ceil(plan.keys_per_split as usize);
     // Exactly sized buffers: the simulator fails any access past them.
     let mut bufs: Vec<Buffer> = [
@@ -599,8 +631,9 @@ fn run_both(
 
 /// The emitted PTX, executed by the simulator, against the interpreter:
 /// f16 and kv8 caches, both SMs (sm_80's fp8 bit operations, sm_90's
-/// `cvt`), GQA ratios 1-6, head dims 64 and 128 (vector steps) and 20, 40,
-/// 37 (8-aligned tails, element loop only), one to five splits with tails.
+/// `cvt`), GQA ratios 1-6, head dims 64, 128 and 40 (a key row per group
+/// of lanes, vector P·V; 40 leaves 3 of 8 lanes idle) and 20, 37 (the
+/// scalar loops), one to five 256-key splits with tails.
 #[test]
 fn simulated_ptx_matches_the_interpreter() {
     let mut rng = ChaCha8Rng::seed_from_u64(31);
@@ -611,6 +644,7 @@ fn simulated_ptx_matches_the_interpreter() {
         (6, 1, 40, 65),
         (3, 3, 37, 200),
         (4, 2, 20, 300),
+        (2, 1, 64, 1100),
     ];
     for (n, k) in kernels().iter().enumerate() {
         // Every shape for the library pair; two (vector steps, tails) for
@@ -623,10 +657,46 @@ fn simulated_ptx_matches_the_interpreter() {
                 // Online softmax recomputes everywhere; async never, for
                 // benign scores.
                 if matches!(k.as_attention().unwrap().softmax, SoftmaxMode::Online) {
-                    assert_eq!(kernel, s.div_ceil(64) * hq, "{}", k.name);
+                    let kps = gpu::PTX_KEYS_PER_SPLIT as usize;
+                    assert_eq!(kernel, s.div_ceil(kps) * hq, "{}", k.name);
                 } else {
                     assert_eq!((interp, kernel), (0, 0), "{}", k.name);
                 }
+            }
+        }
+    }
+}
+
+/// Other loop depths (deeper or shallower trips) compute the same outputs:
+/// f16 and kv8, tails in every loop.
+#[test]
+fn simulated_depths_match_the_interpreter() {
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    let depths = [
+        Depth {
+            score: 16,
+            values: 4,
+        },
+        Depth {
+            score: 3,
+            values: 7,
+        },
+    ];
+    for name in ["attention-decode-f16", "attention-decode-kv8"] {
+        let k = library::get(name).unwrap();
+        let (kf, vf) = (k.tensor("k").unwrap().format, k.tensor("v").unwrap().format);
+        for depth in depths {
+            let (hq, kvh, d, s) = (4, 2, 64, 700);
+            let q: Vec<f16> = (0..hq * d)
+                .map(|_| f16::from_f32(rng.gen_range(-0.12..0.12)))
+                .collect();
+            let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let (kc, vc) = (cache(kf, s * kvh, d, &kd), cache(vf, s * kvh, d, &vd));
+            let r = run_both_at(&k, Sm::Sm90, [hq, kvh, d, s], &q, kc, vc, depth);
+            for (i, (&g, &w)) in r.got.iter().zip(&r.want).enumerate() {
+                let tol = 4e-3 * w.abs() + 2e-3;
+                assert!((g - w).abs() <= tol, "{name} {depth:?} at {i}: got {g} want {w}");
             }
         }
     }

@@ -10,7 +10,9 @@
 //! weights (or the KV cache) are copied on the device until the copies
 //! exceed 4× the L2 size, and calls rotate through them. A batch of calls
 //! sized to about 4 ms is timed with CUDA events on the launch stream;
-//! the median over 7 batches, per call, is reported. Launches only: the
+//! the median over 7 batches, per call, is reported. Each batch is one
+//! CUDA graph, as on the vendor side (plain launches where capture
+//! fails; the JSON says which). Launches only: the
 //! activations, outputs and scratch live on the device throughout.
 //!
 //! ```text
@@ -19,15 +21,20 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::sys::{
+    CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 use half::f16;
-use tessera_codegen::gpu::KvFormat as GpuKv;
+use tessera_codegen::gpu::{GemvPlan, KvFormat as GpuKv, MatmulShape};
+use tessera_codegen::ptx::PtxProgram;
+use tessera_codegen::ptx::attention::{Depth, print_at, register_budget};
 use tessera_dsl::ir::Variant;
 use tessera_dsl::library;
 use tessera_dsl::quant::quantize;
 use tessera_runtime::cuda::{
-    AttentionScratch, CudaAttention, CudaDevice, CudaKvCache, CudaOut, attention_launch,
+    AttentionScratch, CudaAttention, CudaDevice, CudaKvCache, CudaMatmul, CudaOut,
+    attention_launch, matmul_launch,
 };
 use tessera_runtime::gpu_kv::{elem_bytes, encode, gpu_formats};
 use tessera_runtime::{Backend, Device, DeviceOptions, KvFormat, Linear, WeightFormat, Weights};
@@ -51,34 +58,76 @@ impl Lcg {
     }
 }
 
-/// Median per-call microseconds of `call(i)` (i rotates the operands).
+/// Median per-call microseconds of `call(i)` (i rotates the operands), and
+/// whether the batch ran as a CUDA graph. As on the vendor side, a batch
+/// of calls sized to about 4 ms is captured in one graph and replayed, so
+/// neither side pays a launch gap per call; where capture fails the batch
+/// is timed as plain stream launches.
 fn time_calls(
     stream: &Arc<CudaStream>,
     mut call: impl FnMut(usize) -> Result<(), Failure>,
-) -> Result<f64, Failure> {
+) -> Result<(f64, bool), Failure> {
     let ctx = stream.context();
+    // Setup (uploads, copies, cache writes) may be on another stream.
+    ctx.synchronize()?;
     // Events that record time (cudarc's default disables timing).
     let timed = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     let (start, end) = (timed()?, timed()?);
-    let mut batch = |calls: usize, from: usize| -> Result<f64, Failure> {
+    let time = |run: &mut dyn FnMut() -> Result<(), Failure>| -> Result<f64, Failure> {
         start.record(stream)?;
-        for i in 0..calls {
-            call(from + i)?;
-        }
+        run()?;
         end.record(stream)?;
         end.synchronize()?;
-        Ok(f64::from(start.elapsed_ms(&end)?) * 1e3 / calls as f64)
+        Ok(f64::from(start.elapsed_ms(&end)?) * 1e3)
     };
     // Warm up (module JIT, clocks), then size batches to about 4 ms.
-    batch(3, 0)?;
-    let one = batch(3, 3)?;
+    time(&mut || (0..3).try_for_each(&mut call))?;
+    let one = time(&mut || (3..6).try_for_each(&mut call))? / 3.0;
     let calls = ((4000.0 / one.max(0.5)) as usize).clamp(3, 200);
+    let graph = capture(stream, calls, &mut call);
     let mut times: Vec<f64> = Vec::with_capacity(7);
     for b in 0..7 {
-        times.push(batch(calls, b * calls)?);
+        let us = match &graph {
+            Some(g) => time(&mut || Ok(g.launch()?))?,
+            None => time(&mut || (b * calls..(b + 1) * calls).try_for_each(&mut call))?,
+        };
+        times.push(us / calls as f64);
     }
     times.sort_by(f64::total_cmp);
-    Ok(times[3])
+    Ok((times[3], graph.is_some()))
+}
+
+/// `calls` calls captured in one CUDA graph (uploaded), or `None` where
+/// capture fails (the stream is left out of capture either way).
+fn capture(
+    stream: &Arc<CudaStream>,
+    calls: usize,
+    call: &mut impl FnMut(usize) -> Result<(), Failure>,
+) -> Option<CudaGraph> {
+    if let Err(e) = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) {
+        eprintln!("graph capture refused ({e:?}): timing plain launches");
+        return None;
+    }
+    let captured = (0..calls).try_for_each(&mut *call);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    let failed = |what: String| {
+        eprintln!("graph {what}: timing plain launches");
+        None
+    };
+    match (captured, graph) {
+        (Ok(()), Ok(Some(g))) => match g.upload().and_then(|()| g.launch()) {
+            Ok(()) => match stream.synchronize() {
+                Ok(()) => Some(g),
+                Err(e) => failed(format!("replay failed ({e:?})")),
+            },
+            Err(e) => failed(format!("launch failed ({e:?})")),
+        },
+        (captured, graph) => failed(format!(
+            "capture failed ({:?}, {:?})",
+            captured.err(),
+            graph.err()
+        )),
+    }
 }
 
 /// How many copies of `bytes` exceed 4× the L2 (at least 2, at most
@@ -150,7 +199,7 @@ fn bench_linear(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Result<()
                         .ok_or("not a CUDA layer")?;
                     let mut yh = stream.alloc_zeros::<u16>(if half { m * n } else { 1 })?;
                     let mut yf = stream.alloc_zeros::<f32>(if half { 1 } else { m * n })?;
-                    let us = time_calls(stream, |i| {
+                    let (us, graph) = time_calls(stream, |i| {
                         let y = if half {
                             CudaOut::F16(&mut yh)
                         } else {
@@ -159,7 +208,7 @@ fn bench_linear(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Result<()
                         Ok(layers[i % copies].forward_cuda_as(variant, stream, &x, m, y)?)
                     })?;
                     println!(
-                        "{{\"kind\":\"linear\",\"impl\":\"tessera-ptx\",\"variant\":\"{name}\",\"chosen\":{},\"format\":\"{format}\",\"m\":{m},\"n\":{n},\"k\":{k},\"us\":{us:.3},\"weight_bytes\":{bytes},\"copies\":{copies}}}",
+                        "{{\"kind\":\"linear\",\"impl\":\"tessera-ptx\",\"variant\":\"{name}\",\"chosen\":{},\"format\":\"{format}\",\"m\":{m},\"n\":{n},\"k\":{k},\"us\":{us:.3},\"weight_bytes\":{bytes},\"copies\":{copies},\"graph\":{graph}}}",
                         variant == chosen
                     );
                 }
@@ -236,7 +285,7 @@ fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
                 caches.push(c);
             }
             let mut scratch = AttentionScratch::new(cuda, &att, s, hq, d)?;
-            let us = time_calls(stream, |i| {
+            let (us, graph) = time_calls(stream, |i| {
                 Ok(attention_launch(
                     stream,
                     &att,
@@ -250,7 +299,218 @@ fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
             })?;
             eprintln!("attention {name} ctx {s}: {us:.1} us over {copies} caches");
             println!(
-                "{{\"kind\":\"attention\",\"impl\":\"tessera-ptx\",\"kv\":\"{name}\",\"ctx\":{s},\"hq\":{hq},\"kvh\":{kvh},\"d\":{d},\"us\":{us:.3},\"kv_bytes\":{kv_bytes},\"copies\":{copies}}}"
+                "{{\"kind\":\"attention\",\"impl\":\"tessera-ptx\",\"kv\":\"{name}\",\"ctx\":{s},\"hq\":{hq},\"kvh\":{kvh},\"d\":{d},\"us\":{us:.3},\"kv_bytes\":{kv_bytes},\"copies\":{copies},\"graph\":{graph}}}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The f16 decode attention at ctx 4096 and 32768 under other partial
+/// blocks, split lengths, combine widths and loop depths than the plan's
+/// (the plan is the first row), each checked against the plan's output:
+/// how the plan's constants were chosen (`cuda_bench attention-plans`).
+/// With `profile`, one launch of the plan at ctx 32768, for a profiler
+/// (`ncu ... cuda_bench profile-attention`).
+fn sweep_attention_plans(cuda: &CudaDevice, l2: usize, profile: bool) -> Result<(), Failure> {
+    let stream = cuda.stream();
+    let (hq, kvh, d) = (32usize, 32usize, 128usize);
+    let mut rng = Lcg(13);
+    let block = 1024;
+    let kd: Vec<f32> = (0..block * kvh * d).map(|_| rng.next() * 1.5).collect();
+    let vd: Vec<f32> = (0..block * kvh * d).map(|_| rng.next() * 2.0).collect();
+    let q: Vec<u16> = (0..hq * d)
+        .map(|_| f16::from_f32(rng.next() * 0.09).to_bits())
+        .collect();
+    let qb = stream.clone_htod(&q)?;
+    let format = KvFormat::F16;
+    let base = cuda
+        .backend()
+        .attention_program(&library::get(format.kernel_name())?)?;
+    let (kf, vf): (GpuKv, GpuKv) = gpu_formats(format);
+    let ke = encode(format.key_format(), block * kvh, d, &kd)?;
+    let ve = encode(format.value_format(), block * kvh, d, &vd)?;
+    let plan = &base.plan;
+    let full = register_budget(cuda.sm());
+    let deep = |score, values, registers| (Depth { score, values }, registers);
+    let variants = [
+        (
+            plan.wg,
+            plan.keys_per_split,
+            plan.combine_launch[2].local,
+            (Depth::DEFAULT, full),
+        ),
+        (128, 256, 8, deep(8, 8, full)),
+        (128, 256, 8, deep(8, 16, 80)),
+        (128, 256, 8, deep(8, 8, 64)),
+        (128, 256, 8, deep(16, 16, full)),
+        (64, 256, 8, deep(8, 16, full)),
+        (64, 128, 8, deep(8, 16, full)),
+    ];
+    let contexts: &[usize] = if profile { &[32768] } else { &[4096, 32768] };
+    let variants: &[_] = if profile { &variants[..1] } else { &variants };
+    for &s in contexts {
+        let kv_bytes = s * kvh * d * (elem_bytes(kf) + elem_bytes(vf));
+        let copies = copies_for(kv_bytes, l2);
+        let mut caches = Vec::with_capacity(copies);
+        for _ in 0..copies {
+            let mut c = CudaKvCache::new(cuda, kf, vf, kvh, d, s)?;
+            for at in (0..s).step_by(block) {
+                c.write(cuda, at, block.min(s - at), ke.rows(), ve.rows())?;
+            }
+            caches.push(c);
+        }
+        let mut reference: Option<Vec<u16>> = None;
+        for &(wg, kps, cw, (depth, registers)) in variants {
+            let mut p = plan.clone();
+            p.wg = wg;
+            p.keys_per_split = kps;
+            p.partial_launch[0].local = wg;
+            p.combine_launch[2].local = cw;
+            let text = print_at(&p, cuda.sm(), "plan sweep", depth, registers)?;
+            let program = tessera_codegen::ptx::PtxAttentionProgram { plan: p, text };
+            let att = CudaAttention::new(cuda, &program)?;
+            let mut scratch = AttentionScratch::new(cuda, &att, s, hq, d)?;
+            let mut ob = stream.alloc_zeros::<u16>(hq * d)?;
+            if profile {
+                attention_launch(stream, &att, &qb, &caches[0], s, hq, &mut scratch, &mut ob)?;
+                stream.synchronize()?;
+                return Ok(());
+            }
+            let (us, graph) = time_calls(stream, |i| {
+                Ok(attention_launch(
+                    stream,
+                    &att,
+                    &qb,
+                    &caches[i % copies],
+                    s,
+                    hq,
+                    &mut scratch,
+                    &mut ob,
+                )?)
+            })?;
+            attention_launch(stream, &att, &qb, &caches[0], s, hq, &mut scratch, &mut ob)?;
+            let got = stream.clone_dtoh(&ob)?;
+            let worst = match &reference {
+                None => {
+                    reference = Some(got);
+                    0.0
+                }
+                Some(r) => r
+                    .iter()
+                    .zip(&got)
+                    .map(|(&a, &b)| (f16::from_bits(a).to_f32() - f16::from_bits(b).to_f32()).abs())
+                    .fold(0.0f32, f32::max),
+            };
+            println!(
+                "{{\"kind\":\"attention-plan\",\"ctx\":{s},\"wg\":{wg},\"keys_per_split\":{kps},\"combine_warps\":{cw},\"score_unroll\":{},\"pv_unroll\":{},\"registers\":{registers},\"us\":{us:.3},\"gbps\":{:.0},\"max_diff\":{worst},\"graph\":{graph}}}",
+                depth.score,
+                depth.values,
+                kv_bytes as f64 / us / 1e3
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The W4A16 GEMV at M = 1 on every shape under other work-group shapes,
+/// channel counts and register limits than the plan's (the plan is the
+/// first row), each checked against the plan's output (`cuda_bench
+/// gemv-plans`).
+fn sweep_gemv_plans(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
+    let stream = cuda.stream();
+    let mut rng = Lcg(17);
+    for (n, k) in SHAPES {
+        let raw: Vec<f32> = (0..n * k).map(|_| rng.next() * 0.6).collect();
+        let first = layer(device, WeightFormat::W4A16, &raw, n, k)?;
+        let bytes = first.cuda_weight_bytes().ok_or("not a CUDA layer")?;
+        let copies = copies_for(bytes, l2);
+        let mut layers = vec![first];
+        for _ in 1..copies {
+            layers.push(layers[0].duplicate_cuda()?);
+        }
+        let bits: Vec<u16> = (0..k).map(|_| f16::from_f32(rng.next()).to_bits()).collect();
+        let x: CudaSlice<u16> = stream.clone_htod(&bits)?;
+        let (mm, _) = layers[0].cuda_parts(Variant::Gemv).ok_or("no CUDA GEMV")?;
+        let base = mm.plan().clone();
+        let MatmulShape::Gemv(g0) = base.shape else {
+            return Err("the GEMV plan is not a GEMV".into());
+        };
+        let full = cuda.sm().caps().registers;
+        let variants = [
+            (g0.wg_h, g0.k_lanes, g0.channels, full),
+            (g0.wg_h, g0.k_lanes, g0.channels, 96),
+            (g0.wg_h, g0.k_lanes, g0.channels, 80),
+            (g0.wg_h, g0.k_lanes, g0.channels, 64),
+            (4, 32, 4, full),
+            (4, 32, 4, 80),
+            (4, 32, 4, 64),
+            (4, 64, 2, 64),
+            (4, 64, 2, 48),
+        ];
+        let mut reference: Option<Vec<f32>> = None;
+        for (wg_h, k_lanes, channels, registers) in variants {
+            let g = GemvPlan {
+                wg_h,
+                k_lanes,
+                channels,
+            };
+            let mut plan = base.clone();
+            plan.shape = MatmulShape::Gemv(g);
+            plan.launch[0].per_group = wg_h * channels;
+            plan.launch[0].local = wg_h;
+            plan.launch[1].local = k_lanes;
+            let text =
+                tessera_codegen::ptx::gemv::print_at(&plan, &g, cuda.sm(), "gemv sweep", registers);
+            let program = PtxProgram {
+                plan,
+                dynamic_shared_bytes: 0,
+                text,
+            };
+            let mm = CudaMatmul::new(cuda, &program)?;
+            let half = mm.writes_half();
+            let mut yh = stream.alloc_zeros::<u16>(if half { n } else { 1 })?;
+            let mut yf = stream.alloc_zeros::<f32>(if half { 1 } else { n })?;
+            fn out<'a>(
+                half: bool,
+                yh: &'a mut CudaSlice<u16>,
+                yf: &'a mut CudaSlice<f32>,
+            ) -> CudaOut<'a> {
+                if half {
+                    CudaOut::F16(yh)
+                } else {
+                    CudaOut::F32(yf)
+                }
+            }
+            let (us, graph) = time_calls(stream, |i| {
+                let (_, w) = layers[i % copies].cuda_parts(Variant::Gemv).ok_or("no CUDA GEMV")?;
+                Ok(matmul_launch(stream, &mm, w, &x, 1, out(half, &mut yh, &mut yf))?)
+            })?;
+            let (_, w) = layers[0].cuda_parts(Variant::Gemv).ok_or("no CUDA GEMV")?;
+            matmul_launch(stream, &mm, w, &x, 1, out(half, &mut yh, &mut yf))?;
+            let got: Vec<f32> = if half {
+                stream
+                    .clone_dtoh(&yh)?
+                    .into_iter()
+                    .map(|b| f16::from_bits(b).to_f32())
+                    .collect()
+            } else {
+                stream.clone_dtoh(&yf)?
+            };
+            let worst = match &reference {
+                None => {
+                    reference = Some(got);
+                    0.0
+                }
+                Some(r) => r
+                    .iter()
+                    .zip(&got)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max),
+            };
+            println!(
+                "{{\"kind\":\"gemv-plan\",\"n\":{n},\"k\":{k},\"wg_h\":{wg_h},\"k_lanes\":{k_lanes},\"channels\":{channels},\"registers\":{registers},\"us\":{us:.3},\"gbps\":{:.0},\"max_diff\":{worst},\"graph\":{graph}}}",
+                bytes as f64 / us / 1e3
             );
         }
     }
@@ -260,6 +520,12 @@ fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
 fn main() -> Result<(), Failure> {
     let device = Arc::new(Device::open(Backend::Cuda, DeviceOptions::default())?);
     let cuda = device.cuda().ok_or("not a CUDA device")?.clone();
+    // SAFETY: with tracking off, cudarc no longer orders a buffer's uses
+    // across streams; here every timing starts with a context-wide
+    // synchronize (`time_calls`) and all timed work is on one stream.
+    unsafe { cuda.context().disable_event_tracking() };
+    // A stream of its own: the legacy default stream cannot be captured.
+    let cuda = cuda.with_new_stream()?;
     let l2 = cuda
         .context()
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
@@ -267,6 +533,15 @@ fn main() -> Result<(), Failure> {
     let only = std::env::args().nth(1).unwrap_or_default();
     if only == "profile" {
         return profile_once(&device, &cuda);
+    }
+    if only == "attention-plans" {
+        return sweep_attention_plans(&cuda, l2, false);
+    }
+    if only == "profile-attention" {
+        return sweep_attention_plans(&cuda, l2, true);
+    }
+    if only == "gemv-plans" {
+        return sweep_gemv_plans(&device, &cuda, l2);
     }
     if only.is_empty() || only == "attention" {
         bench_attention(&cuda, l2)?;

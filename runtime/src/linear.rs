@@ -385,6 +385,20 @@ impl Linear {
         }
     }
 
+    /// `variant`'s loaded CUDA kernel and this layer's device weights, for
+    /// a caller's own launches (`cuda::matmul_launch`), such as timing
+    /// another plan against the same weights; None off CUDA.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_parts(
+        &self,
+        variant: Variant,
+    ) -> Option<(&crate::cuda::CudaMatmul, &crate::cuda::CudaWeights)> {
+        let Imp::Cuda { kernels, weights } = &self.imp else {
+            return None;
+        };
+        Some((&kernels[variant_index(variant)], weights))
+    }
+
     /// Whether `variant`'s CUDA kernel writes f16 (else f32); None off
     /// CUDA.
     #[cfg(feature = "cuda")]

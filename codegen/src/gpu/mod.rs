@@ -707,9 +707,11 @@ impl KvFormat {
 /// with its own max `m` (the synchronized scheme). It writes its max (`phi`
 /// or `m`), `Σ p` and `Σ p·v` (work items over d) to the partial buffers.
 ///
-/// Combine kernel: NDRange `(d, heads)`: `M = max_j m_j`, `o = Σ_j
+/// Combine kernel: NDRange `(d, heads, z)`: `M = max_j m_j`, `o = Σ_j
 /// e^(m_j − M)·o_j / Σ_j e^(m_j − M)·l_j`. With unified maxima every
-/// factor is 1: no split ever waited on another.
+/// factor is 1: no split ever waited on another. Where the z block is
+/// wider than one (PTX), thread z folds splits `z, z + Z, ...` and the
+/// block folds its threads' results.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionPlan {
     pub partial_entry: String,
@@ -730,10 +732,8 @@ pub struct AttentionPlan {
     pub combine_launch: [LaunchDim; 3],
 }
 
-/// Decide how a decode attention kernel runs on `caps`. The split length is
-/// the interpreter's partial-vector block ([`ONLINE_BLOCK`]) so both
-/// compute the same partials; the work group is that many work items (one
-/// key each per trip), capped by the target.
+/// Decide how a decode attention kernel runs on `caps`: the split length,
+/// work group and combine block per backend (below).
 pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPlan, EmitError> {
     let gpu = gpu_caps(caps)?;
     let a = kernel
@@ -782,7 +782,24 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
     if a.softmax != SoftmaxMode::Online && !(phi.is_finite() && lo.is_finite() && hi.is_finite()) {
         return Err(unsupported("non-finite softmax bounds".to_string()));
     }
-    let wg = (ONLINE_BLOCK as u32).min(gpu.max_threads_per_block);
+    // OpenCL keeps the interpreter's partial-vector block: a work item per
+    // key per trip, and partials equal to the interpreter's. PTX gives a
+    // block of 128 threads 256 keys and folds the partials with 8 warps
+    // per head: with 64-key splits the one-warp combine folded s/64
+    // partials one L2 round trip at a time (ctx 32768: 512 of them), the
+    // larger part of the time on the H200.
+    let (wg, keys_per_split, combine_warps) = match caps.arch {
+        Arch::Ptx => (
+            PTX_ATTENTION_BLOCK.min(gpu.max_threads_per_block),
+            PTX_KEYS_PER_SPLIT,
+            PTX_COMBINE_WARPS,
+        ),
+        _ => (
+            (ONLINE_BLOCK as u32).min(gpu.max_threads_per_block),
+            ONLINE_BLOCK as u32,
+            1,
+        ),
+    };
     let base = c_ident(&kernel.name);
     let mut partial_args = vec![arg("q", ArgKind::HalfIn)];
     partial_args.push(match k {
@@ -827,7 +844,7 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
         k,
         v,
         wg,
-        keys_per_split: ONLINE_BLOCK as u32,
+        keys_per_split,
         phi,
         lo,
         hi,
@@ -858,7 +875,19 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
                 per_group: 1,
                 local: 1,
             },
-            one,
+            LaunchDim {
+                extent: LaunchExtent::One,
+                per_group: 1,
+                local: combine_warps,
+            },
         ],
     })
 }
+
+/// Threads per block of the PTX partial attention kernel.
+pub const PTX_ATTENTION_BLOCK: u32 = 128;
+/// Keys per split of the PTX partial attention kernel.
+pub const PTX_KEYS_PER_SPLIT: u32 = 256;
+/// Warps per block of the PTX combine kernel, each folding every
+/// `PTX_COMBINE_WARPS`-th split.
+pub const PTX_COMBINE_WARPS: u32 = 8;

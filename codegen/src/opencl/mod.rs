@@ -138,6 +138,15 @@ impl OpenClBackend {
     pub fn attention_program(&self, kernel: &Kernel) -> Result<Program, EmitError> {
         let pr = Precision::new(self.fp16);
         let plan = gpu::plan_attention(kernel, caps())?;
+        if plan.combine_launch[2].local != 1 {
+            return Err(EmitError::Unsupported {
+                backend: "opencl",
+                what: format!(
+                    "combine_launch z block of {} (the OpenCL combine is one work item per element)",
+                    plan.combine_launch[2].local
+                ),
+            });
+        }
         let mut h = String::new();
         let _ = writeln!(
             h,

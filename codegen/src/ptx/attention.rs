@@ -51,7 +51,7 @@
 use super::writer::{Body, f32_lit};
 use super::{Args, Limits, Sm, entry_text, preamble};
 use crate::artifact::EmitError;
-use crate::gpu::{AttentionPlan, KvFormat};
+use crate::gpu::{AttentionPlan, KvFormat, LaunchExtent};
 
 /// The register budget the attention kernels are held to (`.maxnreg`):
 /// the target's, as for the matmuls.
@@ -68,6 +68,31 @@ const PV_UNROLL: u32 = 8;
 /// Vector steps per trip of the score loop whose loads are issued together.
 const QK_UNROLL: u32 = 4;
 
+/// How deep the partial kernel's vector loops go: what a trip issues
+/// before its first use. Every depth computes the same sums in the same
+/// order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Depth {
+    /// Key steps per trip of the vector score loop.
+    pub score: u32,
+    /// Keys per trip of the vector P·V loop.
+    pub values: u32,
+}
+
+impl Depth {
+    /// The depth [`print`] emits.
+    /// (H200, `cuda_bench attention-plans`: 16 value keys a trip took
+    /// ctx 4096 from 23.3 to 22.3 µs and 32768 from 133.2 to 129.9 µs; 16
+    /// score steps did less.)
+    pub const DEFAULT: Depth = Depth {
+        score: 8,
+        values: 16,
+    };
+}
+
+/// Splits per trip of the combine loop whose loads are issued together.
+const COMBINE_UNROLL: u32 = 8;
+
 fn unsupported(what: String) -> EmitError {
     EmitError::Unsupported {
         backend: "ptx",
@@ -78,13 +103,38 @@ fn unsupported(what: String) -> EmitError {
 /// Shared-memory arrays of the partial kernel, named after its entry.
 struct Shared {
     p: String,
+    k_stage: String,
+    red_pv: String,
     red_max: String,
     red_out: String,
     red_sum: String,
 }
 
+/// Shared-memory arrays of the combine kernel: each warp's running max,
+/// denominator and numerator per lane.
+struct CombineShared {
+    m: String,
+    l: String,
+    o: String,
+}
+
 /// Both entries in one module.
 pub fn print(plan: &AttentionPlan, sm: Sm, header: &str) -> Result<String, EmitError> {
+    print_at(plan, sm, header, Depth::DEFAULT, register_budget(sm))
+}
+
+/// [`print`] at another [`Depth`] and register limit (`.maxnreg`), for
+/// measuring one against another.
+pub fn print_at(
+    plan: &AttentionPlan,
+    sm: Sm,
+    header: &str,
+    depth: Depth,
+    max_registers: u32,
+) -> Result<String, EmitError> {
+    if depth.score == 0 || depth.values == 0 {
+        return Err(unsupported(format!("a loop depth of zero ({depth:?})")));
+    }
     let warp = sm.caps().gpu.map_or(32, |g| g.warp_width);
     if plan.wg == 0 || !plan.wg.is_multiple_of(warp) {
         return Err(unsupported(format!(
@@ -101,21 +151,51 @@ pub fn print(plan: &AttentionPlan, sm: Sm, header: &str) -> Result<String, EmitE
             plan.combine_launch[0].local
         )));
     }
+    let combine_warps = plan.combine_launch[2].local;
+    if combine_warps == 0 || plan.combine_launch[2].extent != LaunchExtent::One {
+        return Err(unsupported(format!(
+            "a combine launch of {combine_warps} warps over {:?} in z (one block of warps expected)",
+            plan.combine_launch[2].extent
+        )));
+    }
     let warps = plan.wg / warp;
     let e = &plan.partial_entry;
     let sh = Shared {
         p: format!("{e}_p"),
+        k_stage: format!("{e}_k_stage"),
+        red_pv: format!("{e}_red_pv"),
         red_max: format!("{e}_red_max"),
         red_out: format!("{e}_red_out"),
         red_sum: format!("{e}_red_sum"),
     };
     let decls = vec![
         format!(".shared .align 16 .f32 {}[{}];", sh.p, plan.keys_per_split),
+        format!(".shared .align 16 .f32 {}[{}];", sh.red_pv, VEC * plan.wg),
+        format!(
+            ".shared .align 16 .u32 {}[{}];",
+            sh.k_stage,
+            depth.score * plan.wg * VEC * elem_bytes(plan.k) / 4
+        ),
         format!(".shared .align 4 .f32 {}[{warps}];", sh.red_max),
         format!(".shared .align 4 .u32 {}[{warps}];", sh.red_out),
         format!(".shared .align 4 .f32 {}[{warps}];", sh.red_sum),
     ];
-    let maxnreg = register_budget(sm);
+    let c = &plan.combine_entry;
+    let csh = CombineShared {
+        m: format!("{c}_m"),
+        l: format!("{c}_l"),
+        o: format!("{c}_o"),
+    };
+    let mut decls = decls;
+    if combine_warps > 1 {
+        for name in [&csh.m, &csh.l, &csh.o] {
+            decls.push(format!(
+                ".shared .align 4 .f32 {name}[{}];",
+                combine_warps * warp
+            ));
+        }
+    }
+    let maxnreg = max_registers;
     let mut s = preamble(sm, header, &decls);
     s.push_str(&entry_text(
         &plan.partial_entry,
@@ -124,7 +204,7 @@ pub fn print(plan: &AttentionPlan, sm: Sm, header: &str) -> Result<String, EmitE
             reqntid: plan.partial_launch.map(|d| d.local),
             maxnreg,
         },
-        partial(plan, sm, &sh, warp),
+        partial(plan, sm, &sh, warp, depth),
     ));
     s.push('\n');
     s.push_str(&entry_text(
@@ -134,7 +214,7 @@ pub fn print(plan: &AttentionPlan, sm: Sm, header: &str) -> Result<String, EmitE
             reqntid: plan.combine_launch.map(|d| d.local),
             maxnreg,
         },
-        combine(plan, warp),
+        combine(plan, warp, &csh),
     ));
     Ok(s)
 }
@@ -238,29 +318,39 @@ fn load_one(b: &mut Body, format: KvFormat, sm: Sm, a: &str) -> String {
     }
 }
 
-/// The 8 f32 values of one vector step of keys at `a` (16-byte aligned for
-/// f16, 8-byte for bytes). `magic` holds 0x4B000000 for int8 keys.
-fn load_vec(b: &mut Body, format: KvFormat, sm: Sm, a: &str, magic: &str) -> Vec<String> {
+/// The raw words of one vector step (8 elements) at `a` (16-byte aligned
+/// for f16, 8-byte for bytes), loaded and not yet converted, so a trip can
+/// issue all its loads before the first conversion waits on one.
+fn load_vec_words(b: &mut Body, format: KvFormat, a: &str) -> Vec<String> {
+    let words = 8 * elem_bytes(format) / 4;
+    let w: Vec<String> = (0..words).map(|_| b.r()).collect();
+    b.op(format!(
+        "ld.global.nc.v{words}.u32 {{{}}}, [{a}]",
+        w.join(", ")
+    ));
+    w
+}
+
+/// The 8 f32 values of one vector step from its words
+/// ([`load_vec_words`]). `magic` holds 0x4B000000 for int8 keys.
+fn vec_values(b: &mut Body, format: KvFormat, sm: Sm, w: &[String], magic: &str) -> Vec<String> {
     let mut out = Vec::new();
     match format {
         KvFormat::F16 => {
-            let w: Vec<String> = (0..4).map(|_| b.r()).collect();
-            b.op(format!("ld.global.nc.v4.u32 {{{}}}, [{a}]", w.join(", ")));
-            for word in &w {
+            for word in w {
                 out.extend(halves_f32(b, word));
             }
         }
         KvFormat::I8AsymRow => {
-            let w = [b.r(), b.r()];
-            b.op(format!("ld.global.nc.v2.u32 {{{}, {}}}, [{a}]", w[0], w[1]));
-            for word in &w {
+            for word in w {
                 // b ^ 0x80 = b + 128 as an unsigned byte: under 2^23's
                 // exponent the float is 2^23 + 128 + b, exactly.
-                b.op(format!("xor.b32 {word}, {word}, 0x80808080"));
+                let flipped = b.r();
+                b.op(format!("xor.b32 {flipped}, {word}, 0x80808080"));
                 for k in 0..4u32 {
                     let (bits, f) = (b.r(), b.f());
                     b.op(format!(
-                        "prmt.b32 {bits}, {word}, {magic}, {:#06x}",
+                        "prmt.b32 {bits}, {flipped}, {magic}, {:#06x}",
                         0x7540 | k
                     ));
                     b.op(format!("mov.b32 {f}, {bits}"));
@@ -270,9 +360,7 @@ fn load_vec(b: &mut Body, format: KvFormat, sm: Sm, a: &str, magic: &str) -> Vec
             }
         }
         KvFormat::Fp8E5M2 => {
-            let w = [b.r(), b.r()];
-            b.op(format!("ld.global.nc.v2.u32 {{{}, {}}}, [{a}]", w[0], w[1]));
-            for word in &w {
+            for word in w {
                 // Bytes (0, 1) and (2, 3) to the top bytes of two halves.
                 for sel in [0x1404u32, 0x3424] {
                     let pair = b.r();
@@ -282,9 +370,7 @@ fn load_vec(b: &mut Body, format: KvFormat, sm: Sm, a: &str, magic: &str) -> Vec
             }
         }
         KvFormat::Fp8E4M3 => {
-            let w = [b.r(), b.r()];
-            b.op(format!("ld.global.nc.v2.u32 {{{}, {}}}, [{a}]", w[0], w[1]));
-            for word in &w {
+            for word in w {
                 match sm {
                     Sm::Sm80 => {
                         for k in 0..4 {
@@ -326,7 +412,7 @@ fn warp_reduce(b: &mut Body, op: &str, v: &str, warp: u32) {
     }
 }
 
-fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32) -> Body {
+fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32, depth: Depth) -> Body {
     let (wg, kps) = (plan.wg, plan.keys_per_split);
     let warps = wg / warp;
     let int8_keys = plan.k == KvFormat::I8AsymRow;
@@ -396,10 +482,40 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32) -> Body {
     b.op(format!("mov.u32 {out}, 0"));
 
     // 1. Scores.
+    let key_end = b.label("key_end");
+    let scalar_scores = b.label("scores_scalar");
+    vector_scores(
+        &mut b,
+        &VectorScores {
+            plan,
+            sm,
+            a: &a,
+            tid: &tid,
+            d: &d,
+            n: &n,
+            s0: &s0,
+            kvh: &kvh,
+            g: &g,
+            kvd: &kvd,
+            qr: &qr,
+            p_base: &p_base,
+            aligned: &aligned,
+            scale: scale.as_deref(),
+            magic: &magic,
+            mx: &mx,
+            out: &out,
+            warp,
+            unroll: depth.score,
+            stage: &sh.k_stage,
+        },
+        &scalar_scores,
+        &key_end,
+    );
+    b.place(&scalar_scores);
+    b.comment("Scalar scores (rows not in 8-element vectors, or d > 8*warp): thread per key.");
     let i = b.r();
     b.op(format!("mov.u32 {i}, {tid}"));
     let key_top = b.label("key");
-    let key_end = b.label("key_end");
     b.place(&key_top);
     let pk = b.pred();
     b.op(format!("setp.ge.s32 {pk}, {i}, {n}"));
@@ -423,10 +539,11 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32) -> Body {
         let ka = addr(b, &kr, js, elem_bytes(plan.k));
         let qw: Vec<String> = (0..4).map(|_| b.r()).collect();
         b.op(format!("ld.global.nc.v4.u32 {{{}}}, [{qa}]", qw.join(", ")));
-        let kv = load_vec(b, plan.k, sm, &ka, &magic);
-        (qw, kv)
+        let kw = load_vec_words(b, plan.k, &ka);
+        (qw, kw)
     };
-    let fma_step = |b: &mut Body, qw: &[String], kv: &[String]| {
+    let fma_step = |b: &mut Body, qw: &[String], kw: &[String]| {
+        let kv = vec_values(b, plan.k, sm, kw, &magic);
         for (t, word) in qw.iter().enumerate() {
             let qf = halves_f32(b, word);
             for (u, qe) in qf.iter().enumerate() {
@@ -602,9 +719,35 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32) -> Body {
     ));
     let pod = b.r();
     b.op(format!("mul.lo.s32 {pod}, {part}, {d}"));
+    let pv_end = b.label("pv_end");
+    let scalar_pv = b.label("pv_scalar");
+    vector_pv(
+        &mut b,
+        &VectorPv {
+            plan,
+            sm,
+            v: a.get("v"),
+            part_o: a.get("part_o"),
+            red: &sh.red_pv,
+            tid: &tid,
+            d: &d,
+            n: &n,
+            s0: &s0,
+            kvh: &kvh,
+            g: &g,
+            kvd: &kvd,
+            pod: &pod,
+            p_base: &p_base,
+            aligned: &aligned,
+            unroll: depth.values,
+        },
+        &scalar_pv,
+        &pv_end,
+    );
+    b.place(&scalar_pv);
+    b.comment("Scalar P*V (rows not in 8-element vectors, or d > 8*wg): thread per element.");
     b.op(format!("mov.u32 {j}, {tid}"));
     let pv_top = b.label("pv");
-    let pv_end = b.label("pv_end");
     b.place(&pv_top);
     let pj = b.pred();
     b.op(format!("setp.ge.s32 {pj}, {j}, {d}"));
@@ -683,71 +826,608 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32) -> Body {
     b
 }
 
-fn combine(plan: &AttentionPlan, warp: u32) -> Body {
+/// One key's loaded vector words, and its row's scale and offset (int8
+/// keys).
+type KeyLoad = (Vec<String>, Option<(String, String)>);
+
+/// What the vector scores read of the partial kernel's state.
+struct VectorScores<'a> {
+    plan: &'a AttentionPlan,
+    sm: Sm,
+    a: &'a Args,
+    tid: &'a str,
+    d: &'a str,
+    n: &'a str,
+    s0: &'a str,
+    kvh: &'a str,
+    g: &'a str,
+    kvd: &'a str,
+    qr: &'a str,
+    p_base: &'a str,
+    aligned: &'a str,
+    scale: Option<&'a str>,
+    magic: &'a str,
+    mx: &'a str,
+    out: &'a str,
+    warp: u32,
+    unroll: u32,
+    stage: &'a str,
+}
+
+/// Scores with a key row per group of `T` lanes, where rows are whole
+/// 8-element vectors that one warp covers (`d % 8 == 0`, `8 <= d <=
+/// 8·warp`); otherwise it branches to `scalar`. `T` is the power of two
+/// at or above `cols = d / 8`; lane `c < cols` of a group holds q's vector
+/// `c` in registers for the whole split and reads vector `c` of each of
+/// its keys (one 16-byte load per 8 f16 keys: a warp reads whole rows),
+/// and the group's partial dots meet by butterfly shuffles, so every lane
+/// of the group holds the score. The block steps over keys `step·G + grp`
+/// (`G = wg / T` groups) in block-uniform trips, `unroll` steps with
+/// every load issued first, so all lanes reach every shuffle.
+fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
+    let plan = c.plan;
+    let (wg, eb, warp) = (plan.wg, elem_bytes(plan.k), c.warp);
+    let int8_keys = plan.k == KvFormat::I8AsymRow;
+    let (d, n) = (c.d, c.n);
+    let ok = b.pred();
+    b.op(format!("setp.le.and.s32 {ok}, {d}, {}, {}", VEC * warp, c.aligned));
+    b.op(format!("setp.ge.and.s32 {ok}, {d}, {VEC}, {ok}"));
+    b.op(format!("@!{ok} bra {scalar}"));
+    b.comment("Vector scores: T = 2^ceil(log2(d/8)) lanes per key row.");
+    let (cols, log_t, t, lane_t) = (b.r(), b.r(), b.r(), b.r());
+    b.op(format!("shr.u32 {cols}, {d}, {}", VEC.ilog2()));
+    let cm1 = b.r();
+    b.op(format!("sub.u32 {cm1}, {cols}, 1"));
+    b.op(format!("clz.b32 {log_t}, {cm1}"));
+    b.op(format!("sub.u32 {log_t}, 32, {log_t}"));
+    b.op(format!("shl.b32 {t}, 1, {log_t}"));
+    let (grp, groups) = (b.r(), b.r());
+    b.op(format!("shr.u32 {grp}, {}, {log_t}", c.tid));
+    b.op(format!("sub.u32 {lane_t}, {t}, 1"));
+    b.op(format!("and.b32 {lane_t}, {}, {lane_t}", c.tid));
+    b.op(format!("shr.u32 {groups}, {wg}, {log_t}"));
+    let (lane_on, writer) = (b.pred(), b.pred());
+    b.op(format!("setp.lt.u32 {lane_on}, {lane_t}, {cols}"));
+    b.op(format!("setp.eq.u32 {writer}, {lane_t}, 0"));
+    // Butterfly rounds within the group: offsets below T.
+    let rounds: Vec<(u32, String)> = (0..warp.ilog2())
+        .map(|k| {
+            let off = warp >> (k + 1);
+            let on = b.pred();
+            b.op(format!("setp.lt.u32 {on}, {off}, {t}"));
+            (off, on)
+        })
+        .collect();
+    // Every lane of a group ends with the group's sum of each of `xs`;
+    // each round over every x, so the shuffles' latencies overlap.
+    let group_sums = |b: &mut Body, xs: &[String]| {
+        for (off, on) in &rounds {
+            let ys: Vec<String> = xs
+                .iter()
+                .map(|x| {
+                    let y = b.f();
+                    b.op(format!(
+                        "shfl.sync.bfly.b32 {y}, {x}, {off}, 31, 0xffffffff"
+                    ));
+                    y
+                })
+                .collect();
+            for (x, y) in xs.iter().zip(&ys) {
+                b.op(format!("@{on} add.f32 {x}, {x}, {y}"));
+            }
+        }
+    };
+    b.comment("q's vector c in registers (zero on lanes past the row).");
+    let qw: Vec<String> = (0..4).map(|_| b.r()).collect();
+    for w in &qw {
+        b.op(format!("mov.b32 {w}, 0"));
+    }
+    let qoff = b.r();
+    b.op(format!("shl.b32 {qoff}, {lane_t}, {}", VEC.ilog2()));
+    let qa = addr(b, c.qr, &qoff, 2);
+    b.op(format!(
+        "@{lane_on} ld.global.nc.v4.u32 {{{}}}, [{qa}]",
+        qw.join(", ")
+    ));
+    let qf: Vec<String> = qw.iter().flat_map(|w| halves_f32(b, w)).collect();
+    let qsum = int8_keys.then(|| {
+        let qs = b.f();
+        b.op(format!("mov.f32 {qs}, 0f00000000"));
+        for q in &qf {
+            b.op(format!("add.f32 {qs}, {qs}, {q}"));
+        }
+        group_sums(b, std::slice::from_ref(&qs));
+        qs
+    });
+    // Key step·G + grp: element ((s0 + key)·kvh + g)·d + 8c; a step moves
+    // G rows.
+    let kidx = b.r();
+    b.op(format!("add.s32 {kidx}, {}, {grp}", c.s0));
+    b.op(format!("mad.lo.s32 {kidx}, {kidx}, {}, {}", c.kvh, c.g));
+    let prow = b.r();
+    b.op(format!("mov.u32 {prow}, {kidx}"));
+    b.op(format!("mul.lo.s32 {kidx}, {kidx}, {d}"));
+    // Lanes past the row read its last vector (their q is zero): every
+    // load of a whole trip is then unpredicated, which lets ptxas issue
+    // them all before the first use (predicated, it kept one in flight).
+    let (kcol, last_col) = (b.r(), b.r());
+    b.op(format!("sub.s32 {last_col}, {cols}, 1"));
+    b.op(format!("min.s32 {kcol}, {lane_t}, {last_col}"));
+    b.op(format!("shl.b32 {kcol}, {kcol}, {}", VEC.ilog2()));
+    b.op(format!("add.s32 {kidx}, {kidx}, {kcol}"));
+    let ka = addr(b, c.a.get("k"), &kidx, eb);
+    let (krows, kstep) = (b.r(), b.rd());
+    b.op(format!("mul.lo.s32 {krows}, {}, {groups}", c.kvd));
+    b.op(format!("mul.wide.s32 {kstep}, {krows}, {eb}"));
+    let params = int8_keys.then(|| {
+        let sa = addr(b, c.a.get("k_scales"), &prow, 4);
+        let oa = addr(b, c.a.get("k_offsets"), &prow, 4);
+        let (prows, pstep) = (b.r(), b.rd());
+        b.op(format!("mul.lo.s32 {prows}, {}, {groups}", c.kvh));
+        b.op(format!("mul.wide.s32 {pstep}, {prows}, 4"));
+        (sa, oa, pstep)
+    });
+    let stage_base = b.r();
+    b.op(format!("mov.u32 {stage_base}, {}", c.stage));
+    b.op(format!(
+        "mad.lo.s32 {stage_base}, {}, {}, {stage_base}",
+        c.tid,
+        VEC * eb
+    ));
+    let step = b.r();
+    b.op(format!("mov.u32 {step}, 0"));
+    // One key's loads (under `valid`, when given) at the current pointers.
+    // A key's vector: loaded into registers (under `valid`), or, in a whole
+    // trip, copied to this thread's shared slot `stage` by `cp.async` and
+    // read back after the trip's wait (ptxas sinks plain loads next to
+    // their use and kept one in flight; asynchronous copies all are).
+    let piece = VEC * eb;
+    let load = |b: &mut Body, valid: Option<&str>, stage: Option<&str>| {
+        let words: Vec<String> = (0..2 * eb).map(|_| b.r()).collect();
+        match (stage, valid) {
+            (Some(slot), _) => {
+                let kind = if piece == 16 { "cg" } else { "ca" };
+                b.op(format!(
+                    "cp.async.{kind}.shared.global [{slot}], [{ka}], {piece}, {piece}"
+                ));
+            }
+            (None, valid) => {
+                let guard = match valid {
+                    Some(v) => {
+                        for w in &words {
+                            b.op(format!("mov.b32 {w}, 0"));
+                        }
+                        format!("@{v} ")
+                    }
+                    None => String::new(),
+                };
+                b.op(format!(
+                    "{guard}ld.global.nc.v{}.u32 {{{}}}, [{ka}]",
+                    2 * eb,
+                    words.join(", ")
+                ));
+            }
+        }
+        let kp = params.as_ref().map(|(sa, oa, _)| {
+            let (ks, ko) = (b.f(), b.f());
+            let pg = valid.map_or(String::new(), |v| format!("@{v} "));
+            b.op(format!("mov.f32 {ks}, 0f00000000"));
+            b.op(format!("mov.f32 {ko}, 0f00000000"));
+            b.op(format!("{pg}ld.global.nc.f32 {ks}, [{sa}]"));
+            b.op(format!("{pg}ld.global.nc.f32 {ko}, [{oa}]"));
+            (ks, ko)
+        });
+        b.op(format!("add.s64 {ka}, {ka}, {kstep}"));
+        if let Some((sa, oa, pstep)) = &params {
+            b.op(format!("add.s64 {sa}, {sa}, {pstep}"));
+            b.op(format!("add.s64 {oa}, {oa}, {pstep}"));
+        }
+        (words, kp)
+    };
+    // One key's score from its loads: the group's dot, the row's scale and
+    // offset, 1/sqrt(d); stored to p by lane 0 of the group, checked
+    // against [phi + lo, phi + hi] and folded into the max by every lane.
+    // A trip's scores in three passes over its keys: the lanes' partial
+    // dots, element by element across the keys (each element's FMAs need
+    // every key's load, so all are in flight at once: one key's whole dot
+    // at a time, ptxas sank each load to just before its dot and kept one
+    // in flight), then the butterfly rounds, then the rest per key.
+    let dots = |b: &mut Body, loaded: &[KeyLoad]| {
+        let vals: Vec<Vec<String>> = loaded
+            .iter()
+            .map(|(words, _)| vec_values(b, plan.k, c.sm, words, c.magic))
+            .collect();
+        let xs: Vec<String> = vals
+            .iter()
+            .map(|v| {
+                let x = b.f();
+                b.op(format!("mul.f32 {x}, {}, {}", qf[0], v[0]));
+                x
+            })
+            .collect();
+        for (e, q) in qf.iter().enumerate().skip(1) {
+            for (x, v) in xs.iter().zip(&vals) {
+                b.op(format!("fma.rn.f32 {x}, {q}, {}, {x}", v[e]));
+            }
+        }
+        xs
+    };
+    // The rest of a key's score (the row's scale and offset, 1/sqrt(d)):
+    // stored to p by lane 0 of the group, checked against [phi + lo, phi +
+    // hi] and folded into the max by every lane.
+    let finish = |b: &mut Body,
+                  x: &str,
+                  kp: &Option<(String, String)>,
+                  key_step: &str,
+                  valid: Option<&str>| {
+        if let (Some((ks, ko)), Some(qs)) = (kp, &qsum) {
+            b.op(format!("mul.f32 {x}, {ks}, {x}"));
+            b.op(format!("fma.rn.f32 {x}, {ko}, {qs}, {x}"));
+        }
+        if let Some(sc) = c.scale {
+            b.op(format!("mul.f32 {x}, {x}, {sc}"));
+        }
+        let key = b.r();
+        b.op(format!("mad.lo.s32 {key}, {key_step}, {groups}, {grp}"));
+        let pa = shared_at(b, c.p_base, &key);
+        let (st, inr) = (b.pred(), b.pred());
+        match valid {
+            Some(v) => b.op(format!("and.pred {st}, {writer}, {v}")),
+            None => b.op(format!("mov.pred {st}, {writer}")),
+        }
+        b.op(format!("@{st} st.shared.f32 [{pa}], {x}"));
+        let shifted = b.f();
+        b.op(format!("sub.f32 {shifted}, {x}, {}", f32_lit(plan.phi)));
+        b.op(format!(
+            "setp.ge.f32 {inr}, {shifted}, {}",
+            f32_lit(plan.lo)
+        ));
+        b.op(format!(
+            "setp.le.and.f32 {inr}, {shifted}, {}, {inr}",
+            f32_lit(plan.hi)
+        ));
+        let pg = valid.map_or(String::new(), |v| format!("@{v} "));
+        if let Some(v) = valid {
+            let bad = b.pred();
+            b.op(format!("not.pred {bad}, {inr}"));
+            b.op(format!("and.pred {bad}, {bad}, {v}"));
+            b.op(format!("@{bad} mov.u32 {}, 1", c.out));
+        } else {
+            b.op(format!("@!{inr} mov.u32 {}, 1", c.out));
+        }
+        b.op(format!("{pg}max.f32 {}, {}, {x}", c.mx, c.mx));
+    };
+    let wide_top = b.label("qk_keys");
+    let wide_end = b.label("qk_keys_end");
+    b.place(&wide_top);
+    let (last, past) = (b.r(), b.pred());
+    b.op(format!("add.s32 {last}, {step}, {}", c.unroll));
+    b.op(format!("mul.lo.s32 {last}, {last}, {groups}"));
+    b.op(format!("setp.gt.s32 {past}, {last}, {n}"));
+    b.op(format!("@{past} bra.uni {wide_end}"));
+    let slots: Vec<String> = (0..c.unroll)
+        .map(|u| {
+            let slot = b.r();
+            b.op(format!(
+                "add.s32 {slot}, {stage_base}, {}",
+                u * plan.wg * piece
+            ));
+            slot
+        })
+        .collect();
+    let loaded: Vec<_> = slots.iter().map(|slot| load(b, None, Some(slot))).collect();
+    b.op("cp.async.commit_group");
+    b.op("cp.async.wait_group 0");
+    for ((words, _), slot) in loaded.iter().zip(&slots) {
+        b.op(format!(
+            "ld.shared.v{}.u32 {{{}}}, [{slot}]",
+            2 * eb,
+            words.join(", ")
+        ));
+    }
+    let xs = dots(b, &loaded);
+    group_sums(b, &xs);
+    for (u, (x, (_, kp))) in xs.iter().zip(&loaded).enumerate() {
+        let ks = b.r();
+        b.op(format!("add.s32 {ks}, {step}, {u}"));
+        finish(b, x, kp, &ks, None);
+    }
+    b.op(format!("add.s32 {step}, {step}, {}", c.unroll));
+    b.op(format!("bra.uni {wide_top}"));
+    b.place(&wide_end);
+    let one_top = b.label("qk_key");
+    b.place(&one_top);
+    let (first, more) = (b.r(), b.pred());
+    b.op(format!("mul.lo.s32 {first}, {step}, {groups}"));
+    b.op(format!("setp.ge.s32 {more}, {first}, {n}"));
+    b.op(format!("@{more} bra.uni {done}"));
+    let (key, valid) = (b.r(), b.pred());
+    b.op(format!("add.s32 {key}, {first}, {grp}"));
+    b.op(format!("setp.lt.s32 {valid}, {key}, {n}"));
+    let l = load(b, Some(&valid), None);
+    let x = dots(b, std::slice::from_ref(&l)).remove(0);
+    group_sums(b, std::slice::from_ref(&x));
+    finish(b, &x, &l.1, &step, Some(&valid));
+    b.op(format!("add.s32 {step}, {step}, 1"));
+    b.op(format!("bra.uni {one_top}"));
+}
+
+/// What the vector P·V reads of the partial kernel's state.
+struct VectorPv<'a> {
+    plan: &'a AttentionPlan,
+    sm: Sm,
+    v: &'a str,
+    part_o: &'a str,
+    red: &'a str,
+    tid: &'a str,
+    d: &'a str,
+    n: &'a str,
+    s0: &'a str,
+    kvh: &'a str,
+    g: &'a str,
+    kvd: &'a str,
+    pod: &'a str,
+    p_base: &'a str,
+    aligned: &'a str,
+    unroll: u32,
+}
+
+/// P·V with 8-element vector loads of value rows, where rows are whole
+/// vectors (`d % 8 == 0`) and a row's `cols = d / 8` vectors fit the block
+/// (`d <= 8·wg`); otherwise it branches to `scalar`. Thread `tid` takes
+/// column vector `tid % cols` of keys `slot, slot + slots, ...` (`slot =
+/// tid / cols`, `slots = wg / cols`), `unroll` keys per trip with every
+/// load issued first; the slots' sums meet in shared memory and threads
+/// over d write `part_o`. One 16-byte load per 8 values (the scalar loop
+/// issued a 2-byte load per value), and a warp reads whole rows.
+fn vector_pv(b: &mut Body, c: &VectorPv<'_>, scalar: &str, done: &str) {
+    let plan = c.plan;
+    let (wg, eb) = (plan.wg, elem_bytes(plan.v));
+    let (tid, d, n) = (c.tid, c.d, c.n);
+    let ok = b.pred();
+    b.op(format!("setp.le.and.s32 {ok}, {d}, {}, {}", VEC * wg, c.aligned));
+    b.op(format!("setp.ge.and.s32 {ok}, {d}, {VEC}, {ok}"));
+    b.op(format!("@!{ok} bra {scalar}"));
+    b.comment("Vector P*V: column vector tid % cols of keys slot, slot + slots, ...");
+    let (cols, slots, col, slot) = (b.r(), b.r(), b.r(), b.r());
+    b.op(format!("shr.u32 {cols}, {d}, {}", VEC.ilog2()));
+    b.op(format!("div.u32 {slots}, {wg}, {cols}"));
+    b.op(format!("rem.u32 {col}, {tid}, {cols}"));
+    b.op(format!("div.u32 {slot}, {tid}, {cols}"));
+    let active = b.pred();
+    b.op(format!("setp.lt.u32 {active}, {slot}, {slots}"));
+    let acc: Vec<String> = (0..VEC).map(|_| b.f()).collect();
+    for x in &acc {
+        b.op(format!("mov.f32 {x}, 0f00000000"));
+    }
+    let acc_done = b.label("pv_vec_acc_end");
+    b.op(format!("@!{active} bra {acc_done}"));
+    let vidx = b.r();
+    b.op(format!("add.s32 {vidx}, {}, {slot}", c.s0));
+    b.op(format!("mad.lo.s32 {vidx}, {vidx}, {}, {}", c.kvh, c.g));
+    b.op(format!("mul.lo.s32 {vidx}, {vidx}, {d}"));
+    b.op(format!("mad.lo.s32 {vidx}, {col}, {VEC}, {vidx}"));
+    let va = addr(b, c.v, &vidx, eb);
+    let (rows, vstep) = (b.r(), b.rd());
+    b.op(format!("mul.lo.s32 {rows}, {}, {slots}", c.kvd));
+    b.op(format!("mul.wide.s32 {vstep}, {rows}, {eb}"));
+    let (pp, pstep) = (b.r(), b.r());
+    b.op(format!("mad.lo.s32 {pp}, {slot}, 4, {}", c.p_base));
+    b.op(format!("shl.b32 {pstep}, {slots}, 2"));
+    let (i, span) = (b.r(), b.r());
+    b.op(format!("mov.u32 {i}, {slot}"));
+    b.op(format!("mul.lo.s32 {span}, {slots}, {}", c.unroll - 1));
+    let key = |b: &mut Body| {
+        let pval = b.f();
+        b.op(format!("ld.shared.f32 {pval}, [{pp}]"));
+        let words = load_vec_words(b, plan.v, &va);
+        b.op(format!("add.s32 {pp}, {pp}, {pstep}"));
+        b.op(format!("add.s64 {va}, {va}, {vstep}"));
+        (pval, words)
+    };
+    let fmas = |b: &mut Body, (pval, words): &(String, Vec<String>)| {
+        let vals = vec_values(b, plan.v, c.sm, words, "");
+        for (x, v) in acc.iter().zip(&vals) {
+            b.op(format!("fma.rn.f32 {x}, {pval}, {v}, {x}"));
+        }
+    };
+    let wide_top = b.label("pv_vec_keys");
+    let wide_end = b.label("pv_vec_keys_end");
+    b.place(&wide_top);
+    let (last, past) = (b.r(), b.pred());
+    b.op(format!("add.s32 {last}, {i}, {span}"));
+    b.op(format!("setp.ge.s32 {past}, {last}, {n}"));
+    b.op(format!("@{past} bra {wide_end}"));
+    let keys: Vec<_> = (0..c.unroll).map(|_| key(b)).collect();
+    for k in &keys {
+        fmas(b, k);
+    }
+    b.op(format!("add.s32 {i}, {last}, {slots}"));
+    b.op(format!("bra {wide_top}"));
+    b.place(&wide_end);
+    let one_top = b.label("pv_vec_key");
+    b.place(&one_top);
+    let pi = b.pred();
+    b.op(format!("setp.ge.s32 {pi}, {i}, {n}"));
+    b.op(format!("@{pi} bra {acc_done}"));
+    let k = key(b);
+    fmas(b, &k);
+    b.op(format!("add.s32 {i}, {i}, {slots}"));
+    b.op(format!("bra {one_top}"));
+    b.place(&acc_done);
+    b.comment("The slots' sums: red[slot*d + col*8 + e], then threads over d add them.");
+    let (ridx, ra) = (b.r(), b.r());
+    b.op(format!("mul.lo.s32 {ridx}, {slot}, {d}"));
+    b.op(format!("mad.lo.s32 {ridx}, {col}, {VEC}, {ridx}"));
+    let rbase = b.r();
+    b.op(format!("mov.u32 {rbase}, {}", c.red));
+    b.op(format!("mad.lo.s32 {ra}, {ridx}, 4, {rbase}"));
+    for q in 0..VEC / 4 {
+        let part = &acc[4 * q as usize..4 * q as usize + 4];
+        b.op(format!(
+            "@{active} st.shared.v4.f32 [{ra}+{}], {{{}}}",
+            16 * q,
+            part.join(", ")
+        ));
+    }
+    b.op("bar.sync 0");
+    let jj = b.r();
+    b.op(format!("mov.u32 {jj}, {tid}"));
+    let out_top = b.label("pv_vec_out");
+    b.place(&out_top);
+    let pj = b.pred();
+    b.op(format!("setp.ge.s32 {pj}, {jj}, {d}"));
+    b.op(format!("@{pj} bra {done}"));
+    let (o, s, sa) = (b.f(), b.r(), b.r());
+    b.op(format!("mov.f32 {o}, 0f00000000"));
+    b.op(format!("mov.u32 {s}, 0"));
+    b.op(format!("mad.lo.s32 {sa}, {jj}, 4, {rbase}"));
+    let sum_top = b.label("pv_vec_slot");
+    let sum_end = b.label("pv_vec_slot_end");
+    b.place(&sum_top);
+    let ps = b.pred();
+    b.op(format!("setp.ge.u32 {ps}, {s}, {slots}"));
+    b.op(format!("@{ps} bra {sum_end}"));
+    let t = b.f();
+    b.op(format!("ld.shared.f32 {t}, [{sa}]"));
+    b.op(format!("add.f32 {o}, {o}, {t}"));
+    b.op(format!("mad.lo.s32 {sa}, {d}, 4, {sa}"));
+    b.op(format!("add.s32 {s}, {s}, 1"));
+    b.op(format!("bra {sum_top}"));
+    b.place(&sum_end);
+    let oidx = b.r();
+    b.op(format!("add.s32 {oidx}, {}, {jj}", c.pod));
+    let oa = addr(b, c.part_o, &oidx, 4);
+    b.op(format!("st.global.f32 [{oa}], {o}"));
+    b.op(format!("add.s32 {jj}, {jj}, {wg}"));
+    b.op(format!("bra {out_top}"));
+}
+
+fn combine(plan: &AttentionPlan, warp: u32, sh: &CombineShared) -> Body {
+    let warps = plan.combine_launch[2].local;
     let mut b = Body::new();
     let a = Args::load(&mut b, &plan.combine_entry, &plan.combine_args);
     let [hq, d, splits] = ["hq", "d", "splits"].map(|n| a.get(n).to_string());
-    b.comment("Thread: element j of head `head`.");
-    let (tx, cx, head, j) = (b.r(), b.r(), b.r(), b.r());
+    b.comment(format!(
+        "Thread (x, z): element j of head `head`, splits z, z + {warps}, ..."
+    ));
+    let (tx, tz, cx, head, j) = (b.r(), b.r(), b.r(), b.r(), b.r());
     b.op(format!("mov.u32 {tx}, %tid.x"));
+    b.op(format!("mov.u32 {tz}, %tid.z"));
     b.op(format!("mov.u32 {cx}, %ctaid.x"));
     b.op(format!("mov.u32 {head}, %ctaid.y"));
     b.op(format!("mad.lo.s32 {j}, {cx}, {warp}, {tx}"));
-    let (pout, exit) = (b.pred(), b.label("exit"));
+    let pout = b.pred();
     b.op(format!("setp.ge.s32 {pout}, {j}, {d}"));
     b.op(format!("setp.ge.or.s32 {pout}, {head}, {hq}, {pout}"));
-    b.op(format!("@{pout} bra {exit}"));
-    let (big, t) = (b.f(), b.r());
+    b.comment("One pass: a running max M, and num, den rescaled when it rises.");
+    let (big, den, num, t) = (b.f(), b.f(), b.f(), b.r());
     b.op(format!("mov.f32 {big}, 0fFF800000"));
-    b.op(format!("mov.u32 {t}, 0"));
-    let max_top = b.label("max");
-    let max_end = b.label("max_end");
-    b.place(&max_top);
-    let pm = b.pred();
-    b.op(format!("setp.ge.s32 {pm}, {t}, {splits}"));
-    b.op(format!("@{pm} bra {max_end}"));
-    let part = b.r();
-    b.op(format!("mad.lo.s32 {part}, {t}, {hq}, {head}"));
-    let ma = addr(&mut b, a.get("part_m"), &part, 4);
-    let mv = b.f();
-    b.op(format!("ld.global.f32 {mv}, [{ma}]"));
-    b.op(format!("max.f32 {big}, {big}, {mv}"));
-    b.op(format!("add.s32 {t}, {t}, 1"));
-    b.op(format!("bra {max_top}"));
-    b.place(&max_end);
-    b.comment("Factors 2^((m_j - M)*log2 e): exactly 1 for splits that used the unified max.");
-    let (den, num) = (b.f(), b.f());
     b.op(format!("mov.f32 {den}, 0f00000000"));
     b.op(format!("mov.f32 {num}, 0f00000000"));
-    b.op(format!("mov.u32 {t}, 0"));
-    let sum_top = b.label("sum");
-    let sum_end = b.label("sum_end");
-    b.place(&sum_top);
+    b.op(format!("mov.u32 {t}, {tz}"));
+    let folded = b.label("folded");
+    // Threads past d or hq fold nothing but reach the barrier.
+    b.op(format!("@{pout} bra {folded}"));
+    // Split `at`'s m, l and o_j: three loads, issued before any is used.
+    let load = |b: &mut Body, at: &str| {
+        let part = b.r();
+        b.op(format!("mad.lo.s32 {part}, {at}, {hq}, {head}"));
+        let ma = addr(b, a.get("part_m"), &part, 4);
+        let la = addr(b, a.get("part_l"), &part, 4);
+        let oidx = b.r();
+        b.op(format!("mad.lo.s32 {oidx}, {part}, {d}, {j}"));
+        let oa = addr(b, a.get("part_o"), &oidx, 4);
+        let (mv, lv, ov) = (b.f(), b.f(), b.f());
+        b.op(format!("ld.global.f32 {mv}, [{ma}]"));
+        b.op(format!("ld.global.f32 {lv}, [{la}]"));
+        b.op(format!("ld.global.f32 {ov}, [{oa}]"));
+        (mv, lv, ov)
+    };
+    let log2e = f32_lit(std::f32::consts::LOG2_E);
+    // Fold (m, l, o) into (M, den, num): where m > M, den and num take
+    // 2^((M - m)·log2 e) and M = m; then both add 2^((m - M)·log2 e)·(l,
+    // o), a factor of exactly 1 for every split that used the unified max.
+    let fold = |b: &mut Body, mv: &str, lv: &str, ov: &str| {
+        let (rises, c, f) = (b.pred(), b.f(), b.f());
+        b.op(format!("setp.gt.f32 {rises}, {mv}, {big}"));
+        b.op(format!("sub.f32 {c}, {big}, {mv}"));
+        b.op(format!("mul.f32 {c}, {c}, {log2e}"));
+        b.op(format!("ex2.approx.ftz.f32 {c}, {c}"));
+        b.op(format!("@{rises} mul.f32 {num}, {num}, {c}"));
+        b.op(format!("@{rises} mul.f32 {den}, {den}, {c}"));
+        b.op(format!("@{rises} mov.f32 {big}, {mv}"));
+        b.op(format!("sub.f32 {f}, {mv}, {big}"));
+        b.op(format!("mul.f32 {f}, {f}, {log2e}"));
+        b.op(format!("ex2.approx.ftz.f32 {f}, {f}"));
+        b.op(format!("fma.rn.f32 {den}, {f}, {lv}, {den}"));
+        b.op(format!("fma.rn.f32 {num}, {f}, {ov}, {num}"));
+    };
+    // COMBINE_UNROLL splits per trip, every load issued first (a loop of
+    // one split per trip waited an L2 round trip per split), then single
+    // splits.
+    let wide_top = b.label("splits_wide");
+    let wide_end = b.label("splits_wide_end");
+    b.place(&wide_top);
+    let (last, past) = (b.r(), b.pred());
+    b.op(format!(
+        "add.s32 {last}, {t}, {}",
+        (COMBINE_UNROLL - 1) * warps
+    ));
+    b.op(format!("setp.ge.s32 {past}, {last}, {splits}"));
+    b.op(format!("@{past} bra {wide_end}"));
+    let mut loaded = Vec::new();
+    for u in 0..COMBINE_UNROLL {
+        let at = b.r();
+        b.op(format!("add.s32 {at}, {t}, {}", u * warps));
+        loaded.push(load(&mut b, &at));
+    }
+    for (mv, lv, ov) in &loaded {
+        fold(&mut b, mv, lv, ov);
+    }
+    b.op(format!("add.s32 {t}, {t}, {}", COMBINE_UNROLL * warps));
+    b.op(format!("bra {wide_top}"));
+    b.place(&wide_end);
+    let one_top = b.label("split");
+    b.place(&one_top);
     let ps = b.pred();
     b.op(format!("setp.ge.s32 {ps}, {t}, {splits}"));
-    b.op(format!("@{ps} bra {sum_end}"));
-    let part2 = b.r();
-    b.op(format!("mad.lo.s32 {part2}, {t}, {hq}, {head}"));
-    let ma2 = addr(&mut b, a.get("part_m"), &part2, 4);
-    let la = addr(&mut b, a.get("part_l"), &part2, 4);
-    let oidx = b.r();
-    b.op(format!("mad.lo.s32 {oidx}, {part2}, {d}, {j}"));
-    let oa = addr(&mut b, a.get("part_o"), &oidx, 4);
-    let (f, lv, ov) = (b.f(), b.f(), b.f());
-    b.op(format!("ld.global.f32 {f}, [{ma2}]"));
-    b.op(format!("ld.global.f32 {lv}, [{la}]"));
-    b.op(format!("ld.global.f32 {ov}, [{oa}]"));
-    b.op(format!("sub.f32 {f}, {f}, {big}"));
-    b.op(format!(
-        "mul.f32 {f}, {f}, {}",
-        f32_lit(std::f32::consts::LOG2_E)
-    ));
-    b.op(format!("ex2.approx.ftz.f32 {f}, {f}"));
-    b.op(format!("fma.rn.f32 {den}, {f}, {lv}, {den}"));
-    b.op(format!("fma.rn.f32 {num}, {f}, {ov}, {num}"));
-    b.op(format!("add.s32 {t}, {t}, 1"));
-    b.op(format!("bra {sum_top}"));
-    b.place(&sum_end);
+    b.op(format!("@{ps} bra {folded}"));
+    let (mv, lv, ov) = load(&mut b, &t);
+    fold(&mut b, &mv, &lv, &ov);
+    b.op(format!("add.s32 {t}, {t}, {warps}"));
+    b.op(format!("bra {one_top}"));
+    b.place(&folded);
+    let exit = b.label("exit");
+    if warps > 1 {
+        b.comment("The warps' (M, den, num) meet in shared memory; warp 0 folds them.");
+        let slot = b.r();
+        b.op(format!("mad.lo.s32 {slot}, {tz}, {warp}, {tx}"));
+        let [sm_, sl, so] = [&sh.m, &sh.l, &sh.o].map(|name| {
+            let (base, at) = (b.r(), b.r());
+            b.op(format!("mov.u32 {base}, {name}"));
+            b.op(format!("mad.lo.s32 {at}, {slot}, 4, {base}"));
+            at
+        });
+        b.op(format!("st.shared.f32 [{sm_}], {big}"));
+        b.op(format!("st.shared.f32 [{sl}], {den}"));
+        b.op(format!("st.shared.f32 [{so}], {num}"));
+        b.op("bar.sync 0");
+        let lead = b.pred();
+        b.op(format!("setp.ne.u32 {lead}, {tz}, 0"));
+        b.op(format!("@{lead} bra {exit}"));
+        b.op(format!("@{pout} bra {exit}"));
+        for w in 1..warps {
+            let off = 4 * w * warp;
+            let (mv, lv, ov) = (b.f(), b.f(), b.f());
+            b.op(format!("ld.shared.f32 {mv}, [{sm_}+{off}]"));
+            b.op(format!("ld.shared.f32 {lv}, [{sl}+{off}]"));
+            b.op(format!("ld.shared.f32 {ov}, [{so}+{off}]"));
+            fold(&mut b, &mv, &lv, &ov);
+        }
+    } else {
+        b.op(format!("@{pout} bra {exit}"));
+    }
     let r = b.f();
     b.op(format!("div.rn.f32 {r}, {num}, {den}"));
     let hv = b.h();

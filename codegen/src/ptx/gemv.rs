@@ -43,6 +43,18 @@ pub fn warp_lanes(g: &GemvPlan, warp: u32) -> u32 {
 
 /// The program text.
 pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
+    print_at(plan, g, sm, header, sm.caps().registers)
+}
+
+/// [`print`] under a register limit of `max_registers` (`.maxnreg`) in
+/// place of the target's (for measuring occupancy against spills).
+pub fn print_at(
+    plan: &MatmulPlan,
+    g: &GemvPlan,
+    sm: Sm,
+    header: &str,
+    max_registers: u32,
+) -> String {
     let warp = sm.caps().gpu.map_or(32, |c| c.warp_width);
     let wt = &plan.weights;
     let epl = wt.elems_per_load;
@@ -217,7 +229,7 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
         &plan.args,
         Limits {
             reqntid: [g.wg_h, g.k_lanes, 1],
-            maxnreg: sm.caps().registers,
+            maxnreg: max_registers,
         },
         &decls,
         b,
@@ -242,18 +254,10 @@ fn load_weights(
     guard: Option<&str>,
 ) -> ChannelWeights {
     let wt = &plan.weights;
-    let (epl, cpb) = (wt.elems_per_load, wt.chunks_per_block);
+    let epl = wt.elems_per_load;
     let h = a.get("h").to_string();
     let pred = guard.map_or(String::new(), |p| format!("@!{p} "));
-    // Chunk index ((c / cpb)·h + hi)·cpb + c % cpb, 16 bytes each.
-    let (blk, sub, idx) = (b.r(), b.r(), b.r());
-    b.op(format!("shr.u32 {blk}, {c}, {}", cpb.ilog2()));
-    b.op(format!("and.b32 {sub}, {c}, {}", cpb - 1));
-    b.op(format!("mad.lo.s32 {idx}, {blk}, {h}, {hi}"));
-    b.op(format!("mad.lo.s32 {idx}, {idx}, {cpb}, {sub}"));
-    let (woff, waddr) = (b.rd(), b.rd());
-    b.op(format!("mul.wide.u32 {woff}, {idx}, 16"));
-    b.op(format!("add.s64 {waddr}, {}, {woff}", a.get("w")));
+    let waddr = chunk_addr(b, a, plan, c, hi);
     let words: Vec<String> = (0..4).map(|_| b.r()).collect();
     b.comment("One 128-bit load of weight codes.");
     if guard.is_some() {
@@ -297,6 +301,21 @@ fn load_weights(
         (scale, offset)
     });
     ChannelWeights { words, params }
+}
+
+/// The address of output channel `hi`'s 16-byte chunk `c`: chunk index
+/// `((c / cpb)·h + hi)·cpb + c % cpb`.
+fn chunk_addr(b: &mut Body, a: &Args, plan: &MatmulPlan, c: &str, hi: &str) -> String {
+    let cpb = plan.weights.chunks_per_block;
+    let (blk, sub, idx) = (b.r(), b.r(), b.r());
+    b.op(format!("shr.u32 {blk}, {c}, {}", cpb.ilog2()));
+    b.op(format!("and.b32 {sub}, {c}, {}", cpb - 1));
+    b.op(format!("mad.lo.s32 {idx}, {blk}, {}, {hi}", a.get("h")));
+    b.op(format!("mad.lo.s32 {idx}, {idx}, {cpb}, {sub}"));
+    let (woff, waddr) = (b.rd(), b.rd());
+    b.op(format!("mul.wide.u32 {woff}, {idx}, 16"));
+    b.op(format!("add.s64 {waddr}, {}, {woff}", a.get("w")));
+    waddr
 }
 
 /// Issue the loads of chunk `c`'s activations: `epl` halves from `row`

@@ -296,11 +296,11 @@ struct Thread {
     regs: Vec<u64>,
     state: State,
     tid: [u32; 3],
-    /// `cp.async` copies not yet committed: (shared offset, 16 bytes).
-    uncommitted: Vec<(usize, [u8; 16])>,
+    /// `cp.async` copies not yet committed: (shared offset, bytes).
+    uncommitted: Vec<(usize, Vec<u8>)>,
     /// Committed groups, oldest first; they land in shared memory only at
     /// a `cp.async.wait_*` that covers them (so a missing wait is caught).
-    groups: Vec<Vec<(usize, [u8; 16])>>,
+    groups: Vec<Vec<(usize, Vec<u8>)>>,
 }
 
 /// Runs `entry` over `grid` blocks of `block` threads.
@@ -638,6 +638,7 @@ fn step(
             Opnd::Sym(s) => match s.as_str() {
                 "%tid.x" => u64::from(t.tid[0]),
                 "%tid.y" => u64::from(t.tid[1]),
+                "%tid.z" => u64::from(t.tid[2]),
                 "%ctaid.x" => u64::from(ctaid[0]),
                 "%ctaid.y" => u64::from(ctaid[1]),
                 "%ctaid.z" => u64::from(ctaid[2]),
@@ -765,15 +766,21 @@ fn step(
             }
             set(t, &a[0], v);
         }
-        "cp.async.cg.shared.global" => {
+        "cp.async.cg.shared.global" | "cp.async.ca.shared.global" => {
             let dst = addr(t, &a[0]) as usize;
             let src = addr(t, &a[1]);
-            let n = x(t, 3) as usize;
-            assert!(n <= 16 && x(t, 2) == 16, "cp.async of {n} bytes");
-            assert_eq!(dst % 16, 0, "cp.async destination misaligned");
-            let mut bytes = [0u8; 16];
+            let (size, n) = (x(t, 2) as usize, x(t, 3) as usize);
+            // .cg copies 16 bytes; .ca 4, 8 or 16.
+            let sizes: &[usize] = if op == "cp.async.cg.shared.global" {
+                &[16]
+            } else {
+                &[4, 8, 16]
+            };
+            assert!(sizes.contains(&size) && n <= size, "cp.async of {n} of {size} bytes");
+            assert_eq!(dst % size, 0, "cp.async destination misaligned");
+            let mut bytes = vec![0u8; size];
             if n > 0 {
-                assert_eq!(src % 16, 0, "cp.async source misaligned");
+                assert_eq!(src % size as u64, 0, "cp.async source misaligned");
                 bytes[..n].copy_from_slice(global(bufs, src, n.max(1)).get(..n).unwrap());
             }
             t.uncommitted.push((dst, bytes));
@@ -792,8 +799,9 @@ fn step(
             };
             while t.groups.len() > keep {
                 for (dst, bytes) in t.groups.remove(0) {
-                    assert!(dst + 16 <= shared.len(), "cp.async past shared memory");
-                    shared[dst..dst + 16].copy_from_slice(&bytes);
+                    let end = dst + bytes.len();
+                    assert!(end <= shared.len(), "cp.async past shared memory");
+                    shared[dst..end].copy_from_slice(&bytes);
                 }
             }
         }
@@ -819,6 +827,11 @@ fn step(
             set(t, &a[0], su(field));
         }
         "and.b32" => set(t, &a[0], (x(t, 1) & x(t, 2)) & 0xFFFF_FFFF),
+        "sub.u32" => set(t, &a[0], u64::from((x(t, 1) as u32).wrapping_sub(x(t, 2) as u32))),
+        "clz.b32" => set(t, &a[0], u64::from((x(t, 1) as u32).leading_zeros())),
+        "and.pred" => set(t, &a[0], u64::from(x(t, 1) != 0 && x(t, 2) != 0)),
+        "not.pred" => set(t, &a[0], u64::from(x(t, 1) == 0)),
+        "mov.pred" => set(t, &a[0], u64::from(x(t, 1) != 0)),
         "or.b32" => set(t, &a[0], (x(t, 1) | x(t, 2)) & 0xFFFF_FFFF),
         "xor.b32" => set(t, &a[0], (x(t, 1) ^ x(t, 2)) & 0xFFFF_FFFF),
         "shl.b16" => set(t, &a[0], (x(t, 1) << x(t, 2)) & 0xFFFF),
