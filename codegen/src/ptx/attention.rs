@@ -1,38 +1,46 @@
-//! Decode attention as PTX for an [`AttentionPlan`]: the OpenCL kernel's
-//! mapping (FlashDecoding++ section 3), printed with warp instructions.
+//! Decode attention as PTX for an [`AttentionPlan`] (FlashDecoding++
+//! section 3: split-K with the unified-max softmax), printed with warp
+//! instructions.
 //!
 //! # Partial kernel (`<name>_partial`)
 //!
-//! Grid `(splits, kv_heads)`, block `wg` threads (the plan's). Block
-//! `(split, g)` owns keys `s0 = split·keys_per_split .. s0 + n` of KV head
-//! `g` and serves every query head of its GQA group in turn. Per head:
+//! Grid `(splits, kv_heads)`, block `wg` threads (the plan's: 128 threads,
+//! 256 keys per split). Block `(split, g)` owns keys `s0 =
+//! split·keys_per_split .. s0 + n` of KV head `g` and serves every query
+//! head of its GQA group in turn. Per head:
 //!
-//! 1. thread `tid` scores keys `tid, tid + wg, ...`: Q·K over `d` in fp32
-//!    (`fma.rn.f32`), 8 elements per step from 128-bit loads of q and of f16
-//!    keys (64-bit loads of byte keys) when rows are 16-byte aligned
-//!    (`d % 8 == 0`), element by element otherwise and at the tail. The
-//!    score goes to shared `p[i]`; the thread keeps its max and whether a
-//!    score left `[phi + lo, phi + hi]` (or is NaN).
-//! 2. the block agrees on the verdict: `shfl.sync.bfly` max and
+//! 1. Scores, in fp32 (`fma.rn.f32`). Where rows are whole 8-element
+//!    vectors one warp covers (`d % 8 == 0`, `d <= 256`), a key row per
+//!    group of `T` lanes (`T` the power of two at or above `d / 8`): lane
+//!    `c` holds q's vector `c` in registers and reads vector `c` of each
+//!    key, a warp reads whole rows, and the group's partial dots meet by
+//!    `shfl.sync.bfly`. A trip's keys are copied to shared memory with
+//!    `cp.async` and read back after one wait: as plain loads, ptxas sank
+//!    each next to its use and kept one in flight (45–57% of the H200's
+//!    read bandwidth; 67–94% staged). Otherwise a key per thread, element
+//!    by element. The score goes to shared `p[i]`; every thread keeps its
+//!    max and whether a score left `[phi + lo, phi + hi]` (or is NaN).
+//! 2. The block agrees on the verdict: `shfl.sync.bfly` max and
 //!    `vote.sync.any` within each warp, the warps' results through shared
 //!    memory. In range (the common case) `m = phi`, the unified max: no
 //!    split waits on another. Otherwise the split recomputes with its own
 //!    max `m` (the synchronized scheme).
 //! 3. `p[i] = 2^((x − m)·log2 e)` (`ex2.approx`, the exponent prescaled by
 //!    log2 e), and `Σ p` by shuffles and shared memory.
-//! 4. thread `tid` accumulates `o[j] = Σ_i p[i]·v[i][j]` for `j = tid, tid +
-//!    wg, ...` (consecutive threads read consecutive elements of a value
-//!    row), and thread 0 writes the split's `m`, `Σ p` and recompute flag.
-//!
-//! The score loop takes 4 vector steps and the P·V loop 8 keys per trip,
-//! each trip one straight block whose loads are all issued before the
-//! first FMA needs one (one step per trip waited a memory round trip per
-//! step: 33–35% of the H200's read bandwidth).
+//! 4. `o[j] = Σ_i p[i]·v[i][j]`: where rows are whole vectors and `d <=
+//!    8·wg`, thread `tid` takes column vector `tid % (d/8)` (a 16-byte load
+//!    of 8 f16 values) of keys `slot, slot + slots, ...` ([`Depth`] keys per
+//!    trip, loads first) and the slots' sums meet in shared memory;
+//!    otherwise threads over `j`, a value per load. Thread 0 writes the
+//!    split's `m`, `Σ p` and recompute flag.
 //!
 //! # Combine kernel (`<name>_combine`)
 //!
-//! Grid `(ceil(d / 32), heads)`, one warp per block: `M = max_j m_j`, `o =
-//! Σ_j 2^((m_j − M)·log2 e)·o_j / Σ_j 2^((m_j − M)·log2 e)·l_j`, rounded to
+//! Grid `(ceil(d / 32), heads)`, block `(32, 1, Z)`: thread `(x, z)` folds
+//! splits `z, z + Z, ...` of element `j` in one pass (a running max `M`,
+//! and `num`, `den` rescaled when it rises, 8 splits per trip with their
+//! loads first), then warp 0 folds the `Z` warps' results: `o = Σ_j
+//! 2^((m_j − M)·log2 e)·o_j / Σ_j 2^((m_j − M)·log2 e)·l_j`, rounded to
 //! f16. With unified maxima every factor is exactly 1.
 //!
 //! # Cache formats, dequantized in registers
@@ -80,7 +88,7 @@ pub struct Depth {
 }
 
 impl Depth {
-    /// The depth [`print`] emits.
+    /// The depth [`print()`] emits.
     /// (H200, `cuda_bench attention-plans`: 16 value keys a trip took
     /// ctx 4096 from 23.3 to 22.3 µs and 32768 from 133.2 to 129.9 µs; 16
     /// score steps did less.)
@@ -123,7 +131,7 @@ pub fn print(plan: &AttentionPlan, sm: Sm, header: &str) -> Result<String, EmitE
     print_at(plan, sm, header, Depth::DEFAULT, register_budget(sm))
 }
 
-/// [`print`] at another [`Depth`] and register limit (`.maxnreg`), for
+/// [`print()`] at another [`Depth`] and register limit (`.maxnreg`), for
 /// measuring one against another.
 pub fn print_at(
     plan: &AttentionPlan,

@@ -46,7 +46,7 @@ pub fn print(plan: &MatmulPlan, g: &GemvPlan, sm: Sm, header: &str) -> String {
     print_at(plan, g, sm, header, sm.caps().registers)
 }
 
-/// [`print`] under a register limit of `max_registers` (`.maxnreg`) in
+/// [`print()`] under a register limit of `max_registers` (`.maxnreg`) in
 /// place of the target's (for measuring occupancy against spills).
 pub fn print_at(
     plan: &MatmulPlan,
