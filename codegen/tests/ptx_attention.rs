@@ -519,14 +519,7 @@ struct Both {
 type Cache = (Value, Vec<u8>, Vec<f32>, Vec<f32>);
 
 /// Runs the interpreter and the simulated PTX on the same inputs.
-fn run_both(
-    kernel: &Kernel,
-    sm: Sm,
-    dims: [usize; 4],
-    q: &[f16],
-    kc: Cache,
-    vc: Cache,
-) -> Both {
+fn run_both(kernel: &Kernel, sm: Sm, dims: [usize; 4], q: &[f16], kc: Cache, vc: Cache) -> Both {
     run_both_at(kernel, sm, dims, q, kc, vc, Depth::DEFAULT)
 }
 
@@ -558,8 +551,7 @@ fn run_both_at(
     let prog = PtxBackend::new(sm).attention_program(kernel).unwrap();
     let plan = &prog.plan;
     let budget = tessera_codegen::ptx::attention::register_budget(sm);
-    let text =
-        tessera_codegen::ptx::attention::print_at(plan, sm, "depth", depth, budget).unwrap();
+    let text = tessera_codegen::ptx::attention::print_at(plan, sm, "depth", depth, budget).unwrap();
     let module = Module::parse(&text);
     let splits = s.div_ceil(plan.keys_per_split as usize);
     // Exactly sized buffers: the simulator fails any access past them.
@@ -696,7 +688,10 @@ fn simulated_depths_match_the_interpreter() {
             let r = run_both_at(&k, Sm::Sm90, [hq, kvh, d, s], &q, kc, vc, depth);
             for (i, (&g, &w)) in r.got.iter().zip(&r.want).enumerate() {
                 let tol = 4e-3 * w.abs() + 2e-3;
-                assert!((g - w).abs() <= tol, "{name} {depth:?} at {i}: got {g} want {w}");
+                assert!(
+                    (g - w).abs() <= tol,
+                    "{name} {depth:?} at {i}: got {g} want {w}"
+                );
             }
         }
     }

@@ -429,7 +429,9 @@ fn sweep_gemv_plans(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Resul
         for _ in 1..copies {
             layers.push(layers[0].duplicate_cuda()?);
         }
-        let bits: Vec<u16> = (0..k).map(|_| f16::from_f32(rng.next()).to_bits()).collect();
+        let bits: Vec<u16> = (0..k)
+            .map(|_| f16::from_f32(rng.next()).to_bits())
+            .collect();
         let x: CudaSlice<u16> = stream.clone_htod(&bits)?;
         let (mm, _) = layers[0].cuda_parts(Variant::Gemv).ok_or("no CUDA GEMV")?;
         let base = mm.plan().clone();
@@ -483,8 +485,17 @@ fn sweep_gemv_plans(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Resul
                 }
             }
             let (us, graph) = time_calls(stream, |i| {
-                let (_, w) = layers[i % copies].cuda_parts(Variant::Gemv).ok_or("no CUDA GEMV")?;
-                Ok(matmul_launch(stream, &mm, w, &x, 1, out(half, &mut yh, &mut yf))?)
+                let (_, w) = layers[i % copies]
+                    .cuda_parts(Variant::Gemv)
+                    .ok_or("no CUDA GEMV")?;
+                Ok(matmul_launch(
+                    stream,
+                    &mm,
+                    w,
+                    &x,
+                    1,
+                    out(half, &mut yh, &mut yf),
+                )?)
             })?;
             let (_, w) = layers[0].cuda_parts(Variant::Gemv).ok_or("no CUDA GEMV")?;
             matmul_launch(stream, &mm, w, &x, 1, out(half, &mut yh, &mut yf))?;

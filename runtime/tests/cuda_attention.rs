@@ -103,18 +103,8 @@ fn check(dev: &CudaDevice, kernel: &Kernel, sh: &Shape, c: &Case) -> (usize, usi
     let out = run(kernel, &b).unwrap();
     let want = out.get("o").unwrap().to_vec();
     let prog = program(dev.sm(), kernel);
-    let got = run_attention(
-        dev,
-        &prog,
-        &c.q,
-        &c.k,
-        &c.v,
-        hq,
-        kvh,
-        d,
-        s,
-    )
-    .unwrap_or_else(|e| panic!("{} hq={hq} kvh={kvh} d={d} s={s}: {e}", kernel.name));
+    let got = run_attention(dev, &prog, &c.q, &c.k, &c.v, hq, kvh, d, s)
+        .unwrap_or_else(|e| panic!("{} hq={hq} kvh={kvh} d={d} s={s}: {e}", kernel.name));
     assert_eq!(got.splits, s.div_ceil(prog.plan.keys_per_split as usize));
     assert_eq!(got.o.len(), want.len());
     for (i, (&g, &w)) in got.o.iter().zip(&want).enumerate() {
@@ -158,7 +148,10 @@ fn inputs_are_checked_before_the_device() {
     let good = case(&kv8, &sh, 0.1, 1.0, &mut rng);
     let p8 = program(Sm::Sm80, &kv8);
     let ok = check_attention(&p8, &good.q, &good.k, &good.v, 4, 2, 40, 130).unwrap();
-    assert_eq!(ok.splits, 130usize.div_ceil(p8.plan.keys_per_split as usize));
+    assert_eq!(
+        ok.splits,
+        130usize.div_ceil(p8.plan.keys_per_split as usize)
+    );
     // int8 keys carry one scale and offset per cached row; fp8 values none.
     assert_eq!(ok.k.codes.len(), 130 * 2 * 40);
     assert_eq!((ok.k.scales.len(), ok.k.offsets.len()), (260, 260));

@@ -878,7 +878,11 @@ fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
     let int8_keys = plan.k == KvFormat::I8AsymRow;
     let (d, n) = (c.d, c.n);
     let ok = b.pred();
-    b.op(format!("setp.le.and.s32 {ok}, {d}, {}, {}", VEC * warp, c.aligned));
+    b.op(format!(
+        "setp.le.and.s32 {ok}, {d}, {}, {}",
+        VEC * warp,
+        c.aligned
+    ));
     b.op(format!("setp.ge.and.s32 {ok}, {d}, {VEC}, {ok}"));
     b.op(format!("@!{ok} bra {scalar}"));
     b.comment("Vector scores: T = 2^ceil(log2(d/8)) lanes per key row.");
@@ -1193,7 +1197,11 @@ fn vector_pv(b: &mut Body, c: &VectorPv<'_>, scalar: &str, done: &str) {
     let (wg, eb) = (plan.wg, elem_bytes(plan.v));
     let (tid, d, n) = (c.tid, c.d, c.n);
     let ok = b.pred();
-    b.op(format!("setp.le.and.s32 {ok}, {d}, {}, {}", VEC * wg, c.aligned));
+    b.op(format!(
+        "setp.le.and.s32 {ok}, {d}, {}, {}",
+        VEC * wg,
+        c.aligned
+    ));
     b.op(format!("setp.ge.and.s32 {ok}, {d}, {VEC}, {ok}"));
     b.op(format!("@!{ok} bra {scalar}"));
     b.comment("Vector P*V: column vector tid % cols of keys slot, slot + slots, ...");

@@ -776,7 +776,10 @@ fn step(
             } else {
                 &[4, 8, 16]
             };
-            assert!(sizes.contains(&size) && n <= size, "cp.async of {n} of {size} bytes");
+            assert!(
+                sizes.contains(&size) && n <= size,
+                "cp.async of {n} of {size} bytes"
+            );
             assert_eq!(dst % size, 0, "cp.async destination misaligned");
             let mut bytes = vec![0u8; size];
             if n > 0 {
@@ -827,7 +830,11 @@ fn step(
             set(t, &a[0], su(field));
         }
         "and.b32" => set(t, &a[0], (x(t, 1) & x(t, 2)) & 0xFFFF_FFFF),
-        "sub.u32" => set(t, &a[0], u64::from((x(t, 1) as u32).wrapping_sub(x(t, 2) as u32))),
+        "sub.u32" => set(
+            t,
+            &a[0],
+            u64::from((x(t, 1) as u32).wrapping_sub(x(t, 2) as u32)),
+        ),
         "clz.b32" => set(t, &a[0], u64::from((x(t, 1) as u32).leading_zeros())),
         "and.pred" => set(t, &a[0], u64::from(x(t, 1) != 0 && x(t, 2) != 0)),
         "not.pred" => set(t, &a[0], u64::from(x(t, 1) == 0)),
