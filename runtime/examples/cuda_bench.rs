@@ -36,7 +36,7 @@ use tessera_runtime::cuda::{
     AttentionScratch, CudaAttention, CudaDevice, CudaKvCache, CudaMatmul, CudaOut,
     attention_launch, matmul_launch,
 };
-use tessera_runtime::gpu_kv::{elem_bytes, encode, gpu_formats};
+use tessera_runtime::gpu_kv::{Encoded, elem_bytes, encode, gpu_formats};
 use tessera_runtime::{Backend, Device, DeviceOptions, KvFormat, Linear, WeightFormat, Weights};
 
 type Failure = Box<dyn std::error::Error>;
@@ -247,18 +247,93 @@ fn profile_once(device: &Arc<Device>, cuda: &CudaDevice) -> Result<(), Failure> 
     Ok(())
 }
 
-fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
-    let stream = cuda.stream();
-    let (hq, kvh, d) = (32usize, 32usize, 128usize);
-    let mut rng = Lcg(11);
-    // One block of tokens, encoded once and written repeatedly.
-    let block = 1024;
-    let kd: Vec<f32> = (0..block * kvh * d).map(|_| rng.next() * 1.5).collect();
-    let vd: Vec<f32> = (0..block * kvh * d).map(|_| rng.next() * 2.0).collect();
-    let q: Vec<u16> = (0..hq * d)
+/// The timed attention's query heads, KV heads and head dimension (Llama2-7B).
+const HQ: usize = 32;
+const KVH: usize = 32;
+const HEAD_DIM: usize = 128;
+/// Tokens of one block of K and V rows, encoded once and written repeatedly.
+const BLOCK: usize = 1024;
+
+/// One block of random K and V rows (f32), and a query on the device.
+type AttentionInputs = (Vec<f32>, Vec<f32>, CudaSlice<u16>);
+
+fn attention_inputs(stream: &Arc<CudaStream>, seed: u64) -> Result<AttentionInputs, Failure> {
+    let mut rng = Lcg(seed);
+    let rows = BLOCK * KVH * HEAD_DIM;
+    let kd: Vec<f32> = (0..rows).map(|_| rng.next() * 1.5).collect();
+    let vd: Vec<f32> = (0..rows).map(|_| rng.next() * 2.0).collect();
+    let q: Vec<u16> = (0..HQ * HEAD_DIM)
         .map(|_| f16::from_f32(rng.next() * 0.09).to_bits())
         .collect();
-    let qb = stream.clone_htod(&q)?;
+    Ok((kd, vd, stream.clone_htod(&q)?))
+}
+
+/// The largest difference of `got` from the first output of a sweep (kept
+/// in `reference`; 0 for the first itself).
+fn against_first(reference: &mut Option<Vec<f32>>, got: Vec<f32>) -> f32 {
+    match reference {
+        None => {
+            *reference = Some(got);
+            0.0
+        }
+        Some(r) => r
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max),
+    }
+}
+
+/// `copies` caches of `s` tokens of `kvh` heads of `d`, each filled with
+/// the encoded `block` rows over and over.
+fn filled_caches(
+    cuda: &CudaDevice,
+    (kf, vf): (GpuKv, GpuKv),
+    (kvh, d, s): (usize, usize, usize),
+    copies: usize,
+    (ke, ve): (&Encoded, &Encoded),
+    block: usize,
+) -> Result<Vec<CudaKvCache>, Failure> {
+    let mut caches = Vec::with_capacity(copies);
+    for _ in 0..copies {
+        let mut c = CudaKvCache::new(cuda, kf, vf, kvh, d, s)?;
+        for at in (0..s).step_by(block) {
+            c.write(cuda, at, block.min(s - at), ke.rows(), ve.rows())?;
+        }
+        caches.push(c);
+    }
+    Ok(caches)
+}
+
+/// [`time_calls`] of `att` over each of `caches` in turn (all of one length).
+fn time_attention(
+    stream: &Arc<CudaStream>,
+    att: &CudaAttention,
+    q: &CudaSlice<u16>,
+    caches: &[CudaKvCache],
+    hq: usize,
+    scratch: &mut AttentionScratch,
+    o: &mut CudaSlice<u16>,
+) -> Result<(f64, bool), Failure> {
+    let s = caches.first().map_or(0, CudaKvCache::capacity);
+    time_calls(stream, |i| {
+        Ok(attention_launch(
+            stream,
+            att,
+            q,
+            &caches[i % caches.len()],
+            s,
+            hq,
+            scratch,
+            o,
+        )?)
+    })
+}
+
+fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
+    let stream = cuda.stream();
+    let (hq, kvh, d, block) = (HQ, KVH, HEAD_DIM, BLOCK);
+    let (kd, vd, qb) = attention_inputs(stream, 11)?;
     let mut ob = stream.alloc_zeros::<u16>(hq * d)?;
     for (format, name) in [(KvFormat::F16, "f16"), (KvFormat::Kv8, "kv8")] {
         let program = cuda
@@ -276,27 +351,10 @@ fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
                     0
                 };
             let copies = copies_for(kv_bytes, l2);
-            let mut caches = Vec::with_capacity(copies);
-            for _ in 0..copies {
-                let mut c = CudaKvCache::new(cuda, kf, vf, kvh, d, s)?;
-                for at in (0..s).step_by(block) {
-                    c.write(cuda, at, block.min(s - at), ke.rows(), ve.rows())?;
-                }
-                caches.push(c);
-            }
+            let caches = filled_caches(cuda, (kf, vf), (kvh, d, s), copies, (&ke, &ve), block)?;
             let mut scratch = AttentionScratch::new(cuda, &att, s, hq, d)?;
-            let (us, graph) = time_calls(stream, |i| {
-                Ok(attention_launch(
-                    stream,
-                    &att,
-                    &qb,
-                    &caches[i % copies],
-                    s,
-                    hq,
-                    &mut scratch,
-                    &mut ob,
-                )?)
-            })?;
+            let (us, graph) =
+                time_attention(stream, &att, &qb, &caches, hq, &mut scratch, &mut ob)?;
             eprintln!("attention {name} ctx {s}: {us:.1} us over {copies} caches");
             println!(
                 "{{\"kind\":\"attention\",\"impl\":\"tessera-ptx\",\"kv\":\"{name}\",\"ctx\":{s},\"hq\":{hq},\"kvh\":{kvh},\"d\":{d},\"us\":{us:.3},\"kv_bytes\":{kv_bytes},\"copies\":{copies},\"graph\":{graph}}}"
@@ -314,15 +372,8 @@ fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
 /// (`ncu ... cuda_bench profile-attention`).
 fn sweep_attention_plans(cuda: &CudaDevice, l2: usize, profile: bool) -> Result<(), Failure> {
     let stream = cuda.stream();
-    let (hq, kvh, d) = (32usize, 32usize, 128usize);
-    let mut rng = Lcg(13);
-    let block = 1024;
-    let kd: Vec<f32> = (0..block * kvh * d).map(|_| rng.next() * 1.5).collect();
-    let vd: Vec<f32> = (0..block * kvh * d).map(|_| rng.next() * 2.0).collect();
-    let q: Vec<u16> = (0..hq * d)
-        .map(|_| f16::from_f32(rng.next() * 0.09).to_bits())
-        .collect();
-    let qb = stream.clone_htod(&q)?;
+    let (hq, kvh, d, block) = (HQ, KVH, HEAD_DIM, BLOCK);
+    let (kd, vd, qb) = attention_inputs(stream, 13)?;
     let format = KvFormat::F16;
     let base = cuda
         .backend()
@@ -352,15 +403,8 @@ fn sweep_attention_plans(cuda: &CudaDevice, l2: usize, profile: bool) -> Result<
     for &s in contexts {
         let kv_bytes = s * kvh * d * (elem_bytes(kf) + elem_bytes(vf));
         let copies = copies_for(kv_bytes, l2);
-        let mut caches = Vec::with_capacity(copies);
-        for _ in 0..copies {
-            let mut c = CudaKvCache::new(cuda, kf, vf, kvh, d, s)?;
-            for at in (0..s).step_by(block) {
-                c.write(cuda, at, block.min(s - at), ke.rows(), ve.rows())?;
-            }
-            caches.push(c);
-        }
-        let mut reference: Option<Vec<u16>> = None;
+        let caches = filled_caches(cuda, (kf, vf), (kvh, d, s), copies, (&ke, &ve), block)?;
+        let mut reference: Option<Vec<f32>> = None;
         for &(wg, kps, cw, (depth, registers)) in variants {
             let mut p = plan.clone();
             p.wg = wg;
@@ -377,31 +421,15 @@ fn sweep_attention_plans(cuda: &CudaDevice, l2: usize, profile: bool) -> Result<
                 stream.synchronize()?;
                 return Ok(());
             }
-            let (us, graph) = time_calls(stream, |i| {
-                Ok(attention_launch(
-                    stream,
-                    &att,
-                    &qb,
-                    &caches[i % copies],
-                    s,
-                    hq,
-                    &mut scratch,
-                    &mut ob,
-                )?)
-            })?;
+            let (us, graph) =
+                time_attention(stream, &att, &qb, &caches, hq, &mut scratch, &mut ob)?;
             attention_launch(stream, &att, &qb, &caches[0], s, hq, &mut scratch, &mut ob)?;
-            let got = stream.clone_dtoh(&ob)?;
-            let worst = match &reference {
-                None => {
-                    reference = Some(got);
-                    0.0
-                }
-                Some(r) => r
-                    .iter()
-                    .zip(&got)
-                    .map(|(&a, &b)| (f16::from_bits(a).to_f32() - f16::from_bits(b).to_f32()).abs())
-                    .fold(0.0f32, f32::max),
-            };
+            let got: Vec<f32> = stream
+                .clone_dtoh(&ob)?
+                .into_iter()
+                .map(|b| f16::from_bits(b).to_f32())
+                .collect();
+            let worst = against_first(&mut reference, got);
             println!(
                 "{{\"kind\":\"attention-plan\",\"ctx\":{s},\"wg\":{wg},\"keys_per_split\":{kps},\"combine_warps\":{cw},\"score_unroll\":{},\"pv_unroll\":{},\"registers\":{registers},\"us\":{us:.3},\"gbps\":{:.0},\"max_diff\":{worst},\"graph\":{graph}}}",
                 depth.score,
@@ -508,17 +536,7 @@ fn sweep_gemv_plans(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Resul
             } else {
                 stream.clone_dtoh(&yf)?
             };
-            let worst = match &reference {
-                None => {
-                    reference = Some(got);
-                    0.0
-                }
-                Some(r) => r
-                    .iter()
-                    .zip(&got)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max),
-            };
+            let worst = against_first(&mut reference, got);
             println!(
                 "{{\"kind\":\"gemv-plan\",\"n\":{n},\"k\":{k},\"wg_h\":{wg_h},\"k_lanes\":{k_lanes},\"channels\":{channels},\"registers\":{registers},\"us\":{us:.3},\"gbps\":{:.0},\"max_diff\":{worst},\"graph\":{graph}}}",
                 bytes as f64 / us / 1e3

@@ -489,25 +489,29 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32, depth: Depth) -
     b.op(format!("mov.f32 {mx}, 0fFF800000"));
     b.op(format!("mov.u32 {out}, 0"));
 
+    let split_state = Split {
+        plan,
+        sm,
+        a: &a,
+        tid: &tid,
+        d: &d,
+        n: &n,
+        s0: &s0,
+        kvh: &kvh,
+        g: &g,
+        kvd: &kvd,
+        p_base: &p_base,
+        aligned: &aligned,
+    };
+
     // 1. Scores.
     let key_end = b.label("key_end");
     let scalar_scores = b.label("scores_scalar");
     vector_scores(
         &mut b,
         &VectorScores {
-            plan,
-            sm,
-            a: &a,
-            tid: &tid,
-            d: &d,
-            n: &n,
-            s0: &s0,
-            kvh: &kvh,
-            g: &g,
-            kvd: &kvd,
+            split: &split_state,
             qr: &qr,
-            p_base: &p_base,
-            aligned: &aligned,
             scale: scale.as_deref(),
             magic: &magic,
             mx: &mx,
@@ -732,21 +736,9 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32, depth: Depth) -
     vector_pv(
         &mut b,
         &VectorPv {
-            plan,
-            sm,
-            v: a.get("v"),
-            part_o: a.get("part_o"),
+            split: &split_state,
             red: &sh.red_pv,
-            tid: &tid,
-            d: &d,
-            n: &n,
-            s0: &s0,
-            kvh: &kvh,
-            g: &g,
-            kvd: &kvd,
             pod: &pod,
-            p_base: &p_base,
-            aligned: &aligned,
             unroll: depth.values,
         },
         &scalar_pv,
@@ -838,8 +830,8 @@ fn partial(plan: &AttentionPlan, sm: Sm, sh: &Shared, warp: u32, depth: Depth) -
 /// keys).
 type KeyLoad = (Vec<String>, Option<(String, String)>);
 
-/// What the vector scores read of the partial kernel's state.
-struct VectorScores<'a> {
+/// The split a partial block works on, as both vector loops read it.
+struct Split<'a> {
     plan: &'a AttentionPlan,
     sm: Sm,
     a: &'a Args,
@@ -849,10 +841,56 @@ struct VectorScores<'a> {
     s0: &'a str,
     kvh: &'a str,
     g: &'a str,
+    /// Elements from one token's row of head g to the next token's.
     kvd: &'a str,
-    qr: &'a str,
     p_base: &'a str,
+    /// Rows are 16-byte aligned (`d % 8 == 0`).
     aligned: &'a str,
+}
+
+impl Split<'_> {
+    /// Branch to `scalar` unless rows are whole 8-element vectors, at most
+    /// `max_cols` of them (`d % 8 == 0`, `8 <= d <= 8·max_cols`).
+    fn require_vectors(&self, b: &mut Body, max_cols: u32, scalar: &str) {
+        let ok = b.pred();
+        b.op(format!(
+            "setp.le.and.s32 {ok}, {}, {}, {}",
+            self.d,
+            VEC * max_cols,
+            self.aligned
+        ));
+        b.op(format!("setp.ge.and.s32 {ok}, {}, {VEC}, {ok}", self.d));
+        b.op(format!("@!{ok} bra {scalar}"));
+    }
+
+    /// For key `first` of the split: its cache row `(s0 + first)·kvh + g`,
+    /// a pointer into `base` (elements of `eb` bytes) at element `col`
+    /// of that row, and the byte step to key `first + keys`.
+    fn key_pointer(
+        &self,
+        b: &mut Body,
+        base: &str,
+        first: &str,
+        col: &str,
+        keys: &str,
+        eb: u32,
+    ) -> (String, String, String) {
+        let (row, idx) = (b.r(), b.r());
+        b.op(format!("add.s32 {row}, {}, {first}", self.s0));
+        b.op(format!("mad.lo.s32 {row}, {row}, {}, {}", self.kvh, self.g));
+        b.op(format!("mad.lo.s32 {idx}, {row}, {}, {col}", self.d));
+        let ptr = addr(b, base, &idx, eb);
+        let (rows, step) = (b.r(), b.rd());
+        b.op(format!("mul.lo.s32 {rows}, {}, {keys}", self.kvd));
+        b.op(format!("mul.wide.s32 {step}, {rows}, {eb}"));
+        (row, ptr, step)
+    }
+}
+
+/// What the vector scores read beyond the split.
+struct VectorScores<'a> {
+    split: &'a Split<'a>,
+    qr: &'a str,
     scale: Option<&'a str>,
     magic: &'a str,
     mx: &'a str,
@@ -873,18 +911,12 @@ struct VectorScores<'a> {
 /// (`G = wg / T` groups) in block-uniform trips, `unroll` steps with
 /// every load issued first, so all lanes reach every shuffle.
 fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
-    let plan = c.plan;
+    let sp = c.split;
+    let plan = sp.plan;
     let (wg, eb, warp) = (plan.wg, elem_bytes(plan.k), c.warp);
     let int8_keys = plan.k == KvFormat::I8AsymRow;
-    let (d, n) = (c.d, c.n);
-    let ok = b.pred();
-    b.op(format!(
-        "setp.le.and.s32 {ok}, {d}, {}, {}",
-        VEC * warp,
-        c.aligned
-    ));
-    b.op(format!("setp.ge.and.s32 {ok}, {d}, {VEC}, {ok}"));
-    b.op(format!("@!{ok} bra {scalar}"));
+    let (d, n) = (sp.d, sp.n);
+    sp.require_vectors(b, warp, scalar);
     b.comment("Vector scores: T = 2^ceil(log2(d/8)) lanes per key row.");
     let (cols, log_t, t, lane_t) = (b.r(), b.r(), b.r(), b.r());
     b.op(format!("shr.u32 {cols}, {d}, {}", VEC.ilog2()));
@@ -894,9 +926,9 @@ fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
     b.op(format!("sub.u32 {log_t}, 32, {log_t}"));
     b.op(format!("shl.b32 {t}, 1, {log_t}"));
     let (grp, groups) = (b.r(), b.r());
-    b.op(format!("shr.u32 {grp}, {}, {log_t}", c.tid));
+    b.op(format!("shr.u32 {grp}, {}, {log_t}", sp.tid));
     b.op(format!("sub.u32 {lane_t}, {t}, 1"));
-    b.op(format!("and.b32 {lane_t}, {}, {lane_t}", c.tid));
+    b.op(format!("and.b32 {lane_t}, {}, {lane_t}", sp.tid));
     b.op(format!("shr.u32 {groups}, {wg}, {log_t}"));
     let (lane_on, writer) = (b.pred(), b.pred());
     b.op(format!("setp.lt.u32 {lane_on}, {lane_t}, {cols}"));
@@ -953,12 +985,6 @@ fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
     });
     // Key step·G + grp: element ((s0 + key)·kvh + g)·d + 8c; a step moves
     // G rows.
-    let kidx = b.r();
-    b.op(format!("add.s32 {kidx}, {}, {grp}", c.s0));
-    b.op(format!("mad.lo.s32 {kidx}, {kidx}, {}, {}", c.kvh, c.g));
-    let prow = b.r();
-    b.op(format!("mov.u32 {prow}, {kidx}"));
-    b.op(format!("mul.lo.s32 {kidx}, {kidx}, {d}"));
     // Lanes past the row read its last vector (their q is zero): every
     // load of a whole trip is then unpredicated, which lets ptxas issue
     // them all before the first use (predicated, it kept one in flight).
@@ -966,16 +992,12 @@ fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
     b.op(format!("sub.s32 {last_col}, {cols}, 1"));
     b.op(format!("min.s32 {kcol}, {lane_t}, {last_col}"));
     b.op(format!("shl.b32 {kcol}, {kcol}, {}", VEC.ilog2()));
-    b.op(format!("add.s32 {kidx}, {kidx}, {kcol}"));
-    let ka = addr(b, c.a.get("k"), &kidx, eb);
-    let (krows, kstep) = (b.r(), b.rd());
-    b.op(format!("mul.lo.s32 {krows}, {}, {groups}", c.kvd));
-    b.op(format!("mul.wide.s32 {kstep}, {krows}, {eb}"));
+    let (prow, ka, kstep) = sp.key_pointer(b, sp.a.get("k"), &grp, &kcol, &groups, eb);
     let params = int8_keys.then(|| {
-        let sa = addr(b, c.a.get("k_scales"), &prow, 4);
-        let oa = addr(b, c.a.get("k_offsets"), &prow, 4);
+        let sa = addr(b, sp.a.get("k_scales"), &prow, 4);
+        let oa = addr(b, sp.a.get("k_offsets"), &prow, 4);
         let (prows, pstep) = (b.r(), b.rd());
-        b.op(format!("mul.lo.s32 {prows}, {}, {groups}", c.kvh));
+        b.op(format!("mul.lo.s32 {prows}, {}, {groups}", sp.kvh));
         b.op(format!("mul.wide.s32 {pstep}, {prows}, 4"));
         (sa, oa, pstep)
     });
@@ -983,7 +1005,7 @@ fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
     b.op(format!("mov.u32 {stage_base}, {}", c.stage));
     b.op(format!(
         "mad.lo.s32 {stage_base}, {}, {}, {stage_base}",
-        c.tid,
+        sp.tid,
         VEC * eb
     ));
     let step = b.r();
@@ -1047,7 +1069,7 @@ fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
     let dots = |b: &mut Body, loaded: &[KeyLoad]| {
         let vals: Vec<Vec<String>> = loaded
             .iter()
-            .map(|(words, _)| vec_values(b, plan.k, c.sm, words, c.magic))
+            .map(|(words, _)| vec_values(b, plan.k, sp.sm, words, c.magic))
             .collect();
         let xs: Vec<String> = vals
             .iter()
@@ -1081,7 +1103,7 @@ fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
         }
         let key = b.r();
         b.op(format!("mad.lo.s32 {key}, {key_step}, {groups}, {grp}"));
-        let pa = shared_at(b, c.p_base, &key);
+        let pa = shared_at(b, sp.p_base, &key);
         let (st, inr) = (b.pred(), b.pred());
         match valid {
             Some(v) => b.op(format!("and.pred {st}, {writer}, {v}")),
@@ -1164,23 +1186,11 @@ fn vector_scores(b: &mut Body, c: &VectorScores<'_>, scalar: &str, done: &str) {
     b.op(format!("bra.uni {one_top}"));
 }
 
-/// What the vector P·V reads of the partial kernel's state.
+/// What the vector P·V reads beyond the split.
 struct VectorPv<'a> {
-    plan: &'a AttentionPlan,
-    sm: Sm,
-    v: &'a str,
-    part_o: &'a str,
+    split: &'a Split<'a>,
     red: &'a str,
-    tid: &'a str,
-    d: &'a str,
-    n: &'a str,
-    s0: &'a str,
-    kvh: &'a str,
-    g: &'a str,
-    kvd: &'a str,
     pod: &'a str,
-    p_base: &'a str,
-    aligned: &'a str,
     unroll: u32,
 }
 
@@ -1193,17 +1203,11 @@ struct VectorPv<'a> {
 /// over d write `part_o`. One 16-byte load per 8 values (the scalar loop
 /// issued a 2-byte load per value), and a warp reads whole rows.
 fn vector_pv(b: &mut Body, c: &VectorPv<'_>, scalar: &str, done: &str) {
-    let plan = c.plan;
+    let sp = c.split;
+    let plan = sp.plan;
     let (wg, eb) = (plan.wg, elem_bytes(plan.v));
-    let (tid, d, n) = (c.tid, c.d, c.n);
-    let ok = b.pred();
-    b.op(format!(
-        "setp.le.and.s32 {ok}, {d}, {}, {}",
-        VEC * wg,
-        c.aligned
-    ));
-    b.op(format!("setp.ge.and.s32 {ok}, {d}, {VEC}, {ok}"));
-    b.op(format!("@!{ok} bra {scalar}"));
+    let (tid, d, n) = (sp.tid, sp.d, sp.n);
+    sp.require_vectors(b, wg, scalar);
     b.comment("Vector P*V: column vector tid % cols of keys slot, slot + slots, ...");
     let (cols, slots, col, slot) = (b.r(), b.r(), b.r(), b.r());
     b.op(format!("shr.u32 {cols}, {d}, {}", VEC.ilog2()));
@@ -1218,17 +1222,11 @@ fn vector_pv(b: &mut Body, c: &VectorPv<'_>, scalar: &str, done: &str) {
     }
     let acc_done = b.label("pv_vec_acc_end");
     b.op(format!("@!{active} bra {acc_done}"));
-    let vidx = b.r();
-    b.op(format!("add.s32 {vidx}, {}, {slot}", c.s0));
-    b.op(format!("mad.lo.s32 {vidx}, {vidx}, {}, {}", c.kvh, c.g));
-    b.op(format!("mul.lo.s32 {vidx}, {vidx}, {d}"));
-    b.op(format!("mad.lo.s32 {vidx}, {col}, {VEC}, {vidx}"));
-    let va = addr(b, c.v, &vidx, eb);
-    let (rows, vstep) = (b.r(), b.rd());
-    b.op(format!("mul.lo.s32 {rows}, {}, {slots}", c.kvd));
-    b.op(format!("mul.wide.s32 {vstep}, {rows}, {eb}"));
+    let col_elem = b.r();
+    b.op(format!("shl.b32 {col_elem}, {col}, {}", VEC.ilog2()));
+    let (_, va, vstep) = sp.key_pointer(b, sp.a.get("v"), &slot, &col_elem, &slots, eb);
     let (pp, pstep) = (b.r(), b.r());
-    b.op(format!("mad.lo.s32 {pp}, {slot}, 4, {}", c.p_base));
+    b.op(format!("mad.lo.s32 {pp}, {slot}, 4, {}", sp.p_base));
     b.op(format!("shl.b32 {pstep}, {slots}, 2"));
     let (i, span) = (b.r(), b.r());
     b.op(format!("mov.u32 {i}, {slot}"));
@@ -1242,7 +1240,7 @@ fn vector_pv(b: &mut Body, c: &VectorPv<'_>, scalar: &str, done: &str) {
         (pval, words)
     };
     let fmas = |b: &mut Body, (pval, words): &(String, Vec<String>)| {
-        let vals = vec_values(b, plan.v, c.sm, words, "");
+        let vals = vec_values(b, plan.v, sp.sm, words, "");
         for (x, v) in acc.iter().zip(&vals) {
             b.op(format!("fma.rn.f32 {x}, {pval}, {v}, {x}"));
         }
@@ -1313,7 +1311,7 @@ fn vector_pv(b: &mut Body, c: &VectorPv<'_>, scalar: &str, done: &str) {
     b.place(&sum_end);
     let oidx = b.r();
     b.op(format!("add.s32 {oidx}, {}, {jj}", c.pod));
-    let oa = addr(b, c.part_o, &oidx, 4);
+    let oa = addr(b, sp.a.get("part_o"), &oidx, 4);
     b.op(format!("st.global.f32 [{oa}], {o}"));
     b.op(format!("add.s32 {jj}, {jj}, {wg}"));
     b.op(format!("bra {out_top}"));
