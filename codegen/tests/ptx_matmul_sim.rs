@@ -29,12 +29,25 @@ fn case(
     k: &Kernel,
     sm: Sm,
     v: Variant,
-    [e, h, l]: [usize; 3],
+    shape: [usize; 3],
     rng: &mut ChaCha8Rng,
 ) -> (Vec<f32>, Vec<f32>) {
-    let x: Vec<f16> = (0..e * l)
+    case_with(k, sm, v, shape, rng, |_| {})
+}
+
+/// [`case`] with the activations edited by `edit` first.
+fn case_with(
+    k: &Kernel,
+    sm: Sm,
+    v: Variant,
+    [e, h, l]: [usize; 3],
+    rng: &mut ChaCha8Rng,
+    edit: impl Fn(&mut [f16]),
+) -> (Vec<f32>, Vec<f32>) {
+    let mut x: Vec<f16> = (0..e * l)
         .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
         .collect();
+    edit(&mut x);
     let raw: Vec<f32> = (0..h * l).map(|_| rng.gen_range(-0.5..0.7)).collect();
     let bias: Vec<f32> = (0..h).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let format = k.tensor("w").unwrap().format;
@@ -85,14 +98,19 @@ fn case(
     (want, got)
 }
 
-fn check(v: Variant, shapes: &[[usize; 3]], seed: u64) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    // GEMV accumulates in f32; the tensor-core kernels multiply halves
-    // (weights dequantized to f16, ~2^-11 each).
-    let rel = match v {
+/// The error per term of the reduction: the GEMV accumulates in f32; the
+/// tensor-core kernels multiply halves (weights dequantized to f16, ~2^-11
+/// each).
+fn tolerance(v: Variant) -> f32 {
+    match v {
         Variant::Gemv => 1e-5,
         _ => 2.0f32.powi(-10),
-    };
+    }
+}
+
+fn check(v: Variant, shapes: &[[usize; 3]], seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let rel = tolerance(v);
     for sm in Sm::ALL {
         for k in matmuls() {
             for &shape in shapes {
@@ -136,4 +154,55 @@ fn simulated_flat_gemm_matches_the_interpreter() {
 #[test]
 fn simulated_gemm_matches_the_interpreter() {
     check(Variant::Gemm, &[[20, 40, 72], [3, 17, 36]], 43);
+}
+
+/// Non-finite activations mean what the interpreter says: a NaN makes its
+/// row's outputs NaN, an infinity makes them ±inf (NaN where a weight is
+/// exactly 0 or infinities of both signs meet). The GEMV forms weights in
+/// f32 as the interpreter does and matches it exactly; the tensor-core
+/// kernels form them in f16, so a weight that cancels to 0 in one and not
+/// the other turns inf·w into NaN or ±inf: there every output the
+/// interpreter makes non-finite must be non-finite, and NaN rows NaN.
+/// Rows: a NaN (one in the l tail too); +inf; -inf and a NaN; finite.
+#[test]
+fn simulated_non_finite_activations_match_the_interpreter() {
+    let mut rng = ChaCha8Rng::seed_from_u64(44);
+    let (h, l) = (37, 70);
+    for (v, e) in [
+        (Variant::Gemv, 4),
+        (Variant::FlatGemm, 4),
+        (Variant::Gemm, 4),
+    ] {
+        for sm in Sm::ALL {
+            for k in matmuls() {
+                let (want, got) = case_with(&k, sm, v, [e, h, l], &mut rng, |x| {
+                    x[5] = f16::NAN;
+                    x[l - 1] = f16::NAN;
+                    x[l + 7] = f16::INFINITY;
+                    x[2 * l] = f16::NEG_INFINITY;
+                    x[2 * l + 3] = f16::NAN;
+                });
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    let nan_row = matches!(i / h, 0 | 2);
+                    let same = if v == Variant::Gemv && w.is_nan() || nan_row {
+                        g.is_nan()
+                    } else if v == Variant::Gemv && w.is_infinite() {
+                        g == w
+                    } else if !w.is_finite() {
+                        !g.is_finite()
+                    } else {
+                        g.is_finite() && (g - w).abs() <= tolerance(v) * l as f32 + 2e-3 * w.abs()
+                    };
+                    assert!(
+                        same,
+                        "{} {v} {}: y[{}, {}] = {g}, interpreter {w}",
+                        k.name,
+                        sm.arch(),
+                        i / h,
+                        i % h
+                    );
+                }
+            }
+        }
+    }
 }

@@ -54,6 +54,11 @@ fn linear_every_gpu_format_at_the_default_breakpoints() {
 }
 
 #[test]
+fn linear_non_finite_activations_match_the_interpreter() {
+    gpu_device::linear_non_finite_activations_match_the_interpreter(&GPU);
+}
+
+#[test]
 fn linear_dispatches_by_a_records_breakpoints() {
     gpu_device::linear_dispatches_by_a_records_breakpoints(&GPU);
 }

@@ -278,7 +278,24 @@ fn gemv(w: &mut Writer, plan: &MatmulPlan, g: &GemvPlan, dl: &Dialect, pr: &Prec
             group_index(wt, "l0")
         ));
         if wt.has_offset {
-            w.line("acc += scales[gi] * sum4(dot) + offsets[gi] * sum4(sx);");
+            // Through Σx, infinities cancel against each other (inf − inf);
+            // where Σx is not finite (an infinite or NaN activation) the
+            // chunk forms x·w element by element, w = scale·v + offset
+            // unfused, as the interpreter does.
+            w.line("const float sxs = sum4(sx);");
+            w.open("if (isfinite(sxs))");
+            w.line("acc += scales[gi] * sum4(dot) + offsets[gi] * sxs;");
+            w.middle("} else {");
+            w.line("#pragma OPENCL FP_CONTRACT OFF");
+            w.line("const float ws = scales[gi], wo = offsets[gi];");
+            for q in 0..epl / 4 {
+                w.line(format!(
+                    "const float4 xw{q} = convert_float4(x{q}) * (ws * convert_float4({}) + wo);",
+                    quad(wt, q)
+                ));
+                w.line(format!("acc += xw{q}.x + xw{q}.y + xw{q}.z + xw{q}.w;"));
+            }
+            w.close("");
         } else {
             w.line("acc += scales[gi] * sum4(dot);");
         }

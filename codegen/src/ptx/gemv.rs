@@ -135,8 +135,31 @@ pub fn print_at(
         .collect();
     let xw = load_x(&mut b, &a, plan, &c, &row, &aligned);
     let (xf, sx) = convert_x(&mut b, plan, &xw);
+    // The math through Σx cancels infinities against each other (inf −
+    // inf); where Σx is not finite (an infinite or NaN activation in the
+    // chunk) the chunk takes the exact path, x·w element by element, and
+    // its outputs are what the interpreter's are.
+    let exact = sx.as_ref().map(|sx| {
+        let (below, finite) = (b.pred(), b.pred());
+        b.op(format!("setp.lt.f32 {below}, {sx}, 0f7F800000"));
+        b.op(format!(
+            "setp.gt.and.f32 {finite}, {sx}, 0fFF800000, {below}"
+        ));
+        let label = b.label("chunk_exact");
+        b.op(format!("@!{finite} bra {label}"));
+        label
+    });
     for (w, acc) in weights.iter().zip(&accs) {
         channel_math(&mut b, plan, w, &xf, sx.as_deref(), acc);
+    }
+    if let Some(label) = exact {
+        let joined = b.label("chunk_math_end");
+        b.op(format!("bra {joined}"));
+        b.place(&label);
+        for (w, acc) in weights.iter().zip(&accs) {
+            exact_channel_math(&mut b, plan, w, &xf, acc);
+        }
+        b.place(&joined);
     }
     b.op(format!("add.s32 {c}, {c}, {}", g.k_lanes));
     b.op(format!("bra.uni {top}"));
@@ -432,10 +455,7 @@ fn channel_math(
     // cancellation costs about 2^-19·s·Σ|x|, far under f16 output
     // precision; the `sub` per code it saves was a fifth of the kernel's
     // instructions.
-    let (dq, stretch) = match wt.dequant {
-        Dequant::MagicOr { .. } => (U4_AS_SHIFT_OR, Some((8.0f32, -16.0f32))),
-        other => (other, None),
-    };
+    let (dq, stretch) = chunk_dequant(plan);
     let dot = b.f();
     b.op(format!("mov.f32 {dot}, 0f00000000"));
     // v(q) word by word, each word's values used at once, so a word's
@@ -468,6 +488,60 @@ fn channel_math(
             }
         }
         (None, _) => b.op(format!("add.f32 {acc}, {acc}, {dot}")),
+    }
+}
+
+/// The dequantization [`channel_math`] uses (4-bit codes read as `v' = 2 +
+/// q/8`), and its stretch `(α, β)`: `q = α·v' + β`.
+fn chunk_dequant(plan: &MatmulPlan) -> (Dequant, Option<(f32, f32)>) {
+    match plan.weights.dequant {
+        Dequant::MagicOr { .. } => (U4_AS_SHIFT_OR, Some((8.0f32, -16.0f32))),
+        other => (other, None),
+    }
+}
+
+/// One channel's `acc += Σ x·w` with `w = scale·v + offset` formed per
+/// element as the interpreter forms it (a multiply, then an add), so
+/// infinities meet weights, not each other: the path of a chunk whose Σx
+/// is not finite.
+fn exact_channel_math(
+    b: &mut Body,
+    plan: &MatmulPlan,
+    w: &ChannelWeights,
+    xf: &[String],
+    acc: &str,
+) {
+    let (dq, stretch) = chunk_dequant(plan);
+    let per_word = (plan.weights.elems_per_load as usize / w.words.len()) as u32;
+    for (k, word) in w.words.iter().enumerate() {
+        let v = dequant(b, dq, std::slice::from_ref(word), per_word);
+        for (xi, vi) in xf[k * per_word as usize..].iter().zip(&v) {
+            // q = α·v' + β is exact (v' = 2 + q/8).
+            let q = match stretch {
+                Some((alpha, beta)) => {
+                    let q = b.f();
+                    b.op(format!(
+                        "fma.rn.f32 {q}, {vi}, {}, {}",
+                        f32_lit(alpha),
+                        f32_lit(beta)
+                    ));
+                    q
+                }
+                None => vi.clone(),
+            };
+            let wi = match &w.params {
+                Some((scale, offset)) => {
+                    let wi = b.f();
+                    b.op(format!("mul.rn.f32 {wi}, {scale}, {q}"));
+                    if let Some(o) = offset {
+                        b.op(format!("add.rn.f32 {wi}, {wi}, {o}"));
+                    }
+                    wi
+                }
+                None => q,
+            };
+            b.op(format!("fma.rn.f32 {acc}, {xi}, {wi}, {acc}"));
+        }
     }
 }
 

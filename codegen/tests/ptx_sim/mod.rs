@@ -863,9 +863,11 @@ fn step(
             let v = if x(t, 3) != 0 { x(t, 1) } else { x(t, 2) };
             set(t, &a[0], v);
         }
-        "add.f32" => set(t, &a[0], fb(f(x(t, 1)) + f(x(t, 2)))),
+        // `.rn` only forbids contraction into an fma, which the simulator
+        // never does.
+        "add.f32" | "add.rn.f32" => set(t, &a[0], fb(f(x(t, 1)) + f(x(t, 2)))),
         "sub.f32" => set(t, &a[0], fb(f(x(t, 1)) - f(x(t, 2)))),
-        "mul.f32" => set(t, &a[0], fb(f(x(t, 1)) * f(x(t, 2)))),
+        "mul.f32" | "mul.rn.f32" => set(t, &a[0], fb(f(x(t, 1)) * f(x(t, 2)))),
         "div.rn.f32" => set(t, &a[0], fb(f(x(t, 1)) / f(x(t, 2)))),
         "max.f32" => set(t, &a[0], fb(f(x(t, 1)).max(f(x(t, 2))))),
         "fma.rn.f32" => set(t, &a[0], fb(f(x(t, 1)).mul_add(f(x(t, 2)), f(x(t, 3))))),

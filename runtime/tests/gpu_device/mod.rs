@@ -196,6 +196,86 @@ pub fn linear_every_gpu_format_at_the_default_breakpoints(gpu: &Gpu) {
     assert_eq!(dev.prepared_kernels(), before);
 }
 
+/// Non-finite activations mean what the interpreter says, in every
+/// variant and GPU format: a NaN makes its row NaN; an infinity makes it
+/// ±inf (NaN where a weight is exactly 0 or infinities of both signs meet).
+/// The GEMV forms weights in f32 as the interpreter does and matches it
+/// exactly; the tiled kernels form them in f16 (on CUDA's tensor cores), so
+/// a weight that cancels to 0 in one and not the other turns inf·w into NaN
+/// or ±inf: there every output the interpreter makes non-finite must be
+/// non-finite. Row 0 carries a NaN (one in the k tail too), +inf, or -inf
+/// and a NaN; the other rows are finite.
+pub fn linear_non_finite_activations_match_the_interpreter(gpu: &Gpu) {
+    let Some((dev, _g)) = (gpu.open)("linear_non_finite_activations_match_the_interpreter", None)
+    else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(gpu.seed + 1);
+    let (n, k) = (37, 70);
+    for format in [
+        WeightFormat::F16,
+        WeightFormat::W4A16,
+        WeightFormat::W8A16,
+        WeightFormat::E0M4A16,
+    ] {
+        let c = linear_case(format, n, k, &mut rng);
+        let lin = Linear::new(&dev, format, Weights::F32(&c.raw), n, k, Some(&c.bias)).unwrap();
+        let (m1, m2) = (lin.plan().m1, lin.plan().m2);
+        let mut ms = vec![1, m1.saturating_sub(1).max(1), m1, m2];
+        ms.dedup();
+        for m in ms {
+            // Row 0 carries one pattern per run; the other rows are finite.
+            for pattern in 0..3 {
+                let mut x: Vec<f16> = (0..m * k)
+                    .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+                    .collect();
+                match pattern {
+                    0 => {
+                        x[5] = f16::NAN;
+                        x[k - 1] = f16::NAN;
+                    }
+                    1 => x[7] = f16::INFINITY,
+                    _ => {
+                        x[0] = f16::NEG_INFINITY;
+                        x[3] = f16::NAN;
+                    }
+                }
+                let got: Vec<f32> = if format.output() == tessera_dsl::Format::F16 {
+                    let mut y = vec![f16::ZERO; m * n];
+                    lin.forward(Input::F16(&x), m, Output::F16(&mut y)).unwrap();
+                    y.iter().map(|v| v.to_f32()).collect()
+                } else {
+                    let mut y = vec![0f32; m * n];
+                    lin.forward(Input::F16(&x), m, Output::F32(&mut y)).unwrap();
+                    y
+                };
+                let want = reference(format, &x, &c.logical, &c.bias, m, n, k);
+                let gemv = lin.variant_for(m) == Variant::Gemv;
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    let row = i / n;
+                    let same = if row > 0 {
+                        g.is_finite()
+                    } else if pattern != 1 || (gemv && w.is_nan()) {
+                        g.is_nan()
+                    } else if gemv {
+                        g == w
+                    } else {
+                        !g.is_finite()
+                    };
+                    assert!(
+                        same,
+                        "{} {format} m={m} ({}) pattern {pattern}: y[{row}, {}] = {g}, \
+                         interpreter {w}",
+                        gpu.name,
+                        lin.variant_for(m),
+                        i % n
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn record_for(
     gpu: &Gpu,
