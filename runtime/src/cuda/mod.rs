@@ -341,36 +341,40 @@ pub fn check_attention(
     if s == 0 {
         return Err(input("attention over an empty KV sequence"));
     }
-    check_len("q", q.len(), hq * d)?;
     let splits = s.div_ceil(plan.keys_per_split as usize);
-    for (v, what) in [
-        (hq, "hq"),
-        (kvh, "kvh"),
-        (d, "d"),
-        (s, "s"),
-        (splits, "splits"),
-    ] {
-        to_i32(v, what)?;
-    }
-    // The largest element index the kernels form in 32 bits.
-    to_i32(
-        s.checked_mul(kvh)
-            .and_then(|r| r.checked_mul(d))
-            .ok_or_else(|| input("s * kvh * d overflows"))?,
-        "s * kvh * d",
-    )?;
-    to_i32(
-        splits
-            .checked_mul(hq)
-            .and_then(|r| r.checked_mul(d))
-            .ok_or_else(|| input("splits * hq * d overflows"))?,
-        "splits * hq * d",
-    )?;
+    // First: every product below is then known to fit.
+    attention_ints([hq, kvh, d, s, splits], s)?;
+    check_len("q", q.len(), hq * d)?;
     Ok(AttentionInputs {
         k: cache_bytes(plan.k, k, s * kvh, d, "k")?,
         v: cache_bytes(plan.v, v, s * kvh, d, "v")?,
         splits,
     })
+}
+
+/// The attention kernels' int arguments `[hq, kvh, d, s, splits]` by name,
+/// each checked to fit an i32, as are the largest element indices the
+/// kernels form in 32 bits: `rows·kvh·d` into a cache of `rows` tokens and
+/// `splits·hq·d` into the partials.
+pub(crate) fn attention_ints(
+    [hq, kvh, d, s, splits]: [usize; 5],
+    rows: usize,
+) -> Result<[(&'static str, i32); 5], CudaError> {
+    let product = |a: usize, b: usize, c: usize, what: &str| {
+        a.checked_mul(b)
+            .and_then(|r| r.checked_mul(c))
+            .ok_or_else(|| input(format!("{what} overflows")))
+            .and_then(|v| to_i32(v, what))
+    };
+    product(rows, kvh, d, "s * kvh * d")?;
+    product(splits, hq, d, "splits * hq * d")?;
+    Ok([
+        ("hq", to_i32(hq, "hq")?),
+        ("kvh", to_i32(kvh, "kvh")?),
+        ("d", to_i32(d, "d")?),
+        ("s", to_i32(s, "s")?),
+        ("splits", to_i32(splits, "splits")?),
+    ])
 }
 
 /// Grid and block of one launch for bound extents.

@@ -739,22 +739,7 @@ pub fn attention_launch(
             hq * d
         )));
     }
-    // The largest element index the kernels form in 32 bits.
-    to_i32(
-        cache
-            .capacity
-            .checked_mul(kvh * d)
-            .ok_or_else(|| input("s * kvh * d overflows"))?,
-        "s * kvh * d",
-    )?;
-    to_i32(splits * hq * d, "splits * hq * d")?;
-    let ints = [
-        ("hq", to_i32(hq, "hq")?),
-        ("kvh", to_i32(kvh, "kvh")?),
-        ("d", to_i32(d, "d")?),
-        ("s", to_i32(s, "s")?),
-        ("splits", to_i32(splits, "splits")?),
-    ];
+    let ints = super::attention_ints([hq, kvh, d, s, splits], cache.capacity)?;
     stream
         .memset_zeros(&mut scratch.recomputed)
         .map_err(driver("memset"))?;
