@@ -107,21 +107,48 @@ pub fn linear_case(format: WeightFormat, n: usize, k: usize, rng: &mut ChaCha8Rn
     }
 }
 
+/// Every weight format the GPU devices serve.
+const GPU_FORMATS: [WeightFormat; 4] = [
+    WeightFormat::F16,
+    WeightFormat::W4A16,
+    WeightFormat::W8A16,
+    WeightFormat::E0M4A16,
+];
+
+/// A random `[n, k]` case in `format` and its `Linear` on `dev`, with bias.
+fn gpu_linear(
+    dev: &Arc<Device>,
+    format: WeightFormat,
+    n: usize,
+    k: usize,
+    rng: &mut ChaCha8Rng,
+) -> (LinearCase, Linear) {
+    let c = linear_case(format, n, k, rng);
+    let lin = Linear::new(dev, format, Weights::F32(&c.raw), n, k, Some(&c.bias)).unwrap();
+    (c, lin)
+}
+
+/// `lin`'s output for `x` at `m` rows, as f32 (f16 outputs widened).
+fn forward(lin: &Linear, x: &[f16], m: usize) -> Vec<f32> {
+    let n = lin.n();
+    if lin.format().output() == tessera_dsl::Format::F16 {
+        let mut y = vec![f16::ZERO; m * n];
+        lin.forward(Input::F16(x), m, Output::F16(&mut y)).unwrap();
+        y.iter().map(|v| v.to_f32()).collect()
+    } else {
+        let mut y = vec![0f32; m * n];
+        lin.forward(Input::F16(x), m, Output::F32(&mut y)).unwrap();
+        y
+    }
+}
+
 /// Runs `lin` at `m` rows and compares with the interpreter.
 pub fn check_forward(lin: &Linear, c: &LinearCase, m: usize, rng: &mut ChaCha8Rng) {
     let (n, k, format) = (lin.n(), lin.k(), lin.format());
     let x: Vec<f16> = (0..m * k)
         .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
         .collect();
-    let got: Vec<f32> = if format.output() == tessera_dsl::Format::F16 {
-        let mut y = vec![f16::ZERO; m * n];
-        lin.forward(Input::F16(&x), m, Output::F16(&mut y)).unwrap();
-        y.iter().map(|v| v.to_f32()).collect()
-    } else {
-        let mut y = vec![0f32; m * n];
-        lin.forward(Input::F16(&x), m, Output::F32(&mut y)).unwrap();
-        y
-    };
+    let got = forward(lin, &x, m);
     let want = reference(format, &x, &c.logical, &c.bias, m, n, k);
     for i in 0..m * n {
         let (row, col) = (i / n, i % n);
@@ -164,14 +191,8 @@ pub fn linear_every_gpu_format_at_the_default_breakpoints(gpu: &Gpu) {
     );
     let mut rng = ChaCha8Rng::seed_from_u64(gpu.seed);
     let (n, k) = (37, 70);
-    for format in [
-        WeightFormat::F16,
-        WeightFormat::W4A16,
-        WeightFormat::W8A16,
-        WeightFormat::E0M4A16,
-    ] {
-        let c = linear_case(format, n, k, &mut rng);
-        let lin = Linear::new(&dev, format, Weights::F32(&c.raw), n, k, Some(&c.bias)).unwrap();
+    for format in GPU_FORMATS {
+        let (c, lin) = gpu_linear(&dev, format, n, k, &mut rng);
         let plan = lin.plan().clone();
         assert!(matches!(plan.source, PlanSource::Defaults { .. }), "{plan}");
         assert_eq!(lin.packings(), 1, "one upload serves every variant");
@@ -212,14 +233,8 @@ pub fn linear_non_finite_activations_match_the_interpreter(gpu: &Gpu) {
     };
     let mut rng = ChaCha8Rng::seed_from_u64(gpu.seed + 1);
     let (n, k) = (37, 70);
-    for format in [
-        WeightFormat::F16,
-        WeightFormat::W4A16,
-        WeightFormat::W8A16,
-        WeightFormat::E0M4A16,
-    ] {
-        let c = linear_case(format, n, k, &mut rng);
-        let lin = Linear::new(&dev, format, Weights::F32(&c.raw), n, k, Some(&c.bias)).unwrap();
+    for format in GPU_FORMATS {
+        let (c, lin) = gpu_linear(&dev, format, n, k, &mut rng);
         let (m1, m2) = (lin.plan().m1, lin.plan().m2);
         let mut ms = vec![1, m1.saturating_sub(1).max(1), m1, m2];
         ms.dedup();
@@ -240,15 +255,7 @@ pub fn linear_non_finite_activations_match_the_interpreter(gpu: &Gpu) {
                         x[3] = f16::NAN;
                     }
                 }
-                let got: Vec<f32> = if format.output() == tessera_dsl::Format::F16 {
-                    let mut y = vec![f16::ZERO; m * n];
-                    lin.forward(Input::F16(&x), m, Output::F16(&mut y)).unwrap();
-                    y.iter().map(|v| v.to_f32()).collect()
-                } else {
-                    let mut y = vec![0f32; m * n];
-                    lin.forward(Input::F16(&x), m, Output::F32(&mut y)).unwrap();
-                    y
-                };
+                let got = forward(&lin, &x, m);
                 let want = reference(format, &x, &c.logical, &c.bias, m, n, k);
                 let gemv = lin.variant_for(m) == Variant::Gemv;
                 for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
