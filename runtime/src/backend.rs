@@ -1063,8 +1063,15 @@ mod jit {
             }
         }
 
-        /// Decode attention through cranelift (every JIT host backend).
+        /// Decode attention: the NEON emitter's on a NEON device (the
+        /// code the prebuilt NEON targets ship), cranelift's on the other
+        /// JIT host backends (x86 has no attention emitter of its own).
         pub(super) fn emit_attention(&self, kernel: &Kernel) -> Result<MachineCode, RuntimeError> {
+            if let Engine::Neon(neon) = &self.engine {
+                return neon
+                    .emit_attention(kernel)
+                    .map_err(|e| emit_err(&kernel.name, e));
+            }
             let clif = self.clif()?;
             // The attention emitter ignores the tile; any solver tile will do.
             let f32_kernel = library::get("matmul-f32")?;

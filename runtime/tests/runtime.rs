@@ -585,8 +585,13 @@ fn an_impossible_kv_cache_is_an_error_not_an_abort() {
 #[test]
 fn kv_cache_grows_past_its_first_chunk_in_place_and_decode_stays_exact() {
     let (hq, kvh, d) = (4, 2, 32);
-    for format in [KvFormat::F16, KvFormat::Kv8] {
-        let dev = device(Backend::HostClif, 2, None);
+    // Every JIT host backend: cranelift's attention, and on aarch64 the NEON
+    // emitter's (the NEON device's own).
+    for (format, backend) in [KvFormat::F16, KvFormat::Kv8]
+        .into_iter()
+        .flat_map(|f| host_backends().into_iter().map(move |b| (f, b)))
+    {
+        let dev = device(backend, 2, None);
         let att = Attention::new(&dev, hq, kvh, d, format).unwrap();
         let mut cache = KvCache::new(format, kvh, d, KvCapacity::Chunked(4)).unwrap();
         let mut r = rng(3);
@@ -616,7 +621,7 @@ fn kv_cache_grows_past_its_first_chunk_in_place_and_decode_stays_exact() {
             let want = reference_attention(format, &q, &ks, &vs, 1, s, hq, kvh, d);
             let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
             let (err, _) = max_err(&got, &want);
-            assert!(err <= 4e-3, "{format:?} step {step}: err {err}");
+            assert!(err <= 4e-3, "{backend:?} {format:?} step {step}: err {err}");
         }
         assert!(cache.growths() >= 1 && cache.capacity() >= 11, "{cache:?}");
     }
@@ -624,8 +629,14 @@ fn kv_cache_grows_past_its_first_chunk_in_place_and_decode_stays_exact() {
 
 #[test]
 fn prefill_is_causal_and_matches_the_interpreter() {
+    for backend in host_backends() {
+        prefill_is_causal_on(backend);
+    }
+}
+
+fn prefill_is_causal_on(backend: Backend) {
     let (hq, kvh, d, t) = (6, 2, 16, 9);
-    let dev = device(Backend::HostClif, 2, None);
+    let dev = device(backend, 2, None);
     let att = Attention::new(&dev, hq, kvh, d, KvFormat::F16).unwrap();
     let mut cache = KvCache::new(KvFormat::F16, kvh, d, KvCapacity::Max(32)).unwrap();
     let mut r = rng(11);
@@ -644,7 +655,7 @@ fn prefill_is_causal_and_matches_the_interpreter() {
     let want = reference_attention(KvFormat::F16, &q, &ks, &vs, t, 3 + t, hq, kvh, d);
     let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
     let (err, _) = max_err(&got, &want);
-    assert!(err <= 4e-3, "err {err}");
+    assert!(err <= 4e-3, "{backend:?} err {err}");
 }
 
 #[test]
