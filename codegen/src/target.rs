@@ -54,6 +54,7 @@
 use std::fmt;
 
 use serde::Serialize;
+use tessera_dsl::interp::ONLINE_BLOCK;
 use tessera_dsl::{Format, Kernel};
 
 /// The operand class a MAC instruction works on; what a kernel's formats
@@ -179,7 +180,40 @@ pub struct GpuCaps {
     /// slower (0: no floor). Two per SM of the largest part of the
     /// generation (132-SM H100/H200, 108-SM A100).
     pub min_blocks: u32,
+    /// How decode attention splits the KV sequence on this target.
+    pub attention: AttentionCaps,
 }
+
+/// Decode attention's split on a GPU target (see `gpu::plan_attention`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct AttentionCaps {
+    /// Threads per block of the partial kernel.
+    pub block: u32,
+    /// Keys per split (one partial per split and head).
+    pub keys_per_split: u32,
+    /// Threads in z of the combine kernel's block, each folding every
+    /// `combine_warps`-th split (1: one thread folds them all).
+    pub combine_warps: u32,
+}
+
+/// OpenCL's split: the interpreter's partial-vector block ([`ONLINE_BLOCK`]
+/// keys), one
+/// work item per key per trip, so its partials are the interpreter's.
+const OPENCL_ATTENTION: AttentionCaps = AttentionCaps {
+    block: ONLINE_BLOCK as u32,
+    keys_per_split: ONLINE_BLOCK as u32,
+    combine_warps: 1,
+};
+
+/// PTX's split, measured on an H200 (`cuda_bench attention-plans`,
+/// docs/PERFORMANCE.md): 256 keys for 128 threads, and 8 warps folding
+/// the partials (64-key splits left the combine s/64 partials to fold
+/// one L2 round trip at a time).
+const PTX_ATTENTION: AttentionCaps = AttentionCaps {
+    block: 128,
+    keys_per_split: 256,
+    combine_warps: 8,
+};
 
 /// Instruction-set family of a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -801,6 +835,7 @@ static ALL: &[TargetCaps] = &[
             k_slice: 32,
             stages: 2,
             min_blocks: 0,
+            attention: OPENCL_ATTENTION,
         }),
     },
     TargetCaps {
@@ -820,6 +855,7 @@ static ALL: &[TargetCaps] = &[
             k_slice: 32,
             stages: 2,
             min_blocks: 2 * 108,
+            attention: PTX_ATTENTION,
         }),
     },
     TargetCaps {
@@ -839,6 +875,7 @@ static ALL: &[TargetCaps] = &[
             k_slice: 32,
             stages: 2,
             min_blocks: 2 * 132,
+            attention: PTX_ATTENTION,
         }),
     },
 ];

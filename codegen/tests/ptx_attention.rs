@@ -248,16 +248,14 @@ fn parameters_and_launch_are_the_shared_plans() {
                 plan.combine_launch.map(|d| d.local)
             );
             // The shapes the printer relies on: whole warps, a warp wide
-            // combine block in x with its warps in z; PTX's own split.
+            // combine block in x with its warps in z; the target's split.
             assert_eq!(plan.wg % warp, 0);
+            let split = sm.caps().gpu.unwrap().attention;
             assert_eq!(
                 (plan.wg, plan.keys_per_split, plan.combine_launch[2].local),
-                (
-                    gpu::PTX_ATTENTION_BLOCK,
-                    gpu::PTX_KEYS_PER_SPLIT,
-                    gpu::PTX_COMBINE_WARPS
-                )
+                (split.block, split.keys_per_split, split.combine_warps)
             );
+            assert_eq!((plan.wg, plan.keys_per_split), (128, 256));
             assert_eq!(plan.combine_launch[2].extent, LaunchExtent::One);
             assert_eq!(plan.partial_launch[0].extent, LaunchExtent::Splits);
             assert_eq!(plan.partial_launch[1].extent, LaunchExtent::KvHeads);
@@ -649,7 +647,7 @@ fn simulated_ptx_matches_the_interpreter() {
                 // Online softmax recomputes everywhere; async never, for
                 // benign scores.
                 if matches!(k.as_attention().unwrap().softmax, SoftmaxMode::Online) {
-                    let kps = gpu::PTX_KEYS_PER_SPLIT as usize;
+                    let kps = sm.caps().gpu.unwrap().attention.keys_per_split as usize;
                     assert_eq!(kernel, s.div_ceil(kps) * hq, "{}", k.name);
                 } else {
                     assert_eq!((interp, kernel), (0, 0), "{}", k.name);

@@ -59,7 +59,6 @@
 //! `[phi + lo, phi + hi]` recomputes its exponentials with its own max, and
 //! a combine kernel merges `(max, sum, output)` partials.
 
-use tessera_dsl::interp::ONLINE_BLOCK;
 use tessera_dsl::{
     Activation, AttentionKind, Format, Group, Kernel, LayoutDim, ParamType, SoftmaxMode,
 };
@@ -782,24 +781,14 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
     if a.softmax != SoftmaxMode::Online && !(phi.is_finite() && lo.is_finite() && hi.is_finite()) {
         return Err(unsupported("non-finite softmax bounds".to_string()));
     }
-    // OpenCL keeps the interpreter's partial-vector block: a work item per
-    // key per trip, and partials equal to the interpreter's. PTX gives a
-    // block of 128 threads 256 keys and folds the partials with 8 warps
-    // per head: with 64-key splits the one-warp combine folded s/64
-    // partials one L2 round trip at a time (ctx 32768: 512 of them), the
-    // larger part of the time on the H200.
-    let (wg, keys_per_split, combine_warps) = match caps.arch {
-        Arch::Ptx => (
-            PTX_ATTENTION_BLOCK.min(gpu.max_threads_per_block),
-            PTX_KEYS_PER_SPLIT,
-            PTX_COMBINE_WARPS,
-        ),
-        _ => (
-            (ONLINE_BLOCK as u32).min(gpu.max_threads_per_block),
-            ONLINE_BLOCK as u32,
-            1,
-        ),
-    };
+    // The target's split (OpenCL: the interpreter's 64-key partial
+    // vectors; PTX: 256 keys for 128 threads, measured).
+    let split = gpu.attention;
+    let (wg, keys_per_split, combine_warps) = (
+        split.block.min(gpu.max_threads_per_block),
+        split.keys_per_split,
+        split.combine_warps,
+    );
     let base = c_ident(&kernel.name);
     let mut partial_args = vec![arg("q", ArgKind::HalfIn)];
     partial_args.push(match k {
@@ -883,11 +872,3 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
         ],
     })
 }
-
-/// Threads per block of the PTX partial attention kernel.
-pub const PTX_ATTENTION_BLOCK: u32 = 128;
-/// Keys per split of the PTX partial attention kernel.
-pub const PTX_KEYS_PER_SPLIT: u32 = 256;
-/// Warps per block of the PTX combine kernel, each folding every
-/// `PTX_COMBINE_WARPS`-th split.
-pub const PTX_COMBINE_WARPS: u32 = 8;
