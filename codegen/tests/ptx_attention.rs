@@ -534,15 +534,7 @@ fn run_both_at(
     use ptx_sim::{Arg, Buffer, Module, launch};
     let (kval, kbytes, ks, ko) = kc;
     let (vval, vbytes, _, _) = vc;
-    let b = Bindings::new()
-        .extent("t", 1)
-        .extent("hq", hq)
-        .extent("kvh", kvh)
-        .extent("d", d)
-        .extent("s", s)
-        .tensor("q", Value::F16(q.to_vec()))
-        .tensor("k", kval)
-        .tensor("v", vval);
+    let b = Bindings::decode_attention([hq, kvh, d, s], Value::F16(q.to_vec()), kval, vval);
     let out = run(kernel, &b).unwrap();
     let want = out.get("o").unwrap().to_vec();
 

@@ -91,15 +91,12 @@ fn case(kernel: &Kernel, sh: &Shape, q_amp: f32, k_amp: f32, rng: &mut ChaCha8Rn
 /// Runs one case on the device; the (interpreter, kernel) recompute counts.
 fn check(dev: &CudaDevice, kernel: &Kernel, sh: &Shape, c: &Case) -> (usize, usize) {
     let Shape { hq, kvh, d, s } = *sh;
-    let b = Bindings::new()
-        .extent("t", 1)
-        .extent("hq", hq)
-        .extent("kvh", kvh)
-        .extent("d", d)
-        .extent("s", s)
-        .tensor("q", Value::F16(c.q.clone()))
-        .tensor("k", c.k.clone())
-        .tensor("v", c.v.clone());
+    let b = Bindings::decode_attention(
+        [hq, kvh, d, s],
+        Value::F16(c.q.clone()),
+        c.k.clone(),
+        c.v.clone(),
+    );
     let out = run(kernel, &b).unwrap();
     let want = out.get("o").unwrap().to_vec();
     let prog = program(dev.sm(), kernel);

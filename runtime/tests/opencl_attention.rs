@@ -50,15 +50,8 @@ fn check(
     let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-2.0..2.0)).collect();
     let k = cache(kf, s * kvh, d, &kd);
     let v = cache(vf, s * kvh, d, &vd);
-    let b = Bindings::new()
-        .extent("t", 1)
-        .extent("hq", hq)
-        .extent("kvh", kvh)
-        .extent("d", d)
-        .extent("s", s)
-        .tensor("q", Value::F16(q.clone()))
-        .tensor("k", k.clone())
-        .tensor("v", v.clone());
+    let b =
+        Bindings::decode_attention([hq, kvh, d, s], Value::F16(q.clone()), k.clone(), v.clone());
     let out = run(kernel, &b).unwrap();
     let want = out.get("o").unwrap().to_vec();
     let program = OpenClBackend::new(dev.fp16_mode())

@@ -96,15 +96,12 @@ fn reference(format: KvFormat, q: &[f16], kd: &[f32], vd: &[f32], s: usize) -> V
         tessera_dsl::Format::F16 => Value::F16(data.iter().map(|&v| f16::from_f32(v)).collect()),
         f => Value::Quant(quantize(f, s * kvh, d, data).unwrap()),
     };
-    let b = Bindings::new()
-        .extent("t", 1)
-        .extent("hq", hq)
-        .extent("kvh", kvh)
-        .extent("d", d)
-        .extent("s", s)
-        .tensor("q", Value::F16(q.to_vec()))
-        .tensor("k", cache(format.key_format(), kd))
-        .tensor("v", cache(format.value_format(), vd));
+    let b = Bindings::decode_attention(
+        [hq, kvh, d, s],
+        Value::F16(q.to_vec()),
+        cache(format.key_format(), kd),
+        cache(format.value_format(), vd),
+    );
     run(&kernel, &b).unwrap().get("o").unwrap().to_vec()
 }
 

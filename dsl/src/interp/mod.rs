@@ -147,6 +147,21 @@ impl Bindings {
         self
     }
 
+    /// A decode attention call (the library's `attention-decode-*`
+    /// kernels): one query token, `hq` query heads over `kvh` KV heads of
+    /// `d`, `s` cached tokens; q `[1, hq, d]`, caches k and v `[s, kvh, d]`.
+    pub fn decode_attention([hq, kvh, d, s]: [usize; 4], q: Value, k: Value, v: Value) -> Self {
+        Self::new()
+            .extent("t", 1)
+            .extent("hq", hq)
+            .extent("kvh", kvh)
+            .extent("d", d)
+            .extent("s", s)
+            .tensor("q", q)
+            .tensor("k", k)
+            .tensor("v", v)
+    }
+
     pub fn extents(&self) -> &[(String, usize)] {
         &self.extents
     }
