@@ -470,7 +470,9 @@ impl HostMatmul {
     /// function to call once per range index (`0..ranges.len()`), from any
     /// threads, before it returns (e.g. a persistent pool with per-core
     /// weights, MNN-LLM 5.2). Each range runs at most once however often
-    /// its index is called; out-of-range indices are ignored.
+    /// its index is called; out-of-range indices are ignored. A kernel whose
+    /// schedule does not list `h` in `parallel` never sees `exec`: its
+    /// ranges run on the calling thread.
     #[allow(clippy::too_many_arguments)]
     pub fn run_ranges(
         &self,
@@ -680,7 +682,13 @@ impl HostMatmul {
                 f(&args);
             }
         };
-        exec(&call);
+        // The schedule decides whether output channels may go to other
+        // threads: without `parallel h` every range runs here, in order.
+        if crate::schedule::spreads(&self.kernel, &mm.h) {
+            exec(&call);
+        } else {
+            (0..ranges.len()).for_each(call);
+        }
         Ok(())
     }
 }

@@ -18,6 +18,7 @@ pub mod jit;
 pub mod neon;
 pub mod opencl;
 pub mod ptx;
+pub mod schedule;
 pub mod target;
 pub mod tile;
 #[cfg(feature = "emitters")]

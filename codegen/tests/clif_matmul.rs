@@ -189,6 +189,48 @@ fn sweep(name: &str) {
     }
 }
 
+/// `parallel` is a contract: without `h` listed, the caller's executor is
+/// never handed the ranges (they run on the calling thread), with it the
+/// executor runs them; both agree with the interpreter.
+#[test]
+fn clif_parallel_decides_whether_ranges_leave_the_caller() {
+    let backend = ClifBackend::host().expect("backend");
+    let spread = library::get("matmul-f32").expect("library");
+    let mut serial = spread.clone();
+    serial.schedule.parallel.clear();
+    let (m, n, k) = (3, 45, 37);
+    for (kernel, spreads) in [(&spread, true), (&serial, false)] {
+        let tile = tiles(&backend, kernel, 0)[0];
+        let c = compile(&backend, kernel, &tile);
+        check(&c, kernel, m, n, k, 2, 7);
+        let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 5) as f32 - 2.0).collect();
+        let packed =
+            HostWeights::pack(kernel, c.host.tile(), n, k, WeightsIn::F32(&w)).expect("pack");
+        let panels = n.div_ceil(c.host.tile().hp);
+        let ranges = [0..1, 1..panels];
+        let handed = std::sync::atomic::AtomicBool::new(false);
+        let bias = vec![0.5f32; n];
+        let mut y = vec![f32::NAN; m * n];
+        c.host
+            .run_ranges(
+                HostInput::F32(&x),
+                m,
+                &packed,
+                Some(&bias),
+                HostOutput::F32(&mut y),
+                &ranges,
+                &|call| {
+                    handed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    (0..2).for_each(call);
+                },
+            )
+            .expect("run");
+        assert_eq!(handed.into_inner(), spreads, "{:?}", kernel.schedule.parallel);
+        assert!(y.iter().all(|v| v.is_finite()), "every column written");
+    }
+}
+
 #[test]
 fn clif_matmul_f32() {
     sweep("matmul-f32");

@@ -88,11 +88,6 @@ impl KernelBuilder {
         self
     }
 
-    pub fn double_buffer(mut self, axis: &str) -> Self {
-        self.schedule.double_buffer.push(axis.to_string());
-        self
-    }
-
     pub fn split(mut self, axis: &str) -> Self {
         self.schedule.split = Some(axis.to_string());
         self

@@ -489,17 +489,23 @@ pub enum Op {
     Attention(Attention),
 }
 
-/// How the loop nest is executed; hints the solver and backends honour.
+/// How the loop nest is executed. Each field is a contract: a backend (or
+/// the runtime driving it) does what it says or refuses the kernel naming
+/// the field. How deep loads are staged is not here: that is the target's
+/// (GPU stages, CPU prefetch distance), measured per device.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Schedule {
     pub tiles: Vec<TileVar>,
-    /// Axes whose iterations are split across threads (or work groups).
+    /// Axes whose iterations may go to different CPU threads or GPU thread
+    /// blocks. A CPU runtime spreads a matmul's `h` (an attention's `kvh`)
+    /// over its threads only when listed, else runs on one thread; a GPU
+    /// backend needs every axis its grid spreads listed, or refuses.
     pub parallel: Vec<String>,
-    /// Axes along which loads are double-buffered (GPU local memory, or
-    /// prefetch on CPUs).
-    pub double_buffer: Vec<String>,
-    /// Axis split across threads with a combine step (flash-decoding split
-    /// over the KV sequence).
+    /// A reduction axis cut into chunks computed apart and combined after
+    /// (flash-decoding over the KV sequence). Attention's `s` only: the GPU
+    /// decode launch is split-K and needs it; the host cuts `s` across
+    /// threads when the KV heads alone would leave threads idle. No backend
+    /// splits a matmul's K, so each refuses `split` on a matmul.
     pub split: Option<String>,
 }
 

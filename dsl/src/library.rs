@@ -144,8 +144,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f32      [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue scale, zero_point, bias(bias);
-                parallel h;
-                double_buffer l;
+                parallel e, h;
             }
         }
     }),
@@ -159,7 +158,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f16 [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue bias(bias);
-                parallel h;
+                parallel e, h;
             }
         }
     }),
@@ -173,7 +172,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f32 [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue bias(bias);
-                parallel h;
+                parallel e, h;
             }
         }
     }),
@@ -187,7 +186,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f32           [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue scale, bias(bias);
-                parallel h;
+                parallel e, h;
             }
         }
     }),
@@ -201,7 +200,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f32            [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue scale, zero_point, bias(bias);
-                parallel h;
+                parallel e, h;
             }
         }
     }),
@@ -215,7 +214,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f32           [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue scale, bias(bias);
-                parallel h;
+                parallel e, h;
             }
         }
     }),
@@ -229,8 +228,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f32        [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue scale, zero_point, bias(bias);
-                parallel h;
-                double_buffer l;
+                parallel e, h;
             }
         }
     }),
@@ -244,7 +242,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f32        [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue scale, zero_point, bias(bias);
-                parallel h;
+                parallel e, h;
             }
         }
     }),
@@ -258,8 +256,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f32       [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue scale, bias(bias);
-                parallel h;
-                double_buffer l;
+                parallel e, h;
             }
         }
     }),
@@ -273,7 +270,7 @@ const ENTRIES: [Entry; 13] = [
                 y:    output f32       [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];
                 epilogue scale, bias(bias);
-                parallel h;
+                parallel e, h;
             }
         }
     }),

@@ -716,9 +716,8 @@ fn check_attention(k: &Kernel, a: &Attention) -> Result<(), VerifyError> {
 
 fn check_schedule(k: &Kernel) -> Result<(), VerifyError> {
     let s = &k.schedule;
-    let lists: [(&'static str, &[String]); 3] = [
+    let lists: [(&'static str, &[String]); 2] = [
         ("parallel", &s.parallel),
-        ("double-buffer", &s.double_buffer),
         ("split", s.split.as_slice()),
     ];
     for (list, axes) in lists {

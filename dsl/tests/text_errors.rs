@@ -78,6 +78,15 @@ fn unknown_format() {
 }
 
 #[test]
+fn double_buffer_is_refused_with_its_reason() {
+    expect(
+        &with_line(3, "double-buffer l"),
+        3,
+        &["'double-buffer' is not a schedule statement", "remove it"],
+    );
+}
+
+#[test]
 fn unknown_keyword() {
     let e = expect(
         &with_line(3, "axes h: dyn"),

@@ -151,29 +151,23 @@ fn make_tiles(axes: &[String], tile_names: &[String], sizes: &[Option<TileSize>]
         .collect()
 }
 
-/// Which axes to run in parallel / double-buffer (and in what order), and
-/// whether to split the reduce axis.
+/// Which axes to run in parallel (and in what order), and whether to split
+/// the reduce axis.
 #[derive(Clone, Debug)]
 struct SchedulePlan {
     parallel: [bool; 5],
-    double_buffer: [bool; 5],
     keys: [u32; 5],
     split: bool,
 }
 
 fn schedule_plan() -> impl Strategy<Value = SchedulePlan> {
-    (
-        any::<[bool; 5]>(),
-        any::<[bool; 5]>(),
-        any::<[u32; 5]>(),
-        any::<bool>(),
-    )
-        .prop_map(|(parallel, double_buffer, keys, split)| SchedulePlan {
+    (any::<[bool; 5]>(), any::<[u32; 5]>(), any::<bool>()).prop_map(|(parallel, keys, split)| {
+        SchedulePlan {
             parallel,
-            double_buffer,
             keys,
             split,
-        })
+        }
+    })
 }
 
 fn make_schedule(
@@ -183,11 +177,11 @@ fn make_schedule(
     plan: &SchedulePlan,
     tile_keys: &[u32],
 ) -> Schedule {
-    let pick = |mask: &[bool; 5], allow_reduce: bool| {
+    let pick = |mask: &[bool; 5]| {
         let chosen: Vec<String> = axes
             .iter()
             .zip(mask)
-            .filter(|(a, m)| **m && (allow_reduce || a.as_str() != reduce))
+            .filter(|(a, m)| **m && a.as_str() != reduce)
             .map(|(a, _)| a.clone())
             .collect();
         permute(chosen, &plan.keys)
@@ -195,8 +189,7 @@ fn make_schedule(
     Schedule {
         tiles: permute(tiles, tile_keys),
         // verify() rejects a parallel reduce axis (threads would race).
-        parallel: pick(&plan.parallel, false),
-        double_buffer: pick(&plan.double_buffer, true),
+        parallel: pick(&plan.parallel),
         split: plan.split.then(|| reduce.to_string()),
     }
 }
@@ -409,7 +402,6 @@ const VOCAB: &[&str] = &[
     "matmul",
     "attention",
     "parallel",
-    "double-buffer",
     "split",
     "layout",
     "pair-transpose",
@@ -767,9 +759,8 @@ fn mutate_ir(k: &mut Kernel, what: u8, i: usize, j: usize) {
                 }
             }
         },
-        11 => match j % 3 {
+        11 => match j % 2 {
             0 => k.schedule.parallel.push(name),
-            1 => k.schedule.double_buffer.push(name),
             _ => k.schedule.split = Some(name),
         },
         12 => {

@@ -125,7 +125,7 @@ fn f32_matmul_fixed_extents() {
         .op(Op::Matmul(matmul(Format::F32, Format::F32)))
         .parallel("m")
         .parallel("n")
-        .double_buffer("k")
+        .split("k")
         .build()
         .unwrap();
     let text = assert_round_trip(&k);
@@ -142,7 +142,7 @@ weight w[n, k]: f32 layout [n/nr, k, nr]
 output y[m, n]: f32
 matmul y[m, n] = x[m, k] * w[n, k] epilogue act(relu)
 parallel m, n
-double-buffer k
+split k
 "
     );
 }

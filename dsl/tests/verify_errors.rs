@@ -80,7 +80,6 @@ fn mm() -> Kernel {
                 tile("lp", "l", TileSize::Fixed(32)),
             ],
             parallel: vec!["h".into()],
-            double_buffer: vec!["l".into()],
             split: None,
         },
     }
@@ -129,7 +128,6 @@ fn attn() -> Kernel {
         schedule: Schedule {
             tiles: vec![tile("sp", "s", TileSize::Solve)],
             parallel: vec!["hq".into()],
-            double_buffer: vec![],
             split: Some("s".into()),
         },
     }
@@ -320,14 +318,14 @@ fn unknown_axes() {
         &["matmul axis l", "'kk'"],
     );
     let mut k = mm();
-    k.schedule.double_buffer.push(s("q"));
+    k.schedule.split = Some(s("q"));
     expect(
         &k,
         VerifyError::UnknownAxis {
-            user: AxisUser::Schedule("double-buffer"),
+            user: AxisUser::Schedule("split"),
             axis: s("q"),
         },
-        &["double-buffer", "'q'"],
+        &["split", "'q'"],
     );
 }
 
@@ -746,7 +744,6 @@ fn operand_formats() {
 fn axis_kinds() {
     let mut k = mm();
     axis_of(&mut k, "l").kind = AxisKind::Spatial;
-    k.schedule.double_buffer.clear();
     expect(
         &k,
         VerifyError::AxisKind {

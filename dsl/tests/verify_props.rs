@@ -205,12 +205,11 @@ fn kernel() -> impl Strategy<Value = Kernel> {
         (
             declare(TILES, tile(), |name, t| TileVar { name, ..t }),
             axis_names(3),
-            axis_names(2),
             prop::option::of(from(AXES)),
         ),
     )
         .prop_map(
-            |(name, axes, tensors, op, (tiles, parallel, double_buffer, split))| Kernel {
+            |(name, axes, tensors, op, (tiles, parallel, split))| Kernel {
                 name: name.to_string(),
                 axes,
                 tensors,
@@ -218,7 +217,6 @@ fn kernel() -> impl Strategy<Value = Kernel> {
                 schedule: Schedule {
                     tiles,
                     parallel,
-                    double_buffer,
                     split,
                 },
             },

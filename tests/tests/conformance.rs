@@ -70,6 +70,38 @@ enum WLayout {
     Gpu,
 }
 
+/// The schedule's `parallel` and `split` lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Sched {
+    /// `parallel e, h` (the library's).
+    RowsAndColumns,
+    /// `parallel h`.
+    Columns,
+    /// Neither line: one CPU thread.
+    Serial,
+    /// `parallel e, h` and `split l` (split-K, which no backend emits).
+    SplitK,
+}
+
+impl Sched {
+    const ALL: [Sched; 4] = [
+        Sched::RowsAndColumns,
+        Sched::Columns,
+        Sched::Serial,
+        Sched::SplitK,
+    ];
+
+    fn apply(self, k: &mut Kernel) {
+        let axes: &[&str] = match self {
+            Sched::RowsAndColumns | Sched::SplitK => &["e", "h"],
+            Sched::Columns => &["h"],
+            Sched::Serial => &[],
+        };
+        k.schedule.parallel = axes.iter().map(|a| a.to_string()).collect();
+        k.schedule.split = (self == Sched::SplitK).then(|| "l".to_string());
+    }
+}
+
 /// One matmul description (the fields the suite varies).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Desc {
@@ -83,6 +115,7 @@ struct Desc {
     bias: Option<Format>,
     act: Activation,
     variant: Variant,
+    schedule: Sched,
 }
 
 impl Desc {
@@ -154,6 +187,7 @@ impl Desc {
         mm.epilogue.zero_point = self.w.is_asymmetric();
         mm.epilogue.bias = self.bias.map(|_| "bias".to_string());
         mm.epilogue.activation = self.act;
+        self.schedule.apply(&mut k);
         verify(&k).ok().map(|()| k)
     }
 
@@ -168,12 +202,13 @@ impl Desc {
             Feature::Bias(self.bias),
             Feature::Act(self.act),
             Feature::Variant(self.variant),
+            Feature::Schedule(self.schedule),
         ]
     }
 
     fn label(&self) -> String {
         format!(
-            "x {}{} · w {} {:?}{} → y {}, bias {}, {:?}, {}",
+            "x {}{} · w {} {:?}{} → y {}, bias {}, {:?}, {}, {:?}",
             self.x,
             if self.x_panel { " (panels)" } else { "" },
             self.w,
@@ -182,7 +217,8 @@ impl Desc {
             self.y,
             self.bias.map_or("none".to_string(), |b| b.to_string()),
             self.act,
-            self.variant
+            self.variant,
+            self.schedule
         )
     }
 }
@@ -237,6 +273,7 @@ enum Feature {
     Bias(Option<Format>),
     Act(Activation),
     Variant(Variant),
+    Schedule(Sched),
 }
 
 impl Feature {
@@ -249,6 +286,7 @@ impl Feature {
         v.extend(BIASES.iter().map(|&b| Feature::Bias(b)));
         v.extend(ACTS.iter().map(|&a| Feature::Act(a)));
         v.extend(Variant::ALL.iter().map(|&x| Feature::Variant(x)));
+        v.extend(Sched::ALL.iter().map(|&x| Feature::Schedule(x)));
         v
     }
 
@@ -263,6 +301,7 @@ impl Feature {
             Feature::Bias(_) => "bias",
             Feature::Act(_) => "activation",
             Feature::Variant(_) => "variant",
+            Feature::Schedule(_) => "schedule",
         }
     }
 
@@ -285,6 +324,10 @@ impl Feature {
             Feature::Bias(Some(f)) => format!("`{f}`"),
             Feature::Act(a) => format!("{a:?}").to_lowercase(),
             Feature::Variant(v) => v.to_string(),
+            Feature::Schedule(Sched::RowsAndColumns) => "`parallel e, h`".into(),
+            Feature::Schedule(Sched::Columns) => "`parallel h`".into(),
+            Feature::Schedule(Sched::Serial) => "no `parallel`".into(),
+            Feature::Schedule(Sched::SplitK) => "`split l`".into(),
         }
     }
 
@@ -346,6 +389,7 @@ impl Feature {
                 v
             }
             Feature::Variant(v) => vec!["variant".into(), v.to_string()],
+            Feature::Schedule(_) => s(&["schedule", "parallel", "split"]),
         }
     }
 
@@ -379,6 +423,7 @@ impl Feature {
             Feature::Bias(b) => d.bias = b,
             Feature::Act(a) => d.act = a,
             Feature::Variant(v) => d.variant = v,
+            Feature::Schedule(x) => d.schedule = x,
         }
         d
     }
@@ -399,6 +444,7 @@ fn baselines() -> Vec<Desc> {
             bias: Some(Format::F32),
             act: Activation::None,
             variant,
+            schedule: Sched::RowsAndColumns,
         };
         v.push(base);
         v.push(Desc {
@@ -448,6 +494,7 @@ fn space() -> Vec<Desc> {
                                         bias,
                                         act,
                                         variant,
+                                        schedule: Sched::RowsAndColumns,
                                     });
                                 }
                             }
@@ -872,7 +919,12 @@ fn table(s: &Survey) -> String {
          such description is refused with an error naming the field. x86-avx512 is the x86\n\
          backend with AVX-512 on: its own kernels serve f32 and W4A8 (u4asym, f32 parameters,\n\
          groups up to 32) GEMMs, everything else runs the AVX2 kernels. The host column is\n\
-         cranelift on x86-64.\n"
+         cranelift on x86-64.\n\n\
+         The schedule rows: a CPU kernel's code is the same whatever `parallel` says; the\n\
+         host run spreads output channels over threads only when `h` is listed, and runs\n\
+         every range on the calling thread otherwise (`clif_matmul.rs` tests both). A GPU\n\
+         launch spreads rows and channels over thread blocks, so it needs both listed. No\n\
+         backend splits a matmul's K, so `split l` is refused everywhere.\n"
     );
     let names: Vec<&str> = s.backends.iter().map(|b| b.be.name()).collect();
     let _ = writeln!(t, "## One field at a time\n");

@@ -175,6 +175,9 @@ fn plan<'k>(
     let mm = kernel
         .as_matmul()
         .ok_or_else(|| unsupported(format!("kernel `{}` is not a matmul", kernel.name)))?;
+    if let Some(split) = crate::schedule::matmul_split(kernel) {
+        return Err(unsupported(split));
+    }
     let fmt = |name: &str| {
         kernel
             .tensor(name)

@@ -444,6 +444,12 @@ pub fn plan_matmul(
     let mm = kernel
         .as_matmul()
         .ok_or_else(|| unsupported(format!("`{}` is not a matmul", kernel.name)))?;
+    // Every variant's grid spreads rows and output channels over blocks.
+    if let Some(why) = crate::schedule::matmul_split(kernel)
+        .or_else(|| crate::schedule::gpu_grid(kernel, &[&mm.e, &mm.h], None))
+    {
+        return Err(unsupported(why));
+    }
     let format_of = |name: &str| {
         kernel
             .tensor(name)
@@ -742,6 +748,10 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
         return Err(unsupported(
             "prefill attention on the GPU backends (decode only)".to_string(),
         ));
+    }
+    // Blocks over (splits of s, KV heads): split-K, so `split s` too.
+    if let Some(why) = crate::schedule::gpu_grid(kernel, &[&a.kv_heads], Some(&a.seq)) {
+        return Err(unsupported(why));
     }
     let format_of = |name: &str| {
         kernel

@@ -589,6 +589,9 @@ impl NeonBackend {
         let mm = kernel
             .as_matmul()
             .ok_or_else(|| self.unsupported(format!("kernel `{}` (not a matmul)", kernel.name)))?;
+        if let Some(split) = crate::schedule::matmul_split(kernel) {
+            return Err(self.unsupported(split));
+        }
         let class = mac_class(self.caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
         let instr = self
             .caps

@@ -373,6 +373,9 @@ fn check_cpu_matmul(
             "the bias must be f32 (the x86 kernels read the bias as f32)",
         ));
     }
+    if let Some(split) = crate::schedule::matmul_split(kernel) {
+        return Err(what(&split));
+    }
     let activation = mm.epilogue.activation;
     if activation == tessera_dsl::ir::Activation::Silu {
         return Err(what(

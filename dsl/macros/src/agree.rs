@@ -118,7 +118,6 @@ fn to_ir(s: &Spec) -> ir::Kernel {
                 })
                 .collect(),
             parallel: s.parallel.clone(),
-            double_buffer: s.double_buffer.clone(),
             split: s.split.clone(),
         },
     }
@@ -219,7 +218,6 @@ struct MatmulCase {
     /// Bias role, format and its one dim.
     bias: Option<(Role, Format, &'static str)>,
     parallel: &'static [&'static str],
-    double_buffer: &'static [&'static str],
     split: Option<&'static str>,
 }
 
@@ -234,7 +232,6 @@ impl MatmulCase {
             zero_point: false,
             bias: None,
             parallel: &[],
-            double_buffer: &[],
             split: None,
         }
     }
@@ -269,7 +266,7 @@ impl MatmulCase {
         if !epilogue.is_empty() {
             body.push(format!("epilogue {};", epilogue.join(", ")));
         }
-        schedule_text(&mut body, self.parallel, self.double_buffer, self.split);
+        schedule_text(&mut body, self.parallel, self.split);
         format!(
             "m({}, h, l) {{ {} }}",
             axis_text("e", self.e),
@@ -308,7 +305,7 @@ impl MatmulCase {
                     activation: ir::Activation::None,
                 },
             }),
-            schedule: schedule_ir(self.parallel, self.double_buffer, self.split),
+            schedule: schedule_ir(self.parallel, self.split),
         }
     }
 }
@@ -316,26 +313,21 @@ impl MatmulCase {
 fn schedule_text(
     body: &mut Vec<String>,
     parallel: &[&str],
-    double_buffer: &[&str],
     split: Option<&str>,
 ) {
     if !parallel.is_empty() {
         body.push(format!("parallel {};", parallel.join(", ")));
-    }
-    if !double_buffer.is_empty() {
-        body.push(format!("double_buffer {};", double_buffer.join(", ")));
     }
     if let Some(axis) = split {
         body.push(format!("split {axis};"));
     }
 }
 
-fn schedule_ir(parallel: &[&str], double_buffer: &[&str], split: Option<&str>) -> ir::Schedule {
+fn schedule_ir(parallel: &[&str], split: Option<&str>) -> ir::Schedule {
     let strings = |axes: &[&str]| axes.iter().map(|a| a.to_string()).collect();
     ir::Schedule {
         tiles: Vec::new(),
         parallel: strings(parallel),
-        double_buffer: strings(double_buffer),
         split: split.map(String::from),
     }
 }
@@ -398,7 +390,7 @@ impl AttentionCase {
         if let Some((text, _)) = self.softmax {
             body.push(format!("softmax {text};"));
         }
-        schedule_text(&mut body, &[], &[], self.split);
+        schedule_text(&mut body, &[], self.split);
         format!(
             "a({}, {}, {}, d, s) {{ {} }}",
             axis_text("t", self.t),
@@ -443,7 +435,7 @@ impl AttentionCase {
                 q_prescaled: self.prescaled,
                 softmax: self.softmax.map_or(ir::SoftmaxMode::Online, |(_, m)| m),
             }),
-            schedule: schedule_ir(&[], &[], self.split),
+            schedule: schedule_ir(&[], self.split),
         }
     }
 }
@@ -530,15 +522,12 @@ fn matmul_checks_agree_with_verify() {
     for e in [None, Some(1), Some(7)] {
         let axes: [&'static [&'static str]; 5] = [&[], &["h"], &["l"], &["e", "h"], &["h", "h"]];
         for parallel in axes {
-            for double_buffer in [&[][..], &["l"], &["e", "l"]] {
-                for split in [None, Some("l"), Some("h")] {
-                    let mut c = MatmulCase::base();
-                    c.e = e;
-                    c.parallel = parallel;
-                    c.double_buffer = double_buffer;
-                    c.split = split;
-                    cases.push(c);
-                }
+            for split in [None, Some("l"), Some("h")] {
+                let mut c = MatmulCase::base();
+                c.e = e;
+                c.parallel = parallel;
+                c.split = split;
+                cases.push(c);
             }
         }
     }

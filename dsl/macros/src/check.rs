@@ -23,7 +23,6 @@ pub struct Spec {
     pub tensors: Vec<TensorSpec>,
     pub op: OpSpec,
     pub parallel: Vec<String>,
-    pub double_buffer: Vec<String>,
     pub split: Option<String>,
 }
 
@@ -203,7 +202,6 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
     let mut epilogue: Option<&EpilogueStmt> = None;
     let mut softmax: Option<&SoftmaxStmt> = None;
     let mut parallel: Vec<&Ident> = Vec::new();
-    let mut double_buffer: Vec<&Ident> = Vec::new();
     let mut split: Option<&Ident> = None;
     for stmt in &def.body {
         match stmt {
@@ -246,7 +244,6 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
                 softmax = Some(s);
             }
             Stmt::Parallel(axes) => parallel.extend(axes),
-            Stmt::DoubleBuffer(axes) => double_buffer.extend(axes),
             Stmt::Split(keyword, axis) => {
                 if split.is_some() {
                     return fail(
@@ -329,7 +326,6 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
             ),
         );
     }
-    let double_buffer = check_axis_list(&scope, &double_buffer, "double_buffer")?;
     let split = match split {
         None => None,
         Some(axis) => {
@@ -372,7 +368,6 @@ pub fn check(def: &KernelDef) -> syn::Result<Spec> {
         tensors,
         op,
         parallel,
-        double_buffer,
         split,
     })
 }

@@ -38,10 +38,6 @@ pub fn emit(spec: &Spec) -> TokenStream {
         OpSpec::Attention(a) => emit_attention(a),
     };
     let parallel = spec.parallel.iter().map(|a| quote!(.parallel(#a)));
-    let double_buffer = spec
-        .double_buffer
-        .iter()
-        .map(|a| quote!(.double_buffer(#a)));
     let split = spec.split.iter().map(|a| quote!(.split(#a)));
     quote! {
         ::tessera_dsl::KernelBuilder::new(#name)
@@ -50,7 +46,6 @@ pub fn emit(spec: &Spec) -> TokenStream {
             #(#tensors)*
             .op(#op)
             #(#parallel)*
-            #(#double_buffer)*
             #(#split)*
             .build()
     }

@@ -34,7 +34,6 @@ pub enum Stmt {
     Epilogue(EpilogueStmt),
     Softmax(SoftmaxStmt),
     Parallel(Vec<Ident>),
-    DoubleBuffer(Vec<Ident>),
     Split(Ident, Ident),
 }
 
@@ -153,8 +152,8 @@ const STATEMENT_KEYWORDS: [&str; 6] = [
 ];
 
 const STATEMENT_HELP: &str = "expected a statement: `tile e by ep, ...;`, a tensor `x: input f32 [e, l];`, \
-     the computation `y[e, h] = ...;`, `epilogue ...;`, `softmax ...;`, `parallel ...;`, \
-     `double_buffer ...;` or `split ...;`";
+     the computation `y[e, h] = ...;`, `epilogue ...;`, `softmax ...;`, `parallel ...;` \
+     or `split ...;`";
 
 impl Parse for KernelDef {
     fn parse(input: ParseStream) -> syn::Result<Self> {
@@ -358,9 +357,14 @@ fn parse_stmt(input: ParseStream) -> syn::Result<Stmt> {
             let axes = parse_comma_until_semi(input, |i| parse_name(i, "an axis name"))?;
             Stmt::Parallel(axes)
         }
+        // Kept as a keyword so an old kernel gets the reason, not a parse
+        // error about a tensor declaration.
         "double_buffer" => {
-            let axes = parse_comma_until_semi(input, |i| parse_name(i, "an axis name"))?;
-            Stmt::DoubleBuffer(axes)
+            return fail(
+                keyword.span(),
+                "`double_buffer` is not a schedule statement: load staging is chosen per target \
+                 (its GPU stages, its CPU prefetch distance), so the line changed nothing; remove it",
+            );
         }
         "split" => {
             let axis = parse_name(input, "the axis to split across threads, e.g. `split s;`")?;

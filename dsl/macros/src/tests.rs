@@ -39,7 +39,6 @@ const FLAT_GEMM: &str = "
         y: output f16 [e, h];
         y[e, h] = sum(l) x[e, l] * w[h, l];
         parallel h;
-        double_buffer l;
     }";
 
 const DECODE: &str = "
@@ -779,10 +778,10 @@ fn every_mistake_names_the_problem() {
         ),
         (
             Holes {
-                after: "double_buffer l, l;",
+                after: "double_buffer l;",
                 ..BASE
             },
-            "listed twice in `double_buffer`",
+            "`double_buffer` is not a schedule statement",
         ),
         (
             Holes {

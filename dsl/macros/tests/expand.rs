@@ -143,7 +143,6 @@ fn w4a8_linear_layer() {
                 tile("lp", "l", TileSize::Solve),
             ],
             parallel: vec![s("h")],
-            double_buffer: vec![],
             split: None,
         },
     };
@@ -196,12 +195,10 @@ fn flat_gemm_f16_and_f32() {
             y: output f16 [e, h];
             y[e, h] = sum(l) x[e, l] * w[h, l];
             parallel h;
-            double_buffer l;
         }
     }
     .expect("the flat GEMM builds");
     assert_eq!(f16.schedule.tiles[0], tile("ep", "e", TileSize::Fixed(8)));
-    assert_eq!(f16.schedule.double_buffer, [s("l")]);
     assert_eq!(f16.schedule.parallel, [s("h")]);
     assert_eq!(f16.op, matmul(NO_EPILOGUE));
 
@@ -212,7 +209,6 @@ fn flat_gemm_f16_and_f32() {
             w: weight f32 [h, l] layout [h/hp, l/lp, hp, lp];
             y: output f32 [e, h];
             y[e, h] = sum(l) x[e, l] * w[h, l];
-            double_buffer l;
         }
     }
     .expect("the f32 flat GEMM builds");

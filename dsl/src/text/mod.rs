@@ -29,7 +29,6 @@
 //! attention (decode | prefill) O[t, hq, d] = softmax(Q[t, hq, d] * K[s, kvh, d]) * V[s, kvh, d]
 //!     [q-prescaled] softmax (online | async(phi=F, lo=F, hi=F))
 //! parallel AXIS, ...
-//! double-buffer AXIS, ...
 //! split AXIS
 //! ```
 //!

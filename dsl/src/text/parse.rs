@@ -15,8 +15,15 @@ const FORMATS_EXPECTED: &str = "f32, f16, bf16, i8dyn, fp8e4m3, fp8e5m2, \
      u4asym:G, u4sym:G, i8sym:G, i8asym:G, e0m4:G with G = gN or row, \
      optionally :f16 after G for f16 group parameters";
 
+/// Why an old `double-buffer` line is refused rather than ignored: no
+/// backend read it, and how deep loads are staged is the target's choice
+/// (`GpuCaps::stages`, measured per device), not the computation's.
+pub const DOUBLE_BUFFER_GONE: &str = "'double-buffer' is not a schedule statement: load staging \
+     is chosen per target (its GPU stages, its CPU prefetch distance), so the line changed nothing; \
+     remove it";
+
 const KEYWORDS: &str = "kernel, axis, tile, input, weight, output, cache, matmul, attention, \
-     parallel, double-buffer, split";
+     parallel, split";
 
 /// Parse a group: `g32` or `row`.
 fn group_from(s: &str) -> Result<Group, String> {
@@ -365,7 +372,6 @@ struct Spans {
     tensors: Vec<(String, Pos)>,
     op: Option<Pos>,
     parallel: Option<Pos>,
-    double_buffer: Option<Pos>,
     split: Option<Pos>,
 }
 
@@ -383,7 +389,6 @@ impl Spans {
         let tensor = |n: &str| find(&self.tensors, n, false);
         let schedule = |list: &str| match list {
             "parallel" => self.parallel,
-            "double-buffer" => self.double_buffer,
             _ => self.split,
         };
         let pos = match e {
@@ -562,13 +567,12 @@ impl Parts {
                 once(&mut self.spans.parallel, start, "'parallel' line")?;
                 self.schedule.parallel = cur.comma_names("an axis name")?;
             }
-            "double-buffer" => {
-                once(&mut self.spans.double_buffer, start, "'double-buffer' line")?;
-                self.schedule.double_buffer = cur.comma_names("an axis name")?;
-            }
             "split" => {
                 once(&mut self.spans.split, start, "'split' line")?;
                 self.schedule.split = Some(cur.word("an axis name")?);
+            }
+            "double-buffer" => {
+                return Err(cur.error_at(start.col, DOUBLE_BUFFER_GONE.to_string()));
             }
             _ => {
                 return Err(cur.error_at(

@@ -147,15 +147,10 @@ fn attention_line(f: &mut fmt::Formatter<'_>, a: &Attention) -> fmt::Result {
 }
 
 fn schedule_lines(f: &mut fmt::Formatter<'_>, s: &Schedule) -> fmt::Result {
-    for (word, axes) in [
-        ("parallel", &s.parallel),
-        ("double-buffer", &s.double_buffer),
-    ] {
-        if !axes.is_empty() {
-            write!(f, "{word} ")?;
-            write_list(f, axes)?;
-            writeln!(f)?;
-        }
+    if !s.parallel.is_empty() {
+        write!(f, "parallel ")?;
+        write_list(f, &s.parallel)?;
+        writeln!(f)?;
     }
     if let Some(axis) = &s.split {
         writeln!(f, "split {axis}")?;
