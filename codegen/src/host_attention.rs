@@ -3,9 +3,13 @@
 //!
 //! [`AttentionArgs`] is the calling convention (`extern "C" fn(*const
 //! AttentionArgs)`, field offsets `AT_*`); [`HostAttention::run`] checks
-//! every shape and format, then splits the KV heads across threads (one
-//! thread serves every query head of its KV group, so each K/V row is read
-//! once per group), each with its own scratch and recompute counter.
+//! every shape and format, then runs the kernel as its schedule says:
+//! - `parallel kvh`: KV heads across threads (one thread serves every query
+//!   head of its KV group, so each K/V row is read once per group), each
+//!   with its own scratch and recompute counter; without it, one thread.
+//! - `split s`: where the KV heads leave threads idle (few KV heads, batch
+//!   1), the sequence is also cut into chunks computed apart and combined
+//!   (flash-decoding), from the softmax state each call leaves in scratch.
 
 use std::mem::offset_of;
 
@@ -16,6 +20,7 @@ use tessera_dsl::quant::QuantTensor;
 use crate::abi::KernelFn;
 use crate::artifact::MachineCode;
 use crate::jit::{JitCode, JitError};
+use crate::schedule::spreads;
 
 /// Arguments of a decode attention kernel (one query token).
 #[repr(C)]
@@ -174,6 +179,57 @@ impl HostAttention {
         o: &mut [f16],
         threads: usize,
     ) -> Result<u64, AttentionError> {
+        self.run_with(q, k, v, s, hq, kvh, d, o, threads, None)
+    }
+
+    /// Like [`HostAttention::run`] with `s` cut into chunks of `chunk` keys
+    /// (the last shorter) whatever the thread count: for tests and
+    /// benchmarks of the split. The kernel's schedule must `split s`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_chunked(
+        &self,
+        q: &[f16],
+        k: KvCache<'_>,
+        v: KvCache<'_>,
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        o: &mut [f16],
+        threads: usize,
+        chunk: usize,
+    ) -> Result<u64, AttentionError> {
+        let splits = self
+            .kernel
+            .as_attention()
+            .is_some_and(|a| self.kernel.schedule.split.as_deref() == Some(a.seq.as_str()));
+        if !splits {
+            return Err(shape(
+                "schedule of a chunked attention call",
+                "`split s`",
+                format!("{:?}", self.kernel.schedule.split),
+            ));
+        }
+        if chunk == 0 {
+            return Err(shape("keys per chunk", "at least 1", 0));
+        }
+        self.run_with(q, k, v, s, hq, kvh, d, o, threads, Some(chunk))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_with(
+        &self,
+        q: &[f16],
+        k: KvCache<'_>,
+        v: KvCache<'_>,
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        o: &mut [f16],
+        threads: usize,
+        chunk: Option<usize>,
+    ) -> Result<u64, AttentionError> {
         let a = self
             .kernel
             .as_attention()
@@ -190,6 +246,9 @@ impl HostAttention {
         }
         if s == 0 {
             return Err(shape("sequence length", "at least 1", s));
+        }
+        if d == 0 {
+            return Err(shape("head dimension", "at least 1", d));
         }
         let rows = s
             .checked_mul(kvh)
@@ -211,7 +270,12 @@ impl HostAttention {
                     if x.len() != cache {
                         return Err(shape("cache elements (s·kvh·d)", cache, x.len()));
                     }
-                    (x.as_ptr() as *const u8, std::ptr::null(), std::ptr::null())
+                    (
+                        x.as_ptr() as *const u8,
+                        std::ptr::null(),
+                        std::ptr::null(),
+                        2,
+                    )
                 }
                 KvCache::Quant(t) if t.format == want => {
                     t.validate()
@@ -233,7 +297,7 @@ impl HostAttention {
                     } else {
                         t.scales.as_ptr()
                     };
-                    (t.codes.as_ptr(), scales, offsets)
+                    (t.codes.as_ptr(), scales, offsets, 1)
                 }
                 KvCache::QuantRows {
                     format,
@@ -278,18 +342,12 @@ impl HostAttention {
                             v.as_ptr()
                         }
                     };
-                    (codes.as_ptr(), nonnull(scales), nonnull(offsets))
+                    (codes.as_ptr(), nonnull(scales), nonnull(offsets), 1)
                 }
                 _ => return Err(shape("cache format", want, "another format")),
             };
             ptrs.push(p);
         }
-        let group = hq / kvh;
-        let threads = threads.clamp(1, kvh);
-        let per = kvh.div_ceil(threads);
-        let scratch_len = s + 3 * d;
-        let mut scratch = vec![0f32; scratch_len * threads];
-        let mut counters = vec![0u64; threads];
         let base = Shared(AttentionArgs {
             q: q.as_ptr() as *const u8,
             k: ptrs[0].0,
@@ -306,10 +364,65 @@ impl HostAttention {
             head0: 0,
             heads: 0,
         });
+        let sides = [ptrs[0].3, ptrs[1].3];
+        let chunk = match chunk {
+            Some(c) => c,
+            None => self.keys_per_chunk(s, kvh, threads),
+        };
+        if chunk >= s {
+            self.run_whole(&base, s, hq, kvh, d, threads)
+        } else {
+            self.run_chunks(&base, sides, s, hq, kvh, d, o, threads, chunk)
+        }
+    }
+
+    /// Keys per chunk for a call: `s` (no split) unless the kernel splits
+    /// `s` and its KV heads alone would leave threads idle; then enough
+    /// chunks to use them, none shorter than [`MIN_SPLIT_KEYS`].
+    pub fn keys_per_chunk(&self, s: usize, kvh: usize, threads: usize) -> usize {
+        let Some(a) = self.kernel.as_attention() else {
+            return s;
+        };
+        if self.kernel.schedule.split.as_deref() != Some(a.seq.as_str()) {
+            return s;
+        }
+        let units = if spreads(&self.kernel, &a.kv_heads) {
+            kvh
+        } else {
+            1
+        };
+        let chunks = threads
+            .div_ceil(units.max(1))
+            .min(s / MIN_SPLIT_KEYS)
+            .max(1);
+        s.div_ceil(chunks)
+    }
+
+    /// Every key in one call per worker; workers take whole KV heads when
+    /// the schedule spreads `kvh`, else one worker takes them all.
+    fn run_whole(
+        &self,
+        base: &Shared,
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        threads: usize,
+    ) -> Result<u64, AttentionError> {
+        let group = hq / kvh;
+        let spread = self
+            .kernel
+            .as_attention()
+            .is_some_and(|a| spreads(&self.kernel, &a.kv_heads));
+        let threads = if spread { threads.clamp(1, kvh) } else { 1 };
+        let per = kvh.div_ceil(threads);
+        let scratch_len = s + 3 * d;
+        let mut scratch = zeroed(scratch_len, threads)?;
+        let mut counters = vec![0u64; threads];
         // An address, so the worker closure is Sync.
         let entry = self.code.entry() as usize;
         let work: Vec<(usize, &mut [f32], &mut u64)> = scratch
-            .chunks_mut(scratch_len.max(1))
+            .chunks_mut(scratch_len)
             .zip(counters.iter_mut())
             .enumerate()
             .map(|(t, (sc, c))| (t, sc, c))
@@ -330,8 +443,8 @@ impl HostAttention {
             // SAFETY: the code was emitted for this kernel with the
             // AttentionArgs ABI; q and o hold hq·d f16, the caches s·kvh·d
             // elements of their declared formats with per-row parameters
-            // (all checked above); the scratch holds s + 3·d f32 and the
-            // counter is this worker's own; workers write disjoint heads.
+            // (all checked by `run_with`); the scratch holds s + 3·d f32 and
+            // the counter is this worker's own; workers write disjoint heads.
             unsafe {
                 let f: KernelFn<AttentionArgs> = std::mem::transmute(entry as *const u8);
                 f(&args);
@@ -351,4 +464,169 @@ impl HostAttention {
         }
         Ok(counters.iter().sum())
     }
+
+    /// Flash-decoding: `s` cut into chunks of `chunk` keys. A job is one
+    /// chunk of one KV head's query heads (of every head when the schedule
+    /// does not spread `kvh`), one call per query head, whose softmax state
+    /// the kernel leaves in scratch (`den` at `len`, `num` at `len + d`, the
+    /// max at `len + 2d`); jobs go to threads in contiguous runs. The
+    /// combine, per head: `M = max_c m_c`, `o = Σ_c e^(m_c − M)·num_c /
+    /// Σ_c e^(m_c − M)·den_c`. A head counts as recomputed when any of its
+    /// chunks fell back to the online softmax (one of its scores was out
+    /// of range: the interpreter's rule).
+    #[allow(clippy::too_many_arguments)]
+    fn run_chunks(
+        &self,
+        base: &Shared,
+        sides: [usize; 2],
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        o: &mut [f16],
+        threads: usize,
+        chunk: usize,
+    ) -> Result<u64, AttentionError> {
+        let group = hq / kvh;
+        let spread = self
+            .kernel
+            .as_attention()
+            .is_some_and(|a| spreads(&self.kernel, &a.kv_heads));
+        let (units, heads_per_unit) = if spread { (kvh, group) } else { (1, hq) };
+        let chunks = s.div_ceil(chunk);
+        let jobs: Vec<(usize, usize)> = (0..units)
+            .flat_map(|u| (0..chunks).map(move |c| (u, c)))
+            .collect();
+        let threads = threads.clamp(1, jobs.len());
+        let per = jobs.len().div_ceil(threads);
+        // Per head and chunk: num[d], den, max, recomputed (as f32 0/1).
+        let state = d + 3;
+        let mut partials = zeroed(hq * chunks * state, 1)?;
+        let scratch_len = chunk + 3 * d;
+        let mut scratch = zeroed(scratch_len, threads)?;
+        let mut sink = zeroed_f16(hq * d, threads)?;
+        let entry = self.code.entry() as usize;
+        // Each job's partial slots: its heads × its chunk, disjoint.
+        let mut slots: Vec<Vec<&mut [f32]>> = (0..jobs.len()).map(|_| Vec::new()).collect();
+        for (h, head) in partials.chunks_mut(chunks * state).enumerate() {
+            for (c, slot) in head.chunks_mut(state).enumerate() {
+                slots[(h / heads_per_unit) * chunks + c].push(slot);
+            }
+        }
+        let run_job = |job: usize, slots: Vec<&mut [f32]>, sc: &mut [f32], out: &mut [f16]| {
+            let (u, c) = jobs[job];
+            let s0 = c * chunk;
+            let len = chunk.min(s - s0);
+            let r0 = s0 * kvh;
+            let args0 = base.get();
+            let off = |p: *const f32| {
+                if p.is_null() { p } else { p.wrapping_add(r0) }
+            };
+            for (i, slot) in slots.into_iter().enumerate() {
+                let mut counter = 0u64;
+                let args = AttentionArgs {
+                    k: args0.k.wrapping_add(r0 * d * sides[0]),
+                    k_scales: off(args0.k_scales),
+                    k_offsets: off(args0.k_offsets),
+                    v: args0.v.wrapping_add(r0 * d * sides[1]),
+                    o: out.as_mut_ptr() as *mut u8,
+                    scratch: sc.as_mut_ptr(),
+                    recomputed: &mut counter,
+                    s: len,
+                    head0: u * heads_per_unit + i,
+                    heads: 1,
+                    ..args0
+                };
+                // SAFETY: the code is the decode kernel of this kernel's
+                // formats (AttentionArgs ABI); rows r0 .. r0 + len·kvh of
+                // both caches and their per-row parameters lie within the
+                // s·kvh rows checked by `run_with`; q holds hq·d f16, `out`
+                // (this worker's own) hq·d, the scratch len + 3·d f32.
+                unsafe {
+                    let f: KernelFn<AttentionArgs> = std::mem::transmute(entry as *const u8);
+                    f(&args);
+                }
+                slot[..d].copy_from_slice(&sc[len + d..len + 2 * d]);
+                slot[d] = sc[len];
+                slot[d + 1] = sc[len + 2 * d];
+                slot[d + 2] = if counter > 0 { 1.0 } else { 0.0 };
+            }
+        };
+        let mut runs: Vec<Vec<(usize, Vec<&mut [f32]>)>> = Vec::new();
+        let mut slots = slots.into_iter().enumerate().peekable();
+        while slots.peek().is_some() {
+            runs.push(slots.by_ref().take(per).collect());
+        }
+        let workers = runs
+            .into_iter()
+            .zip(scratch.chunks_mut(scratch_len))
+            .zip(sink.chunks_mut(hq * d));
+        if threads == 1 {
+            for ((run, sc), out) in workers {
+                for (job, slots) in run {
+                    run_job(job, slots, sc, out);
+                }
+            }
+        } else {
+            std::thread::scope(|scope| {
+                for ((run, sc), out) in workers {
+                    let run_job = &run_job;
+                    scope.spawn(move || {
+                        for (job, slots) in run {
+                            run_job(job, slots, sc, out);
+                        }
+                    });
+                }
+            });
+        }
+        let mut recomputed = 0;
+        for (h, parts) in partials.chunks(chunks * state).enumerate() {
+            let parts: Vec<&[f32]> = parts.chunks(state).collect();
+            let m = parts
+                .iter()
+                .map(|p| p[d + 1])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let w: Vec<f32> = parts.iter().map(|p| (p[d + 1] - m).exp()).collect();
+            let den: f32 = parts.iter().zip(&w).map(|(p, w)| p[d] * w).sum();
+            for i in 0..d {
+                let num: f32 = parts.iter().zip(&w).map(|(p, w)| p[i] * w).sum();
+                o[h * d + i] = f16::from_f32(num / den);
+            }
+            recomputed += u64::from(parts.iter().any(|p| p[d + 2] > 0.0));
+        }
+        Ok(recomputed)
+    }
+}
+
+/// Fewest keys a split chunk gets: below this the combine and the extra
+/// calls cost more than the idle thread they would feed.
+pub const MIN_SPLIT_KEYS: usize = 256;
+
+/// `len · copies` zeroed f32, allocated fallibly (lengths come from input).
+fn zeroed(len: usize, copies: usize) -> Result<Vec<f32>, AttentionError> {
+    let total = len
+        .checked_mul(copies)
+        .ok_or_else(|| shape("attention scratch", "no overflow", "overflow"))?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(total)
+        .map_err(|_| shape("attention scratch", "memory for it", format!("{total} f32")))?;
+    v.resize(total, 0.0);
+    Ok(v)
+}
+
+/// `len · copies` f16 zeros, allocated fallibly.
+fn zeroed_f16(len: usize, copies: usize) -> Result<Vec<f16>, AttentionError> {
+    let total = len
+        .checked_mul(copies)
+        .ok_or_else(|| shape("attention output scratch", "no overflow", "overflow"))?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(total).map_err(|_| {
+        shape(
+            "attention output scratch",
+            "memory for it",
+            format!("{total} f16"),
+        )
+    })?;
+    v.resize(total, f16::ZERO);
+    Ok(v)
 }

@@ -62,6 +62,7 @@ fn check(
     d: usize,
     q_amp: f32,
     threads: usize,
+    chunk: Option<usize>,
     seed: u64,
 ) -> u64 {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -95,9 +96,11 @@ fn check(
         None => KvCache::F16(&v16),
     };
     let mut o = vec![f16::ZERO; hq * d];
-    let recomputed = att
-        .run(&qv, kc, vc, s, hq, kvh, d, &mut o, threads)
-        .expect("run");
+    let recomputed = match chunk {
+        None => att.run(&qv, kc, vc, s, hq, kvh, d, &mut o, threads),
+        Some(c) => att.run_chunked(&qv, kc, vc, s, hq, kvh, d, &mut o, threads, c),
+    }
+    .expect("run");
     assert_eq!(
         recomputed as usize, stats.recomputed,
         "{} recomputed rows",
@@ -108,7 +111,7 @@ fn check(
         let tol = 2e-3 * w.abs() + 2e-3;
         assert!(
             (g - w).abs() <= tol,
-            "{} s={s} hq={hq} kvh={kvh} d={d} threads={threads}: o[{i}] = {g}, want {w}",
+            "{} s={s} hq={hq} kvh={kvh} d={d} threads={threads} chunk={chunk:?}: o[{i}] = {g}, want {w}",
             kernel.name
         );
     }
@@ -123,7 +126,7 @@ fn sweep(kernel: Kernel) {
             for &d in &[8usize, 13] {
                 for threads in [1, 2] {
                     seed += 1;
-                    check(&att, &kernel, s, hq, kvh, d, 0.5, threads, seed);
+                    check(&att, &kernel, s, hq, kvh, d, 0.5, threads, None, seed);
                 }
             }
         }
@@ -152,12 +155,93 @@ fn clif_attention_async_recomputes_out_of_range_rows() {
         let kernel = library::get(name).unwrap();
         let att = compile(&kernel);
         // |q| up to 8 over d = 16 puts scores far outside [-16.8, 6.5].
-        let recomputed = check(&att, &kernel, 200, 4, 2, 16, 8.0, 2, 99);
-        assert!(
-            recomputed > 0,
-            "{name}: the adversarial case recomputed nothing"
-        );
+        for chunk in [None, Some(7), Some(64)] {
+            let recomputed = check(&att, &kernel, 200, 4, 2, 16, 8.0, 2, chunk, 99);
+            assert!(
+                recomputed > 0,
+                "{name} chunk {chunk:?}: the adversarial case recomputed nothing"
+            );
+        }
     }
+}
+
+/// `split s`: chunks of every length from one key to more than a softmax
+/// block, combined, agree with the interpreter, with and without `parallel
+/// kvh`, in both softmax modes.
+#[test]
+fn clif_attention_split_chunks_match_the_interpreter() {
+    let mut seed = 300;
+    for base in ["attention-decode-f16", "attention-decode-kv8"] {
+        let kernel = library::get(base).unwrap();
+        let mut serial = kernel.clone();
+        serial.schedule.parallel.clear();
+        for kernel in [kernel.clone(), online(kernel), serial] {
+            let att = compile(&kernel);
+            for &(s, chunk) in &[(65usize, 1usize), (200, 7), (200, 64), (700, 300)] {
+                for &(hq, kvh) in &[(4usize, 2usize), (6, 1), (3, 3)] {
+                    for threads in [1, 2] {
+                        seed += 1;
+                        check(
+                            &att,
+                            &kernel,
+                            s,
+                            hq,
+                            kvh,
+                            13,
+                            0.5,
+                            threads,
+                            Some(chunk),
+                            seed,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The schedule decides the split: one KV head on two threads splits a
+/// long sequence (and still agrees); a kernel without `split s` refuses a
+/// chunked call, and without `parallel kvh` it runs, on one thread.
+#[test]
+fn clif_attention_schedule_decides_the_split() {
+    let kernel = library::get("attention-decode-f16").unwrap();
+    let att = compile(&kernel);
+    assert_eq!(
+        att.keys_per_chunk(600, 1, 2),
+        300,
+        "one KV head, two threads"
+    );
+    assert_eq!(att.keys_per_chunk(600, 2, 2), 600, "a KV head per thread");
+    assert_eq!(att.keys_per_chunk(300, 1, 2), 300, "too short to split");
+    check(&att, &kernel, 600, 4, 1, 16, 0.5, 2, None, 5);
+    let mut whole = kernel.clone();
+    whole.schedule.split = None;
+    whole.schedule.parallel.clear();
+    let att = compile(&whole);
+    assert_eq!(att.keys_per_chunk(600, 1, 2), 600, "no `split s`");
+    check(&att, &whole, 600, 4, 2, 16, 0.5, 2, None, 6);
+    let (q, k, mut o) = (
+        vec![f16::ZERO; 16],
+        vec![f16::ZERO; 32],
+        vec![f16::ZERO; 16],
+    );
+    let err = att
+        .run_chunked(
+            &q,
+            KvCache::F16(&k),
+            KvCache::F16(&k),
+            2,
+            1,
+            1,
+            16,
+            &mut o,
+            2,
+            1,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("split s"), "{err}");
 }
 
 #[test]

@@ -226,7 +226,12 @@ fn clif_parallel_decides_whether_ranges_leave_the_caller() {
                 },
             )
             .expect("run");
-        assert_eq!(handed.into_inner(), spreads, "{:?}", kernel.schedule.parallel);
+        assert_eq!(
+            handed.into_inner(),
+            spreads,
+            "{:?}",
+            kernel.schedule.parallel
+        );
         assert!(y.iter().all(|v| v.is_finite()), "every column written");
     }
 }

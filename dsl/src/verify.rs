@@ -716,10 +716,8 @@ fn check_attention(k: &Kernel, a: &Attention) -> Result<(), VerifyError> {
 
 fn check_schedule(k: &Kernel) -> Result<(), VerifyError> {
     let s = &k.schedule;
-    let lists: [(&'static str, &[String]); 2] = [
-        ("parallel", &s.parallel),
-        ("split", s.split.as_slice()),
-    ];
+    let lists: [(&'static str, &[String]); 2] =
+        [("parallel", &s.parallel), ("split", s.split.as_slice())];
     for (list, axes) in lists {
         for (i, axis) in axes.iter().enumerate() {
             if k.axis(axis).is_none() {

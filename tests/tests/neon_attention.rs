@@ -708,11 +708,12 @@ mod run {
         }
     }
 
-    /// Flash-decoding: chunks of the sequence as separate jobs, combined
-    /// on the host, against the interpreter (outputs and recomputed rows).
+    /// Flash-decoding (`split s`): chunks of the sequence as separate jobs
+    /// of the NEON kernel, combined by `HostAttention` from the state each
+    /// call leaves in scratch, against the interpreter (outputs and
+    /// recomputed rows).
     #[test]
     fn split_over_the_sequence_matches_the_interpreter() {
-        use tessera_codegen::neon::attention_split::NeonSplitDecode;
         let cases = [
             // (kernel, s, hq, kvh, d, chunk, q amplitude)
             (
@@ -735,12 +736,12 @@ mod run {
                     library::get(name).unwrap(),
                     online(library::get(name).unwrap()),
                 ] {
-                    let split = NeonSplitDecode::new(&k, &emit(target, &k)).unwrap();
+                    let split = compile(target, &k);
                     let p = Decode::new(&k, (s, hq, kvh, d), amp, 700 + i as u64);
                     let (kc, vc) = p.views();
                     let mut o = vec![f16::ZERO; hq * d];
                     let r = split
-                        .run(&p.q, kc, vc, s, hq, kvh, d, &mut o, 2, chunk)
+                        .run_chunked(&p.q, kc, vc, s, hq, kvh, d, &mut o, 2, chunk)
                         .unwrap();
                     let what = format!("{target} {} s={s} chunk={chunk}", k.name);
                     assert_eq!(r as usize, p.recomputed, "{what}");

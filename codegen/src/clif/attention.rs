@@ -13,7 +13,11 @@
 //!    Otherwise (online mode, or the async recompute, counted in
 //!    `recomputed`): per block the running max, the running sums rescaled
 //!    by `e^(m_old − m_new)` (not before the first block).
-//! 3. `o = num / den`, rounded to f16.
+//! 3. `o = num / den`, rounded to f16. The head's softmax state stays in
+//!    scratch as on NEON (`den` at `s`, `num` at `s + d`, the max the
+//!    exponentials were taken against at `s + 2d`), so
+//!    [`HostAttention`](crate::host_attention::HostAttention) can split `s`
+//!    into chunks and combine them.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F32X4, I8X16, I16X8, I32, I32X4, I64};
@@ -219,22 +223,29 @@ pub fn build(kernel: &Kernel) -> Result<Function, EmitError> {
             };
             let z = fb.f32c(0.0);
             let den = fb.var(F32, z);
+            let max = fb.var(F32, z);
             match softmax {
-                SoftmaxMode::Online => online(fb, &ctx, den),
+                SoftmaxMode::Online => online(fb, &ctx, den, max),
                 SoftmaxMode::Async { phi, .. } => {
                     let ok = fb.get(in_range);
                     fb.if_else(
                         ok,
-                        |fb| unified(fb, &ctx, den, phi),
+                        |fb| unified(fb, &ctx, den, max, phi),
                         |fb| {
                             let c = fb.load(I64, recomputed, 0);
                             let c = fb.b.ins().iadd_imm_s(c, 1);
                             fb.store(c, recomputed, 0);
-                            online(fb, &ctx, den);
+                            online(fb, &ctx, den, max);
                         },
                     );
                 }
             }
+            // The head's softmax state for a split over s: `den` at s, `num`
+            // at s + d (where it already is), the max at s + 2d.
+            let dn = fb.get(den);
+            fb.store(dn, qs, 0);
+            let mx = fb.get(max);
+            fb.store(mx, part, 0);
             // o = num / den → f16.
             let dn = fb.get(den);
             let orow_el = fb.b.ins().imul(h, d);
@@ -397,7 +408,13 @@ fn score(fb: &mut Fb<'_>, c: &Rows, j: Value) -> Value {
     fb.load(F32, p, 0)
 }
 
-fn online(fb: &mut Fb<'_>, c: &Rows, den: cranelift_frontend::Variable) {
+/// `den` and `num` against the running max, which ends in `out_max`.
+fn online(
+    fb: &mut Fb<'_>,
+    c: &Rows,
+    den: cranelift_frontend::Variable,
+    out_max: cranelift_frontend::Variable,
+) {
     clear(fb, c, c.num);
     let z = fb.f32c(0.0);
     fb.set(den, z);
@@ -435,13 +452,23 @@ fn online(fb: &mut Fb<'_>, c: &Rows, den: cranelift_frontend::Variable) {
         });
         fb.set(max, new_max);
     });
+    let m = fb.get(max);
+    fb.set(out_max, m);
 }
 
-fn unified(fb: &mut Fb<'_>, c: &Rows, den: cranelift_frontend::Variable, phi: f32) {
+/// `den` and `num` against the unified max `phi`, which goes to `out_max`.
+fn unified(
+    fb: &mut Fb<'_>,
+    c: &Rows,
+    den: cranelift_frontend::Variable,
+    out_max: cranelift_frontend::Variable,
+    phi: f32,
+) {
     clear(fb, c, c.num);
     let z = fb.f32c(0.0);
     fb.set(den, z);
     let phi = fb.f32c(phi);
+    fb.set(out_max, phi);
     blocks(fb, c, |fb, b0, b1| {
         clear(fb, c, c.part);
         let z = fb.f32c(0.0);

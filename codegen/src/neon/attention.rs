@@ -27,8 +27,8 @@
 //!    `sshr`+`and` and a 2⁸ scale folded into the denominator).
 //! 5. `o = num / den`, rounded to f16. The head's softmax state stays in
 //!    scratch (`den` at `s`, `num` at `s + d`, the max the exps were taken
-//!    against at `s + 2d`): the flash-decoding split
-//!    (`attention_split`) combines chunks of the sequence from it.
+//!    against at `s + 2d`): `HostAttention`'s flash-decoding split
+//!    (`split s`) combines chunks of the sequence from it.
 //!
 //! A prefill kernel emits this same code; `attention_prefill::NeonPrefill`
 //! runs it once per query token with that token's causal prefix.

@@ -35,7 +35,6 @@ pub mod attention;
 pub mod attention_append;
 mod attention_asm;
 pub mod attention_prefill;
-pub mod attention_split;
 pub mod float;
 pub mod frame;
 pub mod int8;

@@ -310,11 +310,7 @@ impl MatmulCase {
     }
 }
 
-fn schedule_text(
-    body: &mut Vec<String>,
-    parallel: &[&str],
-    split: Option<&str>,
-) {
+fn schedule_text(body: &mut Vec<String>, parallel: &[&str], split: Option<&str>) {
     if !parallel.is_empty() {
         body.push(format!("parallel {};", parallel.join(", ")));
     }
