@@ -14,7 +14,7 @@
 use std::mem::offset_of;
 
 use half::f16;
-use tessera_dsl::ir::{AttentionKind, Format, Kernel};
+use tessera_dsl::ir::{AttentionKind, Format, Kernel, Op};
 use tessera_dsl::quant::QuantTensor;
 
 use crate::abi::KernelFn;
@@ -81,7 +81,7 @@ offsets!(
 /// Why an attention kernel cannot be prepared or called.
 #[derive(Debug, thiserror::Error)]
 pub enum AttentionError {
-    #[error("kernel `{kernel}` is not a decode attention kernel")]
+    #[error("kernel `{kernel}` is not an attention kernel")]
     NotDecode { kernel: String },
     #[error("{what}: expected {expected}, got {got}")]
     Shape {
@@ -149,9 +149,13 @@ fn shape(what: &'static str, expected: impl ToString, got: impl ToString) -> Att
 }
 
 impl HostAttention {
+    /// `code` as emitted for `kernel`. A prefill kernel's code is its decode
+    /// loop (the host emitters emit the same code for both), run per query
+    /// token by [`HostAttention::prefill`].
     pub fn new(kernel: &Kernel, code: &MachineCode) -> Result<HostAttention, AttentionError> {
-        match kernel.as_attention() {
-            Some(a) if a.kind == AttentionKind::Decode => {}
+        let mut decode = kernel.clone();
+        match &mut decode.op {
+            Op::Attention(a) => a.kind = AttentionKind::Decode,
             _ => {
                 return Err(AttentionError::NotDecode {
                     kernel: kernel.name.clone(),
@@ -159,9 +163,67 @@ impl HostAttention {
             }
         }
         Ok(HostAttention {
-            kernel: kernel.clone(),
+            kernel: decode,
             code: JitCode::map(code)?,
         })
+    }
+
+    /// Causal prefill: `t` query tokens (`q`, `o`: f16 `[t, hq, d]`) over a
+    /// cache of `s ≥ t` tokens, token i seeing the first `s − t + i + 1`
+    /// (the interpreter's rule): one decode call per token over its prefix,
+    /// read in place, each as [`HostAttention::run`] with `threads`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefill(
+        &self,
+        q: &[f16],
+        k: KvCache<'_>,
+        v: KvCache<'_>,
+        t: usize,
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        o: &mut [f16],
+        threads: usize,
+    ) -> Result<u64, AttentionError> {
+        if s < t {
+            return Err(shape("sequence length", format!("at least t = {t}"), s));
+        }
+        let row = hq
+            .checked_mul(d)
+            .ok_or_else(|| shape("hq·d", "no overflow", "overflow"))?;
+        let all = row
+            .checked_mul(t)
+            .ok_or_else(|| shape("t·hq·d", "no overflow", "overflow"))?;
+        if q.len() != all {
+            return Err(shape("q elements (t·hq·d)", all, q.len()));
+        }
+        if o.len() != all {
+            return Err(shape("o elements (t·hq·d)", all, o.len()));
+        }
+        // Every token's prefix lies within the whole: check it up front.
+        let whole = s
+            .checked_mul(kvh)
+            .ok_or_else(|| shape("s·kvh", "no overflow", "overflow"))?;
+        prefix(k, whole, d)?;
+        prefix(v, whole, d)?;
+        let mut recomputed = 0;
+        for i in 0..t {
+            let visible = s - t + i + 1;
+            let rows = visible * kvh;
+            recomputed += self.run(
+                &q[i * row..][..row],
+                prefix(k, rows, d)?,
+                prefix(v, rows, d)?,
+                visible,
+                hq,
+                kvh,
+                d,
+                &mut o[i * row..][..row],
+                threads,
+            )?;
+        }
+        Ok(recomputed)
     }
 
     /// o[hq, d] = softmax(q·kᵀ)·v over `s` cached tokens; returns how many
@@ -595,6 +657,75 @@ impl HostAttention {
             recomputed += u64::from(parts.iter().any(|p| p[d + 2] > 0.0));
         }
         Ok(recomputed)
+    }
+}
+
+/// The first `rows` rows of a cache of `cols` columns, borrowed in place.
+pub fn prefix<'a>(c: KvCache<'a>, rows: usize, cols: usize) -> Result<KvCache<'a>, AttentionError> {
+    let elems = rows * cols;
+    match c {
+        KvCache::F16(x) => x
+            .get(..elems)
+            .map(KvCache::F16)
+            .ok_or_else(|| shape("cache elements", elems, x.len())),
+        KvCache::Quant(t) => {
+            // One scale (and offset) per row, or none (fp8): what the
+            // decode kernel reads; other groupings are refused there.
+            let per_row = |v: &'a [f32]| -> Result<&'a [f32], AttentionError> {
+                if v.is_empty() {
+                    Ok(v)
+                } else if v.len() == t.rows {
+                    Ok(&v[..rows])
+                } else {
+                    Err(shape("cache parameters", "one per row", v.len()))
+                }
+            };
+            if t.rows < rows || t.cols != cols {
+                return Err(shape(
+                    "quantized cache [rows, cols]",
+                    format!("at least [{rows}, {cols}]"),
+                    format!("[{}, {}]", t.rows, t.cols),
+                ));
+            }
+            Ok(KvCache::QuantRows {
+                format: t.format,
+                rows,
+                cols,
+                codes: t
+                    .codes
+                    .get(..elems)
+                    .ok_or_else(|| shape("cache codes", elems, t.codes.len()))?,
+                scales: per_row(&t.scales)?,
+                offsets: per_row(&t.offsets)?,
+            })
+        }
+        KvCache::QuantRows {
+            format,
+            rows: r,
+            cols: c,
+            codes,
+            scales,
+            offsets,
+        } => {
+            if r < rows || c != cols {
+                return Err(shape(
+                    "quantized cache [rows, cols]",
+                    format!("at least [{rows}, {cols}]"),
+                    format!("[{r}, {c}]"),
+                ));
+            }
+            let cut = |v: &'a [f32]| if v.len() == r { &v[..rows] } else { v };
+            Ok(KvCache::QuantRows {
+                format,
+                rows,
+                cols,
+                codes: codes
+                    .get(..elems)
+                    .ok_or_else(|| shape("cache codes", elems, codes.len()))?,
+                scales: cut(scales),
+                offsets: cut(offsets),
+            })
+        }
     }
 }
 

@@ -281,7 +281,58 @@ fn clif_attention_rejects_bad_shapes() {
         )
         .is_err()
     );
-    let prefill = library::get("attention-prefill-f16").unwrap();
-    let backend = ClifBackend::host().unwrap();
-    assert!(backend.emit(&prefill, &any_tile()).is_err());
+}
+
+/// A prefill kernel is the decode loop run per query token over its causal
+/// prefix (`HostAttention::prefill`): against the interpreter, with a
+/// prefix p ∈ {0, 1, 17} before the t new tokens.
+#[test]
+fn clif_prefill_is_causal_and_matches_the_interpreter() {
+    let kernel = library::get("attention-prefill-f16").unwrap();
+    let att = compile(&kernel);
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    for &(p, t, hq, kvh, d) in &[
+        (0usize, 5usize, 4usize, 2usize, 16usize),
+        (1, 9, 6, 2, 13),
+        (17, 7, 3, 3, 8),
+    ] {
+        let s = p + t;
+        let qv: Vec<f16> = (0..t * hq * d)
+            .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
+            .collect();
+        let kv: Vec<f16> = (0..s * kvh * d)
+            .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+            .collect();
+        let vv: Vec<f16> = (0..s * kvh * d)
+            .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+            .collect();
+        let bindings = Bindings::new()
+            .extent("t", t)
+            .extent("hq", hq)
+            .extent("kvh", kvh)
+            .extent("d", d)
+            .extent("s", s)
+            .tensor("q", Value::F16(qv.clone()))
+            .tensor("k", Value::F16(kv.clone()))
+            .tensor("v", Value::F16(vv.clone()));
+        let out = interp::run(&kernel, &bindings).expect("interp");
+        let want = out.get("o").unwrap();
+        let mut o = vec![f16::ZERO; t * hq * d];
+        let (kc, vc) = (KvCache::F16(&kv), KvCache::F16(&vv));
+        att.prefill(&qv, kc, vc, t, s, hq, kvh, d, &mut o, 2)
+            .expect("prefill");
+        for (i, (g, w)) in o.iter().zip(want).enumerate() {
+            let g = g.to_f32();
+            assert!(
+                (g - w).abs() <= 2e-3 * w.abs() + 2e-3,
+                "p={p} t={t} hq={hq} kvh={kvh} d={d}: o[{i}] = {g}, want {w}"
+            );
+        }
+    }
+    // A cache shorter than s is refused, not read past.
+    let short = vec![f16::ZERO; 3 * 8];
+    let mut o = vec![f16::ZERO; 2 * 2 * 8];
+    let q = vec![f16::ZERO; 2 * 2 * 8];
+    let (kc, vc) = (KvCache::F16(&short), KvCache::F16(&short));
+    assert!(att.prefill(&q, kc, vc, 2, 4, 2, 1, 8, &mut o, 1).is_err());
 }

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 use tessera_codegen::host_attention::{HostAttention, KvCache as KvView};
+use tessera_codegen::neon::attention_append::{KvRowsMut, NeonKvAppend};
 use tessera_dsl::ir::{Format, Group, ParamType};
 use tessera_dsl::quant;
 
@@ -191,6 +192,45 @@ impl Store {
                 codes: &codes[..rows * d],
                 scales: &scales[..if format.group().is_some() { rows } else { 0 }],
                 offsets: &offsets[..if format.is_asymmetric() { rows } else { 0 }],
+            },
+        }
+    }
+
+    /// Exactly `rows` rows of `d`: new rows zero (written in place next),
+    /// dropped rows forgotten. Within the reserved capacity.
+    fn resize_rows(&mut self, rows: usize, d: usize) {
+        match self {
+            Store::F16(v) => v.resize(rows * d, f16::ZERO),
+            Store::Rows {
+                format,
+                codes,
+                scales,
+                offsets,
+            } => {
+                codes.resize(rows * d, 0);
+                if format.group().is_some() {
+                    scales.resize(rows, 0.0);
+                }
+                if format.is_asymmetric() {
+                    offsets.resize(rows, 0.0);
+                }
+            }
+        }
+    }
+
+    /// Every row, writable, as the append kernel takes them.
+    fn rows_mut(&mut self) -> KvRowsMut<'_> {
+        match self {
+            Store::F16(v) => KvRowsMut::F16(v),
+            Store::Rows {
+                codes,
+                scales,
+                offsets,
+                ..
+            } => KvRowsMut::Codes {
+                codes,
+                scales,
+                offsets,
             },
         }
     }
@@ -405,7 +445,106 @@ impl KvCache {
         if let Some(i) = k.iter().chain(v).position(|x| !x.is_finite()) {
             return Err(shape("K/V values", "finite", format!("element {i} is not")));
         }
-        let want = self.len + tokens;
+        self.make_room(tokens)?;
+        let rows = tokens * self.kvh;
+        match &mut self.storage {
+            Storage::Host { k: ks, v: vs } => {
+                ks.append(rows, self.d, k)?;
+                vs.append(rows, self.d, v)?;
+                debug_assert!(ks.capacity_elems() >= self.capacity * row);
+            }
+            #[cfg(feature = "opencl")]
+            Storage::OpenCl { dev, cache } => {
+                let (ke, ve) = self.format.encode_rows(rows, self.d, k, v)?;
+                cache
+                    .write(dev, self.len, tokens, ke.rows(), ve.rows())
+                    .map_err(|e| RuntimeError::Gpu {
+                        backend: "opencl".into(),
+                        why: e.to_string(),
+                    })?;
+            }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda { dev, cache } => {
+                let (ke, ve) = self.format.encode_rows(rows, self.d, k, v)?;
+                cache
+                    .write(dev, self.len, tokens, ke.rows(), ve.rows())
+                    .map_err(|e| RuntimeError::Gpu {
+                        backend: "cuda".into(),
+                        why: e.to_string(),
+                    })?;
+            }
+        }
+        self.len += tokens;
+        Ok(())
+    }
+
+    /// Append f16 keys and values `[tokens, kvh, d]` with the NEON append
+    /// kernel `append`, in place in host storage; without one (or on a
+    /// device cache), through the host encoder, which writes the same
+    /// bytes (the kernel is the reference quantizer bit for bit).
+    fn append_f16(
+        &mut self,
+        k: &[f16],
+        v: &[f16],
+        tokens: usize,
+        append: Option<&NeonKvAppend>,
+    ) -> Result<(), RuntimeError> {
+        let row = self.kvh * self.d;
+        let elems = tokens
+            .checked_mul(row)
+            .ok_or_else(|| shape("tokens·kvh·d", "no overflow", "overflow"))?;
+        check_len("keys elements (tokens·kvh·d)", elems, k.len())?;
+        check_len("values elements (tokens·kvh·d)", elems, v.len())?;
+        let (Some(append), Storage::Host { .. }) = (append, &self.storage) else {
+            let widen = |x: &[f16]| -> Result<Vec<f32>, RuntimeError> {
+                let mut out = Vec::new();
+                try_hold(&mut out, x.len(), "widened K/V rows")?;
+                out.extend(x.iter().map(|h| h.to_f32()));
+                Ok(out)
+            };
+            return self.append(&widen(k)?, &widen(v)?, tokens);
+        };
+        if let Some(i) = k.iter().chain(v).position(|x| !x.is_finite()) {
+            return Err(shape("K/V values", "finite", format!("element {i} is not")));
+        }
+        self.make_room(tokens)?;
+        let (len, kvh, d) = (self.len, self.kvh, self.d);
+        let Storage::Host { k: ks, v: vs } = &mut self.storage else {
+            return Err(shape("KV cache storage", "host memory", "a device"));
+        };
+        // The rows to write exist (reserved above: no reallocation).
+        ks.resize_rows((len + tokens) * kvh, d);
+        vs.resize_rows((len + tokens) * kvh, d);
+        for i in 0..tokens {
+            let written = append.run(
+                &k[i * row..][..row],
+                &v[i * row..][..row],
+                ks.rows_mut(),
+                vs.rows_mut(),
+                len + i,
+                kvh,
+                d,
+            );
+            if let Err(e) = written {
+                ks.resize_rows(len * kvh, d);
+                vs.resize_rows(len * kvh, d);
+                return Err(RuntimeError::NoKernel {
+                    what: "KV append".into(),
+                    why: e.to_string(),
+                });
+            }
+        }
+        self.len += tokens;
+        Ok(())
+    }
+
+    /// Grow (by the capacity mode) so that `tokens` more fit.
+    fn make_room(&mut self, tokens: usize) -> Result<(), RuntimeError> {
+        let row = self.kvh * self.d;
+        let want = self
+            .len
+            .checked_add(tokens)
+            .ok_or_else(|| shape("KV cache tokens", "no overflow", "overflow"))?;
         if want > self.capacity {
             match self.mode {
                 KvCapacity::Max(max) => {
@@ -455,35 +594,6 @@ impl KvCache {
                 }
             }
         }
-        let rows = tokens * self.kvh;
-        match &mut self.storage {
-            Storage::Host { k: ks, v: vs } => {
-                ks.append(rows, self.d, k)?;
-                vs.append(rows, self.d, v)?;
-                debug_assert!(ks.capacity_elems() >= self.capacity * row);
-            }
-            #[cfg(feature = "opencl")]
-            Storage::OpenCl { dev, cache } => {
-                let (ke, ve) = self.format.encode_rows(rows, self.d, k, v)?;
-                cache
-                    .write(dev, self.len, tokens, ke.rows(), ve.rows())
-                    .map_err(|e| RuntimeError::Gpu {
-                        backend: "opencl".into(),
-                        why: e.to_string(),
-                    })?;
-            }
-            #[cfg(feature = "cuda")]
-            Storage::Cuda { dev, cache } => {
-                let (ke, ve) = self.format.encode_rows(rows, self.d, k, v)?;
-                cache
-                    .write(dev, self.len, tokens, ke.rows(), ve.rows())
-                    .map_err(|e| RuntimeError::Gpu {
-                        backend: "cuda".into(),
-                        why: e.to_string(),
-                    })?;
-            }
-        }
-        self.len = want;
         Ok(())
     }
 
@@ -544,6 +654,8 @@ pub struct Attention {
     d: usize,
     format: KvFormat,
     kernel: AttentionKernel,
+    /// The device's own KV append (the JIT NEON device's emitted kernel).
+    kv_append: Option<Arc<NeonKvAppend>>,
 }
 
 /// The decode kernel an [`Attention`] runs.
@@ -636,6 +748,11 @@ impl Attention {
             }
             _ => AttentionKernel::Host(device.attention(format.kernel_name())?),
         };
+        let kv_append = match kernel {
+            AttentionKernel::Host(_) => device.kv_append(format.kernel_name())?,
+            #[allow(unreachable_patterns)]
+            _ => None,
+        };
         Ok(Attention {
             device: Arc::clone(device),
             hq,
@@ -643,7 +760,36 @@ impl Attention {
             d,
             format,
             kernel,
+            kv_append,
         })
+    }
+
+    /// Append `tokens` tokens of f16 keys and values `[tokens, kvh, d]`
+    /// (as the projections produce them) to `cache`, in place and in its
+    /// formats. On the JIT NEON device the NEON emitter's append kernel
+    /// writes them; elsewhere the cache's own encoder, which writes the
+    /// same bytes.
+    pub fn append(
+        &self,
+        cache: &mut KvCache,
+        k: &[f16],
+        v: &[f16],
+        tokens: usize,
+    ) -> Result<(), RuntimeError> {
+        if cache.format != self.format || cache.kvh != self.kvh || cache.d != self.d {
+            return Err(shape(
+                "KV cache (format, kvh, d)",
+                format!("({:?}, {}, {})", self.format, self.kvh, self.d),
+                format!("({:?}, {}, {})", cache.format, cache.kvh, cache.d),
+            ));
+        }
+        cache.append_f16(k, v, tokens, self.kv_append.as_deref())
+    }
+
+    /// Whether [`Attention::append`] runs an emitted append kernel (the
+    /// JIT NEON device) rather than the host encoder.
+    pub fn appends_in_kernel(&self) -> bool {
+        self.kv_append.is_some()
     }
 
     fn check_cache(&self, cache: &KvCache) -> Result<(), RuntimeError> {
@@ -841,43 +987,48 @@ impl Attention {
         self.host_views(cache, cache.len)?;
         let costs: Vec<usize> = (0..t).map(|i| first + i + 1).collect();
         let ranges = split_by_cost(&costs, &self.device.core_weights());
-        // Each worker owns the output rows of its tokens.
-        let mut rows: Vec<&mut [f16]> = o.chunks_mut(hd).collect();
-        let mut owned: Vec<Mutex<Vec<&mut [f16]>>> = Vec::with_capacity(ranges.len());
-        for r in ranges.iter().rev() {
-            owned.push(Mutex::new(rows.split_off(r.start)));
+        // Each worker owns the output rows of its tokens: ranges are
+        // contiguous and in order, so `o` splits into one slice each.
+        let mut owned: Vec<Mutex<&mut [f16]>> = Vec::with_capacity(ranges.len());
+        let mut rest = o;
+        for r in &ranges {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * hd);
+            owned.push(Mutex::new(mine));
+            rest = tail;
         }
-        owned.reverse();
         let failure: Mutex<Option<RuntimeError>> = Mutex::new(None);
         let recomputed = std::sync::atomic::AtomicU64::new(0);
         let work = |worker: usize| {
             let (Some(range), Some(slot)) = (ranges.get(worker), owned.get(worker)) else {
                 return;
             };
-            let mut mine = slot.lock().unwrap_or_else(|e| e.into_inner());
-            for (i, out) in range.clone().zip(mine.iter_mut()) {
-                let s = first + i + 1;
-                let Some((k, v)) = cache.views(s) else {
-                    return;
-                };
-                match kernel.run(
-                    &q[i * hd..(i + 1) * hd],
-                    k,
-                    v,
-                    s,
-                    self.hq,
-                    self.kvh,
-                    self.d,
-                    out,
-                    1,
-                ) {
-                    Ok(n) => {
-                        recomputed.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.into());
-                        return;
-                    }
+            if range.is_empty() {
+                return;
+            }
+            let mut out = slot.lock().unwrap_or_else(|e| e.into_inner());
+            // This worker's tokens are a prefill of their own: the last
+            // sees the first `first + range.end` cached tokens.
+            let s = first + range.end;
+            let Some((k, v)) = cache.views(s) else {
+                return;
+            };
+            match kernel.prefill(
+                &q[range.start * hd..range.end * hd],
+                k,
+                v,
+                range.len(),
+                s,
+                self.hq,
+                self.kvh,
+                self.d,
+                &mut out,
+                1,
+            ) {
+                Ok(n) => {
+                    recomputed.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(e) => {
+                    *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.into());
                 }
             }
         };

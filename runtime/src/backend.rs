@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use tessera_codegen::artifact::MachineCode;
 use tessera_codegen::host::{HostMatmul, HostTile};
 use tessera_codegen::host_attention::HostAttention;
+use tessera_codegen::neon::attention_append::NeonKvAppend;
 use tessera_dsl::ir::{Kernel, Variant};
 use tessera_dsl::library;
 
@@ -171,6 +172,8 @@ pub struct Device {
     record: Option<TuningRecord>,
     matmuls: Mutex<BTreeMap<MatmulKey, Arc<HostMatmul>>>,
     attentions: Mutex<BTreeMap<String, Arc<HostAttention>>>,
+    /// The NEON emitter's KV append per cache kernel (JIT NEON only).
+    kv_appends: Mutex<BTreeMap<String, Arc<NeonKvAppend>>>,
 }
 
 impl fmt::Debug for Device {
@@ -321,6 +324,7 @@ impl Device {
             record: options.record,
             matmuls: Mutex::new(BTreeMap::new()),
             attentions: Mutex::new(BTreeMap::new()),
+            kv_appends: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -753,6 +757,33 @@ impl Device {
         let code = Arc::new(HostAttention::new(&kernel, &code)?);
         lock(&self.attentions).insert(name.to_string(), Arc::clone(&code));
         Ok(code)
+    }
+
+    /// The KV append kernel for the caches of attention kernel `name`, on
+    /// the JIT NEON device: the NEON emitter's, mapped once. `None`
+    /// elsewhere (prebuilt sets ship none; other backends have no append
+    /// emitter): there the host encoder writes the same bytes.
+    pub(crate) fn kv_append(&self, name: &str) -> Result<Option<Arc<NeonKvAppend>>, RuntimeError> {
+        #[cfg(feature = "jit")]
+        if let Engine::Neon(neon) = &self.engine {
+            if let Some(append) = lock(&self.kv_appends).get(name) {
+                return Ok(Some(Arc::clone(append)));
+            }
+            let kernel = library::get(name)?;
+            let no_kernel = |e: &dyn fmt::Display| RuntimeError::NoKernel {
+                what: format!("{name} KV append"),
+                why: e.to_string(),
+            };
+            let code = tessera_codegen::neon::attention_append::emit(neon.caps(), &kernel)
+                .map_err(|e| no_kernel(&e))?;
+            let append =
+                NeonKvAppend::new(neon.caps(), &kernel, &code).map_err(|e| no_kernel(&e))?;
+            let append = Arc::new(append);
+            lock(&self.kv_appends).insert(name.to_string(), Arc::clone(&append));
+            return Ok(Some(append));
+        }
+        let _ = name;
+        Ok(None)
     }
 }
 

@@ -627,6 +627,72 @@ fn kv_cache_grows_past_its_first_chunk_in_place_and_decode_stays_exact() {
     }
 }
 
+/// `Attention::append` takes f16 rows as the projections produce them: on
+/// the JIT NEON device its emitted append kernel writes them in place, on
+/// the others the cache's encoder. Either way the cache holds what
+/// `KvCache::append` of the same values writes: decode reads bit-identical
+/// outputs from both, through growths, and both match the interpreter.
+#[test]
+fn attention_append_writes_what_the_cache_encoder_writes() {
+    let (hq, kvh, d) = (4, 2, 40);
+    for (format, backend) in [KvFormat::F16, KvFormat::Kv8]
+        .into_iter()
+        .flat_map(|f| host_backends().into_iter().map(move |b| (f, b)))
+    {
+        let dev = device(backend, 2, None);
+        let att = Attention::new(&dev, hq, kvh, d, format).unwrap();
+        assert_eq!(
+            att.appends_in_kernel(),
+            backend == Backend::Neon,
+            "{backend:?}"
+        );
+        let mut by_attention = KvCache::new(format, kvh, d, KvCapacity::Chunked(4)).unwrap();
+        let mut by_cache = KvCache::new(format, kvh, d, KvCapacity::Chunked(4)).unwrap();
+        let mut r = rng(17);
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        for tokens in [1usize, 3, 2, 5] {
+            let k = randh(&mut r, tokens * kvh * d, 2.0);
+            let v = randh(&mut r, tokens * kvh * d, 2.0);
+            att.append(&mut by_attention, &k, &v, tokens).unwrap();
+            let (kw, vw): (Vec<f32>, Vec<f32>) = (
+                k.iter().map(|x| x.to_f32()).collect(),
+                v.iter().map(|x| x.to_f32()).collect(),
+            );
+            by_cache.append(&kw, &vw, tokens).unwrap();
+            ks.extend(kw);
+            vs.extend(vw);
+            let q = randh(&mut r, hq * d, 0.3);
+            let (mut oa, mut oc) = (vec![f16::ZERO; hq * d], vec![f16::ZERO; hq * d]);
+            att.decode(&q, &by_attention, &mut oa).unwrap();
+            att.decode(&q, &by_cache, &mut oc).unwrap();
+            assert_eq!(oa, oc, "{backend:?} {format:?} after {tokens} tokens");
+            let s = by_attention.len();
+            let want = reference_attention(format, &q, &ks, &vs, 1, s, hq, kvh, d);
+            let got: Vec<f32> = oa.iter().map(|x| x.to_f32()).collect();
+            let (err, _) = max_err(&got, &want);
+            assert!(err <= 4e-3, "{backend:?} {format:?} s={s}: err {err}");
+        }
+        assert!(by_attention.growths() >= 2, "{by_attention:?}");
+        // Bad rows are refused and leave the cache as it was.
+        let len = by_attention.len();
+        let mut bad = randh(&mut r, kvh * d, 1.0);
+        bad[5] = f16::NAN;
+        let err = att.append(&mut by_attention, &bad, &bad, 1).unwrap_err();
+        assert!(err.to_string().contains("finite"), "{err}");
+        let short = att
+            .append(&mut by_attention, &bad[1..], &bad, 1)
+            .unwrap_err();
+        assert!(short.to_string().contains("keys elements"), "{short}");
+        let mut other = KvCache::new(format, 1, d, KvCapacity::Max(4)).unwrap();
+        let wrong = att.append(&mut other, &bad, &bad, 1).unwrap_err();
+        assert!(
+            wrong.to_string().contains("KV cache (format, kvh, d)"),
+            "{wrong}"
+        );
+        assert_eq!(by_attention.len(), len);
+    }
+}
+
 #[test]
 fn prefill_is_causal_and_matches_the_interpreter() {
     for backend in host_backends() {

@@ -202,7 +202,6 @@ mod run {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use tessera_codegen::host_attention::{HostAttention, KvCache};
-    use tessera_codegen::neon::attention_prefill::NeonPrefill;
     use tessera_dsl::interp::{self, Bindings, Value};
     use tessera_dsl::quant::{self, QuantTensor};
 
@@ -434,8 +433,9 @@ mod run {
         }
     }
 
-    /// Causal prefill through NeonPrefill (the decode kernel per query
-    /// token with its visible prefix) against the interpreter.
+    /// Causal prefill through `HostAttention::prefill` (the NEON decode
+    /// kernel per query token with its visible prefix) against the
+    /// interpreter.
     #[allow(clippy::too_many_arguments)]
     fn check_prefill(
         target: &str,
@@ -448,7 +448,7 @@ mod run {
         seed: u64,
     ) {
         let code = emit(target, kernel);
-        let pre = NeonPrefill::new(kernel, &code).expect("map");
+        let pre = HostAttention::new(kernel, &code).expect("map");
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let a = kernel.as_attention().unwrap();
         let kf = kernel.tensor(&a.k).unwrap().format;
@@ -475,7 +475,7 @@ mod run {
         let vc = vq.as_ref().map_or(KvCache::F16(&v16), KvCache::Quant);
         let mut o = vec![f16::ZERO; t * hq * d];
         let r = pre
-            .run(&qv, kc, vc, t, s, hq, kvh, d, &mut o, 2)
+            .prefill(&qv, kc, vc, t, s, hq, kvh, d, &mut o, 2)
             .expect("run");
         assert_eq!(r as usize, out.softmax.unwrap().recomputed);
         for (i, (g, w)) in o.iter().zip(want).enumerate() {
@@ -508,12 +508,12 @@ mod run {
         }
         // A cache shorter than s is refused, not read past.
         let code = emit("aarch64-neon", &k);
-        let pre = NeonPrefill::new(&k, &code).unwrap();
+        let pre = HostAttention::new(&k, &code).unwrap();
         let q = vec![f16::ZERO; 2 * 2 * 8];
         let kc = vec![f16::ZERO; 3 * 8];
         let mut o = vec![f16::ZERO; 2 * 2 * 8];
         assert!(
-            pre.run(
+            pre.prefill(
                 &q,
                 KvCache::F16(&kc),
                 KvCache::F16(&kc),

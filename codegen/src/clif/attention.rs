@@ -24,7 +24,7 @@ use cranelift_codegen::ir::types::{F32, F32X4, I8X16, I16X8, I32, I32X4, I64};
 use cranelift_codegen::ir::{Function, InstBuilder, Value};
 use cranelift_frontend::FunctionBuilderContext;
 use tessera_dsl::interp::ONLINE_BLOCK;
-use tessera_dsl::ir::{AttentionKind, Format, Group, Kernel, ParamType, SoftmaxMode};
+use tessera_dsl::ir::{Format, Group, Kernel, ParamType, SoftmaxMode};
 
 use super::build::{Fb, lanes, mem, new_function};
 use crate::artifact::EmitError;
@@ -59,7 +59,9 @@ fn check_formats(k: Format, v: Format) -> Result<(), EmitError> {
     }
 }
 
-/// Build the decode attention function of `kernel`.
+/// Build the decode attention function of `kernel`. A prefill kernel gets
+/// the same function: `HostAttention::prefill` calls it once per query
+/// token with that token's causal prefix (as on NEON).
 pub fn build(kernel: &Kernel) -> Result<Function, EmitError> {
     let a = kernel.as_attention().ok_or_else(|| {
         unsupported(format!(
@@ -67,12 +69,6 @@ pub fn build(kernel: &Kernel) -> Result<Function, EmitError> {
             kernel.name
         ))
     })?;
-    if a.kind != AttentionKind::Decode {
-        return Err(unsupported(format!(
-            "prefill attention (`{}`); the host backend emits decode attention",
-            kernel.name
-        )));
-    }
     let fmt = |n: &str| {
         kernel
             .tensor(n)

@@ -30,7 +30,7 @@
 //!    against at `s + 2d`): `HostAttention`'s flash-decoding split
 //!    (`split s`) combines chunks of the sequence from it.
 //!
-//! A prefill kernel emits this same code; `attention_prefill::NeonPrefill`
+//! A prefill kernel emits this same code; `HostAttention::prefill`
 //! runs it once per query token with that token's causal prefix.
 //!
 //! Tails: d need not be a multiple of 8 (a scalar tail over the last
@@ -88,7 +88,7 @@ impl AttentionSpec {
             .as_attention()
             .ok_or_else(|| unsupported(format!("kernel `{}` is not attention", kernel.name)))?;
         // A prefill kernel is the decode kernel run once per query row with
-        // that row's causal length (`attention_prefill::NeonPrefill`).
+        // that row's causal length (`HostAttention::prefill`).
         let fmt = |n: &str| {
             kernel
                 .tensor(n)
@@ -228,7 +228,7 @@ pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError
     let spec = AttentionSpec::new(caps, kernel)?;
     let mut a = A64::new();
     if kernel.as_attention().map(|a| a.kind) == Some(AttentionKind::Prefill) {
-        a.header("prefill: this decode kernel runs once per query token with s = its causal prefix (NeonPrefill)");
+        a.header("prefill: this decode kernel runs once per query token with s = its causal prefix (HostAttention::prefill)");
     }
     a.header(&format!(
         "{} {} decode attention: keys {}, values {}, QK {}, softmax {}",

@@ -34,7 +34,6 @@ pub mod asm;
 pub mod attention;
 pub mod attention_append;
 mod attention_asm;
-pub mod attention_prefill;
 pub mod float;
 pub mod frame;
 pub mod int8;
