@@ -614,7 +614,7 @@ impl HostAttention {
                 slot[d + 2] = if counter > 0 { 1.0 } else { 0.0 };
             }
         };
-        let mut runs: Vec<Vec<(usize, Vec<&mut [f32]>)>> = Vec::new();
+        let mut runs: Vec<Vec<JobSlots<'_>>> = Vec::new();
         let mut slots = slots.into_iter().enumerate().peekable();
         while slots.peek().is_some() {
             runs.push(slots.by_ref().take(per).collect());
@@ -728,6 +728,9 @@ pub fn prefix<'a>(c: KvCache<'a>, rows: usize, cols: usize) -> Result<KvCache<'a
         }
     }
 }
+
+/// A chunk job's index and the partial-state slots it fills.
+type JobSlots<'a> = (usize, Vec<&'a mut [f32]>);
 
 /// Fewest keys a split chunk gets: below this the combine and the extra
 /// calls cost more than the idle thread they would feed.

@@ -101,7 +101,8 @@ fn main() -> Result<(), Error> {
                     let mut caches = Vec::new();
                     for _ in 0..copies {
                         let mut c = KvCache::new(format, kvh, d, KvCapacity::Max(s))?;
-                        let k: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                        let k: Vec<f32> =
+                            (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
                         c.append(&k, &k, s)?;
                         caches.push(c);
                     }

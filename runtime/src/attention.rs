@@ -32,9 +32,9 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use crate::kv_append::{AppendKernel, KvRowsMut};
 use half::f16;
 use tessera_codegen::host_attention::{HostAttention, KvCache as KvView};
-use tessera_codegen::neon::attention_append::{KvRowsMut, NeonKvAppend};
 use tessera_dsl::ir::{Format, Group, ParamType};
 use tessera_dsl::quant;
 
@@ -487,7 +487,7 @@ impl KvCache {
         k: &[f16],
         v: &[f16],
         tokens: usize,
-        append: Option<&NeonKvAppend>,
+        append: Option<&AppendKernel>,
     ) -> Result<(), RuntimeError> {
         let row = self.kvh * self.d;
         let elems = tokens
@@ -509,6 +509,7 @@ impl KvCache {
         }
         self.make_room(tokens)?;
         let (len, kvh, d) = (self.len, self.kvh, self.d);
+        #[allow(irrefutable_let_patterns)]
         let Storage::Host { k: ks, v: vs } = &mut self.storage else {
             return Err(shape("KV cache storage", "host memory", "a device"));
         };
@@ -655,7 +656,7 @@ pub struct Attention {
     format: KvFormat,
     kernel: AttentionKernel,
     /// The device's own KV append (the JIT NEON device's emitted kernel).
-    kv_append: Option<Arc<NeonKvAppend>>,
+    kv_append: Option<Arc<AppendKernel>>,
 }
 
 /// The decode kernel an [`Attention`] runs.

@@ -12,10 +12,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
+use crate::kv_append::AppendKernel;
 use tessera_codegen::artifact::MachineCode;
 use tessera_codegen::host::{HostMatmul, HostTile};
 use tessera_codegen::host_attention::HostAttention;
-use tessera_codegen::neon::attention_append::NeonKvAppend;
 use tessera_dsl::ir::{Kernel, Variant};
 use tessera_dsl::library;
 
@@ -173,7 +173,8 @@ pub struct Device {
     matmuls: Mutex<BTreeMap<MatmulKey, Arc<HostMatmul>>>,
     attentions: Mutex<BTreeMap<String, Arc<HostAttention>>>,
     /// The NEON emitter's KV append per cache kernel (JIT NEON only).
-    kv_appends: Mutex<BTreeMap<String, Arc<NeonKvAppend>>>,
+    #[cfg(feature = "jit")]
+    kv_appends: Mutex<BTreeMap<String, Arc<AppendKernel>>>,
 }
 
 impl fmt::Debug for Device {
@@ -324,6 +325,7 @@ impl Device {
             record: options.record,
             matmuls: Mutex::new(BTreeMap::new()),
             attentions: Mutex::new(BTreeMap::new()),
+            #[cfg(feature = "jit")]
             kv_appends: Mutex::new(BTreeMap::new()),
         })
     }
@@ -763,7 +765,7 @@ impl Device {
     /// the JIT NEON device: the NEON emitter's, mapped once. `None`
     /// elsewhere (prebuilt sets ship none; other backends have no append
     /// emitter): there the host encoder writes the same bytes.
-    pub(crate) fn kv_append(&self, name: &str) -> Result<Option<Arc<NeonKvAppend>>, RuntimeError> {
+    pub(crate) fn kv_append(&self, name: &str) -> Result<Option<Arc<AppendKernel>>, RuntimeError> {
         #[cfg(feature = "jit")]
         if let Engine::Neon(neon) = &self.engine {
             if let Some(append) = lock(&self.kv_appends).get(name) {
@@ -777,7 +779,7 @@ impl Device {
             let code = tessera_codegen::neon::attention_append::emit(neon.caps(), &kernel)
                 .map_err(|e| no_kernel(&e))?;
             let append =
-                NeonKvAppend::new(neon.caps(), &kernel, &code).map_err(|e| no_kernel(&e))?;
+                AppendKernel::new(neon.caps(), &kernel, &code).map_err(|e| no_kernel(&e))?;
             let append = Arc::new(append);
             lock(&self.kv_appends).insert(name.to_string(), Arc::clone(&append));
             return Ok(Some(append));

@@ -36,6 +36,7 @@ pub mod device;
 pub mod dispatch;
 pub mod error;
 pub mod format;
+mod kv_append;
 pub mod linear;
 pub mod manifest;
 pub mod model_file;
