@@ -38,7 +38,8 @@ pub struct AttentionArgs {
     pub v: *const u8,
     /// f16 `[hq, d]`.
     pub o: *mut u8,
-    /// `s + 3·d` f32 of scratch for this call.
+    /// `9·s + 20·d + 16` f32 of scratch for this call (the most any host
+    /// emitter uses; cranelift and NEON need `s + 3·d`).
     pub scratch: *mut f32,
     /// Incremented once per row the async softmax recomputed online.
     pub recomputed: *mut u64,
@@ -118,6 +119,8 @@ pub enum KvCache<'a> {
 pub struct HostAttention {
     kernel: Kernel,
     code: JitCode,
+    /// The code handles head dims that are multiples of this only.
+    head_dim_multiple: usize,
 }
 
 impl std::fmt::Debug for HostAttention {
@@ -165,7 +168,16 @@ impl HostAttention {
         Ok(HostAttention {
             kernel: decode,
             code: JitCode::map(code)?,
+            head_dim_multiple: 1,
         })
+    }
+
+    /// The same, for code that handles head dims that are multiples of
+    /// `multiple` only (x86's, [`crate::x86::attention::HEAD_DIM_MULTIPLE`]):
+    /// calls with another `d` are refused.
+    pub fn with_head_dim_multiple(mut self, multiple: usize) -> HostAttention {
+        self.head_dim_multiple = multiple.max(1);
+        self
     }
 
     /// Causal prefill: `t` query tokens (`q`, `o`: f16 `[t, hq, d]`) over a
@@ -309,8 +321,12 @@ impl HostAttention {
         if s == 0 {
             return Err(shape("sequence length", "at least 1", s));
         }
-        if d == 0 {
-            return Err(shape("head dimension", "at least 1", d));
+        if d == 0 || !d.is_multiple_of(self.head_dim_multiple) {
+            return Err(shape(
+                "head dimension",
+                format!("a positive multiple of {}", self.head_dim_multiple),
+                d,
+            ));
         }
         let rows = s
             .checked_mul(kvh)
@@ -478,7 +494,7 @@ impl HostAttention {
             .is_some_and(|a| spreads(&self.kernel, &a.kv_heads));
         let threads = if spread { threads.clamp(1, kvh) } else { 1 };
         let per = kvh.div_ceil(threads);
-        let scratch_len = s + 3 * d;
+        let scratch_len = scratch_floats(s, d)?;
         let mut scratch = zeroed(scratch_len, threads)?;
         let mut counters = vec![0u64; threads];
         // An address, so the worker closure is Sync.
@@ -505,7 +521,7 @@ impl HostAttention {
             // SAFETY: the code was emitted for this kernel with the
             // AttentionArgs ABI; q and o hold hq·d f16, the caches s·kvh·d
             // elements of their declared formats with per-row parameters
-            // (all checked by `run_with`); the scratch holds s + 3·d f32 and
+            // (all checked by `run_with`); the scratch holds scratch_floats(s, d) f32 and
             // the counter is this worker's own; workers write disjoint heads.
             unsafe {
                 let f: KernelFn<AttentionArgs> = std::mem::transmute(entry as *const u8);
@@ -564,7 +580,7 @@ impl HostAttention {
         // Per head and chunk: num[d], den, max, recomputed (as f32 0/1).
         let state = d + 3;
         let mut partials = zeroed(hq * chunks * state, 1)?;
-        let scratch_len = chunk + 3 * d;
+        let scratch_len = scratch_floats(chunk, d)?;
         let mut scratch = zeroed(scratch_len, threads)?;
         let mut sink = zeroed_f16(hq * d, threads)?;
         let entry = self.code.entry() as usize;
@@ -603,7 +619,7 @@ impl HostAttention {
                 // formats (AttentionArgs ABI); rows r0 .. r0 + len·kvh of
                 // both caches and their per-row parameters lie within the
                 // s·kvh rows checked by `run_with`; q holds hq·d f16, `out`
-                // (this worker's own) hq·d, the scratch len + 3·d f32.
+                // (this worker's own) hq·d, the scratch scratch_floats(chunk, d) f32.
                 unsafe {
                     let f: KernelFn<AttentionArgs> = std::mem::transmute(entry as *const u8);
                     f(&args);
@@ -731,6 +747,16 @@ pub fn prefix<'a>(c: KvCache<'a>, rows: usize, cols: usize) -> Result<KvCache<'a
 
 /// A chunk job's index and the partial-state slots it fills.
 type JobSlots<'a> = (usize, Vec<&'a mut [f32]>);
+
+/// f32 of scratch one call over `s` keys gets: what every host emitter
+/// needs (cranelift and NEON `s + 3·d`, x86 more: its
+/// [`scratch_floats`](crate::x86::attention::scratch_floats)), checked.
+fn scratch_floats(s: usize, d: usize) -> Result<usize, AttentionError> {
+    s.checked_mul(9)
+        .and_then(|a| d.checked_mul(20).and_then(|b| a.checked_add(b)))
+        .and_then(|n| n.checked_add(16))
+        .ok_or_else(|| shape("attention scratch", "no overflow", "overflow"))
+}
 
 /// Fewest keys a split chunk gets: below this the combine and the extra
 /// calls cost more than the idle thread they would feed.

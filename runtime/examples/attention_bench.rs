@@ -3,7 +3,8 @@
 //! reaches at each context length.
 //!
 //! `cargo run --release -p tessera-runtime --example attention_bench --
-//! [--backend x86|host|neon] [--threads 1,2] [--ctx 4096,32768]`
+//! [--backend x86|host|neon] [--threads 1,2] [--ctx 4096,32768]
+//! [--model llama2-7b|qwen2-1.5b] [--format f16|kv8]`
 //!
 //! Heads: Llama2-7B (32 query / 32 KV heads × 128) and Qwen2-1.5B (12 / 2 ×
 //! 128); caches f16 and kv8 (int8 keys, fp8 values). Each line: µs per
@@ -77,7 +78,16 @@ fn main() -> Result<(), Error> {
     };
     let threads = list(&args, "--threads", &[1, 2])?;
     let contexts = list(&args, "--ctx", &[4096, 32768])?;
-    let heads = [("llama2-7b", 32usize, 32usize), ("qwen2-1.5b", 12, 2)];
+    let only = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let (model, kv_format) = (only("--model"), only("--format"));
+    let heads: Vec<(&str, usize, usize)> = [("llama2-7b", 32usize, 32usize), ("qwen2-1.5b", 12, 2)]
+        .into_iter()
+        .filter(|(name, _, _)| model.as_deref().is_none_or(|m| m == *name))
+        .collect();
     let d = 128;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let big: Vec<f32> = (0..1usize << 28).map(|i| (i % 7) as f32).collect();
@@ -92,7 +102,11 @@ fn main() -> Result<(), Error> {
         let bw = read_bandwidth(&big, t);
         println!("{backend:?}, {t} thread(s): read loop {bw:.1} GB/s");
         for &(name, hq, kvh) in &heads {
-            for format in [KvFormat::F16, KvFormat::Kv8] {
+            for format in [KvFormat::F16, KvFormat::Kv8].into_iter().filter(|f| {
+                kv_format
+                    .as_deref()
+                    .is_none_or(|k| k.eq_ignore_ascii_case(&format!("{f:?}")))
+            }) {
                 for &s in &contexts {
                     let bytes = kv_bytes(format, s, kvh, d);
                     // At least 1 GiB of caches in rotation.

@@ -747,7 +747,7 @@ impl Attention {
                     what: "decode attention (this build has no `cuda` feature)".into(),
                 });
             }
-            _ => AttentionKernel::Host(device.attention(format.kernel_name())?),
+            _ => AttentionKernel::Host(device.attention(format.kernel_name(), d)?),
         };
         let kv_append = match kernel {
             AttentionKernel::Host(_) => device.kv_append(format.kernel_name())?,

@@ -733,13 +733,47 @@ impl Device {
     }
 
     /// A mapped decode attention kernel (`attention-decode-f16`,
-    /// `attention-decode-kv8`), prepared once.
-    pub(crate) fn attention(&self, name: &str) -> Result<Arc<HostAttention>, RuntimeError> {
+    /// `attention-decode-kv8`) for head dim `d`, prepared once: on x86 the
+    /// x86 emitter's where `d` is a multiple of its 8 lanes, else
+    /// cranelift's.
+    pub(crate) fn attention(
+        &self,
+        name: &str,
+        d: usize,
+    ) -> Result<Arc<HostAttention>, RuntimeError> {
         self.host_only("a host attention kernel")?;
-        if let Some(code) = lock(&self.attentions).get(name) {
+        #[cfg(feature = "jit")]
+        let x86 = matches!(self.engine, Engine::X86(_))
+            && d.is_multiple_of(tessera_codegen::x86::attention::HEAD_DIM_MULTIPLE);
+        #[cfg(not(feature = "jit"))]
+        let x86 = {
+            let _ = d;
+            false
+        };
+        let key = if x86 {
+            format!("{name} x86")
+        } else {
+            name.to_string()
+        };
+        if let Some(code) = lock(&self.attentions).get(&key) {
             return Ok(Arc::clone(code));
         }
         let kernel = library::get(name)?;
+        #[cfg(feature = "jit")]
+        if x86 {
+            let code = tessera_codegen::x86::attention::emit(&kernel).map_err(|e| {
+                RuntimeError::NoKernel {
+                    what: name.to_string(),
+                    why: e.to_string(),
+                }
+            })?;
+            let code = Arc::new(
+                HostAttention::new(&kernel, &code)?
+                    .with_head_dim_multiple(tessera_codegen::x86::attention::HEAD_DIM_MULTIPLE),
+            );
+            lock(&self.attentions).insert(key, Arc::clone(&code));
+            return Ok(code);
+        }
         let code: MachineCode = match &self.engine {
             Engine::Prebuilt(set) => {
                 set.attention(name).map(|p| p.code.clone()).ok_or_else(|| {
@@ -757,7 +791,7 @@ impl Device {
             _ => self.emit_attention(&kernel)?,
         };
         let code = Arc::new(HostAttention::new(&kernel, &code)?);
-        lock(&self.attentions).insert(name.to_string(), Arc::clone(&code));
+        lock(&self.attentions).insert(key, Arc::clone(&code));
         Ok(code)
     }
 
@@ -1098,7 +1132,8 @@ mod jit {
 
         /// Decode attention: the NEON emitter's on a NEON device (the
         /// code the prebuilt NEON targets ship), cranelift's on the other
-        /// JIT host backends (x86 has no attention emitter of its own).
+        /// JIT host backends (x86's own is chosen in `attention`, where
+        /// the head dim suits it).
         pub(super) fn emit_attention(&self, kernel: &Kernel) -> Result<MachineCode, RuntimeError> {
             if let Engine::Neon(neon) = &self.engine {
                 return neon

@@ -82,6 +82,29 @@ fn every_instruction_of_the_x86_layer_round_trips_through_llvm_mc() {
     a.vpacksswb(Ymm(1), Ymm(1), Ymm(1));
     a.vdivps(Ymm(2), Ymm(0), Ymm(4));
     a.vandps(Ymm(1), Ymm(1), Ymm(7));
+    a.vsubps(Ymm(1), Ymm(2), Ymm(11));
+    a.vminps(Ymm(9), Ymm(2), Ymm(3));
+    a.vorps(Ymm(1), Ymm(12), Ymm(3));
+    a.vandnps(Ymm(14), Ymm(2), Ymm(3));
+    a.vpcmpgtd(Ymm(1), Ymm(2), Ymm(3));
+    a.vhaddps(Ymm(8), Ymm(2), Ymm(13));
+    a.vperm2f128(Ymm(1), Ymm(0), Ymm(12), 0x31);
+    a.vfmadd213ps_mem(Ymm(2), Ymm(10), mem(RSP, 800));
+    a.vminps_mem(Ymm(0), Ymm(9), mem(RSP, 672));
+    a.vsubps_mem(Ymm(11), Ymm(1), mem(R10, 32));
+    a.vpmovsxbd_load(Ymm(8), mem(RSI, 8));
+    a.vpmovzxbd_load(Ymm(10), mem(R12, 16));
+    a.vmovmskps(RAX, Ymm(14));
+    a.vmovmskps(R11, Ymm(3));
+    a.vmovss_load(Ymm(12), mem(RSP, 1248));
+    a.popcnt(RAX, R9);
+    a.and_imm(RCX, 255);
+    a.and(RAX, RDX);
+    a.not(R10);
+    a.zero(R12);
+    a.zero(RDX);
+    a.div(RCX);
+    a.vcvtsi2ss(Ymm(3), R9);
     a.jcc(Cond::Ne, top);
     a.jcc(Cond::B, top);
     a.jmp(top);
@@ -109,6 +132,29 @@ fn a_listing_that_disagrees_with_its_bytes_is_caught() {
         Err(McError::Failed(why)) => assert!(why.contains("instruction 0"), "{why}"),
         Err(McError::Missing) => eprintln!("SKIP: llvm-mc not installed"),
         Ok(()) => panic!("a wrong listing passed the cross-check"),
+    }
+}
+
+#[test]
+fn every_x86_attention_listing_matches_its_bytes() {
+    use tessera_dsl::ir::{Op, SoftmaxMode};
+    for name in ["attention-decode-f16", "attention-decode-kv8"] {
+        let kernel = tessera_dsl::library::get(name).unwrap();
+        let mut online = kernel.clone();
+        if let Op::Attention(a) = &mut online.op {
+            a.softmax = SoftmaxMode::Online;
+        }
+        for k in [kernel, online] {
+            let code = tessera_codegen::x86::attention::emit(&k).unwrap();
+            match check_x86(&code.listing, &code.bytes, "+avx2,+fma,+f16c,+popcnt") {
+                Ok(()) => {}
+                Err(McError::Missing) => {
+                    eprintln!("SKIP: llvm-mc not installed");
+                    return;
+                }
+                Err(McError::Failed(why)) => panic!("{name}: {why}"),
+            }
+        }
     }
 }
 

@@ -686,6 +686,133 @@ impl X86Asm {
     vex3!(vpacksswb, "vpacksswb");
     vex3!(vdivps, "vdivps");
     vex3!(vandps, "vandps");
+    vex3!(vsubps, "vsubps");
+    vex3!(vminps, "vminps");
+    vex3!(vorps, "vorps");
+    vex3!(vandnps, "vandnps");
+    vex3!(vpcmpgtd, "vpcmpgtd");
+
+    vex3!(vhaddps, "vhaddps");
+
+    /// `vperm2f128 dst, a, b, imm` (128-bit halves of a and b).
+    pub fn vperm2f128(&mut self, dst: Ymm, a: Ymm, b: Ymm, imm: i8) {
+        self.log(format!("vperm2f128 {dst}, {a}, {b}, {imm}"));
+        let (d, x, y) = (dst.0, a.0, b.0);
+        dynasm!(self.ops ; .arch x64 ; vperm2f128 Ry(d), Ry(x), Ry(y), imm);
+    }
+
+    /// `vfmadd213ps dst, a, ymmword ptr [m]`: dst = a · dst + mem.
+    pub fn vfmadd213ps_mem(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        self.log(format!("vfmadd213ps {dst}, {a}, ymmword ptr {m}"));
+        let (d, x, b, o) = (dst.0, a.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vfmadd213ps Ry(d), Ry(x), YWORD [Rq(b) + o]);
+    }
+
+    /// `vminps dst, a, ymmword ptr [m]`.
+    pub fn vminps_mem(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        self.log(format!("vminps {dst}, {a}, ymmword ptr {m}"));
+        let (d, x, b, o) = (dst.0, a.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vminps Ry(d), Ry(x), YWORD [Rq(b) + o]);
+    }
+
+    /// `vsubps dst, a, ymmword ptr [m]`.
+    pub fn vsubps_mem(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        self.log(format!("vsubps {dst}, {a}, ymmword ptr {m}"));
+        let (d, x, b, o) = (dst.0, a.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vsubps Ry(d), Ry(x), YWORD [Rq(b) + o]);
+    }
+
+    /// `popcnt dst, src` (64-bit).
+    pub fn popcnt(&mut self, dst: Gp, src: Gp) {
+        self.log(format!("popcnt {dst}, {src}"));
+        let (d, x) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; popcnt Rq(d), Rq(x));
+    }
+
+    /// `and dst, imm32` (64-bit).
+    pub fn and_imm(&mut self, dst: Gp, imm: i32) {
+        self.log(format!("and {dst}, {imm}"));
+        let d = dst.0;
+        dynasm!(self.ops ; .arch x64 ; and Rq(d), DWORD imm);
+    }
+
+    /// `not dst` (64-bit).
+    pub fn not(&mut self, dst: Gp) {
+        self.log(format!("not {dst}"));
+        let d = dst.0;
+        dynasm!(self.ops ; .arch x64 ; not Rq(d));
+    }
+
+    /// `and dst, src` (64-bit).
+    pub fn and(&mut self, dst: Gp, src: Gp) {
+        self.log(format!("and {dst}, {src}"));
+        let (d, x) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; and Rq(d), Rq(x));
+    }
+
+    /// 8 signed bytes from memory → 8 i32 (`vmovq` then `vpmovsxbd ymm,
+    /// xmm`: dynasm 5.1 lacks the ymm-from-memory form).
+    pub fn vpmovsxbd_load(&mut self, dst: Ymm, m: Mem) {
+        self.vmovq_load(dst, m);
+        self.log(format!("vpmovsxbd {dst}, {}", dst.xmm()));
+        let d = dst.0;
+        dynasm!(self.ops ; .arch x64 ; vpmovsxbd Ry(d), Rx(d));
+    }
+
+    /// 8 unsigned bytes from memory → 8 i32 (as [`X86Asm::vpmovsxbd_load`]).
+    pub fn vpmovzxbd_load(&mut self, dst: Ymm, m: Mem) {
+        self.vmovq_load(dst, m);
+        self.log(format!("vpmovzxbd {dst}, {}", dst.xmm()));
+        let d = dst.0;
+        dynasm!(self.ops ; .arch x64 ; vpmovzxbd Ry(d), Rx(d));
+    }
+
+    /// `vmovq xmm, qword ptr [m]` (upper lanes zeroed).
+    pub fn vmovq_load(&mut self, dst: Ymm, m: Mem) {
+        self.log(format!("vmovq {}, qword ptr {m}", dst.xmm()));
+        let (d, b, o) = (dst.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vmovq Rx(d), QWORD [Rq(b) + o]);
+    }
+
+    /// The 8 sign bits of `src` → the low bits of a 32-bit register.
+    pub fn vmovmskps(&mut self, dst: Gp, src: Ymm) {
+        self.log(format!("vmovmskps {}, {src}", gp32(dst)));
+        // dynasm 5.1 has no ymm form. VEX.256.0F.WIG 50 /r:
+        // C4 [R X B m-mmmm=00001] [W vvvv=1111 L=1 pp=00] 50 modrm.
+        let (d, r) = (dst.0 & 15, src.0 & 15);
+        let byte1 = (((!d >> 3) & 1) << 7) | (1 << 6) | (((!r >> 3) & 1) << 5) | 0b00001;
+        let byte2 = (0b1111 << 3) | (1 << 2);
+        let modrm = 0b1100_0000 | ((d & 7) << 3) | (r & 7);
+        self.ops.extend([0xC4, byte1, byte2, 0x50, modrm]);
+    }
+
+    /// `vmovss xmm, dword ptr [m]` (upper lanes zeroed).
+    pub fn vmovss_load(&mut self, dst: Ymm, m: Mem) {
+        self.log(format!("vmovss {}, dword ptr {m}", dst.xmm()));
+        let (d, b, o) = (dst.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vmovss Rx(d), DWORD [Rq(b) + o]);
+    }
+
+    /// Unsigned `rdx:rax / src` → quotient in rax, remainder in rdx.
+    pub fn div(&mut self, src: Gp) {
+        self.log(format!("div {src}"));
+        let s = src.0;
+        dynasm!(self.ops ; .arch x64 ; div Rq(s));
+    }
+
+    /// `xor r32, r32` (zeroes the whole 64-bit register).
+    pub fn zero(&mut self, dst: Gp) {
+        self.log(format!("xor {}, {}", gp32(dst), gp32(dst)));
+        let d = dst.0;
+        dynasm!(self.ops ; .arch x64 ; xor Rd(d), Rd(d));
+    }
+
+    /// `vcvtsi2ss xmm, xmm, r64`.
+    pub fn vcvtsi2ss(&mut self, dst: Ymm, src: Gp) {
+        self.log(format!("vcvtsi2ss {}, {}, {src}", dst.xmm(), dst.xmm()));
+        let (d, s) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; vcvtsi2ss Rx(d), Rx(d), Rq(s));
+    }
 
     pub fn vzeroupper(&mut self) {
         self.log("vzeroupper".into());

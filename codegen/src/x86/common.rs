@@ -58,10 +58,15 @@ const SAVED: [Gp; 6] = [RBX, RBP, R12, R13, R14, R15];
 
 /// Save callee-saved registers, open the frame, write the mask table.
 pub fn prologue(a: &mut X86Asm) {
+    prologue_framed(a, FRAME);
+}
+
+/// [`prologue`] with a frame of `frame` bytes (at least the standard one).
+pub fn prologue_framed(a: &mut X86Asm, frame: i32) {
     for r in SAVED {
         a.push(r);
     }
-    a.sub_imm(RSP, FRAME);
+    a.sub_imm(RSP, frame.max(FRAME));
     for i in 0..16 {
         a.store32_imm(mem(RSP, MASK_TABLE + 4 * i), if i < 8 { -1 } else { 0 });
     }
@@ -69,8 +74,13 @@ pub fn prologue(a: &mut X86Asm) {
 
 /// Leave: clean upper ymm state, close the frame, restore, return.
 pub fn epilogue(a: &mut X86Asm) {
+    epilogue_framed(a, FRAME);
+}
+
+/// [`epilogue`] for a [`prologue_framed`] frame.
+pub fn epilogue_framed(a: &mut X86Asm, frame: i32) {
     a.vzeroupper();
-    a.add_imm(RSP, FRAME);
+    a.add_imm(RSP, frame.max(FRAME));
     for r in SAVED.iter().rev() {
         a.pop(*r);
     }

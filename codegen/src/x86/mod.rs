@@ -25,6 +25,7 @@
 //! hosts use the cranelift backend).
 
 pub mod asm;
+pub mod attention;
 pub mod avx512;
 pub mod avx512_int8;
 mod common;
@@ -259,6 +260,9 @@ impl X86Backend {
         tile: &TileConfig,
         variant: Variant,
     ) -> Result<MachineCode, EmitError> {
+        if kernel.as_attention().is_some() {
+            return attention::emit(kernel);
+        }
         if let Some(spec) = self.avx512_spec(kernel, tile)? {
             return avx512::emit_variant(&spec, variant);
         }

@@ -1,0 +1,900 @@
+//! Decode attention on x86 (AVX2, FMA, F16C), ABI
+//! [`crate::host_attention::AttentionArgs`]: one query token, GQA, keys f16
+//! or `i8asym:row`, values f16 or fp8 e4m3, softmax in f32 as the
+//! interpreter defines it. Memory-bound by design: each K and V row of a
+//! KV head is read once for all the query heads of its group that the call
+//! computes (up to [`MAX_TILE`] at a time).
+//!
+//! Per tile of query heads sharing KV head `kv` (lanes of a ymm = heads):
+//!
+//! 1. q of each head widened to f32, interleaved by 8-lane chunk of d
+//!    (`qarea[d/8][8 heads][8]`), so a chunk's heads sit at constant
+//!    offsets. int8 keys also need `Σq` per head.
+//! 2. Scores: per key, one K row load per 8 lanes of d (`vcvtph2ps`, or
+//!    `vpmovsxbd` + `vcvtdq2ps`) feeds an FMA per head; the heads' partial
+//!    dots are reduced together (a `vhaddps` tree) into one vector of 8
+//!    heads' scores, stored as `sarea[s][8]`. int8 keys: `score =
+//!    scale·(q·c) + offset·Σq`. The same pass keeps per head the running
+//!    max and whether every `score − phi` lies in `[lo, hi]`.
+//! 3. The reference max per head: `phi` where the async softmax's range
+//!    held, else the true max (the online softmax's result, exactly: all
+//!    scores are at hand), and such a head counts as recomputed. Online
+//!    kernels always take the max.
+//! 4. `p = e^(score − max)` for 8 heads a vector (degree-6 polynomial as the
+//!    cranelift `exp`), written back, `den` summed per head.
+//! 5. P·V in blocks of [`KEY_BLOCK`] keys (their V rows stay in L1 while
+//!    every chunk and head pass over them): accumulators of up to 3 heads
+//!    × 4 chunks of 8 lanes (2 heads for fp8 values, whose widening needs
+//!    two mask registers) live in registers across a block, in
+//!    `num[d/8][9][8]` between blocks. fp8 e4m3 bytes become f32 bit
+//!    patterns by shifts and masks, 2^-120 of the value (exact, subnormals
+//!    included), then × 2^120 (exact: a power of two).
+//! 6. `o = num / den` to f16. Head 0 of the tile leaves its softmax state
+//!    where `HostAttention`'s split reads it (`den` at `s`, `num` at
+//!    `s + d`, the max at `s + 2d` of the scratch).
+//!
+//! The scratch is [`scratch_floats`]; `d` must be a multiple of 8 (the
+//! caller checks, [`HEAD_DIM_MULTIPLE`]). q must be pre-scaled by 1/√d.
+
+use tessera_dsl::ir::{AttentionKind, Format, Group, Kernel, ParamType, SoftmaxMode};
+
+use super::asm::*;
+use super::common;
+use crate::artifact::{EmitError, MachineCode};
+use crate::host_attention::*;
+
+/// Query heads one pass over K and V serves (lanes of a ymm).
+pub const MAX_TILE: usize = 8;
+/// Keys per P·V block.
+pub const KEY_BLOCK: i32 = 64;
+/// How many keys ahead the score loop prefetches K rows.
+const SCORE_AHEAD: i32 = 8;
+/// The head dimension must be a multiple of this.
+pub const HEAD_DIM_MULTIPLE: usize = 8;
+
+/// f32 of scratch one call needs: the split state region (`s + 3d + 8`),
+/// the scores `8s`, `num` `72·d/8`, `qarea` `8d`.
+pub fn scratch_floats(s: usize, d: usize) -> usize {
+    (s + 3 * d + 8) + 8 * s + 9 * d + 8 * d
+}
+
+const FRAME: i32 = 1408;
+// 8-byte slots.
+const S_GROUP: i32 = 400;
+const S_S: i32 = 408;
+const S_D: i32 = 416;
+const S_KVH: i32 = 424;
+const S_GT: i32 = 440;
+const S_SAREA: i32 = 448;
+const S_NUM: i32 = 456;
+const S_QAREA: i32 = 464;
+const S_KROW0: i32 = 472;
+const S_VROW0: i32 = 480;
+const S_KSTRIDE: i32 = 488;
+const S_VSTRIDE: i32 = 496;
+const S_KSC0: i32 = 504;
+const S_KOF0: i32 = 512;
+const S_D8: i32 = 520;
+const S_C0: i32 = 536;
+const S_SUB0: i32 = 544;
+const S_JB: i32 = 552;
+const S_JEND: i32 = 560;
+const S_RECOMP: i32 = 576;
+// 32-byte vector constants and stores.
+const V_MIN: i32 = 640;
+const V_MAX: i32 = 672;
+const V_LOG2E: i32 = 704;
+const V_NLN2HI: i32 = 736;
+const V_NLN2LO: i32 = 768;
+/// Taylor coefficients 1/720 … 1: `V_POLY + 32·k`, k = 0..7.
+const V_POLY: i32 = 800;
+const V_127: i32 = 1024;
+const V_PHI: i32 = 1056;
+const V_LO: i32 = 1088;
+const V_HI: i32 = 1120;
+const V_2P120: i32 = 1152;
+const V_SIGN: i32 = 1184;
+const V_MAG: i32 = 1216;
+const V_DEN: i32 = 1248;
+const V_MVEC: i32 = 1280;
+const V_SUMQ: i32 = 1312;
+const V_NEGINF: i32 = 1344;
+
+const POLY: [f32; 7] = [
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    F16,
+    I8Asym,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Values {
+    F16,
+    E4M3,
+}
+
+fn unsupported(what: String) -> EmitError {
+    EmitError::Unsupported {
+        backend: super::NAME,
+        what,
+    }
+}
+
+fn splat(a: &mut X86Asm, at: i32, bits: u32) {
+    for i in 0..8 {
+        a.store32_imm(mem(RSP, at + 4 * i), bits as i32);
+    }
+}
+
+/// Emit the decode attention of `kernel` (AVX2 + FMA + F16C).
+pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
+    let at = kernel
+        .as_attention()
+        .ok_or_else(|| unsupported(format!("kernel `{}` (not attention)", kernel.name)))?;
+    let fmt = |n: &str| {
+        kernel
+            .tensor(n)
+            .map(|t| t.format)
+            .ok_or_else(|| unsupported(format!("missing tensor `{n}`")))
+    };
+    let keys = match fmt(&at.k)? {
+        Format::F16 => Keys::F16,
+        Format::I8Asym(Group::Row, ParamType::F32) => Keys::I8Asym,
+        f => {
+            return Err(unsupported(format!(
+                "attention keys {f} (x86: f16, i8asym:row)"
+            )));
+        }
+    };
+    let values = match fmt(&at.v)? {
+        Format::F16 => Values::F16,
+        Format::Fp8E4M3 => Values::E4M3,
+        f => {
+            return Err(unsupported(format!(
+                "attention values {f} (x86: f16, fp8e4m3)"
+            )));
+        }
+    };
+    if fmt(&at.q)? != Format::F16 || fmt(&at.o)? != Format::F16 {
+        return Err(unsupported("q and o other than f16".to_string()));
+    }
+    if !at.q_prescaled {
+        return Err(unsupported(
+            "q not pre-scaled (the x86 attention takes q × 1/√d: mark q `prescaled`)".to_string(),
+        ));
+    }
+    for (name, d) in [
+        (&at.q, [&at.tokens, &at.heads, &at.head_dim]),
+        (&at.k, [&at.seq, &at.kv_heads, &at.head_dim]),
+        (&at.v, [&at.seq, &at.kv_heads, &at.head_dim]),
+        (&at.o, [&at.tokens, &at.heads, &at.head_dim]),
+    ] {
+        let t = kernel
+            .tensor(name)
+            .ok_or_else(|| unsupported(format!("missing tensor `{name}`")))?;
+        if !t.layout.is_row_major(&d) {
+            return Err(unsupported(format!("tensor `{name}` not row-major")));
+        }
+    }
+    let softmax = at.softmax;
+    let kind = if at.kind == AttentionKind::Prefill {
+        "prefill (this decode loop per query token)"
+    } else {
+        "decode"
+    };
+    let mut a = X86Asm::new();
+    a.comment(&format!(
+        "{} x86-avx2 attention {kind}: keys {}, values {}, softmax {:?}",
+        kernel.name,
+        fmt(&at.k)?,
+        fmt(&at.v)?,
+        softmax
+    ));
+    common::prologue_framed(&mut a, FRAME);
+    constants(&mut a, softmax);
+    setup(&mut a, keys, values);
+
+    // rbx = first head of the tile, rbp = end of the call's heads.
+    a.load64(RBX, mem(RDI, AT_HEAD0));
+    a.load64(RBP, mem(RDI, AT_HEADS));
+    a.add(RBP, RBX);
+    let (tile_loop, done) = (a.new_label(), a.new_label());
+    a.bind(tile_loop);
+    a.cmp(RBX, RBP);
+    a.jcc(Cond::Ge, done);
+    tile_setup(&mut a, keys, values);
+    widen_q(&mut a, keys);
+    scores(&mut a, keys, softmax);
+    reference_max(&mut a, softmax);
+    exponentials(&mut a);
+    pv(&mut a, values);
+    finish_tile(&mut a);
+    a.load64(RAX, mem(RSP, S_GT));
+    a.add(RBX, RAX);
+    a.jmp(tile_loop);
+    a.bind(done);
+    common::epilogue_framed(&mut a, FRAME);
+    let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
+    Ok(super::machine_code(bytes, listing))
+}
+
+fn constants(a: &mut X86Asm, softmax: SoftmaxMode) {
+    a.comment("vector constants");
+    splat(a, V_MIN, (-87.3f32).to_bits());
+    splat(a, V_MAX, 88.7f32.to_bits());
+    splat(a, V_LOG2E, std::f32::consts::LOG2_E.to_bits());
+    splat(a, V_NLN2HI, (-0.693_359_4f32).to_bits());
+    splat(a, V_NLN2LO, 2.121_944_4e-4f32.to_bits());
+    for (k, c) in POLY.iter().enumerate() {
+        splat(a, V_POLY + 32 * k as i32, c.to_bits());
+    }
+    splat(a, V_127, 127);
+    let (phi, lo, hi) = match softmax {
+        SoftmaxMode::Async { phi, lo, hi } => (phi, lo, hi),
+        SoftmaxMode::Online => (0.0, 0.0, 0.0),
+    };
+    splat(a, V_PHI, phi.to_bits());
+    splat(a, V_LO, lo.to_bits());
+    splat(a, V_HI, hi.to_bits());
+    splat(a, V_2P120, 2f32.powi(120).to_bits());
+    splat(a, V_SIGN, 0x8000_0000);
+    splat(a, V_MAG, 0x07F0_0000);
+    splat(a, V_NEGINF, f32::NEG_INFINITY.to_bits());
+}
+
+/// Call-wide values: group, extents, strides, scratch areas.
+fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
+    a.comment("call setup: group = hq / kvh, strides, scratch areas");
+    a.load64(RAX, mem(RDI, AT_HQ));
+    a.zero(RDX);
+    a.load64(RCX, mem(RDI, AT_KVH));
+    a.store64(mem(RSP, S_KVH), RCX);
+    a.div(RCX);
+    a.store64(mem(RSP, S_GROUP), RAX);
+    a.load64(R12, mem(RDI, AT_S));
+    a.store64(mem(RSP, S_S), R12);
+    a.load64(R13, mem(RDI, AT_D));
+    a.store64(mem(RSP, S_D), R13);
+    a.mov(RAX, R13);
+    a.shr_imm(RAX, 3);
+    a.store64(mem(RSP, S_D8), RAX);
+    // Key / value strides between tokens: kvh·d elements.
+    a.mov(RAX, RCX);
+    a.imul(RAX, R13);
+    let kb = if keys == Keys::F16 { 2 } else { 1 };
+    let vb = if values == Values::F16 { 2 } else { 1 };
+    a.imul_imm(RDX, RAX, kb);
+    a.store64(mem(RSP, S_KSTRIDE), RDX);
+    a.imul_imm(RDX, RAX, vb);
+    a.store64(mem(RSP, S_VSTRIDE), RDX);
+    // sarea = scratch + 4·(s + 3d + 8); num = sarea + 32·s;
+    // qarea = num + 4·72·d/8 = num + 36·d.
+    a.load64(RAX, mem(RDI, AT_SCRATCH));
+    a.lea(RDX, mem(R12, 8));
+    a.add(RDX, R13);
+    a.add(RDX, R13);
+    a.add(RDX, R13);
+    a.shl_imm(RDX, 2);
+    a.add(RAX, RDX);
+    a.store64(mem(RSP, S_SAREA), RAX);
+    a.mov(RDX, R12);
+    a.shl_imm(RDX, 5);
+    a.add(RAX, RDX);
+    a.store64(mem(RSP, S_NUM), RAX);
+    a.imul_imm(RDX, R13, 36);
+    a.add(RAX, RDX);
+    a.store64(mem(RSP, S_QAREA), RAX);
+    a.mov_imm(RAX, 0);
+    a.store64(mem(RSP, S_RECOMP), RAX);
+}
+
+/// This tile's KV head and head count; its first K / V row, key parameters.
+fn tile_setup(a: &mut X86Asm, keys: Keys, values: Values) {
+    a.comment("tile: kv = h / group, gt = min(group - h % group, end - h, 8)");
+    a.mov(RAX, RBX);
+    a.zero(RDX);
+    a.load64(RCX, mem(RSP, S_GROUP));
+    a.div(RCX);
+    // rax = kv, rdx = h % group.
+    a.mov(RSI, RCX);
+    a.sub(RSI, RDX);
+    a.mov(RDX, RBP);
+    a.sub(RDX, RBX);
+    let (a_ok, b_ok) = (a.new_label(), a.new_label());
+    a.cmp(RSI, RDX);
+    a.jcc(Cond::Be, a_ok);
+    a.mov(RSI, RDX);
+    a.bind(a_ok);
+    a.cmp_imm(RSI, MAX_TILE as i32);
+    a.jcc(Cond::Be, b_ok);
+    a.mov_imm(RSI, MAX_TILE as i32);
+    a.bind(b_ok);
+    a.store64(mem(RSP, S_GT), RSI);
+    // Row kv of token 0: kv·d elements in.
+    a.load64(RCX, mem(RSP, S_D));
+    a.mov(RDX, RAX);
+    a.imul(RDX, RCX);
+    let kb = if keys == Keys::F16 { 2 } else { 1 };
+    let vb = if values == Values::F16 { 2 } else { 1 };
+    a.imul_imm(RSI, RDX, kb);
+    a.load64(RCX, mem(RDI, AT_K));
+    a.add(RSI, RCX);
+    a.store64(mem(RSP, S_KROW0), RSI);
+    a.imul_imm(RSI, RDX, vb);
+    a.load64(RCX, mem(RDI, AT_V));
+    a.add(RSI, RCX);
+    a.store64(mem(RSP, S_VROW0), RSI);
+    if keys == Keys::I8Asym {
+        a.mov(RSI, RAX);
+        a.shl_imm(RSI, 2);
+        a.load64(RCX, mem(RDI, AT_K_SCALES));
+        a.add(RCX, RSI);
+        a.store64(mem(RSP, S_KSC0), RCX);
+        a.load64(RCX, mem(RDI, AT_K_OFFSETS));
+        a.add(RCX, RSI);
+        a.store64(mem(RSP, S_KOF0), RCX);
+    }
+}
+
+/// q rows of the tile → `qarea[d/8][8][8]` f32 (unused heads zero), and
+/// for int8 keys `Σq` per head in `V_SUMQ`.
+fn widen_q(a: &mut X86Asm, keys: Keys) {
+    a.comment("q → f32, interleaved by chunk: qarea[c][head][8]");
+    let zero = Ymm(0);
+    a.vxorps(zero, zero, zero);
+    a.vmovups_store(mem(RSP, V_SUMQ), zero);
+    // Clear every head slot first (unused heads must read zero).
+    a.load64(RSI, mem(RSP, S_QAREA));
+    a.load64(RCX, mem(RSP, S_D));
+    let (clr, clr_done) = (a.new_label(), a.new_label());
+    a.bind(clr);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::Le, clr_done);
+    a.vmovups_store(mem(RSI, 0), zero);
+    a.add_imm(RSI, 32);
+    a.sub_imm(RCX, 1);
+    a.jmp(clr);
+    a.bind(clr_done);
+    // For head i of the tile: q row (h + i).
+    a.zero(R12);
+    let (head_loop, heads_done) = (a.new_label(), a.new_label());
+    a.bind(head_loop);
+    a.cmp_mem(R12, mem(RSP, S_GT));
+    a.jcc(Cond::Ge, heads_done);
+    a.mov(RAX, RBX);
+    a.add(RAX, R12);
+    a.load64(RCX, mem(RSP, S_D));
+    a.imul(RAX, RCX);
+    a.shl_imm(RAX, 1);
+    a.load64(RSI, mem(RDI, AT_Q));
+    a.add(RSI, RAX);
+    // dst = qarea + 32·i, step 256 per chunk.
+    a.load64(RDX, mem(RSP, S_QAREA));
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 5);
+    a.add(RDX, RAX);
+    a.load64(RCX, mem(RSP, S_D8));
+    let sum = Ymm(1);
+    a.vxorps(sum, sum, sum);
+    let (chunk, chunks_done) = (a.new_label(), a.new_label());
+    a.bind(chunk);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::Le, chunks_done);
+    a.vcvtph2ps_load(Ymm(2), mem(RSI, 0));
+    a.vmovups_store(mem(RDX, 0), Ymm(2));
+    a.vaddps(sum, sum, Ymm(2));
+    a.add_imm(RSI, 16);
+    a.add_imm(RDX, 256);
+    a.sub_imm(RCX, 1);
+    a.jmp(chunk);
+    a.bind(chunks_done);
+    if keys == Keys::I8Asym {
+        // Σq of head i → lane i of V_SUMQ.
+        hsum(a, sum, Ymm(2));
+        a.lea(RAX, mem(RSP, V_SUMQ));
+        a.mov(RCX, R12);
+        a.shl_imm(RCX, 2);
+        a.add(RAX, RCX);
+        a.vmovss_store(mem(RAX, 0), sum);
+    }
+    a.add_imm(R12, 1);
+    a.jmp(head_loop);
+    a.bind(heads_done);
+}
+
+/// Lane 0 of `v` = the sum of its 8 lanes (`t` clobbered).
+fn hsum(a: &mut X86Asm, v: Ymm, t: Ymm) {
+    a.vextractf128_hi(t, v);
+    a.vaddps(v, v, t);
+    a.vpermilps_imm(t, v, 0x4e);
+    a.vaddps(v, v, t);
+    a.vpermilps_imm(t, v, 0xb1u8 as i8);
+    a.vaddps(v, v, t);
+}
+
+/// Scores for every key into `sarea[s][8]`, with the running max (ymm13)
+/// and the in-range mask (ymm14) per head lane; dispatched on the tile's
+/// head count so each variant's FMAs have constant offsets.
+fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
+    a.comment("scores: sarea[j][head], running max, range check");
+    let done = a.new_label();
+    let variants: Vec<Label> = (0..MAX_TILE).map(|_| a.new_label()).collect();
+    a.load64(RAX, mem(RSP, S_GT));
+    for (g, l) in variants.iter().enumerate() {
+        a.cmp_imm(RAX, g as i32 + 1);
+        a.jcc(Cond::E, *l);
+    }
+    a.jmp(done);
+    for (g, l) in variants.iter().enumerate() {
+        a.bind(*l);
+        score_loop(a, keys, softmax, g + 1);
+        a.jmp(done);
+    }
+    a.bind(done);
+}
+
+fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
+    let (maxv, ok) = (Ymm(13), Ymm(14));
+    a.vmovups_load(maxv, mem(RSP, V_NEGINF));
+    a.vcmpps(ok, maxv, maxv, 0); // all ones (−inf == −inf)
+    a.load64(R13, mem(RSP, S_KROW0));
+    a.load64(R14, mem(RSP, S_KSTRIDE));
+    a.load64(R15, mem(RSP, S_SAREA));
+    if keys == Keys::I8Asym {
+        a.load64(R8, mem(RSP, S_KSC0));
+        a.load64(R9, mem(RSP, S_KOF0));
+        a.load64(R10, mem(RSP, S_KVH));
+        a.shl_imm(R10, 2);
+    }
+    a.zero(R12);
+    let (key_loop, keys_done) = (a.new_label(), a.new_label());
+    a.bind(key_loop);
+    a.cmp_mem(R12, mem(RSP, S_S));
+    a.jcc(Cond::Ge, keys_done);
+    for i in 0..MAX_TILE {
+        a.vxorps(Ymm(i as u8), Ymm(i as u8), Ymm(i as u8));
+    }
+    // Chunk loop: rsi = k, rax = qarea chunk, rcx = chunks left, rdx =
+    // the same place SCORE_AHEAD keys on (prefetched: the rows are
+    // strided by kvh·d, which the hardware prefetchers follow poorly).
+    a.mov(RSI, R13);
+    a.load64(RAX, mem(RSP, S_QAREA));
+    a.load64(RCX, mem(RSP, S_D8));
+    a.mov(RDX, R14);
+    a.imul_imm(RDX, RDX, SCORE_AHEAD);
+    a.add(RDX, R13);
+    let kx = Ymm(8);
+    let step = if keys == Keys::F16 { 16 } else { 8 };
+    // One chunk into accumulator set `set` (ymm i + 4·set for head i).
+    let chunk_step = |a: &mut X86Asm, set: usize, at: i32| {
+        let kx = Ymm(8 + set as u8);
+        a.prefetcht0(mem(RDX, at * step));
+        match keys {
+            Keys::F16 => a.vcvtph2ps_load(kx, mem(RSI, at * step)),
+            Keys::I8Asym => {
+                a.vpmovsxbd_load(kx, mem(RSI, at * step));
+                a.vcvtdq2ps(kx, kx);
+            }
+        }
+        for i in 0..g {
+            a.vfmadd231ps_mem(
+                Ymm((i + 4 * set) as u8),
+                kx,
+                mem(RAX, 256 * at + 32 * i as i32),
+            );
+        }
+    };
+    let advance = |a: &mut X86Asm, chunks: i32| {
+        a.add_imm(RSI, chunks * step);
+        a.add_imm(RDX, chunks * step);
+        a.add_imm(RAX, 256 * chunks);
+        a.sub_imm(RCX, chunks);
+    };
+    let chunks_done = a.new_label();
+    if g <= MAX_TILE / 2 {
+        // Two accumulators per head (even and odd chunks), so no head's
+        // sum waits on one FMA chain d/8 long; an odd chunk goes first.
+        let (pairs, even) = (a.new_label(), a.new_label());
+        a.mov(R11, RCX);
+        a.and_imm(R11, 1);
+        a.jcc(Cond::E, even);
+        chunk_step(a, 0, 0);
+        advance(a, 1);
+        a.jcc(Cond::E, chunks_done);
+        a.bind(even);
+        a.bind(pairs);
+        chunk_step(a, 0, 0);
+        chunk_step(a, 1, 1);
+        advance(a, 2);
+        a.jcc(Cond::Ne, pairs);
+        a.bind(chunks_done);
+        for i in 0..g {
+            let (lo, hi) = (Ymm(i as u8), Ymm((i + 4) as u8));
+            a.vaddps(lo, lo, hi);
+            a.vxorps(hi, hi, hi);
+        }
+    } else {
+        let chunk = a.new_label();
+        a.bind(chunk);
+        chunk_step(a, 0, 0);
+        advance(a, 1);
+        a.jcc(Cond::Ne, chunk);
+        a.bind(chunks_done);
+    }
+    let _ = kx;
+    // Reduce 8 accumulators to one vector of 8 head sums.
+    a.vhaddps(Ymm(0), Ymm(0), Ymm(1));
+    a.vhaddps(Ymm(2), Ymm(2), Ymm(3));
+    a.vhaddps(Ymm(4), Ymm(4), Ymm(5));
+    a.vhaddps(Ymm(6), Ymm(6), Ymm(7));
+    a.vhaddps(Ymm(0), Ymm(0), Ymm(2));
+    a.vhaddps(Ymm(4), Ymm(4), Ymm(6));
+    a.vperm2f128(Ymm(1), Ymm(0), Ymm(4), 0x20);
+    a.vperm2f128(Ymm(3), Ymm(0), Ymm(4), 0x31);
+    let score = Ymm(1);
+    a.vaddps(score, Ymm(1), Ymm(3));
+    if keys == Keys::I8Asym {
+        // score = scale·dot + offset·Σq.
+        a.vpbroadcastd_load(Ymm(2), mem(R8, 0));
+        a.vmulps(score, score, Ymm(2));
+        a.vpbroadcastd_load(Ymm(2), mem(R9, 0));
+        a.vfmadd231ps_mem(score, Ymm(2), mem(RSP, V_SUMQ));
+        a.add(R8, R10);
+        a.add(R9, R10);
+    }
+    a.vmovups_store(mem(R15, 0), score);
+    a.vmaxps(maxv, score, maxv);
+    if let SoftmaxMode::Async { .. } = softmax {
+        // ok &= (score − phi ≥ lo) & (score − phi ≤ hi); NaN is out.
+        a.vsubps_mem(Ymm(2), score, mem(RSP, V_PHI));
+        a.vmovups_load(Ymm(3), mem(RSP, V_LO));
+        a.vcmpps(Ymm(4), Ymm(2), Ymm(3), 13); // ge (ordered)
+        a.vmovups_load(Ymm(3), mem(RSP, V_HI));
+        a.vcmpps(Ymm(5), Ymm(2), Ymm(3), 2); // le (ordered)
+        a.vandps(ok, ok, Ymm(4));
+        a.vandps(ok, ok, Ymm(5));
+    }
+    a.add(R13, R14);
+    a.add_imm(R15, 32);
+    a.add_imm(R12, 1);
+    a.jmp(key_loop);
+    a.bind(keys_done);
+}
+
+/// Per head lane: the max the exponentials are taken against (`phi`
+/// where the range held, else the running max) → `V_MVEC`; heads that
+/// fell back count in `*recomputed`.
+fn reference_max(a: &mut X86Asm, softmax: SoftmaxMode) {
+    a.comment("reference max per head; count recomputed heads");
+    let (maxv, ok) = (Ymm(13), Ymm(14));
+    match softmax {
+        SoftmaxMode::Online => a.vmovups_store(mem(RSP, V_MVEC), maxv),
+        SoftmaxMode::Async { .. } => {
+            a.vmovups_load(Ymm(0), mem(RSP, V_PHI));
+            a.vandps(Ymm(0), ok, Ymm(0));
+            a.vandnps(Ymm(1), ok, maxv);
+            a.vorps(Ymm(0), Ymm(0), Ymm(1));
+            a.vmovups_store(mem(RSP, V_MVEC), Ymm(0));
+            // recomputed += popcount(~ok & ((1 << gt) − 1)).
+            a.vmovmskps(RAX, ok);
+            a.not(RAX);
+            a.mov_imm(RDX, 1);
+            a.load64(RCX, mem(RSP, S_GT));
+            let (shift, shifted) = (a.new_label(), a.new_label());
+            a.bind(shift);
+            a.cmp_imm(RCX, 0);
+            a.jcc(Cond::E, shifted);
+            a.shl_imm(RDX, 1);
+            a.sub_imm(RCX, 1);
+            a.jmp(shift);
+            a.bind(shifted);
+            a.sub_imm(RDX, 1);
+            a.and(RAX, RDX);
+            a.popcnt(RAX, RAX);
+            a.load64(RCX, mem(RDI, AT_RECOMPUTED));
+            a.load64(RDX, mem(RCX, 0));
+            a.add(RDX, RAX);
+            a.store64(mem(RCX, 0), RDX);
+        }
+    }
+}
+
+/// `p = e^(score − max)` in place for every key, `den` per head →
+/// `V_DEN`.
+fn exponentials(a: &mut X86Asm) {
+    a.comment("p = exp(score - max), den = sum p");
+    let (x, n, p, den) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
+    a.vxorps(den, den, den);
+    a.vmovups_load(Ymm(4), mem(RSP, V_127));
+    a.load64(R15, mem(RSP, S_SAREA));
+    a.load64(RCX, mem(RSP, S_S));
+    let top = a.new_label();
+    a.bind(top);
+    a.vmovups_load(x, mem(R15, 0));
+    a.vsubps_mem(x, x, mem(RSP, V_MVEC));
+    a.vmaxps_mem(x, x, mem(RSP, V_MIN));
+    a.vminps_mem(x, x, mem(RSP, V_MAX));
+    a.vmulps_mem(n, x, mem(RSP, V_LOG2E));
+    a.vcvtps2dq(n, n);
+    a.vcvtdq2ps(Ymm(5), n);
+    a.vfmadd231ps_mem(x, Ymm(5), mem(RSP, V_NLN2HI));
+    a.vfmadd231ps_mem(x, Ymm(5), mem(RSP, V_NLN2LO));
+    a.vmovups_load(p, mem(RSP, V_POLY));
+    for k in 1..POLY.len() as i32 {
+        a.vfmadd213ps_mem(p, x, mem(RSP, V_POLY + 32 * k));
+    }
+    a.vpaddd(n, n, Ymm(4));
+    a.vpslld_imm(n, n, 23);
+    a.vmulps(p, p, n);
+    a.vaddps(den, den, p);
+    a.vmovups_store(mem(R15, 0), p);
+    a.add_imm(R15, 32);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, top);
+    a.vmovups_store(mem(RSP, V_DEN), den);
+}
+
+/// Heads per P·V pass for this value format.
+fn pv_heads(values: Values) -> usize {
+    match values {
+        Values::F16 => 3,
+        Values::E4M3 => 2,
+    }
+}
+
+/// `num[c][head] = Σ_j p[j][head]·v_j[c]`, blocks of keys × groups of 4
+/// chunks × passes of `pv_heads` heads.
+fn pv(a: &mut X86Asm, values: Values) {
+    a.comment("P·V: key blocks × chunk groups × head passes");
+    let hs = pv_heads(values);
+    // Clear num (9 head slots per chunk).
+    let zero = Ymm(0);
+    a.vxorps(zero, zero, zero);
+    a.load64(RSI, mem(RSP, S_NUM));
+    a.load64(RCX, mem(RSP, S_D8));
+    a.imul_imm(RCX, RCX, 9);
+    let clr = a.new_label();
+    a.bind(clr);
+    a.vmovups_store(mem(RSI, 0), zero);
+    a.add_imm(RSI, 32);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, clr);
+
+    // jb: block start.
+    a.zero(RAX);
+    a.store64(mem(RSP, S_JB), RAX);
+    let (block, blocks_done) = (a.new_label(), a.new_label());
+    a.bind(block);
+    a.load64(RAX, mem(RSP, S_JB));
+    a.cmp_mem(RAX, mem(RSP, S_S));
+    a.jcc(Cond::Ge, blocks_done);
+    a.lea(RDX, mem(RAX, KEY_BLOCK));
+    let clamp = a.new_label();
+    a.cmp_mem(RDX, mem(RSP, S_S));
+    a.jcc(Cond::Be, clamp);
+    a.load64(RDX, mem(RSP, S_S));
+    a.bind(clamp);
+    a.store64(mem(RSP, S_JEND), RDX);
+    // c0: chunk group start.
+    a.zero(RAX);
+    a.store64(mem(RSP, S_C0), RAX);
+    let (group, groups_done) = (a.new_label(), a.new_label());
+    a.bind(group);
+    a.load64(RAX, mem(RSP, S_C0));
+    a.cmp_mem(RAX, mem(RSP, S_D8));
+    a.jcc(Cond::Ge, groups_done);
+    a.zero(RAX);
+    a.store64(mem(RSP, S_SUB0), RAX);
+    let (pass, passes_done) = (a.new_label(), a.new_label());
+    a.bind(pass);
+    a.load64(RAX, mem(RSP, S_SUB0));
+    a.cmp_mem(RAX, mem(RSP, S_GT));
+    a.jcc(Cond::Ge, passes_done);
+    // Dispatch on the heads left (1..=hs) and the chunks left in this
+    // group (1..=4), so no pass computes a head or chunk that is not there.
+    a.load64(RAX, mem(RSP, S_D8));
+    a.load64(R11, mem(RSP, S_C0));
+    a.sub(RAX, R11);
+    a.load64(RDX, mem(RSP, S_GT));
+    a.load64(R11, mem(RSP, S_SUB0));
+    a.sub(RDX, R11);
+    let after = a.new_label();
+    let by_heads: Vec<Label> = (0..hs).map(|_| a.new_label()).collect();
+    for (h, l) in by_heads.iter().enumerate().take(hs - 1) {
+        a.cmp_imm(RDX, h as i32 + 1);
+        a.jcc(Cond::E, *l);
+    }
+    a.jmp(by_heads[hs - 1]);
+    for (h, hl) in by_heads.iter().enumerate() {
+        a.bind(*hl);
+        let by_chunks: Vec<Label> = (0..4).map(|_| a.new_label()).collect();
+        for (i, l) in by_chunks.iter().enumerate().take(3) {
+            a.cmp_imm(RAX, i as i32 + 1);
+            a.jcc(Cond::E, *l);
+        }
+        a.jmp(by_chunks[3]);
+        for (i, l) in by_chunks.iter().enumerate() {
+            a.bind(*l);
+            pv_pass(a, values, h + 1, i + 1);
+            a.jmp(after);
+        }
+    }
+    a.bind(after);
+    a.load64(RAX, mem(RSP, S_SUB0));
+    a.add_imm(RAX, hs as i32);
+    a.store64(mem(RSP, S_SUB0), RAX);
+    a.jmp(pass);
+    a.bind(passes_done);
+    a.load64(RAX, mem(RSP, S_C0));
+    a.add_imm(RAX, 4);
+    a.store64(mem(RSP, S_C0), RAX);
+    a.jmp(group);
+    a.bind(groups_done);
+    a.load64(RAX, mem(RSP, S_JEND));
+    a.store64(mem(RSP, S_JB), RAX);
+    a.jmp(block);
+    a.bind(blocks_done);
+}
+
+/// One pass: `hs` heads from `S_SUB0`, `nc` chunks from `S_C0`, keys
+/// `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
+fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
+    let acc = |h: usize, c: usize| Ymm((h * nc + c) as u8);
+    let p0 = hs * nc;
+    let (vx, scale, sign, mag, t) = (Ymm((p0 + hs) as u8), Ymm(12), Ymm(13), Ymm(14), Ymm(15));
+    // rdx = num + 32·(9·c0 + sub0).
+    a.load64(RAX, mem(RSP, S_C0));
+    a.imul_imm(RAX, RAX, 9);
+    a.load64(R11, mem(RSP, S_SUB0));
+    a.add(RAX, R11);
+    a.shl_imm(RAX, 5);
+    a.load64(RDX, mem(RSP, S_NUM));
+    a.add(RDX, RAX);
+    for h in 0..hs {
+        for c in 0..nc {
+            a.vmovups_load(acc(h, c), mem(RDX, 32 * (9 * c + h) as i32));
+        }
+    }
+    if values == Values::E4M3 {
+        a.vmovups_load(sign, mem(RSP, V_SIGN));
+        a.vmovups_load(mag, mem(RSP, V_MAG));
+        a.vmovups_load(scale, mem(RSP, V_2P120));
+    }
+    // rsi = p of (jb, sub0); rcx = v row jb + chunk c0; r8 = keys left.
+    a.load64(RAX, mem(RSP, S_JB));
+    a.mov(RSI, RAX);
+    a.shl_imm(RSI, 5);
+    a.load64(R11, mem(RSP, S_SAREA));
+    a.add(RSI, R11);
+    a.load64(R9, mem(RSP, S_SUB0));
+    a.shl_imm(R9, 2);
+    a.add(RSI, R9);
+    a.load64(RCX, mem(RSP, S_VSTRIDE));
+    a.imul(RAX, RCX);
+    a.load64(R11, mem(RSP, S_VROW0));
+    a.add(RAX, R11);
+    let vb = if values == Values::F16 { 16 } else { 8 };
+    a.load64(R9, mem(RSP, S_C0));
+    a.imul_imm(R9, R9, vb);
+    a.add(RAX, R9);
+    a.load64(R8, mem(RSP, S_JEND));
+    a.load64(R11, mem(RSP, S_JB));
+    a.sub(R8, R11);
+    // r10 = the next block's distance (its lines are prefetched here).
+    a.imul_imm(R10, RCX, KEY_BLOCK);
+    let top = a.new_label();
+    a.bind(top);
+    a.mov(R9, RAX);
+    a.add(R9, R10);
+    a.prefetcht0(mem(R9, 0));
+    for h in 0..hs {
+        a.vpbroadcastd_load(Ymm((p0 + h) as u8), mem(RSI, 4 * h as i32));
+    }
+    for c in 0..nc {
+        match values {
+            Values::F16 => a.vcvtph2ps_load(vx, mem(RAX, 16 * c as i32)),
+            Values::E4M3 => {
+                a.vpmovzxbd_load(vx, mem(RAX, 8 * c as i32));
+                a.vpslld_imm(t, vx, 24);
+                a.vpslld_imm(vx, vx, 20);
+                a.vpand(t, t, sign);
+                a.vpand(vx, vx, mag);
+                a.vorps(vx, vx, t);
+                a.vmulps(vx, vx, scale);
+            }
+        }
+        for h in 0..hs {
+            a.vfmadd231ps(acc(h, c), vx, Ymm((p0 + h) as u8));
+        }
+    }
+    a.add_imm(RSI, 32);
+    a.add(RAX, RCX);
+    a.sub_imm(R8, 1);
+    a.jcc(Cond::Ne, top);
+    // Store back: rdx = num + 32·(9·c0 + sub0) again.
+    a.load64(R9, mem(RSP, S_C0));
+    a.imul_imm(R9, R9, 9);
+    a.load64(R10, mem(RSP, S_SUB0));
+    a.add(R9, R10);
+    a.shl_imm(R9, 5);
+    a.load64(RDX, mem(RSP, S_NUM));
+    a.add(RDX, R9);
+    for h in 0..hs {
+        for c in 0..nc {
+            a.vmovups_store(mem(RDX, 32 * (9 * c + h) as i32), acc(h, c));
+        }
+    }
+}
+
+/// `o = num / den` to f16 for each head of the tile; head 0's softmax
+/// state to the split region.
+fn finish_tile(a: &mut X86Asm) {
+    a.comment("o = num / den (f16); head 0's state for the split combine");
+    a.zero(R12);
+    let (head, heads_done) = (a.new_label(), a.new_label());
+    a.bind(head);
+    a.cmp_mem(R12, mem(RSP, S_GT));
+    a.jcc(Cond::Ge, heads_done);
+    // den of head i broadcast.
+    a.lea(RAX, mem(RSP, V_DEN));
+    a.mov(RCX, R12);
+    a.shl_imm(RCX, 2);
+    a.add(RAX, RCX);
+    a.vpbroadcastd_load(Ymm(1), mem(RAX, 0));
+    // o row (h + i), num slot of head i (chunk stride 288 bytes).
+    a.mov(RSI, RBX);
+    a.add(RSI, R12);
+    a.load64(RCX, mem(RSP, S_D));
+    a.imul(RSI, RCX);
+    a.shl_imm(RSI, 1);
+    a.load64(RCX, mem(RDI, AT_O));
+    a.add(RSI, RCX);
+    a.mov(RDX, R12);
+    a.shl_imm(RDX, 5);
+    a.load64(RCX, mem(RSP, S_NUM));
+    a.add(RDX, RCX);
+    a.load64(RCX, mem(RSP, S_D8));
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.vmovups_load(Ymm(0), mem(RDX, 0));
+    a.vdivps(Ymm(0), Ymm(0), Ymm(1));
+    a.vcvtps2ph_store(mem(RSI, 0), Ymm(0), 0);
+    a.add_imm(RSI, 16);
+    a.add_imm(RDX, 288);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    a.add_imm(R12, 1);
+    a.jmp(head);
+    a.bind(heads_done);
+    // State of head 0: den at s, num at s + d, max at s + 2d.
+    a.load64(RSI, mem(RDI, AT_SCRATCH));
+    a.load64(RAX, mem(RSP, S_S));
+    a.shl_imm(RAX, 2);
+    a.add(RSI, RAX);
+    a.vmovss_load(Ymm(0), mem(RSP, V_DEN));
+    a.vmovss_store(mem(RSI, 0), Ymm(0));
+    a.load64(RAX, mem(RSP, S_D));
+    a.shl_imm(RAX, 2);
+    a.add(RSI, RAX);
+    a.load64(RDX, mem(RSP, S_NUM));
+    a.load64(RCX, mem(RSP, S_D8));
+    let copy = a.new_label();
+    a.bind(copy);
+    a.vmovups_load(Ymm(0), mem(RDX, 0));
+    a.vmovups_store(mem(RSI, 0), Ymm(0));
+    a.add_imm(RSI, 32);
+    a.add_imm(RDX, 288);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, copy);
+    a.vmovss_load(Ymm(0), mem(RSP, V_MVEC));
+    a.vmovss_store(mem(RSI, 0), Ymm(0));
+}

@@ -1,0 +1,257 @@
+//! The x86 backend's decode attention (AVX2, FMA, F16C) against the
+//! reference interpreter: f16 and int8/fp8 caches, GQA groups from 1 to
+//! more than a tile (8), sequence lengths around the P·V key block (64),
+//! head dims around the 32-lane chunk group, both softmax modes, the async
+//! recompute path, the split over the sequence, and refusals. Skips (with a
+//! line on stderr) where the CPU lacks the features.
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_codegen::host_attention::{HostAttention, KvCache};
+use tessera_codegen::x86::attention::{self, HEAD_DIM_MULTIPLE};
+use tessera_dsl::interp::{self, Bindings, Value};
+use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};
+use tessera_dsl::{library, quant};
+
+fn runnable() -> bool {
+    let missing = tessera_codegen::x86::missing_features();
+    if !missing.is_empty() {
+        eprintln!("SKIP x86 attention: the CPU lacks {missing:?}");
+    }
+    missing.is_empty()
+}
+
+fn compile(kernel: &Kernel) -> HostAttention {
+    let code = attention::emit(kernel).expect("emit");
+    HostAttention::new(kernel, &code)
+        .expect("map")
+        .with_head_dim_multiple(HEAD_DIM_MULTIPLE)
+}
+
+fn online(mut kernel: Kernel) -> Kernel {
+    if let Op::Attention(a) = &mut kernel.op {
+        a.softmax = SoftmaxMode::Online;
+    }
+    kernel.name.push_str("-online");
+    kernel
+}
+
+struct Case {
+    s: usize,
+    hq: usize,
+    kvh: usize,
+    d: usize,
+    q_amp: f32,
+    threads: usize,
+    chunk: Option<usize>,
+    seed: u64,
+}
+
+/// Run one case against the interpreter; returns the recomputed rows.
+fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
+    let (s, hq, kvh, d) = (c.s, c.hq, c.kvh, c.d);
+    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+    let a = kernel.as_attention().unwrap();
+    let kf = kernel.tensor(&a.k).unwrap().format;
+    let vf = kernel.tensor(&a.v).unwrap().format;
+    let qv: Vec<f16> = (0..hq * d)
+        .map(|_| f16::from_f32(rng.gen_range(-c.q_amp..c.q_amp)))
+        .collect();
+    let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let side = |f: Format, data: &[f32]| -> (Value, Option<quant::QuantTensor>, Vec<f16>) {
+        if f == Format::F16 {
+            let h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+            (Value::F16(h.clone()), None, h)
+        } else {
+            let q = quant::quantize(f, s * kvh, d, data).expect("quantize");
+            (Value::Quant(q.clone()), Some(q), Vec::new())
+        }
+    };
+    let (kval, kq, k16) = side(kf, &kd);
+    let (vval, vq, v16) = side(vf, &vd);
+    let bindings = Bindings::new()
+        .extent("hq", hq)
+        .extent("kvh", kvh)
+        .extent("d", d)
+        .extent("s", s)
+        .tensor("q", Value::F16(qv.clone()))
+        .tensor("k", kval)
+        .tensor("v", vval);
+    let out = interp::run(kernel, &bindings).expect("interp");
+    let want = out.get("o").unwrap();
+    let stats = out.softmax.unwrap();
+    let kc = kq.as_ref().map_or(KvCache::F16(&k16), KvCache::Quant);
+    let vc = vq.as_ref().map_or(KvCache::F16(&v16), KvCache::Quant);
+    let mut o = vec![f16::ZERO; hq * d];
+    let recomputed = match c.chunk {
+        None => att.run(&qv, kc, vc, s, hq, kvh, d, &mut o, c.threads),
+        Some(ch) => att.run_chunked(&qv, kc, vc, s, hq, kvh, d, &mut o, c.threads, ch),
+    }
+    .expect("run");
+    let what = format!(
+        "{} s={s} hq={hq} kvh={kvh} d={d} threads={} chunk={:?}",
+        kernel.name, c.threads, c.chunk
+    );
+    assert_eq!(
+        recomputed as usize, stats.recomputed,
+        "{what}: recomputed rows"
+    );
+    for (i, (g, w)) in o.iter().zip(want).enumerate() {
+        let g = g.to_f32();
+        let tol = 2e-3 * w.abs() + 2e-3;
+        assert!((g - w).abs() <= tol, "{what}: o[{i}] = {g}, want {w}");
+    }
+    recomputed
+}
+
+fn sweep(kernel: &Kernel) {
+    let att = compile(kernel);
+    let mut seed = 11;
+    for &s in &[1usize, 7, 64, 65, 200] {
+        for &(hq, kvh) in &[(4usize, 2usize), (3, 3), (12, 2), (9, 1), (16, 2)] {
+            for &d in &[8usize, 40, 64, 80, 128] {
+                for threads in [1, 2] {
+                    seed += 1;
+                    let c = Case {
+                        s,
+                        hq,
+                        kvh,
+                        d,
+                        q_amp: 0.5,
+                        threads,
+                        chunk: None,
+                        seed,
+                    };
+                    check(&att, kernel, &c);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn x86_attention_decode_f16() {
+    if runnable() {
+        sweep(&library::get("attention-decode-f16").unwrap());
+    }
+}
+
+#[test]
+fn x86_attention_decode_kv8() {
+    if runnable() {
+        sweep(&library::get("attention-decode-kv8").unwrap());
+    }
+}
+
+#[test]
+fn x86_attention_online_modes() {
+    if runnable() {
+        sweep(&online(library::get("attention-decode-f16").unwrap()));
+        sweep(&online(library::get("attention-decode-kv8").unwrap()));
+    }
+}
+
+#[test]
+fn x86_attention_async_recomputes_out_of_range_rows() {
+    if !runnable() {
+        return;
+    }
+    for name in ["attention-decode-f16", "attention-decode-kv8"] {
+        let kernel = library::get(name).unwrap();
+        let att = compile(&kernel);
+        for chunk in [None, Some(64)] {
+            // |q| up to 8 over d = 16 puts scores far outside [-16.8, 6.5].
+            let c = Case {
+                s: 200,
+                hq: 6,
+                kvh: 2,
+                d: 16,
+                q_amp: 8.0,
+                threads: 2,
+                chunk,
+                seed: 99,
+            };
+            let r = check(&att, &kernel, &c);
+            assert!(r > 0, "{name} {chunk:?}: nothing recomputed");
+        }
+    }
+}
+
+#[test]
+fn x86_attention_split_chunks_match_the_interpreter() {
+    if !runnable() {
+        return;
+    }
+    let mut seed = 500;
+    for name in ["attention-decode-f16", "attention-decode-kv8"] {
+        let kernel = library::get(name).unwrap();
+        let att = compile(&kernel);
+        for &(s, chunk) in &[(65usize, 1usize), (200, 7), (700, 300)] {
+            for &(hq, kvh) in &[(4usize, 2usize), (6, 1)] {
+                seed += 1;
+                let c = Case {
+                    s,
+                    hq,
+                    kvh,
+                    d: 64,
+                    q_amp: 0.5,
+                    threads: 2,
+                    chunk: Some(chunk),
+                    seed,
+                };
+                check(&att, &kernel, &c);
+            }
+        }
+    }
+}
+
+#[test]
+fn x86_attention_refusals_name_the_reason() {
+    let kernel = library::get("attention-decode-f16").unwrap();
+    let mut raw = kernel.clone();
+    if let Op::Attention(a) = &mut raw.op {
+        a.q_prescaled = false;
+    }
+    raw.tensors.iter_mut().for_each(|t| {
+        if t.name == "q" {
+            t.layout.int4_pair_transpose = false;
+        }
+    });
+    let e = attention::emit(&raw).unwrap_err().to_string();
+    assert!(e.contains("pre-scaled"), "{e}");
+    let mut e5 = kernel.clone();
+    e5.tensors.iter_mut().for_each(|t| {
+        if t.name == "v" {
+            t.format = Format::Fp8E5M2;
+        }
+    });
+    let e = attention::emit(&e5).unwrap_err().to_string();
+    assert!(e.contains("values fp8e5m2"), "{e}");
+    if !runnable() {
+        return;
+    }
+    // A head dim the code does not handle is refused at the call.
+    let att = compile(&kernel);
+    let (q, k, mut o) = (
+        vec![f16::ZERO; 13],
+        vec![f16::ZERO; 26],
+        vec![f16::ZERO; 13],
+    );
+    let e = att
+        .run(
+            &q,
+            KvCache::F16(&k),
+            KvCache::F16(&k),
+            2,
+            1,
+            1,
+            13,
+            &mut o,
+            1,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("multiple of 8"), "{e}");
+}
