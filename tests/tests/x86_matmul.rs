@@ -474,7 +474,6 @@ fn unsupported_kernels_are_named_errors() {
         "matmul-w4a16",
         "matmul-w8a16",
         "matmul-e0m4a16",
-        "attention-decode-f16",
     ] {
         let kernel = library::get(name).unwrap();
         match b.emit_code(&kernel, &f32_tile) {
