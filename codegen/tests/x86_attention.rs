@@ -71,14 +71,7 @@ fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
     };
     let (kval, kq, k16) = side(kf, &kd);
     let (vval, vq, v16) = side(vf, &vd);
-    let bindings = Bindings::new()
-        .extent("hq", hq)
-        .extent("kvh", kvh)
-        .extent("d", d)
-        .extent("s", s)
-        .tensor("q", Value::F16(qv.clone()))
-        .tensor("k", kval)
-        .tensor("v", vval);
+    let bindings = Bindings::decode_attention([hq, kvh, d, s], Value::F16(qv.clone()), kval, vval);
     let out = interp::run(kernel, &bindings).expect("interp");
     let want = out.get("o").unwrap();
     let stats = out.softmax.unwrap();

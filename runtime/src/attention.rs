@@ -436,12 +436,7 @@ impl KvCache {
     /// Append `tokens` tokens of keys and values, each f32 `[tokens, kvh, d]`
     /// (stored in the cache's formats, quantized per row).
     pub fn append(&mut self, k: &[f32], v: &[f32], tokens: usize) -> Result<(), RuntimeError> {
-        let row = self.kvh * self.d;
-        let elems = tokens
-            .checked_mul(row)
-            .ok_or_else(|| shape("tokens·kvh·d", "no overflow", "overflow"))?;
-        check_len("keys elements (tokens·kvh·d)", elems, k.len())?;
-        check_len("values elements (tokens·kvh·d)", elems, v.len())?;
+        let row = self.check_rows(tokens, k.len(), v.len())?;
         if let Some(i) = k.iter().chain(v).position(|x| !x.is_finite()) {
             return Err(shape("K/V values", "finite", format!("element {i} is not")));
         }
@@ -489,12 +484,7 @@ impl KvCache {
         tokens: usize,
         append: Option<&AppendKernel>,
     ) -> Result<(), RuntimeError> {
-        let row = self.kvh * self.d;
-        let elems = tokens
-            .checked_mul(row)
-            .ok_or_else(|| shape("tokens·kvh·d", "no overflow", "overflow"))?;
-        check_len("keys elements (tokens·kvh·d)", elems, k.len())?;
-        check_len("values elements (tokens·kvh·d)", elems, v.len())?;
+        let row = self.check_rows(tokens, k.len(), v.len())?;
         let (Some(append), Storage::Host { .. }) = (append, &self.storage) else {
             let widen = |x: &[f16]| -> Result<Vec<f32>, RuntimeError> {
                 let mut out = Vec::new();
@@ -537,6 +527,18 @@ impl KvCache {
         }
         self.len += tokens;
         Ok(())
+    }
+
+    /// `tokens` rows of keys and of values are `k_len` and `v_len`
+    /// elements; returns the elements of one token (`kvh·d`).
+    fn check_rows(&self, tokens: usize, k_len: usize, v_len: usize) -> Result<usize, RuntimeError> {
+        let row = self.kvh * self.d;
+        let elems = tokens
+            .checked_mul(row)
+            .ok_or_else(|| shape("tokens·kvh·d", "no overflow", "overflow"))?;
+        check_len("keys elements (tokens·kvh·d)", elems, k_len)?;
+        check_len("values elements (tokens·kvh·d)", elems, v_len)?;
+        Ok(row)
     }
 
     /// Grow (by the capacity mode) so that `tokens` more fit.

@@ -275,14 +275,8 @@ mod run {
             let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
             let (kval, kq, k16) = cache(kf, s * kvh, d, &kd);
             let (vval, vq, v16) = cache(vf, s * kvh, d, &vd);
-            let bindings = Bindings::new()
-                .extent("hq", hq)
-                .extent("kvh", kvh)
-                .extent("d", d)
-                .extent("s", s)
-                .tensor("q", Value::F16(q.clone()))
-                .tensor("k", kval)
-                .tensor("v", vval);
+            let bindings =
+                Bindings::decode_attention([hq, kvh, d, s], Value::F16(q.clone()), kval, vval);
             let out = interp::run(kernel, &bindings).expect("interp");
             Decode {
                 want: out.get("o").unwrap().to_vec(),

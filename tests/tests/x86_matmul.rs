@@ -470,11 +470,7 @@ fn larger_k_crosses_several_k_blocks() {
 fn unsupported_kernels_are_named_errors() {
     let b = X86Backend::default();
     let f32_tile = best(&library::get("matmul-f32").unwrap());
-    for name in [
-        "matmul-w4a16",
-        "matmul-w8a16",
-        "matmul-e0m4a16",
-    ] {
+    for name in ["matmul-w4a16", "matmul-w8a16", "matmul-e0m4a16"] {
         let kernel = library::get(name).unwrap();
         match b.emit_code(&kernel, &f32_tile) {
             Err(EmitError::Unsupported { backend, what }) => {
