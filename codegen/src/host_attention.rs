@@ -790,3 +790,24 @@ fn zeroed_f16(len: usize, copies: usize) -> Result<Vec<f16>, AttentionError> {
     v.resize(total, f16::ZERO);
     Ok(v)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The scratch every call gets holds what each host emitter's code
+    /// writes (x86's areas, and the `s + 3·d` of cranelift and NEON).
+    #[test]
+    fn every_host_emitter_fits_the_scratch() {
+        for s in [1usize, 7, 64, 65, 4096, 32768] {
+            for d in [8usize, 64, 80, 128, 256] {
+                let have = super::scratch_floats(s, d).unwrap();
+                assert!(have >= s + 3 * d, "s={s} d={d}");
+                #[cfg(feature = "emitters")]
+                assert!(
+                    have >= crate::x86::attention::scratch_floats(s, d),
+                    "s={s} d={d}"
+                );
+            }
+        }
+        assert!(super::scratch_floats(usize::MAX / 4, 8).is_err());
+    }
+}
