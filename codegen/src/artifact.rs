@@ -32,6 +32,11 @@ pub struct MachineCode {
     pub arch: Arch,
     pub bytes: Vec<u8>,
     pub listing: String,
+    /// Attention code only: the head dims the code handles are multiples
+    /// of this (x86's works in whole 8-lane chunks); 1 everywhere else.
+    /// `HostAttention` refuses other calls, so the requirement travels
+    /// with the bytes rather than with each caller.
+    pub head_dim_multiple: usize,
 }
 
 /// The source language of a text artifact.

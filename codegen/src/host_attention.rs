@@ -119,7 +119,8 @@ pub enum KvCache<'a> {
 pub struct HostAttention {
     kernel: Kernel,
     code: JitCode,
-    /// The code handles head dims that are multiples of this only.
+    /// The code handles head dims that are multiples of this only (from
+    /// [`MachineCode::head_dim_multiple`]); other calls are refused.
     head_dim_multiple: usize,
 }
 
@@ -168,16 +169,8 @@ impl HostAttention {
         Ok(HostAttention {
             kernel: decode,
             code: JitCode::map(code)?,
-            head_dim_multiple: 1,
+            head_dim_multiple: code.head_dim_multiple.max(1),
         })
-    }
-
-    /// The same, for code that handles head dims that are multiples of
-    /// `multiple` only (x86's, [`crate::x86::attention::HEAD_DIM_MULTIPLE`]):
-    /// calls with another `d` are refused.
-    pub fn with_head_dim_multiple(mut self, multiple: usize) -> HostAttention {
-        self.head_dim_multiple = multiple.max(1);
-        self
     }
 
     /// Causal prefill: `t` query tokens (`q`, `o`: f16 `[t, hq, d]`) over a

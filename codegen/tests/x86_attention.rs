@@ -24,9 +24,9 @@ fn runnable() -> bool {
 
 fn compile(kernel: &Kernel) -> HostAttention {
     let code = attention::emit(kernel).expect("emit");
-    HostAttention::new(kernel, &code)
-        .expect("map")
-        .with_head_dim_multiple(HEAD_DIM_MULTIPLE)
+    assert_eq!(code.head_dim_multiple, HEAD_DIM_MULTIPLE);
+    // The requirement travels with the code: no caller has to add it.
+    HostAttention::new(kernel, &code).expect("map")
 }
 
 fn online(mut kernel: Kernel) -> Kernel {

@@ -767,10 +767,7 @@ impl Device {
                     why: e.to_string(),
                 }
             })?;
-            let code = Arc::new(
-                HostAttention::new(&kernel, &code)?
-                    .with_head_dim_multiple(tessera_codegen::x86::attention::HEAD_DIM_MULTIPLE),
-            );
+            let code = Arc::new(HostAttention::new(&kernel, &code)?);
             lock(&self.attentions).insert(key, Arc::clone(&code));
             return Ok(code);
         }

@@ -46,6 +46,7 @@ impl PrebuiltKernel {
             arch,
             bytes,
             listing: String::new(),
+            head_dim_multiple: 1,
         };
         PrebuiltKernel {
             kernel: kernel.to_string(),
@@ -68,6 +69,7 @@ impl PrebuiltKernel {
                 arch,
                 bytes,
                 listing: String::new(),
+                head_dim_multiple: 1,
             },
             quantizer: None,
         }

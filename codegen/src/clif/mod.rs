@@ -295,6 +295,7 @@ impl ClifBackend {
             arch: self.arch(),
             bytes,
             listing,
+            head_dim_multiple: 1,
         })
     }
 }

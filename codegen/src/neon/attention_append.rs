@@ -144,6 +144,7 @@ pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError
         arch: Arch::Aarch64,
         bytes,
         listing,
+        head_dim_multiple: 1,
     })
 }
 

@@ -796,6 +796,7 @@ fn finish(a: asm::A64) -> Result<MachineCode, EmitError> {
         arch: Arch::Aarch64,
         bytes,
         listing,
+        head_dim_multiple: 1,
     })
 }
 

@@ -34,7 +34,8 @@
 //!    `s + d`, the max at `s + 2d` of the scratch).
 //!
 //! The scratch is [`scratch_floats`]; `d` must be a multiple of 8 (the
-//! caller checks, [`HEAD_DIM_MULTIPLE`]). q must be pre-scaled by 1/√d.
+//! code says so in `MachineCode::head_dim_multiple`, which `HostAttention`
+//! checks before every call). q must be pre-scaled by 1/√d.
 
 use tessera_dsl::ir::{AttentionKind, Format, Group, Kernel, ParamType, SoftmaxMode};
 
@@ -224,7 +225,10 @@ pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
     a.bind(done);
     common::epilogue_framed(&mut a, FRAME);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
-    Ok(super::machine_code(bytes, listing))
+    Ok(MachineCode {
+        head_dim_multiple: HEAD_DIM_MULTIPLE,
+        ..super::machine_code(bytes, listing)
+    })
 }
 
 fn constants(a: &mut X86Asm, softmax: SoftmaxMode) {

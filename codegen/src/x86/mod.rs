@@ -347,6 +347,7 @@ pub(crate) fn machine_code(bytes: Vec<u8>, listing: String) -> MachineCode {
         arch: Arch::X86_64,
         bytes,
         listing,
+        head_dim_multiple: 1,
     }
 }
 
