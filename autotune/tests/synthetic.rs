@@ -325,6 +325,45 @@ fn ties_go_to_the_solver_cost() {
 }
 
 #[test]
+fn a_variant_that_serves_no_m_records_the_solver_pick() {
+    // GEMV is slower than flat GEMM at M = 1 and GEMM slower than flat GEMM
+    // everywhere, so neither serves an M; their tiles still differ by 10
+    // or 20% (which would pick a winner by time). The record names the
+    // solver's pick for both, as nothing that runs decides between them.
+    fn neither(variant: Variant, tile: [u32; 3], m: usize) -> f64 {
+        let m_f = m as f64;
+        let tile_penalty = 1.0 + 0.1 * f64::from((tile[0] + tile[1] / 8) % 3);
+        let base = match variant {
+            Variant::Gemv => 300_000.0 * m_f,
+            Variant::FlatGemm => 150_000.0 + 10_000.0 * m_f,
+            Variant::Gemm => 400_000.0 + 20_000.0 * m_f,
+        };
+        // The penalty only among GEMV and GEMM tiles: the flat tile must
+        // not change with it.
+        if variant == Variant::FlatGemm {
+            base
+        } else {
+            base * tile_penalty
+        }
+    }
+    let mut sim = Sim::new(neither, 5, 0.0);
+    let out = run(&mut sim, 1e6);
+    let s = solver();
+    for shape in &out.shapes {
+        assert_eq!((shape.m1, shape.m2), (1, 4097), "{}", shape.name);
+        for v in [Variant::Gemv, Variant::Gemm] {
+            let pick = s.candidates(v, shape.n, shape.k, 2).unwrap()[0];
+            assert_eq!(
+                shape.winner(v).unwrap().tile,
+                pick.tile3(),
+                "{} {v}",
+                shape.name
+            );
+        }
+    }
+}
+
+#[test]
 fn a_small_budget_stops_at_the_deadline_and_keeps_finished_shapes() {
     // A full run takes this long on the virtual clock.
     let mut sim = Sim::new(model, 1, 0.0);

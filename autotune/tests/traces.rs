@@ -22,11 +22,23 @@ struct Kernel {
     tile: [u64; 2],
     base: f64,
     per_m: f64,
+    /// Flat GEMM: below its tile's rows the tuner runs a step of M rows.
+    stepped: bool,
 }
 
 impl Kernel {
+    /// A kernel runs whole tiles: the rows it wastes at M
+    /// (ceil(M / ep) · ep − M) cost like real ones, the sawtooth the main
+    /// job measures between flat GEMM and GEMM. Below its tile's rows flat
+    /// GEMM runs a step of M rows (per-M tiles), so no waste there.
     fn time(&self, m: usize) -> f64 {
-        self.base + self.per_m * (m as f64 - 1.0)
+        let ep = self.tile[0] as usize;
+        let rows = if self.stepped && m <= ep {
+            m
+        } else {
+            m.div_ceil(ep) * ep
+        };
+        self.base + self.per_m * (rows as f64 - 1.0)
     }
 
     /// Formula (2) of the solver for [2048, 1536] at M rows.
@@ -47,18 +59,21 @@ const GEMV: [Kernel; 3] = [
         tile: [1, 32],
         base: 244e3,
         per_m: 200e3,
+        stepped: false,
     },
     Kernel {
         name: "gemv 1x16",
         tile: [1, 16],
         base: 247.6e3,
         per_m: 203e3,
+        stepped: false,
     },
     Kernel {
         name: "gemv 1x8",
         tile: [1, 8],
         base: 305e3,
         per_m: 250e3,
+        stepped: false,
     },
 ];
 const FLAT: [Kernel; 3] = [
@@ -67,18 +82,21 @@ const FLAT: [Kernel; 3] = [
         tile: [8, 8],
         base: 300e3,
         per_m: 12e3,
+        stepped: true,
     },
     Kernel {
         name: "flat 4x8",
         tile: [4, 8],
         base: 360e3,
         per_m: 15e3,
+        stepped: true,
     },
     Kernel {
         name: "flat 8x16",
         tile: [8, 16],
         base: 306e3,
         per_m: 12.2e3,
+        stepped: true,
     },
 ];
 const GEMM: [Kernel; 3] = [
@@ -87,18 +105,49 @@ const GEMM: [Kernel; 3] = [
         tile: [5, 8],
         base: 553e3,
         per_m: 7e3,
+        stepped: false,
     },
     Kernel {
         name: "gemm 6x8",
         tile: [6, 8],
         base: 700e3,
         per_m: 8e3,
+        stepped: false,
     },
     Kernel {
         name: "gemm 5x16",
         tile: [5, 16],
         base: 560e3,
         per_m: 7.1e3,
+        stepped: false,
+    },
+];
+
+/// A second device where GEMM never pulls away: the tiles the main job
+/// picked on a Zen 3 (flat GEMM 8 rows, GEMM 10), within ±7% of each other
+/// from M = 48 to 4096 along the sawtooth of their tiles' rows (17% apart
+/// at 32, 6% at 48, 2% at 128, 1.5% the other way at 2048), as measured.
+const GEMM_ALONG_THE_SAWTOOTH: [Kernel; 3] = [
+    Kernel {
+        name: "gemm 10x8",
+        tile: [10, 8],
+        base: 340e3,
+        per_m: 12.0e3,
+        stepped: false,
+    },
+    Kernel {
+        name: "gemm 10x16",
+        tile: [10, 16],
+        base: 335e3,
+        per_m: 11.95e3,
+        stepped: false,
+    },
+    Kernel {
+        name: "gemm 6x8",
+        tile: [6, 8],
+        base: 360e3,
+        per_m: 12.5e3,
+        stepped: false,
     },
 ];
 
@@ -166,12 +215,14 @@ struct Decisions {
     m2: usize,
 }
 
-/// The tuner's rule (`decide`), replayed on a run's trace.
-fn decide_new(run: &Run) -> Decisions {
+/// The tuner's rule (`decide`, as `tune` calls it: winners and clear
+/// breakpoint verdicts settled by a second measurement), replayed on a
+/// run's trace.
+fn decide_new(run: &Run, gemm: &'static [Kernel; 3]) -> Decisions {
     let mut floor = 0.0;
     let mut seen = Vec::new();
     let mut winners = Vec::new();
-    for (i, (kernels, m)) in [(&GEMV, 1usize), (&FLAT, 8), (&GEMM, 128)]
+    for (i, (kernels, m)) in [(&GEMV, 1usize), (&FLAT, 8), (gemm, 128)]
         .into_iter()
         .enumerate()
     {
@@ -190,13 +241,23 @@ fn decide_new(run: &Run) -> Decisions {
         let c = decide::choose(&entrants, floor).unwrap();
         seen.extend(c.verdicts.iter().map(|v| v.1));
         floor = decide::pooled_floor(&seen);
-        winners.push(kernels[c.winner]);
+        let w = decide::settle_winner(&c, &entrants, floor, || {
+            Ok::<_, ()>(run.group(&refs, 20 + i as u64, m))
+        })
+        .unwrap();
+        winners.push(kernels[w]);
     }
     let (g, f, e) = (winners[0], winners[1], winners[2]);
     let tie_up = |lo: &Kernel, up: &Kernel, rep: usize| up.cost(rep) <= lo.cost(rep);
     let duel = |lo: &Kernel, up: &Kernel, group: u64, tie: bool, m: usize| {
         let b = run.group(&[lo, up], group, m);
-        let v = decide::compare(&b[0], &b[1], floor).unwrap();
+        let first = decide::compare(&b[0], &b[1], floor).unwrap();
+        let mut retimes = 0;
+        let v = decide::settle_verdict(first, || {
+            retimes += 1;
+            let again = run.group(&[lo, up], group + 100 * retimes, m);
+            Ok::<_, ()>(decide::compare(&again[0], &again[1], floor).unwrap())
+        })?;
         Ok::<bool, ()>(decide::upper_serves(&v, tie))
     };
     let m1 =
@@ -213,7 +274,7 @@ fn decide_new(run: &Run) -> Decisions {
 /// The previous rule: per kernel one median ± max(2·MAD, 2%) over all its
 /// samples; the fastest wins unless tied with a cheaper one; a breakpoint
 /// probe tied goes to the cost at that M; plain galloping bisection.
-fn decide_old(run: &Run) -> Decisions {
+fn decide_old(run: &Run, gemm: &'static [Kernel; 3]) -> Decisions {
     let timing = |b: &Blocks| Timing::from_samples(&b.all()).unwrap();
     let half = |t: &Timing| (2.0 * t.mad_ns).max(0.02 * t.median_ns);
     let ties = |a: &Timing, b: &Timing| {
@@ -221,7 +282,7 @@ fn decide_old(run: &Run) -> Decisions {
             && b.median_ns - half(b) <= a.median_ns + half(a)
     };
     let mut winners = Vec::new();
-    for (i, (kernels, m)) in [(&GEMV, 1usize), (&FLAT, 8), (&GEMM, 128)]
+    for (i, (kernels, m)) in [(&GEMV, 1usize), (&FLAT, 8), (gemm, 128)]
         .into_iter()
         .enumerate()
     {
@@ -268,50 +329,67 @@ fn runs(device: u64) -> [Run; 3] {
     })
 }
 
-/// Whether three runs agree: the same winners and M1, and M2 equal or
-/// one point apart on the breakpoint grid (a crossing that sits at a grid
-/// point's margin edge can go either way; that step's cost is what the
-/// record's savings report).
+/// Whether three runs decide the same: the same winners, M1 and M2.
 fn agree(d: &[Decisions]) -> bool {
-    let g = decide::grid(1, 4096);
-    let pos = |m: usize| g.iter().position(|&x| x == m).unwrap_or(g.len());
-    d.windows(2).all(|w| {
-        w[0].winners == w[1].winners
-            && w[0].m1 == w[1].m1
-            && pos(w[0].m2).abs_diff(pos(w[1].m2)) <= 1
-    })
+    d.windows(2).all(|w| w[0] == w[1])
 }
+
+/// The two device models: GEMM overtaking flat GEMM (equal near M = 52),
+/// and GEMM tied with it along the sawtooth.
+const DEVICES: [(&str, &[Kernel; 3]); 2] = [
+    ("overtaking", &GEMM),
+    ("along the sawtooth", &GEMM_ALONG_THE_SAWTOOTH),
+];
+
+/// Simulated devices per model.
+const DEVICE_COUNT: u64 = 200;
 
 #[test]
 fn three_noisy_runs_of_one_device_decide_the_same() {
-    let mut identical = 0;
-    for device in 0..12 {
-        let d: Vec<Decisions> = runs(device).iter().map(decide_new).collect();
-        assert!(agree(&d), "device {device}: {d:?}");
-        identical += usize::from(d[0] == d[1] && d[1] == d[2]);
-        // What they agree on is right: never a clearly slower tile, M1 at
-        // the sharp crossover, M2 past the slow one (flat GEMM and GEMM
-        // equal near M = 52) where GEMM is faster beyond the margin.
-        assert!(
-            d.iter().all(|x| x.winners[0] != "gemv 1x8" && x.m1 == 2),
-            "{d:?}"
+    for (model, gemm) in DEVICES {
+        let mut disagree = Vec::new();
+        for device in 0..DEVICE_COUNT {
+            let d: Vec<Decisions> = runs(device).iter().map(|r| decide_new(r, gemm)).collect();
+            if !agree(&d) {
+                disagree.push((device, d));
+                continue;
+            }
+            // What they agree on is right: never a clearly slower tile, M1
+            // at the sharp crossover, M2 past the crossing (GEMM 21% faster
+            // at 128) or, where the two tie, at the first tie once flat
+            // GEMM's clear lead (17% at 32) is over.
+            assert!(
+                d[0].winners[0] != "gemv 1x8" && d[0].m1 == 2 && d[0].m2 == 128,
+                "{model}, device {device}: {d:?}"
+            );
+        }
+        // The trace's tails (a run whose noise floor reaches the 15% cap,
+        // two measurements of a 2% gap both at 17%) still split a device's
+        // runs now and then: at most 1 in 50 devices.
+        eprintln!(
+            "{model}: three runs disagree on {} of {DEVICE_COUNT} devices",
+            disagree.len()
         );
-        assert!(d.iter().all(|x| (52..=128).contains(&x.m2)), "{d:?}");
+        assert!(
+            disagree.len() as u64 * 50 <= DEVICE_COUNT,
+            "{model}: {disagree:?}"
+        );
     }
-    eprintln!("identical decisions on {identical} of 12 devices");
-    assert!(identical >= 8, "identical on {identical} of 12");
 }
 
 #[test]
 fn the_previous_rule_does_not_agree_with_itself_on_the_same_traces() {
-    let old: Vec<Vec<Decisions>> = (0..12)
-        .map(|device| runs(device).iter().map(decide_old).collect())
-        .collect();
-    let disagree = old.iter().filter(|d| !agree(d)).count();
-    let identical = old.iter().filter(|d| d[0] == d[1] && d[1] == d[2]).count();
-    eprintln!("the previous rule: {disagree} of 12 devices disagree, identical on {identical}");
-    // The assertions the new rule passes fail for the old one.
-    assert!(disagree >= 3 && identical < 8, "{disagree} / {identical}");
+    for (model, gemm) in DEVICES {
+        let old: Vec<Vec<Decisions>> = (0..DEVICE_COUNT)
+            .map(|device| runs(device).iter().map(|r| decide_old(r, gemm)).collect())
+            .collect();
+        let disagree = old.iter().filter(|d| !agree(d)).count();
+        eprintln!(
+            "{model}: the previous rule disagrees with itself on {disagree} of {DEVICE_COUNT} devices"
+        );
+        // The assertion the new rule passes fails for the old one.
+        assert!(disagree as u64 * 50 > DEVICE_COUNT, "{model}: {disagree}");
+    }
 }
 
 #[test]
