@@ -12,7 +12,7 @@ mod ptx_sim;
 
 use half::f16;
 use ptx_common::{matmuls, rows, tiles};
-use ptx_sim::{MatmulOperands, run_matmul};
+use ptx_sim::{MatmulOperands, param_bytes, run_matmul};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::Variant;
@@ -71,7 +71,12 @@ fn case_with(
             },
         )
         .unwrap();
-        (Value::Quant(q), p.codes, p.scales, p.offsets)
+        (
+            Value::Quant(q),
+            p.codes,
+            param_bytes(format, &p.scales),
+            param_bytes(format, &p.offsets),
+        )
     };
     let b = Bindings::new()
         .extent("e", e)

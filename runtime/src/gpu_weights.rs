@@ -5,18 +5,54 @@
 
 use half::f16;
 use tessera_codegen::gpu::WEIGHT_LP;
-use tessera_dsl::Format;
 use tessera_dsl::interp::Value;
 use tessera_dsl::quant::{
     ElemWidth, PackPlan, PackedWeights, Tile, WeightPacking, gpu_weight_layout, pack_weights,
 };
+use tessera_dsl::{Format, ParamType};
 
 /// Weights ready to upload.
 pub enum GpuWeights {
     /// f16 values as half bits, `[l/lp, h, lp]`.
     Halves(Vec<u16>),
     /// Quantized codes `[l/lp, h, lp]` and their group-major parameters.
-    Quant(PackedWeights),
+    Quant(GpuQuant),
+}
+
+/// Quantized weights as the kernels read them: the codes, and the group
+/// parameters in the precision the format stores them (f32, or f16 for
+/// ggml's blocks: 2 bytes each), little-endian.
+pub struct GpuQuant {
+    pub codes: Vec<u8>,
+    pub scales: Vec<u8>,
+    /// Empty for symmetric formats.
+    pub offsets: Vec<u8>,
+}
+
+impl GpuQuant {
+    fn new(p: PackedWeights) -> GpuQuant {
+        let f16_params = p.format.params() == Some(ParamType::F16);
+        // f16 parameters were quantized to f16 values: the narrowing is exact.
+        let bytes = |v: &[f32]| -> Vec<u8> {
+            if f16_params {
+                v.iter()
+                    .flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes())
+                    .collect()
+            } else {
+                v.iter().flat_map(|x| x.to_le_bytes()).collect()
+            }
+        };
+        GpuQuant {
+            scales: bytes(&p.scales),
+            offsets: bytes(&p.offsets),
+            codes: p.codes,
+        }
+    }
+
+    /// Device bytes of the codes and parameters.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + self.scales.len() + self.offsets.len()
+    }
 }
 
 /// f16 weights `[h, l]` in the GPU layout, as half bits.
@@ -63,9 +99,9 @@ pub fn prepare(wanted: Format, w: &Value, h: usize, l: usize) -> Result<GpuWeigh
             let packing = WeightPacking::Gpu {
                 lp: WEIGHT_LP as usize,
             };
-            Ok(GpuWeights::Quant(
+            Ok(GpuWeights::Quant(GpuQuant::new(
                 pack_weights(q, packing).map_err(|e| e.to_string())?,
-            ))
+            )))
         }
         other => Err(format!("weights bound as {}", other.kind())),
     }

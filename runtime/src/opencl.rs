@@ -432,7 +432,7 @@ pub fn run_matmul(
     }
     let built = dev.build(source)?;
     let xb = dev.buffer(x)?;
-    let (mut mems, scales, offsets): (Vec<WeightMem>, Vec<f32>, Vec<f32>) =
+    let (mut mems, scales, offsets): (Vec<WeightMem>, Vec<u8>, Vec<u8>) =
         match gpu_weights::prepare(plan.weights.format, w, h, l).map_err(input)? {
             GpuWeights::Halves(bits) => {
                 let halves: Vec<f16> = bits.into_iter().map(f16::from_bits).collect();

@@ -1308,7 +1308,7 @@ fn neon_runs_match_the_interpreter() {
 }
 
 /// At most this many OpenCL programs or simulated PTX kernels per backend.
-const RUN_CAP: usize = 40;
+const RUN_CAP: usize = 48;
 
 /// A greedy cover of every field value `be` emits: the descriptions to run
 /// where running is slow (OpenCL builds, the PTX simulator).
@@ -1421,7 +1421,11 @@ fn run_ptx(be: Be, o: &Outcome, tile: &TileConfig, c: &Case) -> Result<Vec<f32>,
                 },
             )
             .map_err(|e| e.to_string())?;
-            (p.codes, p.scales, p.offsets)
+            (
+                p.codes,
+                ptx_sim::param_bytes(q.format, &p.scales),
+                ptx_sim::param_bytes(q.format, &p.offsets),
+            )
         }
         (Value::F16(w), None) => {
             let plan = PackPlan::new(

@@ -118,17 +118,15 @@ pub struct WeightPlan {
     pub group: Option<Group>,
     pub has_scale: bool,
     pub has_offset: bool,
+    /// How the group scales and offsets are stored: f32, or f16 (2 bytes
+    /// each, ggml's Q4_0 / Q8_0 blocks) widened to f32 where read.
+    pub params: ParamType,
     pub dequant: Dequant,
 }
 
 impl WeightPlan {
     /// The plan for weights stored in `format`.
     pub fn for_format(format: Format) -> Result<WeightPlan, EmitError> {
-        if format.has_f16_params() {
-            return Err(unsupported(format!(
-                "{format} weights: f16 group parameters (the GPU kernels read f32 parameters)"
-            )));
-        }
         let dequant = match format {
             Format::F16 => Dequant::None,
             Format::U4Asym(..) => Dequant::MagicOr {
@@ -136,6 +134,14 @@ impl WeightPlan {
                 float_magic: 0x4B00_0000,
                 half_sub: 1024.0,
                 float_sub: 8_388_608.0,
+            },
+            // The implied zero point of 8 (w = d·(q − 8), ggml's Q4_0) is
+            // folded into the subtraction that removes the magic exponent.
+            Format::U4Sym(..) => Dequant::MagicOr {
+                half_magic: 0x6400,
+                float_magic: 0x4B00_0000,
+                half_sub: 1032.0,
+                float_sub: 8_388_616.0,
             },
             Format::E0M4(..) => Dequant::ShiftOr {
                 half_base: 0x4000,
@@ -146,7 +152,7 @@ impl WeightPlan {
             Format::I8Sym(..) | Format::I8Asym(..) => Dequant::SignedByte,
             other => {
                 return Err(unsupported(format!(
-                    "{other} weights (GPU weights are f16, u4asym, e0m4, i8sym or i8asym; u4sym's implied zero point is not folded)"
+                    "{other} weights (GPU weights are f16, u4asym, u4sym, e0m4, i8sym or i8asym)"
                 )));
             }
         };
@@ -169,6 +175,7 @@ impl WeightPlan {
             group,
             has_scale: format.is_quantized(),
             has_offset: format.is_asymmetric(),
+            params: format.params().unwrap_or(ParamType::F32),
             dequant,
         })
     }
@@ -597,11 +604,15 @@ pub fn plan_matmul(
         (_, Dequant::None) => arg("w", ArgKind::HalfIn),
         _ => arg("w", ArgKind::ChunksIn),
     });
+    let param_kind = match weights.params {
+        ParamType::F32 => ArgKind::FloatIn,
+        ParamType::F16 => ArgKind::HalfIn,
+    };
     if weights.has_scale {
-        args.push(arg("scales", ArgKind::FloatIn));
+        args.push(arg("scales", param_kind));
     }
     if weights.has_offset {
-        args.push(arg("offsets", ArgKind::FloatIn));
+        args.push(arg("offsets", param_kind));
     }
     if bias {
         args.push(arg("bias", ArgKind::FloatIn));

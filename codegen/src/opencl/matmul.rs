@@ -2,7 +2,7 @@
 //! GEMV (buffer or image weights, lanes reduced in local memory) and the
 //! local-memory tiled flat GEMM / GEMM with a double-buffered K pipeline.
 
-use tessera_dsl::{Activation, Format, Group};
+use tessera_dsl::{Activation, Format, Group, ParamType};
 
 use super::dialect::{Dialect, Precision, Writer, float_lit};
 use crate::gpu::{
@@ -284,10 +284,18 @@ fn gemv(w: &mut Writer, plan: &MatmulPlan, g: &GemvPlan, dl: &Dialect, pr: &Prec
             // unfused, as the interpreter does.
             w.line("const float sxs = sum4(sx);");
             w.open("if (isfinite(sxs))");
-            w.line("acc += scales[gi] * sum4(dot) + offsets[gi] * sxs;");
+            w.line(format!(
+                "acc += {} * sum4(dot) + {} * sxs;",
+                param(wt, "scales", "gi"),
+                param(wt, "offsets", "gi")
+            ));
             w.middle("} else {");
             w.line("#pragma OPENCL FP_CONTRACT OFF");
-            w.line("const float ws = scales[gi], wo = offsets[gi];");
+            w.line(format!(
+                "const float ws = {}, wo = {};",
+                param(wt, "scales", "gi"),
+                param(wt, "offsets", "gi")
+            ));
             for q in 0..epl / 4 {
                 w.line(format!(
                     "const float4 xw{q} = convert_float4(x{q}) * (ws * convert_float4({}) + wo);",
@@ -297,7 +305,7 @@ fn gemv(w: &mut Writer, plan: &MatmulPlan, g: &GemvPlan, dl: &Dialect, pr: &Prec
             }
             w.close("");
         } else {
-            w.line("acc += scales[gi] * sum4(dot);");
+            w.line(format!("acc += {} * sum4(dot);", param(wt, "scales", "gi")));
         }
     } else {
         w.line("acc += sum4(dot);");
@@ -332,11 +340,15 @@ fn tiled(w: &mut Writer, plan: &MatmulPlan, t: &TiledPlan, dl: &Dialect, pr: &Pr
 
     // The stage loader, shared by the prologue and the pipelined loop.
     let mut extra = Vec::new();
+    let pt = match wt.params {
+        ParamType::F32 => "float",
+        ParamType::F16 => "half",
+    };
     if wt.has_scale {
-        extra.push(format!(", {g} const float* {r} scales"));
+        extra.push(format!(", {g} const {pt}* {r} scales"));
     }
     if wt.has_offset {
-        extra.push(format!(", {g} const float* {r} offsets"));
+        extra.push(format!(", {g} const {pt}* {r} offsets"));
     }
     let w_param = if wt.dequant == Dequant::None {
         format!("{g} const half* {r} w")
@@ -385,9 +397,19 @@ fn tiled(w: &mut Writer, plan: &MatmulPlan, t: &TiledPlan, dl: &Dialect, pr: &Pr
             "const int gi = {} * h + gh;",
             group_index(wt, "gl0")
         ));
-        w.line(format!("const {} sc = ({}) scales[gi];", pr.t, pr.t));
+        w.line(format!(
+            "const {} sc = ({}) {};",
+            pr.t,
+            pr.t,
+            param(wt, "scales", "gi")
+        ));
         if wt.has_offset {
-            w.line(format!("const {} of = ({}) offsets[gi];", pr.t, pr.t));
+            w.line(format!(
+                "const {} of = ({}) {};",
+                pr.t,
+                pr.t,
+                param(wt, "offsets", "gi")
+            ));
         }
     }
     for q in 0..epl / 4 {
@@ -524,4 +546,13 @@ fn tiled(w: &mut Writer, plan: &MatmulPlan, t: &TiledPlan, dl: &Dialect, pr: &Pr
     w.close("");
     w.close("");
     w.close("");
+}
+
+/// Group parameter `idx` of the `name` buffer as a float: f16 parameters
+/// are read with `vload_half`, which needs no half arithmetic.
+fn param(wt: &WeightPlan, name: &str, idx: &str) -> String {
+    match wt.params {
+        ParamType::F32 => format!("{name}[{idx}]"),
+        ParamType::F16 => format!("vload_half({idx}, {name})"),
+    }
 }

@@ -26,7 +26,7 @@
 //! shared memory; thread `y = 0` adds bias, applies the activation and
 //! stores.
 
-use tessera_dsl::{Activation, Format, Group};
+use tessera_dsl::{Activation, Format, Group, ParamType};
 
 use super::writer::{Body, f32_lit};
 use super::{Args, Limits, Sm, module};
@@ -309,14 +309,26 @@ fn load_weights(
             _ => b.op(format!("mov.u32 {gi}, {hi}")),
         }
         let goff = b.rd();
-        b.op(format!("mul.wide.u32 {goff}, {gi}, 4"));
+        let f16_params = wt.params == ParamType::F16;
+        let param_bytes = if f16_params { 2 } else { 4 };
+        b.op(format!("mul.wide.u32 {goff}, {gi}, {param_bytes}"));
         let mut load = |base: &str| {
             let (addr, v) = (b.rd(), b.f());
             b.op(format!("add.s64 {addr}, {base}, {goff}"));
             if guard.is_some() {
                 b.op(format!("mov.f32 {v}, 0f00000000"));
             }
-            b.op(format!("{pred}ld.global.nc.f32 {v}, [{addr}]"));
+            if f16_params {
+                // An f16 parameter (ggml's block scales) widened where read.
+                let hv = b.h();
+                if guard.is_some() {
+                    b.op(format!("mov.b16 {hv}, 0"));
+                }
+                b.op(format!("{pred}ld.global.nc.b16 {hv}, [{addr}]"));
+                b.op(format!("cvt.f32.f16 {v}, {hv}"));
+            } else {
+                b.op(format!("{pred}ld.global.nc.f32 {v}, [{addr}]"));
+            }
             v
         };
         let scale = load(a.get("scales"));
@@ -495,7 +507,12 @@ fn channel_math(
 /// q/8`), and its stretch `(α, β)`: `q = α·v' + β`.
 fn chunk_dequant(plan: &MatmulPlan) -> (Dequant, Option<(f32, f32)>) {
     match plan.weights.dequant {
-        Dequant::MagicOr { .. } => (U4_AS_SHIFT_OR, Some((8.0f32, -16.0f32))),
+        // A magic subtraction past 2^23 is u4sym's implied zero point
+        // (q − 8): it moves β by as much.
+        Dequant::MagicOr { float_sub, .. } => (
+            U4_AS_SHIFT_OR,
+            Some((8.0f32, -16.0f32 - (float_sub - 8_388_608.0))),
+        ),
         other => (other, None),
     }
 }

@@ -40,7 +40,7 @@
 
 use std::fmt::Write as _;
 
-use tessera_dsl::Group;
+use tessera_dsl::{Group, ParamType};
 
 use super::gemv::activation;
 use super::writer::Body;
@@ -567,13 +567,22 @@ fn params(
             let (p, idx, off) = (b.pred(), b.r(), b.rd());
             b.op(format!("setp.lt.s32 {p}, {gh}, {}", cx.h));
             b.op(format!("mad.lo.s32 {idx}, {gi}, {}, {gh}", cx.h));
-            b.op(format!("mul.wide.u32 {off}, {idx}, 4"));
+            let f16_params = wt.params == ParamType::F16;
+            let param_bytes = if f16_params { 2 } else { 4 };
+            b.op(format!("mul.wide.u32 {off}, {idx}, {param_bytes}"));
             let mut pair = |name: &str| {
-                let (addr, f, hv, x2) = (b.rd(), b.f(), b.h(), b.r());
+                let addr = b.rd();
+                let f = (!f16_params).then(|| b.f());
+                let (hv, x2) = (b.h(), b.r());
                 b.op(format!("add.s64 {addr}, {}, {off}", a.get(name)));
-                b.op(format!("mov.f32 {f}, 0f00000000"));
-                b.op(format!("@{p} ld.global.nc.f32 {f}, [{addr}]"));
-                b.op(format!("cvt.rn.f16.f32 {hv}, {f}"));
+                if let Some(f) = f {
+                    b.op(format!("mov.f32 {f}, 0f00000000"));
+                    b.op(format!("@{p} ld.global.nc.f32 {f}, [{addr}]"));
+                    b.op(format!("cvt.rn.f16.f32 {hv}, {f}"));
+                } else {
+                    b.op(format!("mov.b16 {hv}, 0"));
+                    b.op(format!("@{p} ld.global.nc.b16 {hv}, [{addr}]"));
+                }
                 b.op(format!("mov.b32 {x2}, {{{hv}, {hv}}}"));
                 x2
             };
@@ -619,8 +628,17 @@ struct DequantConsts {
 impl DequantConsts {
     fn new(b: &mut Body, dq: Dequant) -> Option<DequantConsts> {
         let (or, mul, add) = match dq {
-            // {1024 + n0, 1024 + 16·n1} · {1, 1/16} − {1024, 64} = {n0, n1}
-            Dequant::MagicOr { .. } => (0x6400_6400, 0x2C00_3C00, 0xD400_E400),
+            // {1024 + n0, 1024 + 16·n1} · {1, 1/16} − {1024, 64} = {n0, n1};
+            // u4sym's implied zero point subtracts 8 more from each.
+            Dequant::MagicOr { half_sub, .. } => {
+                let zero = half_sub - 1024.0;
+                let minus = |v: f32| u32::from(half::f16::from_f32(-(v + zero)).to_bits());
+                (
+                    0x6400_6400,
+                    0x2C00_3C00,
+                    (minus(64.0) << 16) | minus(1024.0),
+                )
+            }
             // {2 + n0/512, 2 + n1/32} · {64, 4} − {126, 6} = 2 + n/8
             Dequant::ShiftOr { .. } => (0x4000_4000, 0x4400_5400, 0xC600_D7E0),
             // 0x64 above each byte; 1024 + (b + 128) − 1152 = b

@@ -107,8 +107,9 @@ pub struct CudaWeights {
     h: usize,
     l: usize,
     codes: CudaSlice<u8>,
-    scales: CudaSlice<f32>,
-    offsets: CudaSlice<f32>,
+    /// Group parameters as the format stores them (f32 or f16 bytes).
+    scales: CudaSlice<u8>,
+    offsets: CudaSlice<u8>,
     bias: CudaSlice<f32>,
     bytes: usize,
 }
@@ -150,7 +151,7 @@ impl CudaWeights {
                 ),
                 GpuWeights::Quant(packed) => (packed.codes, packed.scales, packed.offsets),
             };
-        let bytes = codes.len() + 4 * (scales.len() + offsets.len());
+        let bytes = codes.len() + scales.len() + offsets.len();
         let s = &dev.stream;
         let zero_bias;
         let bias = match bias {

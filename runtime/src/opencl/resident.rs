@@ -160,8 +160,9 @@ pub struct ClWeights {
     h: usize,
     l: usize,
     w: Buffer<u8>,
-    scales: Buffer<f32>,
-    offsets: Buffer<f32>,
+    /// Group parameters as the format stores them (f32 or f16 bytes).
+    scales: Buffer<u8>,
+    offsets: Buffer<u8>,
     bias: Option<Buffer<f32>>,
     bytes: usize,
 }
@@ -209,7 +210,7 @@ impl ClWeights {
             ),
             GpuWeights::Quant(p) => (p.codes, p.scales, p.offsets),
         };
-        let bytes = codes.len() + 4 * (scales.len() + offsets.len());
+        let bytes = codes.len() + scales.len() + offsets.len();
         Ok(ClWeights {
             format,
             h,
