@@ -129,6 +129,9 @@ pub const FORMATS: &[(&str, &str)] = &[
     ("q4_0", "matmul-q4_0"),
     ("q4_1", "matmul-q4_1"),
     ("q8_0", "matmul-q8_0"),
+    ("q4_0a16", "matmul-q4_0a16"),
+    ("q4_1a16", "matmul-q4_1a16"),
+    ("q8_0a16", "matmul-q8_0a16"),
 ];
 
 /// The format tuned when `--format` is not given: ggml's Q4_0 blocks
@@ -147,7 +150,7 @@ pub fn default_format(kind: BackendKind) -> &'static str {
 /// A format name the CLI does not know.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown format `{0}`; valid formats: q4_0, q4_1, q8_0, w4a8, w8a8, w4a16, w8a16, e0m4a16, f16, f32"
+    "unknown format `{0}`; valid formats: q4_0, q4_1, q8_0, w4a8, w8a8, w4a16, w8a16, e0m4a16, q4_0a16, q4_1a16, q8_0a16, f16, f32"
 )]
 pub struct UnknownFormat(pub String);
 

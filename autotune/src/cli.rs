@@ -53,7 +53,7 @@ pub struct Args {
     /// host (cranelift), x86 (AVX2), neon, opencl, cuda [default: the best available CPU backend]
     #[arg(long)]
     pub backend: Option<String>,
-    /// q4_0, q4_1, q8_0 (ggml's blocks), w4a8, w8a8, w4a16, w8a16, e0m4a16, f16, f32 [default: q4_0 on x86 and NEON, w4a8 on cranelift, w4a16 on GPUs].
+    /// q4_0, q4_1, q8_0 (ggml's blocks), w4a8, w8a8, w4a16, w8a16, e0m4a16, q4_0a16, q4_1a16, q8_0a16 (ggml's blocks, f16 activations), f16, f32 [default: q4_0 on x86 and NEON, w4a8 on cranelift, w4a16 on GPUs].
     #[arg(long)]
     pub format: Option<String>,
     /// Threads per call [default: all logical CPUs; 1 host thread on a GPU].

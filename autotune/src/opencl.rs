@@ -61,7 +61,7 @@ impl ClTarget {
             .map(|t| t.format);
         if x != Some(Format::F16) {
             return Err(format!(
-                "{library_kernel} takes {} activations; the OpenCL matmuls take f16: use --format w4a16, w8a16, e0m4a16 or f16",
+                "{library_kernel} takes {} activations; the OpenCL matmuls take f16: use --format w4a16, w8a16, e0m4a16, q4_0a16, q4_1a16, q8_0a16 or f16",
                 x.map_or("no".to_string(), |f| f.to_string())
             ));
         }

@@ -241,6 +241,16 @@ typedef struct TesseraAttention {
 // f32), f32 output.
 #define TESSERA_FORMAT_Q8_0 9
 
+// ggml's Q4_0 blocks with f16 activations and f32 output (the GPU family:
+// OpenCL and CUDA read the blocks' f16 scales as stored).
+#define TESSERA_FORMAT_Q4_0A16 10
+
+// ggml's Q4_1 blocks with f16 activations and f32 output (GPU family).
+#define TESSERA_FORMAT_Q4_1A16 11
+
+// ggml's Q8_0 blocks with f16 activations and f32 output (GPU family).
+#define TESSERA_FORMAT_Q8_0A16 12
+
 // 32-bit IEEE float (`float`).
 #define TESSERA_DTYPE_F32 0
 

@@ -562,6 +562,13 @@ pub const TESSERA_FORMAT_Q4_1: TesseraFormat = 8;
 /// ggml's Q8_0 blocks (`i8sym:g32:f16`), dynamic int8 activations (given as
 /// f32), f32 output.
 pub const TESSERA_FORMAT_Q8_0: TesseraFormat = 9;
+/// ggml's Q4_0 blocks with f16 activations and f32 output (the GPU family:
+/// OpenCL and CUDA read the blocks' f16 scales as stored).
+pub const TESSERA_FORMAT_Q4_0A16: TesseraFormat = 10;
+/// ggml's Q4_1 blocks with f16 activations and f32 output (GPU family).
+pub const TESSERA_FORMAT_Q4_1A16: TesseraFormat = 11;
+/// ggml's Q8_0 blocks with f16 activations and f32 output (GPU family).
+pub const TESSERA_FORMAT_Q8_0A16: TesseraFormat = 12;
 
 fn format_of(f: TesseraFormat) -> Result<WeightFormat> {
     WeightFormat::ALL
@@ -1626,6 +1633,9 @@ mod tests {
             (TESSERA_FORMAT_Q4_0, WeightFormat::Q4_0),
             (TESSERA_FORMAT_Q4_1, WeightFormat::Q4_1),
             (TESSERA_FORMAT_Q8_0, WeightFormat::Q8_0),
+            (TESSERA_FORMAT_Q4_0A16, WeightFormat::Q4_0A16),
+            (TESSERA_FORMAT_Q4_1A16, WeightFormat::Q4_1A16),
+            (TESSERA_FORMAT_Q8_0A16, WeightFormat::Q8_0A16),
         ];
         assert_eq!(pairs.len(), WeightFormat::ALL.len());
         for (c, f) in pairs {

@@ -31,10 +31,17 @@ fn rows(v: Variant) -> u64 {
 /// The GPU matmul kernels: the library's A16 kernels and f16 weights in the
 /// GPU layout.
 fn matmuls() -> Vec<Kernel> {
-    let mut v: Vec<Kernel> = ["matmul-w4a16", "matmul-w8a16", "matmul-e0m4a16"]
-        .iter()
-        .map(|n| library::get(n).unwrap())
-        .collect();
+    let mut v: Vec<Kernel> = [
+        "matmul-w4a16",
+        "matmul-w8a16",
+        "matmul-e0m4a16",
+        "matmul-q4_0a16",
+        "matmul-q4_1a16",
+        "matmul-q8_0a16",
+    ]
+    .iter()
+    .map(|n| library::get(n).unwrap())
+    .collect();
     v.push(gpu::with_gpu_weight_layout(&library::get("matmul-f16").unwrap()).unwrap());
     v
 }
@@ -184,7 +191,7 @@ fn bad_inputs_are_errors() {
     let be = OpenClBackend::default();
     // CPU layout weights: a clear error pointing at the layout pass.
     let f16 = library::get("matmul-f16").unwrap();
-    let t = tile(&matmuls()[3], 1);
+    let t = tile(matmuls().last().unwrap(), 1);
     let err = be.emit_variant(&f16, &t, Variant::Gemv).unwrap_err();
     assert!(matches!(err, EmitError::Unsupported { .. }));
     assert!(err.to_string().contains("GPU layout"), "{err}");
@@ -206,7 +213,10 @@ fn bad_inputs_are_errors() {
     ));
     // f16 weights cannot sit in an image.
     let img = be.with_weights(WeightMemory::Image);
-    assert!(img.emit_variant(&matmuls()[3], &t, Variant::Gemv).is_err());
+    assert!(
+        img.emit_variant(matmuls().last().unwrap(), &t, Variant::Gemv)
+            .is_err()
+    );
 }
 
 #[test]

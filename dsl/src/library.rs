@@ -26,6 +26,9 @@
 //! | `matmul-q4_1` | i8dyn, `[e/ep, l/lp, ep, lp]` | u4asym:g32:f16 (ggml Q4_1, 5 bits/weight) | `[h/hp, l/lp, hp, lp]` + int4 pair transpose | scale, zero point, bias |
 //! | `matmul-q8_0` | i8dyn, `[e/ep, l/lp, ep, lp]` | i8sym:g32:f16 (ggml Q8_0, 8.5 bits/weight) | `[h/hp, l/lp, hp, lp]` | scale, bias |
 //! | `matmul-w4a16` | f16, row-major | u4asym:g32 | `[l/lp, h, lp]` | scale, zero point, bias |
+//! | `matmul-q4_0a16` | f16, row-major | u4sym:g32:f16 (ggml Q4_0) | `[l/lp, h, lp]` | scale, bias |
+//! | `matmul-q4_1a16` | f16, row-major | u4asym:g32:f16 (ggml Q4_1) | `[l/lp, h, lp]` | scale, zero point, bias |
+//! | `matmul-q8_0a16` | f16, row-major | i8sym:g32:f16 (ggml Q8_0) | `[l/lp, h, lp]` | scale, bias |
 //! | `matmul-w8a16` | f16, row-major | i8sym:row | `[l/lp, h, lp]` | scale, bias |
 //! | `matmul-e0m4a16` | f16, row-major | e0m4:g32 | `[l/lp, h, lp]` | scale, zero point (the E0M4 bias), bias |
 //!
@@ -37,7 +40,9 @@
 //!   activations stay row-major (packing them would cost a pass per call);
 //!   `i8dyn` activations are quantized by the kernel into the
 //!   `[e/ep, l/lp, ep, lp]` order the MAC instructions want.
-//! - **GPU family** (the A16 kernels W4A16, W8A16, E0M4A16): weights in the
+//! - **GPU family** (the A16 kernels W4A16, W8A16, E0M4A16, and ggml's
+//!   Q4_0 / Q4_1 / Q8_0 blocks as Q4_0A16 / Q4_1A16 / Q8_0A16, read with
+//!   their f16 parameters, so a GGUF file runs unconverted): weights in the
 //!   MNN-LLM 5.1 layout `[l/lp, h, lp]` so neighbouring work items (along
 //!   `h`) issue coalesced 128-bit loads, and loads along `l` are
 //!   double-buffered (FlashDecoding++ section 4). E0M4 is Transformer-Lite's
@@ -90,7 +95,7 @@ type Entry = (&'static str, fn() -> Result<Kernel, VerifyError>);
 /// (flash-decoding: one query token gives too little parallelism otherwise);
 /// prefill has `t × hq` rows of work already and runs the exact online
 /// softmax.
-const ENTRIES: [Entry; 13] = [
+const ENTRIES: [Entry; 16] = [
     ("attention-decode-f16", || {
         kernel! {
             attention-decode-f16(t = 1, hq, kvh, d, s) {
@@ -190,6 +195,20 @@ const ENTRIES: [Entry; 13] = [
             }
         }
     }),
+    ("matmul-q4_0a16", || {
+        kernel! {
+            matmul-q4_0a16(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  f16           [e, l];
+                w:    weight u4sym:g32:f16 [h, l] layout [l/lp, h, lp];
+                bias: input  f32           [h];
+                y:    output f32           [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, bias(bias);
+                parallel e, h;
+            }
+        }
+    }),
     ("matmul-q4_1", || {
         kernel! {
             matmul-q4_1(e, h, l) {
@@ -204,12 +223,40 @@ const ENTRIES: [Entry; 13] = [
             }
         }
     }),
+    ("matmul-q4_1a16", || {
+        kernel! {
+            matmul-q4_1a16(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  f16            [e, l];
+                w:    weight u4asym:g32:f16 [h, l] layout [l/lp, h, lp];
+                bias: input  f32            [h];
+                y:    output f32            [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, zero_point, bias(bias);
+                parallel e, h;
+            }
+        }
+    }),
     ("matmul-q8_0", || {
         kernel! {
             matmul-q8_0(e, h, l) {
                 tile e by ep, h by hp, l by lp;
                 x:    input  i8dyn         [e, l] layout [e/ep, l/lp, ep, lp];
                 w:    weight i8sym:g32:f16 [h, l] layout [h/hp, l/lp, hp, lp];
+                bias: input  f32           [h];
+                y:    output f32           [e, h];
+                y[e, h] = sum(l) x[e, l] * w[h, l];
+                epilogue scale, bias(bias);
+                parallel e, h;
+            }
+        }
+    }),
+    ("matmul-q8_0a16", || {
+        kernel! {
+            matmul-q8_0a16(e, h, l) {
+                tile e by ep, h by hp, l by lp;
+                x:    input  f16           [e, l];
+                w:    weight i8sym:g32:f16 [h, l] layout [l/lp, h, lp];
                 bias: input  f32           [h];
                 y:    output f32           [e, h];
                 y[e, h] = sum(l) x[e, l] * w[h, l];

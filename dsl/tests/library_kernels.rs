@@ -69,7 +69,7 @@ fn unknown_names_are_errors_listing_every_valid_name() {
 
 /// The short variant the formats call for: `f32`/`f16` for plain float
 /// matmuls, ggml's block name for the formats that are ggml's blocks
-/// (`q4_0`, `q4_1`, `q8_0`), `w<bits>a<bits>` (or `e0m4a<bits>`) for other
+/// (`q4_0`, `q4_1`, `q8_0`; `q4_0a16` … with f16 activations), `w<bits>a<bits>` (or `e0m4a<bits>`) for other
 /// quantized weights, `f16` / `kv8` for attention caches.
 fn variant_from_formats(kernel: &Kernel) -> String {
     let format = |name: &str| kernel.tensor(name).unwrap().format;
@@ -77,14 +77,24 @@ fn variant_from_formats(kernel: &Kernel) -> String {
         Op::Matmul(m) => {
             let (x, w) = (format(&m.x), format(&m.w));
             let g32f16 = (Group::Size(32), ParamType::F16);
+            let block = if w == Format::U4Sym(g32f16.0, g32f16.1) {
+                Some("q4_0")
+            } else if w == Format::U4Asym(g32f16.0, g32f16.1) {
+                Some("q4_1")
+            } else if w == Format::I8Sym(g32f16.0, g32f16.1) {
+                Some("q8_0")
+            } else {
+                None
+            };
             if x.is_float() && x == w {
                 x.to_string()
-            } else if w == Format::U4Sym(g32f16.0, g32f16.1) {
-                "q4_0".into()
-            } else if w == Format::U4Asym(g32f16.0, g32f16.1) {
-                "q4_1".into()
-            } else if w == Format::I8Sym(g32f16.0, g32f16.1) {
-                "q8_0".into()
+            } else if let Some(block) = block {
+                // The GPU family's f16 activations say so: `q4_0a16`.
+                if x == Format::F16 {
+                    format!("{block}a16")
+                } else {
+                    block.into()
+                }
             } else if let Format::E0M4(..) = w {
                 format!("e0m4a{}", x.bits())
             } else {
@@ -261,6 +271,9 @@ fn matmul_table() -> Vec<MatmulExpect> {
             false,
         ),
         a16("matmul-e0m4a16", Format::E0M4(g32, ParamType::F32), true),
+        a16("matmul-q4_0a16", Format::U4Sym(g32, ParamType::F16), false),
+        a16("matmul-q4_1a16", Format::U4Asym(g32, ParamType::F16), true),
+        a16("matmul-q8_0a16", Format::I8Sym(g32, ParamType::F16), false),
     ]
 }
 

@@ -34,10 +34,16 @@ pub enum WeightFormat {
     /// ggml's Q8_0 blocks (`i8sym:g32:f16`, 8.5 bits per weight), dynamic
     /// int8 activations.
     Q8_0,
+    /// ggml's Q4_0 blocks, f16 activations (GPU family).
+    Q4_0A16,
+    /// ggml's Q4_1 blocks, f16 activations (GPU family).
+    Q4_1A16,
+    /// ggml's Q8_0 blocks, f16 activations (GPU family).
+    Q8_0A16,
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 10] = [
+    pub const ALL: [WeightFormat; 13] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::W8A8,
@@ -48,6 +54,9 @@ impl WeightFormat {
         WeightFormat::Q4_0,
         WeightFormat::Q4_1,
         WeightFormat::Q8_0,
+        WeightFormat::Q4_0A16,
+        WeightFormat::Q4_1A16,
+        WeightFormat::Q8_0A16,
     ];
 
     /// Record / CLI name.
@@ -63,6 +72,9 @@ impl WeightFormat {
             WeightFormat::Q4_0 => "q4_0",
             WeightFormat::Q4_1 => "q4_1",
             WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::Q4_0A16 => "q4_0a16",
+            WeightFormat::Q4_1A16 => "q4_1a16",
+            WeightFormat::Q8_0A16 => "q8_0a16",
         }
     }
 
@@ -79,6 +91,9 @@ impl WeightFormat {
             WeightFormat::Q4_0 => "matmul-q4_0",
             WeightFormat::Q4_1 => "matmul-q4_1",
             WeightFormat::Q8_0 => "matmul-q8_0",
+            WeightFormat::Q4_0A16 => "matmul-q4_0a16",
+            WeightFormat::Q4_1A16 => "matmul-q4_1a16",
+            WeightFormat::Q8_0A16 => "matmul-q8_0a16",
         }
     }
 
@@ -88,7 +103,10 @@ impl WeightFormat {
             WeightFormat::F16
             | WeightFormat::W4A16
             | WeightFormat::W8A16
-            | WeightFormat::E0M4A16 => Format::F16,
+            | WeightFormat::E0M4A16
+            | WeightFormat::Q4_0A16
+            | WeightFormat::Q4_1A16
+            | WeightFormat::Q8_0A16 => Format::F16,
             _ => Format::F32,
         }
     }

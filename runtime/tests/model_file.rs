@@ -329,6 +329,13 @@ fn every_supported_gguf_tensor_is_a_linear_on_every_backend() {
                 assert_eq!(format.name().to_uppercase(), *ty, "{name}");
                 assert_eq!(conversion, Conversion::Repacked, "{name}");
             }
+            // The GPUs read the same blocks with f16 activations.
+            if matches!(backend, Backend::OpenCl | Backend::Cuda)
+                && ["Q4_0", "Q4_1", "Q8_0"].contains(ty)
+            {
+                assert_eq!(format.name(), format!("{}a16", ty.to_lowercase()), "{name}");
+                assert_eq!(conversion, Conversion::Repacked, "{name}");
+            }
             if ["Q4_0", "Q4_1"].contains(ty) {
                 assert!(
                     !matches!(conversion, Conversion::Requantized(_)),

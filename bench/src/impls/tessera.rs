@@ -144,17 +144,17 @@ impl MatmulImpl for TesseraLinear {
                 param_bytes: 8,
             },
             // One f16 scale per group of 32 (ggml Q4_0: 4.5 bits per weight).
-            RtFormat::Q4_0 => WeightFormat::Int4 {
+            RtFormat::Q4_0 | RtFormat::Q4_0A16 => WeightFormat::Int4 {
                 group: 32,
                 param_bytes: 2,
             },
             // f16 scale and min per group of 32 (ggml Q4_1: 5 bits).
-            RtFormat::Q4_1 => WeightFormat::Int4 {
+            RtFormat::Q4_1 | RtFormat::Q4_1A16 => WeightFormat::Int4 {
                 group: 32,
                 param_bytes: 4,
             },
             // One f16 scale per group of 32 (ggml Q8_0: 8.5 bits).
-            RtFormat::Q8_0 => WeightFormat::Int8 {
+            RtFormat::Q8_0 | RtFormat::Q8_0A16 => WeightFormat::Int8 {
                 group: 32,
                 param_bytes: 2,
             },

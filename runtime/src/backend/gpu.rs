@@ -27,7 +27,7 @@ pub(crate) fn gpu_kernel(format: WeightFormat, backend: Backend) -> Result<Kerne
         .map(|t| t.format);
     if x != Some(Format::F16) {
         return Err(refuse(
-            "the GPU matmuls take f16 activations: use f16, w4a16, w8a16 or e0m4a16".into(),
+            "the GPU matmuls take f16 activations: use f16, w4a16, w8a16, e0m4a16, q4_0a16, q4_1a16 or q8_0a16".into(),
         ));
     }
     gpu::with_gpu_weight_layout(&kernel).map_err(|e| refuse(e.to_string()))

@@ -132,11 +132,11 @@ pub fn weight_format_for(dtype: GgmlType) -> Option<WeightFormat> {
 pub fn format_candidates(dtype: GgmlType) -> Vec<WeightFormat> {
     use WeightFormat::*;
     match dtype {
-        GgmlType::Q4_0 => vec![Q4_0, W4A8, W4A16, F32],
-        GgmlType::Q4_1 => vec![Q4_1, W4A8, W4A16, F32],
-        GgmlType::Q8_0 => vec![Q8_0, F32, F16, W8A8, W8A16],
-        GgmlType::Q4_K => vec![Q4_1, W4A8, W4A16, Q4_0, F32, F16],
-        GgmlType::Q6_K => vec![Q8_0, F32, F16, W8A8, W8A16],
+        GgmlType::Q4_0 => vec![Q4_0, Q4_0A16, W4A8, W4A16, F32],
+        GgmlType::Q4_1 => vec![Q4_1, Q4_1A16, W4A8, W4A16, F32],
+        GgmlType::Q8_0 => vec![Q8_0, Q8_0A16, F32, F16, W8A8, W8A16],
+        GgmlType::Q4_K => vec![Q4_1, Q4_1A16, W4A8, W4A16, Q4_0, F32, F16],
+        GgmlType::Q6_K => vec![Q8_0, Q8_0A16, F32, F16, W8A8, W8A16],
         GgmlType::F32 | GgmlType::BF16 => vec![F32, F16],
         GgmlType::F16 => vec![F16, F32],
         _ => Vec::new(),

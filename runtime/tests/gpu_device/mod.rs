@@ -108,11 +108,14 @@ pub fn linear_case(format: WeightFormat, n: usize, k: usize, rng: &mut ChaCha8Rn
 }
 
 /// Every weight format the GPU devices serve.
-const GPU_FORMATS: [WeightFormat; 4] = [
+const GPU_FORMATS: [WeightFormat; 7] = [
     WeightFormat::F16,
     WeightFormat::W4A16,
     WeightFormat::W8A16,
     WeightFormat::E0M4A16,
+    WeightFormat::Q4_0A16,
+    WeightFormat::Q4_1A16,
+    WeightFormat::Q8_0A16,
 ];
 
 /// A random `[n, k]` case in `format` and its `Linear` on `dev`, with bias.
