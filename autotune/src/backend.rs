@@ -320,8 +320,8 @@ impl TuneBackend for NeonTune {
     fn kind(&self) -> BackendKind {
         BackendKind::Neon
     }
-    fn caps(&self, _kernel: &Kernel, _variant: Variant) -> &'static TargetCaps {
-        self.0.caps()
+    fn caps(&self, kernel: &Kernel, variant: Variant) -> &'static TargetCaps {
+        self.0.target(kernel, variant)
     }
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {
         self.0.plan(kernel, tile).is_ok() && self.0.emit(kernel, tile).is_ok()

@@ -553,9 +553,11 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
             tessera_dsl::library::get(kernel_name).map_err(|e| CliError::Usage(e.to_string()))?
         }
     };
-    // GEMV and flat GEMM candidates (and the record's target) come from
-    // this target; the GEMM's may come from a wider one (x86-avx512).
-    let caps = target.caps(&kernel, tessera_dsl::ir::Variant::Gemv);
+    // Flat GEMM candidates (and the record's target) come from this
+    // target; the GEMM's may come from a wider one (x86-avx512), the
+    // GEMV's from another (the dotprod GEMV on NEON i8mm).
+    let caps = target.caps(&kernel, tessera_dsl::ir::Variant::FlatGemm);
+    let gemv_caps = target.caps(&kernel, tessera_dsl::ir::Variant::Gemv);
     let gemm_caps = target.caps(&kernel, tessera_dsl::ir::Variant::Gemm);
     let class = mac_class(caps, &kernel).map_err(|e| {
         CliError::Usage(format!(
@@ -721,6 +723,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
     let accept = |t: &TileConfig| target.accepts(&kernel, t);
     let solver = SolverCtx {
         caps,
+        gemv_caps,
         gemm_caps,
         class,
         weight_dequant: problem.weight_dequant,

@@ -113,8 +113,10 @@ pub trait Bench {
 /// The solver's view of the kernel being tuned.
 #[derive(Clone, Copy)]
 pub struct SolverCtx<'a> {
-    /// The target of the GEMV and flat-GEMM tiles.
+    /// The target of the flat-GEMM tiles (and the record's).
     pub caps: &'a TargetCaps,
+    /// The target of the GEMV tiles (NEON with i8mm: `aarch64-dotprod`).
+    pub gemv_caps: &'a TargetCaps,
     /// The target of the GEMM tiles (x86 with AVX-512: `x86-avx512`).
     pub gemm_caps: &'a TargetCaps,
     pub class: MacClass,
@@ -136,10 +138,10 @@ impl SolverCtx<'_> {
 
     /// The target `variant`'s tiles are solved on.
     pub fn caps_for(&self, variant: Variant) -> &TargetCaps {
-        if variant == Variant::Gemm {
-            self.gemm_caps
-        } else {
-            self.caps
+        match variant {
+            Variant::Gemm => self.gemm_caps,
+            Variant::Gemv => self.gemv_caps,
+            Variant::FlatGemm => self.caps,
         }
     }
 
@@ -183,6 +185,16 @@ impl SolverCtx<'_> {
                 .filter(|t| (self.accept)(t))
                 .take(neighbours),
         );
+        // A GEMV solved on another target than the flat GEMM's (the dotprod
+        // GEMV of NEON i8mm) also meets the flat target's own GEMV tile, so
+        // the measurement, not the rule, decides between the two loops; the
+        // record's tile says which won (its lp).
+        if variant == Variant::Gemv && caps.name != self.caps.name {
+            let own = tile::solve(self.caps, &problem)?;
+            if let Some(t) = own.iter().find(|t| (self.accept)(t)) {
+                tiles.push(*t);
+            }
+        }
         Ok(tiles
             .into_iter()
             .enumerate()

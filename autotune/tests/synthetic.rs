@@ -123,6 +123,7 @@ fn accept_all(_: &TileConfig) -> bool {
 fn solver() -> SolverCtx<'static> {
     SolverCtx {
         caps: TargetCaps::by_name("x86-avx2").unwrap(),
+        gemv_caps: TargetCaps::by_name("x86-avx2").unwrap(),
         gemm_caps: TargetCaps::by_name("x86-avx2").unwrap(),
         class: MacClass::Int8,
         weight_dequant: false,

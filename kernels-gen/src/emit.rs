@@ -192,6 +192,14 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
             }
             let caps = TargetCaps::by_name(target).map_err(|e| e.to_string())?;
             mac_class(caps, &kernel).map_err(|e| e.to_string())?;
+            // NEON i8mm solves its int8 GEMV on aarch64-dotprod.
+            let caps = if x86 {
+                caps
+            } else {
+                NeonBackend::new(target)
+                    .map_err(|e| e.to_string())?
+                    .target(&kernel, variant)
+            };
             let tiles = tiles_for(caps, &kernel, variant, tile)?;
             let (chosen, artifact) = if x86 {
                 first_accepted(&x86_backend, &kernel, &tiles, variant)?

@@ -923,7 +923,8 @@ mod jit {
         }
 
         /// The target `kernel`'s tiles are solved on (x86: `x86-avx512`
-        /// for f32 matmuls on an AVX-512 host, see `X86Backend::target`).
+        /// for f32 matmuls on an AVX-512 host, see `X86Backend::target`;
+        /// NEON: the dotprod GEMV on i8mm, see `NeonBackend::target`).
         pub(super) fn caps(
             &self,
             kernel: &Kernel,
@@ -932,7 +933,7 @@ mod jit {
             match &self.engine {
                 Engine::X86(b) => Ok(b.target(kernel, variant)),
                 Engine::Clif => Ok(self.clif()?.caps()),
-                Engine::Neon(b) => Ok(b.caps()),
+                Engine::Neon(b) => Ok(b.target(kernel, variant)),
                 Engine::Prebuilt(_) => Err(emit_err("solver", "prebuilt kernels have no solver")),
                 #[allow(unreachable_patterns)]
                 _ => Err(emit_err("solver", "not a host JIT backend")),
@@ -994,6 +995,13 @@ mod jit {
                 if b.avx512 {
                     targets.extend(TargetCaps::by_name(other).ok());
                 }
+            }
+            // NEON with i8mm solves the GEMV on aarch64-dotprod; a record's
+            // i8mm GEMV tile (the tuner measures both) runs as well.
+            if let Engine::Neon(b) = &self.engine
+                && b.caps().name != caps.name
+            {
+                targets.push(b.caps());
             }
             let mut found = None;
             for caps in targets {

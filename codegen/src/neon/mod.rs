@@ -329,6 +329,10 @@ impl FlatPlan {
     }
 }
 
+/// The dotprod target, whose int8 GEMV an i8mm target runs
+/// ([`NeonBackend::target`]).
+const DOTPROD: &str = "aarch64-dotprod";
+
 /// The NEON backend for one aarch64 target.
 #[derive(Clone, Copy, Debug)]
 pub struct NeonBackend {
@@ -354,6 +358,46 @@ impl NeonBackend {
 
     pub fn caps(&self) -> &'static TargetCaps {
         self.caps
+    }
+
+    /// The target `kernel`'s `variant` tiles are solved on: on an i8mm
+    /// target the int8 GEMV is the dotprod loop (`aarch64-dotprod`; every
+    /// i8mm core has dotprod), since at M = 1 a two-row `smmla` tile wastes
+    /// half of every instruction (llvm-mca 19, one K = 32 group: the
+    /// dotprod GEMV reads 1.4× the weights per cycle of the i8mm one on
+    /// Neoverse N2, V1 and V2). This backend emits tiles of either.
+    pub fn target(&self, kernel: &Kernel, variant: Variant) -> &'static TargetCaps {
+        let smmla = self.caps.mac(MacClass::Int8).is_some_and(|m| m.ae > 1);
+        if variant == Variant::Gemv
+            && smmla
+            && mac_class(self.caps, kernel).is_ok_and(|c| c == MacClass::Int8)
+        {
+            TargetCaps::by_name(DOTPROD).expect("aarch64-dotprod is built in")
+        } else {
+            self.caps
+        }
+    }
+
+    /// The target and MAC instruction `tile` was solved for: this
+    /// target's, or on an i8mm target the dotprod one of a tile solved on
+    /// `aarch64-dotprod` (its lp, 4, tells it apart: [`Self::target`]).
+    fn mac_for(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+    ) -> Result<(&'static TargetCaps, &'static crate::target::MacInstr), EmitError> {
+        let class = mac_class(self.caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
+        let instr = self
+            .caps
+            .mac(class)
+            .ok_or_else(|| self.unsupported(format!("the {class} class")))?;
+        if tile.lp != instr.lp && class == MacClass::Int8 && instr.ae > 1 {
+            let dotprod = TargetCaps::by_name(DOTPROD).expect("aarch64-dotprod is built in");
+            if let Some(d) = dotprod.mac(class).filter(|d| d.lp == tile.lp) {
+                return Ok((dotprod, d));
+            }
+        }
+        Ok((self.caps, instr))
     }
 
     /// Decode attention for this target ([`attention`]; ABI
@@ -415,14 +459,10 @@ impl NeonBackend {
         kernel: &Kernel,
         tile: &TileConfig,
     ) -> Result<(RegisterPlan, RegisterAccounting), EmitError> {
-        let class = mac_class(self.caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
-        let instr = self
-            .caps
-            .mac(class)
-            .ok_or_else(|| self.unsupported(format!("the {class} class")))?;
+        let (caps, instr) = self.mac_for(kernel, tile)?;
         let problem =
-            Problem::from_kernel(self.caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
-        let acc = accounting(self.caps, instr, &problem, tile.ep, tile.hp);
+            Problem::from_kernel(caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
+        let acc = accounting(caps, instr, &problem, tile.ep, tile.hp);
         let a_regs = acc.a_regs;
         let plan = RegisterPlan::new(&acc, a_regs, acc.b_regs, !instr.reserved.is_empty());
         Ok((plan, acc))
@@ -591,12 +631,9 @@ impl NeonBackend {
             return Err(self.unsupported(split));
         }
         let class = mac_class(self.caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
-        let instr = self
-            .caps
-            .mac(class)
-            .ok_or_else(|| self.unsupported(format!("the {class} class")))?;
+        let (caps, instr) = self.mac_for(kernel, tile)?;
         let problem =
-            Problem::from_kernel(self.caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
+            Problem::from_kernel(caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
         if tile.lp != instr.lp
             || tile.ep == 0
             || tile.hp == 0
@@ -611,8 +648,8 @@ impl NeonBackend {
                 ),
             ));
         }
-        let acc = accounting(self.caps, instr, &problem, tile.ep, tile.hp);
-        if acc.total > self.caps.registers {
+        let acc = accounting(caps, instr, &problem, tile.ep, tile.hp);
+        if acc.total > caps.registers {
             return Err(Self::bad_tile(
                 tile,
                 format!(

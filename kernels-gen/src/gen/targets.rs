@@ -130,6 +130,8 @@ pub struct Emitter {
     /// The solver's target description (a recorded or per-M tile is
     /// looked up among its feasible tiles).
     caps: &'static TargetCaps,
+    /// The GEMV's target (NEON i8mm: `aarch64-dotprod`).
+    gemv_caps: &'static TargetCaps,
     /// Cranelift ranks its own tiles, the same for every shape; `None`:
     /// the solver ranks them per shape.
     fixed_tiles: Option<Vec<TileConfig>>,
@@ -166,6 +168,7 @@ impl Emitter {
             backend,
             kernel,
             caps,
+            gemv_caps: caps,
             fixed_tiles: None,
             quantizer,
         };
@@ -188,7 +191,14 @@ impl Emitter {
                             Box::new(move |k: &Kernel, t: &TileConfig| q.quantizer(k, t)),
                         )
                     };
-                Ok(emitter(backend, kernel.clone(), caps, Some(quantizer)))
+                let mut e = emitter(backend, kernel.clone(), caps, Some(quantizer));
+                if spec.backend == BackendKind::Neon {
+                    // NEON i8mm solves its int8 GEMV on aarch64-dotprod.
+                    e.gemv_caps = NeonBackend::new(spec.name)
+                        .map_err(|e| e.to_string())?
+                        .target(kernel, Variant::Gemv);
+                }
+                Ok(e)
             }
             BackendKind::OpenCl | BackendKind::Ptx(_) => {
                 // The GPU kernels read weights as [l/lp, h, lp] (MNN-LLM
@@ -230,6 +240,7 @@ impl Emitter {
                     backend: Box::new(backend),
                     kernel: kernel.clone(),
                     caps,
+                    gemv_caps: caps,
                     fixed_tiles: Some(fixed_tiles),
                     quantizer: Some(quantizer),
                 })
@@ -246,21 +257,30 @@ impl Emitter {
         variant: Variant,
         want: Option<[u32; 3]>,
     ) -> Result<Vec<TileConfig>, String> {
+        let ranked = |caps: &'static TargetCaps| -> Result<Vec<TileConfig>, String> {
+            let mut problem =
+                Problem::from_kernel(caps, &self.kernel).map_err(|e| e.to_string())?;
+            problem.e = rows_for(variant);
+            problem.h = n as u64;
+            problem.l = k as u64;
+            match want {
+                None => solve(caps, &problem),
+                Some(_) => feasible(caps, &problem),
+            }
+            .map_err(|e| e.to_string())
+        };
         let mut tiles = match (&self.fixed_tiles, want) {
             (Some(fixed), None) => fixed.clone(),
-            _ => {
-                let caps = self.caps;
-                let mut problem =
-                    Problem::from_kernel(caps, &self.kernel).map_err(|e| e.to_string())?;
-                problem.e = rows_for(variant);
-                problem.h = n as u64;
-                problem.l = k as u64;
-                match want {
-                    None => solve(caps, &problem),
-                    Some(_) => feasible(caps, &problem),
+            _ if variant == Variant::Gemv => {
+                let mut t = ranked(self.gemv_caps)?;
+                // A record's GEMV tile of the target's own loop (NEON
+                // i8mm's smmla GEMV, which the tuner also measures).
+                if want.is_some() && self.gemv_caps.name != self.caps.name {
+                    t.extend(ranked(self.caps)?);
                 }
-                .map_err(|e| e.to_string())?
+                t
             }
+            _ => ranked(self.caps)?,
         };
         if let Some([ep, hp, lp]) = want {
             tiles.retain(|t| t.ep == ep && t.hp == hp && t.lp == lp);
