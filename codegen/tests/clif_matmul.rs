@@ -383,7 +383,14 @@ fn clif_batch_matches_one_at_a_time() {
 
 /// Library matmuls cranelift refuses, by name: ggml's blocks (f16 group
 /// parameters; Q4_0's implied zero point).
-const REFUSED: [&str; 3] = ["matmul-q4_0", "matmul-q4_1", "matmul-q8_0"];
+const REFUSED: [&str; 6] = [
+    "matmul-q4_0",
+    "matmul-q4_0a16",
+    "matmul-q4_1",
+    "matmul-q4_1a16",
+    "matmul-q8_0",
+    "matmul-q8_0a16",
+];
 
 #[test]
 fn clif_every_matmul_kernel_is_covered() {

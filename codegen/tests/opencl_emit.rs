@@ -31,17 +31,10 @@ fn rows(v: Variant) -> u64 {
 /// The GPU matmul kernels: the library's A16 kernels and f16 weights in the
 /// GPU layout.
 fn matmuls() -> Vec<Kernel> {
-    let mut v: Vec<Kernel> = [
-        "matmul-w4a16",
-        "matmul-w8a16",
-        "matmul-e0m4a16",
-        "matmul-q4_0a16",
-        "matmul-q4_1a16",
-        "matmul-q8_0a16",
-    ]
-    .iter()
-    .map(|n| library::get(n).unwrap())
-    .collect();
+    let mut v: Vec<Kernel> = library::gpu_matmul_names()
+        .iter()
+        .map(|n| library::get(n).unwrap())
+        .collect();
     v.push(gpu::with_gpu_weight_layout(&library::get("matmul-f16").unwrap()).unwrap());
     v
 }

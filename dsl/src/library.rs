@@ -338,6 +338,26 @@ pub fn names() -> &'static [&'static str] {
     &NAMES
 }
 
+/// Whether `kernel` is a matmul of the GPU family: weights in the
+/// `[l/lp, h, lp]` layout (not panelled by `h`), as the OpenCL and PTX
+/// backends read them.
+pub fn has_gpu_weight_layout(kernel: &Kernel) -> bool {
+    kernel.as_matmul().is_some_and(|mm| {
+        kernel
+            .tensor(&mm.w)
+            .is_some_and(|t| !t.layout.is_panelled_by(&mm.h))
+    })
+}
+
+/// The GPU family's matmuls by name ([`has_gpu_weight_layout`]), sorted.
+pub fn gpu_matmul_names() -> Vec<&'static str> {
+    names()
+        .iter()
+        .copied()
+        .filter(|n| get(n).is_ok_and(|k| has_gpu_weight_layout(&k)))
+        .collect()
+}
+
 /// The built-in kernel called `name`.
 pub fn get(name: &str) -> Result<Kernel, LibraryError> {
     let Some(&(known, build)) = ENTRIES.iter().find(|(n, _)| *n == name) else {

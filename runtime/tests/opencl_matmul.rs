@@ -16,17 +16,10 @@ use tessera_dsl::{Format, Kernel, library};
 use tessera_runtime::opencl::{BuildSource, ClDevice, ClError, run_matmul};
 
 fn kernels() -> Vec<Kernel> {
-    let mut v: Vec<Kernel> = [
-        "matmul-w4a16",
-        "matmul-w8a16",
-        "matmul-e0m4a16",
-        "matmul-q4_0a16",
-        "matmul-q4_1a16",
-        "matmul-q8_0a16",
-    ]
-    .iter()
-    .map(|n| library::get(n).unwrap())
-    .collect();
+    let mut v: Vec<Kernel> = library::gpu_matmul_names()
+        .iter()
+        .map(|n| library::get(n).unwrap())
+        .collect();
     v.push(gpu::with_gpu_weight_layout(&library::get("matmul-f16").unwrap()).unwrap());
     v
 }

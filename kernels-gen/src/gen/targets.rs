@@ -142,11 +142,7 @@ pub struct Emitter {
 /// Whether a matmul's weights are already in a GPU layout `[l/lp, h, lp]`
 /// (so the GPU backends need no `with_gpu_weight_layout` pass).
 pub fn has_gpu_weights(kernel: &Kernel) -> bool {
-    kernel.as_matmul().is_some_and(|mm| {
-        kernel
-            .tensor(&mm.w)
-            .is_some_and(|t| !t.layout.is_panelled_by(&mm.h))
-    })
+    tessera_dsl::library::has_gpu_weight_layout(kernel)
 }
 
 /// Representative M for a variant's solve: one row, a padded flat block,
