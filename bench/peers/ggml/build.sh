@@ -4,7 +4,8 @@
 # harness ggml_peer.c against it. Nothing from ggml is committed: everything lands
 # in target/ggml-peer/ (gitignored).
 #
-#   bash bench/peers/ggml/build.sh        # prints the harness path on success
+#   bash bench/peers/ggml/build.sh        # prints the matmul harness path on success
+#                                         # (ggml_attention_peer lands beside it)
 #
 # Re-running is cheap: every step is skipped when its output already exists.
 set -euo pipefail
@@ -69,10 +70,14 @@ for name in ggml ggml-cpu ggml-base; do
     libs+=("$lib")
 done
 
-harness="$out/ggml_peer"
-if [ ! -x "$harness" ] || [ "$here/ggml_peer.c" -nt "$harness" ]; then
-    cc -O2 -std=c11 -march=native -I"$src/include" "$here/ggml_peer.c" \
-        -Wl,--start-group "${libs[@]}" -Wl,--end-group \
-        -lstdc++ -lm -lpthread -fopenmp -o "$harness"
-fi
-echo "$harness"
+# Two harnesses: ggml_peer (matmul, run by tessera-bench) and
+# ggml_attention_peer (decode attention, beside runtime/examples/attention_bench).
+for name in ggml_peer ggml_attention_peer; do
+    bin="$out/$name"
+    if [ ! -x "$bin" ] || [ "$here/$name.c" -nt "$bin" ]; then
+        cc -O2 -std=c11 -march=native -I"$src/include" "$here/$name.c" \
+            -Wl,--start-group "${libs[@]}" -Wl,--end-group \
+            -lstdc++ -lm -lpthread -fopenmp -o "$bin"
+    fi
+done
+echo "$out/ggml_peer"
