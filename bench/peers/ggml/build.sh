@@ -74,7 +74,7 @@ done
 # ggml_attention_peer (decode attention, beside runtime/examples/attention_bench).
 for name in ggml_peer ggml_attention_peer; do
     bin="$out/$name"
-    if [ ! -x "$bin" ] || [ "$here/$name.c" -nt "$bin" ]; then
+    if [ ! -x "$bin" ] || [ "$here/$name.c" -nt "$bin" ] || [ "$here/peer_common.h" -nt "$bin" ]; then
         cc -O2 -std=c11 -march=native -I"$src/include" "$here/$name.c" \
             -Wl,--start-group "${libs[@]}" -Wl,--end-group \
             -lstdc++ -lm -lpthread -fopenmp -o "$bin"

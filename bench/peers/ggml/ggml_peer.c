@@ -18,19 +18,12 @@
 //                  [--max-time 1.5] [--sleep-ms 150] [--repack yes|no]
 // (--repack no keeps Q4_0 in the plain CPU buffer, for comparison.)
 #define _POSIX_C_SOURCE 200809L
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
+#define PEER_NAME "ggml_peer"
+#include "peer_common.h"
 
-#include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
-
-#define MAX_LIST 64
 
 struct options {
     enum ggml_type type;
@@ -42,35 +35,6 @@ struct options {
     int min_reps, sleep_ms;
     int no_repack;
 };
-
-static void die(const char *msg, const char *arg) {
-    fprintf(stderr, "ggml_peer: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
-    exit(2);
-}
-
-static int parse_list(const char *s, int *out) {
-    int count = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v <= 0 || v > 1 << 20) die("bad list", s);
-        if (count == MAX_LIST) die("list too long", s);
-        out[count++] = (int) v;
-        p = end;
-        if (*p == ',') p++;
-        else if (*p) die("bad list", s);
-    }
-    if (count == 0) die("empty list", s);
-    return count;
-}
-
-static double parse_num(const char *s) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !(v >= 0)) die("bad number", s);
-    return v;
-}
 
 static struct options parse_args(int argc, char **argv) {
     struct options o = {0};
@@ -87,8 +51,8 @@ static struct options parse_args(int argc, char **argv) {
             o.type_name = v;
         } else if (!strcmp(a, "--n")) o.n = (int64_t) parse_num(v);
         else if (!strcmp(a, "--k")) o.k = (int64_t) parse_num(v);
-        else if (!strcmp(a, "--m")) o.n_ms = parse_list(v, o.ms);
-        else if (!strcmp(a, "--threads")) o.n_threads = parse_list(v, o.threads);
+        else if (!strcmp(a, "--m")) o.n_ms = parse_list(v, o.ms, 1L << 20);
+        else if (!strcmp(a, "--threads")) o.n_threads = parse_list(v, o.threads, 1L << 20);
         else if (!strcmp(a, "--total-mib")) o.total_mib = parse_num(v);
         else if (!strcmp(a, "--min-reps")) o.min_reps = (int) parse_num(v);
         else if (!strcmp(a, "--min-time")) o.min_time = parse_num(v);
@@ -107,37 +71,6 @@ static struct options parse_args(int argc, char **argv) {
     if (o.n_ms == 0 || o.n_threads == 0) die("--m and --threads are required", NULL);
     if (o.min_reps < 1) o.min_reps = 1;
     return o;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long) (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float uniform_pm1(void) {  // splitmix64 → [-1, 1)
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (float) ((double) (z >> 40) / (double) (1ull << 23) - 1.0);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *) a, y = *(const double *) b;
-    return (x > y) - (x < y);
-}
-
-// Keep ggml's informational chatter (one "repack" line per tensor) off stderr.
-static void quiet_log(enum ggml_log_level level, const char *text, void *user_data) {
-    (void) user_data;
-    if (level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
 
 static ggml_backend_buffer_type_t find_repack_buft(ggml_backend_t backend) {
@@ -260,8 +193,7 @@ int main(int argc, char **argv) {
                 c = (c + 1) % copies;
                 if ((reps >= o.min_reps && total >= o.min_time) || (reps >= 3 && total >= o.max_time)) break;
             }
-            qsort(times, (size_t) reps, sizeof(double), cmp_double);
-            const double median = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+            const double median = median_of(times, reps);
             printf("{\"impl\":\"ggml-%s\",\"n\":%lld,\"k\":%lld,\"m\":%lld,\"threads\":%d,\"median_s\":%.9g,"
                    "\"min_s\":%.9g,\"reps\":%d,\"copies\":%d,\"weight_bytes\":%zu,\"max_rel_err\":%.6g}\n",
                    o.type_name, (long long) n, (long long) k, (long long) m, o.threads[ti], median, times[0], reps,
