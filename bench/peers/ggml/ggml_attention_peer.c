@@ -31,13 +31,12 @@ struct options {
     int64_t hq, kvh, d;
     int ctxs[MAX_LIST], n_ctxs;
     int threads[MAX_LIST], n_threads;
-    double total_mib, min_time, max_time;
-    int min_reps, sleep_ms;
+    struct timing t;
 };
 
 static struct options parse_args(int argc, char **argv) {
     struct options o = {0};
-    o.total_mib = 256; o.min_reps = 5; o.min_time = 0.4; o.max_time = 1.5; o.sleep_ms = 150;
+    o.t = timing_defaults();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (i + 1 >= argc) die("missing value for", a);
@@ -52,11 +51,7 @@ static struct options parse_args(int argc, char **argv) {
         else if (!strcmp(a, "--d")) o.d = (int64_t) parse_num(v);
         else if (!strcmp(a, "--ctx")) o.n_ctxs = parse_list(v, o.ctxs, 1L << 24);
         else if (!strcmp(a, "--threads")) o.n_threads = parse_list(v, o.threads, 1L << 20);
-        else if (!strcmp(a, "--total-mib")) o.total_mib = parse_num(v);
-        else if (!strcmp(a, "--min-reps")) o.min_reps = (int) parse_num(v);
-        else if (!strcmp(a, "--min-time")) o.min_time = parse_num(v);
-        else if (!strcmp(a, "--max-time")) o.max_time = parse_num(v);
-        else if (!strcmp(a, "--sleep-ms")) o.sleep_ms = (int) parse_num(v);
+        else if (parse_timing_option(a, v, &o.t)) {}
         else die("unknown option", a);
     }
     if (!o.kv_name) die("--kv is required", NULL);
@@ -64,7 +59,6 @@ static struct options parse_args(int argc, char **argv) {
     if (o.hq % o.kvh) die("--hq must be a multiple of --kvh", NULL);
     if (o.kv == GGML_TYPE_Q8_0 && o.d % 32) die("q8_0 rows need d a multiple of 32", NULL);
     if (o.n_ctxs == 0 || o.n_threads == 0) die("--ctx and --threads are required", NULL);
-    if (o.min_reps < 1) o.min_reps = 1;
     return o;
 }
 
@@ -117,7 +111,7 @@ int main(int argc, char **argv) {
         const int64_t row = kvh * d;  // values per token (all heads)
         const size_t row_bytes = ggml_row_size(o.kv, row);
         const size_t cache_bytes = 2 * row_bytes * (size_t) ctx;  // K and V
-        int copies = (int) ceil(o.total_mib * 1024.0 * 1024.0 / (double) cache_bytes);
+        int copies = (int) ceil(o.t.total_mib * 1024.0 * 1024.0 / (double) cache_bytes);
         if (copies < 2) copies = 2;
 
         // One copy's bytes (every copy holds the same), and their values
@@ -188,7 +182,7 @@ int main(int argc, char **argv) {
                 times[reps++] = dt;
                 total += dt;
                 c = (c + 1) % copies;
-                if ((reps >= o.min_reps && total >= o.min_time) || (reps >= 3 && total >= o.max_time)) break;
+                if (block_done(&o.t, reps, total)) break;
             }
             const double median = median_of(times, reps);
             printf("{\"impl\":\"ggml-fa-%s\",\"hq\":%lld,\"kvh\":%lld,\"d\":%lld,\"ctx\":%lld,\"threads\":%d,"
@@ -196,7 +190,7 @@ int main(int argc, char **argv) {
                    o.kv_name, (long long) hq, (long long) kvh, (long long) d, (long long) ctx, o.threads[ti], median,
                    times[0], reps, copies, cache_bytes, err);
             fflush(stdout);
-            sleep_ms(o.sleep_ms);
+            sleep_ms(o.t.sleep_ms);
         }
         ggml_gallocr_free(galloc);
         ggml_free(gctx);

@@ -31,14 +31,13 @@ struct options {
     int64_t n, k;
     int ms[MAX_LIST], n_ms;
     int threads[MAX_LIST], n_threads;
-    double total_mib, min_time, max_time;
-    int min_reps, sleep_ms;
+    struct timing t;
     int no_repack;
 };
 
 static struct options parse_args(int argc, char **argv) {
     struct options o = {0};
-    o.total_mib = 256; o.min_reps = 5; o.min_time = 0.4; o.max_time = 1.5; o.sleep_ms = 150;
+    o.t = timing_defaults();
     o.type_name = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -53,11 +52,7 @@ static struct options parse_args(int argc, char **argv) {
         else if (!strcmp(a, "--k")) o.k = (int64_t) parse_num(v);
         else if (!strcmp(a, "--m")) o.n_ms = parse_list(v, o.ms, 1L << 20);
         else if (!strcmp(a, "--threads")) o.n_threads = parse_list(v, o.threads, 1L << 20);
-        else if (!strcmp(a, "--total-mib")) o.total_mib = parse_num(v);
-        else if (!strcmp(a, "--min-reps")) o.min_reps = (int) parse_num(v);
-        else if (!strcmp(a, "--min-time")) o.min_time = parse_num(v);
-        else if (!strcmp(a, "--max-time")) o.max_time = parse_num(v);
-        else if (!strcmp(a, "--sleep-ms")) o.sleep_ms = (int) parse_num(v);
+        else if (parse_timing_option(a, v, &o.t)) {}
         else if (!strcmp(a, "--repack")) {
             if (!strcmp(v, "yes")) o.no_repack = 0;
             else if (!strcmp(v, "no")) o.no_repack = 1;
@@ -69,7 +64,6 @@ static struct options parse_args(int argc, char **argv) {
     if (o.n <= 0 || o.k <= 0) die("--n and --k are required and positive", NULL);
     if (o.k % 32 != 0) die("K must be a multiple of 32 for Q4_0/Q8_0", NULL);
     if (o.n_ms == 0 || o.n_threads == 0) die("--m and --threads are required", NULL);
-    if (o.min_reps < 1) o.min_reps = 1;
     return o;
 }
 
@@ -109,7 +103,7 @@ int main(int argc, char **argv) {
     ggml_quantize_chunk(o.type, wf, wq, 0, n, k, NULL);
     free(wf);
 
-    int copies = (int) ceil(o.total_mib * 1024.0 * 1024.0 / (double) w_bytes);
+    int copies = (int) ceil(o.t.total_mib * 1024.0 * 1024.0 / (double) w_bytes);
     if (copies < 2) copies = 2;
 
     struct ggml_init_params wp = {ggml_tensor_overhead() * (size_t) (copies + 1), NULL, true};
@@ -191,7 +185,7 @@ int main(int argc, char **argv) {
                 times[reps++] = dt;
                 total += dt;
                 c = (c + 1) % copies;
-                if ((reps >= o.min_reps && total >= o.min_time) || (reps >= 3 && total >= o.max_time)) break;
+                if (block_done(&o.t, reps, total)) break;
             }
             const double median = median_of(times, reps);
             printf("{\"impl\":\"ggml-%s\",\"n\":%lld,\"k\":%lld,\"m\":%lld,\"threads\":%d,\"median_s\":%.9g,"
@@ -204,7 +198,7 @@ int main(int argc, char **argv) {
             free(y);
             free(g);
             ggml_free(cctx);
-            sleep_ms(o.sleep_ms);
+            sleep_ms(o.t.sleep_ms);
         }
     }
 

@@ -45,6 +45,38 @@ static double parse_num(const char *s) {
     return v;
 }
 
+// The timing rule's options, shared by every harness (bench/README.md):
+// rotate copies totalling total_mib; stop a block once (reps >= min_reps and
+// time >= min_time) or (reps >= 3 and time >= max_time); sleep between blocks.
+struct timing {
+    double total_mib, min_time, max_time;
+    int min_reps, sleep_ms;
+};
+
+static struct timing timing_defaults(void) {
+    struct timing t = {256, 0.4, 1.5, 5, 150};
+    return t;
+}
+
+// Takes option `a` with value `v` if it is a timing option (1), else 0.
+static int parse_timing_option(const char *a, const char *v, struct timing *t) {
+    if (!strcmp(a, "--total-mib")) t->total_mib = parse_num(v);
+    else if (!strcmp(a, "--min-reps")) {
+        const int reps = (int) parse_num(v);
+        t->min_reps = reps < 1 ? 1 : reps;
+    }
+    else if (!strcmp(a, "--min-time")) t->min_time = parse_num(v);
+    else if (!strcmp(a, "--max-time")) t->max_time = parse_num(v);
+    else if (!strcmp(a, "--sleep-ms")) t->sleep_ms = (int) parse_num(v);
+    else return 0;
+    return 1;
+}
+
+// Whether a block of `reps` timings totalling `total` seconds is done.
+static int block_done(const struct timing *t, int reps, double total) {
+    return (reps >= t->min_reps && total >= t->min_time) || (reps >= 3 && total >= t->max_time);
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
