@@ -12,6 +12,7 @@
 //!   (flash-decoding), from the softmax state each call leaves in scratch.
 
 use std::mem::offset_of;
+use std::sync::Mutex;
 
 use half::f16;
 use tessera_dsl::ir::{AttentionKind, Format, Kernel, Op};
@@ -19,6 +20,7 @@ use tessera_dsl::quant::QuantTensor;
 
 use crate::abi::KernelFn;
 use crate::artifact::MachineCode;
+use crate::host::RangeExecutor;
 use crate::jit::{JitCode, JitError};
 use crate::schedule::spreads;
 
@@ -246,7 +248,41 @@ impl HostAttention {
         o: &mut [f16],
         threads: usize,
     ) -> Result<u64, AttentionError> {
-        self.run_with(q, k, v, s, hq, kvh, d, o, threads, None)
+        self.run_with(
+            q,
+            k,
+            v,
+            s,
+            hq,
+            kvh,
+            d,
+            o,
+            threads,
+            None,
+            &scoped_threads(threads),
+        )
+    }
+
+    /// [`HostAttention::run`] with the workers the caller's executor runs
+    /// (`exec(job)` calls `job(t)` for every `t` in `0..threads`, in
+    /// parallel, and returns when all are done): a runtime's persistent
+    /// pool, so a decode step spawns no thread. Worker indices past the
+    /// call's work return at once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_on(
+        &self,
+        q: &[f16],
+        k: KvCache<'_>,
+        v: KvCache<'_>,
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        o: &mut [f16],
+        threads: usize,
+        exec: &RangeExecutor<'_>,
+    ) -> Result<u64, AttentionError> {
+        self.run_with(q, k, v, s, hq, kvh, d, o, threads, None, exec)
     }
 
     /// Like [`HostAttention::run`] with `s` cut into chunks of `chunk` keys
@@ -280,7 +316,19 @@ impl HostAttention {
         if chunk == 0 {
             return Err(shape("keys per chunk", "at least 1", 0));
         }
-        self.run_with(q, k, v, s, hq, kvh, d, o, threads, Some(chunk))
+        self.run_with(
+            q,
+            k,
+            v,
+            s,
+            hq,
+            kvh,
+            d,
+            o,
+            threads,
+            Some(chunk),
+            &scoped_threads(threads),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -296,6 +344,7 @@ impl HostAttention {
         o: &mut [f16],
         threads: usize,
         chunk: Option<usize>,
+        exec: &RangeExecutor<'_>,
     ) -> Result<u64, AttentionError> {
         let a = self
             .kernel
@@ -441,9 +490,9 @@ impl HostAttention {
             None => self.keys_per_chunk(s, kvh, threads),
         };
         if chunk >= s {
-            self.run_whole(&base, s, hq, kvh, d, threads)
+            self.run_whole(&base, s, hq, kvh, d, threads, exec)
         } else {
-            self.run_chunks(&base, sides, s, hq, kvh, d, o, threads, chunk)
+            self.run_chunks(&base, sides, s, hq, kvh, d, o, threads, chunk, exec)
         }
     }
 
@@ -479,6 +528,7 @@ impl HostAttention {
         kvh: usize,
         d: usize,
         threads: usize,
+        exec: &RangeExecutor<'_>,
     ) -> Result<u64, AttentionError> {
         let group = hq / kvh;
         let spread = self
@@ -526,12 +576,18 @@ impl HostAttention {
                 call(t, sc, c);
             }
         } else {
-            std::thread::scope(|sc| {
-                for (t, s_, c) in work {
-                    let call = &call;
-                    sc.spawn(move || call(t, s_, c));
+            // Each worker takes its own item (a lock nobody else takes).
+            let items: Vec<Mutex<Option<(usize, &mut [f32], &mut u64)>>> =
+                work.into_iter().map(|w| Mutex::new(Some(w))).collect();
+            let take = |t: usize| {
+                let item = items.get(t).and_then(|m| lock(m).take());
+                if let Some((t, sc, c)) = item {
+                    call(t, sc, c);
                 }
-            });
+            };
+            exec(&take);
+            // Items an executor with fewer workers left: run here.
+            (0..items.len()).for_each(take);
         }
         Ok(counters.iter().sum())
     }
@@ -557,6 +613,7 @@ impl HostAttention {
         o: &mut [f16],
         threads: usize,
         chunk: usize,
+        exec: &RangeExecutor<'_>,
     ) -> Result<u64, AttentionError> {
         let group = hq / kvh;
         let spread = self
@@ -639,16 +696,18 @@ impl HostAttention {
                 }
             }
         } else {
-            std::thread::scope(|scope| {
-                for ((run, sc), out) in workers {
-                    let run_job = &run_job;
-                    scope.spawn(move || {
-                        for (job, slots) in run {
-                            run_job(job, slots, sc, out);
-                        }
-                    });
+            let items: Vec<Mutex<Option<_>>> = workers.map(|w| Mutex::new(Some(w))).collect();
+            let take = |t: usize| {
+                let item = items.get(t).and_then(|m| lock(m).take());
+                if let Some(((run, sc), out)) = item {
+                    for (job, slots) in run {
+                        run_job(job, slots, sc, out);
+                    }
                 }
-            });
+            };
+            exec(&take);
+            // Items an executor with fewer workers left: run here.
+            (0..items.len()).for_each(take);
         }
         let mut recomputed = 0;
         for (h, parts) in partials.chunks(chunks * state).enumerate() {
@@ -667,6 +726,25 @@ impl HostAttention {
         }
         Ok(recomputed)
     }
+}
+
+/// An executor of `threads` scoped OS threads (the caller is worker 0):
+/// what [`HostAttention::run`] uses when the caller has no pool.
+fn scoped_threads(threads: usize) -> impl Fn(&(dyn Fn(usize) + Sync)) {
+    move |job: &(dyn Fn(usize) + Sync)| {
+        std::thread::scope(|scope| {
+            for t in 1..threads.max(1) {
+                scope.spawn(move || job(t));
+            }
+            job(0);
+        });
+    }
+}
+
+/// A worker's item lock (never contended; a panic elsewhere poisons it
+/// without leaving the item half-taken).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The first `rows` rows of a cache of `cols` columns, borrowed in place.

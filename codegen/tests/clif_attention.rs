@@ -8,6 +8,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::{Artifact, Backend};
 use tessera_codegen::clif::ClifBackend;
+use tessera_codegen::host::RangeExecutor;
 use tessera_codegen::host_attention::{HostAttention, KvCache};
 use tessera_codegen::tile::TileConfig;
 use tessera_dsl::interp::{self, Bindings, Value};
@@ -53,6 +54,27 @@ fn cache(
 }
 
 #[allow(clippy::too_many_arguments)]
+/// How a check calls the kernel.
+#[derive(Clone, Copy)]
+enum How<'a> {
+    /// `run`: scoped threads.
+    Whole,
+    /// `run_chunked` with this many keys per chunk.
+    Chunked(usize),
+    /// `run_on` with the caller's executor.
+    On(&'a RangeExecutor<'a>),
+}
+
+impl std::fmt::Debug for How<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            How::Whole => write!(f, "run"),
+            How::Chunked(c) => write!(f, "chunks of {c}"),
+            How::On(_) => write!(f, "run_on"),
+        }
+    }
+}
+
 fn check(
     att: &HostAttention,
     kernel: &Kernel,
@@ -62,7 +84,7 @@ fn check(
     d: usize,
     q_amp: f32,
     threads: usize,
-    chunk: Option<usize>,
+    how: How<'_>,
     seed: u64,
 ) -> u64 {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -89,9 +111,10 @@ fn check(
         None => KvCache::F16(&v16),
     };
     let mut o = vec![f16::ZERO; hq * d];
-    let recomputed = match chunk {
-        None => att.run(&qv, kc, vc, s, hq, kvh, d, &mut o, threads),
-        Some(c) => att.run_chunked(&qv, kc, vc, s, hq, kvh, d, &mut o, threads, c),
+    let recomputed = match how {
+        How::Whole => att.run(&qv, kc, vc, s, hq, kvh, d, &mut o, threads),
+        How::Chunked(c) => att.run_chunked(&qv, kc, vc, s, hq, kvh, d, &mut o, threads, c),
+        How::On(exec) => att.run_on(&qv, kc, vc, s, hq, kvh, d, &mut o, threads, exec),
     }
     .expect("run");
     assert_eq!(
@@ -104,7 +127,7 @@ fn check(
         let tol = 2e-3 * w.abs() + 2e-3;
         assert!(
             (g - w).abs() <= tol,
-            "{} s={s} hq={hq} kvh={kvh} d={d} threads={threads} chunk={chunk:?}: o[{i}] = {g}, want {w}",
+            "{} s={s} hq={hq} kvh={kvh} d={d} threads={threads} {how:?}: o[{i}] = {g}, want {w}",
             kernel.name
         );
     }
@@ -119,7 +142,7 @@ fn sweep(kernel: Kernel) {
             for &d in &[8usize, 13] {
                 for threads in [1, 2] {
                     seed += 1;
-                    check(&att, &kernel, s, hq, kvh, d, 0.5, threads, None, seed);
+                    check(&att, &kernel, s, hq, kvh, d, 0.5, threads, How::Whole, seed);
                 }
             }
         }
@@ -148,11 +171,11 @@ fn clif_attention_async_recomputes_out_of_range_rows() {
         let kernel = library::get(name).unwrap();
         let att = compile(&kernel);
         // |q| up to 8 over d = 16 puts scores far outside [-16.8, 6.5].
-        for chunk in [None, Some(7), Some(64)] {
-            let recomputed = check(&att, &kernel, 200, 4, 2, 16, 8.0, 2, chunk, 99);
+        for how in [How::Whole, How::Chunked(7), How::Chunked(64)] {
+            let recomputed = check(&att, &kernel, 200, 4, 2, 16, 8.0, 2, how, 99);
             assert!(
                 recomputed > 0,
-                "{name} chunk {chunk:?}: the adversarial case recomputed nothing"
+                "{name} {how:?}: the adversarial case recomputed nothing"
             );
         }
     }
@@ -183,7 +206,7 @@ fn clif_attention_split_chunks_match_the_interpreter() {
                             13,
                             0.5,
                             threads,
-                            Some(chunk),
+                            How::Chunked(chunk),
                             seed,
                         );
                     }
@@ -207,13 +230,13 @@ fn clif_attention_schedule_decides_the_split() {
     );
     assert_eq!(att.keys_per_chunk(600, 2, 2), 600, "a KV head per thread");
     assert_eq!(att.keys_per_chunk(300, 1, 2), 300, "too short to split");
-    check(&att, &kernel, 600, 4, 1, 16, 0.5, 2, None, 5);
+    check(&att, &kernel, 600, 4, 1, 16, 0.5, 2, How::Whole, 5);
     let mut whole = kernel.clone();
     whole.schedule.split = None;
     whole.schedule.parallel.clear();
     let att = compile(&whole);
     assert_eq!(att.keys_per_chunk(600, 1, 2), 600, "no `split s`");
-    check(&att, &whole, 600, 4, 2, 16, 0.5, 2, None, 6);
+    check(&att, &whole, 600, 4, 2, 16, 0.5, 2, How::Whole, 6);
     let (q, k, mut o) = (
         vec![f16::ZERO; 16],
         vec![f16::ZERO; 32],
@@ -328,4 +351,33 @@ fn clif_prefill_is_causal_and_matches_the_interpreter() {
     let q = vec![f16::ZERO; 2 * 2 * 8];
     let (kc, vc) = (KvCache::F16(&short), KvCache::F16(&short));
     assert!(att.prefill(&q, kc, vc, 2, 4, 2, 1, 8, &mut o, 1).is_err());
+}
+
+/// A caller's executor (a runtime's persistent pool) runs the workers: as a
+/// pool does (every worker index, in parallel), with more workers than the
+/// call has work for, and with fewer (the call runs the rest itself); each
+/// agrees with the interpreter, whole and split.
+#[test]
+fn clif_attention_runs_on_a_callers_executor() {
+    let scoped = |workers: usize| {
+        move |job: &(dyn Fn(usize) + Sync)| {
+            std::thread::scope(|sc| {
+                for t in 1..workers {
+                    sc.spawn(move || job(t));
+                }
+                job(0);
+            })
+        }
+    };
+    let (two, four, one) = (scoped(2), scoped(4), scoped(1));
+    let kernel = library::get("attention-decode-f16").unwrap();
+    let att = compile(&kernel);
+    let mut seed = 700;
+    for exec in [&two as &RangeExecutor<'_>, &four, &one] {
+        // Two KV heads on two workers; one KV head split over two chunks.
+        for &(s, hq, kvh) in &[(300usize, 4usize, 2usize), (600, 4, 1), (90, 3, 3)] {
+            seed += 1;
+            check(&att, &kernel, s, hq, kvh, 16, 0.5, 2, How::On(exec), seed);
+        }
+    }
 }

@@ -826,7 +826,10 @@ impl Attention {
         match &self.kernel {
             AttentionKernel::Host(kernel) => {
                 let (k, v) = self.host_views(cache, cache.len)?;
-                Ok(kernel.run(
+                // The device's persistent pool: a decode step spawns no
+                // thread (tens of µs per layer on a VM).
+                let pool = self.device.pool();
+                Ok(kernel.run_on(
                     q,
                     k,
                     v,
@@ -835,7 +838,8 @@ impl Attention {
                     self.kvh,
                     self.d,
                     o,
-                    self.device.threads(),
+                    pool.threads(),
+                    &|job| pool.run(job),
                 )?)
             }
             #[cfg(feature = "opencl")]
