@@ -520,6 +520,7 @@ impl HostAttention {
 
     /// Every key in one call per worker; workers take whole KV heads when
     /// the schedule spreads `kvh`, else one worker takes them all.
+    #[allow(clippy::too_many_arguments)]
     fn run_whole(
         &self,
         base: &Shared,
@@ -576,18 +577,7 @@ impl HostAttention {
                 call(t, sc, c);
             }
         } else {
-            // Each worker takes its own item (a lock nobody else takes).
-            let items: Vec<Mutex<Option<(usize, &mut [f32], &mut u64)>>> =
-                work.into_iter().map(|w| Mutex::new(Some(w))).collect();
-            let take = |t: usize| {
-                let item = items.get(t).and_then(|m| lock(m).take());
-                if let Some((t, sc, c)) = item {
-                    call(t, sc, c);
-                }
-            };
-            exec(&take);
-            // Items an executor with fewer workers left: run here.
-            (0..items.len()).for_each(take);
+            on_workers(work, exec, |(t, sc, c)| call(t, sc, c));
         }
         Ok(counters.iter().sum())
     }
@@ -696,18 +686,11 @@ impl HostAttention {
                 }
             }
         } else {
-            let items: Vec<Mutex<Option<_>>> = workers.map(|w| Mutex::new(Some(w))).collect();
-            let take = |t: usize| {
-                let item = items.get(t).and_then(|m| lock(m).take());
-                if let Some(((run, sc), out)) = item {
-                    for (job, slots) in run {
-                        run_job(job, slots, sc, out);
-                    }
+            on_workers(workers.collect(), exec, |((run, sc), out)| {
+                for (job, slots) in run {
+                    run_job(job, slots, sc, out);
                 }
-            };
-            exec(&take);
-            // Items an executor with fewer workers left: run here.
-            (0..items.len()).for_each(take);
+            });
         }
         let mut recomputed = 0;
         for (h, parts) in partials.chunks(chunks * state).enumerate() {
@@ -741,10 +724,23 @@ fn scoped_threads(threads: usize) -> impl Fn(&(dyn Fn(usize) + Sync)) {
     }
 }
 
-/// A worker's item lock (never contended; a panic elsewhere poisons it
-/// without leaving the item half-taken).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// `work(item)` for every item, item `t` on worker `t` of `exec`; items an
+/// executor with fewer workers leaves run on the calling thread. Each item
+/// sits behind its own lock, which only its worker (or the caller,
+/// afterwards) takes.
+fn on_workers<T: Send>(items: Vec<T>, exec: &RangeExecutor<'_>, work: impl Fn(T) + Sync) {
+    let slots: Vec<Mutex<Option<T>>> = items.into_iter().map(|i| Mutex::new(Some(i))).collect();
+    let take = |t: usize| {
+        // A panic in another worker poisons nothing half-taken.
+        let item = slots
+            .get(t)
+            .and_then(|m| m.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(item) = item {
+            work(item);
+        }
+    };
+    exec(&take);
+    (0..slots.len()).for_each(take);
 }
 
 /// The first `rows` rows of a cache of `cols` columns, borrowed in place.

@@ -53,7 +53,6 @@ fn cache(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// How a check calls the kernel.
 #[derive(Clone, Copy)]
 enum How<'a> {
@@ -75,6 +74,7 @@ impl std::fmt::Debug for How<'_> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn check(
     att: &HostAttention,
     kernel: &Kernel,
