@@ -713,7 +713,7 @@ impl HostAttention {
 
 /// An executor of `threads` scoped OS threads (the caller is worker 0):
 /// what [`HostAttention::run`] uses when the caller has no pool.
-fn scoped_threads(threads: usize) -> impl Fn(&(dyn Fn(usize) + Sync)) {
+pub fn scoped_threads(threads: usize) -> impl Fn(&(dyn Fn(usize) + Sync)) {
     move |job: &(dyn Fn(usize) + Sync)| {
         std::thread::scope(|scope| {
             for t in 1..threads.max(1) {

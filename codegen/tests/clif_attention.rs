@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::{Artifact, Backend};
 use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::host::RangeExecutor;
-use tessera_codegen::host_attention::{HostAttention, KvCache};
+use tessera_codegen::host_attention::{HostAttention, KvCache, scoped_threads};
 use tessera_codegen::tile::TileConfig;
 use tessera_dsl::interp::{self, Bindings, Value};
 use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};
@@ -359,17 +359,7 @@ fn clif_prefill_is_causal_and_matches_the_interpreter() {
 /// agrees with the interpreter, whole and split.
 #[test]
 fn clif_attention_runs_on_a_callers_executor() {
-    let scoped = |workers: usize| {
-        move |job: &(dyn Fn(usize) + Sync)| {
-            std::thread::scope(|sc| {
-                for t in 1..workers {
-                    sc.spawn(move || job(t));
-                }
-                job(0);
-            })
-        }
-    };
-    let (two, four, one) = (scoped(2), scoped(4), scoped(1));
+    let (two, four, one) = (scoped_threads(2), scoped_threads(4), scoped_threads(1));
     let kernel = library::get("attention-decode-f16").unwrap();
     let att = compile(&kernel);
     let mut seed = 700;

@@ -12,7 +12,7 @@ mod ptx_sim;
 
 use half::f16;
 use ptx_common::{matmuls, rows, tiles};
-use ptx_sim::{MatmulOperands, param_bytes, run_matmul};
+use ptx_sim::{MatmulOperands, run_matmul};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::Variant;
@@ -74,8 +74,8 @@ fn case_with(
         (
             Value::Quant(q),
             p.codes,
-            param_bytes(format, &p.scales),
-            param_bytes(format, &p.offsets),
+            tessera_dsl::quant::param_bytes(format, &p.scales),
+            tessera_dsl::quant::param_bytes(format, &p.offsets),
         )
     };
     let b = Bindings::new()

@@ -5,11 +5,12 @@
 
 use half::f16;
 use tessera_codegen::gpu::WEIGHT_LP;
+use tessera_dsl::Format;
 use tessera_dsl::interp::Value;
 use tessera_dsl::quant::{
     ElemWidth, PackPlan, PackedWeights, Tile, WeightPacking, gpu_weight_layout, pack_weights,
+    param_bytes,
 };
-use tessera_dsl::{Format, ParamType};
 
 /// Weights ready to upload.
 pub enum GpuWeights {
@@ -31,20 +32,9 @@ pub struct GpuQuant {
 
 impl GpuQuant {
     fn new(p: PackedWeights) -> GpuQuant {
-        let f16_params = p.format.params() == Some(ParamType::F16);
-        // f16 parameters were quantized to f16 values: the narrowing is exact.
-        let bytes = |v: &[f32]| -> Vec<u8> {
-            if f16_params {
-                v.iter()
-                    .flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes())
-                    .collect()
-            } else {
-                v.iter().flat_map(|x| x.to_le_bytes()).collect()
-            }
-        };
         GpuQuant {
-            scales: bytes(&p.scales),
-            offsets: bytes(&p.offsets),
+            scales: param_bytes(p.format, &p.scales),
+            offsets: param_bytes(p.format, &p.offsets),
             codes: p.codes,
         }
     }

@@ -1423,8 +1423,8 @@ fn run_ptx(be: Be, o: &Outcome, tile: &TileConfig, c: &Case) -> Result<Vec<f32>,
             .map_err(|e| e.to_string())?;
             (
                 p.codes,
-                ptx_sim::param_bytes(q.format, &p.scales),
-                ptx_sim::param_bytes(q.format, &p.offsets),
+                tessera_dsl::quant::param_bytes(q.format, &p.scales),
+                tessera_dsl::quant::param_bytes(q.format, &p.offsets),
             )
         }
         (Value::F16(w), None) => {

@@ -1021,22 +1021,10 @@ fn step(
 pub struct MatmulOperands {
     pub x_f16: Vec<u8>,
     pub codes: Vec<u8>,
-    /// Group parameters as the format stores them ([`param_bytes`]).
+    /// Group parameters as the format stores them (`quant::param_bytes`).
     pub scales: Vec<u8>,
     pub offsets: Vec<u8>,
     pub bias: Vec<f32>,
-}
-
-/// Group parameters as the GPU kernels read them: f32, or f16 where the
-/// format stores f16 parameters (exact: they were quantized to f16).
-pub fn param_bytes(format: tessera_dsl::Format, v: &[f32]) -> Vec<u8> {
-    if format.params() == Some(tessera_dsl::ir::ParamType::F16) {
-        v.iter()
-            .flat_map(|x| half::f16::from_f32(*x).to_bits().to_le_bytes())
-            .collect()
-    } else {
-        v.iter().flat_map(|x| x.to_le_bytes()).collect()
-    }
 }
 
 /// Bind `ops` to `prog`'s entry by name, launch it over the grid its plan

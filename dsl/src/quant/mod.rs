@@ -41,7 +41,7 @@
 //!
 //! [`Layout`]: crate::ir::Layout
 
-use crate::ir::{Format, Group};
+use crate::ir::{Format, Group, ParamType};
 
 pub mod e0m4;
 pub mod fp8;
@@ -113,6 +113,20 @@ pub enum QuantError {
         /// The value as printed (f32 is not `Eq`).
         value: String,
     },
+}
+
+/// Group parameters (scales or offsets) as `format` stores them, little
+/// endian: f32, or f16 for the f16-parameter formats (ggml's blocks). The
+/// quantizers round f16 parameters to f16 values, so the narrowing is exact.
+pub fn param_bytes(format: Format, values: &[f32]) -> Vec<u8> {
+    if format.params() == Some(ParamType::F16) {
+        values
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_bits().to_le_bytes())
+            .collect()
+    } else {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
 }
 
 /// Number of groups in a row of `cols` elements (the last may be partial).
