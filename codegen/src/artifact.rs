@@ -37,6 +37,11 @@ pub struct MachineCode {
     /// `HostAttention` refuses other calls, so the requirement travels
     /// with the bytes rather than with each caller.
     pub head_dim_multiple: usize,
+    /// Attention code only: the code computes a whole causal prefill call
+    /// (every query token of `AttentionArgs::t`, each K/V block read once
+    /// per block of query rows). False for the decode loop, which
+    /// `HostAttention::prefill` calls once per query token.
+    pub whole_prefill: bool,
 }
 
 /// The source language of a text artifact.

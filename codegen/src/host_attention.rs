@@ -12,6 +12,7 @@
 //!   (flash-decoding), from the softmax state each call leaves in scratch.
 
 use std::mem::offset_of;
+use std::ops::Range;
 use std::sync::Mutex;
 
 use half::f16;
@@ -53,6 +54,10 @@ pub struct AttentionArgs {
     pub head0: usize,
     /// Query heads this call computes.
     pub heads: usize,
+    /// Query tokens (`q`, `o`: f16 `[t, hq, d]`) of a whole-prefill call
+    /// ([`MachineCode::whole_prefill`]), token i at position `s − t + i`;
+    /// decode code reads one token and ignores this.
+    pub t: usize,
 }
 
 macro_rules! offsets {
@@ -79,6 +84,7 @@ offsets!(
     d => AT_D,
     head0 => AT_HEAD0,
     heads => AT_HEADS,
+    t => AT_T,
 );
 
 /// Why an attention kernel cannot be prepared or called.
@@ -124,6 +130,8 @@ pub struct HostAttention {
     /// The code handles head dims that are multiples of this only (from
     /// [`MachineCode::head_dim_multiple`]); other calls are refused.
     head_dim_multiple: usize,
+    /// The code runs whole prefill calls ([`MachineCode::whole_prefill`]).
+    whole_prefill: bool,
 }
 
 impl std::fmt::Debug for HostAttention {
@@ -155,13 +163,22 @@ fn shape(what: &'static str, expected: impl ToString, got: impl ToString) -> Att
 }
 
 impl HostAttention {
-    /// `code` as emitted for `kernel`. A prefill kernel's code is its decode
-    /// loop (the host emitters emit the same code for both), run per query
-    /// token by [`HostAttention::prefill`].
+    /// `code` as emitted for `kernel`. A prefill kernel's code is either a
+    /// whole-prefill kernel (x86: [`MachineCode::whole_prefill`]) or its
+    /// decode loop (cranelift and NEON emit the same code for both), which
+    /// [`HostAttention::prefill`] runs once per query token.
     pub fn new(kernel: &Kernel, code: &MachineCode) -> Result<HostAttention, AttentionError> {
         let mut decode = kernel.clone();
         match &mut decode.op {
-            Op::Attention(a) => a.kind = AttentionKind::Decode,
+            Op::Attention(a) if code.whole_prefill && a.kind != AttentionKind::Prefill => {
+                return Err(shape(
+                    "kernel of whole-prefill code",
+                    "a prefill attention kernel",
+                    &kernel.name,
+                ));
+            }
+            Op::Attention(a) if !code.whole_prefill => a.kind = AttentionKind::Decode,
+            Op::Attention(_) => {}
             _ => {
                 return Err(AttentionError::NotDecode {
                     kernel: kernel.name.clone(),
@@ -172,13 +189,22 @@ impl HostAttention {
             kernel: decode,
             code: JitCode::map(code)?,
             head_dim_multiple: code.head_dim_multiple.max(1),
+            whole_prefill: code.whole_prefill,
         })
+    }
+
+    /// Whether the code computes a whole prefill call at once (each K/V
+    /// block read once per block of query rows) rather than per token.
+    pub fn whole_prefill(&self) -> bool {
+        self.whole_prefill
     }
 
     /// Causal prefill: `t` query tokens (`q`, `o`: f16 `[t, hq, d]`) over a
     /// cache of `s ≥ t` tokens, token i seeing the first `s − t + i + 1`
-    /// (the interpreter's rule): one decode call per token over its prefix,
-    /// read in place, each as [`HostAttention::run`] with `threads`.
+    /// (the interpreter's rule). Whole-prefill code takes the tokens in
+    /// runs of equal cost, one per thread; decode code is called once per
+    /// token over its prefix, read in place, each as [`HostAttention::run`]
+    /// with `threads`.
     #[allow(clippy::too_many_arguments)]
     pub fn prefill(
         &self,
@@ -195,6 +221,24 @@ impl HostAttention {
     ) -> Result<u64, AttentionError> {
         if s < t {
             return Err(shape("sequence length", format!("at least t = {t}"), s));
+        }
+        if self.whole_prefill {
+            if t == 0 {
+                return Ok(0);
+            }
+            return self.prefill_whole(
+                q,
+                k,
+                v,
+                t,
+                s,
+                hq,
+                kvh,
+                d,
+                o,
+                threads,
+                &scoped_threads(threads),
+            );
         }
         let row = hq
             .checked_mul(d)
@@ -346,6 +390,38 @@ impl HostAttention {
         chunk: Option<usize>,
         exec: &RangeExecutor<'_>,
     ) -> Result<u64, AttentionError> {
+        if self.whole_prefill {
+            // A decode call is a prefill of one token that sees every key.
+            return self.prefill_whole(q, k, v, 1, s, hq, kvh, d, o, threads, exec);
+        }
+        let (base, sides) = self.call_args(q, k, v, 1, s, hq, kvh, d, o)?;
+        let chunk = match chunk {
+            Some(c) => c,
+            None => self.keys_per_chunk(s, kvh, threads),
+        };
+        if chunk >= s {
+            self.run_whole(&base, s, hq, kvh, d, threads, exec)
+        } else {
+            self.run_chunks(&base, sides, s, hq, kvh, d, o, threads, chunk, exec)
+        }
+    }
+
+    /// The checked arguments of a call over `t` query tokens and `s` keys
+    /// (scratch, counter and heads left to each worker), and the bytes per
+    /// element of the key and value caches.
+    #[allow(clippy::too_many_arguments)]
+    fn call_args(
+        &self,
+        q: &[f16],
+        k: KvCache<'_>,
+        v: KvCache<'_>,
+        t: usize,
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        o: &mut [f16],
+    ) -> Result<(Shared, [usize; 2]), AttentionError> {
         let a = self
             .kernel
             .as_attention()
@@ -376,11 +452,15 @@ impl HostAttention {
         let cache = rows
             .checked_mul(d)
             .ok_or_else(|| shape("s·kvh·d", "no overflow", "overflow"))?;
-        if q.len() != hq * d {
-            return Err(shape("q elements (hq·d)", hq * d, q.len()));
+        let elems = t
+            .checked_mul(hq)
+            .and_then(|n| n.checked_mul(d))
+            .ok_or_else(|| shape("t·hq·d", "no overflow", "overflow"))?;
+        if q.len() != elems {
+            return Err(shape("q elements (t·hq·d)", elems, q.len()));
         }
-        if o.len() != hq * d {
-            return Err(shape("o elements (hq·d)", hq * d, o.len()));
+        if o.len() != elems {
+            return Err(shape("o elements (t·hq·d)", elems, o.len()));
         }
         let mut ptrs = Vec::new();
         for (name, c) in [(&a.k, k), (&a.v, v)] {
@@ -483,17 +563,76 @@ impl HostAttention {
             d,
             head0: 0,
             heads: 0,
+            t,
         });
-        let sides = [ptrs[0].3, ptrs[1].3];
-        let chunk = match chunk {
-            Some(c) => c,
-            None => self.keys_per_chunk(s, kvh, threads),
-        };
-        if chunk >= s {
-            self.run_whole(&base, s, hq, kvh, d, threads, exec)
-        } else {
-            self.run_chunks(&base, sides, s, hq, kvh, d, o, threads, chunk, exec)
+        Ok((base, [ptrs[0].3, ptrs[1].3]))
+    }
+
+    /// A whole-prefill call: the tokens in contiguous runs of about equal
+    /// cost ([`token_runs`]), each run a prefill of its own over its causal
+    /// prefix, on the workers of `exec`.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill_whole(
+        &self,
+        q: &[f16],
+        k: KvCache<'_>,
+        v: KvCache<'_>,
+        t: usize,
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        o: &mut [f16],
+        threads: usize,
+        exec: &RangeExecutor<'_>,
+    ) -> Result<u64, AttentionError> {
+        if s < t {
+            return Err(shape("sequence length", format!("at least t = {t}"), s));
         }
+        let (base, _) = self.call_args(q, k, v, t, s, hq, kvh, d, o)?;
+        let scratch_len = prefill_scratch_floats(d)?;
+        let runs = token_runs(s, t, threads);
+        let mut scratch = zeroed(scratch_len, runs.len())?;
+        let mut counters = vec![0u64; runs.len()];
+        let entry = self.code.entry() as usize;
+        let row_bytes = hq * d * 2;
+        let call = |(run, sc, counter): (Range<usize>, &mut [f32], &mut u64)| {
+            let args0 = base.get();
+            let args = AttentionArgs {
+                q: args0.q.wrapping_add(run.start * row_bytes),
+                o: args0.o.wrapping_add(run.start * row_bytes),
+                scratch: sc.as_mut_ptr(),
+                recomputed: counter as *mut u64,
+                s: s - t + run.end,
+                t: run.len(),
+                head0: 0,
+                heads: hq,
+                ..args0
+            };
+            // SAFETY: whole-prefill code of this kernel's formats
+            // (AttentionArgs ABI with t); q and o hold t·hq·d f16 and this
+            // run's rows start + run.len() ≤ t lie within them; its keys
+            // s − t + run.end ≤ s rows of both caches and their per-row
+            // parameters were checked by `call_args`; the scratch holds
+            // prefill_scratch_floats(d) f32 and the counter is this run's
+            // own; runs write disjoint token rows of o.
+            unsafe {
+                let f: KernelFn<AttentionArgs> = std::mem::transmute(entry as *const u8);
+                f(&args);
+            }
+        };
+        let work: Vec<_> = runs
+            .into_iter()
+            .zip(scratch.chunks_mut(scratch_len))
+            .zip(counters.iter_mut())
+            .map(|((r, sc), c)| (r, sc, c))
+            .collect();
+        if work.len() == 1 {
+            work.into_iter().for_each(call);
+        } else {
+            on_workers(work, exec, call);
+        }
+        Ok(counters.iter().sum())
     }
 
     /// Keys per chunk for a call: `s` (no split) unless the kernel splits
@@ -812,6 +951,29 @@ pub fn prefix<'a>(c: KvCache<'a>, rows: usize, cols: usize) -> Result<KvCache<'a
     }
 }
 
+/// Tokens `0..t` of a prefill over `s` keys in at most `threads`
+/// contiguous non-empty runs of about equal cost (token i sees
+/// `s − t + i + 1` keys), covering every token once.
+pub fn token_runs(s: usize, t: usize, threads: usize) -> Vec<Range<usize>> {
+    let threads = threads.clamp(1, t.max(1));
+    let cost = |i: usize| (s - t + i + 1) as u128;
+    let total: u128 = (0..t).map(cost).sum();
+    let (mut out, mut start, mut acc) = (Vec::new(), 0, 0u128);
+    for w in 1..=threads {
+        let target = total * w as u128 / threads as u128;
+        let mut end = start;
+        while end < t && (w == threads || acc + cost(end) <= target) {
+            acc += cost(end);
+            end += 1;
+        }
+        if end > start {
+            out.push(start..end);
+        }
+        start = end;
+    }
+    out
+}
+
 /// A chunk job's index and the partial-state slots it fills.
 type JobSlots<'a> = (usize, Vec<&'a mut [f32]>);
 
@@ -823,6 +985,23 @@ fn scratch_floats(s: usize, d: usize) -> Result<usize, AttentionError> {
         .and_then(|a| d.checked_mul(20).and_then(|b| a.checked_add(b)))
         .and_then(|n| n.checked_add(16))
         .ok_or_else(|| shape("attention scratch", "no overflow", "overflow"))
+}
+
+/// Query rows (token × head pairs of one KV head) a whole-prefill kernel
+/// keeps in one block: its q, output accumulators and softmax state.
+pub const PREFILL_ROWS: usize = 48;
+/// Keys a whole-prefill kernel converts per block (K and V as f32).
+pub const PREFILL_KEYS: usize = 64;
+
+/// f32 of scratch a whole-prefill call takes: q and the output
+/// accumulators `2·R·d`, scores `R·C`, converted K and V `2·C·d`, per-row
+/// limit, max, sum, α and output pointer `6·R` (R = [`PREFILL_ROWS`], C =
+/// [`PREFILL_KEYS`]), checked.
+pub fn prefill_scratch_floats(d: usize) -> Result<usize, AttentionError> {
+    let (r, c) = (PREFILL_ROWS, PREFILL_KEYS);
+    d.checked_mul(2 * r + 2 * c)
+        .and_then(|n| n.checked_add(r * c + 6 * r))
+        .ok_or_else(|| shape("prefill scratch", "no overflow", "overflow"))
 }
 
 /// Fewest keys a split chunk gets: below this the combine and the extra

@@ -95,7 +95,7 @@ type Entry = (&'static str, fn() -> Result<Kernel, VerifyError>);
 /// (flash-decoding: one query token gives too little parallelism otherwise);
 /// prefill has `t × hq` rows of work already and runs the exact online
 /// softmax.
-const ENTRIES: [Entry; 16] = [
+const ENTRIES: [Entry; 17] = [
     ("attention-decode-f16", || {
         kernel! {
             attention-decode-f16(t = 1, hq, kvh, d, s) {
@@ -132,6 +132,20 @@ const ENTRIES: [Entry; 16] = [
                 k: cache  f16 [s, kvh, d];
                 v: cache  f16 [s, kvh, d];
                 o: output f16 [t, hq, d];
+                o[t, hq, d] = attention(q[t, hq, d], k[s, kvh, d], v[s, kvh, d]) prefill;
+                softmax online;
+                parallel kvh;
+            }
+        }
+    }),
+    ("attention-prefill-kv8", || {
+        // The decode kv8 cache: keys int8 per token (asymmetric), values fp8.
+        kernel! {
+            attention-prefill-kv8(t, hq, kvh, d, s) {
+                q: input  f16        [t, hq, d] prescaled;
+                k: cache  i8asym:row [s, kvh, d];
+                v: cache  fp8e4m3    [s, kvh, d];
+                o: output f16        [t, hq, d];
                 o[t, hq, d] = attention(q[t, hq, d], k[s, kvh, d], v[s, kvh, d]) prefill;
                 softmax online;
                 parallel kvh;

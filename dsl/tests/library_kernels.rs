@@ -26,6 +26,7 @@ fn names_are_sorted_unique_and_cover_the_library() {
         "attention-decode-f16",
         "attention-decode-kv8",
         "attention-prefill-f16",
+        "attention-prefill-kv8",
     ] {
         assert!(names.contains(&required), "missing {required}");
     }
@@ -401,6 +402,12 @@ fn attention_kernels_match_their_documentation() {
             AttentionKind::Prefill,
             Format::F16,
             Format::F16,
+        ),
+        (
+            "attention-prefill-kv8",
+            AttentionKind::Prefill,
+            Format::I8Asym(Group::Row, ParamType::F32),
+            Format::Fp8E4M3,
         ),
     ];
     let count = library::names()

@@ -19,15 +19,14 @@
 //!
 //! [`Attention::decode`] runs the JIT (or prebuilt) decode kernel on the
 //! whole cache; on OpenCL, the split-K decode program over the device
-//! cache. [`Attention::prefill`] runs the same decode kernel once per
+//! cache. [`Attention::prefill`] runs the device's whole-prefill kernel
+//! where it has one (x86: each K/V block read once per block of query
+//! rows, an online softmax in registers), else the decode kernel once per
 //! prompt token over the causal prefix it may see (token i of t sits at
-//! position s − t + i and sees keys 0..=s − t + i, the interpreter's prefill
-//! semantics), with the tokens split over the pool by per-core weights and
-//! by cost (later tokens see more keys). It is JIT code throughout; a
-//! dedicated prefill kernel would reuse each K/V row across query tokens
-//! and is the faster path once a backend emits one. On OpenCL, prefill is
-//! likewise one decode launch per prompt token, in order. CUDA has no
-//! attention kernel in the runtime yet: `Attention::new` says so.
+//! position s − t + i and sees keys 0..=s − t + i, the interpreter's
+//! prefill semantics); either way the tokens are split over the pool by
+//! per-core weights and by cost (later tokens see more keys). On OpenCL and
+//! CUDA, prefill is one decode launch per prompt token, in order.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -71,6 +70,14 @@ impl KvFormat {
         match self {
             KvFormat::F16 => "attention-decode-f16",
             KvFormat::Kv8 => "attention-decode-kv8",
+        }
+    }
+
+    /// The library's prefill kernel over the same cache formats.
+    pub fn prefill_kernel_name(self) -> &'static str {
+        match self {
+            KvFormat::F16 => "attention-prefill-f16",
+            KvFormat::Kv8 => "attention-prefill-kv8",
         }
     }
 
@@ -657,6 +664,9 @@ pub struct Attention {
     d: usize,
     format: KvFormat,
     kernel: AttentionKernel,
+    /// The device's whole-prefill kernel (x86: row blocks × key blocks),
+    /// where it has one; else prefill runs the decode kernel per token.
+    prefill: Option<Arc<HostAttention>>,
     /// The device's own KV append (the JIT NEON device's emitted kernel).
     kv_append: Option<Arc<AppendKernel>>,
 }
@@ -751,10 +761,13 @@ impl Attention {
             }
             _ => AttentionKernel::Host(device.attention(format.kernel_name(), d)?),
         };
-        let kv_append = match kernel {
-            AttentionKernel::Host(_) => device.kv_append(format.kernel_name())?,
+        let (kv_append, prefill) = match kernel {
+            AttentionKernel::Host(_) => (
+                device.kv_append(format.kernel_name())?,
+                device.prefill_attention(format.prefill_kernel_name(), d)?,
+            ),
             #[allow(unreachable_patterns)]
-            _ => None,
+            _ => (None, None),
         };
         Ok(Attention {
             device: Arc::clone(device),
@@ -763,6 +776,7 @@ impl Attention {
             d,
             format,
             kernel,
+            prefill,
             kv_append,
         })
     }
@@ -787,6 +801,13 @@ impl Attention {
             ));
         }
         cache.append_f16(k, v, tokens, self.kv_append.as_deref())
+    }
+
+    /// Whether [`Attention::prefill`] runs a whole-prefill kernel (each K/V
+    /// block read once per block of query rows) rather than the decode
+    /// kernel per prompt token.
+    pub fn prefills_whole(&self) -> bool {
+        self.prefill.is_some()
     }
 
     /// Whether [`Attention::append`] runs an emitted append kernel (the
@@ -988,9 +1009,10 @@ impl Attention {
             return Ok(recomputed);
         }
         #[allow(irrefutable_let_patterns)]
-        let AttentionKernel::Host(kernel) = &self.kernel else {
+        let AttentionKernel::Host(decode) = &self.kernel else {
             return Err(shape("attention kernel", "a host kernel", "a GPU kernel"));
         };
+        let kernel = self.prefill.as_ref().unwrap_or(decode);
         self.host_views(cache, cache.len)?;
         let costs: Vec<usize> = (0..t).map(|i| first + i + 1).collect();
         let ranges = split_by_cost(&costs, &self.device.core_weights());

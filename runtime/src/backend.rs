@@ -792,6 +792,25 @@ impl Device {
         Ok(code)
     }
 
+    /// The whole-prefill kernel `name` (`attention-prefill-f16`,
+    /// `attention-prefill-kv8`) for head dim `d`, mapped once, where this
+    /// device emits one: the x86 JIT device with `d` a multiple of 8.
+    /// `None` elsewhere (prefill then runs the decode kernel per token).
+    pub(crate) fn prefill_attention(
+        &self,
+        name: &str,
+        d: usize,
+    ) -> Result<Option<Arc<HostAttention>>, RuntimeError> {
+        #[cfg(feature = "jit")]
+        if matches!(self.engine, Engine::X86(_))
+            && d.is_multiple_of(tessera_codegen::x86::attention::HEAD_DIM_MULTIPLE)
+        {
+            return self.attention(name, d).map(Some);
+        }
+        let _ = (name, d);
+        Ok(None)
+    }
+
     /// The KV append kernel for the caches of attention kernel `name`, on
     /// the JIT NEON device: the NEON emitter's, mapped once. `None`
     /// elsewhere (prebuilt sets ship none; other backends have no append

@@ -47,6 +47,7 @@ impl PrebuiltKernel {
             bytes,
             listing: String::new(),
             head_dim_multiple: 1,
+            whole_prefill: false,
         };
         PrebuiltKernel {
             kernel: kernel.to_string(),
@@ -70,6 +71,7 @@ impl PrebuiltKernel {
                 bytes,
                 listing: String::new(),
                 head_dim_multiple: 1,
+                whole_prefill: false,
             },
             quantizer: None,
         }

@@ -540,7 +540,7 @@ fn reference_attention(
     let name = if t == 1 {
         format.kernel_name()
     } else {
-        "attention-prefill-f16"
+        format.prefill_kernel_name()
     };
     let kernel = library::get(name).unwrap();
     let bind = |f: Format, x: &[f32]| match f {
@@ -701,27 +701,36 @@ fn prefill_is_causal_and_matches_the_interpreter() {
 }
 
 fn prefill_is_causal_on(backend: Backend) {
-    let (hq, kvh, d, t) = (6, 2, 16, 9);
+    let (hq, kvh, d) = (6, 2, 16);
     let dev = device(backend, 2, None);
-    let att = Attention::new(&dev, hq, kvh, d, KvFormat::F16).unwrap();
-    let mut cache = KvCache::new(KvFormat::F16, kvh, d, KvCapacity::Max(32)).unwrap();
-    let mut r = rng(11);
-    // Three earlier tokens, then a prompt chunk of t.
-    let k0 = randv(&mut r, 3 * kvh * d);
-    let v0 = randv(&mut r, 3 * kvh * d);
-    cache.append(&k0, &v0, 3).unwrap();
-    let k1 = randv(&mut r, t * kvh * d);
-    let v1 = randv(&mut r, t * kvh * d);
-    cache.append(&k1, &v1, t).unwrap();
-    let q = randh(&mut r, t * hq * d, 0.3);
-    let mut o = vec![f16::ZERO; t * hq * d];
-    att.prefill(&q, t, &cache, &mut o).unwrap();
-    let ks: Vec<f32> = k0.iter().chain(&k1).copied().collect();
-    let vs: Vec<f32> = v0.iter().chain(&v1).copied().collect();
-    let want = reference_attention(KvFormat::F16, &q, &ks, &vs, t, 3 + t, hq, kvh, d);
-    let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
-    let (err, _) = max_err(&got, &want);
-    assert!(err <= 4e-3, "{backend:?} err {err}");
+    // A prompt chunk of 9 (under one x86 row block) and of 60 (over it).
+    for (format, t) in [KvFormat::F16, KvFormat::Kv8]
+        .into_iter()
+        .flat_map(|f| [9, 60].map(move |t| (f, t)))
+    {
+        let att = Attention::new(&dev, hq, kvh, d, format).unwrap();
+        if backend == Backend::HostX86 {
+            assert!(att.prefills_whole(), "{format:?}");
+        }
+        let mut cache = KvCache::new(format, kvh, d, KvCapacity::Max(80)).unwrap();
+        let mut r = rng(11);
+        // Three earlier tokens, then the prompt.
+        let k0 = randv(&mut r, 3 * kvh * d);
+        let v0 = randv(&mut r, 3 * kvh * d);
+        cache.append(&k0, &v0, 3).unwrap();
+        let k1 = randv(&mut r, t * kvh * d);
+        let v1 = randv(&mut r, t * kvh * d);
+        cache.append(&k1, &v1, t).unwrap();
+        let q = randh(&mut r, t * hq * d, 0.3);
+        let mut o = vec![f16::ZERO; t * hq * d];
+        att.prefill(&q, t, &cache, &mut o).unwrap();
+        let ks: Vec<f32> = k0.iter().chain(&k1).copied().collect();
+        let vs: Vec<f32> = v0.iter().chain(&v1).copied().collect();
+        let want = reference_attention(format, &q, &ks, &vs, t, 3 + t, hq, kvh, d);
+        let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
+        let (err, _) = max_err(&got, &want);
+        assert!(err <= 4e-3, "{backend:?} {format:?} t={t} err {err}");
+    }
 }
 
 #[test]

@@ -296,6 +296,7 @@ impl ClifBackend {
             bytes,
             listing,
             head_dim_multiple: 1,
+            whole_prefill: false,
         })
     }
 }

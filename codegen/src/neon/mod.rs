@@ -834,6 +834,7 @@ fn finish(a: asm::A64) -> Result<MachineCode, EmitError> {
         bytes,
         listing,
         head_dim_multiple: 1,
+        whole_prefill: false,
     })
 }
 

@@ -59,7 +59,7 @@ pub fn scratch_floats(s: usize, d: usize) -> usize {
     (s + 3 * d + 8) + 8 * s + 9 * d + 8 * d
 }
 
-const FRAME: i32 = 1408;
+pub(super) const FRAME: i32 = 1408;
 // 8-byte slots.
 const S_GROUP: i32 = 400;
 const S_S: i32 = 408;
@@ -82,24 +82,24 @@ const S_JB: i32 = 552;
 const S_JEND: i32 = 560;
 const S_RECOMP: i32 = 576;
 // 32-byte vector constants and stores.
-const V_MIN: i32 = 640;
+pub(super) const V_MIN: i32 = 640;
 const V_MAX: i32 = 672;
 const V_LOG2E: i32 = 704;
 const V_NLN2HI: i32 = 736;
 const V_NLN2LO: i32 = 768;
 /// Taylor coefficients 1/720 … 1: `V_POLY + 32·k`, k = 0..7.
 const V_POLY: i32 = 800;
-const V_127: i32 = 1024;
+pub(super) const V_127: i32 = 1024;
 const V_PHI: i32 = 1056;
 const V_LO: i32 = 1088;
 const V_HI: i32 = 1120;
-const V_2P120: i32 = 1152;
-const V_SIGN: i32 = 1184;
-const V_MAG: i32 = 1216;
+pub(super) const V_2P120: i32 = 1152;
+pub(super) const V_SIGN: i32 = 1184;
+pub(super) const V_MAG: i32 = 1216;
 const V_DEN: i32 = 1248;
 const V_MVEC: i32 = 1280;
 const V_SUMQ: i32 = 1312;
-const V_NEGINF: i32 = 1344;
+pub(super) const V_NEGINF: i32 = 1344;
 
 const POLY: [f32; 7] = [
     1.0 / 720.0,
@@ -112,13 +112,13 @@ const POLY: [f32; 7] = [
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Keys {
+pub(super) enum Keys {
     F16,
     I8Asym,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Values {
+pub(super) enum Values {
     F16,
     E4M3,
 }
@@ -136,7 +136,8 @@ fn splat(a: &mut X86Asm, at: i32, bits: u32) {
     }
 }
 
-/// Emit the decode attention of `kernel` (AVX2 + FMA + F16C).
+/// Emit the attention of `kernel` (AVX2 + FMA + F16C): this decode loop,
+/// or for a prefill kernel [`super::attention_prefill`]'s flash loop.
 pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
     let at = kernel
         .as_attention()
@@ -187,14 +188,18 @@ pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
         }
     }
     let softmax = at.softmax;
-    let kind = if at.kind == AttentionKind::Prefill {
-        "prefill (this decode loop per query token)"
-    } else {
-        "decode"
-    };
+    if at.kind == AttentionKind::Prefill {
+        if softmax != SoftmaxMode::Online {
+            return Err(unsupported(format!(
+                "softmax {softmax:?} in prefill (the x86 prefill runs the exact online softmax: declare `softmax online`)"
+            )));
+        }
+        let header = format!("keys {}, values {}", fmt(&at.k)?, fmt(&at.v)?);
+        return super::attention_prefill::emit(&kernel.name, keys, values, &header);
+    }
     let mut a = X86Asm::new();
     a.comment(&format!(
-        "{} x86-avx2 attention {kind}: keys {}, values {}, softmax {:?}",
+        "{} x86-avx2 attention decode: keys {}, values {}, softmax {:?}",
         kernel.name,
         fmt(&at.k)?,
         fmt(&at.v)?,
@@ -231,7 +236,7 @@ pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
     })
 }
 
-fn constants(a: &mut X86Asm, softmax: SoftmaxMode) {
+pub(super) fn constants(a: &mut X86Asm, softmax: SoftmaxMode) {
     a.comment("vector constants");
     splat(a, V_MIN, (-87.3f32).to_bits());
     splat(a, V_MAX, 88.7f32.to_bits());
@@ -625,26 +630,40 @@ fn exponentials(a: &mut X86Asm) {
     a.bind(top);
     a.vmovups_load(x, mem(R15, 0));
     a.vsubps_mem(x, x, mem(RSP, V_MVEC));
-    a.vmaxps_mem(x, x, mem(RSP, V_MIN));
-    a.vminps_mem(x, x, mem(RSP, V_MAX));
-    a.vmulps_mem(n, x, mem(RSP, V_LOG2E));
-    a.vcvtps2dq(n, n);
-    a.vcvtdq2ps(Ymm(5), n);
-    a.vfmadd231ps_mem(x, Ymm(5), mem(RSP, V_NLN2HI));
-    a.vfmadd231ps_mem(x, Ymm(5), mem(RSP, V_NLN2LO));
-    a.vmovups_load(p, mem(RSP, V_POLY));
-    for k in 1..POLY.len() as i32 {
-        a.vfmadd213ps_mem(p, x, mem(RSP, V_POLY + 32 * k));
-    }
-    a.vpaddd(n, n, Ymm(4));
-    a.vpslld_imm(n, n, 23);
-    a.vmulps(p, p, n);
+    exp_ps(a, x, n, Ymm(5), p, Ymm(4));
     a.vaddps(den, den, p);
     a.vmovups_store(mem(R15, 0), p);
     a.add_imm(R15, 32);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, top);
     a.vmovups_store(mem(RSP, V_DEN), den);
+}
+
+/// The registers [`exp_ps`] takes besides x, as the decode kernel uses
+/// them: n, f, p (the result) and the splat of 127 (`V_127`, loaded by
+/// the caller).
+pub(super) const EXP_REGS: [Ymm; 4] = [Ymm(1), Ymm(5), Ymm(2), Ymm(4)];
+
+/// `p = e^x` for 8 lanes (x clamped to [−87.3, 88.7], clobbered; n, f
+/// clobbered; `k127` holds 127 in every lane): 2^n by the exponent field
+/// times a degree-6 Taylor polynomial of the Cody–Waite remainder, as the
+/// cranelift `exp`. A NaN x becomes the lower clamp (`vmaxps` returns its
+/// second source on NaN).
+pub(super) fn exp_ps(a: &mut X86Asm, x: Ymm, n: Ymm, f: Ymm, p: Ymm, k127: Ymm) {
+    a.vmaxps_mem(x, x, mem(RSP, V_MIN));
+    a.vminps_mem(x, x, mem(RSP, V_MAX));
+    a.vmulps_mem(n, x, mem(RSP, V_LOG2E));
+    a.vcvtps2dq(n, n);
+    a.vcvtdq2ps(f, n);
+    a.vfmadd231ps_mem(x, f, mem(RSP, V_NLN2HI));
+    a.vfmadd231ps_mem(x, f, mem(RSP, V_NLN2LO));
+    a.vmovups_load(p, mem(RSP, V_POLY));
+    for k in 1..POLY.len() as i32 {
+        a.vfmadd213ps_mem(p, x, mem(RSP, V_POLY + 32 * k));
+    }
+    a.vpaddd(n, n, k127);
+    a.vpslld_imm(n, n, 23);
+    a.vmulps(p, p, n);
 }
 
 /// Heads per P·V pass for this value format.

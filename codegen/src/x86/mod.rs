@@ -26,6 +26,7 @@
 
 pub mod asm;
 pub mod attention;
+mod attention_prefill;
 pub mod avx512;
 pub mod avx512_int8;
 mod common;
@@ -348,6 +349,7 @@ pub(crate) fn machine_code(bytes: Vec<u8>, listing: String) -> MachineCode {
         bytes,
         listing,
         head_dim_multiple: 1,
+        whole_prefill: false,
     }
 }
 

@@ -1,0 +1,844 @@
+//! Causal prefill attention on x86 (AVX2, FMA, F16C), ABI
+//! [`crate::host_attention::AttentionArgs`] with `t` query tokens: the
+//! flash-attention loop, so each K/V row is read once per block of query
+//! rows instead of once per query token (MNN-LLM 5.3's pre-scaled q, fp32
+//! online softmax).
+//!
+//! Rows are (query token, query head) pairs of one KV head, token-major,
+//! so the heads of a GQA group share every K/V block. Per block of up to
+//! [`PREFILL_ROWS`] rows (`R`, padded to a multiple of 6 with zero q):
+//!
+//! 1. q rows widened to f32, chunk-major: `qp[d/8][R][8]`; per row its
+//!    causal limit (the last key it sees, `s − t + token`) and its output
+//!    row; `m = −∞`, `l = 0`, `O = 0`.
+//! 2. For each block of [`PREFILL_KEYS`] keys (`C`) up to the block's last
+//!    visible key (later keys are fully masked: skipped):
+//!    - K rows widened (int8 keys dequantized: `scale·c + offset`) to
+//!      `kp[d/8][C][8]`, V rows (fp8 values decoded exactly) to
+//!      `vp[C][d]`: once per row block, so the conversion costs 2/R of
+//!      the FMAs.
+//!    - Scores in 2-row × 4-key register tiles: 8 accumulators over d,
+//!      reduced by one `vhaddps` tree into 8 scores, `S[R][C]`.
+//!    - Per row: keys past its limit → −∞, the block max, the running max
+//!      `m'`, `α = e^(m − m')`, `p = e^(S − m')` (masked keys exactly 0),
+//!      `l = α·l + Σp`.
+//!    - `O = α·O + P·V` in 3-row × 4-chunk register tiles over the block's
+//!      keys (12 accumulators, 3 broadcasts, 1 V vector: all 16 ymm).
+//! 3. `o = O / l` to f16.
+//!
+//! Register plan of the two inner loops:
+//!
+//! | loop | ymm0–7 | ymm8–9 | ymm10–13 | ymm12–14 | ymm15 |
+//! |---|---|---|---|---|---|
+//! | scores (2 × 4) | accumulators | q rows | K chunks | — | — |
+//! | P·V (3 × 4) | accumulators 0–7 | accumulators 8–9 | acc. 10–11 | p broadcasts | V chunk |
+//!
+//! Scratch: [`crate::host_attention::prefill_scratch_floats`]; `d` a
+//! multiple of 8; q pre-scaled by 1/√d; online softmax only.
+
+use super::asm::*;
+use super::attention::{
+    self, EXP_REGS, FRAME, Keys, V_2P120, V_127, V_MAG, V_MIN, V_NEGINF, V_SIGN, Values, exp_ps,
+};
+use super::common;
+use crate::artifact::{EmitError, MachineCode};
+use crate::host_attention::*;
+
+const R: i32 = PREFILL_ROWS as i32;
+const C: i32 = PREFILL_KEYS as i32;
+
+// 8-byte slots above the decode kernel's frame (its vector constants are
+// shared: `attention::constants`).
+const P_G: i32 = FRAME;
+const P_D8: i32 = FRAME + 8;
+const P_DB: i32 = FRAME + 16;
+const P_BASE: i32 = FRAME + 24;
+const P_QTOK: i32 = FRAME + 32;
+const P_KSTRIDE: i32 = FRAME + 40;
+const P_VSTRIDE: i32 = FRAME + 48;
+const P_QP: i32 = FRAME + 56;
+const P_O: i32 = FRAME + 64;
+const P_S: i32 = FRAME + 72;
+const P_KP: i32 = FRAME + 80;
+const P_VP: i32 = FRAME + 88;
+const P_LIM: i32 = FRAME + 96;
+const P_M: i32 = FRAME + 104;
+const P_L: i32 = FRAME + 112;
+const P_ALPHA: i32 = FRAME + 120;
+const P_OPTR: i32 = FRAME + 128;
+const P_HEND: i32 = FRAME + 136;
+const P_H: i32 = FRAME + 144;
+const P_GH: i32 = FRAME + 152;
+const P_KROW: i32 = FRAME + 160;
+const P_VROW: i32 = FRAME + 168;
+const P_KSC: i32 = FRAME + 176;
+const P_KOF: i32 = FRAME + 184;
+const P_ROWS: i32 = FRAME + 192;
+const P_RB: i32 = FRAME + 200;
+const P_RN: i32 = FRAME + 208;
+const P_RNP: i32 = FRAME + 216;
+const P_KEND: i32 = FRAME + 224;
+const P_J0: i32 = FRAME + 232;
+const P_CNT: i32 = FRAME + 240;
+const P_C0: i32 = FRAME + 248;
+const P_KSTEP: i32 = FRAME + 256;
+/// Key offsets within a block, `8v .. 8v + 8` as f32, v = 0..C/8.
+const V_IOTA: i32 = FRAME + 320;
+const PREFILL_FRAME: i32 = V_IOTA + 32 * (C / 8);
+
+/// Emit the causal prefill of `kernel` (formats already checked by
+/// [`attention::emit`]).
+pub(super) fn emit(
+    name: &str,
+    keys: Keys,
+    values: Values,
+    header: &str,
+) -> Result<MachineCode, EmitError> {
+    let mut a = X86Asm::new();
+    a.comment(&format!(
+        "{name} x86-avx2 attention prefill (flash: {R}-row × {C}-key blocks): {header}"
+    ));
+    common::prologue_framed(&mut a, PREFILL_FRAME);
+    attention::constants(&mut a, tessera_dsl::ir::SoftmaxMode::Online);
+    for v in 0..C / 8 {
+        for i in 0..8 {
+            a.store32_imm(
+                mem(RSP, V_IOTA + 32 * v + 4 * i),
+                ((8 * v + i) as f32).to_bits() as i32,
+            );
+        }
+    }
+    setup(&mut a, keys, values);
+
+    let (kv_loop, kv_done) = (a.new_label(), a.new_label());
+    a.bind(kv_loop);
+    a.load64(RAX, mem(RSP, P_H));
+    a.cmp_mem(RAX, mem(RSP, P_HEND));
+    a.jcc(Cond::Ge, kv_done);
+    kv_setup(&mut a, keys, values);
+    let (rb_loop, rb_done) = (a.new_label(), a.new_label());
+    a.bind(rb_loop);
+    a.load64(RAX, mem(RSP, P_RB));
+    a.cmp_mem(RAX, mem(RSP, P_ROWS));
+    a.jcc(Cond::Ge, rb_done);
+    pack_q(&mut a);
+    let (kb_loop, kb_done) = (a.new_label(), a.new_label());
+    a.zero(RAX);
+    a.store64(mem(RSP, P_J0), RAX);
+    a.bind(kb_loop);
+    a.load64(RAX, mem(RSP, P_J0));
+    a.cmp_mem(RAX, mem(RSP, P_KEND));
+    a.jcc(Cond::Ge, kb_done);
+    pack_kv(&mut a, keys, values);
+    scores(&mut a);
+    softmax_rows(&mut a);
+    pv(&mut a);
+    a.load64(RAX, mem(RSP, P_J0));
+    a.add_imm(RAX, C);
+    a.store64(mem(RSP, P_J0), RAX);
+    a.jmp(kb_loop);
+    a.bind(kb_done);
+    finish_rows(&mut a);
+    a.load64(RAX, mem(RSP, P_RB));
+    a.add_imm(RAX, R);
+    a.store64(mem(RSP, P_RB), RAX);
+    a.jmp(rb_loop);
+    a.bind(rb_done);
+    // Next KV head: its first query head is where this one's portion ended.
+    a.load64(RAX, mem(RSP, P_H));
+    a.load64(RCX, mem(RSP, P_GH));
+    a.add(RAX, RCX);
+    a.store64(mem(RSP, P_H), RAX);
+    a.jmp(kv_loop);
+    a.bind(kv_done);
+    common::epilogue_framed(&mut a, PREFILL_FRAME);
+    let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
+    Ok(MachineCode {
+        head_dim_multiple: attention::HEAD_DIM_MULTIPLE,
+        whole_prefill: true,
+        ..super::machine_code(bytes, listing)
+    })
+}
+
+/// Call-wide values: group, strides, the causal base `s − t`, scratch
+/// areas (the layout of `prefill_scratch_floats`).
+fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
+    a.comment("call setup: group, strides, s - t, scratch areas");
+    a.load64(RAX, mem(RDI, AT_HQ));
+    a.zero(RDX);
+    a.load64(RCX, mem(RDI, AT_KVH));
+    a.div(RCX);
+    a.store64(mem(RSP, P_G), RAX);
+    a.load64(R13, mem(RDI, AT_D));
+    a.mov(RAX, R13);
+    a.shr_imm(RAX, 3);
+    a.store64(mem(RSP, P_D8), RAX);
+    a.mov(RAX, R13);
+    a.shl_imm(RAX, 2);
+    a.store64(mem(RSP, P_DB), RAX);
+    a.load64(RAX, mem(RDI, AT_S));
+    a.load64(RDX, mem(RDI, AT_T));
+    a.sub(RAX, RDX);
+    a.store64(mem(RSP, P_BASE), RAX);
+    // Bytes between tokens: q and o hq·d·2; K and V kvh·d·(1 or 2).
+    a.load64(RAX, mem(RDI, AT_HQ));
+    a.imul(RAX, R13);
+    a.shl_imm(RAX, 1);
+    a.store64(mem(RSP, P_QTOK), RAX);
+    a.load64(RAX, mem(RDI, AT_KVH));
+    a.imul(RAX, R13);
+    let kb = if keys == Keys::F16 { 2 } else { 1 };
+    let vb = if values == Values::F16 { 2 } else { 1 };
+    a.imul_imm(RDX, RAX, kb);
+    a.store64(mem(RSP, P_KSTRIDE), RDX);
+    a.imul_imm(RDX, RAX, vb);
+    a.store64(mem(RSP, P_VSTRIDE), RDX);
+    a.load64(RAX, mem(RDI, AT_KVH));
+    a.shl_imm(RAX, 2);
+    a.store64(mem(RSP, P_KSTEP), RAX);
+    // qp = scratch; O = qp + 4·R·d; S = O + 4·R·d; kp = S + 4·R·C;
+    // vp = kp + 4·C·d; lim = vp + 4·C·d; m, l, alpha: + 4·R each; optr.
+    a.load64(RAX, mem(RDI, AT_SCRATCH));
+    a.store64(mem(RSP, P_QP), RAX);
+    let area = |a: &mut X86Asm, slot: i32, per_d: i32, fixed: i32| {
+        if per_d > 0 {
+            a.imul_imm(RDX, R13, 4 * per_d);
+            a.add(RAX, RDX);
+        }
+        if fixed > 0 {
+            a.add_imm(RAX, 4 * fixed);
+        }
+        a.store64(mem(RSP, slot), RAX);
+    };
+    area(a, P_O, R, 0);
+    area(a, P_S, R, 0);
+    area(a, P_KP, 0, R * C);
+    area(a, P_VP, C, 0);
+    area(a, P_LIM, C, 0);
+    area(a, P_M, 0, R);
+    area(a, P_L, 0, R);
+    area(a, P_ALPHA, 0, R);
+    area(a, P_OPTR, 0, R);
+    // Heads of this call.
+    a.load64(RAX, mem(RDI, AT_HEAD0));
+    a.store64(mem(RSP, P_H), RAX);
+    a.load64(RCX, mem(RDI, AT_HEADS));
+    a.add(RAX, RCX);
+    a.store64(mem(RSP, P_HEND), RAX);
+}
+
+/// The KV head of query head `P_H`, the call's heads of its group from
+/// there (`P_GH`), its K/V rows and parameters, rows `t·gh`.
+fn kv_setup(a: &mut X86Asm, keys: Keys, values: Values) {
+    a.comment("kv head: its query heads in this call, K/V row 0, rows = t·gh");
+    a.load64(RAX, mem(RSP, P_H));
+    a.zero(RDX);
+    a.load64(RCX, mem(RSP, P_G));
+    a.div(RCX);
+    // rax = kv; gh = min(group − h % group, end − h).
+    a.mov(RSI, RCX);
+    a.sub(RSI, RDX);
+    a.load64(RDX, mem(RSP, P_HEND));
+    a.load64(RCX, mem(RSP, P_H));
+    a.sub(RDX, RCX);
+    let ok = a.new_label();
+    a.cmp(RSI, RDX);
+    a.jcc(Cond::Be, ok);
+    a.mov(RSI, RDX);
+    a.bind(ok);
+    a.store64(mem(RSP, P_GH), RSI);
+    a.load64(RCX, mem(RDI, AT_T));
+    a.imul(RCX, RSI);
+    a.store64(mem(RSP, P_ROWS), RCX);
+    a.zero(RCX);
+    a.store64(mem(RSP, P_RB), RCX);
+    // Row kv of token 0.
+    a.load64(RCX, mem(RDI, AT_D));
+    a.mov(RDX, RAX);
+    a.imul(RDX, RCX);
+    let kb = if keys == Keys::F16 { 2 } else { 1 };
+    let vb = if values == Values::F16 { 2 } else { 1 };
+    a.imul_imm(RSI, RDX, kb);
+    a.load64(RCX, mem(RDI, AT_K));
+    a.add(RSI, RCX);
+    a.store64(mem(RSP, P_KROW), RSI);
+    a.imul_imm(RSI, RDX, vb);
+    a.load64(RCX, mem(RDI, AT_V));
+    a.add(RSI, RCX);
+    a.store64(mem(RSP, P_VROW), RSI);
+    if keys == Keys::I8Asym {
+        a.shl_imm(RAX, 2);
+        a.load64(RCX, mem(RDI, AT_K_SCALES));
+        a.add(RCX, RAX);
+        a.store64(mem(RSP, P_KSC), RCX);
+        a.load64(RCX, mem(RDI, AT_K_OFFSETS));
+        a.add(RCX, RAX);
+        a.store64(mem(RSP, P_KOF), RCX);
+    }
+}
+
+/// Rows `rb ..` of this KV head: q widened into `qp`, limits, output row
+/// pointers, `m`, `l`, `O` reset; padded rows get zero q and the last
+/// real row's limit; `P_KEND` = that limit + 1.
+fn pack_q(a: &mut X86Asm) {
+    a.comment("row block: q -> qp[d/8][R][8], limits, o rows; m = -inf, l = 0, O = 0");
+    // rn = min(R, rows − rb), rnp = rn rounded up to 6.
+    a.load64(RAX, mem(RSP, P_ROWS));
+    a.load64(RCX, mem(RSP, P_RB));
+    a.sub(RAX, RCX);
+    let ok = a.new_label();
+    a.cmp_imm(RAX, R);
+    a.jcc(Cond::Le, ok);
+    a.mov_imm(RAX, R);
+    a.bind(ok);
+    a.store64(mem(RSP, P_RN), RAX);
+    a.add_imm(RAX, 5);
+    a.zero(RDX);
+    a.mov_imm(RCX, 6);
+    a.div(RCX);
+    a.imul_imm(RAX, RAX, 6);
+    a.store64(mem(RSP, P_RNP), RAX);
+    // r13 = token, r14 = head in group of row rb.
+    a.load64(RAX, mem(RSP, P_RB));
+    a.zero(RDX);
+    a.load64(RCX, mem(RSP, P_GH));
+    a.div(RCX);
+    a.mov(R13, RAX);
+    a.mov(R14, RDX);
+    a.zero(R12);
+    let (row, rows_done) = (a.new_label(), a.new_label());
+    let (real, store_row) = (a.new_label(), a.new_label());
+    let zero = Ymm(15);
+    a.vxorps(zero, zero, zero);
+    a.bind(row);
+    a.cmp_mem(R12, mem(RSP, P_RNP));
+    a.jcc(Cond::Ge, rows_done);
+    // rdx = qp + 32·r (chunk stride 32·R); r8 = O likewise.
+    a.mov(RDX, R12);
+    a.shl_imm(RDX, 5);
+    a.load64(R8, mem(RSP, P_O));
+    a.add(R8, RDX);
+    a.load64(RCX, mem(RSP, P_QP));
+    a.add(RDX, RCX);
+    a.cmp_mem(R12, mem(RSP, P_RN));
+    a.jcc(Cond::L, real);
+    // Padded row: zero q (its limit is the last real row's: r13 unchanged).
+    a.load64(RCX, mem(RSP, P_D8));
+    let pad = a.new_label();
+    a.bind(pad);
+    a.vmovups_store(mem(RDX, 0), zero);
+    a.vmovups_store(mem(R8, 0), zero);
+    a.add_imm(RDX, 32 * R);
+    a.add_imm(R8, 32 * R);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, pad);
+    a.jmp(store_row);
+    a.bind(real);
+    // q row = q + token·qtok + (h + hi)·d·2; o row likewise.
+    a.mov(RAX, R13);
+    a.load64(RCX, mem(RSP, P_QTOK));
+    a.imul(RAX, RCX);
+    a.load64(RSI, mem(RSP, P_H));
+    a.add(RSI, R14);
+    a.load64(RCX, mem(RDI, AT_D));
+    a.imul(RSI, RCX);
+    a.shl_imm(RSI, 1);
+    a.add(RAX, RSI);
+    a.load64(RSI, mem(RDI, AT_O));
+    a.add(RSI, RAX);
+    a.load64(RCX, mem(RSP, P_OPTR));
+    a.mov(R9, R12);
+    a.shl_imm(R9, 3);
+    a.add(RCX, R9);
+    a.store64(mem(RCX, 0), RSI);
+    a.load64(RSI, mem(RDI, AT_Q));
+    a.add(RSI, RAX);
+    a.load64(RCX, mem(RSP, P_D8));
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.vcvtph2ps_load(Ymm(0), mem(RSI, 0));
+    a.vmovups_store(mem(RDX, 0), Ymm(0));
+    a.vmovups_store(mem(R8, 0), zero);
+    a.add_imm(RSI, 16);
+    a.add_imm(RDX, 32 * R);
+    a.add_imm(R8, 32 * R);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    a.bind(store_row);
+    // lim[r] = s − t + token; m[r] = −inf; l[r] = 0.
+    a.load64(RAX, mem(RSP, P_BASE));
+    a.add(RAX, R13);
+    a.mov(R10, RAX);
+    a.vcvtsi2ss(Ymm(0), RAX);
+    a.mov(R9, R12);
+    a.shl_imm(R9, 2);
+    a.load64(RCX, mem(RSP, P_LIM));
+    a.add(RCX, R9);
+    a.vmovss_store(mem(RCX, 0), Ymm(0));
+    a.load64(RCX, mem(RSP, P_M));
+    a.add(RCX, R9);
+    a.store32_imm(mem(RCX, 0), f32::NEG_INFINITY.to_bits() as i32);
+    a.load64(RCX, mem(RSP, P_L));
+    a.add(RCX, R9);
+    a.store32_imm(mem(RCX, 0), 0);
+    // The last real row's limit + 1 ends the keys this block sees.
+    let keep = a.new_label();
+    a.cmp_mem(R12, mem(RSP, P_RN));
+    a.jcc(Cond::Ge, keep);
+    a.add_imm(R10, 1);
+    a.store64(mem(RSP, P_KEND), R10);
+    // Next real row: hi + 1, wrapping into the next token.
+    a.add_imm(R14, 1);
+    a.cmp_mem(R14, mem(RSP, P_GH));
+    a.jcc(Cond::L, keep);
+    a.zero(R14);
+    a.add_imm(R13, 1);
+    a.bind(keep);
+    // A padded row keeps the last real row's token (r13 went one past it
+    // only when that row ended a token).
+    let next = a.new_label();
+    a.mov(RAX, R12);
+    a.add_imm(RAX, 1);
+    a.cmp_mem(RAX, mem(RSP, P_RN));
+    a.jcc(Cond::Ne, next);
+    a.load64(R13, mem(RSP, P_KEND));
+    a.sub_imm(R13, 1);
+    a.load64(RCX, mem(RSP, P_BASE));
+    a.sub(R13, RCX);
+    a.bind(next);
+    a.add_imm(R12, 1);
+    a.jmp(row);
+    a.bind(rows_done);
+}
+
+/// Keys `j0 .. j0 + cnt` of this KV head (cnt = min(C, kend − j0)):
+/// K → `kp[d/8][C][8]` (keys up to the next multiple of 4 zero), V →
+/// `vp[C][d]`, both f32.
+fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
+    a.comment("key block: K -> kp[d/8][C][8], V -> vp[C][d] (f32)");
+    a.load64(RAX, mem(RSP, P_KEND));
+    a.load64(RCX, mem(RSP, P_J0));
+    a.sub(RAX, RCX);
+    let ok = a.new_label();
+    a.cmp_imm(RAX, C);
+    a.jcc(Cond::Le, ok);
+    a.mov_imm(RAX, C);
+    a.bind(ok);
+    a.store64(mem(RSP, P_CNT), RAX);
+    // rsi = K row j0, r8 = V row j0, r9/r10 = key scale/offset of j0.
+    a.load64(RAX, mem(RSP, P_J0));
+    a.mov(RSI, RAX);
+    a.load64(RCX, mem(RSP, P_KSTRIDE));
+    a.imul(RSI, RCX);
+    a.load64(RCX, mem(RSP, P_KROW));
+    a.add(RSI, RCX);
+    a.mov(R8, RAX);
+    a.load64(RCX, mem(RSP, P_VSTRIDE));
+    a.imul(R8, RCX);
+    a.load64(RCX, mem(RSP, P_VROW));
+    a.add(R8, RCX);
+    if keys == Keys::I8Asym {
+        a.mov(R9, RAX);
+        a.load64(RCX, mem(RSP, P_KSTEP));
+        a.imul(R9, RCX);
+        a.mov(R10, R9);
+        a.load64(RCX, mem(RSP, P_KSC));
+        a.add(R9, RCX);
+        a.load64(RCX, mem(RSP, P_KOF));
+        a.add(R10, RCX);
+    }
+    if values == Values::E4M3 {
+        a.vmovups_load(Ymm(13), mem(RSP, V_SIGN));
+        a.vmovups_load(Ymm(14), mem(RSP, V_MAG));
+        a.vmovups_load(Ymm(12), mem(RSP, V_2P120));
+    }
+    // r11 = kp + 32·j, rdx = vp row j.
+    a.load64(R11, mem(RSP, P_KP));
+    a.load64(RDX, mem(RSP, P_VP));
+    a.zero(R12);
+    let (key, keys_done) = (a.new_label(), a.new_label());
+    a.bind(key);
+    a.cmp_mem(R12, mem(RSP, P_CNT));
+    a.jcc(Cond::Ge, keys_done);
+    if keys == Keys::I8Asym {
+        a.vpbroadcastd_load(Ymm(10), mem(R9, 0));
+        a.vpbroadcastd_load(Ymm(11), mem(R10, 0));
+    }
+    a.mov(RAX, RSI);
+    a.mov(RBX, R11);
+    a.mov(RBP, R8);
+    a.mov(R13, RDX);
+    a.load64(RCX, mem(RSP, P_D8));
+    let chunk = a.new_label();
+    a.bind(chunk);
+    match keys {
+        Keys::F16 => {
+            a.vcvtph2ps_load(Ymm(0), mem(RAX, 0));
+            a.add_imm(RAX, 16);
+        }
+        Keys::I8Asym => {
+            a.vpmovsxbd_load(Ymm(0), mem(RAX, 0));
+            a.vcvtdq2ps(Ymm(0), Ymm(0));
+            a.vmulps(Ymm(0), Ymm(0), Ymm(10));
+            a.vaddps(Ymm(0), Ymm(0), Ymm(11));
+            a.add_imm(RAX, 8);
+        }
+    }
+    a.vmovups_store(mem(RBX, 0), Ymm(0));
+    a.add_imm(RBX, 32 * C);
+    match values {
+        Values::F16 => {
+            a.vcvtph2ps_load(Ymm(1), mem(RBP, 0));
+            a.add_imm(RBP, 16);
+        }
+        Values::E4M3 => {
+            let (vx, t) = (Ymm(1), Ymm(2));
+            a.vpmovzxbd_load(vx, mem(RBP, 0));
+            a.vpslld_imm(t, vx, 24);
+            a.vpslld_imm(vx, vx, 20);
+            a.vpand(t, t, Ymm(13));
+            a.vpand(vx, vx, Ymm(14));
+            a.vorps(vx, vx, t);
+            a.vmulps(vx, vx, Ymm(12));
+            a.add_imm(RBP, 8);
+        }
+    }
+    a.vmovups_store(mem(R13, 0), Ymm(1));
+    a.add_imm(R13, 32);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    a.load64(RCX, mem(RSP, P_KSTRIDE));
+    a.add(RSI, RCX);
+    a.load64(RCX, mem(RSP, P_VSTRIDE));
+    a.add(R8, RCX);
+    if keys == Keys::I8Asym {
+        a.load64(RCX, mem(RSP, P_KSTEP));
+        a.add(R9, RCX);
+        a.add(R10, RCX);
+    }
+    a.add_imm(R11, 32);
+    a.load64(RCX, mem(RSP, P_DB));
+    a.add(RDX, RCX);
+    a.add_imm(R12, 1);
+    a.jmp(key);
+    a.bind(keys_done);
+    // Zero keys up to the next multiple of 4 (their scores are masked,
+    // but must not be NaN-producing garbage either way).
+    let (pad, pad_done) = (a.new_label(), a.new_label());
+    let zero = Ymm(15);
+    a.vxorps(zero, zero, zero);
+    a.bind(pad);
+    a.mov(RAX, R12);
+    a.and_imm(RAX, 3);
+    a.jcc(Cond::E, pad_done);
+    a.mov(RBX, R11);
+    a.load64(RCX, mem(RSP, P_D8));
+    let zc = a.new_label();
+    a.bind(zc);
+    a.vmovups_store(mem(RBX, 0), zero);
+    a.add_imm(RBX, 32 * C);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, zc);
+    a.add_imm(R11, 32);
+    a.add_imm(R12, 1);
+    a.jmp(pad);
+    a.bind(pad_done);
+}
+
+/// `S[r][j] = qp_r · kp_j` for the block's rows (rnp) and keys (cnt
+/// rounded up to 4), in 2 × 4 tiles: key quads outer (their 4 K rows stay
+/// in L1 across the row pairs).
+fn scores(a: &mut X86Asm) {
+    a.comment("scores: 2-row x 4-key tiles, S[R][C]");
+    // r12 = key quad start j, r13 = row pair start r.
+    a.zero(R12);
+    let (quad, quads_done) = (a.new_label(), a.new_label());
+    a.bind(quad);
+    a.cmp_mem(R12, mem(RSP, P_CNT));
+    a.jcc(Cond::Ge, quads_done);
+    a.zero(R13);
+    let (pair, pairs_done) = (a.new_label(), a.new_label());
+    a.bind(pair);
+    a.cmp_mem(R13, mem(RSP, P_RNP));
+    a.jcc(Cond::Ge, pairs_done);
+    for i in 0..8 {
+        a.vxorps(Ymm(i), Ymm(i), Ymm(i));
+    }
+    // rsi = qp + 32·r, rdx = kp + 32·j, rcx = d/8.
+    a.mov(RSI, R13);
+    a.shl_imm(RSI, 5);
+    a.load64(RAX, mem(RSP, P_QP));
+    a.add(RSI, RAX);
+    a.mov(RDX, R12);
+    a.shl_imm(RDX, 5);
+    a.load64(RAX, mem(RSP, P_KP));
+    a.add(RDX, RAX);
+    a.load64(RCX, mem(RSP, P_D8));
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.vmovups_load(Ymm(8), mem(RSI, 0));
+    a.vmovups_load(Ymm(9), mem(RSI, 32));
+    for j in 0..4u8 {
+        let k = Ymm(10 + j);
+        a.vmovups_load(k, mem(RDX, 32 * j as i32));
+        a.vfmadd231ps(Ymm(j), k, Ymm(8));
+        a.vfmadd231ps(Ymm(4 + j), k, Ymm(9));
+    }
+    a.add_imm(RSI, 32 * R);
+    a.add_imm(RDX, 32 * C);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    // Lane i = the sum of accumulator i: row r keys j..j+3, then row r+1.
+    a.vhaddps(Ymm(0), Ymm(0), Ymm(1));
+    a.vhaddps(Ymm(2), Ymm(2), Ymm(3));
+    a.vhaddps(Ymm(4), Ymm(4), Ymm(5));
+    a.vhaddps(Ymm(6), Ymm(6), Ymm(7));
+    a.vhaddps(Ymm(0), Ymm(0), Ymm(2));
+    a.vhaddps(Ymm(4), Ymm(4), Ymm(6));
+    a.vperm2f128(Ymm(1), Ymm(0), Ymm(4), 0x20);
+    a.vperm2f128(Ymm(3), Ymm(0), Ymm(4), 0x31);
+    a.vaddps(Ymm(1), Ymm(1), Ymm(3));
+    // S + 4·(r·C + j).
+    a.mov(RAX, R13);
+    a.imul_imm(RAX, RAX, C);
+    a.add(RAX, R12);
+    a.shl_imm(RAX, 2);
+    a.load64(RCX, mem(RSP, P_S));
+    a.add(RAX, RCX);
+    a.vmovups_store128(mem(RAX, 0), Ymm(1));
+    a.vextractf128_hi(Ymm(2), Ymm(1));
+    a.vmovups_store128(mem(RAX, 4 * C), Ymm(2));
+    a.add_imm(R13, 2);
+    a.jmp(pair);
+    a.bind(pairs_done);
+    a.add_imm(R12, 4);
+    a.jmp(quad);
+    a.bind(quads_done);
+}
+
+/// Per row: mask keys past its limit, running max, `α`, `p = e^(S − m')`
+/// in place (masked keys 0), `l = α·l + Σp`.
+fn softmax_rows(a: &mut X86Asm) {
+    a.comment("online softmax per row: mask, max, alpha, p, l");
+    let neginf = Ymm(15);
+    a.vmovups_load(neginf, mem(RSP, V_NEGINF));
+    let [n, f, p, k127] = EXP_REGS;
+    a.vmovups_load(k127, mem(RSP, V_127));
+    // ymm14 = j0 (all lanes).
+    a.load64(RAX, mem(RSP, P_J0));
+    a.vcvtsi2ss(Ymm(14), RAX);
+    a.vbroadcastss_reg(Ymm(14), Ymm(14));
+    // r12 = row, rsi = its S row, r8 = its index ×4.
+    a.zero(R12);
+    let (row, rows_done) = (a.new_label(), a.new_label());
+    a.bind(row);
+    a.cmp_mem(R12, mem(RSP, P_RNP));
+    a.jcc(Cond::Ge, rows_done);
+    a.mov(RSI, R12);
+    a.imul_imm(RSI, RSI, 4 * C);
+    a.load64(RAX, mem(RSP, P_S));
+    a.add(RSI, RAX);
+    a.mov(R8, R12);
+    a.shl_imm(R8, 2);
+    // ymm13 = limit − j0: key offsets above it are masked.
+    a.load64(RAX, mem(RSP, P_LIM));
+    a.add(RAX, R8);
+    a.vpbroadcastd_load(Ymm(13), mem(RAX, 0));
+    a.vsubps(Ymm(13), Ymm(13), Ymm(14));
+    let rmax = Ymm(12);
+    a.vmovups_load(rmax, mem(RSP, V_NEGINF));
+    for v in 0..C / 8 {
+        let (x, m, t) = (Ymm(0), Ymm(1), Ymm(2));
+        a.vmovups_load(x, mem(RSI, 32 * v));
+        a.vmovups_load(m, mem(RSP, V_IOTA + 32 * v));
+        a.vcmpps(m, m, Ymm(13), 14); // offset > limit − j0 (ordered)
+        a.vandnps(x, m, x);
+        a.vandps(t, m, neginf);
+        a.vorps(x, x, t);
+        a.vmovups_store(mem(RSI, 32 * v), x);
+        a.vmaxps(rmax, rmax, x);
+    }
+    // Block max in every lane; m' = max(m, it); α = e^(m − m').
+    a.vextractf128_hi(Ymm(0), rmax);
+    a.vmaxps(rmax, rmax, Ymm(0));
+    a.vpermilps_imm(Ymm(0), rmax, 0x4e);
+    a.vmaxps(rmax, rmax, Ymm(0));
+    a.vpermilps_imm(Ymm(0), rmax, 0xb1u8 as i8);
+    a.vmaxps(rmax, rmax, Ymm(0));
+    a.vbroadcastss_reg(rmax, rmax);
+    a.load64(RAX, mem(RSP, P_M));
+    a.add(RAX, R8);
+    a.vpbroadcastd_load(Ymm(11), mem(RAX, 0));
+    a.vmaxps(rmax, rmax, Ymm(11));
+    a.vmovss_store(mem(RAX, 0), rmax);
+    a.vsubps(Ymm(11), Ymm(11), rmax);
+    exp_ps(a, Ymm(11), n, f, p, k127);
+    a.load64(RAX, mem(RSP, P_ALPHA));
+    a.add(RAX, R8);
+    a.vmovss_store(mem(RAX, 0), p);
+    // l = α·l (the block's Σp added below).
+    a.load64(RAX, mem(RSP, P_L));
+    a.add(RAX, R8);
+    a.vmovss_load(Ymm(10), mem(RAX, 0));
+    a.vmulps(Ymm(10), Ymm(10), p);
+    let sum = Ymm(9);
+    a.vxorps(sum, sum, sum);
+    for v in 0..C / 8 {
+        let x = Ymm(0);
+        a.vmovups_load(x, mem(RSI, 32 * v));
+        a.vsubps(x, x, rmax);
+        // Masked keys (−∞ − m' = −∞) and anything below e^-87: exactly 0.
+        a.vmovups_load(Ymm(8), mem(RSP, V_MIN));
+        a.vcmpps(Ymm(8), x, Ymm(8), 1); // x < min (ordered)
+        exp_ps(a, x, n, f, p, k127);
+        a.vandnps(p, Ymm(8), p);
+        a.vaddps(sum, sum, p);
+        a.vmovups_store(mem(RSI, 32 * v), p);
+    }
+    a.vextractf128_hi(Ymm(0), sum);
+    a.vaddps(sum, sum, Ymm(0));
+    a.vpermilps_imm(Ymm(0), sum, 0x4e);
+    a.vaddps(sum, sum, Ymm(0));
+    a.vpermilps_imm(Ymm(0), sum, 0xb1u8 as i8);
+    a.vaddps(sum, sum, Ymm(0));
+    a.vaddps(Ymm(10), Ymm(10), sum);
+    a.vmovss_store(mem(RAX, 0), Ymm(10));
+    a.add_imm(R12, 1);
+    a.jmp(row);
+    a.bind(rows_done);
+}
+
+/// `O = α·O + P·V` over the block's `cnt` keys: groups of 4 chunks
+/// (outer: their V columns stay in L1) × row triples.
+fn pv(a: &mut X86Asm) {
+    a.comment("P.V: 4-chunk groups x 3-row passes, O = alpha.O + P.V");
+    a.zero(RAX);
+    a.store64(mem(RSP, P_C0), RAX);
+    let (group, groups_done) = (a.new_label(), a.new_label());
+    a.bind(group);
+    a.load64(RAX, mem(RSP, P_C0));
+    a.cmp_mem(RAX, mem(RSP, P_D8));
+    a.jcc(Cond::Ge, groups_done);
+    // Dispatch on the chunks left in this group (1..=4).
+    a.load64(RDX, mem(RSP, P_D8));
+    a.sub(RDX, RAX);
+    let after = a.new_label();
+    let by_chunks: Vec<Label> = (0..4).map(|_| a.new_label()).collect();
+    for (i, l) in by_chunks.iter().enumerate().take(3) {
+        a.cmp_imm(RDX, i as i32 + 1);
+        a.jcc(Cond::E, *l);
+    }
+    a.jmp(by_chunks[3]);
+    for (i, l) in by_chunks.iter().enumerate() {
+        a.bind(*l);
+        pv_rows(a, i + 1);
+        a.jmp(after);
+    }
+    a.bind(after);
+    a.load64(RAX, mem(RSP, P_C0));
+    a.add_imm(RAX, 4);
+    a.store64(mem(RSP, P_C0), RAX);
+    a.jmp(group);
+    a.bind(groups_done);
+}
+
+/// Every row triple of the block over chunks `c0 .. c0 + nc`.
+fn pv_rows(a: &mut X86Asm, nc: usize) {
+    let acc = |r: usize, c: usize| Ymm((r * nc + c) as u8);
+    let p = |r: usize| Ymm((12 + r) as u8);
+    let vx = Ymm(15);
+    a.zero(R12);
+    let (triple, triples_done) = (a.new_label(), a.new_label());
+    a.bind(triple);
+    a.cmp_mem(R12, mem(RSP, P_RNP));
+    a.jcc(Cond::Ge, triples_done);
+    // rdx = O + 32·(c0·R + r): acc (r', c') at + 32·(c'·R + r').
+    a.load64(RAX, mem(RSP, P_C0));
+    a.imul_imm(RAX, RAX, R);
+    a.add(RAX, R12);
+    a.shl_imm(RAX, 5);
+    a.load64(RDX, mem(RSP, P_O));
+    a.add(RDX, RAX);
+    // α of the three rows; acc = α·O.
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 2);
+    a.load64(RCX, mem(RSP, P_ALPHA));
+    a.add(RAX, RCX);
+    for r in 0..3 {
+        a.vpbroadcastd_load(p(r), mem(RAX, 4 * r as i32));
+        for c in 0..nc {
+            a.vmulps_mem(acc(r, c), p(r), mem(RDX, 32 * (c as i32 * R + r as i32)));
+        }
+    }
+    // rsi = p of (r, 0); rax = vp + 32·c0 (row stride 4·d); r8 = keys.
+    a.mov(RSI, R12);
+    a.imul_imm(RSI, RSI, 4 * C);
+    a.load64(RAX, mem(RSP, P_S));
+    a.add(RSI, RAX);
+    a.load64(RAX, mem(RSP, P_C0));
+    a.shl_imm(RAX, 5);
+    a.load64(RCX, mem(RSP, P_VP));
+    a.add(RAX, RCX);
+    a.load64(RCX, mem(RSP, P_DB));
+    a.load64(R8, mem(RSP, P_CNT));
+    let top = a.new_label();
+    a.bind(top);
+    for r in 0..3 {
+        a.vpbroadcastd_load(p(r), mem(RSI, 4 * C * r as i32));
+    }
+    for c in 0..nc {
+        a.vmovups_load(vx, mem(RAX, 32 * c as i32));
+        for r in 0..3 {
+            a.vfmadd231ps(acc(r, c), vx, p(r));
+        }
+    }
+    a.add_imm(RSI, 4);
+    a.add(RAX, RCX);
+    a.sub_imm(R8, 1);
+    a.jcc(Cond::Ne, top);
+    for r in 0..3 {
+        for c in 0..nc {
+            a.vmovups_store(mem(RDX, 32 * (c as i32 * R + r as i32)), acc(r, c));
+        }
+    }
+    a.add_imm(R12, 3);
+    a.jmp(triple);
+    a.bind(triples_done);
+}
+
+/// `o = O / l` to f16 for the block's real rows.
+fn finish_rows(a: &mut X86Asm) {
+    a.comment("o = O / l (f16) for the real rows");
+    a.zero(R12);
+    let (row, rows_done) = (a.new_label(), a.new_label());
+    a.bind(row);
+    a.cmp_mem(R12, mem(RSP, P_RN));
+    a.jcc(Cond::Ge, rows_done);
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 2);
+    a.load64(RCX, mem(RSP, P_L));
+    a.add(RAX, RCX);
+    a.vpbroadcastd_load(Ymm(1), mem(RAX, 0));
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 3);
+    a.load64(RCX, mem(RSP, P_OPTR));
+    a.add(RAX, RCX);
+    a.load64(RSI, mem(RAX, 0));
+    a.mov(RDX, R12);
+    a.shl_imm(RDX, 5);
+    a.load64(RCX, mem(RSP, P_O));
+    a.add(RDX, RCX);
+    a.load64(RCX, mem(RSP, P_D8));
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.vmovups_load(Ymm(0), mem(RDX, 0));
+    a.vdivps(Ymm(0), Ymm(0), Ymm(1));
+    a.vcvtps2ph_store(mem(RSI, 0), Ymm(0), 0);
+    a.add_imm(RSI, 16);
+    a.add_imm(RDX, 32 * R);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    a.add_imm(R12, 1);
+    a.jmp(row);
+    a.bind(rows_done);
+}

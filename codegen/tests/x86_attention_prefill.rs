@@ -1,0 +1,336 @@
+//! The x86 backend's causal prefill attention (flash loop: row blocks ×
+//! key blocks, AVX2 + FMA + F16C) against the reference interpreter: f16
+//! and int8/fp8 caches, GQA groups 1 to 8, head dims 64, 80, 96, 128, 256
+//! (and 8, 40 for chunk tails), prefixes p ∈ {0, 1, 17} already cached,
+//! query counts around the row block (48 rows) and contexts around the
+//! key block (64 keys), scores far outside the usual range, 1 and 2
+//! threads, and refusals. Skips (with a line on stderr) where the CPU lacks
+//! the features.
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_codegen::host_attention::{HostAttention, KvCache, token_runs};
+use tessera_codegen::x86::attention;
+use tessera_dsl::interp::{self, Bindings, Value};
+use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};
+use tessera_dsl::{library, quant};
+
+fn runnable() -> bool {
+    let missing = tessera_codegen::x86::missing_features();
+    if !missing.is_empty() {
+        eprintln!("SKIP x86 prefill attention: the CPU lacks {missing:?}");
+    }
+    missing.is_empty()
+}
+
+fn compile(kernel: &Kernel) -> HostAttention {
+    let code = attention::emit(kernel).expect("emit");
+    assert!(code.whole_prefill, "{}: whole-prefill code", kernel.name);
+    let att = HostAttention::new(kernel, &code).expect("map");
+    assert!(att.whole_prefill());
+    att
+}
+
+struct Case {
+    /// Tokens cached before the prompt.
+    p: usize,
+    /// Prompt tokens (queries).
+    t: usize,
+    hq: usize,
+    kvh: usize,
+    d: usize,
+    q_amp: f32,
+    threads: usize,
+    seed: u64,
+}
+
+fn check(att: &HostAttention, kernel: &Kernel, c: &Case) {
+    let (t, hq, kvh, d) = (c.t, c.hq, c.kvh, c.d);
+    let s = c.p + t;
+    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+    let a = kernel.as_attention().unwrap();
+    let kf = kernel.tensor(&a.k).unwrap().format;
+    let vf = kernel.tensor(&a.v).unwrap().format;
+    let qv: Vec<f16> = (0..t * hq * d)
+        .map(|_| f16::from_f32(rng.gen_range(-c.q_amp..c.q_amp)))
+        .collect();
+    let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let side = |f: Format, data: &[f32]| -> (Value, Option<quant::QuantTensor>, Vec<f16>) {
+        if f == Format::F16 {
+            let h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+            (Value::F16(h.clone()), None, h)
+        } else {
+            let q = quant::quantize(f, s * kvh, d, data).expect("quantize");
+            (Value::Quant(q.clone()), Some(q), Vec::new())
+        }
+    };
+    let (kval, kq, k16) = side(kf, &kd);
+    let (vval, vq, v16) = side(vf, &vd);
+    let bindings = Bindings::new()
+        .extent("t", t)
+        .extent("hq", hq)
+        .extent("kvh", kvh)
+        .extent("d", d)
+        .extent("s", s)
+        .tensor("q", Value::F16(qv.clone()))
+        .tensor("k", kval)
+        .tensor("v", vval);
+    let out = interp::run(kernel, &bindings).expect("interp");
+    let want = out.get("o").unwrap();
+    let kc = kq.as_ref().map_or(KvCache::F16(&k16), KvCache::Quant);
+    let vc = vq.as_ref().map_or(KvCache::F16(&v16), KvCache::Quant);
+    let mut o = vec![f16::from_f32(f32::NAN); t * hq * d];
+    let recomputed = att
+        .prefill(&qv, kc, vc, t, s, hq, kvh, d, &mut o, c.threads)
+        .expect("prefill");
+    let what = format!(
+        "{} p={} t={t} hq={hq} kvh={kvh} d={d} threads={} amp={}",
+        kernel.name, c.p, c.threads, c.q_amp
+    );
+    assert_eq!(
+        recomputed, 0,
+        "{what}: the online softmax recomputes nothing"
+    );
+    for (i, (g, w)) in o.iter().zip(want).enumerate() {
+        let g = g.to_f32();
+        let tol = 2e-3 * w.abs() + 2e-3;
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: o[{i}] (token {}, head {}) = {g}, want {w}",
+            i / (hq * d),
+            i / d % hq
+        );
+    }
+}
+
+fn sweep(kernel: &Kernel, dims: &[usize]) {
+    let att = compile(kernel);
+    let mut seed = 7;
+    for &p in &[0usize, 1, 17] {
+        for &t in &[1usize, 5, 9, 50, 70] {
+            for &(hq, kvh) in &[(2usize, 2usize), (12, 2), (8, 1), (6, 3)] {
+                for &d in dims {
+                    seed += 1;
+                    let c = Case {
+                        p,
+                        t,
+                        hq,
+                        kvh,
+                        d,
+                        q_amp: 0.5,
+                        threads: 1 + (seed as usize % 2),
+                        seed,
+                    };
+                    check(&att, kernel, &c);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn x86_prefill_f16() {
+    if runnable() {
+        sweep(
+            &library::get("attention-prefill-f16").unwrap(),
+            &[8, 64, 80, 128],
+        );
+    }
+}
+
+#[test]
+fn x86_prefill_kv8() {
+    if runnable() {
+        sweep(
+            &library::get("attention-prefill-kv8").unwrap(),
+            &[8, 64, 80, 128],
+        );
+    }
+}
+
+/// The head dims, and contexts past several key blocks.
+#[test]
+fn x86_prefill_head_dims_and_long_contexts() {
+    if !runnable() {
+        return;
+    }
+    for name in ["attention-prefill-f16", "attention-prefill-kv8"] {
+        let kernel = library::get(name).unwrap();
+        let att = compile(&kernel);
+        for (i, &d) in [40usize, 64, 80, 96, 128, 256].iter().enumerate() {
+            for (p, t) in [(0usize, 130usize), (200, 33), (17, 97)] {
+                check(
+                    &att,
+                    &kernel,
+                    &Case {
+                        p,
+                        t,
+                        hq: 4,
+                        kvh: 2,
+                        d,
+                        q_amp: 0.5,
+                        threads: 2,
+                        seed: 100 + i as u64 + p as u64,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Scores of magnitude up to ~100 (q amplitude 8 at d = 128): the running
+/// max moves between key blocks by far more than the exp's range, so α
+/// must rescale O and l exactly as the online softmax defines.
+#[test]
+fn x86_prefill_far_scores() {
+    if !runnable() {
+        return;
+    }
+    for name in ["attention-prefill-f16", "attention-prefill-kv8"] {
+        let kernel = library::get(name).unwrap();
+        let att = compile(&kernel);
+        for (seed, (p, t)) in [(0usize, 100usize), (17, 60), (1, 130)].iter().enumerate() {
+            check(
+                &att,
+                &kernel,
+                &Case {
+                    p: *p,
+                    t: *t,
+                    hq: 12,
+                    kvh: 2,
+                    d: 128,
+                    q_amp: 8.0,
+                    threads: 1,
+                    seed: 900 + seed as u64,
+                },
+            );
+        }
+    }
+}
+
+/// A decode call on whole-prefill code is a one-token prefill that sees
+/// every key.
+#[test]
+fn x86_prefill_code_decodes_one_token() {
+    if !runnable() {
+        return;
+    }
+    let kernel = library::get("attention-prefill-f16").unwrap();
+    let att = compile(&kernel);
+    let (s, hq, kvh, d) = (77usize, 8usize, 2usize, 64usize);
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let q: Vec<f16> = (0..hq * d)
+        .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
+        .collect();
+    let kv: Vec<f16> = (0..s * kvh * d)
+        .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+        .collect();
+    let (mut a, mut b) = (vec![f16::ZERO; hq * d], vec![f16::ZERO; hq * d]);
+    att.run(
+        &q,
+        KvCache::F16(&kv),
+        KvCache::F16(&kv),
+        s,
+        hq,
+        kvh,
+        d,
+        &mut a,
+        2,
+    )
+    .unwrap();
+    att.prefill(
+        &q,
+        KvCache::F16(&kv),
+        KvCache::F16(&kv),
+        1,
+        s,
+        hq,
+        kvh,
+        d,
+        &mut b,
+        1,
+    )
+    .unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn token_runs_cover_every_token_once_at_even_cost() {
+    for (s, t, threads) in [
+        (10usize, 10usize, 2usize),
+        (1000, 7, 3),
+        (5, 1, 4),
+        (64, 64, 1),
+    ] {
+        let runs = token_runs(s, t, threads);
+        assert!(runs.len() <= threads && !runs.is_empty());
+        assert_eq!(runs[0].start, 0);
+        assert_eq!(runs.last().unwrap().end, t);
+        for w in runs.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+        }
+        assert!(runs.iter().all(|r| !r.is_empty()));
+    }
+    // Causal cost: the later half of 100 tokens over 100 keys is dearer,
+    // so the first run holds more tokens.
+    let runs = token_runs(100, 100, 2);
+    assert!(runs[0].len() > runs[1].len(), "{runs:?}");
+}
+
+#[test]
+fn x86_prefill_refuses_async_softmax_and_bad_calls() {
+    let mut kernel = library::get("attention-prefill-f16").unwrap();
+    if let Op::Attention(a) = &mut kernel.op {
+        a.softmax = SoftmaxMode::Async {
+            phi: 0.0,
+            lo: -16.8,
+            hi: 6.5,
+        };
+    }
+    let e = attention::emit(&kernel).unwrap_err().to_string();
+    assert!(e.contains("softmax") && e.contains("prefill"), "{e}");
+    if !runnable() {
+        return;
+    }
+    let kernel = library::get("attention-prefill-f16").unwrap();
+    let att = compile(&kernel);
+    let (t, s, hq, kvh, d) = (4usize, 6usize, 4usize, 2usize, 64usize);
+    let q = vec![f16::ZERO; t * hq * d];
+    let kv = vec![f16::ZERO; s * kvh * d];
+    let mut o = vec![f16::ZERO; t * hq * d];
+    let run = |t: usize, s: usize, d: usize, o: &mut [f16]| {
+        att.prefill(
+            &q,
+            KvCache::F16(&kv),
+            KvCache::F16(&kv),
+            t,
+            s,
+            hq,
+            kvh,
+            d,
+            o,
+            1,
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    };
+    assert!(run(t, s, d, &mut o).is_ok());
+    assert!(
+        run(t, t - 1, d, &mut o)
+            .unwrap_err()
+            .contains("sequence length")
+    );
+    assert!(run(t, s + 1, d, &mut o).unwrap_err().contains("cache"));
+    assert!(
+        run(t, s, 60, &mut o)
+            .unwrap_err()
+            .contains("head dimension")
+    );
+    assert!(run(t + 1, s, d, &mut o).unwrap_err().contains("q elements"));
+    // Whole-prefill code belongs to a prefill kernel.
+    let code = attention::emit(&kernel).unwrap();
+    let decode = library::get("attention-decode-f16").unwrap();
+    assert!(HostAttention::new(&decode, &code).is_err());
+}
