@@ -1,9 +1,11 @@
 // ggml attention peer: times ggml_flash_attn_ext through the CPU backend for
-// one query token (decode), the way llama.cpp runs a layer's attention with
-// flash attention on: the KV cache laid out token-major like llama.cpp's
-// (and Tessera's) — one row of kvh·d values per token, each head a strided
-// 3-d view of it — q in f32 (ggml converts it for the dot products), no
-// mask (every cached key is visible at decode), scale 1/√d.
+// one query token (decode) or a causal prompt of --rows tokens (prefill), the
+// way llama.cpp runs a layer's attention with flash attention on: the KV
+// cache laid out token-major like llama.cpp's (and Tessera's) — one row of
+// kvh·d values per token, each head a strided 3-d view of it — q in f32
+// (ggml converts it for the dot products), scale 1/√d. Decode has no mask
+// (every cached key is visible); prefill's f16 mask lets query row i of r
+// see keys 0 .. ctx − r + i, llama.cpp's causal mask.
 //
 // Method (as ggml_peer.c and tessera-bench): rotate through cache copies
 // totalling at least --total-mib so no step is served from L3, one untimed
@@ -14,7 +16,7 @@
 // per (threads, ctx) block). Errors go to stderr with a non-zero exit.
 //
 // Usage: ggml_attention_peer --kv f16|q8_0 --hq 32 --kvh 32 --d 128
-//                            --ctx 4096,32768 --threads 1,2
+//                            --ctx 4096,32768 --threads 1,2 [--rows 1]
 //                            [--total-mib 256] [--min-reps 5] [--min-time 0.4]
 //                            [--max-time 1.5] [--sleep-ms 150]
 #define _POSIX_C_SOURCE 200809L
@@ -28,7 +30,7 @@
 struct options {
     enum ggml_type kv;
     const char *kv_name;
-    int64_t hq, kvh, d;
+    int64_t hq, kvh, d, rows;
     int ctxs[MAX_LIST], n_ctxs;
     int threads[MAX_LIST], n_threads;
     struct timing t;
@@ -37,6 +39,7 @@ struct options {
 static struct options parse_args(int argc, char **argv) {
     struct options o = {0};
     o.t = timing_defaults();
+    o.rows = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (i + 1 >= argc) die("missing value for", a);
@@ -49,6 +52,7 @@ static struct options parse_args(int argc, char **argv) {
         } else if (!strcmp(a, "--hq")) o.hq = (int64_t) parse_num(v);
         else if (!strcmp(a, "--kvh")) o.kvh = (int64_t) parse_num(v);
         else if (!strcmp(a, "--d")) o.d = (int64_t) parse_num(v);
+        else if (!strcmp(a, "--rows")) o.rows = (int64_t) parse_num(v);
         else if (!strcmp(a, "--ctx")) o.n_ctxs = parse_list(v, o.ctxs, 1L << 24);
         else if (!strcmp(a, "--threads")) o.n_threads = parse_list(v, o.threads, 1L << 20);
         else if (parse_timing_option(a, v, &o.t)) {}
@@ -56,23 +60,27 @@ static struct options parse_args(int argc, char **argv) {
     }
     if (!o.kv_name) die("--kv is required", NULL);
     if (o.hq <= 0 || o.kvh <= 0 || o.d <= 0) die("--hq, --kvh and --d are required and positive", NULL);
+    if (o.rows <= 0) die("--rows must be positive", NULL);
     if (o.hq % o.kvh) die("--hq must be a multiple of --kvh", NULL);
     if (o.kv == GGML_TYPE_Q8_0 && o.d % 32) die("q8_0 rows need d a multiple of 32", NULL);
     if (o.n_ctxs == 0 || o.n_threads == 0) die("--ctx and --threads are required", NULL);
     return o;
 }
 
-// Attention of query head h over the cache rows (as stored, dequantized),
-// in double: the reference the warm-up step is checked against.
-static double check_head(const struct options *o, int64_t ctx, int64_t h, const float *q, const float *kf,
-                         const float *vf, const float *out) {
+// Attention of query head h of the last query row (which sees every key)
+// over the cache rows (as stored, dequantized), in double: the reference the
+// warm-up step is checked against. q is [d, rows, hq], the result [d, hq, rows].
+static double check_head(const struct options *o, int64_t ctx, int64_t h, const float *qs, const float *kf,
+                         const float *vf, const float *outs) {
+    const float *q = qs + ((h + 1) * o->rows - 1) * o->d;
+    const float *out = outs + (o->rows - 1) * o->hq * o->d;
     const int64_t d = o->d, kvh = o->kvh, g = o->hq / o->kvh, kh = h / g;
     double *p = malloc(sizeof(double) * (size_t) ctx);
     if (!p) die("out of memory", NULL);
     double mx = -INFINITY;
     for (int64_t t = 0; t < ctx; t++) {
         double s = 0;
-        for (int64_t i = 0; i < d; i++) s += (double) q[h * d + i] * (double) kf[(t * kvh + kh) * d + i];
+        for (int64_t i = 0; i < d; i++) s += (double) q[i] * (double) kf[(t * kvh + kh) * d + i];
         p[t] = s / sqrt((double) d);
         if (p[t] > mx) mx = p[t];
     }
@@ -100,8 +108,8 @@ int main(int argc, char **argv) {
     const struct ggml_type_traits *traits = ggml_get_type_traits(o.kv);
 
     printf("{\"info\":\"ggml-fa-%s\",\"detail\":\"ggml %s (%s), ggml_flash_attn_ext on the CPU backend, "
-           "token-major %s cache, one query token\"}\n",
-           o.kv_name, ggml_version(), ggml_commit(), o.kv_name);
+           "token-major %s cache, %lld query row(s), causal\"}\n",
+           o.kv_name, ggml_version(), ggml_commit(), o.kv_name, (long long) o.rows);
     fflush(stdout);
 
     double *times = malloc(sizeof(double) * 100000);
@@ -134,7 +142,9 @@ int main(int argc, char **argv) {
                                           ggml_graph_overhead_custom(8, false) * (size_t) copies + 4096,
                                       NULL, true};
         struct ggml_context *cctx = ggml_init(cp);
-        struct ggml_tensor *q = ggml_new_tensor_3d(cctx, GGML_TYPE_F32, d, 1, hq);
+        if (o.rows > ctx) die("--rows must not exceed the context", NULL);
+        struct ggml_tensor *q = ggml_new_tensor_3d(cctx, GGML_TYPE_F32, d, o.rows, hq);
+        struct ggml_tensor *mask = o.rows > 1 ? ggml_new_tensor_2d(cctx, GGML_TYPE_F16, ctx, o.rows) : NULL;
         struct ggml_tensor **kc = calloc((size_t) copies, sizeof *kc), **vc = calloc((size_t) copies, sizeof *vc);
         struct ggml_tensor **out = calloc((size_t) copies, sizeof *out);
         struct ggml_cgraph **g = calloc((size_t) copies, sizeof *g);
@@ -150,7 +160,13 @@ int main(int argc, char **argv) {
             ggml_backend_tensor_set(vc[c], vq, 0, row_bytes * (size_t) ctx);
         }
         float *qs = (float *) q->data;
-        for (int64_t i = 0; i < hq * d; i++) qs[i] = uniform_pm1();
+        for (int64_t i = 0; i < hq * d * o.rows; i++) qs[i] = uniform_pm1();
+        if (mask) {
+            ggml_fp16_t *m = (ggml_fp16_t *) mask->data;
+            for (int64_t r = 0; r < o.rows; r++)
+                for (int64_t j = 0; j < ctx; j++)
+                    m[r * ctx + j] = ggml_fp32_to_fp16(j <= ctx - o.rows + r ? 0.0f : -INFINITY);
+        }
 
         // Graphs: each head of a copy is a strided view of its token rows.
         struct ggml_context *gctx = ggml_init(cp);
@@ -158,7 +174,7 @@ int main(int argc, char **argv) {
             const size_t head_bytes = ggml_row_size(o.kv, d);
             struct ggml_tensor *k = ggml_view_3d(gctx, kc[c], d, ctx, kvh, row_bytes, head_bytes, 0);
             struct ggml_tensor *v = ggml_view_3d(gctx, vc[c], d, ctx, kvh, row_bytes, head_bytes, 0);
-            out[c] = ggml_flash_attn_ext(gctx, q, k, v, NULL, 1.0f / sqrtf((float) d), 0.0f, 0.0f);
+            out[c] = ggml_flash_attn_ext(gctx, q, k, v, mask, 1.0f / sqrtf((float) d), 0.0f, 0.0f);
             g[c] = ggml_new_graph_custom(gctx, 8, false);
             ggml_build_forward_expand(g[c], out[c]);
         }
@@ -185,9 +201,10 @@ int main(int argc, char **argv) {
                 if (block_done(&o.t, reps, total)) break;
             }
             const double median = median_of(times, reps);
-            printf("{\"impl\":\"ggml-fa-%s\",\"hq\":%lld,\"kvh\":%lld,\"d\":%lld,\"ctx\":%lld,\"threads\":%d,"
+            printf("{\"impl\":\"ggml-fa-%s\",\"hq\":%lld,\"kvh\":%lld,\"d\":%lld,\"ctx\":%lld,\"rows\":%lld,\"threads\":%d,"
                    "\"median_s\":%.9g,\"min_s\":%.9g,\"reps\":%d,\"copies\":%d,\"kv_bytes\":%zu,\"max_abs_err\":%.6g}\n",
-                   o.kv_name, (long long) hq, (long long) kvh, (long long) d, (long long) ctx, o.threads[ti], median,
+                   o.kv_name, (long long) hq, (long long) kvh, (long long) d, (long long) ctx, (long long) o.rows,
+                   o.threads[ti], median,
                    times[0], reps, copies, cache_bytes, err);
             fflush(stdout);
             sleep_ms(o.t.sleep_ms);

@@ -46,12 +46,21 @@ use crate::host_attention::*;
 
 const R: i32 = PREFILL_ROWS as i32;
 const C: i32 = PREFILL_KEYS as i32;
+/// Bytes between d-chunks of `qp` and `O` (R rows of 8 f32, one spare cache
+/// line) and of `kp`: strides that are not multiples of 2 KiB, so a chunk
+/// loop's lines spread over the L1's sets instead of piling into a few.
+const QS: i32 = 32 * R + 64;
+const KS: i32 = 32 * C + 64;
+/// Rows whose q the score loop keeps in L1 while it passes over the keys.
+const SCORE_ROWS: i32 = 12;
+/// Spare bytes after each `vp` row (4·d bytes) for the same reason.
+const VPAD: i32 = 64;
 
 // 8-byte slots above the decode kernel's frame (its vector constants are
 // shared: `attention::constants`).
 const P_G: i32 = FRAME;
 const P_D8: i32 = FRAME + 8;
-const P_DB: i32 = FRAME + 16;
+const P_VROWB: i32 = FRAME + 16;
 const P_BASE: i32 = FRAME + 24;
 const P_QTOK: i32 = FRAME + 32;
 const P_KSTRIDE: i32 = FRAME + 40;
@@ -82,6 +91,7 @@ const P_J0: i32 = FRAME + 232;
 const P_CNT: i32 = FRAME + 240;
 const P_C0: i32 = FRAME + 248;
 const P_KSTEP: i32 = FRAME + 256;
+const P_OLDRSP: i32 = FRAME + 264;
 /// Key offsets within a block, `8v .. 8v + 8` as f32, v = 0..C/8.
 const V_IOTA: i32 = FRAME + 320;
 const PREFILL_FRAME: i32 = V_IOTA + 32 * (C / 8);
@@ -99,6 +109,7 @@ pub(super) fn emit(
         "{name} x86-avx2 attention prefill (flash: {R}-row × {C}-key blocks): {header}"
     ));
     common::prologue_framed(&mut a, PREFILL_FRAME);
+    common::align_frame(&mut a, P_OLDRSP);
     attention::constants(&mut a, tessera_dsl::ir::SoftmaxMode::Online);
     for v in 0..C / 8 {
         for i in 0..8 {
@@ -151,6 +162,7 @@ pub(super) fn emit(
     a.store64(mem(RSP, P_H), RAX);
     a.jmp(kv_loop);
     a.bind(kv_done);
+    common::unalign_frame(&mut a, P_OLDRSP);
     common::epilogue_framed(&mut a, PREFILL_FRAME);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(MachineCode {
@@ -173,9 +185,9 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
     a.mov(RAX, R13);
     a.shr_imm(RAX, 3);
     a.store64(mem(RSP, P_D8), RAX);
-    a.mov(RAX, R13);
+    a.lea(RAX, mem(R13, VPAD / 4));
     a.shl_imm(RAX, 2);
-    a.store64(mem(RSP, P_DB), RAX);
+    a.store64(mem(RSP, P_VROWB), RAX);
     a.load64(RAX, mem(RDI, AT_S));
     a.load64(RDX, mem(RDI, AT_T));
     a.sub(RAX, RDX);
@@ -198,7 +210,11 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
     a.store64(mem(RSP, P_KSTEP), RAX);
     // qp = scratch; O = qp + 4·R·d; S = O + 4·R·d; kp = S + 4·R·C;
     // vp = kp + 4·C·d; lim = vp + 4·C·d; m, l, alpha: + 4·R each; optr.
+    // The areas start on a cache line (the caller's scratch is only
+    // f32-aligned): unaligned, every other ymm load would split two lines.
     a.load64(RAX, mem(RDI, AT_SCRATCH));
+    a.add_imm(RAX, 63);
+    a.and_imm(RAX, -64);
     a.store64(mem(RSP, P_QP), RAX);
     let area = |a: &mut X86Asm, slot: i32, per_d: i32, fixed: i32| {
         if per_d > 0 {
@@ -210,11 +226,11 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
         }
         a.store64(mem(RSP, slot), RAX);
     };
-    area(a, P_O, R, 0);
-    area(a, P_S, R, 0);
+    area(a, P_O, QS / 32, 0);
+    area(a, P_S, QS / 32, 0);
     area(a, P_KP, 0, R * C);
-    area(a, P_VP, C, 0);
-    area(a, P_LIM, C, 0);
+    area(a, P_VP, KS / 32, 0);
+    area(a, P_LIM, C, C * VPAD / 4);
     area(a, P_M, 0, R);
     area(a, P_L, 0, R);
     area(a, P_ALPHA, 0, R);
@@ -328,8 +344,8 @@ fn pack_q(a: &mut X86Asm) {
     a.bind(pad);
     a.vmovups_store(mem(RDX, 0), zero);
     a.vmovups_store(mem(R8, 0), zero);
-    a.add_imm(RDX, 32 * R);
-    a.add_imm(R8, 32 * R);
+    a.add_imm(RDX, QS);
+    a.add_imm(R8, QS);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, pad);
     a.jmp(store_row);
@@ -360,8 +376,8 @@ fn pack_q(a: &mut X86Asm) {
     a.vmovups_store(mem(RDX, 0), Ymm(0));
     a.vmovups_store(mem(R8, 0), zero);
     a.add_imm(RSI, 16);
-    a.add_imm(RDX, 32 * R);
-    a.add_imm(R8, 32 * R);
+    a.add_imm(RDX, QS);
+    a.add_imm(R8, QS);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, chunk);
     a.bind(store_row);
@@ -485,7 +501,7 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
         }
     }
     a.vmovups_store(mem(RBX, 0), Ymm(0));
-    a.add_imm(RBX, 32 * C);
+    a.add_imm(RBX, KS);
     match values {
         Values::F16 => {
             a.vcvtph2ps_load(Ymm(1), mem(RBP, 0));
@@ -517,7 +533,7 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
         a.add(R10, RCX);
     }
     a.add_imm(R11, 32);
-    a.load64(RCX, mem(RSP, P_DB));
+    a.load64(RCX, mem(RSP, P_VROWB));
     a.add(RDX, RCX);
     a.add_imm(R12, 1);
     a.jmp(key);
@@ -536,7 +552,7 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
     let zc = a.new_label();
     a.bind(zc);
     a.vmovups_store(mem(RBX, 0), zero);
-    a.add_imm(RBX, 32 * C);
+    a.add_imm(RBX, KS);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, zc);
     a.add_imm(R11, 32);
@@ -546,20 +562,33 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
 }
 
 /// `S[r][j] = qp_r · kp_j` for the block's rows (rnp) and keys (cnt
-/// rounded up to 4), in 2 × 4 tiles: key quads outer (their 4 K rows stay
-/// in L1 across the row pairs).
+/// rounded up to 4), in 2 × 4 tiles: groups of [`SCORE_ROWS`] rows outer,
+/// then key quads, then row pairs, so a group's q (6 KiB at d = 128) and
+/// a quad's K (2 KiB) both stay in L1 (all of `qp` would not).
 fn scores(a: &mut X86Asm) {
-    a.comment("scores: 2-row x 4-key tiles, S[R][C]");
-    // r12 = key quad start j, r13 = row pair start r.
+    a.comment("scores: 2-row x 4-key tiles, S[R][C]; groups of 12 rows x key quads x row pairs");
+    // r14 = row group start, r15 = its end; r12 = key quad start j,
+    // r13 = row pair start r.
+    a.zero(R14);
+    let (rgroup, rgroups_done) = (a.new_label(), a.new_label());
+    a.bind(rgroup);
+    a.cmp_mem(R14, mem(RSP, P_RNP));
+    a.jcc(Cond::Ge, rgroups_done);
+    a.lea(R15, mem(R14, SCORE_ROWS));
+    let clamp = a.new_label();
+    a.cmp_mem(R15, mem(RSP, P_RNP));
+    a.jcc(Cond::Le, clamp);
+    a.load64(R15, mem(RSP, P_RNP));
+    a.bind(clamp);
     a.zero(R12);
     let (quad, quads_done) = (a.new_label(), a.new_label());
     a.bind(quad);
     a.cmp_mem(R12, mem(RSP, P_CNT));
     a.jcc(Cond::Ge, quads_done);
-    a.zero(R13);
+    a.mov(R13, R14);
     let (pair, pairs_done) = (a.new_label(), a.new_label());
     a.bind(pair);
-    a.cmp_mem(R13, mem(RSP, P_RNP));
+    a.cmp(R13, R15);
     a.jcc(Cond::Ge, pairs_done);
     for i in 0..8 {
         a.vxorps(Ymm(i), Ymm(i), Ymm(i));
@@ -584,8 +613,8 @@ fn scores(a: &mut X86Asm) {
         a.vfmadd231ps(Ymm(j), k, Ymm(8));
         a.vfmadd231ps(Ymm(4 + j), k, Ymm(9));
     }
-    a.add_imm(RSI, 32 * R);
-    a.add_imm(RDX, 32 * C);
+    a.add_imm(RSI, QS);
+    a.add_imm(RDX, KS);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, chunk);
     // Lane i = the sum of accumulator i: row r keys j..j+3, then row r+1.
@@ -614,6 +643,9 @@ fn scores(a: &mut X86Asm) {
     a.add_imm(R12, 4);
     a.jmp(quad);
     a.bind(quads_done);
+    a.mov(R14, R15);
+    a.jmp(rgroup);
+    a.bind(rgroups_done);
 }
 
 /// Per row: mask keys past its limit, running max, `α`, `p = e^(S − m')`
@@ -647,7 +679,15 @@ fn softmax_rows(a: &mut X86Asm) {
     a.vsubps(Ymm(13), Ymm(13), Ymm(14));
     let rmax = Ymm(12);
     a.vmovups_load(rmax, mem(RSP, V_NEGINF));
+    // Only the vectors holding the block's cnt keys (later scores are
+    // never read: P·V stops at cnt).
+    a.load64(R10, mem(RSP, P_CNT));
+    let max_done = a.new_label();
     for v in 0..C / 8 {
+        if v > 0 {
+            a.cmp_imm(R10, 8 * v);
+            a.jcc(Cond::Le, max_done);
+        }
         let (x, m, t) = (Ymm(0), Ymm(1), Ymm(2));
         a.vmovups_load(x, mem(RSI, 32 * v));
         a.vmovups_load(m, mem(RSP, V_IOTA + 32 * v));
@@ -658,6 +698,7 @@ fn softmax_rows(a: &mut X86Asm) {
         a.vmovups_store(mem(RSI, 32 * v), x);
         a.vmaxps(rmax, rmax, x);
     }
+    a.bind(max_done);
     // Block max in every lane; m' = max(m, it); α = e^(m − m').
     a.vextractf128_hi(Ymm(0), rmax);
     a.vmaxps(rmax, rmax, Ymm(0));
@@ -683,7 +724,12 @@ fn softmax_rows(a: &mut X86Asm) {
     a.vmulps(Ymm(10), Ymm(10), p);
     let sum = Ymm(9);
     a.vxorps(sum, sum, sum);
+    let exp_done = a.new_label();
     for v in 0..C / 8 {
+        if v > 0 {
+            a.cmp_imm(R10, 8 * v);
+            a.jcc(Cond::Le, exp_done);
+        }
         let x = Ymm(0);
         a.vmovups_load(x, mem(RSI, 32 * v));
         a.vsubps(x, x, rmax);
@@ -695,6 +741,7 @@ fn softmax_rows(a: &mut X86Asm) {
         a.vaddps(sum, sum, p);
         a.vmovups_store(mem(RSI, 32 * v), p);
     }
+    a.bind(exp_done);
     a.vextractf128_hi(Ymm(0), sum);
     a.vaddps(sum, sum, Ymm(0));
     a.vpermilps_imm(Ymm(0), sum, 0x4e);
@@ -752,11 +799,12 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     a.bind(triple);
     a.cmp_mem(R12, mem(RSP, P_RNP));
     a.jcc(Cond::Ge, triples_done);
-    // rdx = O + 32·(c0·R + r): acc (r', c') at + 32·(c'·R + r').
+    // rdx = O + c0·QS + 32·r: acc (r', c') at + c'·QS + 32·r'.
     a.load64(RAX, mem(RSP, P_C0));
-    a.imul_imm(RAX, RAX, R);
-    a.add(RAX, R12);
-    a.shl_imm(RAX, 5);
+    a.imul_imm(RAX, RAX, QS);
+    a.mov(RCX, R12);
+    a.shl_imm(RCX, 5);
+    a.add(RAX, RCX);
     a.load64(RDX, mem(RSP, P_O));
     a.add(RDX, RAX);
     // α of the three rows; acc = α·O.
@@ -767,7 +815,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     for r in 0..3 {
         a.vpbroadcastd_load(p(r), mem(RAX, 4 * r as i32));
         for c in 0..nc {
-            a.vmulps_mem(acc(r, c), p(r), mem(RDX, 32 * (c as i32 * R + r as i32)));
+            a.vmulps_mem(acc(r, c), p(r), mem(RDX, QS * c as i32 + 32 * r as i32));
         }
     }
     // rsi = p of (r, 0); rax = vp + 32·c0 (row stride 4·d); r8 = keys.
@@ -779,7 +827,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     a.shl_imm(RAX, 5);
     a.load64(RCX, mem(RSP, P_VP));
     a.add(RAX, RCX);
-    a.load64(RCX, mem(RSP, P_DB));
+    a.load64(RCX, mem(RSP, P_VROWB));
     a.load64(R8, mem(RSP, P_CNT));
     let top = a.new_label();
     a.bind(top);
@@ -798,7 +846,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     a.jcc(Cond::Ne, top);
     for r in 0..3 {
         for c in 0..nc {
-            a.vmovups_store(mem(RDX, 32 * (c as i32 * R + r as i32)), acc(r, c));
+            a.vmovups_store(mem(RDX, QS * c as i32 + 32 * r as i32), acc(r, c));
         }
     }
     a.add_imm(R12, 3);
@@ -835,7 +883,7 @@ fn finish_rows(a: &mut X86Asm) {
     a.vdivps(Ymm(0), Ymm(0), Ymm(1));
     a.vcvtps2ph_store(mem(RSI, 0), Ymm(0), 0);
     a.add_imm(RSI, 16);
-    a.add_imm(RDX, 32 * R);
+    a.add_imm(RDX, QS);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, chunk);
     a.add_imm(R12, 1);

@@ -72,6 +72,23 @@ pub fn prologue_framed(a: &mut X86Asm, frame: i32) {
     }
 }
 
+/// Round rsp down to a cache line after [`prologue_framed`] (keeping the
+/// old value at `[rsp + slot]`), so 32-byte constants and stores in the
+/// frame never split cache lines: the caller's rsp is only 16-aligned and
+/// its value mod 64 changes between runs (stack randomization), which made
+/// the same kernel's speed differ by a third from run to run. The frame
+/// moves down by at most 48 bytes, below the caller's stack pointer.
+pub fn align_frame(a: &mut X86Asm, slot: i32) {
+    a.mov(RAX, RSP);
+    a.and_imm(RSP, -64);
+    a.store64(mem(RSP, slot), RAX);
+}
+
+/// Undo [`align_frame`] before [`epilogue_framed`].
+pub fn unalign_frame(a: &mut X86Asm, slot: i32) {
+    a.load64(RSP, mem(RSP, slot));
+}
+
 /// Leave: clean upper ymm state, close the frame, restore, return.
 pub fn epilogue(a: &mut X86Asm) {
     epilogue_framed(a, FRAME);

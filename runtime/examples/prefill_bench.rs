@@ -1,0 +1,235 @@
+//! Causal prefill attention on x86, timed against this machine's FMA peak
+//! in the same run, and against the per-token path (the decode kernel once
+//! per prompt token over its prefix, what every host ran before the x86
+//! prefill kernel).
+//!
+//! `cargo run --release -p tessera-runtime --example prefill_bench --
+//! [--threads 1,2] [--seq 128,512,2048] [--model llama2-7b|qwen2-1.5b]
+//! [--format f16|kv8] [--per-token-max 512]`
+//!
+//! Prompts of s tokens with no earlier context (p = 0, the causal square),
+//! heads of Llama2-7B (32 / 32 × 128) and Qwen2-1.5B (12 / 2 × 128). Each
+//! line: ms per call (median of at least 5 and 0.5 s), GFLOP/s of the
+//! causal work (4·hq·d per visible query–key pair: QKᵀ and P·V), that as a
+//! share of an FMA loop on as many threads measured just before, and the
+//! per-token path's time over the prefill kernel's.
+
+use std::time::Instant;
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_codegen::host_attention::{HostAttention, KvCache};
+use tessera_dsl::ir::Format;
+use tessera_dsl::{library, quant};
+
+type Error = Box<dyn std::error::Error>;
+
+/// GFLOP/s of independent 8-lane FMAs on `threads` threads (12 chains
+/// each, enough to cover the FMA latency on every x86 core), best of 5.
+fn fma_peak(threads: usize) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx,fma")]
+        unsafe fn chains(iters: usize) -> f32 {
+            let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            let mut acc = [_mm256_set1_ps(1.0); 12];
+            for _ in 0..iters {
+                for a in acc.iter_mut() {
+                    *a = _mm256_fmadd_ps(*a, m, c);
+                }
+            }
+            let mut s = [0f32; 8];
+            let mut t = acc[0];
+            for a in &acc[1..] {
+                t = _mm256_add_ps(t, *a);
+            }
+            // SAFETY: `s` holds 8 f32.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), t) };
+            s.iter().sum()
+        }
+        let iters = 20_000_000;
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    // SAFETY: the caller checked AVX and FMA (main).
+                    s.spawn(move || std::hint::black_box(unsafe { chains(iters) }));
+                }
+            });
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        (threads * iters * 12 * 16) as f64 / best / 1e9
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = threads;
+        f64::NAN
+    }
+}
+
+fn list(args: &[String], flag: &str, default: &[usize]) -> Result<Vec<usize>, Error> {
+    match args.iter().position(|a| a == flag) {
+        None => Ok(default.to_vec()),
+        Some(i) => {
+            let v = args.get(i + 1).ok_or(format!("{flag} needs a value"))?;
+            Ok(v.split(',').map(str::parse).collect::<Result<_, _>>()?)
+        }
+    }
+}
+
+fn value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+}
+
+/// Median seconds of `f` over at least 5 calls and 0.5 s (one warm-up).
+fn time(mut f: impl FnMut() -> Result<(), Error>) -> Result<f64, Error> {
+    f()?;
+    let (mut times, start) = (Vec::new(), Instant::now());
+    while times.len() < 5 || start.elapsed().as_secs_f64() < 0.5 {
+        let t0 = Instant::now();
+        f()?;
+        times.push(t0.elapsed().as_secs_f64());
+        if times.len() >= 200 {
+            break;
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+fn main() -> Result<(), Error> {
+    if !tessera_codegen::x86::missing_features().is_empty() {
+        return Err("this bench needs x86 with AVX2, FMA and F16C".into());
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let threads = list(&args, "--threads", &[1, 2])?;
+    let seqs = list(&args, "--seq", &[128, 512, 2048])?;
+    let per_token_max = list(&args, "--per-token-max", &[512])?[0];
+    let models: Vec<(&str, usize, usize)> = match value(&args, "--model") {
+        None => vec![("llama2-7b", 32, 32), ("qwen2-1.5b", 12, 2)],
+        Some("llama2-7b") => vec![("llama2-7b", 32, 32)],
+        Some("qwen2-1.5b") => vec![("qwen2-1.5b", 12, 2)],
+        Some(m) => return Err(format!("unknown --model {m}").into()),
+    };
+    let formats: Vec<&str> = match value(&args, "--format") {
+        None => vec!["f16", "kv8"],
+        Some(f @ ("f16" | "kv8")) => vec![f],
+        Some(f) => return Err(format!("unknown --format {f}").into()),
+    };
+    let d = 128;
+    println!("CPU: {}", cpu_name());
+    let peaks: Vec<(usize, f64)> = threads.iter().map(|&t| (t, fma_peak(t))).collect();
+    for (t, p) in &peaks {
+        println!("FMA peak, {t} thread(s): {p:.1} GFLOP/s");
+    }
+    println!(
+        "{:<11} {:>4} {:>5} {:>2} {:>10} {:>8} {:>6} {:>11} {:>8}",
+        "model", "kv", "s", "T", "prefill ms", "GFLOP/s", "%peak", "per-tok ms", "speedup"
+    );
+    for &(model, hq, kvh) in &models {
+        for &format in &formats {
+            let (decode, prefill) = match format {
+                "f16" => ("attention-decode-f16", "attention-prefill-f16"),
+                _ => ("attention-decode-kv8", "attention-prefill-kv8"),
+            };
+            let map = |name: &str| -> Result<HostAttention, Error> {
+                let kernel = library::get(name)?;
+                let code = tessera_codegen::x86::attention::emit(&kernel)?;
+                if let Ok(dir) = std::env::var("DUMP_DIR") {
+                    std::fs::write(format!("{dir}/{name}.bin"), &code.bytes)?;
+                }
+                Ok(HostAttention::new(&kernel, &code)?)
+            };
+            let (per_token, whole) = (map(decode)?, map(prefill)?);
+            let kernel = library::get(prefill)?;
+            let at = kernel.as_attention().ok_or("not attention")?;
+            let kf = kernel.tensor(&at.k).ok_or("no k")?.format;
+            let vf = kernel.tensor(&at.v).ok_or("no v")?.format;
+            for &s in &seqs {
+                let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
+                let q: Vec<f16> = (0..s * hq * d)
+                    .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
+                    .collect();
+                let raw: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let half: Vec<f16> = raw.iter().map(|&x| f16::from_f32(x)).collect();
+                let kq = quant::quantize(kf, s * kvh, d, &raw).ok();
+                let vq = quant::quantize(vf, s * kvh, d, &raw).ok();
+                let k = match (&kq, kf) {
+                    (Some(t), f) if f != Format::F16 => KvCache::Quant(t),
+                    _ => KvCache::F16(&half),
+                };
+                let v = match (&vq, vf) {
+                    (Some(t), f) if f != Format::F16 => KvCache::Quant(t),
+                    _ => KvCache::F16(&half),
+                };
+                let mut o = vec![f16::ZERO; s * hq * d];
+                let flops = 4.0 * (hq * d) as f64 * (s * (s + 1) / 2) as f64;
+                if std::env::var("PAIR").is_ok() {
+                    let mut o2 = o.clone();
+                    let one = time(|| {
+                        whole.prefill(&q, k, v, s, s, hq, kvh, d, &mut o, 1)?;
+                        Ok(())
+                    })?;
+                    let w = &whole;
+                    let two = time(|| {
+                        std::thread::scope(|sc| {
+                            let o1 = &mut o;
+                            let o2 = &mut o2;
+                            let (qq, kk, vv) = (&q, k, v);
+                            sc.spawn(move || {
+                                w.prefill(qq, kk, vv, s, s, hq, kvh, d, o1, 1).map(|_| ())
+                            });
+                            w.prefill(qq, kk, vv, s, s, hq, kvh, d, o2, 1).map(|_| ())
+                        })?;
+                        Ok(())
+                    })?;
+                    println!(
+                        "one {:.2} ms, two concurrent {:.2} ms",
+                        one * 1e3,
+                        two * 1e3
+                    );
+                }
+                for &(t, peak) in &peaks {
+                    let secs = time(|| {
+                        whole.prefill(&q, k, v, s, s, hq, kvh, d, &mut o, t)?;
+                        Ok(())
+                    })?;
+                    let gf = flops / secs / 1e9;
+                    let slow = if s <= per_token_max {
+                        let p = time(|| {
+                            per_token.prefill(&q, k, v, s, s, hq, kvh, d, &mut o, t)?;
+                            Ok(())
+                        })?;
+                        format!("{:>11.2} {:>7.1}×", p * 1e3, p / secs)
+                    } else {
+                        format!("{:>11} {:>8}", "-", "-")
+                    };
+                    println!(
+                        "{model:<11} {format:>4} {s:>5} {t:>2} {:>10.2} {gf:>8.1} {:>5.0}% {slow}",
+                        secs * 1e3,
+                        100.0 * gf / peak
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
