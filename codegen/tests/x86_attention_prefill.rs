@@ -334,3 +334,11 @@ fn x86_prefill_refuses_async_softmax_and_bad_calls() {
     let decode = library::get("attention-decode-f16").unwrap();
     assert!(HostAttention::new(&decode, &code).is_err());
 }
+
+/// The emitted loop nest, pinned: a change to the blocks, tiles or register
+/// plan shows up here for review.
+#[test]
+fn x86_prefill_listing() {
+    let code = attention::emit(&library::get("attention-prefill-f16").unwrap()).unwrap();
+    insta::assert_snapshot!("x86_attention_prefill_f16", code.listing);
+}
