@@ -1,7 +1,9 @@
-//! Causal prefill attention on x86, timed against this machine's FMA peak
-//! in the same run, and against the per-token path (the decode kernel once
-//! per prompt token over its prefix, what every host ran before the x86
-//! prefill kernel).
+//! Causal prefill attention on the x86 device (`Attention::prefill`, its
+//! whole-prefill kernel on the device's pool), timed against this
+//! machine's FMA peak in the same run and against the per-token paths: the
+//! x86 decode kernel once per prompt token over its prefix, and the
+//! cranelift device's prefill (its decode kernel per token, what the x86
+//! runtime ran before it had an x86 attention kernel).
 //!
 //! `cargo run --release -p tessera-runtime --example prefill_bench --
 //! [--threads 1,2] [--seq 128,512,2048] [--model llama2-7b|qwen2-1.5b]
@@ -11,17 +13,18 @@
 //! heads of Llama2-7B (32 / 32 × 128) and Qwen2-1.5B (12 / 2 × 128). Each
 //! line: ms per call (median of at least 5 and 0.5 s), GFLOP/s of the
 //! causal work (4·hq·d per visible query–key pair: QKᵀ and P·V), that as a
-//! share of an FMA loop on as many threads measured just before, and the
-//! per-token path's time over the prefill kernel's.
+//! share of an FMA loop on as many threads measured just before, and each
+//! per-token path's time and its ratio to the prefill's.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tessera_codegen::host_attention::{HostAttention, KvCache};
-use tessera_dsl::ir::Format;
-use tessera_dsl::{library, quant};
+use tessera_codegen::host_attention::HostAttention;
+use tessera_dsl::library;
+use tessera_runtime::{Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -117,101 +120,85 @@ fn main() -> Result<(), Error> {
         Some("qwen2-1.5b") => vec![("qwen2-1.5b", 12, 2)],
         Some(m) => return Err(format!("unknown --model {m}").into()),
     };
-    let formats: Vec<&str> = match value(&args, "--format") {
-        None => vec!["f16", "kv8"],
-        Some(f @ ("f16" | "kv8")) => vec![f],
+    let formats: Vec<KvFormat> = match value(&args, "--format") {
+        None => vec![KvFormat::F16, KvFormat::Kv8],
+        Some("f16") => vec![KvFormat::F16],
+        Some("kv8") => vec![KvFormat::Kv8],
         Some(f) => return Err(format!("unknown --format {f}").into()),
     };
     let d = 128;
     println!("CPU: {}", cpu_name());
-    let peaks: Vec<(usize, f64)> = threads.iter().map(|&t| (t, fma_peak(t))).collect();
-    for (t, p) in &peaks {
-        println!("FMA peak, {t} thread(s): {p:.1} GFLOP/s");
-    }
     println!(
-        "{:<11} {:>4} {:>5} {:>2} {:>10} {:>8} {:>6} {:>11} {:>8}",
-        "model", "kv", "s", "T", "prefill ms", "GFLOP/s", "%peak", "per-tok ms", "speedup"
+        "{:<11} {:>4} {:>5} {:>2} {:>10} {:>8} {:>6} {:>11} {:>6} {:>11} {:>6}",
+        "model",
+        "kv",
+        "s",
+        "T",
+        "prefill ms",
+        "GFLOP/s",
+        "%peak",
+        "x86/tok ms",
+        "ratio",
+        "clif/tok ms",
+        "ratio"
     );
-    for &(model, hq, kvh) in &models {
-        for &format in &formats {
-            let (decode, prefill) = match format {
-                "f16" => ("attention-decode-f16", "attention-prefill-f16"),
-                _ => ("attention-decode-kv8", "attention-prefill-kv8"),
+    for &t in &threads {
+        let peak = fma_peak(t);
+        let open = |backend| -> Result<Arc<Device>, Error> {
+            let options = DeviceOptions {
+                threads: Some(t),
+                ..Default::default()
             };
-            let map = |name: &str| -> Result<HostAttention, Error> {
-                let kernel = library::get(name)?;
+            Ok(Arc::new(Device::open(backend, options)?))
+        };
+        let (x86, clif) = (open(Backend::HostX86)?, open(Backend::HostClif)?);
+        println!("{t} thread(s): FMA peak {peak:.1} GFLOP/s");
+        for &(model, hq, kvh) in &models {
+            for &format in &formats {
+                // The per-token path on x86: its decode kernel once per token.
+                let kernel = library::get(format.kernel_name())?;
                 let code = tessera_codegen::x86::attention::emit(&kernel)?;
-                if let Ok(dir) = std::env::var("DUMP_DIR") {
-                    std::fs::write(format!("{dir}/{name}.bin"), &code.bytes)?;
+                let per_token = HostAttention::new(&kernel, &code)?;
+                let whole = Attention::new(&x86, hq, kvh, d, format)?;
+                if !whole.prefills_whole() {
+                    return Err("the x86 device has no whole-prefill kernel".into());
                 }
-                Ok(HostAttention::new(&kernel, &code)?)
-            };
-            let (per_token, whole) = (map(decode)?, map(prefill)?);
-            let kernel = library::get(prefill)?;
-            let at = kernel.as_attention().ok_or("not attention")?;
-            let kf = kernel.tensor(&at.k).ok_or("no k")?.format;
-            let vf = kernel.tensor(&at.v).ok_or("no v")?.format;
-            for &s in &seqs {
-                let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
-                let q: Vec<f16> = (0..s * hq * d)
-                    .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
-                    .collect();
-                let raw: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                let half: Vec<f16> = raw.iter().map(|&x| f16::from_f32(x)).collect();
-                let kq = quant::quantize(kf, s * kvh, d, &raw).ok();
-                let vq = quant::quantize(vf, s * kvh, d, &raw).ok();
-                let k = match (&kq, kf) {
-                    (Some(t), f) if f != Format::F16 => KvCache::Quant(t),
-                    _ => KvCache::F16(&half),
-                };
-                let v = match (&vq, vf) {
-                    (Some(t), f) if f != Format::F16 => KvCache::Quant(t),
-                    _ => KvCache::F16(&half),
-                };
-                let mut o = vec![f16::ZERO; s * hq * d];
-                let flops = 4.0 * (hq * d) as f64 * (s * (s + 1) / 2) as f64;
-                if std::env::var("PAIR").is_ok() {
-                    let mut o2 = o.clone();
-                    let one = time(|| {
-                        whole.prefill(&q, k, v, s, s, hq, kvh, d, &mut o, 1)?;
-                        Ok(())
-                    })?;
-                    let w = &whole;
-                    let two = time(|| {
-                        std::thread::scope(|sc| {
-                            let o1 = &mut o;
-                            let o2 = &mut o2;
-                            let (qq, kk, vv) = (&q, k, v);
-                            sc.spawn(move || {
-                                w.prefill(qq, kk, vv, s, s, hq, kvh, d, o1, 1).map(|_| ())
-                            });
-                            w.prefill(qq, kk, vv, s, s, hq, kvh, d, o2, 1).map(|_| ())
-                        })?;
-                        Ok(())
-                    })?;
-                    println!(
-                        "one {:.2} ms, two concurrent {:.2} ms",
-                        one * 1e3,
-                        two * 1e3
-                    );
-                }
-                for &(t, peak) in &peaks {
+                let on_clif = Attention::new(&clif, hq, kvh, d, format)?;
+                for &s in &seqs {
+                    let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
+                    let q: Vec<f16> = (0..s * hq * d)
+                        .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
+                        .collect();
+                    let kv: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    let mut cache = KvCache::new(format, kvh, d, KvCapacity::Max(s))?;
+                    cache.append(&kv, &kv, s)?;
+                    let mut o = vec![f16::ZERO; s * hq * d];
+                    let flops = 4.0 * (hq * d) as f64 * (s * (s + 1) / 2) as f64;
                     let secs = time(|| {
-                        whole.prefill(&q, k, v, s, s, hq, kvh, d, &mut o, t)?;
+                        whole.prefill(&q, s, &cache, &mut o)?;
                         Ok(())
                     })?;
                     let gf = flops / secs / 1e9;
-                    let slow = if s <= per_token_max {
+                    let (mut x86_tok, mut clif_tok) = (String::from("-"), String::from("-"));
+                    let (mut x86_ratio, mut clif_ratio) = (String::from("-"), String::from("-"));
+                    if s <= per_token_max {
+                        let (k, v) = cache.views(s).ok_or("cache not on the host")?;
                         let p = time(|| {
                             per_token.prefill(&q, k, v, s, s, hq, kvh, d, &mut o, t)?;
                             Ok(())
                         })?;
-                        format!("{:>11.2} {:>7.1}×", p * 1e3, p / secs)
-                    } else {
-                        format!("{:>11} {:>8}", "-", "-")
-                    };
+                        x86_tok = format!("{:.2}", p * 1e3);
+                        x86_ratio = format!("{:.1}×", p / secs);
+                        let c = time(|| {
+                            on_clif.prefill(&q, s, &cache, &mut o)?;
+                            Ok(())
+                        })?;
+                        clif_tok = format!("{:.2}", c * 1e3);
+                        clif_ratio = format!("{:.1}×", c / secs);
+                    }
+                    let kv_name = format!("{format:?}").to_lowercase();
                     println!(
-                        "{model:<11} {format:>4} {s:>5} {t:>2} {:>10.2} {gf:>8.1} {:>5.0}% {slow}",
+                        "{model:<11} {kv_name:>4} {s:>5} {t:>2} {:>10.2} {gf:>8.1} {:>5.0}% {x86_tok:>11} {x86_ratio:>6} {clif_tok:>11} {clif_ratio:>6}",
                         secs * 1e3,
                         100.0 * gf / peak
                     );

@@ -633,9 +633,12 @@ impl KvCache {
         self.len = 0;
     }
 
-    /// The first `tokens` tokens in host memory, or `None` for a device
-    /// cache.
-    fn views(&self, tokens: usize) -> Option<(KvView<'_>, KvView<'_>)> {
+    /// The first `tokens` tokens (at most [`KvCache::len`]) as the host
+    /// attention kernels read them, in place; `None` for a device cache.
+    pub fn views(&self, tokens: usize) -> Option<(KvView<'_>, KvView<'_>)> {
+        if tokens > self.len {
+            return None;
+        }
         let rows = tokens * self.kvh;
         match &self.storage {
             Storage::Host { k, v } => Some((k.view(rows, self.d), v.view(rows, self.d))),
