@@ -996,13 +996,14 @@ pub const PREFILL_KEYS: usize = 64;
 /// f32 of scratch a whole-prefill call takes: q and the output
 /// accumulators `2·(R + 2)·d`, scores `R·C`, converted K `(C + 2)·d` and V
 /// `C·(d + 16)` (the spare lines keep strides off multiples of 2 KiB),
-/// per-row limit, max, sum, α and output pointer `6·R`, and 16 to align
+/// per-row limit (f32 and u64), max, sum, α and output pointer `8·R`, and
+/// 16 to align
 /// the start to a cache line (R = [`PREFILL_ROWS`], C = [`PREFILL_KEYS`]),
 /// checked.
 pub fn prefill_scratch_floats(d: usize) -> Result<usize, AttentionError> {
     let (r, c) = (PREFILL_ROWS, PREFILL_KEYS);
     d.checked_mul(2 * (r + 2) + (c + 2) + c)
-        .and_then(|n| n.checked_add(r * c + 16 * c + 6 * r + 16))
+        .and_then(|n| n.checked_add(r * c + 16 * c + 8 * r + 16))
         .ok_or_else(|| shape("prefill scratch", "no overflow", "overflow"))
 }
 

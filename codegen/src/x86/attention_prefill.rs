@@ -92,6 +92,12 @@ const P_CNT: i32 = FRAME + 240;
 const P_C0: i32 = FRAME + 248;
 const P_KSTEP: i32 = FRAME + 256;
 const P_OLDRSP: i32 = FRAME + 264;
+const P_LIMI: i32 = FRAME + 272;
+const P_KPF: i32 = FRAME + 280;
+const P_VPF: i32 = FRAME + 288;
+/// Keys ahead the K/V conversion prefetches (rows lie kvh·d apart, a new
+/// page per key for large kvh, which the hardware prefetchers do not follow).
+const PACK_AHEAD: i32 = 4;
 /// Key offsets within a block, `8v .. 8v + 8` as f32, v = 0..C/8.
 const V_IOTA: i32 = FRAME + 320;
 const PREFILL_FRAME: i32 = V_IOTA + 32 * (C / 8);
@@ -203,8 +209,12 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
     let vb = if values == Values::F16 { 2 } else { 1 };
     a.imul_imm(RDX, RAX, kb);
     a.store64(mem(RSP, P_KSTRIDE), RDX);
+    a.imul_imm(RDX, RDX, PACK_AHEAD);
+    a.store64(mem(RSP, P_KPF), RDX);
     a.imul_imm(RDX, RAX, vb);
     a.store64(mem(RSP, P_VSTRIDE), RDX);
+    a.imul_imm(RDX, RDX, PACK_AHEAD);
+    a.store64(mem(RSP, P_VPF), RDX);
     a.load64(RAX, mem(RDI, AT_KVH));
     a.shl_imm(RAX, 2);
     a.store64(mem(RSP, P_KSTEP), RAX);
@@ -235,6 +245,7 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
     area(a, P_L, 0, R);
     area(a, P_ALPHA, 0, R);
     area(a, P_OPTR, 0, R);
+    area(a, P_LIMI, 0, 2 * R);
     // Heads of this call.
     a.load64(RAX, mem(RDI, AT_HEAD0));
     a.store64(mem(RSP, P_H), RAX);
@@ -369,9 +380,15 @@ fn pack_q(a: &mut X86Asm) {
     a.store64(mem(RCX, 0), RSI);
     a.load64(RSI, mem(RDI, AT_Q));
     a.add(RSI, RAX);
+    // r15 = this head's q row one token on (a row a few rows ahead for
+    // GQA, the next row without): prefetched, as its page is new.
+    a.load64(R15, mem(RSP, P_QTOK));
+    a.add(R15, RSI);
     a.load64(RCX, mem(RSP, P_D8));
     let chunk = a.new_label();
     a.bind(chunk);
+    a.prefetcht0(mem(R15, 0));
+    a.add_imm(R15, 16);
     a.vcvtph2ps_load(Ymm(0), mem(RSI, 0));
     a.vmovups_store(mem(RDX, 0), Ymm(0));
     a.vmovups_store(mem(R8, 0), zero);
@@ -385,6 +402,11 @@ fn pack_q(a: &mut X86Asm) {
     a.load64(RAX, mem(RSP, P_BASE));
     a.add(RAX, R13);
     a.mov(R10, RAX);
+    a.load64(RCX, mem(RSP, P_LIMI));
+    a.mov(R9, R12);
+    a.shl_imm(R9, 3);
+    a.add(RCX, R9);
+    a.store64(mem(RCX, 0), RAX);
     a.vcvtsi2ss(Ymm(0), RAX);
     a.mov(R9, R12);
     a.shl_imm(R9, 2);
@@ -484,9 +506,18 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
     a.mov(RBX, R11);
     a.mov(RBP, R8);
     a.mov(R13, RDX);
+    // r14, r15: the K and V rows PACK_AHEAD keys on, prefetched.
+    a.load64(R14, mem(RSP, P_KPF));
+    a.add(R14, RSI);
+    a.load64(R15, mem(RSP, P_VPF));
+    a.add(R15, R8);
     a.load64(RCX, mem(RSP, P_D8));
     let chunk = a.new_label();
     a.bind(chunk);
+    a.prefetcht0(mem(R14, 0));
+    a.prefetcht0(mem(R15, 0));
+    a.add_imm(R14, if keys == Keys::F16 { 16 } else { 8 });
+    a.add_imm(R15, if values == Values::F16 { 16 } else { 8 });
     match keys {
         Keys::F16 => {
             a.vcvtph2ps_load(Ymm(0), mem(RAX, 0));
@@ -590,6 +621,18 @@ fn scores(a: &mut X86Asm) {
     a.bind(pair);
     a.cmp(R13, R15);
     a.jcc(Cond::Ge, pairs_done);
+    // A tile whose first key lies past row r+1's limit (rows are in limit
+    // order) is masked whole: skip it (softmax masks its stale scores).
+    let next_pair = a.new_label();
+    a.mov(RAX, R13);
+    a.shl_imm(RAX, 3);
+    a.load64(RCX, mem(RSP, P_LIMI));
+    a.add(RAX, RCX);
+    a.load64(RAX, mem(RAX, 8));
+    a.load64(RCX, mem(RSP, P_J0));
+    a.sub(RAX, RCX);
+    a.cmp(R12, RAX);
+    a.jcc(Cond::G, next_pair);
     for i in 0..8 {
         a.vxorps(Ymm(i), Ymm(i), Ymm(i));
     }
@@ -637,6 +680,7 @@ fn scores(a: &mut X86Asm) {
     a.vmovups_store128(mem(RAX, 0), Ymm(1));
     a.vextractf128_hi(Ymm(2), Ymm(1));
     a.vmovups_store128(mem(RAX, 4 * C), Ymm(2));
+    a.bind(next_pair);
     a.add_imm(R13, 2);
     a.jmp(pair);
     a.bind(pairs_done);
@@ -799,6 +843,25 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     a.bind(triple);
     a.cmp_mem(R12, mem(RSP, P_RNP));
     a.jcc(Cond::Ge, triples_done);
+    // r8 = keys this triple sees in the block: min(cnt, lim(r+2) − j0 + 1)
+    // (rows are in limit order; later keys have p = 0 for all three). None:
+    // skip (every p is 0 and α = e^0 = 1 exactly, so O stays).
+    let next_triple = a.new_label();
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 3);
+    a.load64(RCX, mem(RSP, P_LIMI));
+    a.add(RAX, RCX);
+    a.load64(R8, mem(RAX, 16));
+    a.load64(RCX, mem(RSP, P_J0));
+    a.sub(R8, RCX);
+    a.add_imm(R8, 1);
+    a.cmp_imm(R8, 0);
+    a.jcc(Cond::Le, next_triple);
+    let clamp = a.new_label();
+    a.cmp_mem(R8, mem(RSP, P_CNT));
+    a.jcc(Cond::Le, clamp);
+    a.load64(R8, mem(RSP, P_CNT));
+    a.bind(clamp);
     // rdx = O + c0·QS + 32·r: acc (r', c') at + c'·QS + 32·r'.
     a.load64(RAX, mem(RSP, P_C0));
     a.imul_imm(RAX, RAX, QS);
@@ -828,7 +891,6 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     a.load64(RCX, mem(RSP, P_VP));
     a.add(RAX, RCX);
     a.load64(RCX, mem(RSP, P_VROWB));
-    a.load64(R8, mem(RSP, P_CNT));
     let top = a.new_label();
     a.bind(top);
     for r in 0..3 {
@@ -849,6 +911,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
             a.vmovups_store(mem(RDX, QS * c as i32 + 32 * r as i32), acc(r, c));
         }
     }
+    a.bind(next_triple);
     a.add_imm(R12, 3);
     a.jmp(triple);
     a.bind(triples_done);
