@@ -158,11 +158,6 @@ fn main() -> Result<(), Error> {
                 // The per-token path on x86: its decode kernel once per token.
                 let kernel = library::get(format.kernel_name())?;
                 let code = tessera_codegen::x86::attention::emit(&kernel)?;
-                if let Ok(dir) = std::env::var("DUMP_DIR") {
-                    let pk = library::get(format.prefill_kernel_name())?;
-                    let pc = tessera_codegen::x86::attention::emit(&pk)?;
-                    std::fs::write(format!("{dir}/{}.bin", pk.name), &pc.bytes)?;
-                }
                 let per_token = HostAttention::new(&kernel, &code)?;
                 let whole = Attention::new(&x86, hq, kvh, d, format)?;
                 if !whole.prefills_whole() {
