@@ -989,21 +989,20 @@ fn scratch_floats(s: usize, d: usize) -> Result<usize, AttentionError> {
 
 /// Query rows (token × head pairs of one KV head) a whole-prefill kernel
 /// keeps in one block: its q, output accumulators and softmax state.
-pub const PREFILL_ROWS: usize = 48;
+pub const PREFILL_ROWS: usize = 96;
 /// Keys a whole-prefill kernel converts per block (K and V as f32).
-pub const PREFILL_KEYS: usize = 64;
+pub const PREFILL_KEYS: usize = 128;
 
-/// f32 of scratch a whole-prefill call takes: q and the output
-/// accumulators `2·(R + 2)·d`, scores `R·C`, converted K `(C + 2)·d` and V
-/// `C·(d + 16)` (the spare lines keep strides off multiples of 2 KiB),
+/// f32 of scratch a whole-prefill call takes: the transposed q `(R + 8)·d`,
+/// the output accumulators `(R + 2)·d`, scores `R·C`, converted K and V
+/// `2·C·(d + 16)` (the spare lines keep strides off powers of two),
 /// per-row limit (f32 and u64), max, sum, α and output pointer `8·R`, and
-/// 16 to align
-/// the start to a cache line (R = [`PREFILL_ROWS`], C = [`PREFILL_KEYS`]),
-/// checked.
+/// 16 to align the start to a cache line (R = [`PREFILL_ROWS`], C =
+/// [`PREFILL_KEYS`]), checked.
 pub fn prefill_scratch_floats(d: usize) -> Result<usize, AttentionError> {
     let (r, c) = (PREFILL_ROWS, PREFILL_KEYS);
-    d.checked_mul(2 * (r + 2) + (c + 2) + c)
-        .and_then(|n| n.checked_add(r * c + 16 * c + 8 * r + 16))
+    d.checked_mul((r + 8) + (r + 2) + 2 * c)
+        .and_then(|n| n.checked_add(r * c + 32 * c + 8 * r + 16))
         .ok_or_else(|| shape("prefill scratch", "no overflow", "overflow"))
 }
 

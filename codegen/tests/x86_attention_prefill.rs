@@ -2,8 +2,9 @@
 //! key blocks, AVX2 + FMA + F16C) against the reference interpreter: f16
 //! and int8/fp8 caches, GQA groups 1 to 8, head dims 64, 80, 96, 128, 256
 //! (and 8, 40 for chunk tails), prefixes p ∈ {0, 1, 17} already cached,
-//! query counts around the row block (48 rows) and contexts around the
-//! key block (64 keys), scores far outside the usual range, 1 and 2
+//! query rows around the row block (96: t up to 70 tokens × 6 heads) and
+//! contexts past the key block (128), scores far outside the usual range,
+//! 1 and 2
 //! threads, and refusals. Skips (with a line on stderr) where the CPU lacks
 //! the features.
 

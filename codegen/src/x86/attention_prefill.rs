@@ -5,33 +5,34 @@
 //! online softmax).
 //!
 //! Rows are (query token, query head) pairs of one KV head, token-major,
-//! so the heads of a GQA group share every K/V block. Per block of up to
-//! [`PREFILL_ROWS`] rows (`R`, padded to a multiple of 6 with zero q):
+//! so the heads of a GQA group share every K/V block, and a row's causal
+//! limit never falls as its index grows. Per block of up to
+//! [`PREFILL_ROWS`] rows (`R`, padded to a multiple of 24 with zero q):
 //!
-//! 1. q rows widened to f32, chunk-major: `qp[d/8][R][8]`; per row its
-//!    causal limit (the last key it sees, `s − t + token`) and its output
-//!    row; `m = −∞`, `l = 0`, `O = 0`.
+//! 1. q rows widened to f32 and transposed, `qt[d][R]` (rows in lanes);
+//!    per row its causal limit (the last key it sees, `s − t + token`) and
+//!    its output row; `m = −∞`, `l = 0`, `O = 0`.
 //! 2. For each block of [`PREFILL_KEYS`] keys (`C`) up to the block's last
 //!    visible key (later keys are fully masked: skipped):
-//!    - K rows widened (int8 keys dequantized: `scale·c + offset`) to
-//!      `kp[d/8][C][8]`, V rows (fp8 values decoded exactly) to
-//!      `vp[C][d]`: once per row block, so the conversion costs 2/R of
-//!      the FMAs.
-//!    - Scores in 2-row × 4-key register tiles: 8 accumulators over d,
-//!      reduced by one `vhaddps` tree into 8 scores, `S[R][C]`.
-//!    - Per row: keys past its limit → −∞, the block max, the running max
-//!      `m'`, `α = e^(m − m')`, `p = e^(S − m')` (masked keys exactly 0),
-//!      `l = α·l + Σp`.
-//!    - `O = α·O + P·V` in 3-row × 4-chunk register tiles over the block's
-//!      keys (12 accumulators, 3 broadcasts, 1 V vector: all 16 ymm).
+//!    - K rows widened (int8 keys dequantized: `scale·c + offset`) and V
+//!      rows (fp8 values decoded exactly) to `kp[C][d]`, `vp[C][d]`: once
+//!      per row block, so the conversion costs 2/R of the FMAs.
+//!    - Scores with rows in lanes: 24-row × 4-key register tiles (three
+//!      `qt` vectors, one broadcast key element at a time), `st[C][R]`; no
+//!      horizontal sums. Tiles past the rows' limits are skipped.
+//!    - Per 8-row vector: keys past each row's limit → −∞, the block max,
+//!      the running max `m'`, `α = e^(m − m')`, `p = e^(S − m')` (masked
+//!      keys exactly 0), `l = α·l + Σp`, all lane-wise.
+//!    - `O = α·O + P·V` in 3-row × 4-chunk register tiles over the keys
+//!      the rows see (12 accumulators, 3 broadcasts, 1 V vector).
 //! 3. `o = O / l` to f16.
 //!
 //! Register plan of the two inner loops:
 //!
-//! | loop | ymm0–7 | ymm8–9 | ymm10–13 | ymm12–14 | ymm15 |
-//! |---|---|---|---|---|---|
-//! | scores (2 × 4) | accumulators | q rows | K chunks | — | — |
-//! | P·V (3 × 4) | accumulators 0–7 | accumulators 8–9 | acc. 10–11 | p broadcasts | V chunk |
+//! | loop | ymm0–11 | ymm12–14 | ymm15 |
+//! |---|---|---|---|
+//! | scores (24 rows × 4 keys) | accumulators (3 row vectors × 4 keys) | `qt` row vectors | key element broadcast |
+//! | P·V (3 rows × 4 chunks) | accumulators (3 rows × 4 chunks of d) | p broadcasts | V chunk |
 //!
 //! Scratch: [`crate::host_attention::prefill_scratch_floats`]; `d` a
 //! multiple of 8; q pre-scaled by 1/√d; online softmax only.
@@ -46,14 +47,18 @@ use crate::host_attention::*;
 
 const R: i32 = PREFILL_ROWS as i32;
 const C: i32 = PREFILL_KEYS as i32;
-/// Bytes between d-chunks of `qp` and `O` (R rows of 8 f32, one spare cache
-/// line) and of `kp`: strides that are not multiples of 2 KiB, so a chunk
-/// loop's lines spread over the L1's sets instead of piling into a few.
+/// Bytes between d-chunks of `O` (R rows of 8 f32, one spare cache line):
+/// not a multiple of 2 KiB, so a chunk loop's lines spread over the L1's
+/// sets instead of piling into a few.
 const QS: i32 = 32 * R + 64;
-const KS: i32 = 32 * C + 64;
-/// Rows whose q the score loop keeps in L1 while it passes over the keys.
-const SCORE_ROWS: i32 = 12;
-/// Spare bytes after each `vp` row (4·d bytes) for the same reason.
+/// Bytes between the d-indices of the transposed q, `qt[d][R]` (R f32 and
+/// 32 spare bytes: a stride off powers of two, 32-byte aligned).
+const QTS: i32 = 4 * R + 32;
+/// Bytes between keys of the score block `st[C][R]`.
+const STS: i32 = 4 * R;
+/// Rows of one score tile: three 8-row vectors.
+const TILE_ROWS: i32 = 24;
+/// Spare bytes after each `kp` / `vp` row (4·d bytes), for the same reason.
 const VPAD: i32 = 64;
 
 // 8-byte slots above the decode kernel's frame (its vector constants are
@@ -98,9 +103,9 @@ const P_VPF: i32 = FRAME + 288;
 /// Keys ahead the K/V conversion prefetches (rows lie kvh·d apart, a new
 /// page per key for large kvh, which the hardware prefetchers do not follow).
 const PACK_AHEAD: i32 = 4;
-/// Key offsets within a block, `8v .. 8v + 8` as f32, v = 0..C/8.
-const V_IOTA: i32 = FRAME + 320;
-const PREFILL_FRAME: i32 = V_IOTA + 32 * (C / 8);
+/// 1.0 in every lane (the softmax steps its key index by it).
+const V_ONE: i32 = FRAME + 320;
+const PREFILL_FRAME: i32 = V_ONE + 32;
 
 /// Emit the causal prefill of `kernel` (formats already checked by
 /// [`attention::emit`]).
@@ -117,13 +122,8 @@ pub(super) fn emit(
     common::prologue_framed(&mut a, PREFILL_FRAME);
     common::align_frame(&mut a, P_OLDRSP);
     attention::constants(&mut a, tessera_dsl::ir::SoftmaxMode::Online);
-    for v in 0..C / 8 {
-        for i in 0..8 {
-            a.store32_imm(
-                mem(RSP, V_IOTA + 32 * v + 4 * i),
-                ((8 * v + i) as f32).to_bits() as i32,
-            );
-        }
+    for i in 0..8 {
+        a.store32_imm(mem(RSP, V_ONE + 4 * i), 1f32.to_bits() as i32);
     }
     setup(&mut a, keys, values);
 
@@ -218,8 +218,9 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
     a.load64(RAX, mem(RDI, AT_KVH));
     a.shl_imm(RAX, 2);
     a.store64(mem(RSP, P_KSTEP), RAX);
-    // qp = scratch; O = qp + 4·R·d; S = O + 4·R·d; kp = S + 4·R·C;
-    // vp = kp + 4·C·d; lim = vp + 4·C·d; m, l, alpha: + 4·R each; optr.
+    // qt = scratch; O = qt + QTS·d; S = O + 4·(R + 2)·d; kp = S + 4·R·C;
+    // vp = kp + C·(4d + VPAD); lim = vp + C·(4d + VPAD); m, l, alpha: + 4·R
+    // each; optr, limi: + 8·R each.
     // The areas start on a cache line (the caller's scratch is only
     // f32-aligned): unaligned, every other ymm load would split two lines.
     a.load64(RAX, mem(RDI, AT_SCRATCH));
@@ -236,10 +237,10 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
         }
         a.store64(mem(RSP, slot), RAX);
     };
-    area(a, P_O, QS / 32, 0);
+    area(a, P_O, QTS / 4, 0);
     area(a, P_S, QS / 32, 0);
     area(a, P_KP, 0, R * C);
-    area(a, P_VP, KS / 32, 0);
+    area(a, P_VP, C, C * VPAD / 4);
     area(a, P_LIM, C, C * VPAD / 4);
     area(a, P_M, 0, R);
     area(a, P_L, 0, R);
@@ -308,8 +309,8 @@ fn kv_setup(a: &mut X86Asm, keys: Keys, values: Values) {
 /// pointers, `m`, `l`, `O` reset; padded rows get zero q and the last
 /// real row's limit; `P_KEND` = that limit + 1.
 fn pack_q(a: &mut X86Asm) {
-    a.comment("row block: q -> qp[d/8][R][8], limits, o rows; m = -inf, l = 0, O = 0");
-    // rn = min(R, rows − rb), rnp = rn rounded up to 6.
+    a.comment("row block: q -> qt[d][R] (transposed), limits, o rows; m = -inf, l = 0, O = 0");
+    // rn = min(R, rows − rb), rnp = rn rounded up to a score tile (24).
     a.load64(RAX, mem(RSP, P_ROWS));
     a.load64(RCX, mem(RSP, P_RB));
     a.sub(RAX, RCX);
@@ -319,11 +320,11 @@ fn pack_q(a: &mut X86Asm) {
     a.mov_imm(RAX, R);
     a.bind(ok);
     a.store64(mem(RSP, P_RN), RAX);
-    a.add_imm(RAX, 5);
+    a.add_imm(RAX, TILE_ROWS - 1);
     a.zero(RDX);
-    a.mov_imm(RCX, 6);
+    a.mov_imm(RCX, TILE_ROWS);
     a.div(RCX);
-    a.imul_imm(RAX, RAX, 6);
+    a.imul_imm(RAX, RAX, TILE_ROWS);
     a.store64(mem(RSP, P_RNP), RAX);
     // r13 = token, r14 = head in group of row rb.
     a.load64(RAX, mem(RSP, P_RB));
@@ -340,11 +341,13 @@ fn pack_q(a: &mut X86Asm) {
     a.bind(row);
     a.cmp_mem(R12, mem(RSP, P_RNP));
     a.jcc(Cond::Ge, rows_done);
-    // rdx = qp + 32·r (chunk stride 32·R); r8 = O likewise.
+    // rdx = qt + 4·r (d-index stride QTS); r8 = O + 32·r (chunk stride QS).
+    a.mov(R8, R12);
+    a.shl_imm(R8, 5);
+    a.load64(RCX, mem(RSP, P_O));
+    a.add(R8, RCX);
     a.mov(RDX, R12);
-    a.shl_imm(RDX, 5);
-    a.load64(R8, mem(RSP, P_O));
-    a.add(R8, RDX);
+    a.shl_imm(RDX, 2);
     a.load64(RCX, mem(RSP, P_QP));
     a.add(RDX, RCX);
     a.cmp_mem(R12, mem(RSP, P_RN));
@@ -353,9 +356,11 @@ fn pack_q(a: &mut X86Asm) {
     a.load64(RCX, mem(RSP, P_D8));
     let pad = a.new_label();
     a.bind(pad);
-    a.vmovups_store(mem(RDX, 0), zero);
+    for k in 0..8 {
+        a.vmovss_store(mem(RDX, k * QTS), zero);
+    }
     a.vmovups_store(mem(R8, 0), zero);
-    a.add_imm(RDX, QS);
+    a.add_imm(RDX, 8 * QTS);
     a.add_imm(R8, QS);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, pad);
@@ -390,10 +395,18 @@ fn pack_q(a: &mut X86Asm) {
     a.prefetcht0(mem(R15, 0));
     a.add_imm(R15, 16);
     a.vcvtph2ps_load(Ymm(0), mem(RSI, 0));
-    a.vmovups_store(mem(RDX, 0), Ymm(0));
+    // Lane k → qt[c + k][r].
+    a.vextractf128_hi(Ymm(2), Ymm(0));
+    for (half, src) in [(0, Ymm(0)), (4, Ymm(2))] {
+        a.vmovss_store(mem(RDX, half * QTS), src);
+        for (k, imm) in [(1, 0x55u8), (2, 0xaa), (3, 0xff)] {
+            a.vpermilps_imm(Ymm(1), src, imm as i8);
+            a.vmovss_store(mem(RDX, (half + k) * QTS), Ymm(1));
+        }
+    }
     a.vmovups_store(mem(R8, 0), zero);
     a.add_imm(RSI, 16);
-    a.add_imm(RDX, QS);
+    a.add_imm(RDX, 8 * QTS);
     a.add_imm(R8, QS);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, chunk);
@@ -450,10 +463,10 @@ fn pack_q(a: &mut X86Asm) {
 }
 
 /// Keys `j0 .. j0 + cnt` of this KV head (cnt = min(C, kend − j0)):
-/// K → `kp[d/8][C][8]` (keys up to the next multiple of 4 zero), V →
-/// `vp[C][d]`, both f32.
+/// K → `kp[C][d]` (keys up to the next multiple of 4 zero), V →
+/// `vp[C][d]`, both f32, rows `4·d + VPAD` bytes apart.
 fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
-    a.comment("key block: K -> kp[d/8][C][8], V -> vp[C][d] (f32)");
+    a.comment("key block: K -> kp[C][d], V -> vp[C][d] (f32)");
     a.load64(RAX, mem(RSP, P_KEND));
     a.load64(RCX, mem(RSP, P_J0));
     a.sub(RAX, RCX);
@@ -490,7 +503,7 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
         a.vmovups_load(Ymm(14), mem(RSP, V_MAG));
         a.vmovups_load(Ymm(12), mem(RSP, V_2P120));
     }
-    // r11 = kp + 32·j, rdx = vp row j.
+    // r11 = kp row j, rdx = vp row j.
     a.load64(R11, mem(RSP, P_KP));
     a.load64(RDX, mem(RSP, P_VP));
     a.zero(R12);
@@ -532,7 +545,7 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
         }
     }
     a.vmovups_store(mem(RBX, 0), Ymm(0));
-    a.add_imm(RBX, KS);
+    a.add_imm(RBX, 32);
     match values {
         Values::F16 => {
             a.vcvtph2ps_load(Ymm(1), mem(RBP, 0));
@@ -563,8 +576,8 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
         a.add(R9, RCX);
         a.add(R10, RCX);
     }
-    a.add_imm(R11, 32);
     a.load64(RCX, mem(RSP, P_VROWB));
+    a.add(R11, RCX);
     a.add(RDX, RCX);
     a.add_imm(R12, 1);
     a.jmp(key);
@@ -583,220 +596,203 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
     let zc = a.new_label();
     a.bind(zc);
     a.vmovups_store(mem(RBX, 0), zero);
-    a.add_imm(RBX, KS);
+    a.add_imm(RBX, 32);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, zc);
-    a.add_imm(R11, 32);
+    a.load64(RCX, mem(RSP, P_VROWB));
+    a.add(R11, RCX);
     a.add_imm(R12, 1);
     a.jmp(pad);
     a.bind(pad_done);
 }
 
-/// `S[r][j] = qp_r · kp_j` for the block's rows (rnp) and keys (cnt
-/// rounded up to 4), in 2 × 4 tiles: groups of [`SCORE_ROWS`] rows outer,
-/// then key quads, then row pairs, so a group's q (6 KiB at d = 128) and
-/// a quad's K (2 KiB) both stay in L1 (all of `qp` would not).
+/// `st[j][r] = qt[·][r] · kp_j` for the block's rows (rnp) and keys (cnt
+/// rounded up to 4), in tiles of 24 rows (three 8-row vectors of `qt`) × 4
+/// keys (broadcast from their `kp` rows): 12 accumulators, 7 loads per 12
+/// FMAs, no horizontal reduction. Row tiles outer (a tile's `qt` columns,
+/// 12 KiB at d = 128, stay in L1 across the key quads); a quad past the
+/// tile's last causal limit ends it (rows are in limit order).
 fn scores(a: &mut X86Asm) {
-    a.comment("scores: 2-row x 4-key tiles, S[R][C]; groups of 12 rows x key quads x row pairs");
-    // r14 = row group start, r15 = its end; r12 = key quad start j,
-    // r13 = row pair start r.
+    a.comment("scores: 24-row x 4-key tiles (rows in lanes), st[C][R]");
+    let acc = |v: u8, j: u8| Ymm(v * 4 + j);
+    // r14 = tile's first row, r15 = its last row's limit − j0, r12 = quad.
     a.zero(R14);
-    let (rgroup, rgroups_done) = (a.new_label(), a.new_label());
-    a.bind(rgroup);
+    let (tile, tiles_done) = (a.new_label(), a.new_label());
+    a.bind(tile);
     a.cmp_mem(R14, mem(RSP, P_RNP));
-    a.jcc(Cond::Ge, rgroups_done);
-    a.lea(R15, mem(R14, SCORE_ROWS));
-    let clamp = a.new_label();
-    a.cmp_mem(R15, mem(RSP, P_RNP));
-    a.jcc(Cond::Le, clamp);
-    a.load64(R15, mem(RSP, P_RNP));
-    a.bind(clamp);
+    a.jcc(Cond::Ge, tiles_done);
+    a.mov(RAX, R14);
+    a.shl_imm(RAX, 3);
+    a.load64(RCX, mem(RSP, P_LIMI));
+    a.add(RAX, RCX);
+    a.load64(R15, mem(RAX, 8 * (TILE_ROWS - 1)));
+    a.load64(RCX, mem(RSP, P_J0));
+    a.sub(R15, RCX);
     a.zero(R12);
     let (quad, quads_done) = (a.new_label(), a.new_label());
     a.bind(quad);
     a.cmp_mem(R12, mem(RSP, P_CNT));
     a.jcc(Cond::Ge, quads_done);
-    a.mov(R13, R14);
-    let (pair, pairs_done) = (a.new_label(), a.new_label());
-    a.bind(pair);
-    a.cmp(R13, R15);
-    a.jcc(Cond::Ge, pairs_done);
-    // A tile whose first key lies past row r+1's limit (rows are in limit
-    // order) is masked whole: skip it (softmax masks its stale scores).
-    let next_pair = a.new_label();
-    a.mov(RAX, R13);
-    a.shl_imm(RAX, 3);
-    a.load64(RCX, mem(RSP, P_LIMI));
-    a.add(RAX, RCX);
-    a.load64(RAX, mem(RAX, 8));
-    a.load64(RCX, mem(RSP, P_J0));
-    a.sub(RAX, RCX);
-    a.cmp(R12, RAX);
-    a.jcc(Cond::G, next_pair);
-    for i in 0..8 {
-        a.vxorps(Ymm(i), Ymm(i), Ymm(i));
+    a.cmp(R12, R15);
+    a.jcc(Cond::G, quads_done);
+    for v in 0..3 {
+        for j in 0..4 {
+            a.vxorps(acc(v, j), acc(v, j), acc(v, j));
+        }
     }
-    // rsi = qp + 32·r, rdx = kp + 32·j, rcx = d/8.
-    a.mov(RSI, R13);
-    a.shl_imm(RSI, 5);
+    // rsi = qt + 4·r0; r8..r11 = kp rows j .. j+3; rcx = d/8.
+    a.mov(RSI, R14);
+    a.shl_imm(RSI, 2);
     a.load64(RAX, mem(RSP, P_QP));
     a.add(RSI, RAX);
-    a.mov(RDX, R12);
-    a.shl_imm(RDX, 5);
+    a.load64(RDX, mem(RSP, P_VROWB));
+    a.mov(R8, R12);
+    a.imul(R8, RDX);
     a.load64(RAX, mem(RSP, P_KP));
-    a.add(RDX, RAX);
+    a.add(R8, RAX);
+    a.lea(R9, mem(R8, 0));
+    a.add(R9, RDX);
+    a.lea(R10, mem(R9, 0));
+    a.add(R10, RDX);
+    a.lea(R11, mem(R10, 0));
+    a.add(R11, RDX);
     a.load64(RCX, mem(RSP, P_D8));
-    let chunk = a.new_label();
-    a.bind(chunk);
-    a.vmovups_load(Ymm(8), mem(RSI, 0));
-    a.vmovups_load(Ymm(9), mem(RSI, 32));
-    for j in 0..4u8 {
-        let k = Ymm(10 + j);
-        a.vmovups_load(k, mem(RDX, 32 * j as i32));
-        a.vfmadd231ps(Ymm(j), k, Ymm(8));
-        a.vfmadd231ps(Ymm(4 + j), k, Ymm(9));
+    let step = a.new_label();
+    a.bind(step);
+    let kx = Ymm(15);
+    for k in 0..8 {
+        for v in 0..3u8 {
+            a.vmovups_load(Ymm(12 + v), mem(RSI, k * QTS + 32 * v as i32));
+        }
+        for (j, base) in [R8, R9, R10, R11].into_iter().enumerate() {
+            a.vpbroadcastd_load(kx, mem(base, 4 * k));
+            for v in 0..3u8 {
+                a.vfmadd231ps(acc(v, j as u8), Ymm(12 + v), kx);
+            }
+        }
     }
-    a.add_imm(RSI, QS);
-    a.add_imm(RDX, KS);
+    a.add_imm(RSI, 8 * QTS);
+    for base in [R8, R9, R10, R11] {
+        a.add_imm(base, 32);
+    }
     a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, chunk);
-    // Lane i = the sum of accumulator i: row r keys j..j+3, then row r+1.
-    a.vhaddps(Ymm(0), Ymm(0), Ymm(1));
-    a.vhaddps(Ymm(2), Ymm(2), Ymm(3));
-    a.vhaddps(Ymm(4), Ymm(4), Ymm(5));
-    a.vhaddps(Ymm(6), Ymm(6), Ymm(7));
-    a.vhaddps(Ymm(0), Ymm(0), Ymm(2));
-    a.vhaddps(Ymm(4), Ymm(4), Ymm(6));
-    a.vperm2f128(Ymm(1), Ymm(0), Ymm(4), 0x20);
-    a.vperm2f128(Ymm(3), Ymm(0), Ymm(4), 0x31);
-    a.vaddps(Ymm(1), Ymm(1), Ymm(3));
-    // S + 4·(r·C + j).
-    a.mov(RAX, R13);
-    a.imul_imm(RAX, RAX, C);
-    a.add(RAX, R12);
-    a.shl_imm(RAX, 2);
+    a.jcc(Cond::Ne, step);
+    // st + j·STS + 4·r0: key j's rows, vector v at + 32·v.
+    a.mov(RAX, R12);
+    a.imul_imm(RAX, RAX, STS);
+    a.mov(RCX, R14);
+    a.shl_imm(RCX, 2);
+    a.add(RAX, RCX);
     a.load64(RCX, mem(RSP, P_S));
     a.add(RAX, RCX);
-    a.vmovups_store128(mem(RAX, 0), Ymm(1));
-    a.vextractf128_hi(Ymm(2), Ymm(1));
-    a.vmovups_store128(mem(RAX, 4 * C), Ymm(2));
-    a.bind(next_pair);
-    a.add_imm(R13, 2);
-    a.jmp(pair);
-    a.bind(pairs_done);
+    for j in 0..4u8 {
+        for v in 0..3u8 {
+            a.vmovups_store(mem(RAX, STS * j as i32 + 32 * v as i32), acc(v, j));
+        }
+    }
     a.add_imm(R12, 4);
     a.jmp(quad);
     a.bind(quads_done);
-    a.mov(R14, R15);
-    a.jmp(rgroup);
-    a.bind(rgroups_done);
+    a.add_imm(R14, TILE_ROWS);
+    a.jmp(tile);
+    a.bind(tiles_done);
 }
 
-/// Per row: mask keys past its limit, running max, `α`, `p = e^(S − m')`
-/// in place (masked keys 0), `l = α·l + Σp`.
+/// Per 8-row vector (rows in lanes, no horizontal work): keys past each
+/// row's limit → −∞, the block max, the running max `m'`, `α = e^(m −
+/// m')`, `p = e^(S − m')` in place (masked keys exactly 0), `l = α·l + Σp`.
 fn softmax_rows(a: &mut X86Asm) {
-    a.comment("online softmax per row: mask, max, alpha, p, l");
-    let neginf = Ymm(15);
-    a.vmovups_load(neginf, mem(RSP, V_NEGINF));
+    a.comment("online softmax, 8 rows a vector: mask, max, alpha, p, l");
     let [n, f, p, k127] = EXP_REGS;
+    let (x, mask, mold, lnew, sum, mnew, kv, mmax, lim, j0v, neginf) = (
+        Ymm(0),
+        Ymm(3),
+        Ymm(6),
+        Ymm(7),
+        Ymm(9),
+        Ymm(10),
+        Ymm(11),
+        Ymm(12),
+        Ymm(13),
+        Ymm(14),
+        Ymm(15),
+    );
+    a.vmovups_load(neginf, mem(RSP, V_NEGINF));
     a.vmovups_load(k127, mem(RSP, V_127));
-    // ymm14 = j0 (all lanes).
     a.load64(RAX, mem(RSP, P_J0));
-    a.vcvtsi2ss(Ymm(14), RAX);
-    a.vbroadcastss_reg(Ymm(14), Ymm(14));
-    // r12 = row, rsi = its S row, r8 = its index ×4.
+    a.vcvtsi2ss(j0v, RAX);
+    a.vbroadcastss_reg(j0v, j0v);
+    // r12 = 32·v (the vector's byte offset in the per-row arrays).
     a.zero(R12);
-    let (row, rows_done) = (a.new_label(), a.new_label());
-    a.bind(row);
-    a.cmp_mem(R12, mem(RSP, P_RNP));
-    a.jcc(Cond::Ge, rows_done);
-    a.mov(RSI, R12);
-    a.imul_imm(RSI, RSI, 4 * C);
-    a.load64(RAX, mem(RSP, P_S));
-    a.add(RSI, RAX);
-    a.mov(R8, R12);
-    a.shl_imm(R8, 2);
-    // ymm13 = limit − j0: key offsets above it are masked.
+    let (vec, vecs_done) = (a.new_label(), a.new_label());
+    a.bind(vec);
+    a.mov(RAX, R12);
+    a.shr_imm(RAX, 2);
+    a.cmp_mem(RAX, mem(RSP, P_RNP));
+    a.jcc(Cond::Ge, vecs_done);
     a.load64(RAX, mem(RSP, P_LIM));
-    a.add(RAX, R8);
-    a.vpbroadcastd_load(Ymm(13), mem(RAX, 0));
-    a.vsubps(Ymm(13), Ymm(13), Ymm(14));
-    let rmax = Ymm(12);
-    a.vmovups_load(rmax, mem(RSP, V_NEGINF));
-    // Only the vectors holding the block's cnt keys (later scores are
-    // never read: P·V stops at cnt).
-    a.load64(R10, mem(RSP, P_CNT));
-    let max_done = a.new_label();
-    for v in 0..C / 8 {
-        if v > 0 {
-            a.cmp_imm(R10, 8 * v);
-            a.jcc(Cond::Le, max_done);
-        }
-        let (x, m, t) = (Ymm(0), Ymm(1), Ymm(2));
-        a.vmovups_load(x, mem(RSI, 32 * v));
-        a.vmovups_load(m, mem(RSP, V_IOTA + 32 * v));
-        a.vcmpps(m, m, Ymm(13), 14); // offset > limit − j0 (ordered)
-        a.vandnps(x, m, x);
-        a.vandps(t, m, neginf);
-        a.vorps(x, x, t);
-        a.vmovups_store(mem(RSI, 32 * v), x);
-        a.vmaxps(rmax, rmax, x);
-    }
-    a.bind(max_done);
-    // Block max in every lane; m' = max(m, it); α = e^(m − m').
-    a.vextractf128_hi(Ymm(0), rmax);
-    a.vmaxps(rmax, rmax, Ymm(0));
-    a.vpermilps_imm(Ymm(0), rmax, 0x4e);
-    a.vmaxps(rmax, rmax, Ymm(0));
-    a.vpermilps_imm(Ymm(0), rmax, 0xb1u8 as i8);
-    a.vmaxps(rmax, rmax, Ymm(0));
-    a.vbroadcastss_reg(rmax, rmax);
+    a.add(RAX, R12);
+    a.vmovups_load(lim, mem(RAX, 0));
     a.load64(RAX, mem(RSP, P_M));
-    a.add(RAX, R8);
-    a.vpbroadcastd_load(Ymm(11), mem(RAX, 0));
-    a.vmaxps(rmax, rmax, Ymm(11));
-    a.vmovss_store(mem(RAX, 0), rmax);
-    a.vsubps(Ymm(11), Ymm(11), rmax);
-    exp_ps(a, Ymm(11), n, f, p, k127);
+    a.add(RAX, R12);
+    a.vmovups_load(mold, mem(RAX, 0));
+    a.vxorps(kv, kv, kv);
+    a.vaddps(kv, kv, j0v);
+    a.vmovups_load(mmax, mem(RSP, V_NEGINF));
+    // Pass 1 over the block's keys: mask, store, max.
+    a.load64(RSI, mem(RSP, P_S));
+    a.add(RSI, R12);
+    a.load64(RCX, mem(RSP, P_CNT));
+    let pass1 = a.new_label();
+    a.bind(pass1);
+    a.vmovups_load(x, mem(RSI, 0));
+    a.vcmpps(mask, kv, lim, 14); // key > limit (ordered)
+    a.vandnps(x, mask, x);
+    a.vandps(Ymm(1), mask, neginf);
+    a.vorps(x, x, Ymm(1));
+    a.vmovups_store(mem(RSI, 0), x);
+    a.vmaxps(mmax, mmax, x);
+    a.vaddps_mem(kv, kv, mem(RSP, V_ONE));
+    a.add_imm(RSI, STS);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, pass1);
+    // m' = max(m, block max); α = e^(m − m'); l·α.
+    a.vmaxps(mnew, mmax, mold);
+    a.load64(RAX, mem(RSP, P_M));
+    a.add(RAX, R12);
+    a.vmovups_store(mem(RAX, 0), mnew);
+    a.vsubps(x, mold, mnew);
+    exp_ps(a, x, n, f, p, k127);
     a.load64(RAX, mem(RSP, P_ALPHA));
-    a.add(RAX, R8);
-    a.vmovss_store(mem(RAX, 0), p);
-    // l = α·l (the block's Σp added below).
+    a.add(RAX, R12);
+    a.vmovups_store(mem(RAX, 0), p);
     a.load64(RAX, mem(RSP, P_L));
-    a.add(RAX, R8);
-    a.vmovss_load(Ymm(10), mem(RAX, 0));
-    a.vmulps(Ymm(10), Ymm(10), p);
-    let sum = Ymm(9);
+    a.add(RAX, R12);
+    a.vmulps_mem(lnew, p, mem(RAX, 0));
+    // Pass 2: p = e^(S − m'), Σp.
     a.vxorps(sum, sum, sum);
-    let exp_done = a.new_label();
-    for v in 0..C / 8 {
-        if v > 0 {
-            a.cmp_imm(R10, 8 * v);
-            a.jcc(Cond::Le, exp_done);
-        }
-        let x = Ymm(0);
-        a.vmovups_load(x, mem(RSI, 32 * v));
-        a.vsubps(x, x, rmax);
-        // Masked keys (−∞ − m' = −∞) and anything below e^-87: exactly 0.
-        a.vmovups_load(Ymm(8), mem(RSP, V_MIN));
-        a.vcmpps(Ymm(8), x, Ymm(8), 1); // x < min (ordered)
-        exp_ps(a, x, n, f, p, k127);
-        a.vandnps(p, Ymm(8), p);
-        a.vaddps(sum, sum, p);
-        a.vmovups_store(mem(RSI, 32 * v), p);
-    }
-    a.bind(exp_done);
-    a.vextractf128_hi(Ymm(0), sum);
-    a.vaddps(sum, sum, Ymm(0));
-    a.vpermilps_imm(Ymm(0), sum, 0x4e);
-    a.vaddps(sum, sum, Ymm(0));
-    a.vpermilps_imm(Ymm(0), sum, 0xb1u8 as i8);
-    a.vaddps(sum, sum, Ymm(0));
-    a.vaddps(Ymm(10), Ymm(10), sum);
-    a.vmovss_store(mem(RAX, 0), Ymm(10));
-    a.add_imm(R12, 1);
-    a.jmp(row);
-    a.bind(rows_done);
+    a.load64(RSI, mem(RSP, P_S));
+    a.add(RSI, R12);
+    a.load64(RCX, mem(RSP, P_CNT));
+    let pass2 = a.new_label();
+    a.bind(pass2);
+    a.vmovups_load(x, mem(RSI, 0));
+    a.vsubps(x, x, mnew);
+    // Masked keys (−∞ − m' = −∞) and anything below e^-87: exactly 0.
+    a.vmovups_load(Ymm(8), mem(RSP, V_MIN));
+    a.vcmpps(Ymm(8), x, Ymm(8), 1); // x < min (ordered)
+    exp_ps(a, x, n, f, p, k127);
+    a.vandnps(p, Ymm(8), p);
+    a.vaddps(sum, sum, p);
+    a.vmovups_store(mem(RSI, 0), p);
+    a.add_imm(RSI, STS);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, pass2);
+    a.vaddps(lnew, lnew, sum);
+    a.vmovups_store(mem(RAX, 0), lnew);
+    a.add_imm(R12, 32);
+    a.jmp(vec);
+    a.bind(vecs_done);
 }
 
 /// `O = α·O + P·V` over the block's `cnt` keys: groups of 4 chunks
@@ -881,9 +877,10 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
             a.vmulps_mem(acc(r, c), p(r), mem(RDX, QS * c as i32 + 32 * r as i32));
         }
     }
-    // rsi = p of (r, 0); rax = vp + 32·c0 (row stride 4·d); r8 = keys.
+    // rsi = p of (key 0, r) (key stride STS); rax = vp + 32·c0 (row
+    // stride 4·d + VPAD); r8 = keys.
     a.mov(RSI, R12);
-    a.imul_imm(RSI, RSI, 4 * C);
+    a.shl_imm(RSI, 2);
     a.load64(RAX, mem(RSP, P_S));
     a.add(RSI, RAX);
     a.load64(RAX, mem(RSP, P_C0));
@@ -894,7 +891,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     let top = a.new_label();
     a.bind(top);
     for r in 0..3 {
-        a.vpbroadcastd_load(p(r), mem(RSI, 4 * C * r as i32));
+        a.vpbroadcastd_load(p(r), mem(RSI, 4 * r as i32));
     }
     for c in 0..nc {
         a.vmovups_load(vx, mem(RAX, 32 * c as i32));
@@ -902,7 +899,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
             a.vfmadd231ps(acc(r, c), vx, p(r));
         }
     }
-    a.add_imm(RSI, 4);
+    a.add_imm(RSI, STS);
     a.add(RAX, RCX);
     a.sub_imm(R8, 1);
     a.jcc(Cond::Ne, top);
