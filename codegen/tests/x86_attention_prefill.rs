@@ -4,9 +4,8 @@
 //! (and 8, 40 for chunk tails), prefixes p ∈ {0, 1, 17} already cached,
 //! query rows around the row block (96: t up to 70 tokens × 6 heads) and
 //! contexts past the key block (128), scores far outside the usual range,
-//! 1 and 2
-//! threads, and refusals. Skips (with a line on stderr) where the CPU lacks
-//! the features.
+//! 1 and 2 threads, and refusals. Skips (with a line on stderr) where the
+//! CPU lacks the features.
 
 use half::f16;
 use rand::{Rng, SeedableRng};
