@@ -201,8 +201,9 @@ impl HostAttention {
 
     /// Causal prefill: `t` query tokens (`q`, `o`: f16 `[t, hq, d]`) over a
     /// cache of `s ≥ t` tokens, token i seeing the first `s − t + i + 1`
-    /// (the interpreter's rule). Whole-prefill code takes the tokens in
-    /// runs of equal cost, one per thread; decode code is called once per
+    /// (the interpreter's rule). Whole-prefill code gives each thread whole
+    /// KV heads where they divide evenly, else a run of tokens of equal
+    /// cost ([`prefill_parts`]); decode code is called once per
     /// token over its prefix, read in place, each as [`HostAttention::run`]
     /// with `threads`.
     #[allow(clippy::too_many_arguments)]
@@ -219,6 +220,38 @@ impl HostAttention {
         o: &mut [f16],
         threads: usize,
     ) -> Result<u64, AttentionError> {
+        self.prefill_on(
+            q,
+            k,
+            v,
+            t,
+            s,
+            hq,
+            kvh,
+            d,
+            o,
+            threads,
+            &scoped_threads(threads),
+        )
+    }
+
+    /// [`HostAttention::prefill`] with the workers of the caller's executor
+    /// (as [`HostAttention::run_on`]): a runtime's persistent pool.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefill_on(
+        &self,
+        q: &[f16],
+        k: KvCache<'_>,
+        v: KvCache<'_>,
+        t: usize,
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        o: &mut [f16],
+        threads: usize,
+        exec: &RangeExecutor<'_>,
+    ) -> Result<u64, AttentionError> {
         if s < t {
             return Err(shape("sequence length", format!("at least t = {t}"), s));
         }
@@ -226,19 +259,7 @@ impl HostAttention {
             if t == 0 {
                 return Ok(0);
             }
-            return self.prefill_whole(
-                q,
-                k,
-                v,
-                t,
-                s,
-                hq,
-                kvh,
-                d,
-                o,
-                threads,
-                &scoped_threads(threads),
-            );
+            return self.prefill_whole(q, k, v, t, s, hq, kvh, d, o, threads, exec);
         }
         let row = hq
             .checked_mul(d)
@@ -262,7 +283,7 @@ impl HostAttention {
         for i in 0..t {
             let visible = s - t + i + 1;
             let rows = visible * kvh;
-            recomputed += self.run(
+            recomputed += self.run_on(
                 &q[i * row..][..row],
                 prefix(k, rows, d)?,
                 prefix(v, rows, d)?,
@@ -272,6 +293,7 @@ impl HostAttention {
                 d,
                 &mut o[i * row..][..row],
                 threads,
+                exec,
             )?;
         }
         Ok(recomputed)
@@ -591,12 +613,12 @@ impl HostAttention {
         }
         let (base, _) = self.call_args(q, k, v, t, s, hq, kvh, d, o)?;
         let scratch_len = prefill_scratch_floats(d)?;
-        let runs = token_runs(s, t, threads);
-        let mut scratch = zeroed(scratch_len, runs.len())?;
-        let mut counters = vec![0u64; runs.len()];
+        let parts = prefill_parts(s, t, hq, kvh, threads);
+        let mut scratch = zeroed(scratch_len, parts.len())?;
+        let mut counters = vec![0u64; parts.len()];
         let entry = self.code.entry() as usize;
         let row_bytes = hq * d * 2;
-        let call = |(run, sc, counter): (Range<usize>, &mut [f32], &mut u64)| {
+        let call = |((run, heads), sc, counter): (PrefillPart, &mut [f32], &mut u64)| {
             let args0 = base.get();
             let args = AttentionArgs {
                 q: args0.q.wrapping_add(run.start * row_bytes),
@@ -605,23 +627,24 @@ impl HostAttention {
                 recomputed: counter as *mut u64,
                 s: s - t + run.end,
                 t: run.len(),
-                head0: 0,
-                heads: hq,
+                head0: heads.start,
+                heads: heads.len(),
                 ..args0
             };
             // SAFETY: whole-prefill code of this kernel's formats
             // (AttentionArgs ABI with t); q and o hold t·hq·d f16 and this
-            // run's rows start + run.len() ≤ t lie within them; its keys
-            // s − t + run.end ≤ s rows of both caches and their per-row
-            // parameters were checked by `call_args`; the scratch holds
-            // prefill_scratch_floats(d) f32 and the counter is this run's
-            // own; runs write disjoint token rows of o.
+            // part's tokens start + run.len() ≤ t and heads ≤ hq lie within
+            // them; its keys s − t + run.end ≤ s rows of both caches and
+            // their per-row parameters were checked by `call_args`; the
+            // scratch holds prefill_scratch_floats(d) f32 and the counter
+            // is this part's own; parts write disjoint (token, head) rows
+            // of o.
             unsafe {
                 let f: KernelFn<AttentionArgs> = std::mem::transmute(entry as *const u8);
                 f(&args);
             }
         };
-        let work: Vec<_> = runs
+        let work: Vec<_> = parts
             .into_iter()
             .zip(scratch.chunks_mut(scratch_len))
             .zip(counters.iter_mut())
@@ -951,6 +974,29 @@ pub fn prefix<'a>(c: KvCache<'a>, rows: usize, cols: usize) -> Result<KvCache<'a
     }
 }
 
+/// One worker's share of a whole-prefill call: its query tokens and its
+/// query heads.
+type PrefillPart = (Range<usize>, Range<usize>);
+
+/// How a whole-prefill call is shared among `threads` workers: whole KV
+/// heads (with their query heads) where the KV heads divide evenly among
+/// the workers — equal work, each K/V block converted by one worker only —
+/// else [`token_runs`] over every head.
+fn prefill_parts(s: usize, t: usize, hq: usize, kvh: usize, threads: usize) -> Vec<PrefillPart> {
+    let workers = threads.max(1);
+    if workers > 1 && kvh.is_multiple_of(workers) {
+        let heads = hq / workers;
+        (0..workers)
+            .map(|w| (0..t, w * heads..(w + 1) * heads))
+            .collect()
+    } else {
+        token_runs(s, t, threads)
+            .into_iter()
+            .map(|r| (r, 0..hq))
+            .collect()
+    }
+}
+
 /// Tokens `0..t` of a prefill over `s` keys in at most `threads`
 /// contiguous non-empty runs of about equal cost (token i sees
 /// `s − t + i + 1` keys), covering every token once.
@@ -1057,5 +1103,36 @@ mod tests {
             }
         }
         assert!(super::scratch_floats(usize::MAX / 4, 8).is_err());
+    }
+
+    /// Whole KV heads per worker where they divide evenly (every (token,
+    /// head) row once), else token runs over every head.
+    #[test]
+    fn prefill_parts_cover_every_row_once() {
+        for (s, t, hq, kvh, threads) in [
+            (100usize, 60usize, 12usize, 2usize, 2usize),
+            (100, 60, 32, 32, 2),
+            (100, 60, 9, 3, 2),
+            (5, 5, 4, 1, 4),
+            (10, 3, 4, 2, 1),
+        ] {
+            let parts = super::prefill_parts(s, t, hq, kvh, threads);
+            assert!(!parts.is_empty() && parts.len() <= threads.max(1));
+            let mut seen = vec![0u8; t * hq];
+            for (tokens, heads) in &parts {
+                for i in tokens.clone() {
+                    for h in heads.clone() {
+                        seen[i * hq + h] += 1;
+                    }
+                }
+            }
+            assert!(
+                seen.iter().all(|&n| n == 1),
+                "{s} {t} {hq} {kvh} {threads}: {parts:?}"
+            );
+            if threads > 1 && kvh % threads == 0 {
+                assert!(parts.iter().all(|(tokens, _)| *tokens == (0..t)));
+            }
+        }
     }
 }

@@ -1015,10 +1015,32 @@ impl Attention {
         let AttentionKernel::Host(decode) = &self.kernel else {
             return Err(shape("attention kernel", "a host kernel", "a GPU kernel"));
         };
+        let weights = self.device.core_weights();
+        if let Some(whole) = &self.prefill
+            && weights.windows(2).all(|w| w[0] == w[1])
+        {
+            // Equal cores: the kernel's own split over the pool (whole KV
+            // heads per worker where they divide evenly).
+            let (k, v) = self.host_views(cache, cache.len)?;
+            let pool = self.device.pool();
+            return Ok(whole.prefill_on(
+                q,
+                k,
+                v,
+                t,
+                cache.len,
+                self.hq,
+                self.kvh,
+                self.d,
+                o,
+                pool.threads(),
+                &|job| pool.run(job),
+            )?);
+        }
         let kernel = self.prefill.as_ref().unwrap_or(decode);
         self.host_views(cache, cache.len)?;
         let costs: Vec<usize> = (0..t).map(|i| first + i + 1).collect();
-        let ranges = split_by_cost(&costs, &self.device.core_weights());
+        let ranges = split_by_cost(&costs, &weights);
         // Each worker owns the output rows of its tokens: ranges are
         // contiguous and in order, so `o` splits into one slice each.
         let mut owned: Vec<Mutex<&mut [f16]>> = Vec::with_capacity(ranges.len());
