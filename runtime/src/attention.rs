@@ -969,6 +969,30 @@ impl Attention {
         Ok(n as u64)
     }
 
+    /// A prompt chunk in one call: its keys and values (f16 `[t, kvh, d]`,
+    /// as the projections produce them) appended to `cache` in place and in
+    /// its formats ([`Attention::append`]), then its `t` query tokens (`q`,
+    /// `o`: f16 `[t, hq, d]`) attended causally over everything cached
+    /// ([`Attention::prefill`]). q and o are checked first, so a call
+    /// refused for their shapes leaves the cache as it was.
+    pub fn append_prefill(
+        &self,
+        cache: &mut KvCache,
+        q: &[f16],
+        k: &[f16],
+        v: &[f16],
+        t: usize,
+        o: &mut [f16],
+    ) -> Result<u64, RuntimeError> {
+        let elems = t
+            .checked_mul(self.hq * self.d)
+            .ok_or_else(|| shape("t·hq·d", "no overflow", "overflow"))?;
+        check_len("q elements (t·hq·d)", elems, q.len())?;
+        check_len("o elements (t·hq·d)", elems, o.len())?;
+        self.append(cache, k, v, t)?;
+        self.prefill(q, t, cache, o)
+    }
+
     /// The last `t` cached tokens as queries (`q`, `o`: f16 `[t, hq, d]`),
     /// causal: append the prompt's K/V first. Returns recomputed rows.
     pub fn prefill(

@@ -733,6 +733,39 @@ fn prefill_is_causal_on(backend: Backend) {
     }
 }
 
+/// Appending a prompt and attending to it in one call is the two calls in
+/// order, and a call refused for q's shape leaves the cache as it was.
+#[test]
+fn append_prefill_is_append_then_prefill() {
+    let (hq, kvh, d, t) = (4, 2, 16, 7);
+    for backend in host_backends() {
+        let dev = device(backend, 2, None);
+        for format in [KvFormat::F16, KvFormat::Kv8] {
+            let att = Attention::new(&dev, hq, kvh, d, format).unwrap();
+            let mut r = rng(23);
+            let k = randh(&mut r, t * kvh * d, 1.0);
+            let v = randh(&mut r, t * kvh * d, 1.0);
+            let q = randh(&mut r, t * hq * d, 0.3);
+            let (mut one, mut two) = (
+                KvCache::new(format, kvh, d, KvCapacity::Chunked(4)).unwrap(),
+                KvCache::new(format, kvh, d, KvCapacity::Chunked(4)).unwrap(),
+            );
+            let (mut o1, mut o2) = (vec![f16::ZERO; t * hq * d], vec![f16::ZERO; t * hq * d]);
+            att.append_prefill(&mut one, &q, &k, &v, t, &mut o1)
+                .unwrap();
+            att.append(&mut two, &k, &v, t).unwrap();
+            att.prefill(&q, t, &two, &mut o2).unwrap();
+            assert_eq!(o1, o2, "{backend:?} {format:?}");
+            assert_eq!(one.len(), t);
+            let e = att
+                .append_prefill(&mut one, &q[1..], &k, &v, t, &mut o1)
+                .unwrap_err();
+            assert!(e.to_string().contains("q elements"), "{e}");
+            assert_eq!(one.len(), t, "a refused call appended nothing");
+        }
+    }
+}
+
 #[test]
 fn more_threads_than_output_channels_is_still_correct() {
     for backend in host_backends() {
