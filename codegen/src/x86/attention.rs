@@ -331,8 +331,16 @@ fn tile_setup(a: &mut X86Asm, keys: Keys, values: Values) {
     a.mov_imm(RSI, MAX_TILE as i32);
     a.bind(b_ok);
     a.store64(mem(RSP, S_GT), RSI);
-    // Row kv of token 0: kv·d elements in.
-    a.load64(RCX, mem(RSP, S_D));
+    kv_head_rows(a, keys, values, [S_KROW0, S_VROW0, S_KSC0, S_KOF0]);
+}
+
+/// KV head `rax`'s rows at token 0 (`kv·d` elements into each cache) into
+/// the frame slots `[krow, vrow, ksc, kof]`, the last two (its int8 keys'
+/// scale and offset pointers) for int8 keys only. Keeps rax; clobbers
+/// rcx, rdx, rsi.
+pub(super) fn kv_head_rows(a: &mut X86Asm, keys: Keys, values: Values, slots: [i32; 4]) {
+    let [krow, vrow, ksc, kof] = slots;
+    a.load64(RCX, mem(RDI, AT_D));
     a.mov(RDX, RAX);
     a.imul(RDX, RCX);
     let kb = if keys == Keys::F16 { 2 } else { 1 };
@@ -340,20 +348,20 @@ fn tile_setup(a: &mut X86Asm, keys: Keys, values: Values) {
     a.imul_imm(RSI, RDX, kb);
     a.load64(RCX, mem(RDI, AT_K));
     a.add(RSI, RCX);
-    a.store64(mem(RSP, S_KROW0), RSI);
+    a.store64(mem(RSP, krow), RSI);
     a.imul_imm(RSI, RDX, vb);
     a.load64(RCX, mem(RDI, AT_V));
     a.add(RSI, RCX);
-    a.store64(mem(RSP, S_VROW0), RSI);
+    a.store64(mem(RSP, vrow), RSI);
     if keys == Keys::I8Asym {
         a.mov(RSI, RAX);
         a.shl_imm(RSI, 2);
         a.load64(RCX, mem(RDI, AT_K_SCALES));
         a.add(RCX, RSI);
-        a.store64(mem(RSP, S_KSC0), RCX);
+        a.store64(mem(RSP, ksc), RCX);
         a.load64(RCX, mem(RDI, AT_K_OFFSETS));
         a.add(RCX, RSI);
-        a.store64(mem(RSP, S_KOF0), RCX);
+        a.store64(mem(RSP, kof), RCX);
     }
 }
 

@@ -269,40 +269,14 @@ fn kv_setup(a: &mut X86Asm, keys: Keys, values: Values) {
     a.load64(RDX, mem(RSP, P_HEND));
     a.load64(RCX, mem(RSP, P_H));
     a.sub(RDX, RCX);
-    let ok = a.new_label();
-    a.cmp(RSI, RDX);
-    a.jcc(Cond::Be, ok);
-    a.mov(RSI, RDX);
-    a.bind(ok);
+    common::min_reg(a, RSI, RDX);
     a.store64(mem(RSP, P_GH), RSI);
     a.load64(RCX, mem(RDI, AT_T));
     a.imul(RCX, RSI);
     a.store64(mem(RSP, P_ROWS), RCX);
     a.zero(RCX);
     a.store64(mem(RSP, P_RB), RCX);
-    // Row kv of token 0.
-    a.load64(RCX, mem(RDI, AT_D));
-    a.mov(RDX, RAX);
-    a.imul(RDX, RCX);
-    let kb = if keys == Keys::F16 { 2 } else { 1 };
-    let vb = if values == Values::F16 { 2 } else { 1 };
-    a.imul_imm(RSI, RDX, kb);
-    a.load64(RCX, mem(RDI, AT_K));
-    a.add(RSI, RCX);
-    a.store64(mem(RSP, P_KROW), RSI);
-    a.imul_imm(RSI, RDX, vb);
-    a.load64(RCX, mem(RDI, AT_V));
-    a.add(RSI, RCX);
-    a.store64(mem(RSP, P_VROW), RSI);
-    if keys == Keys::I8Asym {
-        a.shl_imm(RAX, 2);
-        a.load64(RCX, mem(RDI, AT_K_SCALES));
-        a.add(RCX, RAX);
-        a.store64(mem(RSP, P_KSC), RCX);
-        a.load64(RCX, mem(RDI, AT_K_OFFSETS));
-        a.add(RCX, RAX);
-        a.store64(mem(RSP, P_KOF), RCX);
-    }
+    attention::kv_head_rows(a, keys, values, [P_KROW, P_VROW, P_KSC, P_KOF]);
 }
 
 /// Rows `rb ..` of this KV head: q widened into `qp`, limits, output row
@@ -314,11 +288,7 @@ fn pack_q(a: &mut X86Asm) {
     a.load64(RAX, mem(RSP, P_ROWS));
     a.load64(RCX, mem(RSP, P_RB));
     a.sub(RAX, RCX);
-    let ok = a.new_label();
-    a.cmp_imm(RAX, R);
-    a.jcc(Cond::Le, ok);
-    a.mov_imm(RAX, R);
-    a.bind(ok);
+    common::min_imm(a, RAX, R);
     a.store64(mem(RSP, P_RN), RAX);
     a.add_imm(RAX, TILE_ROWS - 1);
     a.zero(RDX);
@@ -470,11 +440,7 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
     a.load64(RAX, mem(RSP, P_KEND));
     a.load64(RCX, mem(RSP, P_J0));
     a.sub(RAX, RCX);
-    let ok = a.new_label();
-    a.cmp_imm(RAX, C);
-    a.jcc(Cond::Le, ok);
-    a.mov_imm(RAX, C);
-    a.bind(ok);
+    common::min_imm(a, RAX, C);
     a.store64(mem(RSP, P_CNT), RAX);
     // rsi = K row j0, r8 = V row j0, r9/r10 = key scale/offset of j0.
     a.load64(RAX, mem(RSP, P_J0));
@@ -853,11 +819,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     a.add_imm(R8, 1);
     a.cmp_imm(R8, 0);
     a.jcc(Cond::Le, next_triple);
-    let clamp = a.new_label();
-    a.cmp_mem(R8, mem(RSP, P_CNT));
-    a.jcc(Cond::Le, clamp);
-    a.load64(R8, mem(RSP, P_CNT));
-    a.bind(clamp);
+    common::min_mem(a, R8, mem(RSP, P_CNT));
     // rdx = O + c0·QS + 32·r: acc (r', c') at + c'·QS + 32·r'.
     a.load64(RAX, mem(RSP, P_C0));
     a.imul_imm(RAX, RAX, QS);

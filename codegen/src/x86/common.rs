@@ -89,6 +89,24 @@ pub fn unalign_frame(a: &mut X86Asm, slot: i32) {
     a.load64(RSP, mem(RSP, slot));
 }
 
+/// `dst = min(dst, src)`, unsigned.
+pub fn min_reg(a: &mut X86Asm, dst: Gp, src: Gp) {
+    let done = a.new_label();
+    a.cmp(dst, src);
+    a.jcc(Cond::Be, done);
+    a.mov(dst, src);
+    a.bind(done);
+}
+
+/// `dst = min(dst, qword [m])`, signed.
+pub fn min_mem(a: &mut X86Asm, dst: Gp, m: Mem) {
+    let done = a.new_label();
+    a.cmp_mem(dst, m);
+    a.jcc(Cond::Le, done);
+    a.load64(dst, m);
+    a.bind(done);
+}
+
 /// Leave: clean upper ymm state, close the frame, restore, return.
 pub fn epilogue(a: &mut X86Asm) {
     epilogue_framed(a, FRAME);
