@@ -677,6 +677,22 @@ pub(super) fn exp_ps(a: &mut X86Asm, x: Ymm, n: Ymm, f: Ymm, p: Ymm, k127: Ymm) 
     a.vmulps(p, p, n);
 }
 
+/// One output row: `d/8` chunks (their count at `d8`) of the numerator at
+/// rdx, `stride` bytes apart, over the denominator in ymm1, to f16 at rsi.
+/// Clobbers rcx, rdx, rsi, ymm0.
+pub(super) fn store_normalized_row(a: &mut X86Asm, d8: Mem, stride: i32) {
+    a.load64(RCX, d8);
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.vmovups_load(Ymm(0), mem(RDX, 0));
+    a.vdivps(Ymm(0), Ymm(0), Ymm(1));
+    a.vcvtps2ph_store(mem(RSI, 0), Ymm(0), 0);
+    a.add_imm(RSI, 16);
+    a.add_imm(RDX, stride);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+}
+
 /// Heads per P·V pass for this value format.
 fn pv_heads(values: Values) -> usize {
     match values {
@@ -896,16 +912,7 @@ fn finish_tile(a: &mut X86Asm) {
     a.shl_imm(RDX, 5);
     a.load64(RCX, mem(RSP, S_NUM));
     a.add(RDX, RCX);
-    a.load64(RCX, mem(RSP, S_D8));
-    let chunk = a.new_label();
-    a.bind(chunk);
-    a.vmovups_load(Ymm(0), mem(RDX, 0));
-    a.vdivps(Ymm(0), Ymm(0), Ymm(1));
-    a.vcvtps2ph_store(mem(RSI, 0), Ymm(0), 0);
-    a.add_imm(RSI, 16);
-    a.add_imm(RDX, 288);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, chunk);
+    store_normalized_row(a, mem(RSP, S_D8), 288);
     a.add_imm(R12, 1);
     a.jmp(head);
     a.bind(heads_done);

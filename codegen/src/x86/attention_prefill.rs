@@ -898,16 +898,7 @@ fn finish_rows(a: &mut X86Asm) {
     a.shl_imm(RDX, 5);
     a.load64(RCX, mem(RSP, P_O));
     a.add(RDX, RCX);
-    a.load64(RCX, mem(RSP, P_D8));
-    let chunk = a.new_label();
-    a.bind(chunk);
-    a.vmovups_load(Ymm(0), mem(RDX, 0));
-    a.vdivps(Ymm(0), Ymm(0), Ymm(1));
-    a.vcvtps2ph_store(mem(RSI, 0), Ymm(0), 0);
-    a.add_imm(RSI, 16);
-    a.add_imm(RDX, QS);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, chunk);
+    attention::store_normalized_row(a, mem(RSP, P_D8), QS);
     a.add_imm(R12, 1);
     a.jmp(row);
     a.bind(rows_done);
