@@ -6,13 +6,13 @@
 //! line on stderr) where the CPU lacks the features.
 
 use half::f16;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use tessera_codegen::host_attention::{HostAttention, KvCache};
 use tessera_codegen::x86::attention::{self, HEAD_DIM_MULTIPLE};
 use tessera_dsl::interp::{self, Bindings, Value};
+
+mod attention_inputs;
 use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};
-use tessera_dsl::{library, quant};
+use tessera_dsl::library;
 
 fn runnable() -> bool {
     let missing = tessera_codegen::x86::missing_features();
@@ -51,36 +51,22 @@ struct Case {
 /// Run one case against the interpreter; returns the recomputed rows.
 fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
     let (s, hq, kvh, d) = (c.s, c.hq, c.kvh, c.d);
-    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
-    let a = kernel.as_attention().unwrap();
-    let kf = kernel.tensor(&a.k).unwrap().format;
-    let vf = kernel.tensor(&a.v).unwrap().format;
-    let qv: Vec<f16> = (0..hq * d)
-        .map(|_| f16::from_f32(rng.gen_range(-c.q_amp..c.q_amp)))
-        .collect();
-    let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let side = |f: Format, data: &[f32]| -> (Value, Option<quant::QuantTensor>, Vec<f16>) {
-        if f == Format::F16 {
-            let h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
-            (Value::F16(h.clone()), None, h)
-        } else {
-            let q = quant::quantize(f, s * kvh, d, data).expect("quantize");
-            (Value::Quant(q.clone()), Some(q), Vec::new())
-        }
-    };
-    let (kval, kq, k16) = side(kf, &kd);
-    let (vval, vq, v16) = side(vf, &vd);
-    let bindings = Bindings::decode_attention([hq, kvh, d, s], Value::F16(qv.clone()), kval, vval);
+    let inp = attention_inputs::inputs(kernel, hq * d, s * kvh, d, c.q_amp, c.seed);
+    let qv = &inp.q;
+    let bindings = Bindings::decode_attention(
+        [hq, kvh, d, s],
+        Value::F16(qv.clone()),
+        inp.k.value.clone(),
+        inp.v.value.clone(),
+    );
     let out = interp::run(kernel, &bindings).expect("interp");
     let want = out.get("o").unwrap();
     let stats = out.softmax.unwrap();
-    let kc = kq.as_ref().map_or(KvCache::F16(&k16), KvCache::Quant);
-    let vc = vq.as_ref().map_or(KvCache::F16(&v16), KvCache::Quant);
+    let (kc, vc) = (inp.k.cache(), inp.v.cache());
     let mut o = vec![f16::ZERO; hq * d];
     let recomputed = match c.chunk {
-        None => att.run(&qv, kc, vc, s, hq, kvh, d, &mut o, c.threads),
-        Some(ch) => att.run_chunked(&qv, kc, vc, s, hq, kvh, d, &mut o, c.threads, ch),
+        None => att.run(qv, kc, vc, s, hq, kvh, d, &mut o, c.threads),
+        Some(ch) => att.run_chunked(qv, kc, vc, s, hq, kvh, d, &mut o, c.threads, ch),
     }
     .expect("run");
     let what = format!(

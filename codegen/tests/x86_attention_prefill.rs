@@ -13,8 +13,10 @@ use rand_chacha::ChaCha8Rng;
 use tessera_codegen::host_attention::{HostAttention, KvCache, token_runs};
 use tessera_codegen::x86::attention;
 use tessera_dsl::interp::{self, Bindings, Value};
-use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};
-use tessera_dsl::{library, quant};
+
+mod attention_inputs;
+use tessera_dsl::ir::{Kernel, Op, SoftmaxMode};
+use tessera_dsl::library;
 
 fn runnable() -> bool {
     let missing = tessera_codegen::x86::missing_features();
@@ -48,26 +50,8 @@ struct Case {
 fn check(att: &HostAttention, kernel: &Kernel, c: &Case) {
     let (t, hq, kvh, d) = (c.t, c.hq, c.kvh, c.d);
     let s = c.p + t;
-    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
-    let a = kernel.as_attention().unwrap();
-    let kf = kernel.tensor(&a.k).unwrap().format;
-    let vf = kernel.tensor(&a.v).unwrap().format;
-    let qv: Vec<f16> = (0..t * hq * d)
-        .map(|_| f16::from_f32(rng.gen_range(-c.q_amp..c.q_amp)))
-        .collect();
-    let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let side = |f: Format, data: &[f32]| -> (Value, Option<quant::QuantTensor>, Vec<f16>) {
-        if f == Format::F16 {
-            let h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
-            (Value::F16(h.clone()), None, h)
-        } else {
-            let q = quant::quantize(f, s * kvh, d, data).expect("quantize");
-            (Value::Quant(q.clone()), Some(q), Vec::new())
-        }
-    };
-    let (kval, kq, k16) = side(kf, &kd);
-    let (vval, vq, v16) = side(vf, &vd);
+    let inp = attention_inputs::inputs(kernel, t * hq * d, s * kvh, d, c.q_amp, c.seed);
+    let qv = &inp.q;
     let bindings = Bindings::new()
         .extent("t", t)
         .extent("hq", hq)
@@ -75,15 +59,24 @@ fn check(att: &HostAttention, kernel: &Kernel, c: &Case) {
         .extent("d", d)
         .extent("s", s)
         .tensor("q", Value::F16(qv.clone()))
-        .tensor("k", kval)
-        .tensor("v", vval);
+        .tensor("k", inp.k.value.clone())
+        .tensor("v", inp.v.value.clone());
     let out = interp::run(kernel, &bindings).expect("interp");
     let want = out.get("o").unwrap();
-    let kc = kq.as_ref().map_or(KvCache::F16(&k16), KvCache::Quant);
-    let vc = vq.as_ref().map_or(KvCache::F16(&v16), KvCache::Quant);
     let mut o = vec![f16::from_f32(f32::NAN); t * hq * d];
     let recomputed = att
-        .prefill(&qv, kc, vc, t, s, hq, kvh, d, &mut o, c.threads)
+        .prefill(
+            qv,
+            inp.k.cache(),
+            inp.v.cache(),
+            t,
+            s,
+            hq,
+            kvh,
+            d,
+            &mut o,
+            c.threads,
+        )
         .expect("prefill");
     let what = format!(
         "{} p={} t={t} hq={hq} kvh={kvh} d={d} threads={} amp={}",

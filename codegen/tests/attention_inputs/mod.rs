@@ -1,0 +1,78 @@
+//! Random attention inputs shared by the x86 attention tests: q, and the K
+//! and V caches in a kernel's formats, both as the interpreter binds them
+//! and as the host kernels read them.
+
+use half::f16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tessera_codegen::host_attention::KvCache;
+use tessera_dsl::interp::Value;
+use tessera_dsl::ir::{Format, Kernel};
+use tessera_dsl::quant::{self, QuantTensor};
+
+/// One cache (K or V) of `rows` rows of `d`.
+pub struct Side {
+    /// As the interpreter binds it.
+    pub value: Value,
+    quant: Option<QuantTensor>,
+    half: Vec<f16>,
+}
+
+impl Side {
+    /// As the host kernels read it.
+    pub fn cache(&self) -> KvCache<'_> {
+        self.quant
+            .as_ref()
+            .map_or(KvCache::F16(&self.half), KvCache::Quant)
+    }
+}
+
+pub struct Inputs {
+    pub q: Vec<f16>,
+    pub k: Side,
+    pub v: Side,
+}
+
+/// `q_elems` f16 of q uniform in ±`q_amp`, then K and V of `rows` rows of
+/// `d` uniform in ±1 in `kernel`'s key and value formats (quantized by the
+/// project's quantizer where not f16), from `seed`.
+pub fn inputs(
+    kernel: &Kernel,
+    q_elems: usize,
+    rows: usize,
+    d: usize,
+    q_amp: f32,
+    seed: u64,
+) -> Inputs {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let a = kernel.as_attention().expect("an attention kernel");
+    let kf = kernel.tensor(&a.k).expect("k").format;
+    let vf = kernel.tensor(&a.v).expect("v").format;
+    let q: Vec<f16> = (0..q_elems)
+        .map(|_| f16::from_f32(rng.gen_range(-q_amp..q_amp)))
+        .collect();
+    let kd: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let vd: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let side = |f: Format, data: &[f32]| {
+        if f == Format::F16 {
+            let half: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+            Side {
+                value: Value::F16(half.clone()),
+                quant: None,
+                half,
+            }
+        } else {
+            let t = quant::quantize(f, rows, d, data).expect("quantize");
+            Side {
+                value: Value::Quant(t.clone()),
+                quant: Some(t),
+                half: Vec::new(),
+            }
+        }
+    };
+    Inputs {
+        k: side(kf, &kd),
+        v: side(vf, &vd),
+        q,
+    }
+}
