@@ -590,9 +590,11 @@ impl HostAttention {
         Ok((base, [ptrs[0].3, ptrs[1].3]))
     }
 
-    /// A whole-prefill call: the tokens in contiguous runs of about equal
-    /// cost ([`token_runs`]), each run a prefill of its own over its causal
-    /// prefix, on the workers of `exec`.
+    /// A whole-prefill call shared among the workers of `exec` as
+    /// [`prefill_parts`] says: each part a prefill of its own over its
+    /// tokens' causal prefix. Each worker's scratch is followed by a guard
+    /// the kernel must leave as it was (checked in debug builds: the
+    /// scratch size is this module's formula, the writes the emitter's).
     #[allow(clippy::too_many_arguments)]
     fn prefill_whole(
         &self,
@@ -614,7 +616,11 @@ impl HostAttention {
         let (base, _) = self.call_args(q, k, v, t, s, hq, kvh, d, o)?;
         let scratch_len = prefill_scratch_floats(d)?;
         let parts = prefill_parts(s, t, hq, kvh, threads);
-        let mut scratch = zeroed(scratch_len, parts.len())?;
+        let stride = scratch_len + SCRATCH_GUARD;
+        let mut scratch = zeroed(stride, parts.len())?;
+        for sc in scratch.chunks_mut(stride) {
+            sc[scratch_len..].fill(f32::from_bits(GUARD_BITS));
+        }
         let mut counters = vec![0u64; parts.len()];
         let entry = self.code.entry() as usize;
         let row_bytes = hq * d * 2;
@@ -646,7 +652,7 @@ impl HostAttention {
         };
         let work: Vec<_> = parts
             .into_iter()
-            .zip(scratch.chunks_mut(scratch_len))
+            .zip(scratch.chunks_mut(stride))
             .zip(counters.iter_mut())
             .map(|((r, sc), c)| (r, sc, c))
             .collect();
@@ -655,6 +661,12 @@ impl HostAttention {
         } else {
             on_workers(work, exec, call);
         }
+        debug_assert!(
+            scratch
+                .chunks(stride)
+                .all(|sc| sc[scratch_len..].iter().all(|g| g.to_bits() == GUARD_BITS)),
+            "the prefill kernel wrote past its {scratch_len} f32 of scratch"
+        );
         Ok(counters.iter().sum())
     }
 
@@ -1002,7 +1014,7 @@ fn prefill_parts(s: usize, t: usize, hq: usize, kvh: usize, threads: usize) -> V
 /// `s − t + i + 1` keys), covering every token once.
 pub fn token_runs(s: usize, t: usize, threads: usize) -> Vec<Range<usize>> {
     let threads = threads.clamp(1, t.max(1));
-    let cost = |i: usize| (s - t + i + 1) as u128;
+    let cost = |i: usize| (s.saturating_sub(t) + i + 1) as u128;
     let total: u128 = (0..t).map(cost).sum();
     let (mut out, mut start, mut acc) = (Vec::new(), 0, 0u128);
     for w in 1..=threads {
@@ -1051,6 +1063,12 @@ pub fn prefill_scratch_floats(d: usize) -> Result<usize, AttentionError> {
         .and_then(|n| n.checked_add(r * c + 32 * c + 8 * r + 16))
         .ok_or_else(|| shape("prefill scratch", "no overflow", "overflow"))
 }
+
+/// f32 after each whole-prefill worker's scratch that must stay
+/// [`GUARD_BITS`].
+const SCRATCH_GUARD: usize = 16;
+/// A NaN no kernel computes: the guard's pattern.
+const GUARD_BITS: u32 = 0x7fc0_dead;
 
 /// Fewest keys a split chunk gets: below this the combine and the extra
 /// calls cost more than the idle thread they would feed.
