@@ -100,7 +100,6 @@ const V_DEN: i32 = 1248;
 const V_MVEC: i32 = 1280;
 const V_SUMQ: i32 = 1312;
 pub(super) const V_NEGINF: i32 = 1344;
-const S_OLDRSP: i32 = 1376;
 
 const POLY: [f32; 7] = [
     1.0 / 720.0,
@@ -207,7 +206,6 @@ pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
         softmax
     ));
     common::prologue_framed(&mut a, FRAME);
-    common::align_frame(&mut a, S_OLDRSP);
     constants(&mut a, softmax);
     setup(&mut a, keys, values);
 
@@ -230,7 +228,6 @@ pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
     a.add(RBX, RAX);
     a.jmp(tile_loop);
     a.bind(done);
-    common::unalign_frame(&mut a, S_OLDRSP);
     common::epilogue_framed(&mut a, FRAME);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(MachineCode {

@@ -96,7 +96,6 @@ const P_J0: i32 = FRAME + 232;
 const P_CNT: i32 = FRAME + 240;
 const P_C0: i32 = FRAME + 248;
 const P_KSTEP: i32 = FRAME + 256;
-const P_OLDRSP: i32 = FRAME + 264;
 const P_LIMI: i32 = FRAME + 272;
 const P_KPF: i32 = FRAME + 280;
 const P_VPF: i32 = FRAME + 288;
@@ -120,7 +119,6 @@ pub(super) fn emit(
         "{name} x86-avx2 attention prefill (flash: {R}-row × {C}-key blocks): {header}"
     ));
     common::prologue_framed(&mut a, PREFILL_FRAME);
-    common::align_frame(&mut a, P_OLDRSP);
     attention::constants(&mut a, tessera_dsl::ir::SoftmaxMode::Online);
     for i in 0..8 {
         a.store32_imm(mem(RSP, V_ONE + 4 * i), 1f32.to_bits() as i32);
@@ -168,7 +166,6 @@ pub(super) fn emit(
     a.store64(mem(RSP, P_H), RAX);
     a.jmp(kv_loop);
     a.bind(kv_done);
-    common::unalign_frame(&mut a, P_OLDRSP);
     common::epilogue_framed(&mut a, PREFILL_FRAME);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(MachineCode {

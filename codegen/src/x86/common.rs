@@ -17,6 +17,7 @@
 //! | 208 | 8 × 14 | float kernels: x row pointers while they are computed |
 //! | 320 | 8 × 5 | float kernels: rdi, rbx, rbp, r14, r15 while the k loop holds more than 6 row pointers |
 //! | 360 | 8 × 2 | float kernels: the k loop's end pointers (all steps; the last whole unrolled step) |
+//! | 376 | 8 | rsp before the frame was aligned (see [`prologue_framed`]) |
 //!
 //! The zeros of the mask table (offset 32) double as relu's zero vector, so
 //! no register is reserved for it.
@@ -44,6 +45,8 @@ pub const SAVE_SLOTS: i32 = 320;
 /// End of the k loop's weight stream, and its last whole unrolled step.
 pub const K_END: i32 = 360;
 pub const K_END_UNROLLED: i32 = 368;
+/// rsp before [`prologue_framed`] rounded it down to a cache line.
+const OLD_RSP: i32 = 376;
 /// Eight zero f32 (the second half of the mask table).
 pub const ZEROS: i32 = MASK_TABLE + 32;
 const FRAME: i32 = 384;
@@ -61,32 +64,24 @@ pub fn prologue(a: &mut X86Asm) {
     prologue_framed(a, FRAME);
 }
 
-/// [`prologue`] with a frame of `frame` bytes (at least the standard one).
+/// [`prologue`] with a frame of `frame` bytes (at least the standard one),
+/// rounded down to a cache line: the frame's 32-byte constants and stores
+/// then never split two lines. The caller's rsp is only 16-aligned and its
+/// value mod 64 changes between runs (stack randomization), which made the
+/// same kernel's speed differ by a third from run to run. The frame moves
+/// down by at most 48 bytes, below the caller's stack pointer; the old rsp
+/// waits at `[rsp + OLD_RSP]` for [`epilogue_framed`].
 pub fn prologue_framed(a: &mut X86Asm, frame: i32) {
     for r in SAVED {
         a.push(r);
     }
     a.sub_imm(RSP, frame.max(FRAME));
+    a.mov(RAX, RSP);
+    a.and_imm(RSP, -64);
+    a.store64(mem(RSP, OLD_RSP), RAX);
     for i in 0..16 {
         a.store32_imm(mem(RSP, MASK_TABLE + 4 * i), if i < 8 { -1 } else { 0 });
     }
-}
-
-/// Round rsp down to a cache line after [`prologue_framed`] (keeping the
-/// old value at `[rsp + slot]`), so 32-byte constants and stores in the
-/// frame never split cache lines: the caller's rsp is only 16-aligned and
-/// its value mod 64 changes between runs (stack randomization), which made
-/// the same kernel's speed differ by a third from run to run. The frame
-/// moves down by at most 48 bytes, below the caller's stack pointer.
-pub fn align_frame(a: &mut X86Asm, slot: i32) {
-    a.mov(RAX, RSP);
-    a.and_imm(RSP, -64);
-    a.store64(mem(RSP, slot), RAX);
-}
-
-/// Undo [`align_frame`] before [`epilogue_framed`].
-pub fn unalign_frame(a: &mut X86Asm, slot: i32) {
-    a.load64(RSP, mem(RSP, slot));
 }
 
 /// `dst = min(dst, src)`, unsigned.
@@ -115,6 +110,7 @@ pub fn epilogue(a: &mut X86Asm) {
 /// [`epilogue`] for a [`prologue_framed`] frame.
 pub fn epilogue_framed(a: &mut X86Asm, frame: i32) {
     a.vzeroupper();
+    a.load64(RSP, mem(RSP, OLD_RSP));
     a.add_imm(RSP, frame.max(FRAME));
     for r in SAVED.iter().rev() {
         a.pop(*r);
