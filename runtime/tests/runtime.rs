@@ -734,7 +734,8 @@ fn prefill_is_causal_on(backend: Backend) {
 }
 
 /// Appending a prompt and attending to it in one call is the two calls in
-/// order, and a call refused for q's shape leaves the cache as it was.
+/// order and matches the interpreter; a call refused for q's shape leaves
+/// the cache as it was.
 #[test]
 fn append_prefill_is_append_then_prefill() {
     let (hq, kvh, d, t) = (4, 2, 16, 7);
@@ -756,6 +757,10 @@ fn append_prefill_is_append_then_prefill() {
             att.append(&mut two, &k, &v, t).unwrap();
             att.prefill(&q, t, &two, &mut o2).unwrap();
             assert_eq!(o1, o2, "{backend:?} {format:?}");
+            let f32s = |x: &[f16]| -> Vec<f32> { x.iter().map(|h| h.to_f32()).collect() };
+            let want = reference_attention(format, &q, &f32s(&k), &f32s(&v), t, t, hq, kvh, d);
+            let (err, _) = max_err(&f32s(&o1), &want);
+            assert!(err <= 4e-3, "{backend:?} {format:?} err {err}");
             assert_eq!(one.len(), t);
             let e = att
                 .append_prefill(&mut one, &q[1..], &k, &v, t, &mut o1)
