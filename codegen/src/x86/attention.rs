@@ -690,6 +690,20 @@ pub(super) fn store_normalized_row(a: &mut X86Asm, d8: Mem, stride: i32) {
     a.jcc(Cond::Ne, chunk);
 }
 
+/// 8 fp8 e4m3 codes (zero-extended to dwords in `vx`) → f32 in `vx`,
+/// exactly, subnormals included: sign to bit 31, exponent and mantissa
+/// shifted into f32's fields (2^-120 of the value), then × 2^120 (a power
+/// of two). `consts` hold `V_SIGN`, `V_MAG`, `V_2P120`; `t` is clobbered.
+pub(super) fn widen_e4m3(a: &mut X86Asm, vx: Ymm, t: Ymm, consts: [Ymm; 3]) {
+    let [sign, mag, scale] = consts;
+    a.vpslld_imm(t, vx, 24);
+    a.vpslld_imm(vx, vx, 20);
+    a.vpand(t, t, sign);
+    a.vpand(vx, vx, mag);
+    a.vorps(vx, vx, t);
+    a.vmulps(vx, vx, scale);
+}
+
 /// Heads per P·V pass for this value format.
 fn pv_heads(values: Values) -> usize {
     match values {
@@ -851,12 +865,7 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
             Values::F16 => a.vcvtph2ps_load(vx, mem(RAX, 16 * c as i32)),
             Values::E4M3 => {
                 a.vpmovzxbd_load(vx, mem(RAX, 8 * c as i32));
-                a.vpslld_imm(t, vx, 24);
-                a.vpslld_imm(vx, vx, 20);
-                a.vpand(t, t, sign);
-                a.vpand(vx, vx, mag);
-                a.vorps(vx, vx, t);
-                a.vmulps(vx, vx, scale);
+                widen_e4m3(a, vx, t, [sign, mag, scale]);
             }
         }
         for h in 0..hs {

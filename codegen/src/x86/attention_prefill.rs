@@ -517,12 +517,7 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
         Values::E4M3 => {
             let (vx, t) = (Ymm(1), Ymm(2));
             a.vpmovzxbd_load(vx, mem(RBP, 0));
-            a.vpslld_imm(t, vx, 24);
-            a.vpslld_imm(vx, vx, 20);
-            a.vpand(t, t, Ymm(13));
-            a.vpand(vx, vx, Ymm(14));
-            a.vorps(vx, vx, t);
-            a.vmulps(vx, vx, Ymm(12));
+            attention::widen_e4m3(a, vx, t, [Ymm(13), Ymm(14), Ymm(12)]);
             a.add_imm(RBP, 8);
         }
     }
