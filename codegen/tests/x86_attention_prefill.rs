@@ -10,11 +10,14 @@
 use half::f16;
 use tessera_codegen::host_attention::{HostAttention, KvCache, token_runs};
 use tessera_codegen::x86::attention;
-use tessera_dsl::interp::{self, Bindings, Value};
-
-mod attention_inputs;
 use tessera_dsl::ir::{Kernel, Op, SoftmaxMode};
 use tessera_dsl::library;
+
+mod prefill_harness;
+use prefill_harness::{decodes_one_token, far_scores, head_dims_and_long_contexts, sweep};
+
+/// Prompt lengths of the sweeps: 70 tokens × 6 heads cross the row block.
+const TS: [usize; 5] = [1, 5, 9, 50, 70];
 
 fn runnable() -> bool {
     let missing = tessera_codegen::x86::missing_features();
@@ -32,112 +35,19 @@ fn compile(kernel: &Kernel) -> HostAttention {
     att
 }
 
-struct Case {
-    /// Tokens cached before the prompt.
-    p: usize,
-    /// Prompt tokens (queries).
-    t: usize,
-    hq: usize,
-    kvh: usize,
-    d: usize,
-    q_amp: f32,
-    threads: usize,
-    seed: u64,
-}
-
-fn check(att: &HostAttention, kernel: &Kernel, c: &Case) {
-    let (t, hq, kvh, d) = (c.t, c.hq, c.kvh, c.d);
-    let s = c.p + t;
-    let inp = attention_inputs::inputs(kernel, t * hq * d, s * kvh, d, c.q_amp, c.seed);
-    let qv = &inp.q;
-    let bindings = Bindings::new()
-        .extent("t", t)
-        .extent("hq", hq)
-        .extent("kvh", kvh)
-        .extent("d", d)
-        .extent("s", s)
-        .tensor("q", Value::F16(qv.clone()))
-        .tensor("k", inp.k.value.clone())
-        .tensor("v", inp.v.value.clone());
-    let out = interp::run(kernel, &bindings).expect("interp");
-    let want = out.get("o").unwrap();
-    let mut o = vec![f16::from_f32(f32::NAN); t * hq * d];
-    let recomputed = att
-        .prefill(
-            qv,
-            inp.k.cache(),
-            inp.v.cache(),
-            t,
-            s,
-            hq,
-            kvh,
-            d,
-            &mut o,
-            c.threads,
-        )
-        .expect("prefill");
-    let what = format!(
-        "{} p={} t={t} hq={hq} kvh={kvh} d={d} threads={} amp={}",
-        kernel.name, c.p, c.threads, c.q_amp
-    );
-    assert_eq!(
-        recomputed, 0,
-        "{what}: the online softmax recomputes nothing"
-    );
-    for (i, (g, w)) in o.iter().zip(want).enumerate() {
-        let g = g.to_f32();
-        let tol = 2e-3 * w.abs() + 2e-3;
-        assert!(
-            (g - w).abs() <= tol,
-            "{what}: o[{i}] (token {}, head {}) = {g}, want {w}",
-            i / (hq * d),
-            i / d % hq
-        );
-    }
-}
-
-fn sweep(kernel: &Kernel, dims: &[usize]) {
-    let att = compile(kernel);
-    let mut seed = 7;
-    for &p in &[0usize, 1, 17] {
-        for &t in &[1usize, 5, 9, 50, 70] {
-            for &(hq, kvh) in &[(2usize, 2usize), (12, 2), (8, 1), (6, 3)] {
-                for &d in dims {
-                    seed += 1;
-                    let c = Case {
-                        p,
-                        t,
-                        hq,
-                        kvh,
-                        d,
-                        q_amp: 0.5,
-                        threads: 1 + (seed as usize % 2),
-                        seed,
-                    };
-                    check(&att, kernel, &c);
-                }
-            }
-        }
-    }
-}
-
 #[test]
 fn x86_prefill_f16() {
     if runnable() {
-        sweep(
-            &library::get("attention-prefill-f16").unwrap(),
-            &[8, 64, 80, 128],
-        );
+        let kernel = library::get("attention-prefill-f16").unwrap();
+        sweep(&compile(&kernel), &kernel, &[8, 64, 80, 128], &TS);
     }
 }
 
 #[test]
 fn x86_prefill_kv8() {
     if runnable() {
-        sweep(
-            &library::get("attention-prefill-kv8").unwrap(),
-            &[8, 64, 80, 128],
-        );
+        let kernel = library::get("attention-prefill-kv8").unwrap();
+        sweep(&compile(&kernel), &kernel, &[8, 64, 80, 128], &TS);
     }
 }
 
@@ -149,25 +59,7 @@ fn x86_prefill_head_dims_and_long_contexts() {
     }
     for name in ["attention-prefill-f16", "attention-prefill-kv8"] {
         let kernel = library::get(name).unwrap();
-        let att = compile(&kernel);
-        for (i, &d) in [40usize, 64, 80, 96, 128, 256].iter().enumerate() {
-            for (p, t) in [(0usize, 130usize), (200, 33), (17, 97)] {
-                check(
-                    &att,
-                    &kernel,
-                    &Case {
-                        p,
-                        t,
-                        hq: 4,
-                        kvh: 2,
-                        d,
-                        q_amp: 0.5,
-                        threads: 2,
-                        seed: 100 + i as u64 + p as u64,
-                    },
-                );
-            }
-        }
+        head_dims_and_long_contexts(&compile(&kernel), &kernel, &[40, 64, 80, 96, 128, 256]);
     }
 }
 
@@ -181,23 +73,7 @@ fn x86_prefill_far_scores() {
     }
     for name in ["attention-prefill-f16", "attention-prefill-kv8"] {
         let kernel = library::get(name).unwrap();
-        let att = compile(&kernel);
-        for (seed, (p, t)) in [(0usize, 100usize), (17, 60), (1, 130)].iter().enumerate() {
-            check(
-                &att,
-                &kernel,
-                &Case {
-                    p: *p,
-                    t: *t,
-                    hq: 12,
-                    kvh: 2,
-                    d: 128,
-                    q_amp: 8.0,
-                    threads: 1,
-                    seed: 900 + seed as u64,
-                },
-            );
-        }
+        far_scores(&compile(&kernel), &kernel);
     }
 }
 
@@ -213,38 +89,7 @@ fn x86_prefill_code_decodes_one_token() {
         ("attention-prefill-kv8", "attention-decode-kv8"),
     ] {
         let kernel = library::get(prefill).unwrap();
-        let att = compile(&kernel);
-        let reference = library::get(decode).unwrap();
-        let (s, hq, kvh, d) = (77usize, 8usize, 2usize, 64usize);
-        let inp = attention_inputs::inputs(&kernel, hq * d, s * kvh, d, 0.5, 5);
-        let bindings = Bindings::decode_attention(
-            [hq, kvh, d, s],
-            Value::F16(inp.q.clone()),
-            inp.k.value.clone(),
-            inp.v.value.clone(),
-        );
-        let out = interp::run(&reference, &bindings).expect("interp");
-        let want = out.get("o").unwrap();
-        let mut o = vec![f16::from_f32(f32::NAN); hq * d];
-        att.run(
-            &inp.q,
-            inp.k.cache(),
-            inp.v.cache(),
-            s,
-            hq,
-            kvh,
-            d,
-            &mut o,
-            2,
-        )
-        .unwrap();
-        for (i, (g, w)) in o.iter().zip(want).enumerate() {
-            let g = g.to_f32();
-            assert!(
-                (g - w).abs() <= 2e-3 * w.abs() + 2e-3,
-                "{prefill} as decode: o[{i}] = {g}, want {w}"
-            );
-        }
+        decodes_one_token(&compile(&kernel), &kernel, &library::get(decode).unwrap());
     }
 }
 

@@ -794,18 +794,27 @@ impl Device {
 
     /// The whole-prefill kernel `name` (`attention-prefill-f16`,
     /// `attention-prefill-kv8`) for head dim `d`, mapped once, where this
-    /// device emits one: the x86 JIT device with `d` a multiple of 8.
-    /// `None` elsewhere (prefill then runs the decode kernel per token).
+    /// device emits one: the x86 JIT device with `d` a multiple of 8, the
+    /// NEON JIT device with `d` a multiple of 4. `None` elsewhere (prefill
+    /// then runs the decode kernel per token).
     pub(crate) fn prefill_attention(
         &self,
         name: &str,
         d: usize,
     ) -> Result<Option<Arc<HostAttention>>, RuntimeError> {
         #[cfg(feature = "jit")]
-        if matches!(self.engine, Engine::X86(_))
-            && d.is_multiple_of(tessera_codegen::x86::attention::HEAD_DIM_MULTIPLE)
         {
-            return self.attention(name, d).map(Some);
+            let head_dim_multiple = match self.engine {
+                Engine::X86(_) => Some(tessera_codegen::x86::attention::HEAD_DIM_MULTIPLE),
+                Engine::Neon(_) => {
+                    Some(tessera_codegen::neon::attention::PREFILL_HEAD_DIM_MULTIPLE)
+                }
+                _ => None,
+            };
+            if head_dim_multiple.is_some_and(|m| d.is_multiple_of(m)) {
+                let code = self.attention(name, d)?;
+                return Ok(code.whole_prefill().then_some(code));
+            }
         }
         let _ = (name, d);
         Ok(None)

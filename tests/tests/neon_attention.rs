@@ -79,6 +79,13 @@ fn variants() -> Vec<Kernel> {
     }
     out.push(unscaled(base.clone()));
     out.push(unscaled(online(base)));
+    // Prefill kernels (online softmax: the flash loop of
+    // neon/attention_prefill.rs) in every format pair, and with q unscaled.
+    let prefill = library::get("attention-prefill-f16").unwrap();
+    for (kf, vf) in format_pairs() {
+        out.push(with_formats(prefill.clone(), kf, vf));
+    }
+    out.push(unscaled(prefill));
     out
 }
 
@@ -177,12 +184,6 @@ fn kv_append_assembles_to_the_same_bytes_and_refuses_other_formats() {
 #[test]
 fn unsupported_kernels_are_refused_with_a_reason() {
     let be = NeonBackend::new("aarch64-fp16").unwrap();
-    let prefill = library::get("attention-prefill-f16").unwrap();
-    let l = be.emit_attention(&prefill).unwrap().listing;
-    assert!(
-        l.starts_with("// prefill: this decode kernel runs once per query token"),
-        "{l}"
-    );
     let base = library::get("attention-decode-f16").unwrap();
     let k4 = with_formats(
         base.clone(),
@@ -425,102 +426,6 @@ mod run {
                 check(target, &att, &k, &c);
             }
         }
-    }
-
-    /// Causal prefill through `HostAttention::prefill` (the NEON decode
-    /// kernel per query token with its visible prefix) against the
-    /// interpreter.
-    #[allow(clippy::too_many_arguments)]
-    fn check_prefill(
-        target: &str,
-        kernel: &Kernel,
-        t: usize,
-        s: usize,
-        hq: usize,
-        kvh: usize,
-        d: usize,
-        seed: u64,
-    ) {
-        let code = emit(target, kernel);
-        let pre = HostAttention::new(kernel, &code).expect("map");
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let a = kernel.as_attention().unwrap();
-        let kf = kernel.tensor(&a.k).unwrap().format;
-        let vf = kernel.tensor(&a.v).unwrap().format;
-        let qv: Vec<f16> = (0..t * hq * d)
-            .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
-            .collect();
-        let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let (kval, kq, k16) = cache(kf, s * kvh, d, &kd);
-        let (vval, vq, v16) = cache(vf, s * kvh, d, &vd);
-        let bindings = Bindings::new()
-            .extent("t", t)
-            .extent("hq", hq)
-            .extent("kvh", kvh)
-            .extent("d", d)
-            .extent("s", s)
-            .tensor("q", Value::F16(qv.clone()))
-            .tensor("k", kval)
-            .tensor("v", vval);
-        let out = interp::run(kernel, &bindings).expect("interp");
-        let want = out.get("o").unwrap();
-        let kc = kq.as_ref().map_or(KvCache::F16(&k16), KvCache::Quant);
-        let vc = vq.as_ref().map_or(KvCache::F16(&v16), KvCache::Quant);
-        let mut o = vec![f16::ZERO; t * hq * d];
-        let r = pre
-            .prefill(&qv, kc, vc, t, s, hq, kvh, d, &mut o, 2)
-            .expect("run");
-        assert_eq!(r as usize, out.softmax.unwrap().recomputed);
-        for (i, (g, w)) in o.iter().zip(want).enumerate() {
-            let g = g.to_f32();
-            assert!(
-                (g - w).abs() <= 2e-3 * w.abs() + 2e-3,
-                "{target} {} t={t} s={s} hq={hq} kvh={kvh} d={d}: o[{i}] = {g}, want {w}",
-                kernel.name
-            );
-        }
-    }
-
-    #[test]
-    fn prefill_is_causal_and_matches_the_interpreter() {
-        let k = library::get("attention-prefill-f16").unwrap();
-        let kv8 = with_formats(
-            k.clone(),
-            Format::I8Asym(Group::Row, ParamType::F32),
-            Format::Fp8E4M3,
-        );
-        for target in runnable() {
-            let mut seed = 900;
-            for &(t, s) in &[(1usize, 1usize), (3, 3), (5, 70), (17, 17), (9, 130)] {
-                for &(hq, kvh, d) in &[(4usize, 1usize, 64usize), (2, 2, 128), (8, 2, 40)] {
-                    seed += 1;
-                    check_prefill(target, &k, t, s, hq, kvh, d, seed);
-                }
-            }
-            check_prefill(target, &kv8, 6, 100, 8, 2, 64, 7);
-        }
-        // A cache shorter than s is refused, not read past.
-        let code = emit("aarch64-neon", &k);
-        let pre = HostAttention::new(&k, &code).unwrap();
-        let q = vec![f16::ZERO; 2 * 2 * 8];
-        let kc = vec![f16::ZERO; 3 * 8];
-        let mut o = vec![f16::ZERO; 2 * 2 * 8];
-        assert!(
-            pre.prefill(
-                &q,
-                KvCache::F16(&kc),
-                KvCache::F16(&kc),
-                2,
-                4,
-                2,
-                1,
-                8,
-                &mut o,
-                1
-            )
-            .is_err()
-        );
     }
 
     /// The append writes row `pos` bit-for-bit as the reference quantizer

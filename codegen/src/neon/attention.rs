@@ -30,8 +30,10 @@
 //!    against at `s + 2d`): `HostAttention`'s flash-decoding split
 //!    (`split s`) combines chunks of the sequence from it.
 //!
-//! A prefill kernel emits this same code; `HostAttention::prefill`
-//! runs it once per query token with that token's causal prefix.
+//! A prefill kernel with the online softmax emits the flash loop of
+//! [`super::attention_prefill`] instead; with the async softmax it emits
+//! this same code, which `HostAttention::prefill` runs once per query
+//! token with that token's causal prefix.
 //!
 //! Tails: d need not be a multiple of 8 (a scalar tail over the last
 //! `d % 8` lanes), s need not be a multiple of the block (the last block is
@@ -46,6 +48,10 @@ use super::frame;
 use crate::artifact::{Arch, EmitError, MachineCode};
 use crate::host_attention::*;
 use crate::target::TargetCaps;
+
+/// Head dims the whole-prefill code takes: multiples of its 4-lane chunks
+/// ([`MachineCode::head_dim_multiple`] of a prefill kernel's code).
+pub const PREFILL_HEAD_DIM_MULTIPLE: usize = 4;
 
 /// How keys are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,14 +143,14 @@ impl AttentionSpec {
         })
     }
 
-    fn key_bytes(&self) -> u32 {
+    pub(super) fn key_bytes(&self) -> u32 {
         match self.keys {
             KeyStore::F16 => 2,
             KeyStore::I8 { .. } => 1,
         }
     }
 
-    fn value_bytes(&self) -> u32 {
+    pub(super) fn value_bytes(&self) -> u32 {
         match self.values {
             ValueStore::F16 => 2,
             _ => 1,
@@ -203,7 +209,7 @@ const T28: X = X(28);
 
 // Vector registers.
 const INV_SQRT_D: V = V(15);
-const EXP_LO: V = V(16);
+pub(super) const EXP_LO: V = V(16);
 const EXP_HI: V = V(17);
 const LOG2E: V = V(18);
 const NLN2_HI: V = V(19);
@@ -213,7 +219,7 @@ const C120: V = V(22);
 const C24: V = V(23);
 const C6: V = V(24);
 const C2: V = V(25);
-const ONE: V = V(26);
+pub(super) const ONE: V = V(26);
 const BIAS: V = V(27);
 const SUMQ: V = V(28);
 const DEN: V = V(29);
@@ -226,9 +232,13 @@ const FRAME: u32 = 16;
 /// Emit the decode attention kernel `kernel` for `caps`.
 pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError> {
     let spec = AttentionSpec::new(caps, kernel)?;
+    let prefill = kernel.as_attention().map(|a| a.kind) == Some(AttentionKind::Prefill);
+    if prefill && spec.softmax == SoftmaxMode::Online {
+        return super::attention_prefill::emit(caps.name, &kernel.name, &spec);
+    }
     let mut a = A64::new();
-    if kernel.as_attention().map(|a| a.kind) == Some(AttentionKind::Prefill) {
-        a.header("prefill: this decode kernel runs once per query token with s = its causal prefix (HostAttention::prefill)");
+    if prefill {
+        a.header("prefill: this decode kernel runs once per query token with s = its causal prefix (HostAttention::prefill): the flash prefill runs the online softmax only");
     }
     a.header(&format!(
         "{} {} decode attention: keys {}, values {}, QK {}, softmax {}",
@@ -265,7 +275,7 @@ pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError
 }
 
 /// An f32 constant splatted into all four lanes of `v` (via `tmp`).
-fn splat_f32(a: &mut A64, v: V, value: f32, tmp: X) {
+pub(super) fn splat_f32(a: &mut A64, v: V, value: f32, tmp: X) {
     a.mov_imm(tmp, u64::from(value.to_bits()));
     a.fmov_s_w(v, tmp);
     a.dup_4s(v, v, 0);
@@ -290,10 +300,33 @@ fn count_loop(a: &mut A64, cnt: X, step: u32, body: impl FnOnce(&mut A64)) {
     a.bind(done);
 }
 
+/// The constants [`exp`] reads, splatted into v16–v27 (via `tmp`).
+pub(super) fn exp_constants(a: &mut A64, tmp: X) {
+    a.comment("exp constants");
+    for (v, c) in [
+        (EXP_LO, -87.3f32),
+        (EXP_HI, 88.7),
+        (LOG2E, std::f32::consts::LOG2_E),
+        (NLN2_HI, -0.693_359_4),
+        (NLN2_LO, 2.121_944_4e-4),
+        (C720, 1.0 / 720.0),
+        (C120, 1.0 / 120.0),
+        (C24, 1.0 / 24.0),
+        (C6, 1.0 / 6.0),
+        (C2, 0.5),
+        (ONE, 1.0),
+    ] {
+        splat_f32(a, v, c, tmp);
+    }
+    a.mov_imm(tmp, 127);
+    a.fmov_s_w(BIAS, tmp);
+    a.dup_4s(BIAS, BIAS, 0);
+}
+
 /// `x = e^x` on four lanes (clobbers `t1`, `t2`): clamp to [-87.3, 88.7],
 /// n = round(x·log2 e), r = x − n·ln 2 (two-part), Taylor degree 6 in
 /// Horner form, times 2^n built in the exponent bits.
-fn exp(a: &mut A64, x: V, t1: V, t2: V) {
+pub(super) fn exp(a: &mut A64, x: V, t1: V, t2: V) {
     a.fmaxnm_4s(x, x, EXP_LO);
     a.fminnm_4s(x, x, EXP_HI);
     a.fmul_4s(t1, x, LOG2E);
@@ -353,25 +386,7 @@ fn emit_body(a: &mut A64, spec: &AttentionSpec) {
     a.add_lsl(Q16, NUM, D, 2);
     a.lsr_imm(D8, D, 3);
     a.lsl_imm(D8, D8, 3);
-    a.comment("exp constants");
-    for (v, c) in [
-        (EXP_LO, -87.3f32),
-        (EXP_HI, 88.7),
-        (LOG2E, std::f32::consts::LOG2_E),
-        (NLN2_HI, -0.693_359_4),
-        (NLN2_LO, 2.121_944_4e-4),
-        (C720, 1.0 / 720.0),
-        (C120, 1.0 / 120.0),
-        (C24, 1.0 / 24.0),
-        (C6, 1.0 / 6.0),
-        (C2, 0.5),
-        (ONE, 1.0),
-    ] {
-        splat_f32(a, v, c, T3);
-    }
-    a.mov_imm(T3, 127);
-    a.fmov_s_w(BIAS, T3);
-    a.dup_4s(BIAS, BIAS, 0);
+    exp_constants(a, T3);
     if !spec.q_prescaled {
         a.comment("1/sqrt(d)");
         a.ucvtf_s_x(V(0), D);

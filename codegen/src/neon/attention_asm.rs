@@ -83,6 +83,14 @@ pub trait AttentionAsm {
     fn and(&mut self, d: X, n: X, m: X);
     /// `orr xd, xn, xm`
     fn orr(&mut self, d: X, n: X, m: X);
+    /// `fcmgt vd.4s, vn.4s, vm.4s` (all ones where n > m, ordered)
+    fn fcmgt_4s(&mut self, d: V, n: V, m: V);
+    /// `bit vd.16b, vn.16b, vm.16b`: n's bits into d where m's are set
+    fn bit_16b(&mut self, d: V, n: V, m: V);
+    /// `bic vd.16b, vn.16b, vm.16b`: n with m's bits cleared
+    fn bic_16b(&mut self, d: V, n: V, m: V);
+    /// `st1 {vt.s}[lane], [xn], xm` (post-index by a register)
+    fn st1_s_lane_post(&mut self, t: V, lane: u32, n: X, m: X);
 }
 
 impl AttentionAsm for A64 {
@@ -278,5 +286,31 @@ impl AttentionAsm for A64 {
     fn orr(&mut self, d: X, n: X, m: X) {
         let w = 0xAA00_0000 | u32::from(m.0) << 16 | u32::from(n.0) << 5 | u32::from(d.0);
         self.encoded(format!("orr {d}, {n}, {m}"), w);
+    }
+
+    fn fcmgt_4s(&mut self, d: V, n: V, m: V) {
+        let w = rd_rn_rm(0x6EA0_E400, d, n, m);
+        self.encoded(format!("fcmgt {d}.4s, {n}.4s, {m}.4s"), w);
+    }
+
+    fn bit_16b(&mut self, d: V, n: V, m: V) {
+        let w = rd_rn_rm(0x6EA0_1C00, d, n, m);
+        self.encoded(format!("bit {d}.16b, {n}.16b, {m}.16b"), w);
+    }
+
+    fn bic_16b(&mut self, d: V, n: V, m: V) {
+        let w = rd_rn_rm(0x4E60_1C00, d, n, m);
+        self.encoded(format!("bic {d}.16b, {n}.16b, {m}.16b"), w);
+    }
+
+    fn st1_s_lane_post(&mut self, t: V, lane: u32, n: X, m: X) {
+        assert!(lane < 4, "st1 lane {lane} of .s");
+        let w = 0x0D80_8000
+            | (lane >> 1) << 30
+            | u32::from(m.0) << 16
+            | (lane & 1) << 12
+            | u32::from(n.0) << 5
+            | u32::from(t.0);
+        self.encoded(format!("st1 {{ {t}.s }}[{lane}], [{n}], {m}"), w);
     }
 }

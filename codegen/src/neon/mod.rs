@@ -34,6 +34,7 @@ pub mod asm;
 pub mod attention;
 pub mod attention_append;
 mod attention_asm;
+mod attention_prefill;
 pub mod float;
 pub mod frame;
 pub mod int8;
