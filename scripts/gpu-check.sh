@@ -42,7 +42,10 @@ build() {
     mkdir -p "$dir/tests"
     cd "$root"
     local tests
-    tests=$(cargo test -p tessera-runtime --features cuda --no-run --message-format=json \
+    # `--workspace` with the runtime's `cuda` feature in every cargo call
+    # here: one feature set, so the tests and the bench share their
+    # dependencies' builds (and those of scripts/test.sh's CUDA tests).
+    tests=$(cargo test --workspace --features tessera-runtime/cuda --no-run --message-format=json \
         --test cuda_matmul --test cuda_attention --test cuda_device |
         python3 -c '
 import json, sys
@@ -56,8 +59,8 @@ for line in sys.stdin:
         cp "$exe" "$dir/tests/$name"
     done <<<"$tests"
     local bench
-    bench=$(cargo build -p tessera-runtime --features cuda --profile "$profile" \
-        --example cuda_bench --message-format=json |
+    bench=$(cargo test --workspace --features tessera-runtime/cuda --profile "$profile" \
+        --no-run --example cuda_bench --message-format=json |
         python3 -c '
 import json, sys
 for line in sys.stdin:

@@ -5,6 +5,8 @@
 # dispatch falls back. Needs the cross
 # toolchain (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user and the
 # rustup target aarch64-unknown-linux-gnu); scripts/test.sh installs them.
+# `--workspace` everywhere: the features of the other aarch64 builds, so
+# nothing is compiled twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for spec in max:aarch64-i8mm cortex-a76:aarch64-dotprod cortex-a72:aarch64-neon; do
@@ -15,12 +17,12 @@ for spec in max:aarch64-i8mm cortex-a76:aarch64-dotprod cortex-a72:aarch64-neon;
     # (forking llvm-mc from a multithreaded guest can hang qemu-user).
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /usr/aarch64-linux-gnu" \
         TESSERA_EXPECT_TARGET="$want" TESSERA_EMULATED=1 \
-        cargo test -p tessera-tests --target aarch64-unknown-linux-gnu --test neon_run --test neon_attention --test conformance
+        cargo test --workspace --target aarch64-unknown-linux-gnu --test neon_run --test neon_attention --test conformance
     # The runtime's NEON device (Linear, Attention decode and prefill, KV
     # cache) next to cranelift on the same CPU; model files (GGUF blocks
     # repacked for NEON, checked against llama.cpp's gguf) once, on max.
     runtime_tests=(--test runtime)
     [ "$cpu" = max ] && runtime_tests+=(--test model_file)
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /usr/aarch64-linux-gnu" \
-        cargo test -p tessera-runtime --target aarch64-unknown-linux-gnu "${runtime_tests[@]}"
+        cargo test --workspace --target aarch64-unknown-linux-gnu "${runtime_tests[@]}"
 done

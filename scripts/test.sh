@@ -178,21 +178,27 @@ install_requirements() {
     ensure_openssh
 }
 
-# The cranelift (host) backend's aarch64 code paths, natively under
-# qemu-aarch64 -cpu max (.cargo/config.toml sets the linker and runner):
-# only the clif tests, whose sizes are small, so this stays within minutes.
+# The cranelift (host) backend's aarch64 code paths and the NEON prefill,
+# natively under qemu-aarch64 -cpu max (.cargo/config.toml sets the linker
+# and runner): only these tests, whose sizes are small, so this stays
+# within minutes. `--workspace` in every aarch64 build (here, in
+# scripts/test-aarch64.sh and the remote tuning test's cross-build): the
+# same features each time, so cranelift, the emitters and the runtime are
+# compiled for aarch64 once.
 run_aarch64_clif_tests() {
-    cargo test -p tessera-codegen --target aarch64-unknown-linux-gnu \
-        --test clif_matmul --test clif_attention --test clif_listing
+    cargo test --workspace --target aarch64-unknown-linux-gnu \
+        --test clif_matmul --test clif_attention --test clif_listing --test neon_attention_prefill
 }
 
 # The CUDA host path is behind a non-default feature: lint it and run its
 # tests, which print a visible SKIP where no CUDA driver exists; then the
 # GPU check's build half (what scripts/gpu-check.sh carries to a GPU
-# machine), in the dev profile so it reuses the tests' artifacts.
+# machine), in the dev profile so it reuses the tests' artifacts. The tests
+# build with `--workspace` (as gpu-check.sh does): the workspace's features
+# with `cuda` added, so only the runtime and what needs it are recompiled.
 run_cuda_feature_checks() {
     cargo clippy -p tessera-runtime --features cuda --all-targets -- -D warnings &&
-        cargo test -p tessera-runtime --features cuda \
+        cargo test --workspace --features tessera-runtime/cuda \
             --test cuda_matmul --test cuda_attention --test cuda_device -- --nocapture &&
         scripts/gpu-check.sh build --profile dev "${CARGO_TARGET_DIR:-target}/gpu-check-ci" &&
         for f in cuda_bench gpu-check.sh vendor_bench.py tests/cuda_matmul tests/cuda_attention tests/cuda_device; do

@@ -377,7 +377,9 @@ fn file_name(p: &Path) -> Result<String, RemoteError> {
 }
 
 /// Cross-build the tuner for `triple` with cargo's `profile` and return the
-/// binary's path, from cargo's own artifact messages.
+/// binary's path, from cargo's own artifact messages. `--workspace` (only
+/// the tuner's binary is built): the workspace's features, so a checkout
+/// that has built its tests for `triple` reuses those artifacts.
 pub fn build(triple: &str, profile: &str) -> Result<PathBuf, RemoteError> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = exec(
@@ -386,8 +388,7 @@ pub fn build(triple: &str, profile: &str) -> Result<PathBuf, RemoteError> {
             "build",
             "--profile",
             profile,
-            "-p",
-            "tessera-autotune",
+            "--workspace",
             "--bin",
             "tessera-autotune",
             "--target",
