@@ -312,8 +312,5 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
 }
 
 fn program_source(program: tessera_codegen::opencl::Program) -> String {
-    match program {
-        tessera_codegen::opencl::Program::Matmul { source, .. }
-        | tessera_codegen::opencl::Program::Attention { source, .. } => source,
-    }
+    program.source().to_string()
 }

@@ -20,13 +20,14 @@
 //! [`Attention::decode`] runs the JIT (or prebuilt) decode kernel on the
 //! whole cache; on OpenCL, the split-K decode program over the device
 //! cache. [`Attention::prefill`] runs the device's whole-prefill kernel
-//! where it has one (x86: each K/V block read once per block of query
-//! rows, an online softmax in registers), else the decode kernel once per
+//! where it has one (x86 and NEON: each K/V block read once per block of
+//! query rows, an online softmax in registers), else the decode kernel once per
 //! prompt token over the causal prefix it may see (token i of t sits at
 //! position s − t + i and sees keys 0..=s − t + i, the interpreter's
 //! prefill semantics); either way the tokens are split over the pool by
-//! per-core weights and by cost (later tokens see more keys). On OpenCL and
-//! CUDA, prefill is one decode launch per prompt token, in order.
+//! per-core weights and by cost (later tokens see more keys). On OpenCL,
+//! prefill is one launch of the fused prefill program (head dims up to
+//! 256); on CUDA, one decode launch per prompt token, in order.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -667,7 +668,7 @@ pub struct Attention {
     d: usize,
     format: KvFormat,
     kernel: AttentionKernel,
-    /// The device's whole-prefill kernel (x86: row blocks × key blocks),
+    /// The device's whole-prefill kernel (x86, NEON: row blocks × key blocks),
     /// where it has one; else prefill runs the decode kernel per token.
     prefill: Option<Arc<HostAttention>>,
     /// The device's own KV append (the JIT NEON device's emitted kernel).
@@ -677,8 +678,14 @@ pub struct Attention {
 /// The decode kernel an [`Attention`] runs.
 enum AttentionKernel {
     Host(Arc<HostAttention>),
+    /// The split-K decode program, and the fused prefill program for this
+    /// head dim where the GPU prefill takes it (d ≤ 256; else prefill
+    /// decodes per prompt token).
     #[cfg(feature = "opencl")]
-    OpenCl(Arc<crate::opencl::ClAttention>),
+    OpenCl(
+        Arc<crate::opencl::ClAttention>,
+        Option<Arc<crate::opencl::ClPrefill>>,
+    ),
     /// The split-K PTX pair, loaded once; reads a device cache.
     #[cfg(feature = "cuda")]
     Cuda(Arc<crate::cuda::CudaAttention>),
@@ -748,9 +755,12 @@ impl Attention {
         }
         let kernel = match device.backend() {
             #[cfg(feature = "opencl")]
-            crate::Backend::OpenCl => {
-                AttentionKernel::OpenCl(device.cl_attention(format.kernel_name())?)
-            }
+            crate::Backend::OpenCl => AttentionKernel::OpenCl(
+                device.cl_attention(format.kernel_name())?,
+                (d <= tessera_codegen::gpu::PREFILL_MAX_HEAD_DIM as usize)
+                    .then(|| device.cl_prefill(format.prefill_kernel_name(), d))
+                    .transpose()?,
+            ),
             #[cfg(feature = "cuda")]
             crate::Backend::Cuda => {
                 AttentionKernel::Cuda(device.cuda_engine()?.attention(format.kernel_name())?)
@@ -810,7 +820,11 @@ impl Attention {
     /// block read once per block of query rows) rather than the decode
     /// kernel per prompt token.
     pub fn prefills_whole(&self) -> bool {
-        self.prefill.is_some()
+        match &self.kernel {
+            #[cfg(feature = "opencl")]
+            AttentionKernel::OpenCl(_, pre) => pre.is_some(),
+            _ => self.prefill.is_some(),
+        }
     }
 
     /// Whether [`Attention::append`] runs an emitted append kernel (the
@@ -867,7 +881,7 @@ impl Attention {
                 )?)
             }
             #[cfg(feature = "opencl")]
-            AttentionKernel::OpenCl(kernel) => self.decode_cl(kernel, q, cache, cache.len, o),
+            AttentionKernel::OpenCl(kernel, _) => self.decode_cl(kernel, q, cache, cache.len, o),
             #[cfg(feature = "cuda")]
             AttentionKernel::Cuda(program) => self.decode_cuda(program, q, cache, cache.len, o),
         }
@@ -886,7 +900,7 @@ impl Attention {
         match &self.kernel {
             AttentionKernel::Host(_) => None,
             #[cfg(feature = "opencl")]
-            AttentionKernel::OpenCl(kernel) => Some(self.decode_cl(kernel, q, cache, s, o)),
+            AttentionKernel::OpenCl(kernel, _) => Some(self.decode_cl(kernel, q, cache, s, o)),
             #[cfg(feature = "cuda")]
             AttentionKernel::Cuda(program) => Some(self.decode_cuda(program, q, cache, s, o)),
         }
@@ -969,6 +983,39 @@ impl Attention {
         Ok(n as u64)
     }
 
+    /// The `t` prompt tokens over the whole device cache in one launch of
+    /// the OpenCL prefill program.
+    #[cfg(feature = "opencl")]
+    fn prefill_cl(
+        &self,
+        pre: &crate::opencl::ClPrefill,
+        q: &[f16],
+        t: usize,
+        cache: &KvCache,
+        o: &mut [f16],
+    ) -> Result<(), RuntimeError> {
+        let Storage::OpenCl { dev, cache: cl } = &cache.storage else {
+            return Err(shape(
+                "KV cache location",
+                "OpenCL device buffers (KvCache::for_device)",
+                "host memory",
+            ));
+        };
+        let same = self
+            .device
+            .opencl()
+            .is_some_and(|mine| Arc::ptr_eq(mine, dev));
+        if !same {
+            return Err(shape(
+                "KV cache device",
+                "the attention's OpenCL device",
+                "another device",
+            ));
+        }
+        crate::opencl::prefill_into(dev, pre, q, cl, t, cache.len, self.hq, o)
+            .map_err(|e| gpu_err(&self.device, e))
+    }
+
     /// A prompt chunk in one call: its keys and values (f16 `[t, kvh, d]`,
     /// as the projections produce them) appended to `cache` in place and in
     /// its formats ([`Attention::append`]), then its `t` query tokens (`q`,
@@ -1020,6 +1067,10 @@ impl Attention {
             return Ok(0);
         }
         let first = cache.len - t;
+        #[cfg(feature = "opencl")]
+        if let AttentionKernel::OpenCl(_, Some(pre)) = &self.kernel {
+            return self.prefill_cl(pre, q, t, cache, o).map(|()| 0);
+        }
         if !matches!(self.kernel, AttentionKernel::Host(_)) {
             // A GPU decodes per prompt token over its causal prefix, in
             // order (one queue); a dedicated prefill kernel would reuse

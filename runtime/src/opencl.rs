@@ -31,7 +31,7 @@ use opencl3::program::Program as ClProgram;
 use opencl3::types::{CL_BLOCKING, cl_int, cl_mem};
 use tessera_codegen::artifact::EmitError;
 use tessera_codegen::gpu::{
-    ArgKind, AttentionPlan, KernelArg, KvFormat, LaunchDim, LaunchExtent, WEIGHT_LP, WeightMemory,
+    ArgKind, KernelArg, KvFormat, LaunchDim, LaunchExtent, WEIGHT_LP, WeightMemory,
 };
 use tessera_codegen::opencl::{Fp16Mode, Program};
 use tessera_dsl::interp::Value;
@@ -40,8 +40,8 @@ pub mod limits;
 mod resident;
 
 pub use resident::{
-    ClAttention, ClIo, ClKvCache, ClMatmul, ClOutput, ClWeights, KvRows, attention_into,
-    matmul_into, matmul_launch,
+    ClAttention, ClIo, ClKvCache, ClMatmul, ClOutput, ClPrefill, ClWeights, KvRows, attention_into,
+    matmul_into, matmul_launch, prefill_into,
 };
 
 use crate::device::GpuInfo;
@@ -562,8 +562,8 @@ pub fn run_attention(
     let built = dev.build(source)?;
     let splits = s.div_ceil(plan.keys_per_split as usize);
     let qb = dev.buffer(q)?;
-    let (kb, ks, ko) = cache_buffers(dev, plan, k, plan.k, s * kvh, d, "k")?;
-    let (vb, _, _) = cache_buffers(dev, plan, v, plan.v, s * kvh, d, "v")?;
+    let (kb, ks, ko) = cache_buffers(dev, plan.k, k, s * kvh, d, "k")?;
+    let (vb, _, _) = cache_buffers(dev, plan.v, v, s * kvh, d, "v")?;
     let po = dev.buffer(&vec![0f32; splits * hq * d])?;
     let pm = dev.buffer(&vec![0f32; splits * hq])?;
     let pl = dev.buffer(&vec![0f32; splits * hq])?;
@@ -640,11 +640,84 @@ pub fn run_attention(
 
 type CacheBuffers = (WeightMem, Buffer<f32>, Buffer<f32>);
 
+/// Run a causal prefill program: `q` `[t, hq, d]` f16, caches `k`, `v`
+/// `[s, kvh, d]` as the interpreter binds them (f16 or quantized with rows
+/// `s·kvh`), token i of t at position `s − t + i`. Returns `o[t, hq, d]`
+/// as f32 (rounded to f16 by the kernel).
+#[allow(clippy::too_many_arguments)]
+pub fn run_prefill(
+    dev: &ClDevice,
+    program: &Program,
+    q: &[f16],
+    k: &Value,
+    v: &Value,
+    t: usize,
+    s: usize,
+    hq: usize,
+    kvh: usize,
+) -> Result<Vec<f32>, ClError> {
+    let Program::Prefill { plan, source } = program else {
+        return Err(input("run_prefill needs a prefill program"));
+    };
+    let d = plan.d as usize;
+    if kvh == 0 || !hq.is_multiple_of(kvh) {
+        return Err(input(format!(
+            "query heads {hq} are not a multiple of KV heads {kvh}"
+        )));
+    }
+    if s < t {
+        return Err(input(format!(
+            "a prefill of {t} tokens over {s} cached ones"
+        )));
+    }
+    let elems = t
+        .checked_mul(hq)
+        .and_then(|n| n.checked_mul(d))
+        .ok_or_else(|| input("t·hq·d overflows"))?;
+    check_len("q", q.len(), elems)?;
+    if elems == 0 {
+        return Ok(Vec::new());
+    }
+    let built = dev.build(source)?;
+    let qb = dev.buffer(q)?;
+    let (kb, ks, ko) = cache_buffers(dev, plan.k, k, s * kvh, d, "k")?;
+    let (vb, _, _) = cache_buffers(dev, plan.v, v, s * kvh, d, "v")?;
+    let ob = dev.buffer(&vec![f16::ZERO; elems])?;
+    let mut bound = vec![
+        ("q", Arg::Mem(qb.get())),
+        ("k", Arg::Mem(kb.get())),
+        ("k_scales", Arg::Mem(ks.get())),
+        ("k_offsets", Arg::Mem(ko.get())),
+        ("v", Arg::Mem(vb.get())),
+        ("o", Arg::Mem(ob.get())),
+    ];
+    bound.extend([
+        ("t", Arg::Int(to_int(t, "t")?)),
+        ("s", Arg::Int(to_int(s, "s")?)),
+        ("hq", Arg::Int(to_int(hq, "hq")?)),
+        ("kvh", Arg::Int(to_int(kvh, "kvh")?)),
+    ]);
+    let rows = t * (hq / kvh);
+    launch(
+        dev,
+        &built,
+        &plan.entry,
+        &plan.args,
+        &bound,
+        &plan.launch,
+        |x| match x {
+            LaunchExtent::PrefillRows => rows,
+            LaunchExtent::KvHeads => kvh,
+            _ => 1,
+        },
+    )?;
+    Ok(dev.read(&ob, elems)?.into_iter().map(f16::to_f32).collect())
+}
+
 fn cache_buffers(
     dev: &ClDevice,
-    _plan: &AttentionPlan,
-    value: &Value,
     format: KvFormat,
+    value: &Value,
     rows: usize,
     d: usize,
     what: &str,

@@ -59,6 +59,7 @@
 //! `[phi + lo, phi + hi]` recomputes its exponentials with its own max, and
 //! a combine kernel merges `(max, sum, output)` partials.
 
+use tessera_dsl::ir::Attention;
 use tessera_dsl::{
     Activation, AttentionKind, Format, Group, Kernel, LayoutDim, ParamType, SoftmaxMode,
 };
@@ -281,6 +282,8 @@ pub enum LaunchExtent {
     Splits,
     /// Head dimension.
     HeadDim,
+    /// Query rows of a prefill: prompt tokens × query heads per KV head.
+    PrefillRows,
     /// Exactly one group.
     One,
 }
@@ -748,22 +751,10 @@ pub struct AttentionPlan {
     pub combine_launch: [LaunchDim; 3],
 }
 
-/// Decide how a decode attention kernel runs on `caps`: the split length,
-/// work group and combine block per backend (below).
-pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPlan, EmitError> {
-    let gpu = gpu_caps(caps)?;
-    let a = kernel
-        .as_attention()
-        .ok_or_else(|| unsupported(format!("`{}` is not attention", kernel.name)))?;
-    if a.kind != AttentionKind::Decode {
-        return Err(unsupported(
-            "prefill attention on the GPU backends (decode only)".to_string(),
-        ));
-    }
-    // Blocks over (splits of s, KV heads): split-K, so `split s` too.
-    if let Some(why) = crate::schedule::gpu_grid(kernel, &[&a.kv_heads], Some(&a.seq)) {
-        return Err(unsupported(why));
-    }
+/// The K and V cache formats of attention `kernel` (op `a`), after the
+/// checks every GPU attention program shares: row-major tensors, f16 q and
+/// o, no int8 values.
+fn attention_formats(kernel: &Kernel, a: &Attention) -> Result<(KvFormat, KvFormat), EmitError> {
     let format_of = |name: &str| {
         kernel
             .tensor(name)
@@ -793,6 +784,28 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
             "int8 values (f16, fp8e4m3 or fp8e5m2)".to_string(),
         ));
     }
+    Ok((k, v))
+}
+
+/// Decide how a decode attention kernel runs on `caps`: the split length,
+/// work group and combine block per backend (below).
+pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPlan, EmitError> {
+    let gpu = gpu_caps(caps)?;
+    let a = kernel
+        .as_attention()
+        .ok_or_else(|| unsupported(format!("`{}` is not attention", kernel.name)))?;
+    if a.kind != AttentionKind::Decode {
+        return Err(unsupported(
+            "prefill attention in a decode program (OpenCL: a prefill program per head dim, \
+             `prefill_program`; PTX: decode only)"
+                .to_string(),
+        ));
+    }
+    // Blocks over (splits of s, KV heads): split-K, so `split s` too.
+    if let Some(why) = crate::schedule::gpu_grid(kernel, &[&a.kv_heads], Some(&a.seq)) {
+        return Err(unsupported(why));
+    }
+    let (k, v) = attention_formats(kernel, a)?;
     let (phi, lo, hi) = match a.softmax {
         SoftmaxMode::Async { phi, lo, hi } => (phi, lo, hi),
         // Online: an empty range sends every split down the recompute
@@ -889,6 +902,134 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
                 extent: LaunchExtent::One,
                 per_group: 1,
                 local: combine_warps,
+            },
+        ],
+    })
+}
+
+/// Causal prefill: one kernel, `<name>_prefill`, for one head dim.
+///
+/// NDRange `(⌈t·group / rows⌉ · rows, kv_heads)`, work group `rows`. Rows
+/// are (query token, query head) pairs of one KV head, token-major, so the
+/// heads of a GQA group share every K/V block and a row's causal limit
+/// never falls as its index grows. Each work item owns one row: its q and
+/// output accumulators (`d` floats each) stay in private memory, `d` a
+/// compile-time constant so they can live in registers. The work group
+/// loads blocks of `keys` K and V rows into local memory as f32 (formats
+/// decoded once per block), up to its last row's causal limit (later
+/// blocks are fully masked: never loaded); each work item then takes the
+/// keys of the block it may see with the online softmax (max, rescale,
+/// exp, P·V) in f32 (MNN-LLM 5.3).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PrefillPlan {
+    pub entry: String,
+    pub k: KvFormat,
+    pub v: KvFormat,
+    /// Head dim (the program is built per head dim).
+    pub d: u32,
+    /// Query rows per work group, one per work item.
+    pub rows: u32,
+    /// Keys per local-memory block.
+    pub keys: u32,
+    /// Q already carries 1/sqrt(d); otherwise the kernel applies it.
+    pub q_prescaled: bool,
+    pub args: Vec<KernelArg>,
+    /// `(⌈t·group / rows⌉ · rows, kv_heads, 1)`, work group `(rows, 1, 1)`.
+    pub launch: [LaunchDim; 3],
+}
+
+/// Bytes of local memory a prefill work group's K and V blocks take.
+pub const PREFILL_LOCAL_BYTES: u32 = 16 * 1024;
+
+/// The largest head dim a prefill program takes (its private q and
+/// accumulators are `d` floats each).
+pub const PREFILL_MAX_HEAD_DIM: u32 = 256;
+
+/// Decide how a causal prefill kernel runs on `caps` for head dim `d`: a
+/// work group of query rows as large as the attention split's block, and
+/// as many keys per block as [`PREFILL_LOCAL_BYTES`] holds (K and V as
+/// f32).
+pub fn plan_prefill_attention(
+    kernel: &Kernel,
+    caps: &TargetCaps,
+    d: usize,
+) -> Result<PrefillPlan, EmitError> {
+    let gpu = gpu_caps(caps)?;
+    let a = kernel
+        .as_attention()
+        .ok_or_else(|| unsupported(format!("`{}` is not attention", kernel.name)))?;
+    if a.kind != AttentionKind::Prefill {
+        return Err(unsupported(format!(
+            "`{}` is decode attention (a prefill program needs a prefill kernel)",
+            kernel.name
+        )));
+    }
+    if a.softmax != SoftmaxMode::Online {
+        return Err(unsupported(format!(
+            "softmax {:?} in prefill (the GPU prefill runs the exact online softmax: declare `softmax online`)",
+            a.softmax
+        )));
+    }
+    // Work groups over KV heads (and blocks of query rows, which are
+    // independent): `parallel kvh`, no split.
+    if let Some(why) = crate::schedule::gpu_grid(kernel, &[&a.kv_heads], None) {
+        return Err(unsupported(why));
+    }
+    let (k, v) = attention_formats(kernel, a)?;
+    let d = u32::try_from(d)
+        .ok()
+        .filter(|&d| (1..=PREFILL_MAX_HEAD_DIM).contains(&d))
+        .ok_or_else(|| {
+            unsupported(format!(
+                "head dim {d} in prefill (1 to {PREFILL_MAX_HEAD_DIM})"
+            ))
+        })?;
+    let rows = gpu.attention.block.min(gpu.max_threads_per_block);
+    let keys = (PREFILL_LOCAL_BYTES / (2 * 4 * d)).clamp(1, 32);
+    let mut args = vec![arg("q", ArgKind::HalfIn)];
+    args.push(match k {
+        KvFormat::F16 => arg("k", ArgKind::HalfIn),
+        _ => arg("k", ArgKind::BytesIn),
+    });
+    if k == KvFormat::I8AsymRow {
+        args.push(arg("k_scales", ArgKind::FloatIn));
+        args.push(arg("k_offsets", ArgKind::FloatIn));
+    }
+    args.push(match v {
+        KvFormat::F16 => arg("v", ArgKind::HalfIn),
+        _ => arg("v", ArgKind::BytesIn),
+    });
+    args.extend([
+        arg("o", ArgKind::HalfOut),
+        arg("t", ArgKind::Int),
+        arg("s", ArgKind::Int),
+        arg("hq", ArgKind::Int),
+        arg("kvh", ArgKind::Int),
+    ]);
+    Ok(PrefillPlan {
+        entry: format!("{}_prefill", c_ident(&kernel.name)),
+        k,
+        v,
+        d,
+        rows,
+        keys,
+        q_prescaled: a.q_prescaled,
+        args,
+        launch: [
+            LaunchDim {
+                extent: LaunchExtent::PrefillRows,
+                per_group: rows,
+                local: rows,
+            },
+            LaunchDim {
+                extent: LaunchExtent::KvHeads,
+                per_group: 1,
+                local: 1,
+            },
+            LaunchDim {
+                extent: LaunchExtent::One,
+                per_group: 1,
+                local: 1,
             },
         ],
     })

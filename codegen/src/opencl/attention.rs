@@ -1,11 +1,12 @@
 //! OpenCL C for decode attention (an [`AttentionPlan`]): the split-K
 //! partial kernel with FlashDecoding++'s unified-max softmax and its
-//! recompute path, and the combine kernel. Softmax, scores and sums are
+//! recompute path, and the combine kernel; and for causal prefill (a
+//! [`PrefillPlan`]): one flash kernel. Softmax, scores and sums are
 //! fp32 (MNN-LLM 5.3); the precision mode only changes how halves load.
 
 use super::dialect::{Dialect, Precision, Writer, float_lit};
 use super::matmul::params;
-use crate::gpu::{AttentionPlan, KvFormat};
+use crate::gpu::{AttentionPlan, KvFormat, PrefillPlan};
 
 /// The whole program text: both kernels.
 pub fn print(plan: &AttentionPlan, dl: &Dialect, pr: &Precision, header: &str) -> String {
@@ -18,7 +19,16 @@ pub fn print(plan: &AttentionPlan, dl: &Dialect, pr: &Precision, header: &str) -
         w.line(p);
         w.blank();
     }
-    if plan.v == KvFormat::Fp8E4M3 || plan.k == KvFormat::Fp8E4M3 {
+    fp8_decoders(&mut w, plan.k, plan.v, dl);
+    partial(&mut w, plan, dl, pr);
+    w.blank();
+    combine(&mut w, plan, dl, pr);
+    w.finish()
+}
+
+/// The fp8 decoders the cache formats `k`, `v` need.
+fn fp8_decoders(w: &mut Writer, k: KvFormat, v: KvFormat, dl: &Dialect) {
+    if [k, v].contains(&KvFormat::Fp8E4M3) {
         w.line("// fp8 e4m3 (OCP, finite) to float with bit operations.");
         w.open(format!(
             "{} float fp8e4m3_to_float(const uchar b)",
@@ -32,7 +42,7 @@ pub fn print(plan: &AttentionPlan, dl: &Dialect, pr: &Precision, header: &str) -
         w.close("");
         w.blank();
     }
-    if plan.v == KvFormat::Fp8E5M2 || plan.k == KvFormat::Fp8E5M2 {
+    if [k, v].contains(&KvFormat::Fp8E5M2) {
         w.line("// fp8 e5m2 (the top byte of a half) to float with bit operations.");
         w.open(format!(
             "{} float fp8e5m2_to_float(const uchar b)",
@@ -46,10 +56,6 @@ pub fn print(plan: &AttentionPlan, dl: &Dialect, pr: &Precision, header: &str) -
         w.close("");
         w.blank();
     }
-    partial(&mut w, plan, dl, pr);
-    w.blank();
-    combine(&mut w, plan, dl, pr);
-    w.finish()
 }
 
 fn load_kv(format: KvFormat, pr: &Precision, idx: &str, ptr: &str) -> String {
@@ -188,4 +194,111 @@ fn combine(w: &mut Writer, plan: &AttentionPlan, dl: &Dialect, pr: &Precision) {
     w.close("");
     w.line(pr.store_half("num / den", "head * d + j", "o"));
     w.close("");
+}
+
+/// The causal prefill program ([`PrefillPlan`]): one kernel, the head dim
+/// a constant. Softmax, scores and sums are fp32 (MNN-LLM 5.3).
+pub fn print_prefill(plan: &PrefillPlan, dl: &Dialect, pr: &Precision, header: &str) -> String {
+    let mut w = Writer::new();
+    for line in header.lines() {
+        w.line(format!("// {line}"));
+    }
+    w.blank();
+    if let Some(p) = pr.pragma {
+        w.line(p);
+        w.blank();
+    }
+    fp8_decoders(&mut w, plan.k, plan.v, dl);
+    let (hd, br, bc) = (plan.d, plan.rows, plan.keys);
+    let loc = dl.local;
+    w.line(format!(
+        "{} __attribute__((reqd_work_group_size({br}, 1, 1)))",
+        dl.kernel
+    ));
+    w.open(format!("void {}({})", plan.entry, params(&plan.args, dl)));
+    w.line(format!("const int kv = {}(1);", dl.group_id));
+    w.line(format!("const int lid = {}(0);", dl.local_id));
+    w.line("const int group = hq / kvh;");
+    w.line("const int rows = t * group;");
+    w.line(format!("const int r0 = {}(0) * {br};", dl.group_id));
+    w.line("// Rows past the end compute the last row again and store nothing.");
+    w.line("const int live = r0 + lid < rows;");
+    w.line("const int r = live ? r0 + lid : rows - 1;");
+    w.line("const int token = r / group;");
+    w.line("const int head = kv * group + r % group;");
+    w.line("// The last key this row sees; the work group's last row sees the most.");
+    w.line("const int lim = s - t + token;");
+    w.line(format!(
+        "const int kend = s - t + (min(r0 + {br}, rows) - 1) / group + 1;"
+    ));
+    w.line(format!("{loc} float ks[{}];", bc * hd));
+    w.line(format!("{loc} float vs[{}];", bc * hd));
+    w.line(format!("float qr[{hd}], acc[{hd}], sc[{bc}];"));
+    w.line(format!("const int qo = (token * hq + head) * {hd};"));
+    let scale = if plan.q_prescaled {
+        String::new()
+    } else {
+        format!(" * {}", float_lit(1.0 / (hd as f32).sqrt()))
+    };
+    w.open(format!("for (int c = 0; c < {hd}; ++c)"));
+    w.line(format!(
+        "qr[c] = {}{scale};",
+        pr.load_half_f32("qo + c", "q")
+    ));
+    w.line("acc[c] = 0.0f;");
+    w.close("");
+    w.line("float m = -INFINITY, l = 0.0f;");
+    w.open(format!("for (int j0 = 0; j0 < kend; j0 += {bc})"));
+    w.line(format!("const int n = min({bc}, kend - j0);"));
+    w.line("// The previous block is done with before it is overwritten.");
+    w.line(dl.local_barrier);
+    w.open(format!("for (int i = lid; i < n * {hd}; i += {br})"));
+    w.line(format!("const int row = (j0 + i / {hd}) * kvh + kv;"));
+    w.line(format!("const int e = row * {hd} + i % {hd};"));
+    let key = load_kv(plan.k, pr, "e", "k");
+    if plan.k == KvFormat::I8AsymRow {
+        w.line(format!(
+            "ks[i] = fma(k_scales[row], {key}, k_offsets[row]);"
+        ));
+    } else {
+        w.line(format!("ks[i] = {key};"));
+    }
+    w.line(format!("vs[i] = {};", load_kv(plan.v, pr, "e", "v")));
+    w.close("");
+    w.line(dl.local_barrier);
+    w.line("// The keys of this block the row may see (none: the row waits).");
+    w.line("const int nv = min(n, lim - j0 + 1);");
+    w.open("if (nv > 0)");
+    w.line("float bm = -INFINITY;");
+    w.open("for (int i = 0; i < nv; ++i)");
+    w.line("float x = 0.0f;");
+    w.line(format!(
+        "for (int c = 0; c < {hd}; ++c) x = fma(qr[c], ks[i * {hd} + c], x);"
+    ));
+    w.line("sc[i] = x;");
+    w.line("bm = fmax(bm, x);");
+    w.close("");
+    w.line("// m = -inf before the first block: alpha = e^-inf = 0.");
+    w.line("const float mn = fmax(m, bm);");
+    w.line("const float alpha = exp(m - mn);");
+    w.line("l *= alpha;");
+    w.line(format!("for (int c = 0; c < {hd}; ++c) acc[c] *= alpha;"));
+    w.open("for (int i = 0; i < nv; ++i)");
+    w.line("const float p = exp(sc[i] - mn);");
+    w.line("l += p;");
+    w.line(format!(
+        "for (int c = 0; c < {hd}; ++c) acc[c] = fma(p, vs[i * {hd} + c], acc[c]);"
+    ));
+    w.close("");
+    w.line("m = mn;");
+    w.close("");
+    w.close("");
+    w.open("if (live)");
+    w.line(format!(
+        "for (int c = 0; c < {hd}; ++c) {}",
+        pr.store_half("acc[c] / l", "qo + c", "o")
+    ));
+    w.close("");
+    w.close("");
+    w.finish()
 }

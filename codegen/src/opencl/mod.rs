@@ -22,7 +22,9 @@ use tessera_dsl::Kernel;
 pub use dialect::{Dialect, Fp16Mode, OPENCL, Precision, Writer};
 
 use crate::artifact::{Artifact, Backend, EmitError, SourceLang, Variant};
-use crate::gpu::{self, AttentionPlan, KernelArg, MatmulPlan, MatmulShape, WeightMemory};
+use crate::gpu::{
+    self, AttentionPlan, KernelArg, MatmulPlan, MatmulShape, PrefillPlan, WeightMemory,
+};
 use crate::target::TargetCaps;
 use crate::tile::TileConfig;
 
@@ -49,12 +51,15 @@ pub fn caps() -> &'static TargetCaps {
 pub enum Program {
     Matmul { plan: MatmulPlan, source: String },
     Attention { plan: AttentionPlan, source: String },
+    Prefill { plan: PrefillPlan, source: String },
 }
 
 impl Program {
     pub fn source(&self) -> &str {
         match self {
-            Program::Matmul { source, .. } | Program::Attention { source, .. } => source,
+            Program::Matmul { source, .. }
+            | Program::Attention { source, .. }
+            | Program::Prefill { source, .. } => source,
         }
     }
 }
@@ -135,6 +140,33 @@ impl OpenClBackend {
 
     /// Plan and print a decode attention kernel (no tile: the plan comes
     /// from the target, see [`gpu::plan_attention`]).
+    /// The causal prefill program of `kernel` for head dim `d` (the head
+    /// dim is a constant of the program, so a row's q and accumulators can
+    /// live in registers).
+    pub fn prefill_program(&self, kernel: &Kernel, d: usize) -> Result<Program, EmitError> {
+        let pr = Precision::new(self.fp16);
+        let plan = gpu::plan_prefill_attention(kernel, caps(), d)?;
+        let mut h = String::new();
+        let _ = writeln!(
+            h,
+            "{}: causal prefill attention, head dim {}, OpenCL C, fp16 {}",
+            kernel.name, plan.d, self.fp16
+        );
+        let _ = writeln!(
+            h,
+            "flash: {} query rows per work group (one per work item), {} keys per local block, online softmax",
+            plan.rows, plan.keys
+        );
+        let _ = writeln!(
+            h,
+            "K {:?}, V {:?}, q prescaled: {}",
+            plan.k, plan.v, plan.q_prescaled
+        );
+        let _ = write!(h, "{}({})", plan.entry, args_line(&plan.args));
+        let source = attention::print_prefill(&plan, &OPENCL, &pr, &h);
+        Ok(Program::Prefill { plan, source })
+    }
+
     pub fn attention_program(&self, kernel: &Kernel) -> Result<Program, EmitError> {
         let pr = Precision::new(self.fp16);
         let plan = gpu::plan_attention(kernel, caps())?;

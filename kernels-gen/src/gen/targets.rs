@@ -377,7 +377,9 @@ pub fn emit_attention(
                         lang: SourceLang::OpenClC,
                     },
                 }),
-                Ok(Program::Matmul { .. }) => Err(Err("a matmul program for attention".into())),
+                Ok(Program::Matmul { .. } | Program::Prefill { .. }) => {
+                    Err(Err("not a decode attention program".into()))
+                }
                 Err(e) => refused(e),
             }
         }

@@ -24,7 +24,7 @@ use crate::device::{GpuInfo, fnv1a};
 use crate::dispatch::ShapePlan;
 use crate::error::RuntimeError;
 use crate::format::WeightFormat;
-use crate::opencl::{ClAttention, ClDevice, ClMatmul};
+use crate::opencl::{ClAttention, ClDevice, ClMatmul, ClPrefill};
 use crate::prebuilt::PrebuiltSet;
 
 /// The target name prebuilt OpenCL sources are filed under.
@@ -38,6 +38,8 @@ pub(crate) struct ClEngine {
     /// Built matmul programs by source hash.
     matmuls: Mutex<BTreeMap<u64, Arc<ClMatmul>>>,
     attentions: Mutex<BTreeMap<String, Arc<ClAttention>>>,
+    /// Built prefill programs by (kernel name, head dim).
+    prefills: Mutex<BTreeMap<(String, usize), Arc<ClPrefill>>>,
 }
 
 impl ClEngine {
@@ -56,6 +58,7 @@ impl ClEngine {
             prebuilt,
             matmuls: Mutex::new(BTreeMap::new()),
             attentions: Mutex::new(BTreeMap::new()),
+            prefills: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -194,6 +197,26 @@ impl Device {
         let built =
             Arc::new(ClAttention::new(&engine.dev, &program).map_err(|e| no_kernel(name, e))?);
         lock(&engine.attentions).insert(name.to_string(), Arc::clone(&built));
+        Ok(built)
+    }
+
+    /// A built causal prefill program (`attention-prefill-f16`,
+    /// `attention-prefill-kv8`) for head dim `d`: generated (prebuilt sets
+    /// carry decode programs only), built once per device and head dim.
+    pub(crate) fn cl_prefill(&self, name: &str, d: usize) -> Result<Arc<ClPrefill>, RuntimeError> {
+        let engine = self.cl_engine()?;
+        let key = (name.to_string(), d);
+        if let Some(p) = lock(&engine.prefills).get(&key) {
+            return Ok(Arc::clone(p));
+        }
+        let kernel = library::get(name)?;
+        let program = engine
+            .backend
+            .prefill_program(&kernel, d)
+            .map_err(|e| no_kernel(name, e))?;
+        let built =
+            Arc::new(ClPrefill::new(&engine.dev, &program).map_err(|e| no_kernel(name, e))?);
+        lock(&engine.prefills).insert(key, Arc::clone(&built));
         Ok(built)
     }
 }

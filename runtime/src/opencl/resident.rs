@@ -15,7 +15,7 @@ use opencl3::kernel::Kernel as ClKernel;
 use opencl3::memory::{Buffer, CL_MEM_READ_WRITE, ClMem};
 use opencl3::types::{CL_BLOCKING, cl_mem};
 use tessera_codegen::gpu::{
-    ArgKind, AttentionPlan, KvFormat, LaunchExtent, MatmulPlan, WeightMemory,
+    ArgKind, AttentionPlan, KvFormat, LaunchExtent, MatmulPlan, PrefillPlan, WeightMemory,
 };
 use tessera_codegen::opencl::Program;
 use tessera_dsl::Format;
@@ -421,6 +421,45 @@ impl ClAttention {
     }
 }
 
+/// A causal prefill program (one head dim) built once, with its kernel.
+pub struct ClPrefill {
+    kernel: Mutex<ClKernel>,
+    plan: PrefillPlan,
+    pub source: BuildSource,
+    _built: Built,
+}
+
+impl std::fmt::Debug for ClPrefill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClPrefill")
+            .field("entry", &self.plan.entry)
+            .field("d", &self.plan.d)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl ClPrefill {
+    pub fn new(dev: &ClDevice, program: &Program) -> Result<ClPrefill, ClError> {
+        let Program::Prefill { plan, source } = program else {
+            return Err(input("ClPrefill needs a prefill program"));
+        };
+        let built = dev.build(source)?;
+        let kernel =
+            ClKernel::create(&built.program, &plan.entry).map_err(driver("kernel creation"))?;
+        Ok(ClPrefill {
+            kernel: Mutex::new(kernel),
+            plan: plan.clone(),
+            source: built.source,
+            _built: built,
+        })
+    }
+
+    pub fn plan(&self) -> &PrefillPlan {
+        &self.plan
+    }
+}
+
 pub use crate::gpu_kv::KvRows;
 use crate::gpu_kv::elem_bytes;
 
@@ -701,4 +740,81 @@ pub fn attention_into(
     let mut flags = vec![0i32; splits * hq];
     dev.read_into(&rc, &mut flags)?;
     Ok(flags.iter().filter(|&&r| r != 0).count())
+}
+
+/// A causal prefill of `t` query tokens (`q`, `o`: f16 `[t, hq, d]`) over
+/// the first `s ≥ t` tokens of the device cache, token i at position
+/// `s − t + i`, in one launch (the cache stays on the device).
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_into(
+    dev: &ClDevice,
+    pre: &ClPrefill,
+    q: &[f16],
+    cache: &ClKvCache,
+    t: usize,
+    s: usize,
+    hq: usize,
+    o: &mut [f16],
+) -> Result<(), ClError> {
+    let plan = &pre.plan;
+    let (kvh, d) = (cache.kvh, cache.d);
+    if plan.k != cache.k.format || plan.v != cache.v.format {
+        return Err(input(format!(
+            "the cache holds K {:?} / V {:?}, the kernel reads K {:?} / V {:?}",
+            cache.k.format, cache.v.format, plan.k, plan.v
+        )));
+    }
+    if d != plan.d as usize {
+        return Err(input(format!(
+            "a cache of head dim {d} for a prefill program of head dim {}",
+            plan.d
+        )));
+    }
+    if hq == 0 || !hq.is_multiple_of(kvh) {
+        return Err(input(format!(
+            "query heads {hq} are not a positive multiple of KV heads {kvh}"
+        )));
+    }
+    if t == 0 || s < t || s > cache.capacity {
+        return Err(input(format!(
+            "a prefill of {t} tokens over {s} of a cache holding {}",
+            cache.capacity
+        )));
+    }
+    let elems = t
+        .checked_mul(hq)
+        .and_then(|n| n.checked_mul(d))
+        .ok_or_else(|| input("t·hq·d overflows"))?;
+    super::check_len("q", q.len(), elems)?;
+    super::check_len("o", o.len(), elems)?;
+    let qb = dev.buffer(q)?;
+    let ob = dev.alloc::<f16>(elems)?;
+    let mut bound = vec![
+        ("q", Arg::Mem(qb.get())),
+        ("k", Arg::Mem(cache.k.data.get())),
+        ("k_scales", Arg::Mem(cache.k.scales.get())),
+        ("k_offsets", Arg::Mem(cache.k.offsets.get())),
+        ("v", Arg::Mem(cache.v.data.get())),
+        ("o", Arg::Mem(ob.get())),
+    ];
+    bound.extend([
+        ("t", Arg::Int(to_int(t, "t")?)),
+        ("s", Arg::Int(to_int(s, "s")?)),
+        ("hq", Arg::Int(to_int(hq, "hq")?)),
+        ("kvh", Arg::Int(to_int(kvh, "kvh")?)),
+    ]);
+    let rows = t * (hq / kvh);
+    launch_kernel(
+        dev,
+        &lock(&pre.kernel),
+        &plan.args,
+        &bound,
+        &plan.launch,
+        |x| match x {
+            LaunchExtent::PrefillRows => rows,
+            LaunchExtent::KvHeads => kvh,
+            _ => 1,
+        },
+    )?;
+    dev.read_into(&ob, o)
 }

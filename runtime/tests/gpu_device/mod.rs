@@ -505,12 +505,21 @@ pub fn attention_decodes_and_prefills_across_kv_chunks_on_the_device(gpu: &Gpu) 
         let mut cache = KvCache::for_device(&dev, format, kvh, d, KvCapacity::Chunked(16)).unwrap();
         assert!(cache.on_device());
         let total = 70; // past several chunks and past one 64-key split
-        let kd: Vec<f32> = (0..total * kvh * d)
+        // A second prompt chunk after the decode steps: a prefill over a
+        // cache that already holds tokens (OpenCL: the fused program).
+        let chunk = 9;
+        let kd: Vec<f32> = (0..(total + chunk) * kvh * d)
             .map(|_| rng.gen_range(-1.5..1.5))
             .collect();
-        let vd: Vec<f32> = (0..total * kvh * d)
+        let vd: Vec<f32> = (0..(total + chunk) * kvh * d)
             .map(|_| rng.gen_range(-2.0..2.0))
             .collect();
+        assert_eq!(
+            att.prefills_whole(),
+            gpu.record_backend == "opencl",
+            "{}: OpenCL prefills with its fused program, CUDA per token",
+            gpu.name
+        );
         let row = kvh * d;
         // Prefill a prompt of 5 tokens, then decode one token at a time.
         let prompt = 5;
@@ -568,6 +577,31 @@ pub fn attention_decodes_and_prefills_across_kv_chunks_on_the_device(gpu: &Gpu) 
         }
         assert!(cache.growths() >= 2, "the cache grew past its first chunk");
         assert_eq!(cache.len(), total);
+        let qc: Vec<f16> = (0..chunk * hq * d)
+            .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+            .collect();
+        let mut oc = vec![f16::ZERO; chunk * hq * d];
+        cache
+            .append(&kd[total * row..], &vd[total * row..], chunk)
+            .unwrap();
+        att.prefill(&qc, chunk, &cache, &mut oc).unwrap();
+        for i in 0..chunk {
+            let want = attention_reference(
+                format,
+                &qc[i * hq * d..(i + 1) * hq * d],
+                &kd,
+                &vd,
+                hq,
+                kvh,
+                d,
+                total + i + 1,
+            );
+            assert_close(
+                &format!("{format:?} second prompt chunk, token {i}"),
+                &oc[i * hq * d..(i + 1) * hq * d],
+                &want,
+            );
+        }
     }
 }
 
