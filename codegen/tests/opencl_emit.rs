@@ -71,6 +71,19 @@ fn all_sources(mode: Fp16Mode) -> Vec<(String, String)> {
         let src = be.attention_program(&k).unwrap().source().to_string();
         out.push((k.name.clone(), src));
     }
+    // The prefill programs, one per head dim: the smallest key block (256)
+    // and the largest (64).
+    for name in ["attention-prefill-f16", "attention-prefill-kv8"] {
+        let k = library::get(name).unwrap();
+        for d in [64, 256] {
+            let src = OpenClBackend::new(mode)
+                .prefill_program(&k, d)
+                .unwrap()
+                .source()
+                .to_string();
+            out.push((format!("{name}-d{d}"), src));
+        }
+    }
     out
 }
 
@@ -265,6 +278,14 @@ fn snapshots_of_the_canonical_set() {
             "attention_decode_f16_native",
             native
                 .attention_program(&library::get("attention-decode-f16").unwrap())
+                .unwrap()
+                .source()
+                .to_string(),
+        ),
+        (
+            "attention_prefill_kv8_storage_d128",
+            storage
+                .prefill_program(&library::get("attention-prefill-kv8").unwrap(), 128)
                 .unwrap()
                 .source()
                 .to_string(),
