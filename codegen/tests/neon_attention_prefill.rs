@@ -67,18 +67,7 @@ mod run {
     };
     use tessera_codegen::host_attention::{HostAttention, KvCache};
     use tessera_dsl::ir::{Format, Group, ParamType};
-
-    fn with_formats(mut k: Kernel, kf: Format, vf: Format) -> Kernel {
-        for t in &mut k.tensors {
-            match t.name.as_str() {
-                "k" => t.format = kf,
-                "v" => t.format = vf,
-                _ => {}
-            }
-        }
-        k.name = format!("{}-{kf}-{vf}", k.name);
-        k
-    }
+    use tessera_dsl::testing::attention_with_formats as with_formats;
 
     fn compile(kernel: &Kernel) -> HostAttention {
         let code = emit(kernel);

@@ -43,3 +43,21 @@ pub fn gguf_pythonpath(check: &str) -> Option<std::path::PathBuf> {
     }
     path
 }
+
+/// Attention `kernel` with its key and value caches in `kf` and `vf`, named
+/// after them (`<name>-<kf>-<vf>`): the format sweeps of the attention tests.
+pub fn attention_with_formats(
+    mut kernel: crate::ir::Kernel,
+    kf: crate::ir::Format,
+    vf: crate::ir::Format,
+) -> crate::ir::Kernel {
+    for t in &mut kernel.tensors {
+        match t.name.as_str() {
+            "k" => t.format = kf,
+            "v" => t.format = vf,
+            _ => {}
+        }
+    }
+    kernel.name = format!("{}-{kf}-{vf}", kernel.name);
+    kernel
+}

@@ -960,6 +960,25 @@ impl Attention {
         s: usize,
         o: &mut [f16],
     ) -> Result<u64, RuntimeError> {
+        let (dev, cl) = self.cl_cache(cache)?;
+        let n = crate::opencl::attention_into(dev, kernel, q, cl, s, self.hq, o)
+            .map_err(|e| gpu_err(&self.device, e))?;
+        Ok(n as u64)
+    }
+
+    /// The device and buffers of `cache`, which must live on this
+    /// attention's OpenCL device.
+    #[cfg(feature = "opencl")]
+    fn cl_cache<'c>(
+        &self,
+        cache: &'c KvCache,
+    ) -> Result<
+        (
+            &'c Arc<crate::opencl::ClDevice>,
+            &'c crate::opencl::ClKvCache,
+        ),
+        RuntimeError,
+    > {
         let Storage::OpenCl { dev, cache: cl } = &cache.storage else {
             return Err(shape(
                 "KV cache location",
@@ -978,9 +997,7 @@ impl Attention {
                 "another device",
             ));
         }
-        let n = crate::opencl::attention_into(dev, kernel, q, cl, s, self.hq, o)
-            .map_err(|e| gpu_err(&self.device, e))?;
-        Ok(n as u64)
+        Ok((dev, cl))
     }
 
     /// The `t` prompt tokens over the whole device cache in one launch of
@@ -994,24 +1011,7 @@ impl Attention {
         cache: &KvCache,
         o: &mut [f16],
     ) -> Result<(), RuntimeError> {
-        let Storage::OpenCl { dev, cache: cl } = &cache.storage else {
-            return Err(shape(
-                "KV cache location",
-                "OpenCL device buffers (KvCache::for_device)",
-                "host memory",
-            ));
-        };
-        let same = self
-            .device
-            .opencl()
-            .is_some_and(|mine| Arc::ptr_eq(mine, dev));
-        if !same {
-            return Err(shape(
-                "KV cache device",
-                "the attention's OpenCL device",
-                "another device",
-            ));
-        }
+        let (dev, cl) = self.cl_cache(cache)?;
         crate::opencl::prefill_into(dev, pre, q, cl, t, cache.len, self.hq, o)
             .map_err(|e| gpu_err(&self.device, e))
     }

@@ -656,60 +656,23 @@ pub fn run_prefill(
     hq: usize,
     kvh: usize,
 ) -> Result<Vec<f32>, ClError> {
-    let Program::Prefill { plan, source } = program else {
-        return Err(input("run_prefill needs a prefill program"));
-    };
+    let pre = ClPrefill::new(dev, program)?;
+    let plan = pre.plan();
     let d = plan.d as usize;
-    if kvh == 0 || !hq.is_multiple_of(kvh) {
-        return Err(input(format!(
-            "query heads {hq} are not a multiple of KV heads {kvh}"
-        )));
-    }
-    if s < t {
-        return Err(input(format!(
-            "a prefill of {t} tokens over {s} cached ones"
-        )));
-    }
-    let elems = t
-        .checked_mul(hq)
-        .and_then(|n| n.checked_mul(d))
-        .ok_or_else(|| input("t·hq·d overflows"))?;
+    let elems = resident::prefill_elems(t, s, hq, kvh, d)?;
     check_len("q", q.len(), elems)?;
     if elems == 0 {
         return Ok(Vec::new());
     }
-    let built = dev.build(source)?;
     let qb = dev.buffer(q)?;
     let (kb, ks, ko) = cache_buffers(dev, plan.k, k, s * kvh, d, "k")?;
     let (vb, _, _) = cache_buffers(dev, plan.v, v, s * kvh, d, "v")?;
     let ob = dev.buffer(&vec![f16::ZERO; elems])?;
-    let mut bound = vec![
-        ("q", Arg::Mem(qb.get())),
-        ("k", Arg::Mem(kb.get())),
-        ("k_scales", Arg::Mem(ks.get())),
-        ("k_offsets", Arg::Mem(ko.get())),
-        ("v", Arg::Mem(vb.get())),
-        ("o", Arg::Mem(ob.get())),
-    ];
-    bound.extend([
-        ("t", Arg::Int(to_int(t, "t")?)),
-        ("s", Arg::Int(to_int(s, "s")?)),
-        ("hq", Arg::Int(to_int(hq, "hq")?)),
-        ("kvh", Arg::Int(to_int(kvh, "kvh")?)),
-    ]);
-    let rows = t * (hq / kvh);
-    launch(
+    resident::launch_prefill(
         dev,
-        &built,
-        &plan.entry,
-        &plan.args,
-        &bound,
-        &plan.launch,
-        |x| match x {
-            LaunchExtent::PrefillRows => rows,
-            LaunchExtent::KvHeads => kvh,
-            _ => 1,
-        },
+        &pre,
+        [qb.get(), kb.get(), ks.get(), ko.get(), vb.get(), ob.get()],
+        [t, s, hq, kvh],
     )?;
     Ok(dev.read(&ob, elems)?.into_iter().map(f16::to_f32).collect())
 }

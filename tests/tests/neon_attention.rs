@@ -11,6 +11,7 @@ use tessera_codegen::neon::{NeonBackend, attention_append};
 use tessera_dsl::ir::ParamType;
 use tessera_dsl::ir::{Format, Group, Kernel, Op, SoftmaxMode};
 use tessera_dsl::library;
+use tessera_dsl::testing::attention_with_formats as with_formats;
 use tessera_tests::llvm_mc::{McError, check_aarch64, emulated};
 
 const MATTR: &str = "+neon,+fullfp16";
@@ -21,18 +22,6 @@ const TARGETS: [&str; 4] = [
     "aarch64-fp16",
     "aarch64-neon",
 ];
-
-fn with_formats(mut k: Kernel, kf: Format, vf: Format) -> Kernel {
-    for t in &mut k.tensors {
-        match t.name.as_str() {
-            "k" => t.format = kf,
-            "v" => t.format = vf,
-            _ => {}
-        }
-    }
-    k.name = format!("{}-{kf}-{vf}", k.name);
-    k
-}
 
 fn online(mut k: Kernel) -> Kernel {
     if let Op::Attention(a) = &mut k.op {

@@ -71,6 +71,28 @@ pub enum ValueStore {
     E5M2,
 }
 
+impl KeyStore {
+    /// The format's text name.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyStore::F16 => "f16",
+            KeyStore::I8 { asym: false } => "i8sym:row",
+            KeyStore::I8 { asym: true } => "i8asym:row",
+        }
+    }
+}
+
+impl ValueStore {
+    /// The format's text name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ValueStore::F16 => "f16",
+            ValueStore::E4M3 => "fp8e4m3",
+            ValueStore::E5M2 => "fp8e5m2",
+        }
+    }
+}
+
 /// Everything that changes the emitted decode attention code.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionSpec {
@@ -244,16 +266,8 @@ pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError
         "{} {} decode attention: keys {}, values {}, QK {}, softmax {}",
         kernel.name,
         caps.name,
-        match spec.keys {
-            KeyStore::F16 => "f16",
-            KeyStore::I8 { asym: false } => "i8sym:row",
-            KeyStore::I8 { asym: true } => "i8asym:row",
-        },
-        match spec.values {
-            ValueStore::F16 => "f16",
-            ValueStore::E4M3 => "fp8e4m3",
-            ValueStore::E5M2 => "fp8e5m2",
-        },
+        spec.keys.name(),
+        spec.values.name(),
         if spec.fp16 { "fmla .8h" } else { "fmla .4s" },
         match spec.softmax {
             SoftmaxMode::Online => "online".to_string(),

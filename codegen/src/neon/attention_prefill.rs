@@ -133,16 +133,8 @@ pub(super) fn emit(
     let mut a = A64::new();
     a.header(&format!(
         "{kernel_name} {caps_name} attention prefill (flash: {R}-row x {C}-key blocks): keys {}, values {}, q {}",
-        match spec.keys {
-            KeyStore::F16 => "f16",
-            KeyStore::I8 { asym: false } => "i8sym:row",
-            KeyStore::I8 { asym: true } => "i8asym:row",
-        },
-        match spec.values {
-            ValueStore::F16 => "f16",
-            ValueStore::E4M3 => "fp8e4m3",
-            ValueStore::E5M2 => "fp8e5m2",
-        },
+        spec.keys.name(),
+        spec.values.name(),
         if spec.q_prescaled {
             "pre-scaled"
         } else {

@@ -10,6 +10,16 @@ use crate::gpu::{AttentionPlan, KvFormat, PrefillPlan};
 
 /// The whole program text: both kernels.
 pub fn print(plan: &AttentionPlan, dl: &Dialect, pr: &Precision, header: &str) -> String {
+    let mut w = preamble(header, pr);
+    fp8_decoders(&mut w, plan.k, plan.v, dl);
+    partial(&mut w, plan, dl, pr);
+    w.blank();
+    combine(&mut w, plan, dl, pr);
+    w.finish()
+}
+
+/// A program's header comment and its precision pragma.
+fn preamble(header: &str, pr: &Precision) -> Writer {
     let mut w = Writer::new();
     for line in header.lines() {
         w.line(format!("// {line}"));
@@ -19,11 +29,7 @@ pub fn print(plan: &AttentionPlan, dl: &Dialect, pr: &Precision, header: &str) -
         w.line(p);
         w.blank();
     }
-    fp8_decoders(&mut w, plan.k, plan.v, dl);
-    partial(&mut w, plan, dl, pr);
-    w.blank();
-    combine(&mut w, plan, dl, pr);
-    w.finish()
+    w
 }
 
 /// The fp8 decoders the cache formats `k`, `v` need.
@@ -199,15 +205,7 @@ fn combine(w: &mut Writer, plan: &AttentionPlan, dl: &Dialect, pr: &Precision) {
 /// The causal prefill program ([`PrefillPlan`]): one kernel, the head dim
 /// a constant. Softmax, scores and sums are fp32 (MNN-LLM 5.3).
 pub fn print_prefill(plan: &PrefillPlan, dl: &Dialect, pr: &Precision, header: &str) -> String {
-    let mut w = Writer::new();
-    for line in header.lines() {
-        w.line(format!("// {line}"));
-    }
-    w.blank();
-    if let Some(p) = pr.pragma {
-        w.line(p);
-        w.blank();
-    }
+    let mut w = preamble(header, pr);
     fp8_decoders(&mut w, plan.k, plan.v, dl);
     let (hd, br, bc) = (plan.d, plan.rows, plan.keys);
     let loc = dl.local;

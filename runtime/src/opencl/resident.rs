@@ -770,51 +770,92 @@ pub fn prefill_into(
             plan.d
         )));
     }
-    if hq == 0 || !hq.is_multiple_of(kvh) {
+    if s > cache.capacity {
+        return Err(input(format!(
+            "a prefill over {s} tokens of a cache holding {}",
+            cache.capacity
+        )));
+    }
+    let elems = prefill_elems(t, s, hq, kvh, d)?;
+    super::check_len("q", q.len(), elems)?;
+    super::check_len("o", o.len(), elems)?;
+    if elems == 0 {
+        return Ok(());
+    }
+    let qb = dev.buffer(q)?;
+    let ob = dev.alloc::<f16>(elems)?;
+    launch_prefill(
+        dev,
+        pre,
+        [
+            qb.get(),
+            cache.k.data.get(),
+            cache.k.scales.get(),
+            cache.k.offsets.get(),
+            cache.v.data.get(),
+            ob.get(),
+        ],
+        [t, s, hq, kvh],
+    )?;
+    dev.read_into(&ob, o)
+}
+
+/// The elements of q and o (`t·hq·d`) of a prefill of `t` tokens over `s`
+/// with `hq` query heads over `kvh` KV heads, after checking the shape.
+pub(super) fn prefill_elems(
+    t: usize,
+    s: usize,
+    hq: usize,
+    kvh: usize,
+    d: usize,
+) -> Result<usize, ClError> {
+    if kvh == 0 || hq == 0 || !hq.is_multiple_of(kvh) {
         return Err(input(format!(
             "query heads {hq} are not a positive multiple of KV heads {kvh}"
         )));
     }
-    if t == 0 || s < t || s > cache.capacity {
+    if s < t {
         return Err(input(format!(
-            "a prefill of {t} tokens over {s} of a cache holding {}",
-            cache.capacity
+            "a prefill of {t} tokens over {s} cached ones"
         )));
     }
-    let elems = t
-        .checked_mul(hq)
+    t.checked_mul(hq)
         .and_then(|n| n.checked_mul(d))
-        .ok_or_else(|| input("t·hq·d overflows"))?;
-    super::check_len("q", q.len(), elems)?;
-    super::check_len("o", o.len(), elems)?;
-    let qb = dev.buffer(q)?;
-    let ob = dev.alloc::<f16>(elems)?;
-    let mut bound = vec![
-        ("q", Arg::Mem(qb.get())),
-        ("k", Arg::Mem(cache.k.data.get())),
-        ("k_scales", Arg::Mem(cache.k.scales.get())),
-        ("k_offsets", Arg::Mem(cache.k.offsets.get())),
-        ("v", Arg::Mem(cache.v.data.get())),
-        ("o", Arg::Mem(ob.get())),
-    ];
-    bound.extend([
+        .ok_or_else(|| input("t·hq·d overflows"))
+}
+
+/// Bind a prefill's buffers (`q, k, k_scales, k_offsets, v, o`) and sizes
+/// (`t, s, hq, kvh`, checked by [`prefill_elems`]), launch and wait.
+pub(super) fn launch_prefill(
+    dev: &ClDevice,
+    pre: &ClPrefill,
+    mems: [cl_mem; 6],
+    [t, s, hq, kvh]: [usize; 4],
+) -> Result<(), ClError> {
+    let [q, k, k_scales, k_offsets, v, o] = mems;
+    let bound = [
+        ("q", Arg::Mem(q)),
+        ("k", Arg::Mem(k)),
+        ("k_scales", Arg::Mem(k_scales)),
+        ("k_offsets", Arg::Mem(k_offsets)),
+        ("v", Arg::Mem(v)),
+        ("o", Arg::Mem(o)),
         ("t", Arg::Int(to_int(t, "t")?)),
         ("s", Arg::Int(to_int(s, "s")?)),
         ("hq", Arg::Int(to_int(hq, "hq")?)),
         ("kvh", Arg::Int(to_int(kvh, "kvh")?)),
-    ]);
+    ];
     let rows = t * (hq / kvh);
     launch_kernel(
         dev,
         &lock(&pre.kernel),
-        &plan.args,
+        &pre.plan.args,
         &bound,
-        &plan.launch,
+        &pre.plan.launch,
         |x| match x {
             LaunchExtent::PrefillRows => rows,
             LaunchExtent::KvHeads => kvh,
             _ => 1,
         },
-    )?;
-    dev.read_into(&ob, o)
+    )
 }
