@@ -13,10 +13,13 @@
 //! // then in the crate: include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 //! ```
 //!
-//! Decode attention ships too, on the targets whose backends emit it
-//! (`opencl`, `ptx-sm80`, `ptx-sm90`, `host`, the `aarch64-*` targets; `x86-avx2` gets a note): `attention-decode-f16` and
-//! `attention-decode-kv8`, both always, since the KV cache format is the
-//! runtime's choice, not the weights'. Their code takes every extent at run
+//! Attention ships too, on the targets whose backends emit it (every
+//! target): decode, `attention-decode-f16` and `attention-decode-kv8`, both
+//! always, since the KV cache format is the runtime's choice, not the
+//! weights'; and on `x86-avx2` and the `aarch64-*` targets, whose backends
+//! emit a whole causal prefill, `attention-prefill-f16` and
+//! `attention-prefill-kv8` as well (the entries say `whole_prefill` and the
+//! head-dim multiple the code takes). Their code takes every extent at run
 //! time, so one kernel per target and KV format serves the model; its entry
 //! records the model's heads, KV heads and head dimension (explicit shapes
 //! carry none, so they get no attention). They are listed in the manifest's
@@ -667,9 +670,12 @@ fn flat_segments(
     out
 }
 
-/// The decode attention kernels of one target, one per KV format
-/// ([`targets::ATTENTION_KV`]), for the model's heads. A target (or KV
-/// format) without decode attention gets a note, not an error.
+/// The attention kernels of one target for the model's heads: decode, one
+/// per KV format ([`targets::ATTENTION_KV`]), and where the backend emits
+/// a whole causal prefill (x86, NEON) the prefill kernels over the same
+/// caches ([`targets::PREFILL_KV`]). A target (or KV format) without them
+/// gets a note, not an error; so does a kernel whose head-dim multiple the
+/// model's head dim is not.
 fn attention_entries(
     spec: &TargetSpec,
     dims: &ModelDims,
@@ -691,7 +697,12 @@ fn attention_entries(
     };
     let head_dim = u32::try_from(dims.head_dim)
         .map_err(|_| fail("attention", format!("head_dim {} too large", dims.head_dim)))?;
-    for &(kv, library_name) in targets::ATTENTION_KV {
+    let prefill: &[(&str, &str)] = if targets::has_whole_prefill(spec) {
+        targets::PREFILL_KV
+    } else {
+        &[]
+    };
+    for &(kv, library_name) in targets::ATTENTION_KV.iter().chain(prefill) {
         let kernel = library::get(library_name).map_err(|e| fail(library_name, e.to_string()))?;
         let instance = match targets::emit_attention(spec, &kernel) {
             Ok(i) => i,
@@ -704,13 +715,22 @@ fn attention_entries(
             }
             Err(Err(why)) => return Err(fail(library_name, why)),
         };
+        let (head_dim_multiple, whole_prefill) =
+            (instance.head_dim_multiple(), instance.whole_prefill());
+        if !dims.head_dim.is_multiple_of(head_dim_multiple) {
+            notes.push(format!(
+                "{}: no {library_name}: its code takes head dims that are multiples of {head_dim_multiple}, the model's is {}",
+                spec.name, dims.head_dim
+            ));
+            continue;
+        }
         // The code takes every extent at run time; the name carries the
         // model's head dimension, as the grammar asks.
         let name = AttentionInstance::for_kernel(
             &kernel,
             head_dim,
             AttentionBlock {
-                tokens: 1,
+                tokens: instance.tokens,
                 keys: instance.keys,
             },
             &spec.name.replace('-', "_"),
@@ -737,6 +757,8 @@ fn attention_entries(
             file,
             listing,
             fnv1a64,
+            head_dim_multiple,
+            whole_prefill,
         });
     }
     Ok(out)

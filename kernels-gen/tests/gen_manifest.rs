@@ -409,18 +409,20 @@ fn explicit_shapes_and_bad_inputs() {
     );
 }
 
+/// Every target ships decode attention; x86 and NEON, whose backends emit
+/// a whole causal prefill, ship the prefill kernels too, marked so.
 #[test]
-fn opencl_ptx_host_and_neon_ship_decode_attention_with_valid_hashes() {
+fn every_target_ships_attention_with_valid_hashes() {
     let out = scratch("attention");
     let cfg = config(
-        &["opencl", "host", "ptx-sm80", "aarch64-fp16"],
+        &["opencl", "host", "ptx-sm80", "aarch64-fp16", "x86-avx2"],
         SMALL_CONFIG,
         &out,
     );
     let report = generate(&cfg).unwrap();
     let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
     let manifest = Manifest::from_json(&text, "manifest.json").unwrap();
-    assert_eq!(report.attention, 8);
+    assert_eq!(report.attention, 14);
     let got: Vec<(&str, &str, &str)> = manifest
         .attention
         .iter()
@@ -437,6 +439,12 @@ fn opencl_ptx_host_and_neon_ship_decode_attention_with_valid_hashes() {
             ("ptx-sm80", "kv8", "attention-decode-kv8"),
             ("aarch64-fp16", "f16", "attention-decode-f16"),
             ("aarch64-fp16", "kv8", "attention-decode-kv8"),
+            ("aarch64-fp16", "f16", "attention-prefill-f16"),
+            ("aarch64-fp16", "kv8", "attention-prefill-kv8"),
+            ("x86-avx2", "f16", "attention-decode-f16"),
+            ("x86-avx2", "kv8", "attention-decode-kv8"),
+            ("x86-avx2", "f16", "attention-prefill-f16"),
+            ("x86-avx2", "kv8", "attention-prefill-kv8"),
         ]
     );
     // small-config.json: 5 heads, 1 KV head, head_dim 40.
@@ -471,7 +479,27 @@ fn opencl_ptx_host_and_neon_ship_decode_attention_with_valid_hashes() {
                 assert!(out.join(listing).is_file());
             }
         }
-        assert_eq!(manifest.lookup_attention(&a.target, &a.kv), Some(a));
+        let prefill = a.library.starts_with("attention-prefill");
+        assert_eq!(a.whole_prefill, prefill, "{a:?}");
+        assert!(a.kernel.starts_with(if prefill {
+            "attention_prefill_"
+        } else {
+            "attention_decode_"
+        }));
+        // The x86 code takes head dims in 8-lane chunks, NEON's prefill in
+        // 4-lane ones; the rest any.
+        let multiple = match (a.target.as_str(), prefill) {
+            ("x86-avx2", _) => 8,
+            ("aarch64-fp16", true) => 4,
+            _ => 1,
+        };
+        assert_eq!(a.head_dim_multiple, multiple, "{a:?}");
+        let found = if prefill {
+            manifest.lookup_prefill(&a.target, &a.kv)
+        } else {
+            manifest.lookup_attention(&a.target, &a.kv)
+        };
+        assert_eq!(found, Some(a));
     }
     // Every one of these targets has decode attention: no such note.
     assert!(

@@ -1,18 +1,23 @@
 //! What `gen` writes is what the runtime runs: x86 machine code generated
 //! for a small model, loaded as prebuilt kernels (no emitter involved at
 //! load), runs a W4A8 `Linear` that matches the reference interpreter at
-//! every variant's M, the flat range on its generated per-M steps.
+//! every variant's M, the flat range on its generated per-M steps, and the
+//! `Attention` prefill through the generated whole-prefill kernel.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use half::f16;
 use tessera_codegen::artifact::Arch;
 use tessera_dsl::interp::{Bindings, Value, run};
 use tessera_dsl::library;
 use tessera_dsl::quant::quantize;
 use tessera_kernels_gen::{GenConfig, ModelSpec, generate};
-use tessera_runtime::manifest::{EmbeddedCode, EmbeddedKernel, Manifest};
-use tessera_runtime::{Backend, Device, DeviceOptions, Linear, WeightFormat, Weights};
+use tessera_runtime::manifest::{EmbeddedAttention, EmbeddedCode, EmbeddedKernel, Manifest};
+use tessera_runtime::{
+    Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, WeightFormat,
+    Weights,
+};
 
 /// The generated files as the `kernels.rs` table would hold them (leaked
 /// to `'static`, as `include_bytes!` data is).
@@ -140,5 +145,97 @@ fn generated_x86_w4a8_kernels_run_a_linear_through_the_runtime() {
                 want[i]
             );
         }
+    }
+}
+
+/// The generated x86 attention (decode and the whole prefill) loaded as
+/// prebuilt kernels runs the runtime's `Attention` with no emitter: the
+/// prefill in one call per thread, both against the interpreter.
+#[test]
+fn generated_x86_attention_prefills_whole_through_the_runtime() {
+    if Arch::host() != Some(Arch::X86_64) || !tessera_codegen::x86::missing_features().is_empty() {
+        eprintln!("SKIP: needs an x86-64 host with AVX2, FMA and F16C to run x86-avx2 code");
+        return;
+    }
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gen-runtime-x86-attention");
+    let _ = std::fs::remove_dir_all(&out);
+    generate(&GenConfig::new(
+        ["x86-avx2"],
+        ModelSpec::named("tiny"),
+        &out,
+    ))
+    .unwrap();
+    let manifest = Manifest::from_json(
+        &std::fs::read_to_string(out.join("manifest.json")).unwrap(),
+        "m",
+    )
+    .unwrap();
+    let generator = tessera_runtime::current_generator();
+    let s = |v: &str| -> &'static str { v.to_string().leak() };
+    let table: Vec<EmbeddedAttention> = manifest
+        .attention
+        .iter()
+        .map(|a| EmbeddedAttention {
+            kernel: s(&a.kernel),
+            library: s(&a.library),
+            kv: s(&a.kv),
+            target: s(&a.target),
+            heads: a.heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            head_dim_multiple: a.head_dim_multiple,
+            whole_prefill: a.whole_prefill,
+            code: EmbeddedCode::Machine {
+                bytes: std::fs::read(out.join(&a.file)).unwrap().leak(),
+                listing: "",
+                quantizer: None,
+            },
+            generator_version: s(&manifest.generator.version),
+            template_hash: s(&manifest.generator.template_hash),
+        })
+        .collect();
+    let mut set = EmbeddedKernel::prebuilt_set(&[], "x86-avx2", "w4a8", generator);
+    assert_eq!(set.add_attention(&table, "x86-avx2").unwrap(), 4);
+    let dev = Arc::new(
+        Device::open(
+            Backend::HostX86,
+            DeviceOptions {
+                threads: Some(2),
+                prebuilt: Some(set),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    // tiny: 5 query heads over 1 KV head of 40.
+    let (hq, kvh, d, p, t) = (5, 1, 40, 3, 30);
+    let att = Attention::new(&dev, hq, kvh, d, KvFormat::F16).unwrap();
+    assert!(att.prefills_whole(), "the prebuilt x86 prefill kernel");
+    let mut cache = KvCache::new(KvFormat::F16, kvh, d, KvCapacity::Max(64)).unwrap();
+    let val = |i: usize, m: usize| ((i * m) % 97) as f32 / 97.0 - 0.5;
+    let k: Vec<f32> = (0..(p + t) * kvh * d).map(|i| val(i, 31)).collect();
+    let v: Vec<f32> = (0..(p + t) * kvh * d).map(|i| val(i, 17)).collect();
+    cache.append(&k, &v, p + t).unwrap();
+    let q: Vec<f16> = (0..t * hq * d).map(|i| f16::from_f32(val(i, 13))).collect();
+    let mut o = vec![f16::ZERO; t * hq * d];
+    att.prefill(&q, t, &cache, &mut o).unwrap();
+    let half = |x: &[f32]| -> Vec<f16> { x.iter().map(|&x| f16::from_f32(x)).collect() };
+    let b = Bindings::new()
+        .extent("t", t)
+        .extent("hq", hq)
+        .extent("kvh", kvh)
+        .extent("d", d)
+        .extent("s", p + t)
+        .tensor("q", Value::F16(q.clone()))
+        .tensor("k", Value::F16(half(&k)))
+        .tensor("v", Value::F16(half(&v)));
+    let prefill = library::get("attention-prefill-f16").unwrap();
+    let want = run(&prefill, &b).unwrap().get("o").unwrap().to_vec();
+    for (i, (g, w)) in o.iter().zip(&want).enumerate() {
+        let g = g.to_f32();
+        assert!(
+            (g - w).abs() <= 2e-3 * w.abs() + 2e-3,
+            "o[{i}] = {g}, want {w}"
+        );
     }
 }

@@ -794,14 +794,28 @@ impl Device {
 
     /// The whole-prefill kernel `name` (`attention-prefill-f16`,
     /// `attention-prefill-kv8`) for head dim `d`, mapped once, where this
-    /// device emits one: the x86 JIT device with `d` a multiple of 8, the
-    /// NEON JIT device with `d` a multiple of 4. `None` elsewhere (prefill
-    /// then runs the decode kernel per token).
+    /// device has one: the x86 JIT device with `d` a multiple of 8, the
+    /// NEON JIT device with `d` a multiple of 4, a prebuilt set that ships
+    /// one (`tessera-kernels-gen` does for x86 and NEON) for a `d` its code
+    /// takes. `None` elsewhere (prefill then runs the decode kernel per
+    /// token).
     pub(crate) fn prefill_attention(
         &self,
         name: &str,
         d: usize,
     ) -> Result<Option<Arc<HostAttention>>, RuntimeError> {
+        // The only engine of a build without `jit` and `opencl`.
+        #[allow(irrefutable_let_patterns)]
+        if let Engine::Prebuilt(set) = &self.engine {
+            let whole = set.attention(name).is_some_and(|p| {
+                p.code.whole_prefill && d.is_multiple_of(p.code.head_dim_multiple.max(1))
+            });
+            return if whole {
+                self.attention(name, d).map(Some)
+            } else {
+                Ok(None)
+            };
+        }
         #[cfg(feature = "jit")]
         {
             let head_dim_multiple = match self.engine {

@@ -132,6 +132,18 @@ pub struct AttentionEntry {
     pub listing: Option<String>,
     /// FNV-1a 64 of `file`'s bytes, lowercase hex.
     pub fnv1a64: String,
+    /// Head dims the code takes are multiples of this (x86: 8; the NEON
+    /// prefill: 4). Absent in older manifests: 1.
+    #[serde(default = "one")]
+    pub head_dim_multiple: usize,
+    /// The code runs a whole causal prefill call (`HostAttention::prefill`
+    /// in one call per thread), not one decode step. Absent: false.
+    #[serde(default)]
+    pub whole_prefill: bool,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A companion code file (machine code with its listing).
@@ -281,7 +293,15 @@ impl Manifest {
     pub fn lookup_attention(&self, target: &str, kv: &str) -> Option<&AttentionEntry> {
         self.attention
             .iter()
-            .find(|e| e.target == target && e.kv == kv)
+            .find(|e| e.target == target && e.kv == kv && !e.whole_prefill)
+    }
+
+    /// The whole-prefill attention kernel on `target` for a `kv` cache,
+    /// where the target has one (x86, NEON).
+    pub fn lookup_prefill(&self, target: &str, kv: &str) -> Option<&AttentionEntry> {
+        self.attention
+            .iter()
+            .find(|e| e.target == target && e.kv == kv && e.whole_prefill)
     }
 
     /// Check an attention kernel's bytes against its entry's hash.
@@ -335,6 +355,10 @@ pub struct EmbeddedAttention {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// As [`AttentionEntry::head_dim_multiple`].
+    pub head_dim_multiple: usize,
+    /// As [`AttentionEntry::whole_prefill`].
+    pub whole_prefill: bool,
     /// OpenCL C source, or host machine code
     /// ([`crate::manifest::EmbeddedCode::Machine`], no quantizer).
     pub code: EmbeddedCode,
@@ -348,13 +372,15 @@ impl EmbeddedAttention {
         check_embedded(self.generator_version, self.template_hash, generator)
     }
 
-    /// The embedded attention kernel on `target` for a `kv` cache.
+    /// The embedded decode attention kernel on `target` for a `kv` cache.
     pub fn find<'a>(
         table: &'a [EmbeddedAttention],
         target: &str,
         kv: &str,
     ) -> Option<&'a EmbeddedAttention> {
-        table.iter().find(|e| e.target == target && e.kv == kv)
+        table
+            .iter()
+            .find(|e| e.target == target && e.kv == kv && !e.whole_prefill)
     }
 }
 
@@ -690,6 +716,8 @@ mod tests {
             file: format!("attention_{kv}.cl"),
             listing: None,
             fnv1a64: fnv1a64_hex(b"attn"),
+            head_dim_multiple: 1,
+            whole_prefill: false,
         }
     }
 
@@ -738,6 +766,8 @@ mod tests {
             heads: 12,
             kv_heads: 2,
             head_dim: 128,
+            head_dim_multiple: 1,
+            whole_prefill: false,
             code: EmbeddedCode::Machine {
                 bytes: &CODE,
                 listing: "",

@@ -59,8 +59,17 @@ impl PrebuiltKernel {
         }
     }
 
-    /// A decode attention instance from raw bytes.
-    pub fn attention(kernel: &str, instance: &str, arch: Arch, bytes: Vec<u8>) -> PrebuiltKernel {
+    /// An attention instance from raw bytes: decode, or a whole prefill
+    /// (`whole_prefill`), taking head dims that are multiples of
+    /// `head_dim_multiple` (as its manifest entry says).
+    pub fn attention(
+        kernel: &str,
+        instance: &str,
+        arch: Arch,
+        bytes: Vec<u8>,
+        head_dim_multiple: usize,
+        whole_prefill: bool,
+    ) -> PrebuiltKernel {
         PrebuiltKernel {
             kernel: kernel.to_string(),
             instance: instance.to_string(),
@@ -70,8 +79,8 @@ impl PrebuiltKernel {
                 arch,
                 bytes,
                 listing: String::new(),
-                head_dim_multiple: 1,
-                whole_prefill: false,
+                head_dim_multiple: head_dim_multiple.max(1),
+                whole_prefill,
             },
             quantizer: None,
         }
@@ -188,6 +197,8 @@ impl PrebuiltSet {
                             a.kernel,
                             arch,
                             bytes.to_vec(),
+                            a.head_dim_multiple,
+                            a.whole_prefill,
                         ));
                         added += 1;
                     }

@@ -44,6 +44,8 @@ fn prebuilt_set() -> PrebuiltSet {
         "test",
         code.arch,
         code.bytes,
+        code.head_dim_multiple,
+        code.whole_prefill,
     ));
     set
 }

@@ -48,6 +48,8 @@ fn entry(kv: &str, library_name: &str, target: &str, code: EmbeddedCode) -> Embe
         heads: 4,
         kv_heads: 2,
         head_dim: 16,
+        head_dim_multiple: 1,
+        whole_prefill: false,
         code,
         generator_version: leak(g.version),
         template_hash: leak(g.template_hash),

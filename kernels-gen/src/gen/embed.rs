@@ -153,7 +153,7 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "/// Every prebuilt decode attention kernel: one per target and KV format."
+        "/// Every prebuilt attention kernel: decode, one per target and KV format, and whole prefill where the target has one."
     );
     let _ = writeln!(s, "pub static ATTENTION: &[{RT}::EmbeddedAttention] = &[");
     for a in &manifest.attention {
@@ -173,6 +173,8 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
         let _ = writeln!(s, "        heads: {},", a.heads);
         let _ = writeln!(s, "        kv_heads: {},", a.kv_heads);
         let _ = writeln!(s, "        head_dim: {},", a.head_dim);
+        let _ = writeln!(s, "        head_dim_multiple: {},", a.head_dim_multiple);
+        let _ = writeln!(s, "        whole_prefill: {},", a.whole_prefill);
         let _ = writeln!(s, "        code: {code},");
         let _ = writeln!(s, "        generator_version: GENERATOR_VERSION,");
         let _ = writeln!(s, "        template_hash: TEMPLATE_HASH,");

@@ -6,6 +6,7 @@
 use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode, SourceLang, Variant};
 use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::gpu::with_gpu_weight_layout;
+use tessera_codegen::host_attention::{PREFILL_KEYS, PREFILL_ROWS};
 use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::opencl::{Fp16Mode, OpenClBackend, Program};
 use tessera_codegen::ptx::{PtxBackend, Sm};
@@ -348,12 +349,51 @@ pub const ATTENTION_KV: &[(&str, &str)] = &[
     ("kv8", "attention-decode-kv8"),
 ];
 
-/// One emitted decode attention kernel.
+/// The prefill kernels over the same caches, shipped where the target's
+/// backend emits a whole prefill ([`has_whole_prefill`]).
+pub const PREFILL_KV: &[(&str, &str)] = &[
+    ("f16", "attention-prefill-f16"),
+    ("kv8", "attention-prefill-kv8"),
+];
+
+/// One emitted attention kernel.
 pub struct AttentionInstance {
     pub artifact: Artifact,
-    /// Keys one work unit takes (the split size on OpenCL and PTX, the
-    /// online softmax block on the host), for the instance name's block.
+    /// Query tokens (rows) and keys one work unit takes (the split size on
+    /// OpenCL and PTX, the online softmax block on the host; a whole
+    /// prefill's row and key blocks), for the instance name's block.
+    pub tokens: u32,
     pub keys: u32,
+}
+
+impl AttentionInstance {
+    /// Host code that runs whole prefill calls.
+    pub fn whole_prefill(&self) -> bool {
+        matches!(&self.artifact, Artifact::Machine(code) if code.whole_prefill)
+    }
+
+    /// Head dims the code takes are multiples of this.
+    pub fn head_dim_multiple(&self) -> usize {
+        match &self.artifact {
+            Artifact::Machine(code) => code.head_dim_multiple.max(1),
+            Artifact::Source { .. } => 1,
+        }
+    }
+}
+
+/// A machine-code attention instance: a whole prefill's blocks, or one
+/// decode token over the online softmax block.
+fn host_instance(code: MachineCode) -> AttentionInstance {
+    let (tokens, keys) = if code.whole_prefill {
+        (PREFILL_ROWS as u32, PREFILL_KEYS as u32)
+    } else {
+        (1, ONLINE_BLOCK as u32)
+    };
+    AttentionInstance {
+        artifact: Artifact::Machine(code),
+        tokens,
+        keys,
+    }
 }
 
 /// Emit decode attention `kernel` for `spec`. `Err(Ok(why))`: the target
@@ -371,6 +411,7 @@ pub fn emit_attention(
         BackendKind::OpenCl => {
             match OpenClBackend::new(Fp16Mode::Storage).attention_program(kernel) {
                 Ok(Program::Attention { plan, source }) => Ok(AttentionInstance {
+                    tokens: 1,
                     keys: plan.keys_per_split,
                     artifact: Artifact::Source {
                         text: source,
@@ -395,6 +436,7 @@ pub fn emit_attention(
             match backend.emit(kernel, tile) {
                 Ok(artifact) => Ok(AttentionInstance {
                     artifact,
+                    tokens: 1,
                     keys: ONLINE_BLOCK as u32,
                 }),
                 Err(e) => refused(e),
@@ -402,6 +444,7 @@ pub fn emit_attention(
         }
         BackendKind::Ptx(sm) => match PtxBackend::new(sm).attention_program(kernel) {
             Ok(program) => Ok(AttentionInstance {
+                tokens: 1,
                 keys: program.plan.keys_per_split,
                 artifact: Artifact::Source {
                     text: program.text,
@@ -412,15 +455,14 @@ pub fn emit_attention(
         },
         BackendKind::Neon => {
             let backend = NeonBackend::new(spec.name).map_err(|e| Err(e.to_string()))?;
-            match backend.emit_attention(kernel) {
-                Ok(code) => Ok(AttentionInstance {
-                    artifact: Artifact::Machine(code),
-                    keys: ONLINE_BLOCK as u32,
-                }),
-                Err(e) => refused(e),
-            }
+            backend
+                .emit_attention(kernel)
+                .map(host_instance)
+                .or_else(refused)
         }
-        BackendKind::X86 => Err(Ok("its backend emits no decode attention".into())),
+        BackendKind::X86 => tessera_codegen::x86::attention::emit(kernel)
+            .map(host_instance)
+            .or_else(refused),
     }
 }
 
@@ -428,6 +470,16 @@ pub fn emit_attention(
 pub fn has_attention(spec: &TargetSpec) -> bool {
     matches!(
         spec.backend,
-        BackendKind::OpenCl | BackendKind::Cranelift | BackendKind::Ptx(_) | BackendKind::Neon
+        BackendKind::OpenCl
+            | BackendKind::Cranelift
+            | BackendKind::Ptx(_)
+            | BackendKind::Neon
+            | BackendKind::X86
     )
+}
+
+/// Whether `spec`'s backend emits a whole causal prefill (machine code the
+/// runtime's `HostAttention::prefill` calls once per thread).
+pub fn has_whole_prefill(spec: &TargetSpec) -> bool {
+    matches!(spec.backend, BackendKind::Neon | BackendKind::X86)
 }
