@@ -20,8 +20,8 @@
 //!
 //! `-- --backend opencl` runs the same layer on the OpenCL device (PoCL on
 //! a CPU-only machine): W4A16 (f16 activations, f32 out), weights and the
-//! KV cache resident on the device, prefill as one decode call per prompt
-//! token. Its matmul tolerance is 1e-3·(1 + max|y|): the GPU kernels take
+//! KV cache resident on the device, prefill as one launch of the fused
+//! prefill program. Its matmul tolerance is 1e-3·(1 + max|y|): the GPU kernels take
 //! f16 activations and stage dequantized weights as halves. `--backend
 //! x86|host|neon` picks a host backend (default: the best one).
 
