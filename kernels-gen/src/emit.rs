@@ -39,6 +39,8 @@ pub struct EmitRequest<'a> {
     pub variant: Variant,
     pub tile: Option<[u32; 3]>,
     pub fp16: Fp16Mode,
+    /// Head dim of an OpenCL prefill program (its code is specialised).
+    pub head_dim: usize,
 }
 
 /// The result: printable text, and machine code bytes where there are any.
@@ -153,6 +155,7 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
         variant,
         tile,
         fp16,
+        head_dim,
     } = req;
     let is_matmul = kernel.as_matmul().is_some();
     match target {
@@ -176,15 +179,15 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
                 ));
             }
             if !is_matmul {
-                if x86 {
-                    return Err(format!(
-                        "{target} emits matmul kernels; `{}` is attention (the `host`, `opencl`, `ptx-*` and `aarch64-*` targets emit attention)",
-                        kernel.name
-                    ));
+                // Attention takes no tile (its loops run over d and s).
+                let code = if x86 {
+                    tessera_codegen::x86::attention::emit(&kernel)
+                } else {
+                    NeonBackend::new(target)
+                        .map_err(|e| e.to_string())?
+                        .emit_attention(&kernel)
                 }
-                // Decode attention takes no tile (its loops run over d and s).
-                let neon = NeonBackend::new(target).map_err(|e| e.to_string())?;
-                let code = neon.emit_attention(&kernel).map_err(|e| e.to_string())?;
+                .map_err(|e| e.to_string())?;
                 return Ok(Emitted {
                     text: header("//", target, &kernel, variant, None) + &code.listing,
                     bytes: Some(code.bytes),
@@ -248,9 +251,15 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
         "opencl" => {
             let backend = OpenClBackend::new(fp16);
             if !is_matmul {
-                let program = backend
-                    .attention_program(&kernel)
-                    .map_err(|e| e.to_string())?;
+                let prefill = kernel
+                    .as_attention()
+                    .is_some_and(|a| a.kind == tessera_dsl::ir::AttentionKind::Prefill);
+                let program = if prefill {
+                    backend.prefill_program(&kernel, head_dim)
+                } else {
+                    backend.attention_program(&kernel)
+                }
+                .map_err(|e| e.to_string())?;
                 return Ok(Emitted {
                     text: header("//", target, &kernel, variant, None) + &program_source(program),
                     bytes: None,

@@ -74,6 +74,9 @@ enum Command {
         /// OpenCL half precision: native (cl_khr_fp16) or storage.
         #[arg(long, default_value = "storage")]
         fp16: String,
+        /// Head dim of an OpenCL prefill program (a constant of its code).
+        #[arg(long, default_value_t = 128)]
+        head_dim: usize,
         /// Also write the machine-code bytes to this file.
         #[arg(long)]
         bin: Option<std::path::PathBuf>,
@@ -157,6 +160,7 @@ fn run(cli: Cli) -> Result<String, String> {
             variant,
             tile,
             fp16,
+            head_dim,
             bin,
         } => {
             let request = emit::EmitRequest {
@@ -165,6 +169,7 @@ fn run(cli: Cli) -> Result<String, String> {
                 variant: variant.parse()?,
                 tile: tile.as_deref().map(emit::parse_tile).transpose()?,
                 fp16: fp16.parse().map_err(|e| format!("--fp16 `{fp16}`: {e}"))?,
+                head_dim,
             };
             let out = emit::run(request)?;
             if let Some(path) = bin {

@@ -250,14 +250,28 @@ fn emit_writes_bytes_and_refuses_bad_requests() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("not feasible"), "{}", stderr(&o));
+    // x86 attention is emitted on x86-avx2 only, and a prefill program on
+    // OpenCL needs a head dim its code takes.
     let o = cli(&[
         "emit",
         "--target",
-        "x86-avx2",
+        "x86-avx512",
         "--kernel",
         "attention-decode-f16",
     ]);
     assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("runs on x86-avx2"), "{}", stderr(&o));
+    let o = cli(&[
+        "emit",
+        "--target",
+        "opencl",
+        "--kernel",
+        "attention-prefill-f16",
+        "--head-dim",
+        "512",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("head dim 512"), "{}", stderr(&o));
     let o = cli(&[
         "emit",
         "--target",
@@ -351,4 +365,46 @@ fn emit_ptx_decode_attention_prints_both_entries() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("prefill"), "{}", stderr(&o));
+}
+
+/// Attention on every CPU target, and the OpenCL prefill program for the
+/// head dim asked for.
+#[test]
+fn emit_prints_x86_attention_and_opencl_prefill_programs() {
+    for (target, kernel, want) in [
+        ("x86-avx2", "attention-decode-f16", "attention decode"),
+        (
+            "x86-avx2",
+            "attention-prefill-kv8",
+            "attention prefill (flash",
+        ),
+        (
+            "aarch64-neon",
+            "attention-prefill-f16",
+            "attention prefill (flash",
+        ),
+    ] {
+        let o = cli(&["emit", "--target", target, "--kernel", kernel]);
+        assert!(o.status.success(), "{target} {kernel}: {}", stderr(&o));
+        assert!(
+            stdout(&o).contains(want),
+            "{target} {kernel}: {}",
+            stdout(&o)
+        );
+    }
+    let o = cli(&[
+        "emit",
+        "--target",
+        "opencl",
+        "--kernel",
+        "attention-prefill-f16",
+        "--head-dim",
+        "80",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("head dim 80") && out.contains("float qr[80]"),
+        "{out}"
+    );
 }
