@@ -20,7 +20,7 @@ use tessera_dsl::ir::{AttentionKind, Format, Kernel, Op};
 use tessera_dsl::quant::QuantTensor;
 
 use crate::abi::KernelFn;
-use crate::artifact::MachineCode;
+use crate::artifact::{MachineCode, PrefillBlocks};
 use crate::host::RangeExecutor;
 use crate::jit::{JitCode, JitError};
 use crate::schedule::spreads;
@@ -130,8 +130,9 @@ pub struct HostAttention {
     /// The code handles head dims that are multiples of this only (from
     /// [`MachineCode::head_dim_multiple`]); other calls are refused.
     head_dim_multiple: usize,
-    /// The code runs whole prefill calls ([`MachineCode::whole_prefill`]).
-    whole_prefill: bool,
+    /// The code runs whole prefill calls in these blocks
+    /// ([`MachineCode::whole_prefill`]).
+    whole_prefill: Option<PrefillBlocks>,
 }
 
 impl std::fmt::Debug for HostAttention {
@@ -170,14 +171,16 @@ impl HostAttention {
     pub fn new(kernel: &Kernel, code: &MachineCode) -> Result<HostAttention, AttentionError> {
         let mut decode = kernel.clone();
         match &mut decode.op {
-            Op::Attention(a) if code.whole_prefill && a.kind != AttentionKind::Prefill => {
+            Op::Attention(a)
+                if code.whole_prefill.is_some() && a.kind != AttentionKind::Prefill =>
+            {
                 return Err(shape(
                     "kernel of whole-prefill code",
                     "a prefill attention kernel",
                     &kernel.name,
                 ));
             }
-            Op::Attention(a) if !code.whole_prefill => a.kind = AttentionKind::Decode,
+            Op::Attention(a) if code.whole_prefill.is_none() => a.kind = AttentionKind::Decode,
             Op::Attention(_) => {}
             _ => {
                 return Err(AttentionError::NotDecode {
@@ -196,6 +199,11 @@ impl HostAttention {
     /// Whether the code computes a whole prefill call at once (each K/V
     /// block read once per block of query rows) rather than per token.
     pub fn whole_prefill(&self) -> bool {
+        self.whole_prefill.is_some()
+    }
+
+    /// The blocks of whole-prefill code (None for decode code).
+    pub fn prefill_blocks(&self) -> Option<PrefillBlocks> {
         self.whole_prefill
     }
 
@@ -255,7 +263,7 @@ impl HostAttention {
         if s < t {
             return Err(shape("sequence length", format!("at least t = {t}"), s));
         }
-        if self.whole_prefill {
+        if self.whole_prefill.is_some() {
             if t == 0 {
                 return Ok(0);
             }
@@ -412,7 +420,7 @@ impl HostAttention {
         chunk: Option<usize>,
         exec: &RangeExecutor<'_>,
     ) -> Result<u64, AttentionError> {
-        if self.whole_prefill {
+        if self.whole_prefill.is_some() {
             // A decode call is a prefill of one token that sees every key.
             return self.prefill_whole(q, k, v, 1, s, hq, kvh, d, o, threads, exec);
         }
@@ -614,7 +622,10 @@ impl HostAttention {
             return Err(shape("sequence length", format!("at least t = {t}"), s));
         }
         let (base, _) = self.call_args(q, k, v, t, s, hq, kvh, d, o)?;
-        let scratch_len = prefill_scratch_floats(d)?;
+        let blocks = self
+            .whole_prefill
+            .ok_or_else(|| shape("attention code", "whole-prefill code", "decode code"))?;
+        let scratch_len = prefill_scratch_floats(d, blocks)?;
         let parts = prefill_parts(s, t, hq, kvh, threads);
         let stride = scratch_len + SCRATCH_GUARD;
         let mut scratch = zeroed(stride, parts.len())?;
@@ -642,7 +653,8 @@ impl HostAttention {
             // part's tokens start + run.len() ≤ t and heads ≤ hq lie within
             // them; its keys s − t + run.end ≤ s rows of both caches and
             // their per-row parameters were checked by `call_args`; the
-            // scratch holds prefill_scratch_floats(d) f32 and the counter
+            // scratch holds prefill_scratch_floats(d, blocks) f32 (the
+            // blocks the code was emitted for) and the counter
             // is this part's own; parts write disjoint (token, head) rows
             // of o.
             unsafe {
@@ -1045,22 +1057,21 @@ fn scratch_floats(s: usize, d: usize) -> Result<usize, AttentionError> {
         .ok_or_else(|| shape("attention scratch", "no overflow", "overflow"))
 }
 
-/// Query rows (token × head pairs of one KV head) a whole-prefill kernel
-/// keeps in one block: its q, output accumulators and softmax state.
-pub const PREFILL_ROWS: usize = 96;
-/// Keys a whole-prefill kernel converts per block (K and V as f32).
-pub const PREFILL_KEYS: usize = 128;
-
-/// f32 of scratch a whole-prefill call takes: the transposed q `(R + 8)·d`,
-/// the output accumulators `(R + 2)·d`, scores `R·C`, converted K and V
-/// `2·C·(d + 16)` (the spare lines keep strides off powers of two),
-/// per-row limit (f32 and u64), max, sum, α and output pointer `8·R`, and
-/// 16 to align the start to a cache line (R = [`PREFILL_ROWS`], C =
-/// [`PREFILL_KEYS`]), checked.
-pub fn prefill_scratch_floats(d: usize) -> Result<usize, AttentionError> {
-    let (r, c) = (PREFILL_ROWS, PREFILL_KEYS);
-    d.checked_mul((r + 8) + (r + 2) + 2 * c)
-        .and_then(|n| n.checked_add(r * c + 32 * c + 8 * r + 16))
+/// f32 of scratch a whole-prefill call in `blocks` takes (R query rows, C
+/// keys): the transposed q `(R + 8)·d`, the output accumulators
+/// `(R + 2)·d`, scores `R·C`, converted K and V `2·C·(d + 16)` (the spare
+/// lines keep strides off powers of two), per-row limit (f32 and u64),
+/// max, sum, α and output pointer `8·R`, and 16 to align the start to a
+/// cache line, checked.
+pub fn prefill_scratch_floats(d: usize, blocks: PrefillBlocks) -> Result<usize, AttentionError> {
+    let (r, c) = (blocks.rows as usize, blocks.keys as usize);
+    let per_d = (r + 8) + (r + 2) + 2 * c;
+    let fixed = r
+        .checked_mul(c)
+        .and_then(|rc| rc.checked_add(32 * c + 8 * r + 16));
+    d.checked_mul(per_d)
+        .zip(fixed)
+        .and_then(|(a, b)| a.checked_add(b))
         .ok_or_else(|| shape("prefill scratch", "no overflow", "overflow"))
 }
 

@@ -9,6 +9,7 @@
 //! emitted; it runs on aarch64 hosts (qemu-aarch64 here), the emission
 //! checks on any host.
 
+use tessera_codegen::artifact::PrefillBlocks;
 use tessera_codegen::neon::NeonBackend;
 use tessera_dsl::ir::{Kernel, Op, SoftmaxMode};
 use tessera_dsl::library;
@@ -26,7 +27,8 @@ fn emit(kernel: &Kernel) -> tessera_codegen::artifact::MachineCode {
 fn online_prefill_kernels_get_the_flash_loop_async_ones_the_decode_loop() {
     let kernel = library::get("attention-prefill-f16").unwrap();
     let code = emit(&kernel);
-    assert!(code.whole_prefill && code.head_dim_multiple == 4);
+    assert_eq!(code.whole_prefill, Some(PrefillBlocks::DEFAULT));
+    assert_eq!(code.head_dim_multiple, 4);
     assert!(
         code.listing.contains("attention prefill (flash"),
         "{}",
@@ -41,7 +43,7 @@ fn online_prefill_kernels_get_the_flash_loop_async_ones_the_decode_loop() {
         };
     }
     let code = emit(&slow);
-    assert!(!code.whole_prefill);
+    assert!(code.whole_prefill.is_none());
     assert!(
         code.listing
             .starts_with("// prefill: this decode kernel runs once per query token"),
@@ -71,7 +73,11 @@ mod run {
 
     fn compile(kernel: &Kernel) -> HostAttention {
         let code = emit(kernel);
-        assert!(code.whole_prefill, "{}: whole-prefill code", kernel.name);
+        assert!(
+            code.whole_prefill.is_some(),
+            "{}: whole-prefill code",
+            kernel.name
+        );
         let att = HostAttention::new(kernel, &code).expect("map");
         assert!(att.whole_prefill());
         att
@@ -187,4 +193,65 @@ mod run {
         assert!(run(10, s).unwrap_err().contains("head dimension"));
         assert!(run(8, s + 1).unwrap_err().contains("cache"));
     }
+
+    /// Blocks other than the default compute the same attention.
+    #[test]
+    fn neon_prefill_in_other_blocks() {
+        let kernel = library::get("attention-prefill-f16").unwrap();
+        let be = NeonBackend::new("aarch64-neon").unwrap();
+        for (i, blocks) in [
+            PrefillBlocks { rows: 16, keys: 4 },
+            PrefillBlocks { rows: 48, keys: 64 },
+            PrefillBlocks {
+                rows: 192,
+                keys: 256,
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let code = be.emit_attention_with(&kernel, blocks).unwrap();
+            assert_eq!(code.whole_prefill, Some(blocks));
+            let att = HostAttention::new(&kernel, &code).unwrap();
+            for (p, t, hq, kvh, d) in [(17, 70, 6, 2, 64), (0, 33, 4, 4, 128)] {
+                check(
+                    &att,
+                    &kernel,
+                    &Case {
+                        p,
+                        t,
+                        hq,
+                        kvh,
+                        d,
+                        q_amp: 0.5,
+                        threads: 1 + i % 2,
+                        seed: 40 + i as u64 + p as u64,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Blocks off the NEON tiles (16 score rows, 4 keys) are refused by name.
+#[test]
+fn neon_prefill_refuses_blocks_off_its_tiles() {
+    let kernel = library::get("attention-prefill-f16").unwrap();
+    let be = NeonBackend::new("aarch64-neon").unwrap();
+    let e = be
+        .emit_attention_with(
+            &kernel,
+            PrefillBlocks {
+                rows: 24,
+                keys: 128,
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("24 rows") && e.contains("multiple of 16"), "{e}");
+    let e = be
+        .emit_attention_with(&kernel, PrefillBlocks { rows: 96, keys: 0 })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("0 keys"), "{e}");
 }

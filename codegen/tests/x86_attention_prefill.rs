@@ -29,7 +29,11 @@ fn runnable() -> bool {
 
 fn compile(kernel: &Kernel) -> HostAttention {
     let code = attention::emit(kernel).expect("emit");
-    assert!(code.whole_prefill, "{}: whole-prefill code", kernel.name);
+    assert!(
+        code.whole_prefill.is_some(),
+        "{}: whole-prefill code",
+        kernel.name
+    );
     let att = HostAttention::new(kernel, &code).expect("map");
     assert!(att.whole_prefill());
     att
@@ -131,7 +135,7 @@ fn x86_async_prefill_decodes_per_token() {
     }
     kernel.name.push_str("-async");
     let code = attention::emit(&kernel).unwrap();
-    assert!(!code.whole_prefill);
+    assert!(code.whole_prefill.is_none());
     assert!(
         code.listing
             .contains("this decode kernel runs once per query token"),
@@ -213,4 +217,62 @@ fn x86_prefill_refuses_bad_calls() {
 fn x86_prefill_listing() {
     let code = attention::emit(&library::get("attention-prefill-f16").unwrap()).unwrap();
     insta::assert_snapshot!("x86_attention_prefill_f16", code.listing);
+}
+
+/// Blocks other than the default (the smallest the tiles allow, and larger
+/// than the default) compute the same attention; blocks off the tiles are
+/// refused by name.
+#[test]
+fn x86_prefill_in_other_blocks() {
+    use tessera_codegen::artifact::PrefillBlocks;
+    let kernel = library::get("attention-prefill-kv8").unwrap();
+    let e = attention::emit_with(
+        &kernel,
+        PrefillBlocks {
+            rows: 20,
+            keys: 128,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("20 rows") && e.contains("multiple of 24"), "{e}");
+    let e = attention::emit_with(&kernel, PrefillBlocks { rows: 96, keys: 6 })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("6 keys"), "{e}");
+    if !runnable() {
+        return;
+    }
+    for (i, blocks) in [
+        PrefillBlocks { rows: 24, keys: 4 },
+        PrefillBlocks { rows: 48, keys: 64 },
+        PrefillBlocks {
+            rows: 192,
+            keys: 256,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let code = attention::emit_with(&kernel, blocks).unwrap();
+        assert_eq!(code.whole_prefill, Some(blocks));
+        let att = HostAttention::new(&kernel, &code).unwrap();
+        assert_eq!(att.prefill_blocks(), Some(blocks));
+        for (p, t, hq, kvh, d) in [(17, 70, 6, 2, 64), (0, 33, 4, 4, 128)] {
+            prefill_harness::check(
+                &att,
+                &kernel,
+                &prefill_harness::Case {
+                    p,
+                    t,
+                    hq,
+                    kvh,
+                    d,
+                    q_amp: 0.5,
+                    threads: 1 + i % 2,
+                    seed: 40 + i as u64 + p as u64,
+                },
+            );
+        }
+    }
 }

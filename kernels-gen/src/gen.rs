@@ -18,7 +18,7 @@
 //! always, since the KV cache format is the runtime's choice, not the
 //! weights'; and on `x86-avx2` and the `aarch64-*` targets, whose backends
 //! emit a whole causal prefill, `attention-prefill-f16` and
-//! `attention-prefill-kv8` as well (the entries say `whole_prefill` and the
+//! `attention-prefill-kv8` as well (the entries say `prefill_blocks` and the
 //! head-dim multiple the code takes). Their code takes every extent at run
 //! time, so one kernel per target and KV format serves the model; its entry
 //! records the model's heads, KV heads and head dimension (explicit shapes
@@ -715,8 +715,10 @@ fn attention_entries(
             }
             Err(Err(why)) => return Err(fail(library_name, why)),
         };
-        let (head_dim_multiple, whole_prefill) =
-            (instance.head_dim_multiple(), instance.whole_prefill());
+        let (head_dim_multiple, prefill_blocks) = (
+            instance.head_dim_multiple(),
+            instance.prefill_blocks().map(|b| [b.rows, b.keys]),
+        );
         if !dims.head_dim.is_multiple_of(head_dim_multiple) {
             notes.push(format!(
                 "{}: no {library_name}: its code takes head dims that are multiples of {head_dim_multiple}, the model's is {}",
@@ -758,7 +760,7 @@ fn attention_entries(
             listing,
             fnv1a64,
             head_dim_multiple,
-            whole_prefill,
+            prefill_blocks,
         });
     }
     Ok(out)

@@ -480,7 +480,7 @@ fn every_target_ships_attention_with_valid_hashes() {
             }
         }
         let prefill = a.library.starts_with("attention-prefill");
-        assert_eq!(a.whole_prefill, prefill, "{a:?}");
+        assert_eq!(a.prefill_blocks.is_some(), prefill, "{a:?}");
         assert!(a.kernel.starts_with(if prefill {
             "attention_prefill_"
         } else {

@@ -184,7 +184,7 @@ fn generated_x86_attention_prefills_whole_through_the_runtime() {
             kv_heads: a.kv_heads,
             head_dim: a.head_dim,
             head_dim_multiple: a.head_dim_multiple,
-            whole_prefill: a.whole_prefill,
+            prefill_blocks: a.prefill_blocks,
             code: EmbeddedCode::Machine {
                 bytes: std::fs::read(out.join(&a.file)).unwrap().leak(),
                 listing: "",

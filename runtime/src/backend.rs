@@ -808,7 +808,7 @@ impl Device {
         #[allow(irrefutable_let_patterns)]
         if let Engine::Prebuilt(set) = &self.engine {
             let whole = set.attention(name).is_some_and(|p| {
-                p.code.whole_prefill && d.is_multiple_of(p.code.head_dim_multiple.max(1))
+                p.code.whole_prefill.is_some() && d.is_multiple_of(p.code.head_dim_multiple.max(1))
             });
             return if whole {
                 self.attention(name, d).map(Some)

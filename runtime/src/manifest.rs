@@ -136,10 +136,12 @@ pub struct AttentionEntry {
     /// prefill: 4). Absent in older manifests: 1.
     #[serde(default = "one")]
     pub head_dim_multiple: usize,
-    /// The code runs a whole causal prefill call (`HostAttention::prefill`
-    /// in one call per thread), not one decode step. Absent: false.
+    /// `[rows, keys]`: the code runs a whole causal prefill call
+    /// (`HostAttention::prefill` in one call per thread) in blocks of that
+    /// many query rows and keys, which size its scratch. Absent (decode
+    /// code, and every entry of older manifests): none.
     #[serde(default)]
-    pub whole_prefill: bool,
+    pub prefill_blocks: Option<[u32; 2]>,
 }
 
 fn one() -> usize {
@@ -293,7 +295,7 @@ impl Manifest {
     pub fn lookup_attention(&self, target: &str, kv: &str) -> Option<&AttentionEntry> {
         self.attention
             .iter()
-            .find(|e| e.target == target && e.kv == kv && !e.whole_prefill)
+            .find(|e| e.target == target && e.kv == kv && e.prefill_blocks.is_none())
     }
 
     /// The whole-prefill attention kernel on `target` for a `kv` cache,
@@ -301,7 +303,7 @@ impl Manifest {
     pub fn lookup_prefill(&self, target: &str, kv: &str) -> Option<&AttentionEntry> {
         self.attention
             .iter()
-            .find(|e| e.target == target && e.kv == kv && e.whole_prefill)
+            .find(|e| e.target == target && e.kv == kv && e.prefill_blocks.is_some())
     }
 
     /// Check an attention kernel's bytes against its entry's hash.
@@ -357,8 +359,8 @@ pub struct EmbeddedAttention {
     pub head_dim: usize,
     /// As [`AttentionEntry::head_dim_multiple`].
     pub head_dim_multiple: usize,
-    /// As [`AttentionEntry::whole_prefill`].
-    pub whole_prefill: bool,
+    /// As [`AttentionEntry::prefill_blocks`].
+    pub prefill_blocks: Option<[u32; 2]>,
     /// OpenCL C source, or host machine code
     /// ([`crate::manifest::EmbeddedCode::Machine`], no quantizer).
     pub code: EmbeddedCode,
@@ -380,7 +382,7 @@ impl EmbeddedAttention {
     ) -> Option<&'a EmbeddedAttention> {
         table
             .iter()
-            .find(|e| e.target == target && e.kv == kv && !e.whole_prefill)
+            .find(|e| e.target == target && e.kv == kv && e.prefill_blocks.is_none())
     }
 }
 
@@ -717,7 +719,7 @@ mod tests {
             listing: None,
             fnv1a64: fnv1a64_hex(b"attn"),
             head_dim_multiple: 1,
-            whole_prefill: false,
+            prefill_blocks: None,
         }
     }
 
@@ -767,7 +769,7 @@ mod tests {
             kv_heads: 2,
             head_dim: 128,
             head_dim_multiple: 1,
-            whole_prefill: false,
+            prefill_blocks: None,
             code: EmbeddedCode::Machine {
                 bytes: &CODE,
                 listing: "",

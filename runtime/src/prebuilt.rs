@@ -7,7 +7,7 @@
 //! (`tessera_codegen::jit`), checked for architecture, and run through the
 //! same checked [`tessera_codegen::host::HostMatmul`] entry points.
 
-use tessera_codegen::artifact::{Arch, MachineCode};
+use tessera_codegen::artifact::{Arch, MachineCode, PrefillBlocks};
 use tessera_dsl::ir::Variant;
 
 use crate::manifest::{EmbeddedAttention, EmbeddedCode, EmbeddedKernel, ManifestError};
@@ -47,7 +47,7 @@ impl PrebuiltKernel {
             bytes,
             listing: String::new(),
             head_dim_multiple: 1,
-            whole_prefill: false,
+            whole_prefill: None,
         };
         PrebuiltKernel {
             kernel: kernel.to_string(),
@@ -59,16 +59,16 @@ impl PrebuiltKernel {
         }
     }
 
-    /// An attention instance from raw bytes: decode, or a whole prefill
-    /// (`whole_prefill`), taking head dims that are multiples of
-    /// `head_dim_multiple` (as its manifest entry says).
+    /// An attention instance from raw bytes: decode, or a whole prefill in
+    /// the blocks `whole_prefill` gives, taking head dims that are
+    /// multiples of `head_dim_multiple` (as its manifest entry says).
     pub fn attention(
         kernel: &str,
         instance: &str,
         arch: Arch,
         bytes: Vec<u8>,
         head_dim_multiple: usize,
-        whole_prefill: bool,
+        whole_prefill: Option<PrefillBlocks>,
     ) -> PrebuiltKernel {
         PrebuiltKernel {
             kernel: kernel.to_string(),
@@ -198,7 +198,8 @@ impl PrebuiltSet {
                             arch,
                             bytes.to_vec(),
                             a.head_dim_multiple,
-                            a.whole_prefill,
+                            a.prefill_blocks
+                                .map(|[rows, keys]| PrefillBlocks { rows, keys }),
                         ));
                         added += 1;
                     }

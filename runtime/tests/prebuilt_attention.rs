@@ -49,7 +49,7 @@ fn entry(kv: &str, library_name: &str, target: &str, code: EmbeddedCode) -> Embe
         kv_heads: 2,
         head_dim: 16,
         head_dim_multiple: 1,
-        whole_prefill: false,
+        prefill_blocks: None,
         code,
         generator_version: leak(g.version),
         template_hash: leak(g.template_hash),

@@ -296,7 +296,7 @@ impl ClifBackend {
             bytes,
             listing,
             head_dim_multiple: 1,
-            whole_prefill: false,
+            whole_prefill: None,
         })
     }
 }

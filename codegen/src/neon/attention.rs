@@ -45,7 +45,7 @@ use tessera_dsl::ir::{AttentionKind, Format, Group, Kernel, ParamType, SoftmaxMo
 use super::asm::{A64, Cond, V, X};
 use super::attention_asm::AttentionAsm;
 use super::frame;
-use crate::artifact::{Arch, EmitError, MachineCode};
+use crate::artifact::{Arch, EmitError, MachineCode, PrefillBlocks};
 use crate::host_attention::*;
 use crate::target::TargetCaps;
 
@@ -251,12 +251,24 @@ const BMAX: V = V(31);
 /// Stack frame: the argument pointer at [sp].
 const FRAME: u32 = 16;
 
-/// Emit the decode attention kernel `kernel` for `caps`.
+/// Emit the attention kernel `kernel` for `caps`: the decode loop, or for
+/// a prefill kernel with the online softmax the flash loop of
+/// [`super::attention_prefill`] in the default blocks.
 pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError> {
+    emit_with(caps, kernel, PrefillBlocks::DEFAULT)
+}
+
+/// [`emit`] with a prefill kernel's flash loop in `blocks` (rows a
+/// multiple of 16, keys of 4; a decode kernel ignores them).
+pub fn emit_with(
+    caps: &TargetCaps,
+    kernel: &Kernel,
+    blocks: PrefillBlocks,
+) -> Result<MachineCode, EmitError> {
     let spec = AttentionSpec::new(caps, kernel)?;
     let prefill = kernel.as_attention().map(|a| a.kind) == Some(AttentionKind::Prefill);
     if prefill && spec.softmax == SoftmaxMode::Online {
-        return super::attention_prefill::emit(caps.name, &kernel.name, &spec);
+        return super::attention_prefill::emit(caps.name, &kernel.name, &spec, blocks);
     }
     let mut a = A64::new();
     if prefill {
@@ -284,7 +296,7 @@ pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError
         bytes,
         listing,
         head_dim_multiple: 1,
-        whole_prefill: false,
+        whole_prefill: None,
     })
 }
 

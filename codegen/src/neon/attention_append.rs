@@ -145,7 +145,7 @@ pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError
         bytes,
         listing,
         head_dim_multiple: 1,
-        whole_prefill: false,
+        whole_prefill: None,
     })
 }
 

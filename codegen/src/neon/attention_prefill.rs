@@ -43,18 +43,37 @@ use super::attention::{
 };
 use super::attention_asm::AttentionAsm;
 use super::frame;
-use crate::artifact::{Arch, EmitError, MachineCode};
+use crate::artifact::{Arch, EmitError, MachineCode, PrefillBlocks};
 use crate::host_attention::*;
 
-const R: u32 = PREFILL_ROWS as u32;
-const C: u32 = PREFILL_KEYS as u32;
-/// Bytes between the d-indices of the transposed q, `qt[d][R]` (R f32 and
-/// 32 spare bytes: a stride off powers of two).
-const QTS: u32 = 4 * R + 32;
-/// Bytes between 4-lane d-chunks of `O` (R rows of 4 f32, 32 spare bytes).
-const QS: u32 = 16 * R + 32;
-/// Bytes between keys of the score block `st[C][R]`.
-const STS: u32 = 4 * R;
+/// The blocks one emitted kernel works in, and the strides they set.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    /// Query rows per block (`R`, a multiple of [`TILE_ROWS`]).
+    r: u32,
+    /// Keys per block (`C`, a multiple of 4).
+    c: u32,
+}
+
+impl Geometry {
+    /// Bytes between the d-indices of the transposed q, `qt[d][R]` (R f32
+    /// and 32 spare bytes: a stride off powers of two).
+    fn qts(self) -> u32 {
+        4 * self.r + 32
+    }
+
+    /// Bytes between 4-lane d-chunks of `O` (R rows of 4 f32, 32 spare
+    /// bytes).
+    fn qs(self) -> u32 {
+        16 * self.r + 32
+    }
+
+    /// Bytes between keys of the score block `st[C][R]`.
+    fn sts(self) -> u32 {
+        4 * self.r
+    }
+}
+
 /// Spare bytes after each `kp` / `vp` row (4·d bytes).
 const VPAD: u32 = 64;
 /// Rows of one score tile: four 4-row vectors.
@@ -63,11 +82,7 @@ const TILE_ROWS: u32 = 16;
 const PV_ROWS: u32 = 8;
 /// d-chunks (4 lanes) of one P·V tile.
 const PV_CHUNKS: u32 = 3;
-const _: () = assert!(
-    R.is_multiple_of(TILE_ROWS)
-        && TILE_ROWS.is_multiple_of(PV_ROWS)
-        && PREFILL_HEAD_DIM_MULTIPLE == 4
-);
+const _: () = assert!(TILE_ROWS.is_multiple_of(PV_ROWS) && PREFILL_HEAD_DIM_MULTIPLE == 4);
 
 // 8-byte frame slots.
 const F_ARGS: u32 = 0;
@@ -129,10 +144,18 @@ pub(super) fn emit(
     caps_name: &str,
     kernel_name: &str,
     spec: &AttentionSpec,
+    blocks: PrefillBlocks,
 ) -> Result<MachineCode, EmitError> {
+    blocks.check("neon", TILE_ROWS)?;
+    let g = Geometry {
+        r: blocks.rows,
+        c: blocks.keys,
+    };
     let mut a = A64::new();
     a.header(&format!(
-        "{kernel_name} {caps_name} attention prefill (flash: {R}-row x {C}-key blocks): keys {}, values {}, q {}",
+        "{kernel_name} {caps_name} attention prefill (flash: {}-row x {}-key blocks): keys {}, values {}, q {}",
+        g.r,
+        g.c,
         spec.keys.name(),
         spec.values.name(),
         if spec.q_prescaled {
@@ -145,7 +168,7 @@ pub(super) fn emit(
         a.header(line);
     }
     frame::prologue(&mut a, FRAME);
-    setup(&mut a, spec);
+    setup(&mut a, g, spec);
 
     let (kv_loop, kv_done) = (a.new_label(), a.new_label());
     a.bind(kv_loop);
@@ -160,7 +183,7 @@ pub(super) fn emit(
     a.ldr_x_sp(X(2), F_ROWS);
     a.cmp(X(1), X(2));
     a.b_cond(Cond::Hs, rb_done);
-    pack_q(&mut a, spec);
+    pack_q(&mut a, g, spec);
     let (kb_loop, kb_done) = (a.new_label(), a.new_label());
     a.mov_imm(X(1), 0);
     a.str_x_sp(X(1), F_J0);
@@ -169,18 +192,18 @@ pub(super) fn emit(
     a.ldr_x_sp(X(2), F_KEND);
     a.cmp(X(1), X(2));
     a.b_cond(Cond::Hs, kb_done);
-    pack_kv(&mut a, spec);
-    scores(&mut a);
-    softmax_rows(&mut a);
-    pv(&mut a);
+    pack_kv(&mut a, g, spec);
+    scores(&mut a, g);
+    softmax_rows(&mut a, g);
+    pv(&mut a, g);
     a.ldr_x_sp(X(1), F_J0);
-    a.add_imm(X(1), X(1), C);
+    a.add_imm(X(1), X(1), g.c);
     a.str_x_sp(X(1), F_J0);
     a.b(kb_loop);
     a.bind(kb_done);
-    finish_rows(&mut a);
+    finish_rows(&mut a, g);
     a.ldr_x_sp(X(1), F_RB);
-    a.add_imm(X(1), X(1), R);
+    a.add_imm(X(1), X(1), g.r);
     a.str_x_sp(X(1), F_RB);
     a.b(rb_loop);
     a.bind(rb_done);
@@ -198,13 +221,13 @@ pub(super) fn emit(
         bytes,
         listing,
         head_dim_multiple: PREFILL_HEAD_DIM_MULTIPLE,
-        whole_prefill: true,
+        whole_prefill: Some(blocks),
     })
 }
 
 /// Call-wide values: group, strides, the causal base `s − t`, scratch
 /// areas (the layout of `prefill_scratch_floats`), 1/√d.
-fn setup(a: &mut A64, spec: &AttentionSpec) {
+fn setup(a: &mut A64, g: Geometry, spec: &AttentionSpec) {
     a.comment("call setup: group, strides, s - t, scratch areas");
     let args = X(0);
     a.str_x_sp(args, F_ARGS);
@@ -242,24 +265,24 @@ fn setup(a: &mut A64, spec: &AttentionSpec) {
     a.mov_imm(X(9), !63u64);
     a.and(X(8), X(8), X(9));
     a.str_x_sp(X(8), F_QT);
-    a.mov_imm(X(9), u64::from(QTS));
+    a.mov_imm(X(9), u64::from(g.qts()));
     a.madd(X(8), X(9), X(4), X(8));
     a.str_x_sp(X(8), F_O);
-    a.mov_imm(X(9), u64::from(QS / 4));
+    a.mov_imm(X(9), u64::from(g.qs() / 4));
     a.madd(X(8), X(9), X(4), X(8));
     a.str_x_sp(X(8), F_S);
-    a.add_imm(X(8), X(8), 4 * R * C);
+    a.add_imm(X(8), X(8), 4 * g.r * g.c);
     a.str_x_sp(X(8), F_KP);
-    a.mov_imm(X(9), u64::from(C));
+    a.mov_imm(X(9), u64::from(g.c));
     a.madd(X(8), X(9), X(5), X(8));
     a.str_x_sp(X(8), F_VP);
     a.madd(X(8), X(9), X(5), X(8));
     for (slot, bytes) in [
-        (F_LIM, 4 * R),
-        (F_M, 4 * R),
-        (F_L, 4 * R),
-        (F_ALPHA, 4 * R),
-        (F_OPTR, 8 * R),
+        (F_LIM, 4 * g.r),
+        (F_M, 4 * g.r),
+        (F_L, 4 * g.r),
+        (F_ALPHA, 4 * g.r),
+        (F_OPTR, 8 * g.r),
         (F_LIMI, 0),
     ] {
         a.str_x_sp(X(8), slot);
@@ -344,13 +367,13 @@ fn row_state(a: &mut A64, r: X, lim: X) {
 /// Rows `rb ..` of this KV head: q widened into `qt`, limits, output row
 /// pointers, `m`, `l`, `O` reset; padded rows get zero q and the last
 /// real row's limit; `F_KEND` = that limit + 1.
-fn pack_q(a: &mut A64, spec: &AttentionSpec) {
+fn pack_q(a: &mut A64, g: Geometry, spec: &AttentionSpec) {
     a.comment("row block: q -> qt[d][R] (transposed), limits, o rows; m = -inf, l = 0, O = 0");
     // rn = min(R, rows − rb), rnp = rn rounded up to a score tile (16).
     a.ldr_x_sp(X(1), F_ROWS);
     a.ldr_x_sp(X(2), F_RB);
     a.sub(X(1), X(1), X(2));
-    a.mov_imm(X(3), u64::from(R));
+    a.mov_imm(X(3), u64::from(g.r));
     a.cmp(X(1), X(3));
     a.csel(X(1), X(1), X(3), Cond::Lo);
     a.str_x_sp(X(1), F_RN);
@@ -362,8 +385,8 @@ fn pack_q(a: &mut A64, spec: &AttentionSpec) {
     // x26 = qtok, x27 = d, x28 = the last real row's limit.
     a.ldr_x_sp(X(20), F_RN);
     a.ldr_x_sp(X(21), F_GH);
-    a.mov_imm(X(22), u64::from(QTS));
-    a.mov_imm(X(23), u64::from(QS));
+    a.mov_imm(X(22), u64::from(g.qts()));
+    a.mov_imm(X(23), u64::from(g.qs()));
     a.ldr_x_sp(X(24), F_RB);
     a.ldr_x_sp(X(25), F_H);
     a.ldr_x_sp(X(26), F_QTOK);
@@ -454,12 +477,12 @@ fn pack_q(a: &mut A64, spec: &AttentionSpec) {
 /// Keys `j0 .. j0 + cnt` of this KV head (cnt = min(C, kend − j0)):
 /// K → `kp[C][d]` (keys up to the next multiple of 4 zero), V →
 /// `vp[C][d]`, both f32, rows `4·d + VPAD` bytes apart.
-fn pack_kv(a: &mut A64, spec: &AttentionSpec) {
+fn pack_kv(a: &mut A64, g: Geometry, spec: &AttentionSpec) {
     a.comment("key block: K -> kp[C][d], V -> vp[C][d] (f32)");
     a.ldr_x_sp(X(1), F_KEND);
     a.ldr_x_sp(X(2), F_J0);
     a.sub(X(1), X(1), X(2));
-    a.mov_imm(X(3), u64::from(C));
+    a.mov_imm(X(3), u64::from(g.c));
     a.cmp(X(1), X(3));
     a.csel(X(25), X(1), X(3), Cond::Lo);
     a.str_x_sp(X(25), F_CNT);
@@ -582,7 +605,7 @@ fn pack_kv(a: &mut A64, spec: &AttentionSpec) {
 /// keys. Row tiles outer (a tile's `qt` columns stay in L1 across the key
 /// quads); a quad past the tile's last causal limit ends it (rows are in
 /// limit order).
-fn scores(a: &mut A64) {
+fn scores(a: &mut A64, g: Geometry) {
     a.comment("scores: 16-row x 4-key tiles (rows in lanes, keys by element), st[C][R]");
     let acc = |v: u32, j: u32| V((v * 4 + j) as u8);
     let qv = |v: u32| V((16 + v) as u8);
@@ -634,7 +657,7 @@ fn scores(a: &mut A64) {
     }
     for dd in 0..4 {
         for v in 0..4 {
-            a.ldr_q(qv(v), X(9), dd * QTS + 16 * v);
+            a.ldr_q(qv(v), X(9), dd * g.qts() + 16 * v);
         }
         for j in 0..4 {
             for v in 0..4 {
@@ -642,17 +665,17 @@ fn scores(a: &mut A64) {
             }
         }
     }
-    a.add_imm(X(9), X(9), 4 * QTS);
+    a.add_imm(X(9), X(9), 4 * g.qts());
     a.subs_imm(X(14), X(14), 1);
     a.b_cond(Cond::Ne, step);
     // st + j·STS + 4·r0: key j's rows, vector v at + 16·v.
-    a.mov_imm(X(1), u64::from(STS));
+    a.mov_imm(X(1), u64::from(g.sts()));
     a.mul(X(15), X(21), X(1));
     a.add(X(15), X(27), X(15));
     a.add_lsl(X(15), X(15), X(19), 2);
     for j in 0..4 {
         for v in 0..4 {
-            a.str_q(acc(v, j), X(15), STS * j + 16 * v);
+            a.str_q(acc(v, j), X(15), g.sts() * j + 16 * v);
         }
     }
     a.add_imm(X(21), X(21), 4);
@@ -666,7 +689,7 @@ fn scores(a: &mut A64) {
 /// Per 4-row vector (rows in lanes, no horizontal work): keys past each
 /// row's limit → −∞, the block max, the running max `m'`, `α = e^(m −
 /// m')`, `p = e^(S − m')` in place (masked keys exactly 0), `l = α·l + Σp`.
-fn softmax_rows(a: &mut A64) {
+fn softmax_rows(a: &mut A64, g: Geometry) {
     a.comment("online softmax, 4 rows a vector: mask, max, alpha, p, l");
     exp_constants(a, X(9));
     let (x, mask, mold, lnew, sum, mnew, key, mmax, lim) =
@@ -684,7 +707,7 @@ fn softmax_rows(a: &mut A64) {
     a.ldr_x_sp(X(24), F_ALPHA);
     a.ldr_x_sp(X(25), F_S);
     a.ldr_x_sp(X(26), F_CNT);
-    a.mov_imm(X(27), u64::from(STS));
+    a.mov_imm(X(27), u64::from(g.sts()));
     a.mov_imm(X(19), 0);
     let (vec, vecs_done) = (a.new_label(), a.new_label());
     a.bind(vec);
@@ -747,7 +770,7 @@ fn softmax_rows(a: &mut A64) {
 
 /// `O = α·O + P·V` over the block's `cnt` keys: groups of 3 chunks
 /// (outer: their V columns stay in L1) × 8-row passes.
-fn pv(a: &mut A64) {
+fn pv(a: &mut A64, g: Geometry) {
     a.comment("P.V: 3-chunk groups x 8-row passes, O = alpha.O + P.V");
     a.mov_imm(X(1), 0);
     a.str_x_sp(X(1), F_C0);
@@ -768,7 +791,7 @@ fn pv(a: &mut A64) {
     a.b(by_chunks[PV_CHUNKS as usize - 1]);
     for (i, l) in by_chunks.iter().enumerate() {
         a.bind(*l);
-        pv_rows(a, i as u32 + 1);
+        pv_rows(a, g, i as u32 + 1);
         a.b(after);
     }
     a.bind(after);
@@ -780,7 +803,7 @@ fn pv(a: &mut A64) {
 }
 
 /// Every 8-row pass of the block over chunks `c0 .. c0 + nc`.
-fn pv_rows(a: &mut A64, nc: u32) {
+fn pv_rows(a: &mut A64, g: Geometry, nc: u32) {
     let acc = |r: u32, c: u32| V((r * nc + c) as u8);
     let p = |r: u32| V((24 + r / 4) as u8);
     let vx = |c: u32| V((26 + c) as u8);
@@ -791,7 +814,7 @@ fn pv_rows(a: &mut A64, nc: u32) {
     a.ldr_x_sp(X(22), F_J0);
     a.ldr_x_sp(X(23), F_CNT);
     a.ldr_x_sp(X(1), F_C0);
-    a.mov_imm(X(2), u64::from(QS));
+    a.mov_imm(X(2), u64::from(g.qs()));
     a.mul(X(3), X(1), X(2));
     a.ldr_x_sp(X(24), F_O);
     a.add(X(24), X(24), X(3));
@@ -824,7 +847,7 @@ fn pv_rows(a: &mut A64, nc: u32) {
     a.ldp_q(p(0), p(4), X(10), 0);
     for r in 0..PV_ROWS {
         for c in 0..nc {
-            a.ldr_q(acc(r, c), X(9), QS * c + 16 * r);
+            a.ldr_q(acc(r, c), X(9), g.qs() * c + 16 * r);
             a.fmul_4s_elem(acc(r, c), acc(r, c), p(r), r % 4);
         }
     }
@@ -834,7 +857,7 @@ fn pv_rows(a: &mut A64, nc: u32) {
     a.mov(X(12), X(27));
     let top = a.new_label();
     a.bind(top);
-    a.ldp_q_post(p(0), p(4), X(11), STS as i32);
+    a.ldp_q_post(p(0), p(4), X(11), g.sts() as i32);
     for c in 0..nc {
         a.ldr_q(vx(c), X(12), 16 * c);
     }
@@ -848,7 +871,7 @@ fn pv_rows(a: &mut A64, nc: u32) {
     a.b_cond(Cond::Ne, top);
     for r in 0..PV_ROWS {
         for c in 0..nc {
-            a.str_q(acc(r, c), X(9), QS * c + 16 * r);
+            a.str_q(acc(r, c), X(9), g.qs() * c + 16 * r);
         }
     }
     a.bind(next);
@@ -858,14 +881,14 @@ fn pv_rows(a: &mut A64, nc: u32) {
 }
 
 /// `o = O / l` to f16 for the block's real rows.
-fn finish_rows(a: &mut A64) {
+fn finish_rows(a: &mut A64, g: Geometry) {
     a.comment("o = O / l (f16) for the real rows");
     a.ldr_x_sp(X(20), F_RN);
     a.ldr_x_sp(X(21), F_L);
     a.ldr_x_sp(X(22), F_OPTR);
     a.ldr_x_sp(X(23), F_O);
     a.ldr_x_sp(X(24), F_DCH);
-    a.mov_imm(X(25), u64::from(QS));
+    a.mov_imm(X(25), u64::from(g.qs()));
     a.mov_imm(X(19), 0);
     let (row, rows_done) = (a.new_label(), a.new_label());
     a.bind(row);

@@ -407,6 +407,16 @@ impl NeonBackend {
         attention::emit(self.caps, kernel)
     }
 
+    /// [`NeonBackend::emit_attention`] with a prefill kernel's flash loop
+    /// in `blocks`.
+    pub fn emit_attention_with(
+        &self,
+        kernel: &Kernel,
+        blocks: crate::artifact::PrefillBlocks,
+    ) -> Result<MachineCode, EmitError> {
+        attention::emit_with(self.caps, kernel, blocks)
+    }
+
     /// The best target this CPU runs, from run-time feature detection:
     /// i8mm, then dotprod, then fp16, then plain NEON. On a non-aarch64
     /// host there is nothing to detect: None.
@@ -835,7 +845,7 @@ fn finish(a: asm::A64) -> Result<MachineCode, EmitError> {
         bytes,
         listing,
         head_dim_multiple: 1,
-        whole_prefill: false,
+        whole_prefill: None,
     })
 }
 

@@ -41,7 +41,7 @@ use tessera_dsl::ir::{AttentionKind, Format, Group, Kernel, ParamType, SoftmaxMo
 
 use super::asm::*;
 use super::common;
-use crate::artifact::{EmitError, MachineCode};
+use crate::artifact::{EmitError, MachineCode, PrefillBlocks};
 use crate::host_attention::*;
 
 /// Query heads one pass over K and V serves (lanes of a ymm).
@@ -138,9 +138,16 @@ fn splat(a: &mut X86Asm, at: i32, bits: u32) {
 
 /// Emit the attention of `kernel` (AVX2 + FMA + F16C): this decode loop,
 /// or for a prefill kernel with the online softmax
-/// [`super::attention_prefill`]'s flash loop (with the async softmax, this
-/// decode loop, which `HostAttention::prefill` runs once per query token).
+/// [`super::attention_prefill`]'s flash loop in the default blocks (with
+/// the async softmax, this decode loop, which `HostAttention::prefill`
+/// runs once per query token).
 pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
+    emit_with(kernel, PrefillBlocks::DEFAULT)
+}
+
+/// [`emit`] with a prefill kernel's flash loop in `blocks` (a decode
+/// kernel ignores them): the blocks a device measured best.
+pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, EmitError> {
     let at = kernel
         .as_attention()
         .ok_or_else(|| unsupported(format!("kernel `{}` (not attention)", kernel.name)))?;
@@ -193,7 +200,7 @@ pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
     let prefill = at.kind == AttentionKind::Prefill;
     if prefill && softmax == SoftmaxMode::Online {
         let header = format!("keys {}, values {}", fmt(&at.k)?, fmt(&at.v)?);
-        return super::attention_prefill::emit(&kernel.name, keys, values, &header);
+        return super::attention_prefill::emit(&kernel.name, keys, values, &header, blocks);
     }
     let mut a = X86Asm::new();
     if prefill {

@@ -6,13 +6,15 @@
 //!
 //! Rows are (query token, query head) pairs of one KV head, token-major,
 //! so the heads of a GQA group share every K/V block, and a row's causal
-//! limit never falls as its index grows. Per block of up to
-//! [`PREFILL_ROWS`] rows (`R`, padded to a multiple of 24 with zero q):
+//! limit never falls as its index grows. Per block of up to `R` rows
+//! ([`PrefillBlocks::rows`], 96 by default; the last block padded to a
+//! multiple of 24 with zero q):
 //!
 //! 1. q rows widened to f32 and transposed, `qt[d][R]` (rows in lanes);
 //!    per row its causal limit (the last key it sees, `s − t + token`) and
 //!    its output row; `m = −∞`, `l = 0`, `O = 0`.
-//! 2. For each block of [`PREFILL_KEYS`] keys (`C`) up to the block's last
+//! 2. For each block of `C` keys ([`PrefillBlocks::keys`], 128 by default)
+//!    up to the block's last
 //!    visible key (later keys are fully masked: skipped):
 //!    - K rows widened (int8 keys dequantized: `scale·c + offset`) and V
 //!      rows (fp8 values decoded exactly) to `kp[C][d]`, `vp[C][d]`: once
@@ -42,20 +44,48 @@ use super::attention::{
     self, EXP_REGS, FRAME, Keys, V_2P120, V_127, V_MAG, V_MIN, V_NEGINF, V_SIGN, Values, exp_ps,
 };
 use super::common;
-use crate::artifact::{EmitError, MachineCode};
+use crate::artifact::{EmitError, MachineCode, PrefillBlocks};
 use crate::host_attention::*;
 
-const R: i32 = PREFILL_ROWS as i32;
-const C: i32 = PREFILL_KEYS as i32;
-/// Bytes between d-chunks of `O` (R rows of 8 f32, one spare cache line):
-/// not a multiple of 2 KiB, so a chunk loop's lines spread over the L1's
-/// sets instead of piling into a few.
-const QS: i32 = 32 * R + 64;
-/// Bytes between the d-indices of the transposed q, `qt[d][R]` (R f32 and
-/// 32 spare bytes: a stride off powers of two, 32-byte aligned).
-const QTS: i32 = 4 * R + 32;
-/// Bytes between keys of the score block `st[C][R]`.
-const STS: i32 = 4 * R;
+/// The blocks one emitted kernel works in, and the strides they set.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    /// Query rows per block (`R`, a multiple of [`TILE_ROWS`]).
+    r: i32,
+    /// Keys per block (`C`, a multiple of 4).
+    c: i32,
+}
+
+/// The geometry of `blocks`, or why an emitter with score tiles of
+/// `tile_rows` rows cannot take them.
+fn geometry(blocks: PrefillBlocks, tile_rows: u32) -> Result<Geometry, EmitError> {
+    blocks.check("x86", tile_rows)?;
+    Ok(Geometry {
+        r: blocks.rows as i32,
+        c: blocks.keys as i32,
+    })
+}
+
+impl Geometry {
+    /// Bytes between d-chunks of `O` (R rows of 8 f32, one spare cache
+    /// line): not a multiple of 2 KiB for the default blocks, so a chunk
+    /// loop's lines spread over the L1's sets instead of piling into a few.
+    fn qs(self) -> i32 {
+        32 * self.r + 64
+    }
+
+    /// Bytes between the d-indices of the transposed q, `qt[d][R]` (R f32
+    /// and 32 spare bytes: a stride off powers of two, 32-byte aligned).
+    fn qts(self) -> i32 {
+        4 * self.r + 32
+    }
+
+    /// Bytes between keys of the score block `st[C][R]`.
+    fn sts(self) -> i32 {
+        4 * self.r
+    }
+}
+
 /// Rows of one score tile: three 8-row vectors.
 const TILE_ROWS: i32 = 24;
 /// Spare bytes after each `kp` / `vp` row (4·d bytes), for the same reason.
@@ -107,23 +137,27 @@ const V_ONE: i32 = FRAME + 320;
 const PREFILL_FRAME: i32 = V_ONE + 32;
 
 /// Emit the causal prefill of `kernel` (formats already checked by
-/// [`attention::emit`]).
+/// [`attention::emit`]) in `blocks`: rows a multiple of the 24-row score
+/// tile, keys of 4, each from 4 to 4096.
 pub(super) fn emit(
     name: &str,
     keys: Keys,
     values: Values,
     header: &str,
+    blocks: PrefillBlocks,
 ) -> Result<MachineCode, EmitError> {
+    let g = geometry(blocks, TILE_ROWS as u32)?;
     let mut a = X86Asm::new();
     a.comment(&format!(
-        "{name} x86-avx2 attention prefill (flash: {R}-row × {C}-key blocks): {header}"
+        "{name} x86-avx2 attention prefill (flash: {}-row × {}-key blocks): {header}",
+        g.r, g.c
     ));
     common::prologue_framed(&mut a, PREFILL_FRAME);
     attention::constants(&mut a, tessera_dsl::ir::SoftmaxMode::Online);
     for i in 0..8 {
         a.store32_imm(mem(RSP, V_ONE + 4 * i), 1f32.to_bits() as i32);
     }
-    setup(&mut a, keys, values);
+    setup(&mut a, g, keys, values);
 
     let (kv_loop, kv_done) = (a.new_label(), a.new_label());
     a.bind(kv_loop);
@@ -136,7 +170,7 @@ pub(super) fn emit(
     a.load64(RAX, mem(RSP, P_RB));
     a.cmp_mem(RAX, mem(RSP, P_ROWS));
     a.jcc(Cond::Ge, rb_done);
-    pack_q(&mut a);
+    pack_q(&mut a, g);
     let (kb_loop, kb_done) = (a.new_label(), a.new_label());
     a.zero(RAX);
     a.store64(mem(RSP, P_J0), RAX);
@@ -144,18 +178,18 @@ pub(super) fn emit(
     a.load64(RAX, mem(RSP, P_J0));
     a.cmp_mem(RAX, mem(RSP, P_KEND));
     a.jcc(Cond::Ge, kb_done);
-    pack_kv(&mut a, keys, values);
-    scores(&mut a);
-    softmax_rows(&mut a);
-    pv(&mut a);
+    pack_kv(&mut a, g, keys, values);
+    scores(&mut a, g);
+    softmax_rows(&mut a, g);
+    pv(&mut a, g);
     a.load64(RAX, mem(RSP, P_J0));
-    a.add_imm(RAX, C);
+    a.add_imm(RAX, g.c);
     a.store64(mem(RSP, P_J0), RAX);
     a.jmp(kb_loop);
     a.bind(kb_done);
-    finish_rows(&mut a);
+    finish_rows(&mut a, g);
     a.load64(RAX, mem(RSP, P_RB));
-    a.add_imm(RAX, R);
+    a.add_imm(RAX, g.r);
     a.store64(mem(RSP, P_RB), RAX);
     a.jmp(rb_loop);
     a.bind(rb_done);
@@ -170,14 +204,14 @@ pub(super) fn emit(
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(MachineCode {
         head_dim_multiple: attention::HEAD_DIM_MULTIPLE,
-        whole_prefill: true,
+        whole_prefill: Some(blocks),
         ..super::machine_code(bytes, listing)
     })
 }
 
 /// Call-wide values: group, strides, the causal base `s − t`, scratch
 /// areas (the layout of `prefill_scratch_floats`).
-fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
+fn setup(a: &mut X86Asm, g: Geometry, keys: Keys, values: Values) {
     a.comment("call setup: group, strides, s - t, scratch areas");
     a.load64(RAX, mem(RDI, AT_HQ));
     a.zero(RDX);
@@ -234,16 +268,16 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
         }
         a.store64(mem(RSP, slot), RAX);
     };
-    area(a, P_O, QTS / 4, 0);
-    area(a, P_S, QS / 32, 0);
-    area(a, P_KP, 0, R * C);
-    area(a, P_VP, C, C * VPAD / 4);
-    area(a, P_LIM, C, C * VPAD / 4);
-    area(a, P_M, 0, R);
-    area(a, P_L, 0, R);
-    area(a, P_ALPHA, 0, R);
-    area(a, P_OPTR, 0, R);
-    area(a, P_LIMI, 0, 2 * R);
+    area(a, P_O, g.qts() / 4, 0);
+    area(a, P_S, g.qs() / 32, 0);
+    area(a, P_KP, 0, g.r * g.c);
+    area(a, P_VP, g.c, g.c * VPAD / 4);
+    area(a, P_LIM, g.c, g.c * VPAD / 4);
+    area(a, P_M, 0, g.r);
+    area(a, P_L, 0, g.r);
+    area(a, P_ALPHA, 0, g.r);
+    area(a, P_OPTR, 0, g.r);
+    area(a, P_LIMI, 0, 2 * g.r);
     // Heads of this call.
     a.load64(RAX, mem(RDI, AT_HEAD0));
     a.store64(mem(RSP, P_H), RAX);
@@ -279,13 +313,13 @@ fn kv_setup(a: &mut X86Asm, keys: Keys, values: Values) {
 /// Rows `rb ..` of this KV head: q widened into `qp`, limits, output row
 /// pointers, `m`, `l`, `O` reset; padded rows get zero q and the last
 /// real row's limit; `P_KEND` = that limit + 1.
-fn pack_q(a: &mut X86Asm) {
+fn pack_q(a: &mut X86Asm, g: Geometry) {
     a.comment("row block: q -> qt[d][R] (transposed), limits, o rows; m = -inf, l = 0, O = 0");
     // rn = min(R, rows − rb), rnp = rn rounded up to a score tile (24).
     a.load64(RAX, mem(RSP, P_ROWS));
     a.load64(RCX, mem(RSP, P_RB));
     a.sub(RAX, RCX);
-    common::min_imm(a, RAX, R);
+    common::min_imm(a, RAX, g.r);
     a.store64(mem(RSP, P_RN), RAX);
     a.add_imm(RAX, TILE_ROWS - 1);
     a.zero(RDX);
@@ -324,11 +358,11 @@ fn pack_q(a: &mut X86Asm) {
     let pad = a.new_label();
     a.bind(pad);
     for k in 0..8 {
-        a.vmovss_store(mem(RDX, k * QTS), zero);
+        a.vmovss_store(mem(RDX, k * g.qts()), zero);
     }
     a.vmovups_store(mem(R8, 0), zero);
-    a.add_imm(RDX, 8 * QTS);
-    a.add_imm(R8, QS);
+    a.add_imm(RDX, 8 * g.qts());
+    a.add_imm(R8, g.qs());
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, pad);
     a.jmp(store_row);
@@ -365,16 +399,16 @@ fn pack_q(a: &mut X86Asm) {
     // Lane k → qt[c + k][r].
     a.vextractf128_hi(Ymm(2), Ymm(0));
     for (half, src) in [(0, Ymm(0)), (4, Ymm(2))] {
-        a.vmovss_store(mem(RDX, half * QTS), src);
+        a.vmovss_store(mem(RDX, half * g.qts()), src);
         for (k, imm) in [(1, 0x55u8), (2, 0xaa), (3, 0xff)] {
             a.vpermilps_imm(Ymm(1), src, imm as i8);
-            a.vmovss_store(mem(RDX, (half + k) * QTS), Ymm(1));
+            a.vmovss_store(mem(RDX, (half + k) * g.qts()), Ymm(1));
         }
     }
     a.vmovups_store(mem(R8, 0), zero);
     a.add_imm(RSI, 16);
-    a.add_imm(RDX, 8 * QTS);
-    a.add_imm(R8, QS);
+    a.add_imm(RDX, 8 * g.qts());
+    a.add_imm(R8, g.qs());
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, chunk);
     a.bind(store_row);
@@ -432,12 +466,12 @@ fn pack_q(a: &mut X86Asm) {
 /// Keys `j0 .. j0 + cnt` of this KV head (cnt = min(C, kend − j0)):
 /// K → `kp[C][d]` (keys up to the next multiple of 4 zero), V →
 /// `vp[C][d]`, both f32, rows `4·d + VPAD` bytes apart.
-fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
+fn pack_kv(a: &mut X86Asm, g: Geometry, keys: Keys, values: Values) {
     a.comment("key block: K -> kp[C][d], V -> vp[C][d] (f32)");
     a.load64(RAX, mem(RSP, P_KEND));
     a.load64(RCX, mem(RSP, P_J0));
     a.sub(RAX, RCX);
-    common::min_imm(a, RAX, C);
+    common::min_imm(a, RAX, g.c);
     a.store64(mem(RSP, P_CNT), RAX);
     // rsi = K row j0, r8 = V row j0, r9/r10 = key scale/offset of j0.
     a.load64(RAX, mem(RSP, P_J0));
@@ -570,7 +604,7 @@ fn pack_kv(a: &mut X86Asm, keys: Keys, values: Values) {
 /// FMAs, no horizontal reduction. Row tiles outer (a tile's `qt` columns,
 /// 12 KiB at d = 128, stay in L1 across the key quads); a quad past the
 /// tile's last causal limit ends it (rows are in limit order).
-fn scores(a: &mut X86Asm) {
+fn scores(a: &mut X86Asm, g: Geometry) {
     a.comment("scores: 24-row x 4-key tiles (rows in lanes), st[C][R]");
     let acc = |v: u8, j: u8| Ymm(v * 4 + j);
     // r14 = tile's first row, r15 = its last row's limit − j0, r12 = quad.
@@ -620,7 +654,7 @@ fn scores(a: &mut X86Asm) {
     let kx = Ymm(15);
     for k in 0..8 {
         for v in 0..3u8 {
-            a.vmovups_load(Ymm(12 + v), mem(RSI, k * QTS + 32 * v as i32));
+            a.vmovups_load(Ymm(12 + v), mem(RSI, k * g.qts() + 32 * v as i32));
         }
         for (j, base) in [R8, R9, R10, R11].into_iter().enumerate() {
             a.vpbroadcastd_load(kx, mem(base, 4 * k));
@@ -629,7 +663,7 @@ fn scores(a: &mut X86Asm) {
             }
         }
     }
-    a.add_imm(RSI, 8 * QTS);
+    a.add_imm(RSI, 8 * g.qts());
     for base in [R8, R9, R10, R11] {
         a.add_imm(base, 32);
     }
@@ -637,7 +671,7 @@ fn scores(a: &mut X86Asm) {
     a.jcc(Cond::Ne, step);
     // st + j·STS + 4·r0: key j's rows, vector v at + 32·v.
     a.mov(RAX, R12);
-    a.imul_imm(RAX, RAX, STS);
+    a.imul_imm(RAX, RAX, g.sts());
     a.mov(RCX, R14);
     a.shl_imm(RCX, 2);
     a.add(RAX, RCX);
@@ -645,7 +679,7 @@ fn scores(a: &mut X86Asm) {
     a.add(RAX, RCX);
     for j in 0..4u8 {
         for v in 0..3u8 {
-            a.vmovups_store(mem(RAX, STS * j as i32 + 32 * v as i32), acc(v, j));
+            a.vmovups_store(mem(RAX, g.sts() * j as i32 + 32 * v as i32), acc(v, j));
         }
     }
     a.add_imm(R12, 4);
@@ -659,7 +693,7 @@ fn scores(a: &mut X86Asm) {
 /// Per 8-row vector (rows in lanes, no horizontal work): keys past each
 /// row's limit → −∞, the block max, the running max `m'`, `α = e^(m −
 /// m')`, `p = e^(S − m')` in place (masked keys exactly 0), `l = α·l + Σp`.
-fn softmax_rows(a: &mut X86Asm) {
+fn softmax_rows(a: &mut X86Asm, g: Geometry) {
     a.comment("online softmax, 8 rows a vector: mask, max, alpha, p, l");
     let [n, f, p, k127] = EXP_REGS;
     let (x, mask, mold, lnew, sum, mnew, kv, mmax, lim, j0v, neginf) = (
@@ -711,7 +745,7 @@ fn softmax_rows(a: &mut X86Asm) {
     a.vmovups_store(mem(RSI, 0), x);
     a.vmaxps(mmax, mmax, x);
     a.vaddps_mem(kv, kv, mem(RSP, V_ONE));
-    a.add_imm(RSI, STS);
+    a.add_imm(RSI, g.sts());
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, pass1);
     // m' = max(m, block max); α = e^(m − m'); l·α.
@@ -743,7 +777,7 @@ fn softmax_rows(a: &mut X86Asm) {
     a.vandnps(p, Ymm(8), p);
     a.vaddps(sum, sum, p);
     a.vmovups_store(mem(RSI, 0), p);
-    a.add_imm(RSI, STS);
+    a.add_imm(RSI, g.sts());
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, pass2);
     a.vaddps(lnew, lnew, sum);
@@ -755,7 +789,7 @@ fn softmax_rows(a: &mut X86Asm) {
 
 /// `O = α·O + P·V` over the block's `cnt` keys: groups of 4 chunks
 /// (outer: their V columns stay in L1) × row triples.
-fn pv(a: &mut X86Asm) {
+fn pv(a: &mut X86Asm, g: Geometry) {
     a.comment("P.V: 4-chunk groups x 3-row passes, O = alpha.O + P.V");
     a.zero(RAX);
     a.store64(mem(RSP, P_C0), RAX);
@@ -776,7 +810,7 @@ fn pv(a: &mut X86Asm) {
     a.jmp(by_chunks[3]);
     for (i, l) in by_chunks.iter().enumerate() {
         a.bind(*l);
-        pv_rows(a, i + 1);
+        pv_rows(a, g, i + 1);
         a.jmp(after);
     }
     a.bind(after);
@@ -788,7 +822,7 @@ fn pv(a: &mut X86Asm) {
 }
 
 /// Every row triple of the block over chunks `c0 .. c0 + nc`.
-fn pv_rows(a: &mut X86Asm, nc: usize) {
+fn pv_rows(a: &mut X86Asm, g: Geometry, nc: usize) {
     let acc = |r: usize, c: usize| Ymm((r * nc + c) as u8);
     let p = |r: usize| Ymm((12 + r) as u8);
     let vx = Ymm(15);
@@ -814,7 +848,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     common::min_mem(a, R8, mem(RSP, P_CNT));
     // rdx = O + c0·QS + 32·r: acc (r', c') at + c'·QS + 32·r'.
     a.load64(RAX, mem(RSP, P_C0));
-    a.imul_imm(RAX, RAX, QS);
+    a.imul_imm(RAX, RAX, g.qs());
     a.mov(RCX, R12);
     a.shl_imm(RCX, 5);
     a.add(RAX, RCX);
@@ -828,7 +862,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
     for r in 0..3 {
         a.vpbroadcastd_load(p(r), mem(RAX, 4 * r as i32));
         for c in 0..nc {
-            a.vmulps_mem(acc(r, c), p(r), mem(RDX, QS * c as i32 + 32 * r as i32));
+            a.vmulps_mem(acc(r, c), p(r), mem(RDX, g.qs() * c as i32 + 32 * r as i32));
         }
     }
     // rsi = p of (key 0, r) (key stride STS); rax = vp + 32·c0 (row
@@ -853,13 +887,13 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
             a.vfmadd231ps(acc(r, c), vx, p(r));
         }
     }
-    a.add_imm(RSI, STS);
+    a.add_imm(RSI, g.sts());
     a.add(RAX, RCX);
     a.sub_imm(R8, 1);
     a.jcc(Cond::Ne, top);
     for r in 0..3 {
         for c in 0..nc {
-            a.vmovups_store(mem(RDX, QS * c as i32 + 32 * r as i32), acc(r, c));
+            a.vmovups_store(mem(RDX, g.qs() * c as i32 + 32 * r as i32), acc(r, c));
         }
     }
     a.bind(next_triple);
@@ -869,7 +903,7 @@ fn pv_rows(a: &mut X86Asm, nc: usize) {
 }
 
 /// `o = O / l` to f16 for the block's real rows.
-fn finish_rows(a: &mut X86Asm) {
+fn finish_rows(a: &mut X86Asm, g: Geometry) {
     a.comment("o = O / l (f16) for the real rows");
     a.zero(R12);
     let (row, rows_done) = (a.new_label(), a.new_label());
@@ -890,7 +924,7 @@ fn finish_rows(a: &mut X86Asm) {
     a.shl_imm(RDX, 5);
     a.load64(RCX, mem(RSP, P_O));
     a.add(RDX, RCX);
-    attention::store_normalized_row(a, mem(RSP, P_D8), QS);
+    attention::store_normalized_row(a, mem(RSP, P_D8), g.qs());
     a.add_imm(R12, 1);
     a.jmp(row);
     a.bind(rows_done);

@@ -349,7 +349,7 @@ pub(crate) fn machine_code(bytes: Vec<u8>, listing: String) -> MachineCode {
         bytes,
         listing,
         head_dim_multiple: 1,
-        whole_prefill: false,
+        whole_prefill: None,
     }
 }
 

@@ -174,7 +174,7 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
         let _ = writeln!(s, "        kv_heads: {},", a.kv_heads);
         let _ = writeln!(s, "        head_dim: {},", a.head_dim);
         let _ = writeln!(s, "        head_dim_multiple: {},", a.head_dim_multiple);
-        let _ = writeln!(s, "        whole_prefill: {},", a.whole_prefill);
+        let _ = writeln!(s, "        prefill_blocks: {:?},", a.prefill_blocks);
         let _ = writeln!(s, "        code: {code},");
         let _ = writeln!(s, "        generator_version: GENERATOR_VERSION,");
         let _ = writeln!(s, "        template_hash: TEMPLATE_HASH,");

@@ -3,10 +3,11 @@
 //! format. Adding a backend is one row here plus one arm in
 //! [`Emitter::new`].
 
-use tessera_codegen::artifact::{Artifact, Backend, EmitError, MachineCode, SourceLang, Variant};
+use tessera_codegen::artifact::{
+    Artifact, Backend, EmitError, MachineCode, PrefillBlocks, SourceLang, Variant,
+};
 use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::gpu::with_gpu_weight_layout;
-use tessera_codegen::host_attention::{PREFILL_KEYS, PREFILL_ROWS};
 use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::opencl::{Fp16Mode, OpenClBackend, Program};
 use tessera_codegen::ptx::{PtxBackend, Sm};
@@ -367,9 +368,12 @@ pub struct AttentionInstance {
 }
 
 impl AttentionInstance {
-    /// Host code that runs whole prefill calls.
-    pub fn whole_prefill(&self) -> bool {
-        matches!(&self.artifact, Artifact::Machine(code) if code.whole_prefill)
+    /// The blocks of host code that runs whole prefill calls.
+    pub fn prefill_blocks(&self) -> Option<PrefillBlocks> {
+        match &self.artifact {
+            Artifact::Machine(code) => code.whole_prefill,
+            Artifact::Source { .. } => None,
+        }
     }
 
     /// Head dims the code takes are multiples of this.
@@ -384,10 +388,9 @@ impl AttentionInstance {
 /// A machine-code attention instance: a whole prefill's blocks, or one
 /// decode token over the online softmax block.
 fn host_instance(code: MachineCode) -> AttentionInstance {
-    let (tokens, keys) = if code.whole_prefill {
-        (PREFILL_ROWS as u32, PREFILL_KEYS as u32)
-    } else {
-        (1, ONLINE_BLOCK as u32)
+    let (tokens, keys) = match code.whole_prefill {
+        Some(b) => (b.rows, b.keys),
+        None => (1, ONLINE_BLOCK as u32),
     };
     AttentionInstance {
         artifact: Artifact::Machine(code),
