@@ -7,7 +7,12 @@
 //!
 //! `cargo run --release -p tessera-runtime --example prefill_bench --
 //! [--threads 1,2] [--seq 128,512,2048] [--model llama2-7b|qwen2-1.5b]
-//! [--format f16|kv8] [--per-token-max 512]`
+//! [--format f16|kv8] [--per-token-max 512] [--blocks 48x128,96x128,...]`
+//!
+//! With `--blocks`, it times the x86 prefill kernel emitted in each of the
+//! given blocks (query rows × keys) instead, side by side with the
+//! default blocks in the same run (`HostAttention::prefill`, scoped
+//! threads for every candidate alike).
 //!
 //! Prompts of s tokens with no earlier context (p = 0, the causal square),
 //! heads of Llama2-7B (32 / 32 × 128) and Qwen2-1.5B (12 / 2 × 128). Each
@@ -22,6 +27,7 @@ use std::time::Instant;
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tessera_codegen::artifact::PrefillBlocks;
 use tessera_codegen::host_attention::HostAttention;
 use tessera_dsl::library;
 use tessera_runtime::{Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat};
@@ -128,6 +134,19 @@ fn main() -> Result<(), Error> {
     };
     let d = 128;
     println!("CPU: {}", cpu_name());
+    if let Some(spec) = value(&args, "--blocks") {
+        let blocks = spec
+            .split(',')
+            .map(|b| {
+                let (r, k) = b.split_once('x').ok_or(format!("--blocks {b}: RxC"))?;
+                Ok(PrefillBlocks {
+                    rows: r.parse()?,
+                    keys: k.parse()?,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        return sweep_blocks(&blocks, &threads, &seqs, &models, &formats, d);
+    }
     println!(
         "{:<11} {:>4} {:>5} {:>2} {:>10} {:>8} {:>6} {:>11} {:>6} {:>11} {:>6}",
         "model",
@@ -202,6 +221,64 @@ fn main() -> Result<(), Error> {
                         secs * 1e3,
                         100.0 * gf / peak
                     );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each of `blocks` against the default blocks, same run: ms per call
+/// (median, as [`time`]) and the ratio default ÷ candidate (above 1: the
+/// candidate is faster).
+fn sweep_blocks(
+    blocks: &[PrefillBlocks],
+    threads: &[usize],
+    seqs: &[usize],
+    models: &[(&str, usize, usize)],
+    formats: &[KvFormat],
+    d: usize,
+) -> Result<(), Error> {
+    println!(
+        "{:<11} {:>4} {:>5} {:>2} {:>9} {:>10} {:>8}",
+        "model", "kv", "s", "T", "blocks", "ms", "vs dflt"
+    );
+    for &t in threads {
+        for &(model, hq, kvh) in models {
+            for &format in formats {
+                let kernel = library::get(format.prefill_kernel_name())?;
+                let mut runs = Vec::new();
+                for &b in std::iter::once(&PrefillBlocks::DEFAULT).chain(blocks) {
+                    let code = tessera_codegen::x86::attention::emit_with(&kernel, b)?;
+                    runs.push((b, HostAttention::new(&kernel, &code)?));
+                }
+                for &s in seqs {
+                    let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
+                    let q: Vec<f16> = (0..s * hq * d)
+                        .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
+                        .collect();
+                    let kv: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                    let mut cache = KvCache::new(format, kvh, d, KvCapacity::Max(s))?;
+                    cache.append(&kv, &kv, s)?;
+                    let (k, v) = cache.views(s).ok_or("cache not on the host")?;
+                    let mut o = vec![f16::ZERO; s * hq * d];
+                    let mut default_secs = f64::NAN;
+                    for (i, (b, att)) in runs.iter().enumerate() {
+                        let secs = time(|| {
+                            att.prefill(&q, k, v, s, s, hq, kvh, d, &mut o, t)?;
+                            Ok(())
+                        })?;
+                        if i == 0 {
+                            default_secs = secs;
+                        }
+                        let kv_name = format!("{format:?}").to_lowercase();
+                        println!(
+                            "{model:<11} {kv_name:>4} {s:>5} {t:>2} {:>9} {:>10.2} {:>7.2}×",
+                            b.to_string(),
+                            secs * 1e3,
+                            default_secs / secs
+                        );
+                    }
                 }
             }
         }
