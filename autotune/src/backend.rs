@@ -5,7 +5,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use tessera_codegen::artifact::{Artifact, Backend, EmitError, Variant};
+use tessera_codegen::artifact::{
+    Artifact, Backend, EmitError, MachineCode, PrefillBlocks, Variant,
+};
 use tessera_codegen::clif::ClifBackend;
 use tessera_codegen::host::{HostMatmul, HostTile};
 use tessera_codegen::neon::NeonBackend;
@@ -184,6 +186,16 @@ pub trait TuneBackend {
     fn vector_bits(&self, kernel: &Kernel) -> u32 {
         self.caps(kernel, Variant::Gemm).register_bits
     }
+    /// The whole-prefill attention `kernel` in `blocks`, where this backend
+    /// emits one and this CPU runs it (None: the backend has none).
+    fn prefill(
+        &self,
+        kernel: &Kernel,
+        blocks: PrefillBlocks,
+    ) -> Option<Result<MachineCode, String>> {
+        let _ = (kernel, blocks);
+        None
+    }
 }
 
 /// The backend for `kind`, or why it is unavailable (naming those that are).
@@ -272,6 +284,18 @@ impl TuneBackend for X86Tune {
             Err("this CPU cannot run x86-avx2 code".into())
         }
     }
+    fn prefill(
+        &self,
+        kernel: &Kernel,
+        blocks: PrefillBlocks,
+    ) -> Option<Result<MachineCode, String>> {
+        tessera_codegen::x86::missing_features()
+            .is_empty()
+            .then(|| {
+                tessera_codegen::x86::attention::emit_with(kernel, blocks)
+                    .map_err(|e| e.to_string())
+            })
+    }
 }
 
 struct ClifTune(ClifBackend);
@@ -339,6 +363,17 @@ impl TuneBackend for NeonTune {
         let quantizer = self.0.quantizer(kernel, tile).map_err(|e| e.to_string())?;
         HostMatmul::new(kernel, HostTile::from(tile), quantizer.as_ref(), &code)
             .map_err(|e| e.to_string())
+    }
+    fn prefill(
+        &self,
+        kernel: &Kernel,
+        blocks: PrefillBlocks,
+    ) -> Option<Result<MachineCode, String>> {
+        Some(
+            self.0
+                .emit_attention_with(kernel, blocks)
+                .map_err(|e| e.to_string()),
+        )
     }
 }
 

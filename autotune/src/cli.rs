@@ -25,8 +25,9 @@ use tessera_codegen::tile::TileConfig;
 use crate::backend::{self, BackendKind, TuneBackend};
 use crate::bench::HostBench;
 use crate::limits::{self, MacPath};
-use crate::model_source::TunePlan;
+use crate::model_source::{AttentionHeads, TunePlan};
 use crate::opencl::ClTarget;
+use crate::prefill;
 use crate::report;
 use crate::tune::{self, Bench, Event, ShapeSpec, SolverCtx, Stop, Traffic, TuneConfig};
 
@@ -35,6 +36,8 @@ pub const MIN_BUDGET_SECS: f64 = 2.0;
 
 /// Time kept back from the budget for writing the record and plots.
 const RESERVE: Duration = Duration::from_millis(400);
+/// Time per prefill-block candidate (nine of them, the best re-measured).
+const PREFILL_SLICE: Duration = Duration::from_millis(150);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -488,10 +491,11 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
         )));
     }
     let mut partial = None;
-    for ((format, shapes), budget) in groups.iter().zip(budgets) {
+    for (i, ((format, shapes), budget)) in groups.iter().zip(budgets).enumerate() {
         let job = Job {
             kind,
             model: &plan.name,
+            attention: plan.attention.filter(|_| i == 0),
             format,
             shapes: shapes.clone(),
             budget,
@@ -512,6 +516,9 @@ fn tune_command(args: &Args) -> Result<(), CliError> {
 struct Job<'a> {
     kind: BackendKind,
     model: &'a str,
+    /// The model's attention heads, to tune the prefill blocks for (the
+    /// first format's run only: the blocks do not depend on the weights).
+    attention: Option<AttentionHeads>,
     format: &'a str,
     shapes: Vec<ShapeSpec>,
     budget: f64,
@@ -759,6 +766,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         limits: measured.clone(),
         core_weights: core_weights.clone(),
         shapes,
+        prefill: None,
     };
     let save = |entry: DeviceEntry| -> Result<(), CliError> {
         let base = existing.clone().unwrap_or_default();
@@ -820,10 +828,52 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         return Err(e);
     }
     let partial = outcome.stopped.is_some();
-    let entry = entry_for(outcome.shapes.clone(), partial);
+    let mut entry = entry_for(outcome.shapes.clone(), partial);
+    // The prefill blocks for the model's heads, on a backend with a whole
+    // prefill, once the matmuls are done (a run out of budget skips them).
+    if let (Target::Host(b), Some(heads), false) = (&target, job.attention, partial) {
+        entry.prefill = prefill::tune(
+            &|k, blocks| b.prefill(k, blocks),
+            heads,
+            threads,
+            PREFILL_SLICE,
+        )
+        .map_err(CliError::Usage)?;
+    }
     save(entry.clone())?;
 
     println!("{}", report::summary(&entry, &path_name));
+    if let Some(p) = &entry.prefill {
+        let ms = |b: [u32; 2]| {
+            p.measurements
+                .iter()
+                .find(|m| m.blocks == b)
+                .map_or(f64::NAN, |m| m.ms)
+        };
+        println!(
+            "prefill blocks ({} / {} heads × {}, s = {}): {}x{} at {:.2} ms{}",
+            p.heads,
+            p.kv_heads,
+            p.head_dim,
+            p.seq,
+            p.blocks[0],
+            p.blocks[1],
+            ms(p.blocks),
+            if p.blocks == p.default {
+                format!(
+                    " (the default; no candidate beat it by {:.0}% twice)",
+                    (prefill::MARGIN - 1.0) * 100.0
+                )
+            } else {
+                format!(
+                    " (default {}x{} at {:.2} ms)",
+                    p.default[0],
+                    p.default[1],
+                    ms(p.default)
+                )
+            }
+        );
+    }
     if !skipped.is_empty() {
         println!("skipped candidates (the backend could not build them):");
         for s in &skipped {

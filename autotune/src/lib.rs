@@ -31,6 +31,7 @@ pub mod decide;
 pub mod limits;
 pub mod model_source;
 pub mod opencl;
+pub mod prefill;
 pub mod remote;
 pub mod report;
 pub mod savings;

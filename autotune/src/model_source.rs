@@ -48,6 +48,19 @@ pub struct TunePlan {
     /// The record's `model`.
     pub name: String,
     pub shapes: Vec<PlanShape>,
+    /// The attention's heads, where the source names them (embedded models,
+    /// config.json, GGUF; a shape list only if it carries them): the
+    /// prefill blocks are tuned for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<AttentionHeads>,
+}
+
+/// Query heads, KV heads and head dim of a model's attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttentionHeads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
 }
 
 /// The version of the shape-list file this build writes and reads.
@@ -106,6 +119,11 @@ impl TunePlan {
         TunePlan {
             name: m.name.clone(),
             shapes,
+            attention: Some(AttentionHeads {
+                heads: m.dims.heads,
+                kv_heads: m.dims.kv_heads,
+                head_dim: m.dims.head_dim,
+            }),
         }
     }
 
@@ -248,7 +266,15 @@ impl TunePlan {
                     .file_stem()
                     .map_or("gguf".into(), |s| s.to_string_lossy().into_owned())
             });
-        Ok(TunePlan { name, shapes })
+        Ok(TunePlan {
+            name,
+            shapes,
+            attention: Some(AttentionHeads {
+                heads,
+                kv_heads,
+                head_dim,
+            }),
+        })
     }
 
     /// The shapes to tune, grouped by format in first-seen order: every
@@ -404,6 +430,7 @@ mod tests {
     fn groups_follow_formats_and_merge_equal_shapes() {
         let plan = TunePlan {
             name: "m".into(),
+            attention: None,
             shapes: vec![
                 shape("qkv", 512, 256, Some("q4_0")),
                 shape("o", 256, 256, Some("q8_0")),

@@ -193,6 +193,7 @@ fn write_records(dir: &Path) {
     let record = TuningRecord {
         schema: RECORD_SCHEMA,
         entries: vec![DeviceEntry {
+            prefill: None,
             fingerprint,
             generator: current_generator(),
             // The backend the examples open (the best host backend), so

@@ -267,6 +267,7 @@ fn record_with(generator: GeneratorId) -> TuningRecord {
     TuningRecord {
         schema: RECORD_SCHEMA,
         entries: vec![DeviceEntry {
+            prefill: None,
             fingerprint: fp,
             generator,
             backend: "neon".into(),

@@ -827,6 +827,13 @@ impl Attention {
         }
     }
 
+    /// The blocks (query rows × keys) of the whole-prefill kernel this
+    /// attention runs on the host, if it has one (the record's measured
+    /// blocks on a tuned device, else the default).
+    pub fn prefill_blocks(&self) -> Option<tessera_codegen::artifact::PrefillBlocks> {
+        self.prefill.as_ref().and_then(|p| p.prefill_blocks())
+    }
+
     /// Whether [`Attention::append`] runs an emitted append kernel (the
     /// JIT NEON device) rather than the host encoder.
     pub fn appends_in_kernel(&self) -> bool {

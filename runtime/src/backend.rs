@@ -13,7 +13,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use crate::kv_append::AppendKernel;
-use tessera_codegen::artifact::MachineCode;
+use tessera_codegen::artifact::{MachineCode, PrefillBlocks};
 use tessera_codegen::host::{HostMatmul, HostTile};
 use tessera_codegen::host_attention::HostAttention;
 use tessera_dsl::ir::{Kernel, Variant};
@@ -741,6 +741,17 @@ impl Device {
         name: &str,
         d: usize,
     ) -> Result<Arc<HostAttention>, RuntimeError> {
+        self.attention_in(name, d, PrefillBlocks::DEFAULT)
+    }
+
+    /// [`Device::attention`] with a prefill kernel's flash loop in `blocks`
+    /// (JIT devices; a prebuilt set's code has its own).
+    fn attention_in(
+        &self,
+        name: &str,
+        d: usize,
+        blocks: PrefillBlocks,
+    ) -> Result<Arc<HostAttention>, RuntimeError> {
         self.host_only("a host attention kernel")?;
         #[cfg(feature = "jit")]
         let x86 = matches!(self.engine, Engine::X86(_))
@@ -750,23 +761,27 @@ impl Device {
             let _ = d;
             false
         };
-        let key = if x86 {
+        let mut key = if x86 {
             format!("{name} x86")
         } else {
             name.to_string()
         };
+        if blocks != PrefillBlocks::DEFAULT {
+            key = format!("{key} {blocks}");
+        }
         if let Some(code) = lock(&self.attentions).get(&key) {
             return Ok(Arc::clone(code));
         }
         let kernel = library::get(name)?;
         #[cfg(feature = "jit")]
         if x86 {
-            let code = tessera_codegen::x86::attention::emit(&kernel).map_err(|e| {
-                RuntimeError::NoKernel {
-                    what: name.to_string(),
-                    why: e.to_string(),
-                }
-            })?;
+            let code =
+                tessera_codegen::x86::attention::emit_with(&kernel, blocks).map_err(|e| {
+                    RuntimeError::NoKernel {
+                        what: name.to_string(),
+                        why: e.to_string(),
+                    }
+                })?;
             let code = Arc::new(HostAttention::new(&kernel, &code)?);
             lock(&self.attentions).insert(key, Arc::clone(&code));
             return Ok(code);
@@ -785,7 +800,7 @@ impl Device {
             #[cfg(feature = "cuda")]
             Engine::Cuda(_) => return Err(self.not_host()),
             #[cfg(feature = "jit")]
-            _ => self.emit_attention(&kernel)?,
+            _ => self.emit_attention(&kernel, blocks)?,
         };
         let code = Arc::new(HostAttention::new(&kernel, &code)?);
         lock(&self.attentions).insert(key, Arc::clone(&code));
@@ -826,12 +841,33 @@ impl Device {
                 _ => None,
             };
             if head_dim_multiple.is_some_and(|m| d.is_multiple_of(m)) {
-                let code = self.attention(name, d)?;
+                let code = self.attention_in(name, d, self.prefill_blocks(d))?;
                 return Ok(code.whole_prefill().then_some(code));
             }
         }
         let _ = (name, d);
         Ok(None)
+    }
+
+    /// The blocks a JIT device emits its prefill in for head dim `d`: the
+    /// record's, measured on this device by the autotuner, else the
+    /// default.
+    #[cfg(feature = "jit")]
+    fn prefill_blocks(&self, d: usize) -> PrefillBlocks {
+        self.record
+            .as_ref()
+            .and_then(|r| {
+                r.prefill_blocks(
+                    &self.fingerprint,
+                    &self.generator,
+                    self.backend.record_name(),
+                    d,
+                )
+            })
+            .map_or(PrefillBlocks::DEFAULT, |[rows, keys]| PrefillBlocks {
+                rows,
+                keys,
+            })
     }
 
     /// The KV append kernel for the caches of attention kernel `name`, on
@@ -1181,10 +1217,14 @@ mod jit {
         /// code the prebuilt NEON targets ship), cranelift's on the other
         /// JIT host backends (x86's own is chosen in `attention`, where
         /// the head dim suits it).
-        pub(super) fn emit_attention(&self, kernel: &Kernel) -> Result<MachineCode, RuntimeError> {
+        pub(super) fn emit_attention(
+            &self,
+            kernel: &Kernel,
+            blocks: tessera_codegen::artifact::PrefillBlocks,
+        ) -> Result<MachineCode, RuntimeError> {
             if let Engine::Neon(neon) = &self.engine {
                 return neon
-                    .emit_attention(kernel)
+                    .emit_attention_with(kernel, blocks)
                     .map_err(|e| emit_err(&kernel.name, e));
             }
             let clif = self.clif()?;

@@ -228,6 +228,36 @@ pub struct DeviceEntry {
     /// Relative throughput per logical CPU, for the work split (MNN-LLM 5.2).
     pub core_weights: Vec<f64>,
     pub shapes: Vec<ShapeEntry>,
+    /// The causal prefill's blocks measured for the model's heads (host
+    /// backends with a whole-prefill kernel); absent in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<PrefillEntry>,
+}
+
+/// The prefill blocks (query rows × keys) measured on a device for one
+/// head layout: every candidate's time and the one the runtime uses.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefillEntry {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// The prompt length timed (no earlier context), and the KV format.
+    pub seq: usize,
+    pub kv: String,
+    /// `[rows, keys]` the runtime emits the prefill in: a candidate that
+    /// beat the default by the margin in two separate measurements, else
+    /// the default.
+    pub blocks: [u32; 2],
+    pub default: [u32; 2],
+    /// Median ms per call of each candidate (default first).
+    pub measurements: Vec<PrefillMeasurement>,
+}
+
+/// One candidate's time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefillMeasurement {
+    pub blocks: [u32; 2],
+    pub ms: f64,
 }
 
 impl DeviceEntry {
@@ -449,6 +479,29 @@ impl TuningRecord {
     /// The entry for this device, generator, backend and format. A record
     /// measured elsewhere, or by another generator, is refused with the
     /// reason (the runtime then falls back to solver defaults and says so).
+    /// The prefill blocks measured on `device` for `backend` and a head
+    /// dim of `head_dim` (any weight format's entry, the newest first), if
+    /// a record entry carries them.
+    pub fn prefill_blocks(
+        &self,
+        device: &Fingerprint,
+        generator: &GeneratorId,
+        backend: &str,
+        head_dim: usize,
+    ) -> Option<[u32; 2]> {
+        self.entries
+            .iter()
+            .filter(|e| {
+                e.backend == backend
+                    && &e.generator == generator
+                    && e.fingerprint.digest() == device.digest()
+            })
+            .filter_map(|e| e.prefill.as_ref().map(|p| (e.created_unix, p)))
+            .filter(|(_, p)| p.head_dim == head_dim)
+            .max_by_key(|(t, _)| *t)
+            .map(|(_, p)| p.blocks)
+    }
+
     pub fn select(
         &self,
         device: &Fingerprint,
@@ -508,6 +561,7 @@ mod tests {
         ));
         fp.arch = "x86_64".into();
         DeviceEntry {
+            prefill: None,
             fingerprint: fp,
             generator: GeneratorId {
                 version: "0.1.0".into(),

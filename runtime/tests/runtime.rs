@@ -10,13 +10,14 @@ use tessera_dsl::ir::ParamType;
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tessera_codegen::artifact::PrefillBlocks;
 use tessera_dsl::interp::{self, Bindings, Value};
 use tessera_dsl::ir::{Format, Group, Variant};
 use tessera_dsl::library;
 use tessera_dsl::quant;
 use tessera_runtime::device::Fingerprint;
 use tessera_runtime::record::{
-    DeviceEntry, GeneratorId, Limits, RECORD_SCHEMA, ShapeEntry, TuningRecord, Winner,
+    DeviceEntry, GeneratorId, Limits, PrefillEntry, RECORD_SCHEMA, ShapeEntry, TuningRecord, Winner,
 };
 use tessera_runtime::{
     Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, PlanSource,
@@ -297,6 +298,7 @@ fn record_for(
     TuningRecord {
         schema: RECORD_SCHEMA,
         entries: vec![DeviceEntry {
+            prefill: None,
             fingerprint: dev.fingerprint().clone(),
             generator: current_generator(),
             backend: dev.backend().record_name().into(),
@@ -696,13 +698,48 @@ fn attention_append_writes_what_the_cache_encoder_writes() {
 #[test]
 fn prefill_is_causal_and_matches_the_interpreter() {
     for backend in host_backends() {
-        prefill_is_causal_on(backend);
+        prefill_is_causal_on(backend, &device(backend, 2, None));
     }
 }
 
-fn prefill_is_causal_on(backend: Backend) {
+/// A record's prefill blocks (measured by the autotuner) are the blocks
+/// the x86 and NEON devices emit their prefill in, and it still matches
+/// the interpreter; a record for another head dim leaves the default.
+#[test]
+fn prefill_runs_in_the_records_blocks() {
+    for backend in host_backends() {
+        if !matches!(backend, Backend::HostX86 | Backend::Neon) {
+            continue;
+        }
+        let probe = device(backend, 2, None);
+        let mut record = record_for(&probe, WeightFormat::W4A8, 40, 64, 3, 7);
+        let blocks = PrefillBlocks { rows: 48, keys: 64 };
+        record.entries[0].prefill = Some(PrefillEntry {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 16,
+            seq: 512,
+            kv: "f16".into(),
+            blocks: [blocks.rows, blocks.keys],
+            default: [96, 128],
+            measurements: vec![],
+        });
+        let dev = device(backend, 2, Some(record));
+        let att = Attention::new(&dev, 6, 2, 16, KvFormat::F16).unwrap();
+        assert_eq!(att.prefill_blocks(), Some(blocks), "{backend:?}");
+        let other = Attention::new(&dev, 6, 2, 32, KvFormat::F16).unwrap();
+        assert_eq!(
+            other.prefill_blocks(),
+            Some(PrefillBlocks::DEFAULT),
+            "{backend:?}"
+        );
+        prefill_is_causal_on(backend, &dev);
+    }
+}
+
+fn prefill_is_causal_on(backend: Backend, dev: &Arc<Device>) {
+    let dev = Arc::clone(dev);
     let (hq, kvh, d) = (6, 2, 16);
-    let dev = device(backend, 2, None);
     // A prompt chunk of 9 (under one x86 row block) and of 60 (over it).
     for (format, t) in [KvFormat::F16, KvFormat::Kv8]
         .into_iter()

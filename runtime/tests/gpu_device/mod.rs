@@ -310,6 +310,7 @@ fn record_for(
         .collect();
     TuningRecord {
         entries: vec![DeviceEntry {
+            prefill: None,
             fingerprint: fp.clone(),
             generator: dev.generator().clone(),
             backend: gpu.record_backend.into(),
