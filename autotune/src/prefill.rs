@@ -73,11 +73,15 @@ fn best_index(ms: &[f64]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// A backend's whole-prefill emitter: `None` where it has none.
+pub type EmitPrefill<'a> =
+    &'a dyn Fn(&tessera_dsl::Kernel, PrefillBlocks) -> Option<Result<MachineCode, String>>;
+
 /// Time every candidate `emit` builds for `heads` on `threads` threads,
 /// each for about `slice`, and decide. None when the backend emits no whole
 /// prefill (or the head dim is off its lanes).
 pub fn tune(
-    emit: &dyn Fn(&tessera_dsl::Kernel, PrefillBlocks) -> Option<Result<MachineCode, String>>,
+    emit: EmitPrefill<'_>,
     heads: AttentionHeads,
     threads: usize,
     slice: Duration,
