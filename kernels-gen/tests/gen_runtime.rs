@@ -4,7 +4,7 @@
 //! every variant's M, the flat range on its generated per-M steps, and the
 //! `Attention` prefill through the generated whole-prefill kernel.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use half::f16;
@@ -19,16 +19,71 @@ use tessera_runtime::{
     Weights,
 };
 
+/// `gen` for x86-avx2 and the tiny model into a fresh `folder`, and its
+/// manifest (checked against this build's generator).
+fn generate_tiny_x86(folder: &str) -> (PathBuf, Manifest) {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(folder);
+    let _ = std::fs::remove_dir_all(&out);
+    generate(&GenConfig::new(
+        ["x86-avx2"],
+        ModelSpec::named("tiny"),
+        &out,
+    ))
+    .unwrap();
+    let manifest = Manifest::from_json(
+        &std::fs::read_to_string(out.join("manifest.json")).unwrap(),
+        "m",
+    )
+    .unwrap();
+    manifest
+        .check(&tessera_runtime::current_generator())
+        .unwrap();
+    (out, manifest)
+}
+
+/// A string as `'static` data, as `kernels.rs`'s literals are.
+fn s(v: &str) -> &'static str {
+    v.to_string().leak()
+}
+
+/// The bytes of generated file `f` in `dir`, leaked as `include_bytes!`
+/// data is.
+fn read(dir: &Path, f: &str) -> &'static [u8] {
+    std::fs::read(dir.join(f)).unwrap().leak()
+}
+
+/// The attention entries as `kernels.rs`'s `ATTENTION` table would hold
+/// them.
+fn attention_table(dir: &Path, manifest: &Manifest) -> Vec<EmbeddedAttention> {
+    manifest
+        .attention
+        .iter()
+        .map(|a| EmbeddedAttention {
+            kernel: s(&a.kernel),
+            library: s(&a.library),
+            kv: s(&a.kv),
+            target: s(&a.target),
+            heads: a.heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            head_dim_multiple: a.head_dim_multiple,
+            prefill_blocks: a.prefill_blocks,
+            code: EmbeddedCode::Machine {
+                bytes: read(dir, &a.file),
+                listing: "",
+                quantizer: None,
+            },
+            generator_version: s(&manifest.generator.version),
+            template_hash: s(&manifest.generator.template_hash),
+        })
+        .collect()
+}
+
 /// The generated files as the `kernels.rs` table would hold them (leaked
 /// to `'static`, as `include_bytes!` data is).
 fn table(dir: &Path, manifest: &Manifest) -> Vec<EmbeddedKernel> {
-    let read = |f: &str| -> &'static [u8] { std::fs::read(dir.join(f)).unwrap().leak() };
-    let text = |f: &str| -> &'static str {
-        String::from_utf8(std::fs::read(dir.join(f)).unwrap())
-            .unwrap()
-            .leak()
-    };
-    let s = |v: &str| -> &'static str { v.to_string().leak() };
+    let read = |f: &str| read(dir, f);
+    let text = |f: &str| -> &'static str { std::str::from_utf8(read(f)).unwrap() };
     manifest
         .entries
         .iter()
@@ -63,21 +118,8 @@ fn generated_x86_w4a8_kernels_run_a_linear_through_the_runtime() {
         eprintln!("SKIP: needs an x86-64 host with AVX2 and FMA to run x86-avx2 code");
         return;
     }
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gen-runtime-x86");
-    let _ = std::fs::remove_dir_all(&out);
-    generate(&GenConfig::new(
-        ["x86-avx2"],
-        ModelSpec::named("tiny"),
-        &out,
-    ))
-    .unwrap();
-    let manifest = Manifest::from_json(
-        &std::fs::read_to_string(out.join("manifest.json")).unwrap(),
-        "m",
-    )
-    .unwrap();
+    let (out, manifest) = generate_tiny_x86("gen-runtime-x86");
     let generator = tessera_runtime::current_generator();
-    manifest.check(&generator).unwrap();
     let table = table(&out, &manifest);
     let set = EmbeddedKernel::prebuilt_set(&table, "x86-avx2", "w4a8", generator);
     assert!(!set.kernels.is_empty());
@@ -157,43 +199,9 @@ fn generated_x86_attention_prefills_whole_through_the_runtime() {
         eprintln!("SKIP: needs an x86-64 host with AVX2, FMA and F16C to run x86-avx2 code");
         return;
     }
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("gen-runtime-x86-attention");
-    let _ = std::fs::remove_dir_all(&out);
-    generate(&GenConfig::new(
-        ["x86-avx2"],
-        ModelSpec::named("tiny"),
-        &out,
-    ))
-    .unwrap();
-    let manifest = Manifest::from_json(
-        &std::fs::read_to_string(out.join("manifest.json")).unwrap(),
-        "m",
-    )
-    .unwrap();
+    let (out, manifest) = generate_tiny_x86("gen-runtime-x86-attention");
     let generator = tessera_runtime::current_generator();
-    let s = |v: &str| -> &'static str { v.to_string().leak() };
-    let table: Vec<EmbeddedAttention> = manifest
-        .attention
-        .iter()
-        .map(|a| EmbeddedAttention {
-            kernel: s(&a.kernel),
-            library: s(&a.library),
-            kv: s(&a.kv),
-            target: s(&a.target),
-            heads: a.heads,
-            kv_heads: a.kv_heads,
-            head_dim: a.head_dim,
-            head_dim_multiple: a.head_dim_multiple,
-            prefill_blocks: a.prefill_blocks,
-            code: EmbeddedCode::Machine {
-                bytes: std::fs::read(out.join(&a.file)).unwrap().leak(),
-                listing: "",
-                quantizer: None,
-            },
-            generator_version: s(&manifest.generator.version),
-            template_hash: s(&manifest.generator.template_hash),
-        })
-        .collect();
+    let table = attention_table(&out, &manifest);
     let mut set = EmbeddedKernel::prebuilt_set(&[], "x86-avx2", "w4a8", generator);
     assert_eq!(set.add_attention(&table, "x86-avx2").unwrap(), 4);
     let dev = Arc::new(

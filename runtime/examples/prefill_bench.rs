@@ -184,13 +184,7 @@ fn main() -> Result<(), Error> {
                 }
                 let on_clif = Attention::new(&clif, hq, kvh, d, format)?;
                 for &s in &seqs {
-                    let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
-                    let q: Vec<f16> = (0..s * hq * d)
-                        .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
-                        .collect();
-                    let kv: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                    let mut cache = KvCache::new(format, kvh, d, KvCapacity::Max(s))?;
-                    cache.append(&kv, &kv, s)?;
+                    let (q, cache) = inputs(s, hq, kvh, d, format)?;
                     let mut o = vec![f16::ZERO; s * hq * d];
                     let flops = 4.0 * (hq * d) as f64 * (s * (s + 1) / 2) as f64;
                     let secs = time(|| {
@@ -228,6 +222,25 @@ fn main() -> Result<(), Error> {
     Ok(())
 }
 
+/// A prompt of `s` tokens (q, f16 `[s, hq, d]`) and a cache of its `s`
+/// keys and values in `format`, random from the seed `s`.
+fn inputs(
+    s: usize,
+    hq: usize,
+    kvh: usize,
+    d: usize,
+    format: KvFormat,
+) -> Result<(Vec<f16>, KvCache), Error> {
+    let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
+    let q: Vec<f16> = (0..s * hq * d)
+        .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
+        .collect();
+    let kv: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let mut cache = KvCache::new(format, kvh, d, KvCapacity::Max(s))?;
+    cache.append(&kv, &kv, s)?;
+    Ok((q, cache))
+}
+
 /// Each of `blocks` against the default blocks, same run: ms per call
 /// (median, as [`time`]) and the ratio default ÷ candidate (above 1: the
 /// candidate is faster).
@@ -253,13 +266,7 @@ fn sweep_blocks(
                     runs.push((b, HostAttention::new(&kernel, &code)?));
                 }
                 for &s in seqs {
-                    let mut rng = ChaCha8Rng::seed_from_u64(s as u64);
-                    let q: Vec<f16> = (0..s * hq * d)
-                        .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
-                        .collect();
-                    let kv: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-                    let mut cache = KvCache::new(format, kvh, d, KvCapacity::Max(s))?;
-                    cache.append(&kv, &kv, s)?;
+                    let (q, cache) = inputs(s, hq, kvh, d, format)?;
                     let (k, v) = cache.views(s).ok_or("cache not on the host")?;
                     let mut o = vec![f16::ZERO; s * hq * d];
                     let mut default_secs = f64::NAN;

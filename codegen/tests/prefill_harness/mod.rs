@@ -85,6 +85,28 @@ pub fn check(att: &HostAttention, kernel: &Kernel, c: &Case) {
     }
 }
 
+/// Two prefills across the row and key blocks (a prefix of 17 with 70
+/// tokens × 3 heads per KV head, and 33 tokens with no prefix at d = 128),
+/// on `threads` threads: a quick check of code in other blocks or modes.
+pub fn spot_checks(att: &HostAttention, kernel: &Kernel, threads: usize, seed: u64) {
+    for (p, t, hq, kvh, d) in [(17, 70, 6, 2, 64), (0, 33, 4, 4, 128)] {
+        check(
+            att,
+            kernel,
+            &Case {
+                p,
+                t,
+                hq,
+                kvh,
+                d,
+                q_amp: 0.5,
+                threads,
+                seed: seed + p as u64,
+            },
+        );
+    }
+}
+
 /// Prefixes × prompt lengths `ts` × GQA layouts × `dims`, alternating 1
 /// and 2 threads.
 pub fn sweep(att: &HostAttention, kernel: &Kernel, dims: &[usize], ts: &[usize]) {
