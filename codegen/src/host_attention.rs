@@ -196,6 +196,12 @@ impl HostAttention {
         })
     }
 
+    /// Whether the code takes head dim `d` (a positive multiple of its
+    /// [`MachineCode::head_dim_multiple`]); calls with another are refused.
+    pub fn takes_head_dim(&self, d: usize) -> bool {
+        d > 0 && d.is_multiple_of(self.head_dim_multiple)
+    }
+
     /// Whether the code computes a whole prefill call at once (each K/V
     /// block read once per block of query rows) rather than per token.
     pub fn whole_prefill(&self) -> bool {

@@ -819,34 +819,17 @@ impl Device {
         name: &str,
         d: usize,
     ) -> Result<Option<Arc<HostAttention>>, RuntimeError> {
-        // The only engine of a build without `jit` and `opencl`.
-        #[allow(irrefutable_let_patterns)]
-        if let Engine::Prebuilt(set) = &self.engine {
-            let whole = set.attention(name).is_some_and(|p| {
-                p.code.whole_prefill.is_some() && d.is_multiple_of(p.code.head_dim_multiple.max(1))
-            });
-            return if whole {
-                self.attention(name, d).map(Some)
-            } else {
-                Ok(None)
-            };
-        }
-        #[cfg(feature = "jit")]
-        {
-            let head_dim_multiple = match self.engine {
-                Engine::X86(_) => Some(tessera_codegen::x86::attention::HEAD_DIM_MULTIPLE),
-                Engine::Neon(_) => {
-                    Some(tessera_codegen::neon::attention::PREFILL_HEAD_DIM_MULTIPLE)
-                }
-                _ => None,
-            };
-            if head_dim_multiple.is_some_and(|m| d.is_multiple_of(m)) {
-                let code = self.attention_in(name, d, self.prefill_blocks(d))?;
-                return Ok(code.whole_prefill().then_some(code));
+        // The engines that can have one; the code itself says whether it
+        // is a whole prefill and which head dims it takes.
+        let code = match &self.engine {
+            Engine::Prebuilt(set) if set.attention(name).is_some() => self.attention(name, d)?,
+            #[cfg(feature = "jit")]
+            Engine::X86(_) | Engine::Neon(_) => {
+                self.attention_in(name, d, self.prefill_blocks(d))?
             }
-        }
-        let _ = (name, d);
-        Ok(None)
+            _ => return Ok(None),
+        };
+        Ok((code.whole_prefill() && code.takes_head_dim(d)).then_some(code))
     }
 
     /// The blocks a JIT device emits its prefill in for head dim `d`: the
