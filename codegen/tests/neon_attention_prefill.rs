@@ -64,9 +64,7 @@ fn neon_prefill_listing() {
 mod run {
     use super::*;
     use half::f16;
-    use prefill_harness::{
-        Case, check, decodes_one_token, far_scores, head_dims_and_long_contexts, sweep,
-    };
+    use prefill_harness::{Case, check, far_scores, head_dims_and_long_contexts, sweep};
     use tessera_codegen::host_attention::{HostAttention, KvCache};
     use tessera_dsl::ir::{Format, Group, ParamType};
     use tessera_dsl::testing::attention_with_formats as with_formats;
@@ -154,13 +152,7 @@ mod run {
 
     #[test]
     fn neon_prefill_code_decodes_one_token() {
-        for (prefill, decode) in [
-            ("attention-prefill-f16", "attention-decode-f16"),
-            ("attention-prefill-kv8", "attention-decode-kv8"),
-        ] {
-            let kernel = library::get(prefill).unwrap();
-            decodes_one_token(&compile(&kernel), &kernel, &library::get(decode).unwrap());
-        }
+        prefill_harness::library_decodes_one_token(&compile);
     }
 
     /// A head dim off the 4-lane chunks, and a cache shorter than s, are

@@ -14,7 +14,7 @@ use tessera_dsl::ir::{Kernel, Op, SoftmaxMode};
 use tessera_dsl::library;
 
 mod prefill_harness;
-use prefill_harness::{decodes_one_token, far_scores, head_dims_and_long_contexts, sweep};
+use prefill_harness::{far_scores, head_dims_and_long_contexts, sweep};
 
 /// Prompt lengths of the sweeps: 70 tokens × 6 heads cross the row block.
 const TS: [usize; 5] = [1, 5, 9, 50, 70];
@@ -88,13 +88,7 @@ fn x86_prefill_code_decodes_one_token() {
     if !runnable() {
         return;
     }
-    for (prefill, decode) in [
-        ("attention-prefill-f16", "attention-decode-f16"),
-        ("attention-prefill-kv8", "attention-decode-kv8"),
-    ] {
-        let kernel = library::get(prefill).unwrap();
-        decodes_one_token(&compile(&kernel), &kernel, &library::get(decode).unwrap());
-    }
+    prefill_harness::library_decodes_one_token(&compile);
 }
 
 #[test]

@@ -15,8 +15,8 @@ use tessera_dsl::quant::quantize;
 use tessera_kernels_gen::{GenConfig, ModelSpec, generate};
 use tessera_runtime::manifest::{EmbeddedAttention, EmbeddedCode, EmbeddedKernel, Manifest};
 use tessera_runtime::{
-    Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, WeightFormat,
-    Weights,
+    Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, PrebuiltSet,
+    WeightFormat, Weights,
 };
 
 /// `gen` for x86-avx2 and the tiny model into a fresh `folder`, and its
@@ -39,6 +39,16 @@ fn generate_tiny_x86(folder: &str) -> (PathBuf, Manifest) {
         .check(&tessera_runtime::current_generator())
         .unwrap();
     (out, manifest)
+}
+
+/// The x86 device on two threads running only the prebuilt `set`.
+fn x86_device(set: PrebuiltSet) -> Arc<Device> {
+    let options = DeviceOptions {
+        threads: Some(2),
+        prebuilt: Some(set),
+        ..Default::default()
+    };
+    Arc::new(Device::open(Backend::HostX86, options).unwrap())
 }
 
 /// A string as `'static` data, as `kernels.rs`'s literals are.
@@ -123,17 +133,7 @@ fn generated_x86_w4a8_kernels_run_a_linear_through_the_runtime() {
     let table = table(&out, &manifest);
     let set = EmbeddedKernel::prebuilt_set(&table, "x86-avx2", "w4a8", generator);
     assert!(!set.kernels.is_empty());
-    let dev = Arc::new(
-        Device::open(
-            Backend::HostX86,
-            DeviceOptions {
-                threads: Some(2),
-                prebuilt: Some(set),
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
+    let dev = x86_device(set);
     // tiny's `down` projection: [200, 328], tails for every tile.
     let (n, k) = (200, 328);
     let raw: Vec<f32> = (0..n * k)
@@ -204,17 +204,7 @@ fn generated_x86_attention_prefills_whole_through_the_runtime() {
     let table = attention_table(&out, &manifest);
     let mut set = EmbeddedKernel::prebuilt_set(&[], "x86-avx2", "w4a8", generator);
     assert_eq!(set.add_attention(&table, "x86-avx2").unwrap(), 4);
-    let dev = Arc::new(
-        Device::open(
-            Backend::HostX86,
-            DeviceOptions {
-                threads: Some(2),
-                prebuilt: Some(set),
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
+    let dev = x86_device(set);
     // tiny: 5 query heads over 1 KV head of 40.
     let (hq, kvh, d, p, t) = (5, 1, 40, 3, 30);
     let att = Attention::new(&dev, hq, kvh, d, KvFormat::F16).unwrap();

@@ -178,6 +178,19 @@ pub fn far_scores(att: &HostAttention, kernel: &Kernel) {
     }
 }
 
+/// [`decodes_one_token`] for both library prefill kernels, each compiled
+/// by the backend's `compile`.
+pub fn library_decodes_one_token(compile: &dyn Fn(&Kernel) -> HostAttention) {
+    for (prefill, decode) in [
+        ("attention-prefill-f16", "attention-decode-f16"),
+        ("attention-prefill-kv8", "attention-decode-kv8"),
+    ] {
+        let kernel = tessera_dsl::library::get(prefill).unwrap();
+        let decode = tessera_dsl::library::get(decode).unwrap();
+        decodes_one_token(&compile(&kernel), &kernel, &decode);
+    }
+}
+
 /// A decode call on whole-prefill code is a one-token prefill that sees
 /// every key: checked against the interpreter's `decode` kernel on the
 /// same inputs.
