@@ -730,7 +730,7 @@ impl HostAttention {
             .is_some_and(|a| spreads(&self.kernel, &a.kv_heads));
         let threads = if spread { threads.clamp(1, kvh) } else { 1 };
         let per = kvh.div_ceil(threads);
-        let scratch_len = scratch_floats(s, d)?;
+        let scratch_len = scratch_floats(s, d, decode_tiles(0, per * group, group))?;
         let mut scratch = zeroed(scratch_len, threads)?;
         let mut counters = vec![0u64; threads];
         // An address, so the worker closure is Sync.
@@ -757,7 +757,8 @@ impl HostAttention {
             // SAFETY: the code was emitted for this kernel with the
             // AttentionArgs ABI; q and o hold hq·d f16, the caches s·kvh·d
             // elements of their declared formats with per-row parameters
-            // (all checked by `run_with`); the scratch holds scratch_floats(s, d) f32 and
+            // (all checked by `run_with`); the scratch holds scratch_floats(s,
+            // d, tiles) f32 for the tiles of `per` KV heads (at most) and
             // the counter is this worker's own; workers write disjoint heads.
             unsafe {
                 let f: KernelFn<AttentionArgs> = std::mem::transmute(entry as *const u8);
@@ -812,7 +813,7 @@ impl HostAttention {
         // Per head and chunk: num[d], den, max, recomputed (as f32 0/1).
         let state = d + 3;
         let mut partials = zeroed(hq * chunks * state, 1)?;
-        let scratch_len = scratch_floats(chunk, d)?;
+        let scratch_len = scratch_floats(chunk, d, 1)?;
         let mut scratch = zeroed(scratch_len, threads)?;
         let mut sink = zeroed_f16(hq * d, threads)?;
         let entry = self.code.entry() as usize;
@@ -851,7 +852,8 @@ impl HostAttention {
                 // formats (AttentionArgs ABI); rows r0 .. r0 + len·kvh of
                 // both caches and their per-row parameters lie within the
                 // s·kvh rows checked by `run_with`; q holds hq·d f16, `out`
-                // (this worker's own) hq·d, the scratch scratch_floats(chunk, d) f32.
+                // (this worker's own) hq·d, the scratch scratch_floats(chunk, d,
+                // 1) f32 (one head: one tile).
                 unsafe {
                     let f: KernelFn<AttentionArgs> = std::mem::transmute(entry as *const u8);
                     f(&args);
@@ -1053,13 +1055,36 @@ pub fn token_runs(s: usize, t: usize, threads: usize) -> Vec<Range<usize>> {
 /// A chunk job's index and the partial-state slots it fills.
 type JobSlots<'a> = (usize, Vec<&'a mut [f32]>);
 
-/// f32 of scratch one call over `s` keys gets: what every host emitter
-/// needs (cranelift and NEON `s + 3·d`, x86 more: its
-/// [`scratch_floats`](crate::x86::attention::scratch_floats)), checked.
-fn scratch_floats(s: usize, d: usize) -> Result<usize, AttentionError> {
-    s.checked_mul(9)
-        .and_then(|a| d.checked_mul(20).and_then(|b| a.checked_add(b)))
-        .and_then(|n| n.checked_add(16))
+/// Query heads of one KV head a decode kernel computes together (a tile:
+/// x86's 8 lanes of a ymm), which sizes the per-tile part of the scratch.
+pub const DECODE_TILE_HEADS: usize = 8;
+/// Keys whose scores a decode tile keeps at once (x86's super-block).
+pub const DECODE_SUPER_BLOCK: usize = 256;
+
+/// Tiles of a decode call over query heads `head0 .. head0 + heads` with
+/// `group` query heads per KV head: each tile is
+/// `min(group − h % group, end − h, DECODE_TILE_HEADS)` heads from `h`.
+pub fn decode_tiles(head0: usize, heads: usize, group: usize) -> usize {
+    let (mut h, end, mut tiles) = (head0, head0 + heads, 0);
+    while h < end {
+        h += (group - h % group).min(end - h).min(DECODE_TILE_HEADS);
+        tiles += 1;
+    }
+    tiles
+}
+
+/// f32 of scratch one call over `s` keys in `tiles` tiles of query heads
+/// gets: what every host emitter needs (cranelift and NEON `s + 3·d`, x86
+/// more: its [`scratch_floats`](crate::x86::attention::scratch_floats)),
+/// checked.
+fn scratch_floats(s: usize, d: usize, tiles: usize) -> Result<usize, AttentionError> {
+    let per_tile = d
+        .checked_mul(17)
+        .and_then(|a| a.checked_add(64 + 8 * DECODE_SUPER_BLOCK));
+    s.checked_add(24)
+        .and_then(|a| d.checked_mul(3).and_then(|b| a.checked_add(b)))
+        .zip(per_tile.and_then(|p| p.checked_mul(tiles)))
+        .and_then(|(a, b)| a.checked_add(b))
         .ok_or_else(|| shape("attention scratch", "no overflow", "overflow"))
 }
 
@@ -1128,16 +1153,31 @@ mod tests {
     fn every_host_emitter_fits_the_scratch() {
         for s in [1usize, 7, 64, 65, 4096, 32768] {
             for d in [8usize, 64, 80, 128, 256] {
-                let have = super::scratch_floats(s, d).unwrap();
-                assert!(have >= s + 3 * d, "s={s} d={d}");
-                #[cfg(feature = "emitters")]
-                assert!(
-                    have >= crate::x86::attention::scratch_floats(s, d),
-                    "s={s} d={d}"
-                );
+                for tiles in [1usize, 2, 32] {
+                    let have = super::scratch_floats(s, d, tiles).unwrap();
+                    assert!(have >= s + 3 * d, "s={s} d={d}");
+                    #[cfg(feature = "emitters")]
+                    assert!(
+                        have >= crate::x86::attention::scratch_floats(s, d, tiles),
+                        "s={s} d={d} tiles={tiles}"
+                    );
+                }
             }
         }
-        assert!(super::scratch_floats(usize::MAX / 4, 8).is_err());
+        assert!(super::scratch_floats(usize::MAX / 4, 8, 1).is_err());
+        assert!(super::scratch_floats(8, 8, usize::MAX / 64).is_err());
+    }
+
+    /// Tiles never cross a KV head's group and hold at most 8 heads.
+    #[test]
+    fn decode_tiles_follow_groups() {
+        use super::decode_tiles;
+        assert_eq!(decode_tiles(0, 32, 1), 32);
+        assert_eq!(decode_tiles(0, 12, 6), 2);
+        assert_eq!(decode_tiles(0, 18, 9), 4);
+        assert_eq!(decode_tiles(3, 4, 6), 2);
+        assert_eq!(decode_tiles(5, 0, 6), 0);
+        assert_eq!(decode_tiles(0, 8, 8), 1);
     }
 
     /// Whole KV heads per worker where they divide evenly (every (token,

@@ -45,18 +45,34 @@ use crate::artifact::{EmitError, MachineCode, PrefillBlocks};
 use crate::host_attention::*;
 
 /// Query heads one pass over K and V serves (lanes of a ymm).
-pub const MAX_TILE: usize = 8;
-/// Keys per P·V block.
-pub const KEY_BLOCK: i32 = 64;
+pub const MAX_TILE: usize = DECODE_TILE_HEADS;
+/// Keys every tile of a call scores before any tile scores the next ones:
+/// the K rows of all the call's KV heads are then read in token order. The
+/// walk of one KV head alone, rows `kvh·d` elements apart, is what the
+/// hardware prefetchers follow poorly (a 32-head cache read head by head
+/// reached 55% of a sequential read on an AMD Zen 3, in blocks of 4
+/// tokens over all heads 100%+).
+pub const SCORE_BLOCK: i32 = 4;
+/// Keys per P·V block (likewise over V, for every tile of the call).
+pub const PV_BLOCK: i32 = 8;
+/// Keys whose scores a tile keeps at once ([`DECODE_SUPER_BLOCK`]): the
+/// exponentials of a super-block are taken against one reference per
+/// head, and a reference that moves between super-blocks rescales `num`
+/// and `den` (by exactly 1 where it did not move).
+const SUPER: i32 = DECODE_SUPER_BLOCK as i32;
 /// How many keys ahead the score loop prefetches K rows.
 const SCORE_AHEAD: i32 = 8;
+/// How many keys ahead the P·V loop prefetches V rows.
+const PV_AHEAD: i32 = 8;
 /// The head dimension must be a multiple of this.
 pub const HEAD_DIM_MULTIPLE: usize = 8;
 
-/// f32 of scratch one call needs: the split state region (`s + 3d + 8`),
-/// the scores `8s`, `num` `72·d/8`, `qarea` `8d`.
-pub fn scratch_floats(s: usize, d: usize) -> usize {
-    (s + 3 * d + 8) + 8 * s + 9 * d + 8 * d
+/// f32 of scratch one call over `s` keys in `tiles` tiles of query heads
+/// ([`decode_tiles`]) needs: the split state region (`s + 3d + 8`), 16 to
+/// align the tiles, and per tile its record (64), `qarea` `8d`, `num`
+/// `72·d/8` and the super-block's scores `8·SUPER`.
+pub fn scratch_floats(s: usize, d: usize, tiles: usize) -> usize {
+    (s + 3 * d + 8) + 16 + tiles * (64 + 8 * d + 9 * d + 8 * DECODE_SUPER_BLOCK)
 }
 
 pub(super) const FRAME: i32 = 1408;
@@ -65,10 +81,9 @@ const S_GROUP: i32 = 400;
 const S_S: i32 = 408;
 const S_D: i32 = 416;
 const S_KVH: i32 = 424;
-const S_GT: i32 = 440;
-const S_SAREA: i32 = 448;
-const S_NUM: i32 = 456;
-const S_QAREA: i32 = 464;
+const S_TILES0: i32 = 448;
+const S_TILES_END: i32 = 456;
+const S_TILEBYTES: i32 = 464;
 const S_KROW0: i32 = 472;
 const S_VROW0: i32 = 480;
 const S_KSTRIDE: i32 = 488;
@@ -81,6 +96,10 @@ const S_SUB0: i32 = 544;
 const S_JB: i32 = 552;
 const S_JEND: i32 = 560;
 const S_RECOMP: i32 = 576;
+const S_J0: i32 = 584;
+const S_J1: i32 = 592;
+const S_HCUR: i32 = 600;
+const S_HEND: i32 = 608;
 // 32-byte vector constants and stores.
 pub(super) const V_MIN: i32 = 640;
 const V_MAX: i32 = 672;
@@ -96,10 +115,31 @@ const V_HI: i32 = 1120;
 pub(super) const V_2P120: i32 = 1152;
 pub(super) const V_SIGN: i32 = 1184;
 pub(super) const V_MAG: i32 = 1216;
-const V_DEN: i32 = 1248;
-const V_MVEC: i32 = 1280;
-const V_SUMQ: i32 = 1312;
+const V_ALPHA: i32 = 1248;
 pub(super) const V_NEGINF: i32 = 1344;
+
+/// Bytes of a tile's record, which precedes its areas in the scratch.
+const REC: i32 = 256;
+// Record fields: the tile's first query head and head count, its KV
+// head's K / V row at token 0, the score loop's cursors (K row, int8 key
+// scale and offset, score slot), its areas, the P·V chunk group size.
+const R_HEAD: i32 = 0;
+const R_GT: i32 = 8;
+const R_VROW0: i32 = 16;
+const R_KCUR: i32 = 24;
+const R_SCCUR: i32 = 32;
+const R_OFCUR: i32 = 40;
+const R_SCUR: i32 = 48;
+const R_QAREA: i32 = 56;
+const R_SAREA: i32 = 64;
+const R_NUM: i32 = 72;
+const R_GS: i32 = 80;
+// 32-byte fields: running max, in-range mask, reference max, den, Σq.
+const R_MAX: i32 = 96;
+const R_OK: i32 = 128;
+const R_MVEC: i32 = 160;
+const R_DEN: i32 = 192;
+const R_SUMQ: i32 = 224;
 
 const POLY: [f32; 7] = [
     1.0 / 720.0,
@@ -219,25 +259,12 @@ pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, 
     constants(&mut a, softmax);
     setup(&mut a, keys, values);
 
-    // rbx = first head of the tile, rbp = end of the call's heads.
-    a.load64(RBX, mem(RDI, AT_HEAD0));
-    a.load64(RBP, mem(RDI, AT_HEADS));
-    a.add(RBP, RBX);
-    let (tile_loop, done) = (a.new_label(), a.new_label());
-    a.bind(tile_loop);
-    a.cmp(RBX, RBP);
-    a.jcc(Cond::Ge, done);
-    tile_setup(&mut a, keys, values);
-    widen_q(&mut a, keys);
-    scores(&mut a, keys, softmax);
-    reference_max(&mut a, softmax);
-    exponentials(&mut a);
-    pv(&mut a, values);
-    finish_tile(&mut a);
-    a.load64(RAX, mem(RSP, S_GT));
-    a.add(RBX, RAX);
-    a.jmp(tile_loop);
-    a.bind(done);
+    tiles(&mut a, keys, values);
+    super_blocks(&mut a, keys, values, softmax);
+    each_tile(&mut a, |a| {
+        count_recomputed(a, softmax);
+        finish_tile(a);
+    });
     common::epilogue_framed(&mut a, FRAME);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(MachineCode {
@@ -295,50 +322,183 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
     a.store64(mem(RSP, S_KSTRIDE), RDX);
     a.imul_imm(RDX, RAX, vb);
     a.store64(mem(RSP, S_VSTRIDE), RDX);
-    // sarea = scratch + 4·(s + 3d + 8); num = sarea + 32·s;
-    // qarea = num + 4·72·d/8 = num + 36·d.
+    // The tiles start at scratch + 4·(s + 3d + 8), rounded up to a cache
+    // line; each takes REC + 4·(8d + 9d + 8·SUPER) bytes.
     a.load64(RAX, mem(RDI, AT_SCRATCH));
-    a.lea(RDX, mem(R12, 8));
+    a.lea(RDX, mem(R12, 8 + 16));
     a.add(RDX, R13);
     a.add(RDX, R13);
     a.add(RDX, R13);
     a.shl_imm(RDX, 2);
     a.add(RAX, RDX);
-    a.store64(mem(RSP, S_SAREA), RAX);
-    a.mov(RDX, R12);
-    a.shl_imm(RDX, 5);
-    a.add(RAX, RDX);
-    a.store64(mem(RSP, S_NUM), RAX);
-    a.imul_imm(RDX, R13, 36);
-    a.add(RAX, RDX);
-    a.store64(mem(RSP, S_QAREA), RAX);
+    a.and_imm(RAX, -64);
+    a.store64(mem(RSP, S_TILES0), RAX);
+    a.imul_imm(RDX, R13, 68);
+    a.add_imm(RDX, REC + 32 * SUPER);
+    a.store64(mem(RSP, S_TILEBYTES), RDX);
     a.mov_imm(RAX, 0);
     a.store64(mem(RSP, S_RECOMP), RAX);
 }
 
-/// This tile's KV head and head count; its first K / V row, key parameters.
-fn tile_setup(a: &mut X86Asm, keys: Keys, values: Values) {
-    a.comment("tile: kv = h / group, gt = min(group - h % group, end - h, 8)");
-    a.mov(RAX, RBX);
+/// Every tile of the call (heads `head0 .. head0 + heads`, each tile
+/// `gt = min(group − h % group, end − h, 8)` heads of one KV head) gets
+/// its record and areas: rows, cursors, q widened, `num` cleared, the
+/// softmax state empty. Leaves `S_TILES_END`.
+fn tiles(a: &mut X86Asm, keys: Keys, values: Values) {
+    a.comment("tiles: records, q widened, num cleared, softmax state empty");
+    a.load64(RAX, mem(RDI, AT_HEAD0));
+    a.store64(mem(RSP, S_HCUR), RAX);
+    a.load64(RDX, mem(RDI, AT_HEADS));
+    a.add(RDX, RAX);
+    a.store64(mem(RSP, S_HEND), RDX);
+    a.load64(RBX, mem(RSP, S_TILES0));
+    let (tile, done) = (a.new_label(), a.new_label());
+    a.bind(tile);
+    a.load64(RAX, mem(RSP, S_HCUR));
+    a.cmp_mem(RAX, mem(RSP, S_HEND));
+    a.jcc(Cond::Ge, done);
+    a.store64(mem(RBX, R_HEAD), RAX);
     a.zero(RDX);
     a.load64(RCX, mem(RSP, S_GROUP));
     a.div(RCX);
-    // rax = kv, rdx = h % group.
+    // rax = kv, rdx = h % group; gt = min(group − h % group, end − h, 8).
     a.mov(RSI, RCX);
     a.sub(RSI, RDX);
-    a.mov(RDX, RBP);
-    a.sub(RDX, RBX);
-    let (a_ok, b_ok) = (a.new_label(), a.new_label());
-    a.cmp(RSI, RDX);
-    a.jcc(Cond::Be, a_ok);
-    a.mov(RSI, RDX);
-    a.bind(a_ok);
-    a.cmp_imm(RSI, MAX_TILE as i32);
-    a.jcc(Cond::Be, b_ok);
-    a.mov_imm(RSI, MAX_TILE as i32);
-    a.bind(b_ok);
-    a.store64(mem(RSP, S_GT), RSI);
+    a.load64(RDX, mem(RSP, S_HEND));
+    a.load64(RCX, mem(RSP, S_HCUR));
+    a.sub(RDX, RCX);
+    common::min_reg(a, RSI, RDX);
+    a.mov_imm(RDX, MAX_TILE as i32);
+    common::min_reg(a, RSI, RDX);
+    a.store64(mem(RBX, R_GT), RSI);
     kv_head_rows(a, keys, values, [S_KROW0, S_VROW0, S_KSC0, S_KOF0]);
+    for (from, to) in [(S_KROW0, R_KCUR), (S_VROW0, R_VROW0)] {
+        a.load64(RCX, mem(RSP, from));
+        a.store64(mem(RBX, to), RCX);
+    }
+    if keys == Keys::I8Asym {
+        for (from, to) in [(S_KSC0, R_SCCUR), (S_KOF0, R_OFCUR)] {
+            a.load64(RCX, mem(RSP, from));
+            a.store64(mem(RBX, to), RCX);
+        }
+    }
+    // Areas: qarea (8d f32), num (9d), sarea (8·SUPER).
+    a.lea(RAX, mem(RBX, REC));
+    a.store64(mem(RBX, R_QAREA), RAX);
+    a.load64(RCX, mem(RSP, S_D));
+    a.shl_imm(RCX, 5);
+    a.add(RAX, RCX);
+    a.store64(mem(RBX, R_NUM), RAX);
+    a.load64(RCX, mem(RSP, S_D));
+    a.imul_imm(RCX, RCX, 36);
+    a.add(RAX, RCX);
+    a.store64(mem(RBX, R_SAREA), RAX);
+    // P·V chunk group: as many chunks as the registers hold for the
+    // tile's heads per pass.
+    let gs = a.new_label();
+    a.load64(RSI, mem(RBX, R_GT));
+    a.mov_imm(RAX, group_chunks(values, 1) as i32);
+    a.cmp_imm(RSI, 1);
+    a.jcc(Cond::E, gs);
+    a.mov_imm(RAX, group_chunks(values, 2) as i32);
+    a.cmp_imm(RSI, 2);
+    a.jcc(Cond::E, gs);
+    a.mov_imm(RAX, group_chunks(values, 3) as i32);
+    a.bind(gs);
+    a.store64(mem(RBX, R_GS), RAX);
+    // Softmax state: no max yet, every score in range so far, den 0.
+    a.vmovups_load(Ymm(0), mem(RSP, V_NEGINF));
+    a.vmovups_store(mem(RBX, R_MAX), Ymm(0));
+    a.vmovups_store(mem(RBX, R_MVEC), Ymm(0));
+    a.vcmpps(Ymm(1), Ymm(0), Ymm(0), 0);
+    a.vmovups_store(mem(RBX, R_OK), Ymm(1));
+    a.vxorps(Ymm(0), Ymm(0), Ymm(0));
+    a.vmovups_store(mem(RBX, R_DEN), Ymm(0));
+    a.load64(RSI, mem(RBX, R_NUM));
+    a.load64(RCX, mem(RSP, S_D8));
+    a.imul_imm(RCX, RCX, 9);
+    let clr = a.new_label();
+    a.bind(clr);
+    a.vmovups_store(mem(RSI, 0), Ymm(0));
+    a.add_imm(RSI, 32);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, clr);
+    widen_q(a, keys);
+    a.load64(RAX, mem(RBX, R_GT));
+    a.load64(RCX, mem(RSP, S_HCUR));
+    a.add(RCX, RAX);
+    a.store64(mem(RSP, S_HCUR), RCX);
+    a.load64(RAX, mem(RSP, S_TILEBYTES));
+    a.add(RBX, RAX);
+    a.jmp(tile);
+    a.bind(done);
+    a.store64(mem(RSP, S_TILES_END), RBX);
+}
+
+/// `body` once per tile, rbx at its record (the body keeps rbx).
+fn each_tile(a: &mut X86Asm, body: impl FnOnce(&mut X86Asm)) {
+    let (tile, done) = (a.new_label(), a.new_label());
+    a.load64(RBX, mem(RSP, S_TILES0));
+    a.bind(tile);
+    a.cmp_mem(RBX, mem(RSP, S_TILES_END));
+    a.jcc(Cond::Ae, done);
+    body(a);
+    a.load64(RAX, mem(RSP, S_TILEBYTES));
+    a.add(RBX, RAX);
+    a.jmp(tile);
+    a.bind(done);
+}
+
+/// `body` once per block of `size` keys of the super-block (`S_JB ..
+/// S_JEND`).
+fn key_blocks(a: &mut X86Asm, size: i32, body: impl FnOnce(&mut X86Asm)) {
+    let (block, done) = (a.new_label(), a.new_label());
+    a.load64(RAX, mem(RSP, S_J0));
+    a.store64(mem(RSP, S_JB), RAX);
+    a.bind(block);
+    a.load64(RAX, mem(RSP, S_JB));
+    a.cmp_mem(RAX, mem(RSP, S_J1));
+    a.jcc(Cond::Ge, done);
+    a.lea(RDX, mem(RAX, size));
+    common::min_mem(a, RDX, mem(RSP, S_J1));
+    a.store64(mem(RSP, S_JEND), RDX);
+    body(a);
+    a.load64(RAX, mem(RSP, S_JEND));
+    a.store64(mem(RSP, S_JB), RAX);
+    a.jmp(block);
+    a.bind(done);
+}
+
+/// The keys in super-blocks of `SUPER`: scores of every tile in blocks of
+/// [`SCORE_BLOCK`] keys, then per tile its reference max (rescaling what
+/// it has summed where that moved) and exponentials, then P·V of every
+/// tile in blocks of [`PV_BLOCK`] keys.
+fn super_blocks(a: &mut X86Asm, keys: Keys, values: Values, softmax: SoftmaxMode) {
+    a.comment("super-blocks of keys: scores, reference max and exponentials, P·V");
+    let (sb, done) = (a.new_label(), a.new_label());
+    a.zero(RAX);
+    a.store64(mem(RSP, S_J0), RAX);
+    a.bind(sb);
+    a.load64(RAX, mem(RSP, S_J0));
+    a.cmp_mem(RAX, mem(RSP, S_S));
+    a.jcc(Cond::Ge, done);
+    a.lea(RDX, mem(RAX, SUPER));
+    common::min_mem(a, RDX, mem(RSP, S_S));
+    a.store64(mem(RSP, S_J1), RDX);
+    each_tile(a, |a| {
+        a.load64(RAX, mem(RBX, R_SAREA));
+        a.store64(mem(RBX, R_SCUR), RAX);
+    });
+    key_blocks(a, SCORE_BLOCK, |a| each_tile(a, |a| scores(a, keys, softmax)));
+    each_tile(a, |a| {
+        rebase(a, softmax);
+        exponentials(a);
+    });
+    key_blocks(a, PV_BLOCK, |a| each_tile(a, |a| pv(a, values)));
+    a.load64(RAX, mem(RSP, S_J1));
+    a.store64(mem(RSP, S_J0), RAX);
+    a.jmp(sb);
+    a.bind(done);
 }
 
 /// KV head `rax`'s rows at token 0 (`kv·d` elements into each cache) into
@@ -372,15 +532,15 @@ pub(super) fn kv_head_rows(a: &mut X86Asm, keys: Keys, values: Values, slots: [i
     }
 }
 
-/// q rows of the tile → `qarea[d/8][8][8]` f32 (unused heads zero), and
-/// for int8 keys `Σq` per head in `V_SUMQ`.
+/// q rows of the tile (record at rbx) → `qarea[d/8][8][8]` f32 (unused
+/// heads zero), and for int8 keys `Σq` per head in the record.
 fn widen_q(a: &mut X86Asm, keys: Keys) {
     a.comment("q → f32, interleaved by chunk: qarea[c][head][8]");
     let zero = Ymm(0);
     a.vxorps(zero, zero, zero);
-    a.vmovups_store(mem(RSP, V_SUMQ), zero);
+    a.vmovups_store(mem(RBX, R_SUMQ), zero);
     // Clear every head slot first (unused heads must read zero).
-    a.load64(RSI, mem(RSP, S_QAREA));
+    a.load64(RSI, mem(RBX, R_QAREA));
     a.load64(RCX, mem(RSP, S_D));
     let (clr, clr_done) = (a.new_label(), a.new_label());
     a.bind(clr);
@@ -395,9 +555,9 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
     a.zero(R12);
     let (head_loop, heads_done) = (a.new_label(), a.new_label());
     a.bind(head_loop);
-    a.cmp_mem(R12, mem(RSP, S_GT));
+    a.cmp_mem(R12, mem(RBX, R_GT));
     a.jcc(Cond::Ge, heads_done);
-    a.mov(RAX, RBX);
+    a.load64(RAX, mem(RBX, R_HEAD));
     a.add(RAX, R12);
     a.load64(RCX, mem(RSP, S_D));
     a.imul(RAX, RCX);
@@ -405,7 +565,7 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
     a.load64(RSI, mem(RDI, AT_Q));
     a.add(RSI, RAX);
     // dst = qarea + 32·i, step 256 per chunk.
-    a.load64(RDX, mem(RSP, S_QAREA));
+    a.load64(RDX, mem(RBX, R_QAREA));
     a.mov(RAX, R12);
     a.shl_imm(RAX, 5);
     a.add(RDX, RAX);
@@ -425,9 +585,9 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
     a.jmp(chunk);
     a.bind(chunks_done);
     if keys == Keys::I8Asym {
-        // Σq of head i → lane i of V_SUMQ.
+        // Σq of head i → lane i of the record's Σq.
         hsum(a, sum, Ymm(2));
-        a.lea(RAX, mem(RSP, V_SUMQ));
+        a.lea(RAX, mem(RBX, R_SUMQ));
         a.mov(RCX, R12);
         a.shl_imm(RCX, 2);
         a.add(RAX, RCX);
@@ -448,14 +608,14 @@ fn hsum(a: &mut X86Asm, v: Ymm, t: Ymm) {
     a.vaddps(v, v, t);
 }
 
-/// Scores for every key into `sarea[s][8]`, with the running max (ymm13)
-/// and the in-range mask (ymm14) per head lane; dispatched on the tile's
-/// head count so each variant's FMAs have constant offsets.
+/// Scores of the block's keys (`S_JB .. S_JEND`) for the tile at rbx into
+/// its `sarea[j][8]` from the record's cursors, with the running max and
+/// the in-range mask per head lane; dispatched on the tile's head count so
+/// each variant's FMAs have constant offsets.
 fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
-    a.comment("scores: sarea[j][head], running max, range check");
     let done = a.new_label();
     let variants: Vec<Label> = (0..MAX_TILE).map(|_| a.new_label()).collect();
-    a.load64(RAX, mem(RSP, S_GT));
+    a.load64(RAX, mem(RBX, R_GT));
     for (g, l) in variants.iter().enumerate() {
         a.cmp_imm(RAX, g as i32 + 1);
         a.jcc(Cond::E, *l);
@@ -471,30 +631,30 @@ fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
 
 fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     let (maxv, ok) = (Ymm(13), Ymm(14));
-    a.vmovups_load(maxv, mem(RSP, V_NEGINF));
-    a.vcmpps(ok, maxv, maxv, 0); // all ones (−inf == −inf)
-    a.load64(R13, mem(RSP, S_KROW0));
+    a.vmovups_load(maxv, mem(RBX, R_MAX));
+    a.vmovups_load(ok, mem(RBX, R_OK));
+    a.load64(R13, mem(RBX, R_KCUR));
     a.load64(R14, mem(RSP, S_KSTRIDE));
-    a.load64(R15, mem(RSP, S_SAREA));
+    a.load64(R15, mem(RBX, R_SCUR));
     if keys == Keys::I8Asym {
-        a.load64(R8, mem(RSP, S_KSC0));
-        a.load64(R9, mem(RSP, S_KOF0));
+        a.load64(R8, mem(RBX, R_SCCUR));
+        a.load64(R9, mem(RBX, R_OFCUR));
         a.load64(R10, mem(RSP, S_KVH));
         a.shl_imm(R10, 2);
     }
-    a.zero(R12);
-    let (key_loop, keys_done) = (a.new_label(), a.new_label());
+    // r12 = keys left in the block (at least one).
+    a.load64(R12, mem(RSP, S_JEND));
+    a.load64(RAX, mem(RSP, S_JB));
+    a.sub(R12, RAX);
+    let key_loop = a.new_label();
     a.bind(key_loop);
-    a.cmp_mem(R12, mem(RSP, S_S));
-    a.jcc(Cond::Ge, keys_done);
     for i in 0..MAX_TILE {
         a.vxorps(Ymm(i as u8), Ymm(i as u8), Ymm(i as u8));
     }
     // Chunk loop: rsi = k, rax = qarea chunk, rcx = chunks left, rdx =
-    // the same place SCORE_AHEAD keys on (prefetched: the rows are
-    // strided by kvh·d, which the hardware prefetchers follow poorly).
+    // the same place SCORE_AHEAD keys on (prefetched).
     a.mov(RSI, R13);
-    a.load64(RAX, mem(RSP, S_QAREA));
+    a.load64(RAX, mem(RBX, R_QAREA));
     a.load64(RCX, mem(RSP, S_D8));
     a.mov(RDX, R14);
     a.imul_imm(RDX, RDX, SCORE_AHEAD);
@@ -574,7 +734,7 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
         a.vpbroadcastd_load(Ymm(2), mem(R8, 0));
         a.vmulps(score, score, Ymm(2));
         a.vpbroadcastd_load(Ymm(2), mem(R9, 0));
-        a.vfmadd231ps_mem(score, Ymm(2), mem(RSP, V_SUMQ));
+        a.vfmadd231ps_mem(score, Ymm(2), mem(RBX, R_SUMQ));
         a.add(R8, R10);
         a.add(R9, R10);
     }
@@ -592,69 +752,128 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     }
     a.add(R13, R14);
     a.add_imm(R15, 32);
-    a.add_imm(R12, 1);
-    a.jmp(key_loop);
-    a.bind(keys_done);
-}
-
-/// Per head lane: the max the exponentials are taken against (`phi`
-/// where the range held, else the running max) → `V_MVEC`; heads that
-/// fell back count in `*recomputed`.
-fn reference_max(a: &mut X86Asm, softmax: SoftmaxMode) {
-    a.comment("reference max per head; count recomputed heads");
-    let (maxv, ok) = (Ymm(13), Ymm(14));
-    match softmax {
-        SoftmaxMode::Online => a.vmovups_store(mem(RSP, V_MVEC), maxv),
-        SoftmaxMode::Async { .. } => {
-            a.vmovups_load(Ymm(0), mem(RSP, V_PHI));
-            a.vandps(Ymm(0), ok, Ymm(0));
-            a.vandnps(Ymm(1), ok, maxv);
-            a.vorps(Ymm(0), Ymm(0), Ymm(1));
-            a.vmovups_store(mem(RSP, V_MVEC), Ymm(0));
-            // recomputed += popcount(~ok & ((1 << gt) − 1)).
-            a.vmovmskps(RAX, ok);
-            a.not(RAX);
-            a.mov_imm(RDX, 1);
-            a.load64(RCX, mem(RSP, S_GT));
-            let (shift, shifted) = (a.new_label(), a.new_label());
-            a.bind(shift);
-            a.cmp_imm(RCX, 0);
-            a.jcc(Cond::E, shifted);
-            a.shl_imm(RDX, 1);
-            a.sub_imm(RCX, 1);
-            a.jmp(shift);
-            a.bind(shifted);
-            a.sub_imm(RDX, 1);
-            a.and(RAX, RDX);
-            a.popcnt(RAX, RAX);
-            a.load64(RCX, mem(RDI, AT_RECOMPUTED));
-            a.load64(RDX, mem(RCX, 0));
-            a.add(RDX, RAX);
-            a.store64(mem(RCX, 0), RDX);
-        }
+    a.sub_imm(R12, 1);
+    a.jcc(Cond::Ne, key_loop);
+    a.store64(mem(RBX, R_KCUR), R13);
+    a.store64(mem(RBX, R_SCUR), R15);
+    if keys == Keys::I8Asym {
+        a.store64(mem(RBX, R_SCCUR), R8);
+        a.store64(mem(RBX, R_OFCUR), R9);
     }
+    a.vmovups_store(mem(RBX, R_MAX), maxv);
+    a.vmovups_store(mem(RBX, R_OK), ok);
 }
 
-/// `p = e^(score − max)` in place for every key, `den` per head →
-/// `V_DEN`.
-fn exponentials(a: &mut X86Asm) {
-    a.comment("p = exp(score - max), den = sum p");
-    let (x, n, p, den) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
-    a.vxorps(den, den, den);
+/// Per head lane of the tile at rbx, the reference the exponentials are
+/// taken against: `phi` while every score so far was in range, else the
+/// running max (the online softmax's, exactly where it did not move).
+/// What the tile has summed against the old reference is rescaled by
+/// `α = e^(old − new)`, skipped where no lane moved.
+fn rebase(a: &mut X86Asm, softmax: SoftmaxMode) {
+    let (new, old) = (Ymm(0), Ymm(6));
+    a.vmovups_load(new, mem(RBX, R_MAX));
+    if let SoftmaxMode::Async { .. } = softmax {
+        a.vmovups_load(Ymm(7), mem(RBX, R_OK));
+        a.vmovups_load(Ymm(1), mem(RSP, V_PHI));
+        a.vandps(Ymm(1), Ymm(7), Ymm(1));
+        a.vandnps(new, Ymm(7), new);
+        a.vorps(new, new, Ymm(1));
+    }
+    a.vmovups_load(old, mem(RBX, R_MVEC));
+    a.vmovups_store(mem(RBX, R_MVEC), new);
+    let same = a.new_label();
+    a.vcmpps(Ymm(7), old, new, 0);
+    a.vmovmskps(RAX, Ymm(7));
+    a.cmp_imm(RAX, 0xff);
+    a.jcc(Cond::E, same);
+    // α = e^(old − new) (old −inf before the first keys: α is e^-87.3,
+    // against num and den of 0).
+    a.vsubps(Ymm(0), old, new);
     a.vmovups_load(Ymm(4), mem(RSP, V_127));
-    a.load64(R15, mem(RSP, S_SAREA));
-    a.load64(RCX, mem(RSP, S_S));
+    exp_ps(a, Ymm(0), Ymm(1), Ymm(5), Ymm(2), Ymm(4));
+    a.vmovups_store(mem(RSP, V_ALPHA), Ymm(2));
+    a.vmulps_mem(Ymm(3), Ymm(2), mem(RBX, R_DEN));
+    a.vmovups_store(mem(RBX, R_DEN), Ymm(3));
+    // num[c][i] ·= α_i.
+    a.zero(R12);
+    let (head, heads_done) = (a.new_label(), a.new_label());
+    a.bind(head);
+    a.cmp_mem(R12, mem(RBX, R_GT));
+    a.jcc(Cond::Ge, heads_done);
+    a.lea(RAX, mem(RSP, V_ALPHA));
+    a.mov(RCX, R12);
+    a.shl_imm(RCX, 2);
+    a.add(RAX, RCX);
+    a.vpbroadcastd_load(Ymm(1), mem(RAX, 0));
+    a.mov(RDX, R12);
+    a.shl_imm(RDX, 5);
+    a.load64(RCX, mem(RBX, R_NUM));
+    a.add(RDX, RCX);
+    a.load64(RCX, mem(RSP, S_D8));
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.vmulps_mem(Ymm(0), Ymm(1), mem(RDX, 0));
+    a.vmovups_store(mem(RDX, 0), Ymm(0));
+    a.add_imm(RDX, 288);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    a.add_imm(R12, 1);
+    a.jmp(head);
+    a.bind(heads_done);
+    a.bind(same);
+}
+
+/// Heads of the tile at rbx that fell back to the online softmax (a score
+/// out of range) count in `*recomputed`.
+fn count_recomputed(a: &mut X86Asm, softmax: SoftmaxMode) {
+    if softmax == SoftmaxMode::Online {
+        return;
+    }
+    // recomputed += popcount(~ok & ((1 << gt) − 1)).
+    a.vmovups_load(Ymm(0), mem(RBX, R_OK));
+    a.vmovmskps(RAX, Ymm(0));
+    a.not(RAX);
+    a.mov_imm(RDX, 1);
+    a.load64(RCX, mem(RBX, R_GT));
+    let (shift, shifted) = (a.new_label(), a.new_label());
+    a.bind(shift);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, shifted);
+    a.shl_imm(RDX, 1);
+    a.sub_imm(RCX, 1);
+    a.jmp(shift);
+    a.bind(shifted);
+    a.sub_imm(RDX, 1);
+    a.and(RAX, RDX);
+    a.popcnt(RAX, RAX);
+    a.load64(RCX, mem(RDI, AT_RECOMPUTED));
+    a.load64(RDX, mem(RCX, 0));
+    a.add(RDX, RAX);
+    a.store64(mem(RCX, 0), RDX);
+}
+
+/// `p = e^(score − reference)` in place for the super-block's keys of the
+/// tile at rbx, summed into its `den`.
+fn exponentials(a: &mut X86Asm) {
+    let (x, n, p, den) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
+    a.vmovups_load(den, mem(RBX, R_DEN));
+    a.vmovups_load(Ymm(6), mem(RBX, R_MVEC));
+    a.vmovups_load(Ymm(4), mem(RSP, V_127));
+    a.load64(R15, mem(RBX, R_SAREA));
+    a.load64(RCX, mem(RSP, S_J1));
+    a.load64(RAX, mem(RSP, S_J0));
+    a.sub(RCX, RAX);
     let top = a.new_label();
     a.bind(top);
     a.vmovups_load(x, mem(R15, 0));
-    a.vsubps_mem(x, x, mem(RSP, V_MVEC));
+    a.vsubps(x, x, Ymm(6));
     exp_ps(a, x, n, Ymm(5), p, Ymm(4));
     a.vaddps(den, den, p);
     a.vmovups_store(mem(R15, 0), p);
     a.add_imm(R15, 32);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, top);
-    a.vmovups_store(mem(RSP, V_DEN), den);
+    a.vmovups_store(mem(RBX, R_DEN), den);
 }
 
 /// The registers [`exp_ps`] takes besides x, as the decode kernel uses
@@ -722,39 +941,23 @@ fn pv_heads(values: Values) -> usize {
     }
 }
 
-/// `num[c][head] = Σ_j p[j][head]·v_j[c]`, blocks of keys × groups of 4
-/// chunks × passes of `pv_heads` heads.
-fn pv(a: &mut X86Asm, values: Values) {
-    a.comment("P·V: key blocks × chunk groups × head passes");
-    let hs = pv_heads(values);
-    // Clear num (9 head slots per chunk).
-    let zero = Ymm(0);
-    a.vxorps(zero, zero, zero);
-    a.load64(RSI, mem(RSP, S_NUM));
-    a.load64(RCX, mem(RSP, S_D8));
-    a.imul_imm(RCX, RCX, 9);
-    let clr = a.new_label();
-    a.bind(clr);
-    a.vmovups_store(mem(RSI, 0), zero);
-    a.add_imm(RSI, 32);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, clr);
+/// Chunks of 8 lanes of d per P·V group for a tile of `heads` heads: as
+/// many accumulators as 16 ymm hold beside each pass's p broadcasts and
+/// the widened row (fp8 values keep four registers for their constants
+/// and a temporary).
+fn group_chunks(values: Values, heads: usize) -> usize {
+    match (values, heads.min(pv_heads(values))) {
+        (_, 1) => 8,
+        (Values::F16, 2) => 6,
+        _ => 4,
+    }
+}
 
-    // jb: block start.
-    a.zero(RAX);
-    a.store64(mem(RSP, S_JB), RAX);
-    let (block, blocks_done) = (a.new_label(), a.new_label());
-    a.bind(block);
-    a.load64(RAX, mem(RSP, S_JB));
-    a.cmp_mem(RAX, mem(RSP, S_S));
-    a.jcc(Cond::Ge, blocks_done);
-    a.lea(RDX, mem(RAX, KEY_BLOCK));
-    let clamp = a.new_label();
-    a.cmp_mem(RDX, mem(RSP, S_S));
-    a.jcc(Cond::Be, clamp);
-    a.load64(RDX, mem(RSP, S_S));
-    a.bind(clamp);
-    a.store64(mem(RSP, S_JEND), RDX);
+/// `num[c][head] += Σ_j p[j][head]·v_j[c]` over the block's keys (`S_JB ..
+/// S_JEND`) for the tile at rbx: groups of its chunk group size × passes of
+/// `pv_heads` heads.
+fn pv(a: &mut X86Asm, values: Values) {
+    let hs = pv_heads(values);
     // c0: chunk group start.
     a.zero(RAX);
     a.store64(mem(RSP, S_C0), RAX);
@@ -768,14 +971,16 @@ fn pv(a: &mut X86Asm, values: Values) {
     let (pass, passes_done) = (a.new_label(), a.new_label());
     a.bind(pass);
     a.load64(RAX, mem(RSP, S_SUB0));
-    a.cmp_mem(RAX, mem(RSP, S_GT));
+    a.cmp_mem(RAX, mem(RBX, R_GT));
     a.jcc(Cond::Ge, passes_done);
     // Dispatch on the heads left (1..=hs) and the chunks left in this
-    // group (1..=4), so no pass computes a head or chunk that is not there.
+    // group (1..=its size), so no pass computes a head or chunk that is
+    // not there.
     a.load64(RAX, mem(RSP, S_D8));
     a.load64(R11, mem(RSP, S_C0));
     a.sub(RAX, R11);
-    a.load64(RDX, mem(RSP, S_GT));
+    common::min_mem(a, RAX, mem(RBX, R_GS));
+    a.load64(RDX, mem(RBX, R_GT));
     a.load64(R11, mem(RSP, S_SUB0));
     a.sub(RDX, R11);
     let after = a.new_label();
@@ -787,12 +992,13 @@ fn pv(a: &mut X86Asm, values: Values) {
     a.jmp(by_heads[hs - 1]);
     for (h, hl) in by_heads.iter().enumerate() {
         a.bind(*hl);
-        let by_chunks: Vec<Label> = (0..4).map(|_| a.new_label()).collect();
-        for (i, l) in by_chunks.iter().enumerate().take(3) {
+        let most = group_chunks(values, h + 1);
+        let by_chunks: Vec<Label> = (0..most).map(|_| a.new_label()).collect();
+        for (i, l) in by_chunks.iter().enumerate().take(most - 1) {
             a.cmp_imm(RAX, i as i32 + 1);
             a.jcc(Cond::E, *l);
         }
-        a.jmp(by_chunks[3]);
+        a.jmp(by_chunks[most - 1]);
         for (i, l) in by_chunks.iter().enumerate() {
             a.bind(*l);
             pv_pass(a, values, h + 1, i + 1);
@@ -806,18 +1012,15 @@ fn pv(a: &mut X86Asm, values: Values) {
     a.jmp(pass);
     a.bind(passes_done);
     a.load64(RAX, mem(RSP, S_C0));
-    a.add_imm(RAX, 4);
+    a.load64(RDX, mem(RBX, R_GS));
+    a.add(RAX, RDX);
     a.store64(mem(RSP, S_C0), RAX);
     a.jmp(group);
     a.bind(groups_done);
-    a.load64(RAX, mem(RSP, S_JEND));
-    a.store64(mem(RSP, S_JB), RAX);
-    a.jmp(block);
-    a.bind(blocks_done);
 }
 
-/// One pass: `hs` heads from `S_SUB0`, `nc` chunks from `S_C0`, keys
-/// `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
+/// One pass over the tile at rbx: `hs` heads from `S_SUB0`, `nc` chunks
+/// from `S_C0`, keys `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
 fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     let acc = |h: usize, c: usize| Ymm((h * nc + c) as u8);
     let p0 = hs * nc;
@@ -828,7 +1031,7 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     a.load64(R11, mem(RSP, S_SUB0));
     a.add(RAX, R11);
     a.shl_imm(RAX, 5);
-    a.load64(RDX, mem(RSP, S_NUM));
+    a.load64(RDX, mem(RBX, R_NUM));
     a.add(RDX, RAX);
     for h in 0..hs {
         for c in 0..nc {
@@ -840,18 +1043,21 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
         a.vmovups_load(mag, mem(RSP, V_MAG));
         a.vmovups_load(scale, mem(RSP, V_2P120));
     }
-    // rsi = p of (jb, sub0); rcx = v row jb + chunk c0; r8 = keys left.
+    // rsi = p of (jb − j0, sub0); rax = v row jb + chunk c0; r8 = keys
+    // left.
     a.load64(RAX, mem(RSP, S_JB));
     a.mov(RSI, RAX);
+    a.load64(R11, mem(RSP, S_J0));
+    a.sub(RSI, R11);
     a.shl_imm(RSI, 5);
-    a.load64(R11, mem(RSP, S_SAREA));
+    a.load64(R11, mem(RBX, R_SAREA));
     a.add(RSI, R11);
     a.load64(R9, mem(RSP, S_SUB0));
     a.shl_imm(R9, 2);
     a.add(RSI, R9);
     a.load64(RCX, mem(RSP, S_VSTRIDE));
     a.imul(RAX, RCX);
-    a.load64(R11, mem(RSP, S_VROW0));
+    a.load64(R11, mem(RBX, R_VROW0));
     a.add(RAX, R11);
     let vb = if values == Values::F16 { 16 } else { 8 };
     a.load64(R9, mem(RSP, S_C0));
@@ -860,8 +1066,8 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     a.load64(R8, mem(RSP, S_JEND));
     a.load64(R11, mem(RSP, S_JB));
     a.sub(R8, R11);
-    // r10 = the next block's distance (its lines are prefetched here).
-    a.imul_imm(R10, RCX, KEY_BLOCK);
+    // r10 = PV_AHEAD rows on (their lines are prefetched here).
+    a.imul_imm(R10, RCX, PV_AHEAD);
     let top = a.new_label();
     a.bind(top);
     a.mov(R9, RAX);
@@ -892,7 +1098,7 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     a.load64(R10, mem(RSP, S_SUB0));
     a.add(R9, R10);
     a.shl_imm(R9, 5);
-    a.load64(RDX, mem(RSP, S_NUM));
+    a.load64(RDX, mem(RBX, R_NUM));
     a.add(RDX, R9);
     for h in 0..hs {
         for c in 0..nc {
@@ -901,23 +1107,22 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     }
 }
 
-/// `o = num / den` to f16 for each head of the tile; head 0's softmax
-/// state to the split region.
+/// `o = num / den` to f16 for each head of the tile at rbx; the first
+/// tile's head 0 leaves its softmax state in the split region.
 fn finish_tile(a: &mut X86Asm) {
-    a.comment("o = num / den (f16); head 0's state for the split combine");
     a.zero(R12);
     let (head, heads_done) = (a.new_label(), a.new_label());
     a.bind(head);
-    a.cmp_mem(R12, mem(RSP, S_GT));
+    a.cmp_mem(R12, mem(RBX, R_GT));
     a.jcc(Cond::Ge, heads_done);
     // den of head i broadcast.
-    a.lea(RAX, mem(RSP, V_DEN));
+    a.lea(RAX, mem(RBX, R_DEN));
     a.mov(RCX, R12);
     a.shl_imm(RCX, 2);
     a.add(RAX, RCX);
     a.vpbroadcastd_load(Ymm(1), mem(RAX, 0));
     // o row (h + i), num slot of head i (chunk stride 288 bytes).
-    a.mov(RSI, RBX);
+    a.load64(RSI, mem(RBX, R_HEAD));
     a.add(RSI, R12);
     a.load64(RCX, mem(RSP, S_D));
     a.imul(RSI, RCX);
@@ -926,23 +1131,26 @@ fn finish_tile(a: &mut X86Asm) {
     a.add(RSI, RCX);
     a.mov(RDX, R12);
     a.shl_imm(RDX, 5);
-    a.load64(RCX, mem(RSP, S_NUM));
+    a.load64(RCX, mem(RBX, R_NUM));
     a.add(RDX, RCX);
     store_normalized_row(a, mem(RSP, S_D8), 288);
     a.add_imm(R12, 1);
     a.jmp(head);
     a.bind(heads_done);
-    // State of head 0: den at s, num at s + d, max at s + 2d.
+    // State of the call's first head: den at s, num at s + d, max at s + 2d.
+    let not_first = a.new_label();
+    a.cmp_mem(RBX, mem(RSP, S_TILES0));
+    a.jcc(Cond::Ne, not_first);
     a.load64(RSI, mem(RDI, AT_SCRATCH));
     a.load64(RAX, mem(RSP, S_S));
     a.shl_imm(RAX, 2);
     a.add(RSI, RAX);
-    a.vmovss_load(Ymm(0), mem(RSP, V_DEN));
+    a.vmovss_load(Ymm(0), mem(RBX, R_DEN));
     a.vmovss_store(mem(RSI, 0), Ymm(0));
     a.load64(RAX, mem(RSP, S_D));
     a.shl_imm(RAX, 2);
     a.add(RSI, RAX);
-    a.load64(RDX, mem(RSP, S_NUM));
+    a.load64(RDX, mem(RBX, R_NUM));
     a.load64(RCX, mem(RSP, S_D8));
     let copy = a.new_label();
     a.bind(copy);
@@ -952,6 +1160,7 @@ fn finish_tile(a: &mut X86Asm) {
     a.add_imm(RDX, 288);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, copy);
-    a.vmovss_load(Ymm(0), mem(RSP, V_MVEC));
+    a.vmovss_load(Ymm(0), mem(RBX, R_MVEC));
     a.vmovss_store(mem(RSI, 0), Ymm(0));
+    a.bind(not_first);
 }
