@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p tessera-runtime --example attention_bench --
 //! [--backend x86|host|neon] [--threads 1,2] [--ctx 4096,32768]
-//! [--model llama2-7b|qwen2-1.5b] [--format f16|kv8]`
+//! [--model llama2-7b|qwen2-1.5b] [--heads HQ/KVH] [--format f16|kv8] [--hot]`
 //!
 //! Heads: Llama2-7B (32 query / 32 KV heads × 128) and Qwen2-1.5B (12 / 2 ×
 //! 128); caches f16 and kv8 (int8 keys, fp8 values). Each line: µs per
@@ -84,10 +84,16 @@ fn main() -> Result<(), Error> {
             .and_then(|i| args.get(i + 1).cloned())
     };
     let (model, kv_format) = (only("--model"), only("--format"));
-    let heads: Vec<(&str, usize, usize)> = [("llama2-7b", 32usize, 32usize), ("qwen2-1.5b", 12, 2)]
-        .into_iter()
-        .filter(|(name, _, _)| model.as_deref().is_none_or(|m| m == *name))
-        .collect();
+    let mut heads: Vec<(&str, usize, usize)> =
+        [("llama2-7b", 32usize, 32usize), ("qwen2-1.5b", 12, 2)]
+            .into_iter()
+            .filter(|(name, _, _)| model.as_deref().is_none_or(|m| m == *name))
+            .collect();
+    // `--heads HQ/KVH`: another head layout, in place of the models'.
+    if let Some(h) = only("--heads") {
+        let (hq, kvh) = h.split_once('/').ok_or("--heads takes HQ/KVH")?;
+        heads = vec![("custom", hq.parse()?, kvh.parse()?)];
+    }
     let d = 128;
     // One cache, read again every step: the kernel's speed with the KV in
     // the caches, what the DRAM-bound figure is set against.

@@ -488,6 +488,20 @@ impl X86Asm {
         dynasm!(self.ops ; .arch x64 ; vpmovsxbw Ry(d), OWORD [Rq(b) + o]);
     }
 
+    /// 8 signed bytes from memory → 8 i16 in the low lanes of `dst`.
+    pub fn vpmovsxbw_load64(&mut self, dst: Ymm, m: Mem) {
+        self.log(format!("vpmovsxbw {}, qword ptr {m}", dst.xmm()));
+        let (d, b, o) = (dst.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vpmovsxbw Rx(d), QWORD [Rq(b) + o]);
+    }
+
+    /// i16 lanes shifted left by `imm`.
+    pub fn vpsllw_imm(&mut self, dst: Ymm, src: Ymm, imm: i8) {
+        self.log(format!("vpsllw {dst}, {src}, {imm}"));
+        let (d, s) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; vpsllw Ry(d), Ry(s), imm);
+    }
+
     /// `vfmadd231ps dst, a, ymmword ptr [m]`: dst += a · mem.
     pub fn vfmadd231ps_mem(&mut self, dst: Ymm, a: Ymm, m: Mem) {
         self.log(format!("vfmadd231ps {dst}, {a}, ymmword ptr {m}"));
@@ -791,6 +805,19 @@ impl X86Asm {
         self.log(format!("vmovss {}, dword ptr {m}", dst.xmm()));
         let (d, b, o) = (dst.0, m.base.0, m.disp);
         dynasm!(self.ops ; .arch x64 ; vmovss Rx(d), DWORD [Rq(b) + o]);
+    }
+
+    /// `vinsertps xmm, xmm, dword ptr [m], imm`: the dword into lane
+    /// `imm >> 4` of `src`'s low lanes (upper 128 bits zeroed).
+    pub fn vinsertps_load(&mut self, dst: Ymm, src: Ymm, m: Mem, imm: i8) {
+        self.log(format!(
+            "vinsertps {}, {}, dword ptr {m}, {}",
+            dst.xmm(),
+            src.xmm(),
+            imm as u8
+        ));
+        let (d, x, b, o) = (dst.0, src.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vinsertps Rx(d), Rx(x), DWORD [Rq(b) + o], imm);
     }
 
     /// Unsigned `rdx:rax / src` → quotient in rax, remainder in rdx.

@@ -116,6 +116,10 @@ pub(super) const V_2P120: i32 = 1152;
 pub(super) const V_SIGN: i32 = 1184;
 pub(super) const V_MAG: i32 = 1216;
 const V_ALPHA: i32 = 1248;
+/// fp8 e4m3 → f16 bits: `(sign-extended code << 7) & 0xBFFF` per i16.
+const V_E4M3_F16: i32 = 1280;
+/// 2^8: p for fp8 values, whose f16 form is 2^-8 of the value.
+const V_P_SCALE: i32 = 1312;
 pub(super) const V_NEGINF: i32 = 1344;
 
 /// Bytes of a tile's record, which precedes its areas in the scratch.
@@ -134,6 +138,10 @@ const R_QAREA: i32 = 56;
 const R_SAREA: i32 = 64;
 const R_NUM: i32 = 72;
 const R_GS: i32 = 80;
+/// Bytes between keys' p in `sarea`: 32 (8 head lanes) or, for a tile of
+/// one head, 4 (its keys side by side, so exponentials take 8 keys a
+/// vector).
+const R_PSTRIDE: i32 = 88;
 // 32-byte fields: running max, in-range mask, reference max, den, Σq.
 const R_MAX: i32 = 96;
 const R_OK: i32 = 128;
@@ -257,6 +265,10 @@ pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, 
     ));
     common::prologue_framed(&mut a, FRAME);
     constants(&mut a, softmax);
+    if values == Values::E4M3 {
+        splat(&mut a, V_E4M3_F16, 0xBFFF_BFFF);
+        splat(&mut a, V_P_SCALE, 256f32.to_bits());
+    }
     setup(&mut a, keys, values);
 
     tiles(&mut a, keys, values);
@@ -406,6 +418,13 @@ fn tiles(a: &mut X86Asm, keys: Keys, values: Values) {
     a.mov_imm(RAX, group_chunks(values, 3) as i32);
     a.bind(gs);
     a.store64(mem(RBX, R_GS), RAX);
+    let wide = a.new_label();
+    a.mov_imm(RAX, 32);
+    a.cmp_imm(RSI, 1);
+    a.jcc(Cond::Ne, wide);
+    a.mov_imm(RAX, 4);
+    a.bind(wide);
+    a.store64(mem(RBX, R_PSTRIDE), RAX);
     // Softmax state: no max yet, every score in range so far, den 0.
     a.vmovups_load(Ymm(0), mem(RSP, V_NEGINF));
     a.vmovups_store(mem(RBX, R_MAX), Ymm(0));
@@ -492,7 +511,7 @@ fn super_blocks(a: &mut X86Asm, keys: Keys, values: Values, softmax: SoftmaxMode
     key_blocks(a, SCORE_BLOCK, |a| each_tile(a, |a| scores(a, keys, softmax)));
     each_tile(a, |a| {
         rebase(a, softmax);
-        exponentials(a);
+        exponentials(a, values);
     });
     key_blocks(a, PV_BLOCK, |a| each_tile(a, |a| pv(a, values)));
     a.load64(RAX, mem(RSP, S_J1));
@@ -623,10 +642,173 @@ fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
     a.jmp(done);
     for (g, l) in variants.iter().enumerate() {
         a.bind(*l);
+        if g == 0 {
+            // One head: a whole block's keys at once where it has them.
+            let per_key = a.new_label();
+            a.load64(RAX, mem(RSP, S_JEND));
+            a.load64(RDX, mem(RSP, S_JB));
+            a.sub(RAX, RDX);
+            a.cmp_imm(RAX, SCORE_BLOCK);
+            a.jcc(Cond::Ne, per_key);
+            score_one_head(a, keys, softmax);
+            a.jmp(done);
+            a.bind(per_key);
+        }
         score_loop(a, keys, softmax, g + 1);
         a.jmp(done);
     }
     a.bind(done);
+}
+
+/// A tile of one query head (multi-head attention: a KV head per query
+/// head) scores the block's 4 keys at once: each loaded q chunk meets 4 K
+/// rows, 8 accumulators (4 keys × even and odd chunks) keep 8 FMA chains
+/// in flight where one head alone would wait on one, and one reduction
+/// serves 4 keys. Lanes 0–3 of the result are the keys' scores, stored
+/// side by side (the one-head `sarea` layout); the running max and
+/// in-range mask take all four in every lane (only lane 0 is the tile's).
+fn score_one_head(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
+    let (maxv, ok, q) = (Ymm(13), Ymm(14), Ymm(12));
+    let rows = [RSI, R8, R9, RBP];
+    a.vmovups_load(maxv, mem(RBX, R_MAX));
+    a.vmovups_load(ok, mem(RBX, R_OK));
+    a.load64(R13, mem(RBX, R_KCUR));
+    a.load64(R14, mem(RSP, S_KSTRIDE));
+    // Prefetch the rows SCORE_AHEAD keys on, whole.
+    a.mov(RDX, R14);
+    a.imul_imm(RDX, RDX, SCORE_AHEAD);
+    a.add(RDX, R13);
+    let row_bytes = if keys == Keys::F16 { 2 } else { 1 };
+    for _ in 0..SCORE_BLOCK {
+        a.mov(RSI, RDX);
+        a.load64(RCX, mem(RSP, S_D));
+        a.imul_imm(RCX, RCX, row_bytes);
+        let line = a.new_label();
+        a.bind(line);
+        a.prefetcht0(mem(RSI, 0));
+        a.add_imm(RSI, 64);
+        a.sub_imm(RCX, 64);
+        a.jcc(Cond::G, line);
+        a.add(RDX, R14);
+    }
+    a.mov(rows[0], R13);
+    for i in 1..4 {
+        a.mov(rows[i], rows[i - 1]);
+        a.add(rows[i], R14);
+    }
+    for i in 0..8 {
+        a.vxorps(Ymm(i), Ymm(i), Ymm(i));
+    }
+    a.load64(RAX, mem(RBX, R_QAREA));
+    a.load64(RCX, mem(RSP, S_D8));
+    let step = if keys == Keys::F16 { 16 } else { 8 };
+    // Chunk `at` into accumulator set `set` (ymm key + 4·set).
+    let chunk_step = |a: &mut X86Asm, set: usize, at: i32| {
+        a.vmovups_load(q, mem(RAX, 256 * at));
+        for (i, &row) in rows.iter().enumerate() {
+            let kx = Ymm(8 + i as u8);
+            match keys {
+                Keys::F16 => a.vcvtph2ps_load(kx, mem(row, at * step)),
+                Keys::I8Asym => {
+                    a.vpmovsxbd_load(kx, mem(row, at * step));
+                    a.vcvtdq2ps(kx, kx);
+                }
+            }
+            a.vfmadd231ps(Ymm((i + 4 * set) as u8), kx, q);
+        }
+    };
+    let advance = |a: &mut X86Asm, chunks: i32| {
+        for &row in &rows {
+            a.add_imm(row, chunks * step);
+        }
+        a.add_imm(RAX, 256 * chunks);
+        a.sub_imm(RCX, chunks);
+    };
+    let (pairs, even, chunks_done) = (a.new_label(), a.new_label(), a.new_label());
+    a.mov(R11, RCX);
+    a.and_imm(R11, 1);
+    a.jcc(Cond::E, even);
+    chunk_step(a, 0, 0);
+    advance(a, 1);
+    a.jcc(Cond::E, chunks_done);
+    a.bind(even);
+    a.bind(pairs);
+    chunk_step(a, 0, 0);
+    chunk_step(a, 1, 1);
+    advance(a, 2);
+    a.jcc(Cond::Ne, pairs);
+    a.bind(chunks_done);
+    for i in 0..4u8 {
+        a.vaddps(Ymm(i), Ymm(i), Ymm(i + 4));
+        a.vxorps(Ymm(i + 4), Ymm(i + 4), Ymm(i + 4));
+    }
+    reduce_lanes(a);
+    let score = Ymm(1);
+    if keys == Keys::I8Asym {
+        // score = scale·dot + offset·Σq, the 4 keys' parameters gathered
+        // into lanes 0–3 (the rest zero).
+        a.load64(R10, mem(RSP, S_KVH));
+        a.shl_imm(R10, 2);
+        for (cursor, v) in [(R_SCCUR, Ymm(2)), (R_OFCUR, Ymm(3))] {
+            a.load64(RSI, mem(RBX, cursor));
+            a.vmovss_load(v, mem(RSI, 0));
+            for lane in 1..4i8 {
+                a.add(RSI, R10);
+                a.vinsertps_load(v, v, mem(RSI, 0), lane << 4);
+            }
+            a.add(RSI, R10);
+            a.store64(mem(RBX, cursor), RSI);
+        }
+        a.vmulps(score, score, Ymm(2));
+        a.vpbroadcastd_load(Ymm(2), mem(RBX, R_SUMQ));
+        a.vfmadd231ps(score, Ymm(3), Ymm(2));
+    }
+    a.load64(R15, mem(RBX, R_SCUR));
+    a.vmovups_store128(mem(R15, 0), score);
+    a.add_imm(R15, 4 * SCORE_BLOCK);
+    a.store64(mem(RBX, R_SCUR), R15);
+    // The 4 keys' max in every lane.
+    a.vpermilps_imm(Ymm(2), score, 0x4e);
+    a.vmaxps(Ymm(2), score, Ymm(2));
+    a.vpermilps_imm(Ymm(3), Ymm(2), 0xb1u8 as i8);
+    a.vmaxps(Ymm(2), Ymm(2), Ymm(3));
+    a.vperm2f128(Ymm(2), Ymm(2), Ymm(2), 0x00);
+    a.vmaxps(maxv, Ymm(2), maxv);
+    if let SoftmaxMode::Async { .. } = softmax {
+        // ok &= every one of the 4 keys in range, in every lane.
+        a.vsubps_mem(Ymm(2), score, mem(RSP, V_PHI));
+        a.vmovups_load(Ymm(3), mem(RSP, V_LO));
+        a.vcmpps(Ymm(4), Ymm(2), Ymm(3), 13); // ge (ordered)
+        a.vmovups_load(Ymm(3), mem(RSP, V_HI));
+        a.vcmpps(Ymm(5), Ymm(2), Ymm(3), 2); // le (ordered)
+        a.vandps(Ymm(4), Ymm(4), Ymm(5));
+        a.vpermilps_imm(Ymm(5), Ymm(4), 0x4e);
+        a.vandps(Ymm(4), Ymm(4), Ymm(5));
+        a.vpermilps_imm(Ymm(5), Ymm(4), 0xb1u8 as i8);
+        a.vandps(Ymm(4), Ymm(4), Ymm(5));
+        a.vperm2f128(Ymm(4), Ymm(4), Ymm(4), 0x00);
+        a.vandps(ok, ok, Ymm(4));
+    }
+    a.mov(RAX, R14);
+    a.imul_imm(RAX, RAX, SCORE_BLOCK);
+    a.add(R13, RAX);
+    a.store64(mem(RBX, R_KCUR), R13);
+    a.vmovups_store(mem(RBX, R_MAX), maxv);
+    a.vmovups_store(mem(RBX, R_OK), ok);
+}
+
+/// ymm1 = the sums of ymm0 … ymm7, lane i the sum of ymm i (clobbers
+/// ymm0–ymm7).
+fn reduce_lanes(a: &mut X86Asm) {
+    a.vhaddps(Ymm(0), Ymm(0), Ymm(1));
+    a.vhaddps(Ymm(2), Ymm(2), Ymm(3));
+    a.vhaddps(Ymm(4), Ymm(4), Ymm(5));
+    a.vhaddps(Ymm(6), Ymm(6), Ymm(7));
+    a.vhaddps(Ymm(0), Ymm(0), Ymm(2));
+    a.vhaddps(Ymm(4), Ymm(4), Ymm(6));
+    a.vperm2f128(Ymm(1), Ymm(0), Ymm(4), 0x20);
+    a.vperm2f128(Ymm(3), Ymm(0), Ymm(4), 0x31);
+    a.vaddps(Ymm(1), Ymm(1), Ymm(3));
 }
 
 fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
@@ -719,16 +901,8 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     }
     let _ = kx;
     // Reduce 8 accumulators to one vector of 8 head sums.
-    a.vhaddps(Ymm(0), Ymm(0), Ymm(1));
-    a.vhaddps(Ymm(2), Ymm(2), Ymm(3));
-    a.vhaddps(Ymm(4), Ymm(4), Ymm(5));
-    a.vhaddps(Ymm(6), Ymm(6), Ymm(7));
-    a.vhaddps(Ymm(0), Ymm(0), Ymm(2));
-    a.vhaddps(Ymm(4), Ymm(4), Ymm(6));
-    a.vperm2f128(Ymm(1), Ymm(0), Ymm(4), 0x20);
-    a.vperm2f128(Ymm(3), Ymm(0), Ymm(4), 0x31);
+    reduce_lanes(a);
     let score = Ymm(1);
-    a.vaddps(score, Ymm(1), Ymm(3));
     if keys == Keys::I8Asym {
         // score = scale·dot + offset·Σq.
         a.vpbroadcastd_load(Ymm(2), mem(R8, 0));
@@ -738,7 +912,14 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
         a.add(R8, R10);
         a.add(R9, R10);
     }
-    a.vmovups_store(mem(R15, 0), score);
+    // A one-head tile keeps its keys' scores side by side.
+    let p_stride = if g == 1 {
+        a.vmovss_store(mem(R15, 0), score);
+        4
+    } else {
+        a.vmovups_store(mem(R15, 0), score);
+        32
+    };
     a.vmaxps(maxv, score, maxv);
     if let SoftmaxMode::Async { .. } = softmax {
         // ok &= (score − phi ≥ lo) & (score − phi ≤ hi); NaN is out.
@@ -751,7 +932,7 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
         a.vandps(ok, ok, Ymm(5));
     }
     a.add(R13, R14);
-    a.add_imm(R15, 32);
+    a.add_imm(R15, p_stride);
     a.sub_imm(R12, 1);
     a.jcc(Cond::Ne, key_loop);
     a.store64(mem(RBX, R_KCUR), R13);
@@ -853,27 +1034,81 @@ fn count_recomputed(a: &mut X86Asm, softmax: SoftmaxMode) {
 }
 
 /// `p = e^(score − reference)` in place for the super-block's keys of the
-/// tile at rbx, summed into its `den`.
-fn exponentials(a: &mut X86Asm) {
+/// tile at rbx, summed into its `den`; for fp8 values p is stored × 2^8
+/// (their f16 form in P·V is 2^-8 of the value; both exact). A one-head
+/// tile takes 8 keys a vector (its scores side by side), the last vector
+/// masked to the keys there are.
+fn exponentials(a: &mut X86Asm, values: Values) {
     let (x, n, p, den) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
-    a.vmovups_load(den, mem(RBX, R_DEN));
-    a.vmovups_load(Ymm(6), mem(RBX, R_MVEC));
-    a.vmovups_load(Ymm(4), mem(RSP, V_127));
+    let (reference, k127) = (Ymm(6), Ymm(4));
+    let store_p = |a: &mut X86Asm| {
+        if values == Values::E4M3 {
+            a.vmulps_mem(p, p, mem(RSP, V_P_SCALE));
+        }
+        a.vmovups_store(mem(R15, 0), p);
+    };
+    a.vmovups_load(k127, mem(RSP, V_127));
     a.load64(R15, mem(RBX, R_SAREA));
     a.load64(RCX, mem(RSP, S_J1));
     a.load64(RAX, mem(RSP, S_J0));
     a.sub(RCX, RAX);
+    let (one_head, done) = (a.new_label(), a.new_label());
+    a.load64(RAX, mem(RBX, R_GT));
+    a.cmp_imm(RAX, 1);
+    a.jcc(Cond::E, one_head);
+    // Heads in lanes: one vector per key.
+    a.vmovups_load(den, mem(RBX, R_DEN));
+    a.vmovups_load(reference, mem(RBX, R_MVEC));
     let top = a.new_label();
     a.bind(top);
     a.vmovups_load(x, mem(R15, 0));
-    a.vsubps(x, x, Ymm(6));
-    exp_ps(a, x, n, Ymm(5), p, Ymm(4));
+    a.vsubps(x, x, reference);
+    exp_ps(a, x, n, Ymm(5), p, k127);
     a.vaddps(den, den, p);
-    a.vmovups_store(mem(R15, 0), p);
+    store_p(a);
     a.add_imm(R15, 32);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, top);
     a.vmovups_store(mem(RBX, R_DEN), den);
+    a.jmp(done);
+    // One head: keys in lanes, 8 a vector, den summed across them.
+    a.bind(one_head);
+    a.vxorps(den, den, den);
+    a.vpbroadcastd_load(reference, mem(RBX, R_MVEC));
+    let (eight, tail) = (a.new_label(), a.new_label());
+    a.bind(eight);
+    a.cmp_imm(RCX, 8);
+    a.jcc(Cond::L, tail);
+    a.vmovups_load(x, mem(R15, 0));
+    a.vsubps(x, x, reference);
+    exp_ps(a, x, n, Ymm(5), p, k127);
+    a.vaddps(den, den, p);
+    store_p(a);
+    a.add_imm(R15, 32);
+    a.sub_imm(RCX, 8);
+    a.jmp(eight);
+    a.bind(tail);
+    let summed = a.new_label();
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, summed);
+    // The last rcx < 8 keys: lanes past them are masked out of den (the
+    // mask table's first rcx lanes of −1).
+    a.vmovups_load(x, mem(R15, 0));
+    a.vsubps(x, x, reference);
+    exp_ps(a, x, n, Ymm(5), p, k127);
+    a.shl_imm(RCX, 2);
+    a.lea(RAX, mem(RSP, common::MASK_TABLE + 32));
+    a.sub(RAX, RCX);
+    a.vmovups_load(x, mem(RAX, 0));
+    a.vandps(p, p, x);
+    a.vaddps(den, den, p);
+    store_p(a);
+    a.bind(summed);
+    hsum(a, den, x);
+    a.vbroadcastss_reg(den, den);
+    a.vaddps_mem(den, den, mem(RBX, R_DEN));
+    a.vmovups_store(mem(RBX, R_DEN), den);
+    a.bind(done);
 }
 
 /// The registers [`exp_ps`] takes besides x, as the decode kernel uses
@@ -933,7 +1168,8 @@ pub(super) fn widen_e4m3(a: &mut X86Asm, vx: Ymm, t: Ymm, consts: [Ymm; 3]) {
     a.vmulps(vx, vx, scale);
 }
 
-/// Heads per P·V pass for this value format.
+/// Heads per P·V pass for this value format (fp8 keeps ymm15 for its
+/// mask).
 fn pv_heads(values: Values) -> usize {
     match values {
         Values::F16 => 3,
@@ -942,13 +1178,12 @@ fn pv_heads(values: Values) -> usize {
 }
 
 /// Chunks of 8 lanes of d per P·V group for a tile of `heads` heads: as
-/// many accumulators as 16 ymm hold beside each pass's p broadcasts and
-/// the widened row (fp8 values keep four registers for their constants
-/// and a temporary).
+/// many accumulators as 16 ymm hold beside each pass's p broadcasts, the
+/// widened row and (fp8 values) their mask.
 fn group_chunks(values: Values, heads: usize) -> usize {
-    match (values, heads.min(pv_heads(values))) {
-        (_, 1) => 8,
-        (Values::F16, 2) => 6,
+    match heads.min(pv_heads(values)) {
+        1 => 8,
+        2 => 6,
         _ => 4,
     }
 }
@@ -1024,7 +1259,7 @@ fn pv(a: &mut X86Asm, values: Values) {
 fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     let acc = |h: usize, c: usize| Ymm((h * nc + c) as u8);
     let p0 = hs * nc;
-    let (vx, scale, sign, mag, t) = (Ymm((p0 + hs) as u8), Ymm(12), Ymm(13), Ymm(14), Ymm(15));
+    let (vx, f16_mask) = (Ymm((p0 + hs) as u8), Ymm(15));
     // rdx = num + 32·(9·c0 + sub0).
     a.load64(RAX, mem(RSP, S_C0));
     a.imul_imm(RAX, RAX, 9);
@@ -1039,17 +1274,16 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
         }
     }
     if values == Values::E4M3 {
-        a.vmovups_load(sign, mem(RSP, V_SIGN));
-        a.vmovups_load(mag, mem(RSP, V_MAG));
-        a.vmovups_load(scale, mem(RSP, V_2P120));
+        a.vmovups_load(f16_mask, mem(RSP, V_E4M3_F16));
     }
-    // rsi = p of (jb − j0, sub0); rax = v row jb + chunk c0; r8 = keys
-    // left.
+    // rsi = p of (jb − j0, sub0), r12 apart; rax = v row jb + chunk c0;
+    // r8 = keys left.
+    a.load64(R12, mem(RBX, R_PSTRIDE));
     a.load64(RAX, mem(RSP, S_JB));
     a.mov(RSI, RAX);
     a.load64(R11, mem(RSP, S_J0));
     a.sub(RSI, R11);
-    a.shl_imm(RSI, 5);
+    a.imul(RSI, R12);
     a.load64(R11, mem(RBX, R_SAREA));
     a.add(RSI, R11);
     a.load64(R9, mem(RSP, S_SUB0));
@@ -1072,7 +1306,10 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     a.bind(top);
     a.mov(R9, RAX);
     a.add(R9, R10);
-    a.prefetcht0(mem(R9, 0));
+    let vb = vb as usize;
+    for line in (0..nc * vb).step_by(64) {
+        a.prefetcht0(mem(R9, line as i32));
+    }
     for h in 0..hs {
         a.vpbroadcastd_load(Ymm((p0 + h) as u8), mem(RSI, 4 * h as i32));
     }
@@ -1080,15 +1317,20 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
         match values {
             Values::F16 => a.vcvtph2ps_load(vx, mem(RAX, 16 * c as i32)),
             Values::E4M3 => {
-                a.vpmovzxbd_load(vx, mem(RAX, 8 * c as i32));
-                widen_e4m3(a, vx, t, [sign, mag, scale]);
+                // e4m3 → f16 bits of 2^-8 of the value (exact, subnormals
+                // included): sign-extended, shifted so the exponent and
+                // mantissa land in f16's, the sign copy at bit 14 cleared.
+                a.vpmovsxbw_load64(vx, mem(RAX, 8 * c as i32));
+                a.vpsllw_imm(vx, vx, 7);
+                a.vpand(vx, vx, f16_mask);
+                a.vcvtph2ps_reg(vx, vx);
             }
         }
         for h in 0..hs {
             a.vfmadd231ps(acc(h, c), vx, Ymm((p0 + h) as u8));
         }
     }
-    a.add_imm(RSI, 32);
+    a.add(RSI, R12);
     a.add(RAX, RCX);
     a.sub_imm(R8, 1);
     a.jcc(Cond::Ne, top);
