@@ -636,6 +636,13 @@ impl X86Asm {
         dynasm!(self.ops ; .arch x64 ; vpmaddwd Ry(d), Ry(x), YWORD [Rq(b) + o]);
     }
 
+    /// `vpand dst, a, ymmword ptr [m]`.
+    pub fn vpand_mem(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        self.log(format!("vpand {dst}, {a}, ymmword ptr {m}"));
+        let (d, x, b, o) = (dst.0, a.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vpand Ry(d), Ry(x), YWORD [Rq(b) + o]);
+    }
+
     /// 8 f16 in the xmm of `src` → 8 f32.
     pub fn vcvtph2ps_reg(&mut self, dst: Ymm, src: Ymm) {
         self.log(format!("vcvtph2ps {dst}, {}", src.xmm()));

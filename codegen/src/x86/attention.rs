@@ -409,13 +409,13 @@ fn tiles(a: &mut X86Asm, keys: Keys, values: Values) {
     // tile's heads per pass.
     let gs = a.new_label();
     a.load64(RSI, mem(RBX, R_GT));
-    a.mov_imm(RAX, group_chunks(values, 1) as i32);
+    a.mov_imm(RAX, group_chunks(1) as i32);
     a.cmp_imm(RSI, 1);
     a.jcc(Cond::E, gs);
-    a.mov_imm(RAX, group_chunks(values, 2) as i32);
+    a.mov_imm(RAX, group_chunks(2) as i32);
     a.cmp_imm(RSI, 2);
     a.jcc(Cond::E, gs);
-    a.mov_imm(RAX, group_chunks(values, 3) as i32);
+    a.mov_imm(RAX, group_chunks(3) as i32);
     a.bind(gs);
     a.store64(mem(RBX, R_GS), RAX);
     let wide = a.new_label();
@@ -1168,20 +1168,17 @@ pub(super) fn widen_e4m3(a: &mut X86Asm, vx: Ymm, t: Ymm, consts: [Ymm; 3]) {
     a.vmulps(vx, vx, scale);
 }
 
-/// Heads per P·V pass for this value format (fp8 keeps ymm15 for its
-/// mask).
-fn pv_heads(values: Values) -> usize {
-    match values {
-        Values::F16 => 3,
-        Values::E4M3 => 2,
-    }
+/// Heads per P·V pass: 12 accumulators, the p broadcasts and the widened
+/// row fill the 16 ymm.
+fn pv_heads() -> usize {
+    3
 }
 
 /// Chunks of 8 lanes of d per P·V group for a tile of `heads` heads: as
-/// many accumulators as 16 ymm hold beside each pass's p broadcasts, the
-/// widened row and (fp8 values) their mask.
-fn group_chunks(values: Values, heads: usize) -> usize {
-    match heads.min(pv_heads(values)) {
+/// many accumulators as 16 ymm hold beside each pass's p broadcasts and
+/// the widened row.
+fn group_chunks(heads: usize) -> usize {
+    match heads.min(pv_heads()) {
         1 => 8,
         2 => 6,
         _ => 4,
@@ -1192,7 +1189,7 @@ fn group_chunks(values: Values, heads: usize) -> usize {
 /// S_JEND`) for the tile at rbx: groups of its chunk group size × passes of
 /// `pv_heads` heads.
 fn pv(a: &mut X86Asm, values: Values) {
-    let hs = pv_heads(values);
+    let hs = pv_heads();
     // c0: chunk group start.
     a.zero(RAX);
     a.store64(mem(RSP, S_C0), RAX);
@@ -1227,7 +1224,7 @@ fn pv(a: &mut X86Asm, values: Values) {
     a.jmp(by_heads[hs - 1]);
     for (h, hl) in by_heads.iter().enumerate() {
         a.bind(*hl);
-        let most = group_chunks(values, h + 1);
+        let most = group_chunks(h + 1);
         let by_chunks: Vec<Label> = (0..most).map(|_| a.new_label()).collect();
         for (i, l) in by_chunks.iter().enumerate().take(most - 1) {
             a.cmp_imm(RAX, i as i32 + 1);
@@ -1259,7 +1256,7 @@ fn pv(a: &mut X86Asm, values: Values) {
 fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     let acc = |h: usize, c: usize| Ymm((h * nc + c) as u8);
     let p0 = hs * nc;
-    let (vx, f16_mask) = (Ymm((p0 + hs) as u8), Ymm(15));
+    let vx = Ymm((p0 + hs) as u8);
     // rdx = num + 32·(9·c0 + sub0).
     a.load64(RAX, mem(RSP, S_C0));
     a.imul_imm(RAX, RAX, 9);
@@ -1272,9 +1269,6 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
         for c in 0..nc {
             a.vmovups_load(acc(h, c), mem(RDX, 32 * (9 * c + h) as i32));
         }
-    }
-    if values == Values::E4M3 {
-        a.vmovups_load(f16_mask, mem(RSP, V_E4M3_F16));
     }
     // rsi = p of (jb − j0, sub0), r12 apart; rax = v row jb + chunk c0;
     // r8 = keys left.
@@ -1322,7 +1316,7 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
                 // mantissa land in f16's, the sign copy at bit 14 cleared.
                 a.vpmovsxbw_load64(vx, mem(RAX, 8 * c as i32));
                 a.vpsllw_imm(vx, vx, 7);
-                a.vpand(vx, vx, f16_mask);
+                a.vpand_mem(vx, vx, mem(RSP, V_E4M3_F16));
                 a.vcvtph2ps_reg(vx, vx);
             }
         }
