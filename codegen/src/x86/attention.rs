@@ -892,7 +892,34 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
             a.vxorps(hi, hi, hi);
         }
     } else {
-        let chunk = a.new_label();
+        // More heads than two accumulator sets hold: one set, 4 chunks a
+        // trip (a line of f16 keys, one prefetch), then single chunks.
+        let quad_step = |a: &mut X86Asm, at: i32| {
+            let kx = Ymm(8 + (at % 2) as u8);
+            match keys {
+                Keys::F16 => a.vcvtph2ps_load(kx, mem(RSI, at * step)),
+                Keys::I8Asym => {
+                    a.vpmovsxbd_load(kx, mem(RSI, at * step));
+                    a.vcvtdq2ps(kx, kx);
+                }
+            }
+            for i in 0..g {
+                a.vfmadd231ps_mem(Ymm(i as u8), kx, mem(RAX, 256 * at + 32 * i as i32));
+            }
+        };
+        let (quads, single, chunk) = (a.new_label(), a.new_label(), a.new_label());
+        a.bind(quads);
+        a.cmp_imm(RCX, 4);
+        a.jcc(Cond::L, single);
+        a.prefetcht0(mem(RDX, 0));
+        for at in 0..4 {
+            quad_step(a, at);
+        }
+        advance(a, 4);
+        a.jmp(quads);
+        a.bind(single);
+        a.cmp_imm(RCX, 0);
+        a.jcc(Cond::E, chunks_done);
         a.bind(chunk);
         chunk_step(a, 0, 0);
         advance(a, 1);
