@@ -133,6 +133,46 @@ pub struct HostAttention {
     /// The code runs whole prefill calls in these blocks
     /// ([`MachineCode::whole_prefill`]).
     whole_prefill: Option<PrefillBlocks>,
+    /// Decode scratch kept between calls.
+    scratch: ScratchPool,
+}
+
+/// Decode scratch buffers kept between calls: allocating and clearing a
+/// call's scratch (x86: tens of KiB per tile of query heads) costs more
+/// than a short context's attention itself. The decode kernels write every
+/// scratch element before they read it, so a reused buffer is not cleared;
+/// debug builds fill it with NaN, so a kernel that reads what it did not
+/// write fails its tests.
+#[derive(Default)]
+struct ScratchPool(Mutex<Vec<Vec<f32>>>);
+
+impl ScratchPool {
+    /// At least `len` f32: a kept buffer if one is long enough, else a new
+    /// one (allocated fallibly).
+    fn take(&self, len: usize) -> Result<Vec<f32>, AttentionError> {
+        let kept = self
+            .0
+            .lock()
+            .map_or(None, |mut bufs| bufs.pop())
+            .filter(|b| b.len() >= len);
+        let Some(mut buf) = kept else {
+            return zeroed(len, 1);
+        };
+        if cfg!(debug_assertions) {
+            buf.fill(f32::NAN);
+        }
+        Ok(buf)
+    }
+
+    /// `buf` kept for the next call (at most two: a caller and one more
+    /// at a time).
+    fn give(&self, buf: Vec<f32>) {
+        if let Ok(mut bufs) = self.0.lock()
+            && bufs.len() < 2
+        {
+            bufs.push(buf);
+        }
+    }
 }
 
 impl std::fmt::Debug for HostAttention {
@@ -193,6 +233,7 @@ impl HostAttention {
             code: JitCode::map(code)?,
             head_dim_multiple: code.head_dim_multiple.max(1),
             whole_prefill: code.whole_prefill,
+            scratch: ScratchPool::default(),
         })
     }
 
@@ -731,11 +772,14 @@ impl HostAttention {
         let threads = if spread { threads.clamp(1, kvh) } else { 1 };
         let per = kvh.div_ceil(threads);
         let scratch_len = scratch_floats(s, d, decode_tiles(0, per * group, group))?;
-        let mut scratch = zeroed(scratch_len, threads)?;
+        let total = scratch_len
+            .checked_mul(threads)
+            .ok_or_else(|| shape("attention scratch", "no overflow", "overflow"))?;
+        let mut scratch = self.scratch.take(total)?;
         let mut counters = vec![0u64; threads];
         // An address, so the worker closure is Sync.
         let entry = self.code.entry() as usize;
-        let work: Vec<(usize, &mut [f32], &mut u64)> = scratch
+        let work: Vec<(usize, &mut [f32], &mut u64)> = scratch[..total]
             .chunks_mut(scratch_len)
             .zip(counters.iter_mut())
             .enumerate()
@@ -772,6 +816,7 @@ impl HostAttention {
         } else {
             on_workers(work, exec, |(t, sc, c)| call(t, sc, c));
         }
+        self.scratch.give(scratch);
         Ok(counters.iter().sum())
     }
 
@@ -814,7 +859,10 @@ impl HostAttention {
         let state = d + 3;
         let mut partials = zeroed(hq * chunks * state, 1)?;
         let scratch_len = scratch_floats(chunk, d, 1)?;
-        let mut scratch = zeroed(scratch_len, threads)?;
+        let total = scratch_len
+            .checked_mul(threads)
+            .ok_or_else(|| shape("attention scratch", "no overflow", "overflow"))?;
+        let mut scratch = self.scratch.take(total)?;
         let mut sink = zeroed_f16(hq * d, threads)?;
         let entry = self.code.entry() as usize;
         // Each job's partial slots: its heads × its chunk, disjoint.
@@ -871,7 +919,7 @@ impl HostAttention {
         }
         let workers = runs
             .into_iter()
-            .zip(scratch.chunks_mut(scratch_len))
+            .zip(scratch[..total].chunks_mut(scratch_len))
             .zip(sink.chunks_mut(hq * d));
         if threads == 1 {
             for ((run, sc), out) in workers {
@@ -886,6 +934,7 @@ impl HostAttention {
                 }
             });
         }
+        self.scratch.give(scratch);
         let mut recomputed = 0;
         for (h, parts) in partials.chunks(chunks * state).enumerate() {
             let parts: Vec<&[f32]> = parts.chunks(state).collect();
