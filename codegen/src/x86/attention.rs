@@ -3,35 +3,45 @@
 //! or `i8asym:row`, values f16 or fp8 e4m3, softmax in f32 as the
 //! interpreter defines it. Memory-bound by design: each K and V row of a
 //! KV head is read once for all the query heads of its group that the call
-//! computes (up to [`MAX_TILE`] at a time).
+//! computes, and the rows of every KV head of the call are read in token
+//! order.
 //!
-//! Per tile of query heads sharing KV head `kv` (lanes of a ymm = heads):
+//! The call's query heads are cut into tiles (up to [`MAX_TILE`] heads of
+//! one KV head: the lanes of a ymm), each with a record and areas in the
+//! scratch (its rows, cursors, softmax state, q, `num`, scores). Then:
 //!
-//! 1. q of each head widened to f32, interleaved by 8-lane chunk of d
-//!    (`qarea[d/8][8 heads][8]`), so a chunk's heads sit at constant
+//! 1. Per tile, q of each head widened to f32, interleaved by 8-lane chunk
+//!    of d (`qarea[d/8][8 heads][8]`), so a chunk's heads sit at constant
 //!    offsets. int8 keys also need `Σq` per head.
-//! 2. Scores: per key, one K row load per 8 lanes of d (`vcvtph2ps`, or
-//!    `vpmovsxbd` + `vcvtdq2ps`) feeds an FMA per head; the heads' partial
-//!    dots are reduced together (a `vhaddps` tree) into one vector of 8
-//!    heads' scores, stored as `sarea[s][8]`. int8 keys: `score =
-//!    scale·(q·c) + offset·Σq`. The same pass keeps per head the running
-//!    max and whether every `score − phi` lies in `[lo, hi]`.
-//! 3. The reference max per head: `phi` where the async softmax's range
-//!    held, else the true max (the online softmax's result, exactly: all
-//!    scores are at hand), and such a head counts as recomputed. Online
-//!    kernels always take the max.
-//! 4. `p = e^(score − max)` for 8 heads a vector (degree-6 polynomial as the
-//!    cranelift `exp`), written back, `den` summed per head.
-//! 5. P·V in blocks of [`KEY_BLOCK`] keys (their V rows stay in L1 while
-//!    every chunk and head pass over them): accumulators of up to 3 heads
-//!    × 4 chunks of 8 lanes (2 heads for fp8 values, whose widening needs
-//!    two mask registers) live in registers across a block, in
-//!    `num[d/8][9][8]` between blocks. fp8 e4m3 bytes become f32 bit
-//!    patterns by shifts and masks, 2^-120 of the value (exact, subnormals
-//!    included), then × 2^120 (exact: a power of two).
-//! 6. `o = num / den` to f16. Head 0 of the tile leaves its softmax state
-//!    where `HostAttention`'s split reads it (`den` at `s`, `num` at
-//!    `s + d`, the max at `s + 2d` of the scratch).
+//! 2. The keys in super-blocks of [`DECODE_SUPER_BLOCK`], each in three
+//!    passes over every tile. Going tile by tile within a block of keys,
+//!    not key by key within a tile, is what reads the cache in token order:
+//!    one KV head's rows are `kvh·d` elements apart, a walk the hardware
+//!    prefetchers follow poorly.
+//!    - Scores in blocks of [`SCORE_BLOCK`] keys: per key, one K row load
+//!      per 8 lanes of d (`vcvtph2ps`, or `vpmovsxbd` + `vcvtdq2ps`) feeds
+//!      an FMA per head; the heads' partial dots are reduced together (a
+//!      `vhaddps` tree) into one vector of 8 heads' scores, `sarea[j][8]`.
+//!      A tile of one head (multi-head attention) takes the block's 4 keys
+//!      at once instead and keeps its scores side by side. int8 keys:
+//!      `score = scale·(q·c) + offset·Σq`. Each tile keeps per head the
+//!      running max and whether every `score − phi` lay in `[lo, hi]`.
+//!    - Per tile, the reference: `phi` while the async softmax's range
+//!      held, else the running max (online kernels: the max). Where it
+//!      moved since the last super-block, `num` and `den` are rescaled by
+//!      `e^(old − new)`; then `p = e^(score − reference)` (degree-6
+//!      polynomial as the cranelift `exp`; 8 heads or, one head, 8 keys a
+//!      vector), `den` summed.
+//!    - P·V in blocks of [`PV_BLOCK`] keys: accumulators of up to 3 heads ×
+//!      a group of 8-lane chunks (8, 6 or 4 as the heads per pass leave
+//!      registers) live in registers across the block, in `num[d/8][9][8]`
+//!      between blocks. fp8 e4m3 bytes become f16 bits of 2^-8 of the
+//!      value (sign-extended, shifted, one mask; exact, subnormals
+//!      included) and p is stored × 2^8 for them.
+//! 3. Per tile, `o = num / den` to f16; heads whose range failed count as
+//!    recomputed. The call's first head leaves its softmax state where
+//!    `HostAttention`'s split reads it (`den` at `s`, `num` at `s + d`, the
+//!    reference at `s + 2d` of the scratch).
 //!
 //! The scratch is [`scratch_floats`]; `d` must be a multiple of 8 (the
 //! code says so in `MachineCode::head_dim_multiple`, which `HostAttention`
