@@ -1213,7 +1213,7 @@ mod tests {
                 }
             }
         }
-        assert!(super::scratch_floats(usize::MAX / 4, 8, 1).is_err());
+        assert!(super::scratch_floats(usize::MAX - 8, 8, 1).is_err());
         assert!(super::scratch_floats(8, 8, usize::MAX / 64).is_err());
     }
 

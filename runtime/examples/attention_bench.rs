@@ -140,10 +140,17 @@ fn main() -> Result<(), Error> {
                     let mut blocks = Vec::new();
                     for _ in 0..5 {
                         let t0 = Instant::now();
-                        for c in caches.iter().cycle().take(copies.max(if hot { 16 } else { 1 })) {
+                        for c in caches
+                            .iter()
+                            .cycle()
+                            .take(copies.max(if hot { 16 } else { 1 }))
+                        {
                             att.decode(&q, c, &mut o)?;
                         }
-                        blocks.push(t0.elapsed().as_secs_f64() / copies.max(if hot { 16 } else { 1 }) as f64);
+                        blocks.push(
+                            t0.elapsed().as_secs_f64()
+                                / copies.max(if hot { 16 } else { 1 }) as f64,
+                        );
                     }
                     blocks.sort_by(f64::total_cmp);
                     let step = blocks[blocks.len() / 2];

@@ -518,7 +518,9 @@ fn super_blocks(a: &mut X86Asm, keys: Keys, values: Values, softmax: SoftmaxMode
         a.load64(RAX, mem(RBX, R_SAREA));
         a.store64(mem(RBX, R_SCUR), RAX);
     });
-    key_blocks(a, SCORE_BLOCK, |a| each_tile(a, |a| scores(a, keys, softmax)));
+    key_blocks(a, SCORE_BLOCK, |a| {
+        each_tile(a, |a| scores(a, keys, softmax))
+    });
     each_tile(a, |a| {
         rebase(a, softmax);
         exponentials(a, values);
