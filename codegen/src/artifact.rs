@@ -43,6 +43,12 @@ pub struct MachineCode {
     /// None for the decode loop, which `HostAttention::prefill` calls once
     /// per query token.
     pub whole_prefill: Option<PrefillBlocks>,
+    /// Decode attention code only: the code leaves every head's softmax
+    /// state where `AttentionArgs::states` points (when not null), so
+    /// `HostAttention` may split a call's keys with every head in each
+    /// part; without it a split part takes one head. False where bytes
+    /// come without saying so (a prebuilt set's).
+    pub every_head_state: bool,
 }
 
 /// The blocks of a whole causal prefill: query rows kept at once (their q,

@@ -58,6 +58,13 @@ pub struct AttentionArgs {
     /// ([`MachineCode::whole_prefill`]), token i at position `s − t + i`;
     /// decode code reads one token and ignores this.
     pub t: usize,
+    /// Null, or where decode code whose [`MachineCode::every_head_state`]
+    /// holds leaves each head's softmax state: head `head0 + i` at
+    /// `states + i·state_stride`, `d + 3` f32: `num[d]`, `den`, the
+    /// reference max, and 1.0 if the async softmax fell back (else 0.0).
+    pub states: *mut f32,
+    /// f32 between two heads' states.
+    pub state_stride: usize,
 }
 
 macro_rules! offsets {
@@ -85,6 +92,8 @@ offsets!(
     head0 => AT_HEAD0,
     heads => AT_HEADS,
     t => AT_T,
+    states => AT_STATES,
+    state_stride => AT_STATE_STRIDE,
 );
 
 /// Why an attention kernel cannot be prepared or called.
@@ -135,6 +144,9 @@ pub struct HostAttention {
     whole_prefill: Option<PrefillBlocks>,
     /// Decode scratch kept between calls.
     scratch: ScratchPool,
+    /// The decode code leaves every head's softmax state
+    /// ([`MachineCode::every_head_state`]).
+    every_head_state: bool,
 }
 
 /// Decode scratch buffers kept between calls: allocating and clearing a
@@ -234,6 +246,7 @@ impl HostAttention {
             head_dim_multiple: code.head_dim_multiple.max(1),
             whole_prefill: code.whole_prefill,
             scratch: ScratchPool::default(),
+            every_head_state: code.every_head_state,
         })
     }
 
@@ -641,6 +654,8 @@ impl HostAttention {
             head0: 0,
             heads: 0,
             t,
+            states: std::ptr::null_mut(),
+            state_stride: 0,
         });
         Ok((base, [ptrs[0].3, ptrs[1].3]))
     }
@@ -739,7 +754,9 @@ impl HostAttention {
         if self.kernel.schedule.split.as_deref() != Some(a.seq.as_str()) {
             return s;
         }
-        let units = if spreads(&self.kernel, &a.kv_heads) {
+        // Code that leaves every head's state splits the keys with every
+        // head in each part, so each worker reads whole token rows in order.
+        let units = if !self.every_head_state && spreads(&self.kernel, &a.kv_heads) {
             kvh
         } else {
             1
@@ -843,6 +860,9 @@ impl HostAttention {
         chunk: usize,
         exec: &RangeExecutor<'_>,
     ) -> Result<u64, AttentionError> {
+        if self.every_head_state {
+            return self.run_chunks_every_head(base, sides, s, hq, kvh, d, o, threads, chunk, exec);
+        }
         let group = hq / kvh;
         let spread = self
             .kernel
@@ -935,23 +955,123 @@ impl HostAttention {
             });
         }
         self.scratch.give(scratch);
-        let mut recomputed = 0;
-        for (h, parts) in partials.chunks(chunks * state).enumerate() {
-            let parts: Vec<&[f32]> = parts.chunks(state).collect();
-            let m = parts
-                .iter()
-                .map(|p| p[d + 1])
-                .fold(f32::NEG_INFINITY, f32::max);
-            let w: Vec<f32> = parts.iter().map(|p| (p[d + 1] - m).exp()).collect();
-            let den: f32 = parts.iter().zip(&w).map(|(p, w)| p[d] * w).sum();
-            for i in 0..d {
-                let num: f32 = parts.iter().zip(&w).map(|(p, w)| p[i] * w).sum();
-                o[h * d + i] = f16::from_f32(num / den);
-            }
-            recomputed += u64::from(parts.iter().any(|p| p[d + 2] > 0.0));
-        }
-        Ok(recomputed)
+        Ok(combine(&partials, chunks, d, o))
     }
+
+    /// Flash-decoding with code that leaves every head's state
+    /// ([`MachineCode::every_head_state`]): a job is one chunk of `chunk`
+    /// keys with every query head, its states written straight into the
+    /// partials; workers take contiguous runs of chunks; the combine as
+    /// [`HostAttention::run_chunks`]'.
+    #[allow(clippy::too_many_arguments)]
+    fn run_chunks_every_head(
+        &self,
+        base: &Shared,
+        sides: [usize; 2],
+        s: usize,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+        o: &mut [f16],
+        threads: usize,
+        chunk: usize,
+        exec: &RangeExecutor<'_>,
+    ) -> Result<u64, AttentionError> {
+        let chunks = s.div_ceil(chunk);
+        let threads = threads.clamp(1, chunks);
+        let per = chunks.div_ceil(threads);
+        // Per head and chunk: num[d], den, max, recomputed (as f32 0/1).
+        let state = d + 3;
+        let mut partials = zeroed(hq * chunks * state, 1)?;
+        let scratch_len = scratch_floats(chunk, d, decode_tiles(0, hq, hq / kvh))?;
+        let total = scratch_len
+            .checked_mul(threads)
+            .ok_or_else(|| shape("attention scratch", "no overflow", "overflow"))?;
+        let mut scratch = self.scratch.take(total)?;
+        let mut sink = zeroed_f16(hq * d, threads)?;
+        let entry = self.code.entry() as usize;
+        // An address, so the worker closure is Sync.
+        let states = partials.as_mut_ptr() as usize;
+        let run_job = |c: usize, sc: &mut [f32], out: &mut [f16]| {
+            let s0 = c * chunk;
+            let len = chunk.min(s - s0);
+            let r0 = s0 * kvh;
+            let args0 = base.get();
+            let off = |p: *const f32| {
+                if p.is_null() { p } else { p.wrapping_add(r0) }
+            };
+            let mut counter = 0u64;
+            let args = AttentionArgs {
+                k: args0.k.wrapping_add(r0 * d * sides[0]),
+                k_scales: off(args0.k_scales),
+                k_offsets: off(args0.k_offsets),
+                v: args0.v.wrapping_add(r0 * d * sides[1]),
+                o: out.as_mut_ptr() as *mut u8,
+                scratch: sc.as_mut_ptr(),
+                recomputed: &mut counter,
+                s: len,
+                head0: 0,
+                heads: hq,
+                states: (states as *mut f32).wrapping_add(c * state),
+                state_stride: chunks * state,
+                ..args0
+            };
+            // SAFETY: the code is decode code that leaves every head's
+            // state (`every_head_state`) with the AttentionArgs ABI; rows
+            // r0 .. r0 + len·kvh of both caches and their per-row
+            // parameters lie within the s·kvh rows checked by `run_with`;
+            // q holds hq·d f16, `out` (this worker's own) hq·d, the scratch
+            // scratch_floats(chunk, d, tiles of every head) f32; the states
+            // it writes, head h's at h·chunks·state + c·state (d + 3 f32),
+            // lie within `partials` and are this chunk's alone.
+            unsafe {
+                let f: KernelFn<AttentionArgs> = std::mem::transmute(entry as *const u8);
+                f(&args);
+            }
+        };
+        let runs: Vec<Range<usize>> = (0..threads)
+            .map(|w| (w * per).min(chunks)..((w + 1) * per).min(chunks))
+            .collect();
+        let workers = runs
+            .into_iter()
+            .zip(scratch[..total].chunks_mut(scratch_len))
+            .zip(sink.chunks_mut(hq * d));
+        if threads == 1 {
+            for ((run, sc), out) in workers {
+                run.for_each(|c| run_job(c, sc, out));
+            }
+        } else {
+            on_workers(workers.collect(), exec, |((run, sc), out)| {
+                run.for_each(|c| run_job(c, sc, out));
+            });
+        }
+        self.scratch.give(scratch);
+        Ok(combine(&partials, chunks, d, o))
+    }
+}
+
+/// The split combine, per head of `partials` (`[head][chunk][d + 3]`:
+/// `num[d]`, `den`, max, recomputed flag): `M = max_c m_c`, `o = Σ_c
+/// e^(m_c − M)·num_c / Σ_c e^(m_c − M)·den_c`. Returns the heads that
+/// recomputed in any chunk (the interpreter's rule).
+fn combine(partials: &[f32], chunks: usize, d: usize, o: &mut [f16]) -> u64 {
+    let state = d + 3;
+    let mut recomputed = 0;
+    for (h, parts) in partials.chunks(chunks * state).enumerate() {
+        let parts: Vec<&[f32]> = parts.chunks(state).collect();
+        let m = parts
+            .iter()
+            .map(|p| p[d + 1])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let w: Vec<f32> = parts.iter().map(|p| (p[d + 1] - m).exp()).collect();
+        let den: f32 = parts.iter().zip(&w).map(|(p, w)| p[d] * w).sum();
+        for i in 0..d {
+            let num: f32 = parts.iter().zip(&w).map(|(p, w)| p[i] * w).sum();
+            o[h * d + i] = f16::from_f32(num / den);
+        }
+        recomputed += u64::from(parts.iter().any(|p| p[d + 2] > 0.0));
+    }
+    recomputed
 }
 
 /// An executor of `threads` scoped OS threads (the caller is worker 0):

@@ -48,6 +48,7 @@ impl PrebuiltKernel {
             listing: String::new(),
             head_dim_multiple: 1,
             whole_prefill: None,
+            every_head_state: false,
         };
         PrebuiltKernel {
             kernel: kernel.to_string(),
@@ -81,6 +82,7 @@ impl PrebuiltKernel {
                 listing: String::new(),
                 head_dim_multiple: head_dim_multiple.max(1),
                 whole_prefill,
+                every_head_state: false,
             },
             quantizer: None,
         }

@@ -297,6 +297,7 @@ impl ClifBackend {
             listing,
             head_dim_multiple: 1,
             whole_prefill: None,
+            every_head_state: false,
         })
     }
 }

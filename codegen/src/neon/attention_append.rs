@@ -146,6 +146,7 @@ pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError
         listing,
         head_dim_multiple: 1,
         whole_prefill: None,
+        every_head_state: false,
     })
 }
 

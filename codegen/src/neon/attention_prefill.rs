@@ -222,6 +222,7 @@ pub(super) fn emit(
         listing,
         head_dim_multiple: PREFILL_HEAD_DIM_MULTIPLE,
         whole_prefill: Some(blocks),
+        every_head_state: false,
     })
 }
 

@@ -846,6 +846,7 @@ fn finish(a: asm::A64) -> Result<MachineCode, EmitError> {
         listing,
         head_dim_multiple: 1,
         whole_prefill: None,
+        every_head_state: false,
     })
 }
 

@@ -131,6 +131,8 @@ const V_E4M3_F16: i32 = 1280;
 /// 2^8: p for fp8 values, whose f16 form is 2^-8 of the value.
 const V_P_SCALE: i32 = 1312;
 pub(super) const V_NEGINF: i32 = 1344;
+/// 1.0 in every lane (a head's recomputed flag).
+const V_ONE: i32 = 1376;
 
 /// Bytes of a tile's record, which precedes its areas in the scratch.
 const REC: i32 = 256;
@@ -275,6 +277,7 @@ pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, 
     ));
     common::prologue_framed(&mut a, FRAME);
     constants(&mut a, softmax);
+    splat(&mut a, V_ONE, 1f32.to_bits());
     if values == Values::E4M3 {
         splat(&mut a, V_E4M3_F16, 0xBFFF_BFFF);
         splat(&mut a, V_P_SCALE, 256f32.to_bits());
@@ -291,6 +294,7 @@ pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, 
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(MachineCode {
         head_dim_multiple: HEAD_DIM_MULTIPLE,
+        every_head_state: true,
         ..super::machine_code(bytes, listing)
     })
 }
@@ -1412,6 +1416,7 @@ fn finish_tile(a: &mut X86Asm) {
     a.add_imm(R12, 1);
     a.jmp(head);
     a.bind(heads_done);
+    every_head_state(a);
     // State of the call's first head: den at s, num at s + d, max at s + 2d.
     let not_first = a.new_label();
     a.cmp_mem(RBX, mem(RSP, S_TILES0));
@@ -1438,4 +1443,63 @@ fn finish_tile(a: &mut X86Asm) {
     a.vmovss_load(Ymm(0), mem(RBX, R_MVEC));
     a.vmovss_store(mem(RSI, 0), Ymm(0));
     a.bind(not_first);
+}
+
+/// Where `AttentionArgs::states` is not null: each head of the tile at rbx
+/// leaves `num[d]`, `den`, its reference and its recomputed flag (1.0 where
+/// the range failed) at `states + 4·state_stride·(h − head0)`.
+fn every_head_state(a: &mut X86Asm) {
+    let done = a.new_label();
+    a.load64(RAX, mem(RDI, AT_STATES));
+    a.cmp_imm(RAX, 0);
+    a.jcc(Cond::E, done);
+    // Flags: 1.0 in the lanes whose range failed (ok = 0).
+    a.vmovups_load(Ymm(0), mem(RBX, R_OK));
+    a.vmovups_load(Ymm(1), mem(RSP, V_ONE));
+    a.vandnps(Ymm(0), Ymm(0), Ymm(1));
+    a.vmovups_store(mem(RSP, V_ALPHA), Ymm(0));
+    a.zero(R12);
+    let head = a.new_label();
+    a.bind(head);
+    a.cmp_mem(R12, mem(RBX, R_GT));
+    a.jcc(Cond::Ge, done);
+    // rsi = states + 4·stride·(h + i − head0).
+    a.load64(RSI, mem(RBX, R_HEAD));
+    a.add(RSI, R12);
+    a.load64(RAX, mem(RDI, AT_HEAD0));
+    a.sub(RSI, RAX);
+    a.load64(RAX, mem(RDI, AT_STATE_STRIDE));
+    a.imul(RSI, RAX);
+    a.shl_imm(RSI, 2);
+    a.load64(RAX, mem(RDI, AT_STATES));
+    a.add(RSI, RAX);
+    // num: chunk c of head i at num + 288·c + 32·i.
+    a.mov(RDX, R12);
+    a.shl_imm(RDX, 5);
+    a.load64(RCX, mem(RBX, R_NUM));
+    a.add(RDX, RCX);
+    a.load64(RCX, mem(RSP, S_D8));
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.vmovups_load(Ymm(0), mem(RDX, 0));
+    a.vmovups_store(mem(RSI, 0), Ymm(0));
+    a.add_imm(RSI, 32);
+    a.add_imm(RDX, 288);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    // den, reference, flag: lane i of each.
+    a.mov(RCX, R12);
+    a.shl_imm(RCX, 2);
+    for (k, (base, at)) in [(RBX, R_DEN), (RBX, R_MVEC), (RSP, V_ALPHA)]
+        .into_iter()
+        .enumerate()
+    {
+        a.lea(RAX, mem(base, at));
+        a.add(RAX, RCX);
+        a.vmovss_load(Ymm(0), mem(RAX, 0));
+        a.vmovss_store(mem(RSI, 4 * k as i32), Ymm(0));
+    }
+    a.add_imm(R12, 1);
+    a.jmp(head);
+    a.bind(done);
 }

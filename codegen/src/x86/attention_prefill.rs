@@ -205,6 +205,7 @@ pub(super) fn emit(
     Ok(MachineCode {
         head_dim_multiple: attention::HEAD_DIM_MULTIPLE,
         whole_prefill: Some(blocks),
+        every_head_state: false,
         ..super::machine_code(bytes, listing)
     })
 }

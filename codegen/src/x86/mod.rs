@@ -350,6 +350,7 @@ pub(crate) fn machine_code(bytes: Vec<u8>, listing: String) -> MachineCode {
         listing,
         head_dim_multiple: 1,
         whole_prefill: None,
+        every_head_state: false,
     }
 }
 
