@@ -896,22 +896,13 @@ impl HostAttention {
             let (u, c) = jobs[job];
             let s0 = c * chunk;
             let len = chunk.min(s - s0);
-            let r0 = s0 * kvh;
-            let args0 = base.get();
-            let off = |p: *const f32| {
-                if p.is_null() { p } else { p.wrapping_add(r0) }
-            };
+            let args0 = chunk_args(base.get(), sides, kvh, d, s0, len);
             for (i, slot) in slots.into_iter().enumerate() {
                 let mut counter = 0u64;
                 let args = AttentionArgs {
-                    k: args0.k.wrapping_add(r0 * d * sides[0]),
-                    k_scales: off(args0.k_scales),
-                    k_offsets: off(args0.k_offsets),
-                    v: args0.v.wrapping_add(r0 * d * sides[1]),
                     o: out.as_mut_ptr() as *mut u8,
                     scratch: sc.as_mut_ptr(),
                     recomputed: &mut counter,
-                    s: len,
                     head0: u * heads_per_unit + i,
                     heads: 1,
                     ..args0
@@ -995,26 +986,16 @@ impl HostAttention {
         let run_job = |c: usize, sc: &mut [f32], out: &mut [f16]| {
             let s0 = c * chunk;
             let len = chunk.min(s - s0);
-            let r0 = s0 * kvh;
-            let args0 = base.get();
-            let off = |p: *const f32| {
-                if p.is_null() { p } else { p.wrapping_add(r0) }
-            };
             let mut counter = 0u64;
             let args = AttentionArgs {
-                k: args0.k.wrapping_add(r0 * d * sides[0]),
-                k_scales: off(args0.k_scales),
-                k_offsets: off(args0.k_offsets),
-                v: args0.v.wrapping_add(r0 * d * sides[1]),
                 o: out.as_mut_ptr() as *mut u8,
                 scratch: sc.as_mut_ptr(),
                 recomputed: &mut counter,
-                s: len,
                 head0: 0,
                 heads: hq,
                 states: (states as *mut f32).wrapping_add(c * state),
                 state_stride: chunks * state,
-                ..args0
+                ..chunk_args(base.get(), sides, kvh, d, s0, len)
             };
             // SAFETY: the code is decode code that leaves every head's
             // state (`every_head_state`) with the AttentionArgs ABI; rows
@@ -1047,6 +1028,32 @@ impl HostAttention {
         }
         self.scratch.give(scratch);
         Ok(combine(&partials, chunks, d, o))
+    }
+}
+
+/// A split job's arguments over keys `s0 .. s0 + len`: both caches and
+/// their per-row parameters from token `s0` on (`sides`: bytes per element
+/// of K and V), `s = len`. The pointers are offset with `wrapping_add`; the
+/// callers' SAFETY comments say why they stay within the checked caches.
+fn chunk_args(
+    args: AttentionArgs,
+    sides: [usize; 2],
+    kvh: usize,
+    d: usize,
+    s0: usize,
+    len: usize,
+) -> AttentionArgs {
+    let r0 = s0 * kvh;
+    let rows = |p: *const f32| {
+        if p.is_null() { p } else { p.wrapping_add(r0) }
+    };
+    AttentionArgs {
+        k: args.k.wrapping_add(r0 * d * sides[0]),
+        k_scales: rows(args.k_scales),
+        k_offsets: rows(args.k_offsets),
+        v: args.v.wrapping_add(r0 * d * sides[1]),
+        s: len,
+        ..args
     }
 }
 

@@ -740,24 +740,7 @@ fn score_one_head(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
         a.add_imm(RAX, 256 * chunks);
         a.sub_imm(RCX, chunks);
     };
-    let (pairs, even, chunks_done) = (a.new_label(), a.new_label(), a.new_label());
-    a.mov(R11, RCX);
-    a.and_imm(R11, 1);
-    a.jcc(Cond::E, even);
-    chunk_step(a, 0, 0);
-    advance(a, 1);
-    a.jcc(Cond::E, chunks_done);
-    a.bind(even);
-    a.bind(pairs);
-    chunk_step(a, 0, 0);
-    chunk_step(a, 1, 1);
-    advance(a, 2);
-    a.jcc(Cond::Ne, pairs);
-    a.bind(chunks_done);
-    for i in 0..4u8 {
-        a.vaddps(Ymm(i), Ymm(i), Ymm(i + 4));
-        a.vxorps(Ymm(i + 4), Ymm(i + 4), Ymm(i + 4));
-    }
+    even_odd_chunks(a, 4, chunk_step, advance);
     reduce_lanes(a);
     let score = Ymm(1);
     if keys == Keys::I8Asym {
@@ -811,6 +794,37 @@ fn score_one_head(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
     a.store64(mem(RBX, R_KCUR), R13);
     a.vmovups_store(mem(RBX, R_MAX), maxv);
     a.vmovups_store(mem(RBX, R_OK), ok);
+}
+
+/// The chunk loop over rcx chunks into two accumulator sets (ymm `i` for
+/// even chunks, ymm `i + 4` for odd ones, `i < sums`), an odd chunk first;
+/// then the odd set folded into the even one and cleared. `step(a, set,
+/// at)` does chunk `at` of a trip into `set`; `advance(a, n)` moves n
+/// chunks on and counts rcx down (its flags end the loop). Clobbers r11.
+fn even_odd_chunks(
+    a: &mut X86Asm,
+    sums: usize,
+    step: impl Fn(&mut X86Asm, usize, i32),
+    advance: impl Fn(&mut X86Asm, i32),
+) {
+    let (pairs, even, done) = (a.new_label(), a.new_label(), a.new_label());
+    a.mov(R11, RCX);
+    a.and_imm(R11, 1);
+    a.jcc(Cond::E, even);
+    step(a, 0, 0);
+    advance(a, 1);
+    a.jcc(Cond::E, done);
+    a.bind(even);
+    a.bind(pairs);
+    step(a, 0, 0);
+    step(a, 1, 1);
+    advance(a, 2);
+    a.jcc(Cond::Ne, pairs);
+    a.bind(done);
+    for i in 0..sums as u8 {
+        a.vaddps(Ymm(i), Ymm(i), Ymm(i + 4));
+        a.vxorps(Ymm(i + 4), Ymm(i + 4), Ymm(i + 4));
+    }
 }
 
 /// ymm1 = the sums of ymm0 … ymm7, lane i the sum of ymm i (clobbers
@@ -884,29 +898,10 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
         a.add_imm(RAX, 256 * chunks);
         a.sub_imm(RCX, chunks);
     };
-    let chunks_done = a.new_label();
     if g <= MAX_TILE / 2 {
         // Two accumulators per head (even and odd chunks), so no head's
-        // sum waits on one FMA chain d/8 long; an odd chunk goes first.
-        let (pairs, even) = (a.new_label(), a.new_label());
-        a.mov(R11, RCX);
-        a.and_imm(R11, 1);
-        a.jcc(Cond::E, even);
-        chunk_step(a, 0, 0);
-        advance(a, 1);
-        a.jcc(Cond::E, chunks_done);
-        a.bind(even);
-        a.bind(pairs);
-        chunk_step(a, 0, 0);
-        chunk_step(a, 1, 1);
-        advance(a, 2);
-        a.jcc(Cond::Ne, pairs);
-        a.bind(chunks_done);
-        for i in 0..g {
-            let (lo, hi) = (Ymm(i as u8), Ymm((i + 4) as u8));
-            a.vaddps(lo, lo, hi);
-            a.vxorps(hi, hi, hi);
-        }
+        // sum waits on one FMA chain d/8 long.
+        even_odd_chunks(a, g, chunk_step, advance);
     } else {
         // More heads than two accumulator sets hold: one set, 4 chunks a
         // trip (a line of f16 keys, one prefetch), then single chunks.
@@ -923,7 +918,8 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
                 a.vfmadd231ps_mem(Ymm(i as u8), kx, mem(RAX, 256 * at + 32 * i as i32));
             }
         };
-        let (quads, single, chunk) = (a.new_label(), a.new_label(), a.new_label());
+        let (quads, single, chunk, chunks_done) =
+            (a.new_label(), a.new_label(), a.new_label(), a.new_label());
         a.bind(quads);
         a.cmp_imm(RCX, 4);
         a.jcc(Cond::L, single);
@@ -1431,15 +1427,7 @@ fn finish_tile(a: &mut X86Asm) {
     a.shl_imm(RAX, 2);
     a.add(RSI, RAX);
     a.load64(RDX, mem(RBX, R_NUM));
-    a.load64(RCX, mem(RSP, S_D8));
-    let copy = a.new_label();
-    a.bind(copy);
-    a.vmovups_load(Ymm(0), mem(RDX, 0));
-    a.vmovups_store(mem(RSI, 0), Ymm(0));
-    a.add_imm(RSI, 32);
-    a.add_imm(RDX, 288);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, copy);
+    copy_num_row(a);
     a.vmovss_load(Ymm(0), mem(RBX, R_MVEC));
     a.vmovss_store(mem(RSI, 0), Ymm(0));
     a.bind(not_first);
@@ -1478,15 +1466,7 @@ fn every_head_state(a: &mut X86Asm) {
     a.shl_imm(RDX, 5);
     a.load64(RCX, mem(RBX, R_NUM));
     a.add(RDX, RCX);
-    a.load64(RCX, mem(RSP, S_D8));
-    let chunk = a.new_label();
-    a.bind(chunk);
-    a.vmovups_load(Ymm(0), mem(RDX, 0));
-    a.vmovups_store(mem(RSI, 0), Ymm(0));
-    a.add_imm(RSI, 32);
-    a.add_imm(RDX, 288);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, chunk);
+    copy_num_row(a);
     // den, reference, flag: lane i of each.
     a.mov(RCX, R12);
     a.shl_imm(RCX, 2);
@@ -1502,4 +1482,18 @@ fn every_head_state(a: &mut X86Asm) {
     a.add_imm(R12, 1);
     a.jmp(head);
     a.bind(done);
+}
+
+/// One head's `num` (its slot at rdx, chunks 288 bytes apart) to `d`
+/// contiguous f32 at rsi; leaves rsi past them. Clobbers rcx, rdx, ymm0.
+fn copy_num_row(a: &mut X86Asm) {
+    a.load64(RCX, mem(RSP, S_D8));
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.vmovups_load(Ymm(0), mem(RDX, 0));
+    a.vmovups_store(mem(RSI, 0), Ymm(0));
+    a.add_imm(RSI, 32);
+    a.add_imm(RDX, 288);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
 }
