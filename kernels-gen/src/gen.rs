@@ -715,9 +715,10 @@ fn attention_entries(
             }
             Err(Err(why)) => return Err(fail(library_name, why)),
         };
-        let (head_dim_multiple, prefill_blocks) = (
+        let (head_dim_multiple, prefill_blocks, every_head_state) = (
             instance.head_dim_multiple(),
             instance.prefill_blocks().map(|b| [b.rows, b.keys]),
+            instance.every_head_state(),
         );
         if !dims.head_dim.is_multiple_of(head_dim_multiple) {
             notes.push(format!(
@@ -761,6 +762,7 @@ fn attention_entries(
             fnv1a64,
             head_dim_multiple,
             prefill_blocks,
+            every_head_state,
         });
     }
     Ok(out)

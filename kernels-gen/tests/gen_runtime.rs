@@ -78,6 +78,7 @@ fn attention_table(dir: &Path, manifest: &Manifest) -> Vec<EmbeddedAttention> {
             head_dim: a.head_dim,
             head_dim_multiple: a.head_dim_multiple,
             prefill_blocks: a.prefill_blocks,
+            every_head_state: a.every_head_state,
             code: EmbeddedCode::Machine {
                 bytes: read(dir, &a.file),
                 listing: "",

@@ -142,6 +142,11 @@ pub struct AttentionEntry {
     /// code, and every entry of older manifests): none.
     #[serde(default)]
     pub prefill_blocks: Option<[u32; 2]>,
+    /// Decode code that leaves every head's softmax state, so split calls
+    /// take every head (`MachineCode::every_head_state`). Absent in older
+    /// manifests: false (split calls take one head each).
+    #[serde(default)]
+    pub every_head_state: bool,
 }
 
 fn one() -> usize {
@@ -361,6 +366,8 @@ pub struct EmbeddedAttention {
     pub head_dim_multiple: usize,
     /// As [`AttentionEntry::prefill_blocks`].
     pub prefill_blocks: Option<[u32; 2]>,
+    /// As [`AttentionEntry::every_head_state`].
+    pub every_head_state: bool,
     /// OpenCL C source, or host machine code
     /// ([`crate::manifest::EmbeddedCode::Machine`], no quantizer).
     pub code: EmbeddedCode,
@@ -720,6 +727,7 @@ mod tests {
             fnv1a64: fnv1a64_hex(b"attn"),
             head_dim_multiple: 1,
             prefill_blocks: None,
+            every_head_state: false,
         }
     }
 
@@ -770,6 +778,7 @@ mod tests {
             head_dim: 128,
             head_dim_multiple: 1,
             prefill_blocks: None,
+            every_head_state: false,
             code: EmbeddedCode::Machine {
                 bytes: &CODE,
                 listing: "",

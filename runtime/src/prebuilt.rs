@@ -62,7 +62,8 @@ impl PrebuiltKernel {
 
     /// An attention instance from raw bytes: decode, or a whole prefill in
     /// the blocks `whole_prefill` gives, taking head dims that are
-    /// multiples of `head_dim_multiple` (as its manifest entry says).
+    /// multiples of `head_dim_multiple`, leaving every head's state or not
+    /// (as its manifest entry says).
     pub fn attention(
         kernel: &str,
         instance: &str,
@@ -70,6 +71,7 @@ impl PrebuiltKernel {
         bytes: Vec<u8>,
         head_dim_multiple: usize,
         whole_prefill: Option<PrefillBlocks>,
+        every_head_state: bool,
     ) -> PrebuiltKernel {
         PrebuiltKernel {
             kernel: kernel.to_string(),
@@ -82,7 +84,7 @@ impl PrebuiltKernel {
                 listing: String::new(),
                 head_dim_multiple: head_dim_multiple.max(1),
                 whole_prefill,
-                every_head_state: false,
+                every_head_state,
             },
             quantizer: None,
         }
@@ -202,6 +204,7 @@ impl PrebuiltSet {
                             a.head_dim_multiple,
                             a.prefill_blocks
                                 .map(|[rows, keys]| PrefillBlocks { rows, keys }),
+                            a.every_head_state,
                         ));
                         added += 1;
                     }

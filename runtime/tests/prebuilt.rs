@@ -46,6 +46,7 @@ fn prebuilt_set() -> PrebuiltSet {
         code.bytes,
         code.head_dim_multiple,
         code.whole_prefill,
+        code.every_head_state,
     ));
     set
 }

@@ -50,6 +50,7 @@ fn entry(kv: &str, library_name: &str, target: &str, code: EmbeddedCode) -> Embe
         head_dim: 16,
         head_dim_multiple: 1,
         prefill_blocks: None,
+        every_head_state: false,
         code,
         generator_version: leak(g.version),
         template_hash: leak(g.template_hash),

@@ -175,6 +175,7 @@ pub fn kernels_rs(manifest: &Manifest) -> String {
         let _ = writeln!(s, "        head_dim: {},", a.head_dim);
         let _ = writeln!(s, "        head_dim_multiple: {},", a.head_dim_multiple);
         let _ = writeln!(s, "        prefill_blocks: {:?},", a.prefill_blocks);
+        let _ = writeln!(s, "        every_head_state: {},", a.every_head_state);
         let _ = writeln!(s, "        code: {code},");
         let _ = writeln!(s, "        generator_version: GENERATOR_VERSION,");
         let _ = writeln!(s, "        template_hash: TEMPLATE_HASH,");

@@ -376,6 +376,14 @@ impl AttentionInstance {
         }
     }
 
+    /// Whether the decode code leaves every head's softmax state.
+    pub fn every_head_state(&self) -> bool {
+        match &self.artifact {
+            Artifact::Machine(code) => code.every_head_state,
+            Artifact::Source { .. } => false,
+        }
+    }
+
     /// Head dims the code takes are multiples of this.
     pub fn head_dim_multiple(&self) -> usize {
         match &self.artifact {
