@@ -137,20 +137,15 @@ fn main() -> Result<(), Error> {
                         .map(|_| f16::from_f32(rng.gen_range(-0.1..0.1)))
                         .collect();
                     let mut o = vec![f16::ZERO; hq * d];
+                    // Steps per block: every copy once, or the one hot copy 16 times.
+                    let steps = if hot { 16 } else { copies };
                     let mut blocks = Vec::new();
                     for _ in 0..5 {
                         let t0 = Instant::now();
-                        for c in caches
-                            .iter()
-                            .cycle()
-                            .take(copies.max(if hot { 16 } else { 1 }))
-                        {
+                        for c in caches.iter().cycle().take(steps) {
                             att.decode(&q, c, &mut o)?;
                         }
-                        blocks.push(
-                            t0.elapsed().as_secs_f64()
-                                / copies.max(if hot { 16 } else { 1 }) as f64,
-                        );
+                        blocks.push(t0.elapsed().as_secs_f64() / steps as f64);
                     }
                     blocks.sort_by(f64::total_cmp);
                     let step = blocks[blocks.len() / 2];

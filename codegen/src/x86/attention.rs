@@ -131,8 +131,8 @@ const V_E4M3_F16: i32 = 1280;
 /// 2^8: p for fp8 values, whose f16 form is 2^-8 of the value.
 const V_P_SCALE: i32 = 1312;
 pub(super) const V_NEGINF: i32 = 1344;
-/// 1.0 in every lane (a head's recomputed flag).
-const V_ONE: i32 = 1376;
+/// 1.0 in every lane (the decode's recomputed flags, the prefill's sums).
+pub(super) const V_ONE: i32 = 1376;
 
 /// Bytes of a tile's record, which precedes its areas in the scratch.
 const REC: i32 = 256;
@@ -277,7 +277,6 @@ pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, 
     ));
     common::prologue_framed(&mut a, FRAME);
     constants(&mut a, softmax);
-    splat(&mut a, V_ONE, 1f32.to_bits());
     if values == Values::E4M3 {
         splat(&mut a, V_E4M3_F16, 0xBFFF_BFFF);
         splat(&mut a, V_P_SCALE, 256f32.to_bits());
@@ -321,6 +320,7 @@ pub(super) fn constants(a: &mut X86Asm, softmax: SoftmaxMode) {
     splat(a, V_SIGN, 0x8000_0000);
     splat(a, V_MAG, 0x07F0_0000);
     splat(a, V_NEGINF, f32::NEG_INFINITY.to_bits());
+    splat(a, V_ONE, 1f32.to_bits());
 }
 
 /// Call-wide values: group, extents, strides, scratch areas.

@@ -41,7 +41,8 @@
 
 use super::asm::*;
 use super::attention::{
-    self, EXP_REGS, FRAME, Keys, V_2P120, V_127, V_MAG, V_MIN, V_NEGINF, V_SIGN, Values, exp_ps,
+    self, EXP_REGS, FRAME, Keys, V_2P120, V_127, V_MAG, V_MIN, V_NEGINF, V_ONE, V_SIGN, Values,
+    exp_ps,
 };
 use super::common;
 use crate::artifact::{EmitError, MachineCode, PrefillBlocks};
@@ -133,8 +134,7 @@ const P_VPF: i32 = FRAME + 288;
 /// page per key for large kvh, which the hardware prefetchers do not follow).
 const PACK_AHEAD: i32 = 4;
 /// 1.0 in every lane (the softmax steps its key index by it).
-const V_ONE: i32 = FRAME + 320;
-const PREFILL_FRAME: i32 = V_ONE + 32;
+const PREFILL_FRAME: i32 = FRAME + 320;
 
 /// Emit the causal prefill of `kernel` (formats already checked by
 /// [`attention::emit`]) in `blocks`: rows a multiple of the 24-row score
@@ -154,9 +154,6 @@ pub(super) fn emit(
     ));
     common::prologue_framed(&mut a, PREFILL_FRAME);
     attention::constants(&mut a, tessera_dsl::ir::SoftmaxMode::Online);
-    for i in 0..8 {
-        a.store32_imm(mem(RSP, V_ONE + 4 * i), 1f32.to_bits() as i32);
-    }
     setup(&mut a, g, keys, values);
 
     let (kv_loop, kv_done) = (a.new_label(), a.new_label());
