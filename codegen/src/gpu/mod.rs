@@ -797,7 +797,8 @@ pub fn plan_attention(kernel: &Kernel, caps: &TargetCaps) -> Result<AttentionPla
     if a.kind != AttentionKind::Decode {
         return Err(unsupported(
             "prefill attention in a decode program (OpenCL: a prefill program per head dim, \
-             `prefill_program`; PTX: decode only)"
+             `prefill_program`; PTX: a tensor-core prefill program per head dim, \
+             `prefill_program`)"
                 .to_string(),
         ));
     }

@@ -329,7 +329,7 @@ fn load_one(b: &mut Body, format: KvFormat, sm: Sm, a: &str) -> String {
 /// The raw words of one vector step (8 elements) at `a` (16-byte aligned
 /// for f16, 8-byte for bytes), loaded and not yet converted, so a trip can
 /// issue all its loads before the first conversion waits on one.
-fn load_vec_words(b: &mut Body, format: KvFormat, a: &str) -> Vec<String> {
+pub(super) fn load_vec_words(b: &mut Body, format: KvFormat, a: &str) -> Vec<String> {
     let words = 8 * elem_bytes(format) / 4;
     let w: Vec<String> = (0..words).map(|_| b.r()).collect();
     b.op(format!(
@@ -341,7 +341,13 @@ fn load_vec_words(b: &mut Body, format: KvFormat, a: &str) -> Vec<String> {
 
 /// The 8 f32 values of one vector step from its words
 /// ([`load_vec_words`]). `magic` holds 0x4B000000 for int8 keys.
-fn vec_values(b: &mut Body, format: KvFormat, sm: Sm, w: &[String], magic: &str) -> Vec<String> {
+pub(super) fn vec_values(
+    b: &mut Body,
+    format: KvFormat,
+    sm: Sm,
+    w: &[String],
+    magic: &str,
+) -> Vec<String> {
     let mut out = Vec::new();
     match format {
         KvFormat::F16 => {

@@ -1,11 +1,13 @@
 //! The PTX backend: GEMV on CUDA cores, flat GEMM and GEMM on
-//! tensor cores (`mma.sync.aligned.m16n8k16`, `ldmatrix`, `cp.async`), and
-//! split-K decode attention, for `sm_80` and `sm_90`.
+//! tensor cores (`mma.sync.aligned.m16n8k16`, `ldmatrix`, `cp.async`),
+//! split-K decode attention, and causal prefill attention on tensor cores
+//! ([`prefill`]), for `sm_80` and `sm_90`.
 //!
 //! ```text
 //!   Kernel + TileConfig ──► gpu::plan_matmul (decisions, shared with OpenCL)
 //!                       ──► ptx::{gemv, mma}::print ──► Artifact::Source { Ptx, text }
 //!   Kernel              ──► gpu::plan_attention ──► ptx::attention::print (two entries)
+//!   Kernel, head dim    ──► gpu::plan_prefill_attention ──► ptx::prefill::print
 //! ```
 //!
 //! Every decision (argument order, launch geometry, work-item mapping of
@@ -29,6 +31,7 @@
 pub mod attention;
 pub mod gemv;
 pub mod mma;
+pub mod prefill;
 pub mod writer;
 
 use std::fmt::Write as _;
@@ -36,7 +39,10 @@ use std::fmt::Write as _;
 use tessera_dsl::Kernel;
 
 use crate::artifact::{Artifact, Backend, EmitError, SourceLang, Variant};
-use crate::gpu::{self, ArgKind, AttentionPlan, KernelArg, MatmulPlan, MatmulShape, WeightMemory};
+use crate::gpu::{
+    self, ArgKind, AttentionPlan, KernelArg, LaunchDim, LaunchExtent, MatmulPlan, MatmulShape,
+    PrefillPlan, WeightMemory,
+};
 use crate::target::TargetCaps;
 use crate::tile::TileConfig;
 use writer::Body;
@@ -96,6 +102,16 @@ pub struct PtxProgram {
     pub plan: MatmulPlan,
     /// Dynamic shared memory bytes the launch must provide (0 for the GEMV,
     /// whose reduction buffer is static).
+    pub dynamic_shared_bytes: u32,
+    pub text: String,
+}
+
+/// A causal prefill program for one head dim: one entry, launched by its
+/// plan's [`gpu::LaunchDim`]s with `dynamic_shared_bytes` of dynamic
+/// shared memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PtxPrefillProgram {
+    pub plan: PrefillPlan,
     pub dynamic_shared_bytes: u32,
     pub text: String,
 }
@@ -219,6 +235,64 @@ impl PtxBackend {
         );
         let text = attention::print(&plan, self.sm, &h)?;
         Ok(PtxAttentionProgram { plan, text })
+    }
+}
+
+impl PtxBackend {
+    /// Plan and print the causal prefill kernel of `kernel` for head dim
+    /// `d` on tensor cores ([`prefill`]): the shared plan's arguments and
+    /// formats, with the block of 64 query rows and the key block the
+    /// tensor-core loop takes.
+    pub fn prefill_program(
+        &self,
+        kernel: &Kernel,
+        d: usize,
+    ) -> Result<PtxPrefillProgram, EmitError> {
+        let mut plan = gpu::plan_prefill_attention(kernel, self.sm.caps(), d)?;
+        let lay = prefill::PrefillLayout::new(plan.d, self.sm)?;
+        plan.rows = prefill::ROWS;
+        plan.keys = lay.keys;
+        plan.launch[0] = LaunchDim {
+            extent: LaunchExtent::PrefillRows,
+            per_group: prefill::ROWS,
+            local: 32 * prefill::ROWS / 16,
+        };
+        let mut h = String::new();
+        let _ = writeln!(
+            h,
+            "{}: causal prefill attention, head dim {}, for {}, PTX ISA {}",
+            kernel.name,
+            plan.d,
+            self.sm.arch(),
+            self.sm.isa_version()
+        );
+        let _ = writeln!(
+            h,
+            "flash on mma.sync m16n8k16: {} query rows per block (16 per warp), {} keys per block, \
+             Q in {}, online softmax in f32",
+            plan.rows,
+            plan.keys,
+            if lay.q_in_registers {
+                "registers"
+            } else {
+                "shared memory"
+            }
+        );
+        let _ = writeln!(
+            h,
+            "K {:?}, V {:?}, q prescaled: {}, registers <= {}",
+            plan.k,
+            plan.v,
+            plan.q_prescaled,
+            prefill::MAX_REGISTERS
+        );
+        let _ = write!(h, "{}({})", plan.entry, args_line(&plan.args));
+        let (text, dynamic_shared_bytes) = prefill::print(&plan, &lay, self.sm, &h)?;
+        Ok(PtxPrefillProgram {
+            plan,
+            dynamic_shared_bytes,
+            text,
+        })
     }
 }
 

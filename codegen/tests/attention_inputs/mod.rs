@@ -1,6 +1,8 @@
-//! Random attention inputs shared by the x86 attention tests: q, and the K
-//! and V caches in a kernel's formats, both as the interpreter binds them
-//! and as the host kernels read them.
+//! Random attention inputs shared by the attention tests: q, and the K and
+//! V caches in a kernel's formats, both as the interpreter binds them and
+//! as the host and GPU kernels read them.
+
+#![allow(dead_code)]
 
 use half::f16;
 use rand::{Rng, SeedableRng};
@@ -19,6 +21,22 @@ pub struct Side {
 }
 
 impl Side {
+    /// As the GPU kernels read it: the codes' (or halves') bytes, and the
+    /// per-row scales and offsets (empty where the format has none).
+    pub fn gpu_bytes(&self) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+        match &self.quant {
+            Some(q) => (q.codes.clone(), q.scales.clone(), q.offsets.clone()),
+            None => (
+                self.half
+                    .iter()
+                    .flat_map(|h| h.to_bits().to_le_bytes())
+                    .collect(),
+                Vec::new(),
+                Vec::new(),
+            ),
+        }
+    }
+
     /// As the host kernels read it.
     pub fn cache(&self) -> KvCache<'_> {
         self.quant

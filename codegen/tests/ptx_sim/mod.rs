@@ -206,7 +206,7 @@ fn parse_opnd(s: &str, regs: &mut BTreeMap<String, usize>) -> Opnd {
             off,
         };
     }
-    if s.starts_with("%tid.") || s.starts_with("%ctaid.") {
+    if s.starts_with("%tid.") || s.starts_with("%ctaid.") || s.starts_with("%nctaid.") {
         return Opnd::Sym(s.to_string());
     }
     if let Some(p) = s.strip_prefix("!%") {
@@ -345,7 +345,7 @@ pub fn launch_with_shared(
     for bz in 0..grid[2] {
         for by in 0..grid[1] {
             for bx in 0..grid[0] {
-                run_block(m, e, &params, [bx, by, bz], block, dynamic, bufs);
+                run_block(m, e, &params, [[bx, by, bz], grid], block, dynamic, bufs);
             }
         }
     }
@@ -355,7 +355,7 @@ fn run_block(
     m: &Module,
     e: &Entry,
     params: &BTreeMap<String, u64>,
-    ctaid: [u32; 3],
+    [ctaid, grid]: [[u32; 3]; 2],
     block: [u32; 3],
     dynamic: u32,
     bufs: &mut [Buffer],
@@ -382,7 +382,7 @@ fn run_block(
         let mut progressed = false;
         for t in threads.iter_mut() {
             while t.state == State::Run {
-                step(m, e, params, ctaid, t, bufs, &mut shared);
+                step(m, e, params, [ctaid, grid], t, bufs, &mut shared);
                 steps += 1;
                 assert!(steps < 200_000_000, "runaway kernel");
                 progressed = true;
@@ -457,14 +457,28 @@ fn collective(e: &Entry, ins: &Instr, lanes: &mut [Thread], shared: &[u8]) {
             .iter()
             .map(|t| (t.regs[*base] as i64 + off) as usize)
             .collect();
+        for &r in &rows[..8 * dst.len()] {
+            assert!(r + 16 <= shared.len(), "ldmatrix past shared memory");
+            assert_eq!(r % 16, 0, "ldmatrix row misaligned");
+        }
+        // `.trans`: lane l receives, of every matrix, column l / 4 at rows
+        // 2(l % 4) and 2(l % 4) + 1 (low half first).
+        let trans = ins.op.contains(".trans.");
+        let half_at = |i: usize, row: usize, col: usize| {
+            let a = rows[8 * i + row] + 2 * col;
+            u64::from(u16::from_le_bytes([shared[a], shared[a + 1]]))
+        };
         let words: Vec<Vec<u64>> = (0..lanes.len())
             .map(|l| {
                 (0..dst.len())
                     .map(|i| {
-                        let a = rows[8 * i + l / 4] + 4 * (l % 4);
-                        assert!(a + 4 <= shared.len(), "ldmatrix past shared memory");
-                        assert_eq!(rows[8 * i + l / 4] % 16, 0, "ldmatrix row misaligned");
-                        u64::from(u32::from_le_bytes(shared[a..a + 4].try_into().unwrap()))
+                        if trans {
+                            half_at(i, 2 * (l % 4), l / 4)
+                                | half_at(i, 2 * (l % 4) + 1, l / 4) << 16
+                        } else {
+                            half_at(i, l / 4, 2 * (l % 4))
+                                | half_at(i, l / 4, 2 * (l % 4) + 1) << 16
+                        }
                     })
                     .collect()
             })
@@ -612,7 +626,7 @@ fn step(
     m: &Module,
     e: &Entry,
     params: &BTreeMap<String, u64>,
-    ctaid: [u32; 3],
+    [ctaid, grid]: [[u32; 3]; 2],
     t: &mut Thread,
     bufs: &mut [Buffer],
     shared: &mut [u8],
@@ -642,6 +656,9 @@ fn step(
                 "%ctaid.x" => u64::from(ctaid[0]),
                 "%ctaid.y" => u64::from(ctaid[1]),
                 "%ctaid.z" => u64::from(ctaid[2]),
+                "%nctaid.x" => u64::from(grid[0]),
+                "%nctaid.y" => u64::from(grid[1]),
+                "%nctaid.z" => u64::from(grid[2]),
                 name => u64::from(
                     m.shared
                         .get(name)
@@ -878,6 +895,13 @@ fn step(
         "ex2.approx.ftz.f32" | "ex2.approx.f32" => set(t, &a[0], fb(f(x(t, 1)).exp2())),
         "cvt.f32.f16" => set(t, &a[0], fb(f16::from_bits(x(t, 1) as u16).to_f32())),
         "cvt.rn.f16.f32" => set(t, &a[0], u64::from(f16::from_f32(f(x(t, 1))).to_bits())),
+        // d = {a, b}: a in the upper half.
+        "cvt.rn.f16x2.f32" => {
+            let h = |v: u64| u64::from(f16::from_f32(f(v)).to_bits());
+            set(t, &a[0], h(x(t, 1)) << 16 | h(x(t, 2)));
+        }
+        "cvt.u64.u32" => set(t, &a[0], x(t, 1) & 0xFFFF_FFFF),
+        "neg.f32" => set(t, &a[0], fb(-f(x(t, 1)))),
         "cvt.rn.f32.s32" => set(t, &a[0], fb(s32(x(t, 1)) as f32)),
         "cvt.rn.f16x2.e4m3x2" => {
             let v = x(t, 1);
