@@ -59,8 +59,10 @@ for line in sys.stdin:
         cp "$exe" "$dir/tests/$name"
     done <<<"$tests"
     local bench
-    bench=$(cargo test --workspace --features tessera-runtime/cuda --profile "$profile" \
-        --no-run --example cuda_bench --message-format=json |
+    # `cargo build`, not `cargo test --no-run`: the latter builds the
+    # example under the test harness, whose main runs no benchmark.
+    bench=$(cargo build --workspace --features tessera-runtime/cuda --profile "$profile" \
+        --example cuda_bench --message-format=json |
         python3 -c '
 import json, sys
 for line in sys.stdin:

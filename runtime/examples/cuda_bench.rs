@@ -2,7 +2,10 @@
 //! (feature `cuda`): `Linear` on the Llama2-7B shapes for W4A16, W8A16 and
 //! f16 weights at M from 1 to 2048 (the variant the runtime's plan picks
 //! for each M), and decode attention (32 query heads over 32 KV heads of
-//! 128, f16 and kv8 caches) at contexts 4096 to 32768. One JSON line per
+//! 128, f16 and kv8 caches) at contexts 4096 to 32768, and causal prefill
+//! on tensor cores (Llama2-7B's 32 × 128 heads and Qwen2-1.5B's 12 over 2,
+//! prompts of 128 to 2048 tokens; `cuda_bench prefill` alone), beside the
+//! per-token decode path it replaces at 512 tokens. One JSON line per
 //! measurement on stdout, read by `scripts/gpu/vendor_bench.py report`
 //! beside the vendor's (cuBLAS, PyTorch SDPA) timings of the same shapes.
 //!
@@ -33,8 +36,8 @@ use tessera_dsl::ir::Variant;
 use tessera_dsl::library;
 use tessera_dsl::quant::quantize;
 use tessera_runtime::cuda::{
-    AttentionScratch, CudaAttention, CudaDevice, CudaKvCache, CudaMatmul, CudaOut,
-    attention_launch, matmul_launch,
+    AttentionScratch, CudaAttention, CudaDevice, CudaKvCache, CudaMatmul, CudaOut, CudaPrefill,
+    attention_launch, matmul_launch, prefill_launch,
 };
 use tessera_runtime::gpu_kv::{Encoded, elem_bytes, encode, gpu_formats};
 use tessera_runtime::{Backend, Device, DeviceOptions, KvFormat, Linear, WeightFormat, Weights};
@@ -364,6 +367,93 @@ fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Prompt lengths of the prefill timings (no prefix cached).
+const PROMPTS: [usize; 3] = [128, 512, 2048];
+
+/// Causal prefill (`p = 0`) on tensor cores for two head layouts, f16 and
+/// kv8 caches; at 512 tokens also the per-token decode path (two launches
+/// a token) it replaces. The operands of one prefill stay in the L2 as the
+/// vendor's do: prefill is bound by the tensor cores, not by DRAM.
+fn bench_prefill(cuda: &CudaDevice) -> Result<(), Failure> {
+    let stream = cuda.stream();
+    for (hq, kvh, d, heads) in [(32, 32, 128, "llama2-7b"), (12, 2, 128, "qwen2-1.5b")] {
+        for (format, name) in [(KvFormat::F16, "f16"), (KvFormat::Kv8, "kv8")] {
+            let program = cuda
+                .backend()
+                .prefill_program(&library::get(format.prefill_kernel_name())?, d)?;
+            let pre = CudaPrefill::new(cuda, &program)?;
+            let (kf, vf): (GpuKv, GpuKv) = gpu_formats(format);
+            for t in PROMPTS {
+                let mut rng = Lcg(17 + t as u64);
+                let rows = t * kvh * d;
+                let kd: Vec<f32> = (0..rows).map(|_| rng.next() * 1.5).collect();
+                let vd: Vec<f32> = (0..rows).map(|_| rng.next() * 2.0).collect();
+                let ke = encode(format.key_format(), t * kvh, d, &kd)?;
+                let ve = encode(format.value_format(), t * kvh, d, &vd)?;
+                let mut cache = CudaKvCache::new(cuda, kf, vf, kvh, d, t)?;
+                cache.write(cuda, 0, t, ke.rows(), ve.rows())?;
+                let q: Vec<u16> = (0..t * hq * d)
+                    .map(|_| f16::from_f32(rng.next() * 0.09).to_bits())
+                    .collect();
+                let qb = stream.clone_htod(&q)?;
+                let mut ob = stream.alloc_zeros::<u16>(t * hq * d)?;
+                let (us, graph) = time_calls(stream, |_| {
+                    Ok(prefill_launch(
+                        stream, &pre, &qb, &cache, t, t, hq, &mut ob,
+                    )?)
+                })?;
+                // Causal: row i meets i + 1 keys; 2 FLOPs a MAC, Q·Kᵀ and P·V.
+                let flops = 4 * hq * d * t * (t + 1) / 2;
+                let per_token = if t == 512 && format == KvFormat::F16 {
+                    per_token_decode_us(cuda, format, &cache, &q, (t, hq, d))?
+                } else {
+                    None
+                };
+                eprintln!(
+                    "prefill {heads} {name} t {t}: {us:.1} us ({:.1} TFLOP/s){}",
+                    flops as f64 / us / 1e6,
+                    per_token.map_or(String::new(), |p| format!(", per token {p:.1} us"))
+                );
+                println!(
+                    "{{\"kind\":\"prefill\",\"impl\":\"tessera-ptx\",\"heads\":\"{heads}\",\"kv\":\"{name}\",\"t\":{t},\"p\":0,\"hq\":{hq},\"kvh\":{kvh},\"d\":{d},\"us\":{us:.3},\"flops\":{flops},\"per_token_us\":{},\"graph\":{graph}}}",
+                    per_token.map_or("null".to_string(), |p| format!("{p:.3}"))
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The per-token path (one split-K decode launch pair per prompt token
+/// over its causal prefix, as `Attention::prefill` ran before the
+/// tensor-core program) over the same cache; µs for the whole prompt.
+fn per_token_decode_us(
+    cuda: &CudaDevice,
+    format: KvFormat,
+    cache: &CudaKvCache,
+    q: &[u16],
+    (t, hq, d): (usize, usize, usize),
+) -> Result<Option<f64>, Failure> {
+    let stream = cuda.stream();
+    let program = cuda
+        .backend()
+        .attention_program(&library::get(format.kernel_name())?)?;
+    let att = CudaAttention::new(cuda, &program)?;
+    let qs: Vec<CudaSlice<u16>> = q
+        .chunks(hq * d)
+        .map(|row| stream.clone_htod(row))
+        .collect::<Result<_, _>>()?;
+    let mut ob = stream.alloc_zeros::<u16>(hq * d)?;
+    let mut scratch = AttentionScratch::new(cuda, &att, t, hq, d)?;
+    let (us, _) = time_calls(stream, |_| {
+        for (i, qi) in qs.iter().enumerate() {
+            attention_launch(stream, &att, qi, cache, i + 1, hq, &mut scratch, &mut ob)?;
+        }
+        Ok(())
+    })?;
+    Ok(Some(us))
+}
+
 /// The f16 decode attention at ctx 4096 and 32768 under other partial
 /// blocks, split lengths, combine widths and loop depths than the plan's
 /// (the plan is the first row), each checked against the plan's output:
@@ -574,6 +664,9 @@ fn main() -> Result<(), Failure> {
     }
     if only.is_empty() || only == "attention" {
         bench_attention(&cuda, l2)?;
+    }
+    if only.is_empty() || only == "prefill" {
+        bench_prefill(&cuda)?;
     }
     if only.is_empty() || only == "linear" {
         bench_linear(&device, &cuda, l2)?;

@@ -686,9 +686,14 @@ enum AttentionKernel {
         Arc<crate::opencl::ClAttention>,
         Option<Arc<crate::opencl::ClPrefill>>,
     ),
-    /// The split-K PTX pair, loaded once; reads a device cache.
+    /// The split-K PTX pair, loaded once, and the tensor-core prefill
+    /// program for this head dim where it takes it (else prefill decodes
+    /// per prompt token); both read a device cache.
     #[cfg(feature = "cuda")]
-    Cuda(Arc<crate::cuda::CudaAttention>),
+    Cuda(
+        Arc<crate::cuda::CudaAttention>,
+        Option<Arc<crate::cuda::CudaPrefill>>,
+    ),
 }
 
 impl std::fmt::Debug for Attention {
@@ -763,7 +768,11 @@ impl Attention {
             ),
             #[cfg(feature = "cuda")]
             crate::Backend::Cuda => {
-                AttentionKernel::Cuda(device.cuda_engine()?.attention(format.kernel_name())?)
+                let engine = device.cuda_engine()?;
+                AttentionKernel::Cuda(
+                    engine.attention(format.kernel_name())?,
+                    engine.prefill(format.prefill_kernel_name(), d)?,
+                )
             }
             #[cfg(not(feature = "cuda"))]
             crate::Backend::Cuda => {
@@ -823,6 +832,8 @@ impl Attention {
         match &self.kernel {
             #[cfg(feature = "opencl")]
             AttentionKernel::OpenCl(_, pre) => pre.is_some(),
+            #[cfg(feature = "cuda")]
+            AttentionKernel::Cuda(_, pre) => pre.is_some(),
             _ => self.prefill.is_some(),
         }
     }
@@ -890,7 +901,7 @@ impl Attention {
             #[cfg(feature = "opencl")]
             AttentionKernel::OpenCl(kernel, _) => self.decode_cl(kernel, q, cache, cache.len, o),
             #[cfg(feature = "cuda")]
-            AttentionKernel::Cuda(program) => self.decode_cuda(program, q, cache, cache.len, o),
+            AttentionKernel::Cuda(program, _) => self.decode_cuda(program, q, cache, cache.len, o),
         }
     }
 
@@ -909,7 +920,7 @@ impl Attention {
             #[cfg(feature = "opencl")]
             AttentionKernel::OpenCl(kernel, _) => Some(self.decode_cl(kernel, q, cache, s, o)),
             #[cfg(feature = "cuda")]
-            AttentionKernel::Cuda(program) => Some(self.decode_cuda(program, q, cache, s, o)),
+            AttentionKernel::Cuda(program, _) => Some(self.decode_cuda(program, q, cache, s, o)),
         }
     }
 
@@ -923,6 +934,35 @@ impl Attention {
         s: usize,
         o: &mut [f16],
     ) -> Result<u64, RuntimeError> {
+        let (dev, cu) = self.cuda_cache(cache)?;
+        let n = crate::cuda::attention_into(dev, kernel, q, cu, s, self.hq, o)
+            .map_err(|e| gpu_err(&self.device, e))?;
+        Ok(n as u64)
+    }
+
+    /// The `t` prompt tokens over the whole device cache in one launch of
+    /// the tensor-core prefill program.
+    #[cfg(feature = "cuda")]
+    fn prefill_cuda(
+        &self,
+        pre: &crate::cuda::CudaPrefill,
+        q: &[f16],
+        t: usize,
+        cache: &KvCache,
+        o: &mut [f16],
+    ) -> Result<(), RuntimeError> {
+        let (dev, cu) = self.cuda_cache(cache)?;
+        crate::cuda::prefill_into(dev, pre, q, cu, t, cache.len, self.hq, o)
+            .map_err(|e| gpu_err(&self.device, e))
+    }
+
+    /// The device and buffers of `cache`, which must live in this
+    /// attention's CUDA context.
+    #[cfg(feature = "cuda")]
+    fn cuda_cache<'c>(
+        &self,
+        cache: &'c KvCache,
+    ) -> Result<(&'c crate::cuda::CudaDevice, &'c crate::cuda::CudaKvCache), RuntimeError> {
         let Storage::Cuda { dev, cache: cu } = &cache.storage else {
             return Err(shape(
                 "KV cache location",
@@ -938,9 +978,7 @@ impl Attention {
                 "another context",
             ));
         }
-        let n = crate::cuda::attention_into(dev, kernel, q, cu, s, self.hq, o)
-            .map_err(|e| gpu_err(&self.device, e))?;
-        Ok(n as u64)
+        Ok((dev, cu))
     }
 
     fn host_views<'c>(
@@ -1077,6 +1115,10 @@ impl Attention {
         #[cfg(feature = "opencl")]
         if let AttentionKernel::OpenCl(_, Some(pre)) = &self.kernel {
             return self.prefill_cl(pre, q, t, cache, o).map(|()| 0);
+        }
+        #[cfg(feature = "cuda")]
+        if let AttentionKernel::Cuda(_, Some(pre)) = &self.kernel {
+            return self.prefill_cuda(pre, q, t, cache, o).map(|()| 0);
         }
         if !matches!(self.kernel, AttentionKernel::Host(_)) {
             // A GPU decodes per prompt token over its causal prefix, in

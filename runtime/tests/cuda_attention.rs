@@ -15,7 +15,7 @@ use tessera_dsl::ir::ParamType;
 use tessera_dsl::quant::quantize;
 use tessera_dsl::{Format, Group, Kernel, library};
 use tessera_runtime::cuda::{
-    CudaDevice, CudaError, check_attention, driver_present, run_attention,
+    CudaDevice, CudaError, check_attention, driver_present, run_attention, run_prefill,
 };
 
 /// The device, or a SKIP line naming why there is none.
@@ -290,5 +290,121 @@ fn adversarial_scores_take_the_recompute_path() {
             assert!(interp > 0, "the oracle recomputed");
             assert!(kernel > 0, "the kernel took the recompute path");
         }
+    }
+}
+
+/// One causal prefill on the device against the interpreter: `p` cached
+/// tokens, then `t` prompt tokens as queries.
+#[allow(clippy::too_many_arguments)]
+fn check_prefill(
+    dev: &CudaDevice,
+    kernel: &Kernel,
+    (p, t, hq, kvh, d): (usize, usize, usize, usize, usize),
+    q_amp: f32,
+    rng: &mut ChaCha8Rng,
+) {
+    let s = p + t;
+    let kf = kernel.tensor("k").unwrap().format;
+    let vf = kernel.tensor("v").unwrap().format;
+    let q: Vec<f16> = (0..t * hq * d)
+        .map(|_| f16::from_f32(rng.gen_range(-q_amp..q_amp)))
+        .collect();
+    let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-2.0..2.0)).collect();
+    let (k, v) = (cache(kf, s * kvh, d, &kd), cache(vf, s * kvh, d, &vd));
+    let b = Bindings::new()
+        .extent("t", t)
+        .extent("hq", hq)
+        .extent("kvh", kvh)
+        .extent("d", d)
+        .extent("s", s)
+        .tensor("q", Value::F16(q.clone()))
+        .tensor("k", k.clone())
+        .tensor("v", v.clone());
+    let out = run(kernel, &b).unwrap();
+    let want = out.get("o").unwrap();
+    let prog = PtxBackend::new(dev.sm())
+        .prefill_program(kernel, d)
+        .unwrap();
+    let what = format!(
+        "{} p={p} t={t} hq={hq} kvh={kvh} d={d} amp={q_amp}",
+        kernel.name
+    );
+    let got = run_prefill(dev, &prog, &q, &k, &v, t, hq, kvh, s)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(got.len(), want.len());
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        // f16 output and f16 P in the P·V mma: a few ulps relative, plus
+        // ex2.approx's 2 ulp.
+        let tol = 4e-3 * w.abs() + 3e-3;
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: o[{i}] (token {}, head {}) = {g}, want {w}",
+            i / (hq * d),
+            i / d % hq
+        );
+    }
+}
+
+/// The tensor-core prefill (`mma.sync`, `ldmatrix` and `ldmatrix.trans`,
+/// `cp.async`) on the GPU: f16 and kv8 caches, head dims 64, 80, 96, 128,
+/// 256, GQA 1 to 8, prefixes 0, 1 and 17, rows and keys around the 64-row
+/// and 64-key blocks; scores far outside the usual range with f16 keys.
+#[test]
+fn prefill_matches_the_interpreter() {
+    let Some(dev) = device("prefill_matches_the_interpreter") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    for name in ["attention-prefill-f16", "attention-prefill-kv8"] {
+        let kernel = library::get(name).unwrap();
+        for &p in &[0usize, 1, 17] {
+            for &(t, hq, kvh) in &[
+                (1usize, 2usize, 2usize),
+                (70, 12, 2),
+                (33, 8, 1),
+                (130, 6, 3),
+            ] {
+                for d in [64, 80, 96, 128, 256] {
+                    check_prefill(&dev, &kernel, (p, t, hq, kvh, d), 0.5, &mut rng);
+                }
+            }
+        }
+        // Long prompts: many key blocks, blocks of rows in reverse.
+        for &(p, t) in &[(200usize, 300usize), (0, 1000)] {
+            check_prefill(&dev, &kernel, (p, t, 32, 32, 128), 0.5, &mut rng);
+        }
+    }
+    let f16k = library::get("attention-prefill-f16").unwrap();
+    for &(p, t) in &[(0usize, 100usize), (17, 200)] {
+        check_prefill(&dev, &f16k, (p, t, 12, 2, 128), 8.0, &mut rng);
+    }
+}
+
+/// Bad shapes are errors before the device is touched.
+#[test]
+fn prefill_inputs_are_checked() {
+    let Some(dev) = device("prefill_inputs_are_checked") else {
+        return;
+    };
+    let kernel = library::get("attention-prefill-f16").unwrap();
+    let prog = PtxBackend::new(dev.sm())
+        .prefill_program(&kernel, 64)
+        .unwrap();
+    let (k, v) = (
+        Value::F16(vec![f16::ZERO; 4 * 64]),
+        Value::F16(vec![f16::ZERO; 4 * 64]),
+    );
+    let q = vec![f16::ZERO; 2 * 2 * 64];
+    for (t, hq, kvh, s, why) in [
+        (2, 3, 2, 4, "multiple"),
+        (5, 2, 1, 4, "prefill of 5 tokens"),
+        (0, 2, 1, 4, "prefill of 0 tokens"),
+        (2, 2, 1, 3, "k"),
+    ] {
+        let e = run_prefill(&dev, &prog, &q, &k, &v, t, hq, kvh, s)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{e}");
     }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Vendor baselines (cuBLAS through torch, torch SDPA) and a report against Tessera's timings.
 
-  vendor_bench.py measure --out vendor.jsonl
+  vendor_bench.py measure --out vendor.jsonl [--only bandwidth,linear,attention,prefill]
   vendor_bench.py report --ours ours.jsonl --vendor vendor.jsonl --out report.md
 
 Timing method (measure):
@@ -18,6 +18,10 @@ Timing method (measure):
     "timing" field), the batch is timed with torch.cuda.Event(enable_timing=True)
     and divided by the call count; the batch is repeated 7 times and the median
     per-call time is reported in microseconds.
+  * Prefill: torch SDPA with is_causal=True on f16 q [1, hq, t, d] and k, v
+    [1, kvh, t, d] (GQA by enable_gqa where torch has it, else K/V expanded before
+    timing), the same graph-batched median; operands stay in the L2 (compute-bound),
+    TFLOP/s counts the causal half: 4·hq·d·t(t+1)/2.
   * A failing measurement writes {"kind":"error",...} and the run goes on.
 """
 import argparse, json, math, statistics, sys, time
@@ -26,6 +30,8 @@ LLAMA_SHAPES = [(4096, 4096), (11008, 4096), (4096, 11008), (12288, 4096)]  # (N
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
 CTXS = [4096, 8192, 16384, 32768]
 HQ, KVH, HD = 32, 32, 128
+PREFILL_HEADS = [("llama2-7b", 32, 32, 128), ("qwen2-1.5b", 12, 2, 128)]
+PROMPTS = [128, 512, 2048]
 GiB = 1 << 30
 CAP_BYTES = 8 * GiB
 BATCH_TARGET_US, MIN_CALLS, MAX_CALLS, REPEATS = 4000.0, 20, 200, 7
@@ -37,7 +43,8 @@ def log(*a):
 
 # ----------------------------------------------------------------- measure
 
-def measure(out_path):
+def measure(out_path, only=None):
+    want = lambda what: not only or what in only
     import torch
     import torch.nn.functional as F
     assert torch.cuda.is_available(), "no CUDA device"
@@ -138,10 +145,11 @@ def measure(out_path):
         emit(rec)
         log(f"bandwidth: read {best:.0f} GB/s, copy {copy:.0f} GB/s")
 
-    guarded("bandwidth", bandwidth)
+    if want("bandwidth"):
+        guarded("bandwidth", bandwidth)
 
     # -- cuBLAS f16 linear
-    for n, k in LLAMA_SHAPES:
+    for n, k in (LLAMA_SHAPES if want("linear") else []):
         wbytes = n * k * 2
         state = {}
 
@@ -168,7 +176,7 @@ def measure(out_path):
         torch.cuda.empty_cache()
 
     # -- torch SDPA decode attention
-    for s_ctx in CTXS:
+    for s_ctx in (CTXS if want("attention") else []):
         def attn(s_ctx=s_ctx):
             kv_bytes = 2 * s_ctx * KVH * HD * 2
             nc = copies_for(kv_bytes)
@@ -187,6 +195,31 @@ def measure(out_path):
                   "calls": calls, "timing": mode})
             log(f"attention ctx={s_ctx}: {us:.2f} us ({mode}, {nc} KV copies)")
         guarded(f"attention ctx={s_ctx}", attn)
+
+    # -- torch SDPA causal prefill
+    for heads, hq, kvh, hd in (PREFILL_HEADS if want("prefill") else []):
+        for t in PROMPTS:
+            def pre(heads=heads, hq=hq, kvh=kvh, hd=hd, t=t):
+                q = torch.randn(1, hq, t, hd, dtype=torch.float16, device=dev) * 0.09
+                k = torch.randn(1, kvh, t, hd, dtype=torch.float16, device=dev)
+                v = torch.randn(1, kvh, t, hd, dtype=torch.float16, device=dev)
+                sdpa = F.scaled_dot_product_attention
+                try:
+                    sdpa(q, k, v, is_causal=True, enable_gqa=True)
+                    call = lambda i: sdpa(q, k, v, is_causal=True, enable_gqa=True)
+                    gqa = "enable_gqa"
+                except TypeError:
+                    ke = k.repeat_interleave(hq // kvh, dim=1)
+                    ve = v.repeat_interleave(hq // kvh, dim=1)
+                    call = lambda i: sdpa(q, ke, ve, is_causal=True)
+                    gqa = "expanded"
+                us, mode, calls = time_rotated(call, 1)
+                flops = 4 * hq * hd * t * (t + 1) // 2
+                emit({"kind": "prefill", "vendor": "torch-sdpa", "heads": heads, "t": t, "hq": hq,
+                      "kvh": kvh, "d": hd, "us": round(us, 3), "flops": flops, "gqa": gqa,
+                      "calls": calls, "timing": mode})
+                log(f"prefill {heads} t={t}: {us:.2f} us ({flops / us / 1e6:.1f} TFLOP/s, {mode})")
+            guarded(f"prefill {heads} t={t}", pre)
 
     out.close()
     log(f"done in {time.time() - t_start:.1f} s -> {out_path}")
@@ -304,6 +337,29 @@ def report(ours_path, vendor_path, out_path):
             L.append("| " + " | ".join(row) + " |")
         L.append("")
 
+    pre_ours, pre_sdpa = {}, {}
+    for r in ours + vendor:
+        if r.get("kind") != "prefill" or not num(r, "us") or not isinstance(r.get("t"), int):
+            continue
+        if "vendor" in r:
+            pre_sdpa[(r.get("heads"), r["t"])] = r
+        else:
+            pre_ours[(r.get("heads"), r.get("kv"), r["t"])] = r
+    if pre_ours or pre_sdpa:
+        L += ["## Causal prefill (p = 0, d = 128; TFLOP/s of the causal half)", ""]
+        head = ["heads", "t", "SDPA µs (TFLOP/s)", "f16 µs (TFLOP/s)", "f16 vs SDPA",
+                "kv8 µs (TFLOP/s)", "per-token path µs (f16 speedup)"]
+        L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        tf = lambda r: f"{r['us']:.1f} ({r['flops'] / r['us'] / 1e6:.1f})" if r else "—"
+        for hk, t in sorted({(h, t) for (h, _, t) in pre_ours} | set(pre_sdpa)):
+            sd, f, k8 = pre_sdpa.get((hk, t)), pre_ours.get((hk, "f16", t)), pre_ours.get((hk, "kv8", t))
+            ptok = num(f, "per_token_us") if f else None
+            L.append("| " + " | ".join([
+                str(hk), str(t), tf(sd), tf(f),
+                f1(ratio(sd["us"] if sd else None, f["us"] if f else None), 2, "×"), tf(k8),
+                f"{ptok:.0f} ({ptok / f['us']:.1f}×)" if ptok else "—"]) + " |")
+        L.append("")
+
     L += ["## Decode attention (1 query token, hq=32, kvh=32, d=128)", ""]
     kvf = fmt_order({f for (f, _) in ours_att}, ["f16", "kv8"])
     ctxs = sorted({c for (_, c) in ours_att} | set(sdpa))
@@ -391,13 +447,14 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure", help="time cuBLAS f16 linear and torch SDPA on this GPU")
     m.add_argument("--out", required=True)
+    m.add_argument("--only", help="comma-separated: bandwidth, linear, attention, prefill")
     r = sub.add_parser("report", help="merge our timings with the vendor ones into Markdown")
     r.add_argument("--ours", required=True)
     r.add_argument("--vendor", required=True)
     r.add_argument("--out")
     a = ap.parse_args()
     if a.cmd == "measure":
-        measure(a.out)
+        measure(a.out, set(a.only.split(",")) if a.only else None)
     else:
         report(a.ours, a.vendor, a.out)
 

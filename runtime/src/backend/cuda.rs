@@ -15,7 +15,7 @@ use tessera_dsl::ir::Variant;
 
 use super::gpu::{default_tile, gpu_kernel, no_kernel, recorded_tile};
 use super::{Backend, Device, Engine, lock, unavailable};
-use crate::cuda::{CudaAttention, CudaDevice, CudaMatmul};
+use crate::cuda::{CudaAttention, CudaDevice, CudaMatmul, CudaPrefill};
 use crate::device::{GpuInfo, fnv1a};
 use crate::dispatch::ShapePlan;
 use crate::error::RuntimeError;
@@ -29,6 +29,8 @@ pub(crate) struct CudaEngine {
     /// Loaded modules by program text hash.
     matmuls: Mutex<BTreeMap<u64, Arc<CudaMatmul>>>,
     attentions: Mutex<BTreeMap<String, Arc<CudaAttention>>>,
+    /// Loaded prefill programs by (library kernel, head dim).
+    prefills: Mutex<BTreeMap<(String, usize), Arc<CudaPrefill>>>,
 }
 
 impl CudaEngine {
@@ -42,6 +44,7 @@ impl CudaEngine {
             programs: Mutex::new(BTreeMap::new()),
             matmuls: Mutex::new(BTreeMap::new()),
             attentions: Mutex::new(BTreeMap::new()),
+            prefills: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -82,6 +85,36 @@ impl CudaEngine {
                 .entry(name.to_string())
                 .or_insert(loaded),
         ))
+    }
+}
+
+impl CudaEngine {
+    /// The tensor-core prefill program of library kernel `name` for head
+    /// dim `d`, loaded on first use; None where the tensor-core loop does
+    /// not take `d` (not a multiple of 16, or past
+    /// [`tessera_codegen::gpu::PREFILL_MAX_HEAD_DIM`]): prefill then
+    /// decodes per prompt token.
+    pub(crate) fn prefill(
+        &self,
+        name: &str,
+        d: usize,
+    ) -> Result<Option<Arc<CudaPrefill>>, RuntimeError> {
+        if !d.is_multiple_of(16) || d > tessera_codegen::gpu::PREFILL_MAX_HEAD_DIM as usize {
+            return Ok(None);
+        }
+        let key = (name.to_string(), d);
+        if let Some(p) = lock(&self.prefills).get(&key) {
+            return Ok(Some(Arc::clone(p)));
+        }
+        let kernel = tessera_dsl::library::get(name)?;
+        let program = self
+            .backend
+            .prefill_program(&kernel, d)
+            .map_err(gpu_error)?;
+        let loaded = Arc::new(CudaPrefill::new(&self.dev, &program).map_err(gpu_error)?);
+        Ok(Some(Arc::clone(
+            lock(&self.prefills).entry(key).or_insert(loaded),
+        )))
     }
 }
 

@@ -1,7 +1,8 @@
 //! The CUDA host side of the PTX backend (feature `cuda`, off by default):
 //! load a [`PtxProgram`] (matmul) or a [`PtxAttentionProgram`] (decode
 //! attention: partial then combine) through the driver API and launch it
-//! with the plan's arguments and geometry. [`resident`] keeps modules,
+//! with the plan's arguments and geometry, or a [`PtxPrefillProgram`]
+//! (causal prefill on tensor cores, one head dim). [`resident`] keeps modules,
 //! weights and KV caches on the device (what the runtime's `Linear` and
 //! `Attention` use); [`run_matmul`] and [`run_attention`] are one-shot
 //! wrappers over it for tests and tools.
@@ -23,13 +24,14 @@ use cudarc::driver::{CudaContext, CudaStream, LaunchConfig};
 use half::f16;
 use tessera_codegen::artifact::EmitError;
 use tessera_codegen::gpu::{KvFormat, LaunchDim, LaunchExtent};
-use tessera_codegen::ptx::{PtxAttentionProgram, PtxBackend, PtxProgram, Sm};
+use tessera_codegen::ptx::{PtxAttentionProgram, PtxBackend, PtxPrefillProgram, PtxProgram, Sm};
 use tessera_dsl::interp::Value;
 use tessera_dsl::{Format, Group, ParamType};
 
 pub use resident::{
-    AttentionScratch, CudaAttention, CudaKvCache, CudaMatmul, CudaOut, CudaWeights, HostOut,
-    attention_into, attention_launch, matmul_into, matmul_launch,
+    AttentionScratch, CudaAttention, CudaKvCache, CudaMatmul, CudaOut, CudaPrefill, CudaWeights,
+    HostOut, attention_into, attention_launch, matmul_into, matmul_launch, prefill_into,
+    prefill_launch,
 };
 
 use crate::gpu_kv::KvRows;
@@ -442,4 +444,56 @@ pub fn run_attention(
         recomputed,
         splits,
     })
+}
+
+/// Run a causal prefill program: `q` `[t, hq, d]` f16, the last `t` of `s`
+/// cached tokens, caches `k`, `v` `[s, kvh, d]` as the interpreter binds
+/// them (f16, or quantized with rows `s·kvh`); returns `o` `[t, hq, d]` as
+/// f32 (rounded to f16 by the kernel). Inputs are checked before the
+/// device is touched.
+#[allow(clippy::too_many_arguments)]
+pub fn run_prefill(
+    dev: &CudaDevice,
+    program: &PtxPrefillProgram,
+    q: &[f16],
+    k: &Value,
+    v: &Value,
+    t: usize,
+    hq: usize,
+    kvh: usize,
+    s: usize,
+) -> Result<Vec<f32>, CudaError> {
+    let plan = &program.plan;
+    let d = plan.d as usize;
+    if kvh == 0 || hq == 0 || !hq.is_multiple_of(kvh) {
+        return Err(input(format!(
+            "query heads {hq} are not a positive multiple of KV heads {kvh}"
+        )));
+    }
+    if t == 0 || t > s {
+        return Err(input(format!("a prefill of {t} tokens over {s}")));
+    }
+    attention_ints([hq, kvh, d, s, t], s)?;
+    check_len("q", q.len(), t * hq * d)?;
+    let kb = cache_bytes(plan.k, k, s * kvh, d, "k")?;
+    let vb = cache_bytes(plan.v, v, s * kvh, d, "v")?;
+    let prefill = CudaPrefill::new(dev, program)?;
+    let mut cache = CudaKvCache::new(dev, plan.k, plan.v, kvh, d, s)?;
+    let halves = |c: &CacheBytes| -> Vec<f16> {
+        c.codes
+            .chunks_exact(2)
+            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+            .collect()
+    };
+    let (kh, vh) = (halves(&kb), halves(&vb));
+    cache.write(
+        dev,
+        0,
+        s,
+        as_rows(plan.k, &kb, &kh),
+        as_rows(plan.v, &vb, &vh),
+    )?;
+    let mut o = vec![f16::ZERO; t * hq * d];
+    prefill_into(dev, &prefill, q, &cache, t, s, hq, &mut o)?;
+    Ok(o.into_iter().map(f16::to_f32).collect())
 }

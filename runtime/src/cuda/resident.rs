@@ -19,8 +19,10 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 use half::f16;
-use tessera_codegen::gpu::{ArgKind, AttentionPlan, KvFormat, LaunchExtent, MatmulPlan};
-use tessera_codegen::ptx::{PtxAttentionProgram, PtxProgram};
+use tessera_codegen::gpu::{
+    ArgKind, AttentionPlan, KvFormat, LaunchExtent, MatmulPlan, PrefillPlan,
+};
+use tessera_codegen::ptx::{PtxAttentionProgram, PtxPrefillProgram, PtxProgram};
 use tessera_dsl::interp::Value;
 
 use super::{CudaDevice, CudaError, check_len, driver, input, launch_config, to_i32};
@@ -74,15 +76,7 @@ impl CudaMatmul {
         let func = module
             .load_function(&program.plan.entry)
             .map_err(driver("function lookup"))?;
-        if program.dynamic_shared_bytes > 48 * 1024 {
-            let bytes = i32::try_from(program.dynamic_shared_bytes)
-                .map_err(|_| input("shared memory size overflows"))?;
-            func.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes,
-            )
-            .map_err(driver("shared memory opt-in"))?;
-        }
+        opt_in_shared(&func, program.dynamic_shared_bytes)?;
         Ok(CudaMatmul {
             func,
             out_half: program.plan.args.iter().any(|a| a.kind == ArgKind::HalfOut),
@@ -403,6 +397,184 @@ impl CudaAttention {
     pub fn plan(&self) -> &AttentionPlan {
         &self.plan
     }
+}
+
+/// Above the default 48 KiB, dynamic shared memory needs the function's
+/// opt-in.
+fn opt_in_shared(func: &CudaFunction, bytes: u32) -> Result<(), CudaError> {
+    if bytes > 48 * 1024 {
+        let bytes = i32::try_from(bytes).map_err(|_| input("shared memory size overflows"))?;
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes,
+        )
+        .map_err(driver("shared memory opt-in"))?;
+    }
+    Ok(())
+}
+
+/// A causal prefill program (one head dim) loaded once.
+pub struct CudaPrefill {
+    func: CudaFunction,
+    plan: PrefillPlan,
+    shared_bytes: u32,
+}
+
+impl std::fmt::Debug for CudaPrefill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaPrefill")
+            .field("entry", &self.plan.entry)
+            .field("d", &self.plan.d)
+            .finish()
+    }
+}
+
+impl CudaPrefill {
+    pub fn new(dev: &CudaDevice, program: &PtxPrefillProgram) -> Result<CudaPrefill, CudaError> {
+        let module = dev
+            .ctx
+            .load_module(Ptx::from_src(program.text.clone()))
+            .map_err(driver("PTX module load"))?;
+        let func = module
+            .load_function(&program.plan.entry)
+            .map_err(driver("function lookup"))?;
+        opt_in_shared(&func, program.dynamic_shared_bytes)?;
+        Ok(CudaPrefill {
+            func,
+            plan: program.plan.clone(),
+            shared_bytes: program.dynamic_shared_bytes,
+        })
+    }
+
+    pub fn plan(&self) -> &PrefillPlan {
+        &self.plan
+    }
+}
+
+/// Enqueue the causal prefill of `t` query tokens (`q`: `[t, hq, d]` f16
+/// bits on the device), the last `t` of the first `s` cached tokens, on
+/// `stream`, writing `o` (`[t, hq, d]` f16 bits). Nothing is synchronised.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_launch(
+    stream: &Arc<CudaStream>,
+    pre: &CudaPrefill,
+    q: &CudaSlice<u16>,
+    cache: &CudaKvCache,
+    t: usize,
+    s: usize,
+    hq: usize,
+    o: &mut CudaSlice<u16>,
+) -> Result<(), CudaError> {
+    let plan = &pre.plan;
+    let (kvh, d) = (cache.kvh, cache.d);
+    if plan.k != cache.k.format || plan.v != cache.v.format {
+        return Err(input(format!(
+            "the cache holds K {:?} / V {:?}, the kernel reads K {:?} / V {:?}",
+            cache.k.format, cache.v.format, plan.k, plan.v
+        )));
+    }
+    if d != plan.d as usize {
+        return Err(input(format!(
+            "head dim {d}, the prefill program is built for {}",
+            plan.d
+        )));
+    }
+    if hq == 0 || !hq.is_multiple_of(kvh) {
+        return Err(input(format!(
+            "query heads {hq} are not a positive multiple of KV heads {kvh}"
+        )));
+    }
+    if t == 0 || t > s || s > cache.capacity {
+        return Err(input(format!(
+            "prefill of {t} tokens over {s} of a cache holding {}",
+            cache.capacity
+        )));
+    }
+    let elems = t
+        .checked_mul(hq)
+        .and_then(|r| r.checked_mul(d))
+        .ok_or_else(|| input("t * hq * d overflows"))?;
+    to_i32(elems, "t * hq * d")?;
+    let rows = s
+        .checked_mul(kvh)
+        .and_then(|r| r.checked_mul(d))
+        .ok_or_else(|| input("s * kvh * d overflows"))?;
+    to_i32(rows, "s * kvh * d")?;
+    if q.len() < elems || o.len() < elems {
+        return Err(input(format!(
+            "q holds {}, o {} halves; t·hq·d = {elems}",
+            q.len(),
+            o.len()
+        )));
+    }
+    let ints = [
+        ("t", to_i32(t, "t")?),
+        ("s", to_i32(s, "s")?),
+        ("hq", to_i32(hq, "hq")?),
+        ("kvh", to_i32(kvh, "kvh")?),
+    ];
+    let group = hq / kvh;
+    let mut cfg = launch_config(&plan.launch, |x| match x {
+        LaunchExtent::PrefillRows => t * group,
+        LaunchExtent::KvHeads => kvh,
+        _ => 1,
+    })?;
+    cfg.shared_mem_bytes = pre.shared_bytes;
+    let (op, _op) = o.device_ptr_mut(stream);
+    let mut launch = stream.launch_builder(&pre.func);
+    for a in &plan.args {
+        match a.name {
+            "q" => launch.arg(q),
+            "k" => launch.arg(&cache.k.data),
+            "k_scales" => launch.arg(&cache.k.scales),
+            "k_offsets" => launch.arg(&cache.k.offsets),
+            "v" => launch.arg(&cache.v.data),
+            "o" => launch.arg(&op),
+            other => match ints.iter().find(|(n, _)| *n == other) {
+                Some((_, v)) => launch.arg(v),
+                None => return Err(input(format!("argument `{other}` is not bound"))),
+            },
+        };
+    }
+    // SAFETY: the arguments follow the emitted signature (device pointers
+    // for `.u64`, i32 for `.u32`, in the plan's order); the cache holds
+    // `capacity ≥ s` tokens of [kvh, d] in the formats the kernel reads
+    // (checked above, with per-row parameters for int8 keys), d is the
+    // program's head dim, q and o hold t·hq·d halves, and every index the
+    // kernel forms fits its 32-bit arithmetic (checked above).
+    unsafe { launch.launch(cfg) }.map_err(driver("kernel launch"))?;
+    Ok(())
+}
+
+/// The causal prefill of `t` tokens (`q`, `o`: `[t, hq, d]` f16 on the
+/// host), the last `t` of the first `s` cached tokens.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_into(
+    dev: &CudaDevice,
+    pre: &CudaPrefill,
+    q: &[f16],
+    cache: &CudaKvCache,
+    t: usize,
+    s: usize,
+    hq: usize,
+    o: &mut [f16],
+) -> Result<(), CudaError> {
+    let elems = t
+        .checked_mul(hq)
+        .and_then(|r| r.checked_mul(cache.d))
+        .ok_or_else(|| input("t * hq * d overflows"))?;
+    check_len("q", q.len(), elems)?;
+    check_len("o", o.len(), elems)?;
+    let stream = &dev.stream;
+    let qbits: Vec<u16> = q.iter().map(|h| h.to_bits()).collect();
+    let qb = upload(stream, &qbits)?;
+    let mut ob = zeros::<u16>(stream, elems)?;
+    prefill_launch(stream, pre, &qb, cache, t, s, hq, &mut ob)?;
+    let bits = stream.clone_dtoh(&ob).map_err(driver("read back"))?;
+    for (dst, b) in o.iter_mut().zip(bits) {
+        *dst = f16::from_bits(b);
+    }
+    Ok(())
 }
 
 /// One of K or V on the device.
