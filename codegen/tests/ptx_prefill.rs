@@ -51,6 +51,11 @@ struct Case {
 
 /// Runs the simulated program and the interpreter on one case.
 fn check(kernel: &Kernel, sm: Sm, c: &Case) {
+    check_at(kernel, sm, c, None)
+}
+
+/// [`check`] under another block plan (keys per block, Q in registers).
+fn check_at(kernel: &Kernel, sm: Sm, c: &Case, blocks: Option<(u32, bool)>) {
     use ptx_sim::{Arg, Buffer, Module, launch_with_shared};
     let (t, hq, kvh, d) = (c.t, c.hq, c.kvh, c.d);
     let s = c.p + t;
@@ -67,7 +72,9 @@ fn check(kernel: &Kernel, sm: Sm, c: &Case) {
     let out = run(kernel, &bindings).expect("interp");
     let want = out.get("o").unwrap();
 
-    let prog = PtxBackend::new(sm).prefill_program(kernel, d).unwrap();
+    let prog = PtxBackend::new(sm)
+        .prefill_program_at(kernel, d, blocks)
+        .unwrap();
     let module = Module::parse(&prog.text);
     let (kb, ks, ko) = inp.k.gpu_bytes();
     let (vb, _, _) = inp.v.gpu_bytes();
@@ -148,6 +155,9 @@ fn simulated_prefill_matches_the_interpreter() {
         (0, 40, 2, 1, 80),
         (17, 24, 3, 3, 96),
         (1, 33, 2, 2, 128),
+        // Three and four key blocks: the staging buffers' rotation.
+        (17, 130, 2, 1, 64),
+        (40, 60, 4, 2, 256),
     ];
     let mut seed = 1;
     for (n, k) in kernels().iter().enumerate() {
@@ -169,6 +179,30 @@ fn simulated_prefill_matches_the_interpreter() {
                 };
                 check(k, sm, &c);
             }
+        }
+    }
+}
+
+/// Other block plans (16, 32 and 128 keys; Q from shared memory at
+/// d = 64) compute the same outputs, f16 and kv8.
+#[test]
+fn simulated_plans_match_the_interpreter() {
+    let ks = kernels();
+    for (n, blocks) in [(16, true), (32, false), (128, true)]
+        .into_iter()
+        .enumerate()
+    {
+        for k in &ks[..2] {
+            let c = Case {
+                p: 17,
+                t: 70,
+                hq: 6,
+                kvh: 2,
+                d: 64,
+                q_amp: 0.5,
+                seed: 300 + n as u64,
+            };
+            check_at(k, Sm::Sm90, &c, Some(blocks));
         }
     }
 }
@@ -241,4 +275,20 @@ fn refuses_what_it_cannot_run() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("decode attention"), "{e}");
+}
+
+/// The canonical prefill programs, pinned (d = 128: f16 on sm_80, kv8 on
+/// sm_90, whose fp8 values take the `cvt` path).
+#[test]
+fn canonical_snapshots() {
+    for (name, sm) in [
+        ("attention-prefill-f16", Sm::Sm80),
+        ("attention-prefill-kv8", Sm::Sm90),
+    ] {
+        let k = library::get(name).unwrap();
+        let a = PtxBackend::new(sm).prefill_program(&k, 128).unwrap();
+        let b = PtxBackend::new(sm).prefill_program(&k, 128).unwrap();
+        assert_eq!(a, b, "byte-stable");
+        insta::assert_snapshot!(format!("ptx_{}_d128_{}", name, sm.arch()), a.text);
+    }
 }

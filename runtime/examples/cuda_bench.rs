@@ -424,6 +424,75 @@ fn bench_prefill(cuda: &CudaDevice) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The prefill at 512 and 2048 tokens under other block plans (keys per
+/// block, Q in registers or shared memory) than the default (the first
+/// row), each checked against the default's output
+/// (`cuda_bench prefill-plans`).
+fn sweep_prefill_plans(cuda: &CudaDevice) -> Result<(), Failure> {
+    let stream = cuda.stream();
+    let plans: [Option<(u32, bool)>; 5] = [
+        None,
+        Some((32, true)),
+        Some((128, true)),
+        Some((64, false)),
+        Some((32, false)),
+    ];
+    for (hq, kvh, d, heads) in [(32, 32, 128, "llama2-7b"), (12, 2, 128, "qwen2-1.5b")] {
+        for (format, name) in [(KvFormat::F16, "f16"), (KvFormat::Kv8, "kv8")] {
+            let kernel = library::get(format.prefill_kernel_name())?;
+            let (kf, vf): (GpuKv, GpuKv) = gpu_formats(format);
+            for t in [512, 2048] {
+                let mut rng = Lcg(29 + t as u64);
+                let rows = t * kvh * d;
+                let kd: Vec<f32> = (0..rows).map(|_| rng.next() * 1.5).collect();
+                let vd: Vec<f32> = (0..rows).map(|_| rng.next() * 2.0).collect();
+                let ke = encode(format.key_format(), t * kvh, d, &kd)?;
+                let ve = encode(format.value_format(), t * kvh, d, &vd)?;
+                let mut cache = CudaKvCache::new(cuda, kf, vf, kvh, d, t)?;
+                cache.write(cuda, 0, t, ke.rows(), ve.rows())?;
+                let q: Vec<u16> = (0..t * hq * d)
+                    .map(|_| f16::from_f32(rng.next() * 0.09).to_bits())
+                    .collect();
+                let qb = stream.clone_htod(&q)?;
+                let mut ob = stream.alloc_zeros::<u16>(t * hq * d)?;
+                let mut reference = None;
+                for blocks in plans {
+                    let program = match cuda.backend().prefill_program_at(&kernel, d, blocks) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            eprintln!("prefill plan {blocks:?}: {e}");
+                            continue;
+                        }
+                    };
+                    let pre = CudaPrefill::new(cuda, &program)?;
+                    let (us, graph) = time_calls(stream, |_| {
+                        Ok(prefill_launch(
+                            stream, &pre, &qb, &cache, t, t, hq, &mut ob,
+                        )?)
+                    })?;
+                    prefill_launch(stream, &pre, &qb, &cache, t, t, hq, &mut ob)?;
+                    let got: Vec<f32> = stream
+                        .clone_dtoh(&ob)?
+                        .into_iter()
+                        .map(|b| f16::from_bits(b).to_f32())
+                        .collect();
+                    let worst = against_first(&mut reference, got);
+                    let flops = 4 * hq * d * t * (t + 1) / 2;
+                    let (keys, q_regs) = blocks.unwrap_or((program.plan.keys, d <= 128));
+                    eprintln!(
+                        "prefill plan {heads} {name} t {t} keys {keys} q_in_registers {q_regs}: {us:.1} us ({:.1} TFLOP/s), max diff {worst}",
+                        flops as f64 / us / 1e6
+                    );
+                    println!(
+                        "{{\"kind\":\"prefill-plan\",\"heads\":\"{heads}\",\"kv\":\"{name}\",\"t\":{t},\"keys\":{keys},\"q_in_registers\":{q_regs},\"us\":{us:.3},\"flops\":{flops},\"max_diff\":{worst},\"graph\":{graph}}}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The per-token path (one split-K decode launch pair per prompt token
 /// over its causal prefix, as `Attention::prefill` ran before the
 /// tensor-core program) over the same cache; µs for the whole prompt.
@@ -658,6 +727,9 @@ fn main() -> Result<(), Failure> {
     }
     if only == "profile-attention" {
         return sweep_attention_plans(&cuda, l2, true);
+    }
+    if only == "prefill-plans" {
+        return sweep_prefill_plans(&cuda);
     }
     if only == "gemv-plans" {
         return sweep_gemv_plans(&device, &cuda, l2);

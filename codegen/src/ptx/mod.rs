@@ -248,8 +248,24 @@ impl PtxBackend {
         kernel: &Kernel,
         d: usize,
     ) -> Result<PtxPrefillProgram, EmitError> {
+        self.prefill_program_at(kernel, d, None)
+    }
+
+    /// [`Self::prefill_program`] under another block plan (`keys` per
+    /// block, Q in registers), for measuring one against another.
+    pub fn prefill_program_at(
+        &self,
+        kernel: &Kernel,
+        d: usize,
+        blocks: Option<(u32, bool)>,
+    ) -> Result<PtxPrefillProgram, EmitError> {
         let mut plan = gpu::plan_prefill_attention(kernel, self.sm.caps(), d)?;
-        let lay = prefill::PrefillLayout::new(plan.d, self.sm)?;
+        let lay = match blocks {
+            None => prefill::PrefillLayout::new(plan.d, plan.k, plan.v, self.sm)?,
+            Some((keys, q_in_registers)) => {
+                prefill::PrefillLayout::with(plan.d, plan.k, plan.v, self.sm, keys, q_in_registers)?
+            }
+        };
         plan.rows = prefill::ROWS;
         plan.keys = lay.keys;
         plan.launch[0] = LaunchDim {

@@ -11,8 +11,9 @@
 //! `w` owns rows `16w .. 16w + 15` of the block (the mma's m side); thread
 //! `lane` with `g = lane >> 2`, `t = lane & 3` holds rows `g` and `g + 8`.
 //!
-//! Per key block of `keys` rows (64; 32 for d > 128), up to the block's
-//! last causal limit (later blocks are never loaded):
+//! Per key block of `keys` rows (64 for f16 caches up to d = 128, else
+//! 32), up to the block's last causal limit (later blocks are never
+//! loaded):
 //!
 //! 1. `S = Q·Kᵀ`: Q's A fragments (in registers for d ≤ 128, else read
 //!    from shared memory per block by `ldmatrix.x4`), K's B fragments by
@@ -28,15 +29,18 @@
 //!    one k step), V's B fragments by `ldmatrix.x4.trans` of key rows.
 //!
 //! The next block is issued into the other stage before the current one
-//! is computed. f16 caches are copied by `cp.async` (zero-filled past the
-//! keys); other formats are loaded, decoded to f16 (int8 keys with their
-//! row's scale and offset) and stored by the threads. Shared rows are
-//! padded by 16 bytes, so the eight rows an `ldmatrix` reads fall in
-//! distinct banks for every head dim.
+//! is computed. f16 caches are copied by `cp.async` straight into the
+//! tiles (zero-filled past the keys). Other formats travel as raw bytes:
+//! `cp.async` copies block `j + 2` (codes, and int8 keys' row scales and
+//! offsets) into one of two staging buffers while block `j` is computed,
+//! and the threads decode block `j + 1` from the other into its f16 tile
+//! first (int8 keys with their row's scale and offset), so no global load
+//! waits in the loop. Shared rows are padded by 16 bytes, so the eight
+//! rows an `ldmatrix` reads fall in distinct banks for every head dim.
 
 use std::fmt::Write as _;
 
-use super::attention::{load_vec_words, vec_values};
+use super::attention::vec_values;
 use super::writer::{Body, f32_lit};
 use super::{Args, Limits, Sm, module};
 use crate::artifact::EmitError;
@@ -76,22 +80,64 @@ pub struct PrefillLayout {
     /// Bytes of the Q tile, then of one stage (K block then V block).
     pub q_bytes: u32,
     pub stage_bytes: u32,
-    /// Dynamic shared memory of the launch: Q and two stages.
+    /// One staging buffer of raw bytes for the quantized sides: K codes,
+    /// V codes, then int8 keys' scales and offsets, at these offsets (None:
+    /// the side is f16 and copied straight into its tile).
+    pub raw_k: Option<u32>,
+    pub raw_v: Option<u32>,
+    pub raw_params: Option<u32>,
+    pub raw_bytes: u32,
+    /// Dynamic shared memory of the launch: Q, two stages and two staging
+    /// buffers.
     pub shared_bytes: u32,
 }
 
 impl PrefillLayout {
-    pub fn new(d: u32, sm: Sm) -> Result<PrefillLayout, EmitError> {
+    /// The default plan for head dim `d`: Q in registers up to d = 128,
+    /// in shared memory above; 64-key blocks for f16 caches up to d = 128,
+    /// else 32. (H200, `cuda_bench prefill-plans`, 2048 tokens: 64 keys
+    /// beat 32 and 128 by 10–15% on f16 caches; on kv8 caches 32 keys
+    /// beat 64 by 14–16%, the decode of a block then overlapping better.)
+    pub fn new(d: u32, k: KvFormat, v: KvFormat, sm: Sm) -> Result<PrefillLayout, EmitError> {
+        let small = d <= 128;
+        let f16 = k == KvFormat::F16 && v == KvFormat::F16;
+        let keys = if small && f16 { 64 } else { 32 };
+        PrefillLayout::with(d, k, v, sm, keys, small)
+    }
+
+    /// Another plan: `keys` per block (a multiple of 16), Q in registers or
+    /// read from shared memory per block.
+    pub fn with(
+        d: u32,
+        k: KvFormat,
+        v: KvFormat,
+        sm: Sm,
+        keys: u32,
+        q_in_registers: bool,
+    ) -> Result<PrefillLayout, EmitError> {
         if d == 0 || !d.is_multiple_of(16) {
             return Err(unsupported(format!(
                 "head dim {d} in the tensor-core prefill (a multiple of 16: the mma's k step)"
             )));
         }
-        let keys = if d <= 128 { 64 } else { 32 };
+        if keys == 0 || !keys.is_multiple_of(16) {
+            return Err(unsupported(format!(
+                "{keys} keys per prefill block (a multiple of 16: P·V's k step)"
+            )));
+        }
         let stride = 2 * d + 16;
         let q_bytes = ROWS * stride;
         let stage_bytes = 2 * keys * stride;
-        let shared_bytes = q_bytes + 2 * stage_bytes;
+        let mut raw_bytes = 0;
+        let mut place = |bytes: u32| {
+            let at = raw_bytes;
+            raw_bytes += bytes;
+            at
+        };
+        let raw_k = (k != KvFormat::F16).then(|| place(keys * d));
+        let raw_v = (v != KvFormat::F16).then(|| place(keys * d));
+        let raw_params = (k == KvFormat::I8AsymRow).then(|| place(2 * 4 * keys));
+        let shared_bytes = q_bytes + 2 * stage_bytes + 2 * raw_bytes;
         let limit = sm.caps().gpu.map_or(48 * 1024, |g| g.shared_mem_bytes);
         if shared_bytes > limit {
             return Err(unsupported(format!(
@@ -104,9 +150,13 @@ impl PrefillLayout {
             d,
             keys,
             stride,
-            q_in_registers: d <= 128,
+            q_in_registers,
             q_bytes,
             stage_bytes,
+            raw_k,
+            raw_v,
+            raw_params,
+            raw_bytes,
             shared_bytes,
         })
     }
@@ -183,10 +233,27 @@ pub fn print(
     load_q(&mut b, lay, &cx, &a, hq);
     let stage0 = b.r();
     b.op(format!("add.s32 {stage0}, {}, {}", cx.smem, lay.q_bytes));
+    let raw0 = b.r();
+    b.op(format!("add.s32 {raw0}, {stage0}, {}", 2 * lay.stage_bytes));
+    let quantized = lay.raw_bytes > 0;
+    let magic = b.imm(0x4B00_0000);
     let zero = b.r();
     b.op(format!("mov.u32 {zero}, 0"));
-    load_block(&mut b, plan, lay, sm, &cx, &a, &stage0, &zero);
+    issue_direct(&mut b, plan, lay, &cx, &a, &stage0, &zero);
+    if quantized {
+        b.comment("Raw bytes of blocks 0 and 1 into the two staging buffers.");
+        issue_raw(&mut b, lay, &cx, &a, &raw0, &zero);
+        let (raw1, j1) = (b.r(), b.r());
+        b.op(format!("add.s32 {raw1}, {raw0}, {}", lay.raw_bytes));
+        b.op(format!("mov.u32 {j1}, {}", lay.keys));
+        issue_raw(&mut b, lay, &cx, &a, &raw1, &j1);
+    }
     b.op("cp.async.commit_group");
+    if quantized {
+        b.op("cp.async.wait_group 0");
+        b.op("bar.sync 0");
+        convert(&mut b, plan, lay, sm, &cx, &raw0, &stage0, &magic);
+    }
 
     // Lane addresses of the fragments (relative to their tile's base):
     // A-style (rows lane & 15, chunk lane >> 4) for Q and V, B-style (rows
@@ -214,8 +281,10 @@ pub fn print(
 
     let ksteps = d / 16;
     let q_regs: Vec<[String; 4]> = if lay.q_in_registers {
-        b.op("cp.async.wait_group 0");
-        b.op("bar.sync 0");
+        if !quantized {
+            b.op("cp.async.wait_group 0");
+            b.op("bar.sync 0");
+        }
         (0..ksteps)
             .map(|ks| {
                 let r: [String; 4] = std::array::from_fn(|_| b.r());
@@ -264,7 +333,7 @@ pub fn print(
     b.op(format!("@{p} bra.uni {end}"));
     b.op("cp.async.wait_group 0");
     b.op("bar.sync 0");
-    b.comment("Issue block jb + 1 into the other stage (computed two trips ago).");
+    b.comment("Block jb + 1 into the other stage (computed last trip).");
     let next = b.r();
     b.op(format!("add.s32 {next}, {jb}, 1"));
     let skip_issue = b.label("issue_skip");
@@ -278,9 +347,36 @@ pub fn print(
         lay.stage_bytes
     ));
     b.op(format!("mul.lo.s32 {nj0}, {next}, {}", lay.keys));
-    load_block(&mut b, plan, lay, sm, &cx, &a, &nbase, &nj0);
+    issue_direct(&mut b, plan, lay, &cx, &a, &nbase, &nj0);
+    if quantized {
+        b.comment("Raw block jb + 2 into the staging buffer block jb left.");
+        let (cur, far, j2) = (b.r(), b.r(), b.r());
+        b.op(format!("and.b32 {cur}, {jb}, 1"));
+        b.op(format!(
+            "mad.lo.s32 {cur}, {cur}, {}, {raw0}",
+            lay.raw_bytes
+        ));
+        b.op(format!("add.s32 {far}, {jb}, 2"));
+        let skip_raw = b.label("raw_skip");
+        let pr = b.pred();
+        b.op(format!("setp.ge.u32 {pr}, {far}, {nkb}"));
+        b.op(format!("@{pr} bra.uni {skip_raw}"));
+        b.op(format!("mul.lo.s32 {j2}, {far}, {}", lay.keys));
+        issue_raw(&mut b, lay, &cx, &a, &cur, &j2);
+        b.place(&skip_raw);
+        b.op("cp.async.commit_group");
+        b.comment("Decode block jb + 1 from the other staging buffer.");
+        let other = b.r();
+        b.op(format!(
+            "mad.lo.s32 {other}, {nst}, {}, {raw0}",
+            lay.raw_bytes
+        ));
+        convert(&mut b, plan, lay, sm, &cx, &other, &nbase, &magic);
+    }
     b.place(&skip_issue);
-    b.op("cp.async.commit_group");
+    if !quantized {
+        b.op("cp.async.commit_group");
+    }
 
     let (cst, kbase, vbase, j0) = (b.r(), b.r(), b.r(), b.r());
     b.op(format!("and.b32 {cst}, {jb}, 1"));
@@ -476,8 +572,9 @@ pub fn print(
     let mut h = header.to_string();
     let _ = write!(
         h,
-        "\ndynamic shared memory: {} bytes (Q {} + 2 stages x (K + V) {}), rows padded to {} bytes",
-        lay.shared_bytes, lay.q_bytes, lay.stage_bytes, lay.stride
+        "\ndynamic shared memory: {} bytes (Q {} + 2 stages x (K + V) {} + 2 staging buffers x {}), \
+         rows padded to {} bytes",
+        lay.shared_bytes, lay.q_bytes, lay.stage_bytes, lay.raw_bytes, lay.stride
     );
     let decls = vec![format!(".extern .shared .align 128 .b8 {smem_name}[];")];
     let text = module(
@@ -628,62 +725,57 @@ fn copy_chunk(
     ));
 }
 
-/// Keys `j0 .. j0 + keys` of K and V (zeros from the block's key end on)
-/// into the stage at shared address `base`: f16 by `cp.async`, other
-/// formats decoded to f16 by the threads.
-#[allow(clippy::too_many_arguments)]
-fn load_block(
+/// Key `j0 + row` of this block: its cache row `key·kvh + kv` (row 0 past
+/// the block's key end, where `valid` is false).
+fn key_row(b: &mut Body, cx: &Ctx, a: &Args, j0: &str, row: &str) -> (String, String) {
+    let (key, valid, grow) = (b.r(), b.pred(), b.r());
+    b.op(format!("add.s32 {key}, {j0}, {row}"));
+    b.op(format!("setp.lt.s32 {valid}, {key}, {}", cx.kend));
+    b.op(format!("selp.b32 {key}, {key}, 0, {valid}"));
+    b.op(format!(
+        "mad.lo.s32 {grow}, {key}, {}, {}",
+        a.get("kvh"),
+        cx.kv
+    ));
+    (grow, valid)
+}
+
+/// The f16 sides of keys `j0 .. j0 + keys` into the stage at shared
+/// address `base` by `cp.async` (zeros from the block's key end on).
+fn issue_direct(
     b: &mut Body,
     plan: &PrefillPlan,
     lay: &PrefillLayout,
-    sm: Sm,
     cx: &Ctx,
     a: &Args,
     base: &str,
     j0: &str,
 ) {
+    let sides: Vec<(&str, u32)> = [("k", plan.k, 0), ("v", plan.v, lay.keys * lay.stride)]
+        .into_iter()
+        .filter(|&(_, f, _)| f == KvFormat::F16)
+        .map(|(n, _, off)| (n, off))
+        .collect();
+    if sides.is_empty() {
+        return;
+    }
     let d8 = lay.d / 8;
     let total = lay.keys * d8;
-    let kvh = a.get("kvh");
     b.comment(format!(
-        "K and V block: {} keys x {d8} chunks of 8 elements.",
+        "f16 K/V block: {} keys x {d8} chunks of 8 halves.",
         lay.keys
     ));
     for it in 0..total.div_ceil(THREADS) {
         let (i, row, c) = chunk_of(b, cx, it, d8);
         let skip = guard(b, &i, total);
-        let (key, valid, grow, idx) = (b.r(), b.pred(), b.r(), b.r());
-        b.op(format!("add.s32 {key}, {j0}, {row}"));
-        b.op(format!("setp.lt.s32 {valid}, {key}, {}", cx.kend));
-        b.op(format!("selp.b32 {key}, {key}, 0, {valid}"));
-        b.op(format!("mad.lo.s32 {grow}, {key}, {kvh}, {}", cx.kv));
+        let (grow, valid) = key_row(b, cx, a, j0, &row);
+        let idx = b.r();
         b.op(format!("mul.lo.s32 {idx}, {grow}, {}", lay.d));
         b.op(format!("mad.lo.s32 {idx}, {c}, 8, {idx}"));
-        let vtile = b.r();
-        b.op(format!(
-            "add.s32 {vtile}, {base}, {}",
-            lay.keys * lay.stride
-        ));
-        for (name, format, tile) in [("k", plan.k, base), ("v", plan.v, vtile.as_str())] {
-            if format == KvFormat::F16 {
-                copy_chunk(b, lay, cx, &row, &c, a.get(name), &idx, &valid, tile);
-            } else {
-                let scale_offset = (name == "k" && format == KvFormat::I8AsymRow).then_some(&grow);
-                decode_chunk(
-                    b,
-                    lay,
-                    sm,
-                    format,
-                    &row,
-                    &c,
-                    a,
-                    name,
-                    &idx,
-                    &valid,
-                    tile,
-                    scale_offset.map(|g| g.as_str()),
-                );
-            }
+        for &(name, off) in &sides {
+            let tile = b.r();
+            b.op(format!("add.s32 {tile}, {base}, {off}"));
+            copy_chunk(b, lay, cx, &row, &c, a.get(name), &idx, &valid, &tile);
         }
         if let Some(s) = skip {
             b.place(&s);
@@ -691,65 +783,140 @@ fn load_block(
     }
 }
 
-/// Eight elements of a quantized cache at element `idx` decoded to f16
-/// and stored at row `row`, chunk `c` of the tile at `tile`; zeros where
-/// `valid` is false (shared memory must hold finite values: a masked key
-/// still meets p = 0 in P·V). `row_params`: the row whose int8 scale and
-/// offset apply.
-#[allow(clippy::too_many_arguments)]
-fn decode_chunk(
-    b: &mut Body,
-    lay: &PrefillLayout,
-    sm: Sm,
-    format: KvFormat,
-    row: &str,
-    c: &str,
-    a: &Args,
-    name: &str,
-    idx: &str,
-    valid: &str,
-    tile: &str,
-    row_params: Option<&str>,
-) {
-    let dst = b.r();
-    b.op(format!("mad.lo.s32 {dst}, {row}, {}, {tile}", lay.stride));
-    b.op(format!("mad.lo.s32 {dst}, {c}, 16, {dst}"));
-    let (zero_l, done) = (b.label("chunk_zero"), b.label("chunk_done"));
-    b.op(format!("@!{valid} bra {zero_l}"));
-    let (off64, src) = (b.rd(), b.rd());
-    b.op(format!("cvt.u64.u32 {off64}, {idx}"));
-    b.op(format!("add.s64 {src}, {}, {off64}", a.get(name)));
-    let words = load_vec_words(b, format, &src);
-    let magic = b.imm(0x4B00_0000);
-    let mut vals = vec_values(b, format, sm, &words, &magic);
-    if let Some(grow) = row_params {
-        let (sc, of) = (b.f(), b.f());
-        let (sa, oa) = (b.rd(), b.rd());
-        let o64 = b.rd();
-        b.op(format!("mul.wide.u32 {o64}, {grow}, 4"));
-        b.op(format!("add.s64 {sa}, {}, {o64}", a.get("k_scales")));
-        b.op(format!("add.s64 {oa}, {}, {o64}", a.get("k_offsets")));
-        b.op(format!("ld.global.nc.f32 {sc}, [{sa}]"));
-        b.op(format!("ld.global.nc.f32 {of}, [{oa}]"));
-        for v in vals.iter_mut() {
-            b.op(format!("fma.rn.f32 {v}, {v}, {sc}, {of}"));
+/// The quantized sides' raw bytes of keys `j0 .. j0 + keys` into the
+/// staging buffer at `raw` by `cp.async` (zeros from the block's key end
+/// on: they decode to finite values).
+fn issue_raw(b: &mut Body, lay: &PrefillLayout, cx: &Ctx, a: &Args, raw: &str, j0: &str) {
+    let d16 = lay.d / 16;
+    let total = lay.keys * d16;
+    let sides: Vec<(&str, u32)> = [("k", lay.raw_k), ("v", lay.raw_v)]
+        .into_iter()
+        .filter_map(|(n, off)| off.map(|o| (n, o)))
+        .collect();
+    for it in 0..total.div_ceil(THREADS) {
+        let (i, row, c) = chunk_of(b, cx, it, d16);
+        let skip = guard(b, &i, total);
+        let (grow, valid) = key_row(b, cx, a, j0, &row);
+        let (src_off, bytes) = (b.r(), b.r());
+        b.op(format!("mul.lo.s32 {src_off}, {grow}, {}", lay.d));
+        b.op(format!("mad.lo.s32 {src_off}, {c}, 16, {src_off}"));
+        b.op(format!("selp.b32 {bytes}, 16, 0, {valid}"));
+        let off64 = b.rd();
+        b.op(format!("cvt.u64.u32 {off64}, {src_off}"));
+        for &(name, at) in &sides {
+            let (dst, src) = (b.r(), b.rd());
+            b.op(format!("mad.lo.s32 {dst}, {row}, {}, {raw}", lay.d));
+            b.op(format!("mad.lo.s32 {dst}, {c}, 16, {dst}"));
+            b.op(format!("add.s32 {dst}, {dst}, {at}"));
+            b.op(format!("add.s64 {src}, {}, {off64}", a.get(name)));
+            b.op(format!(
+                "cp.async.cg.shared.global [{dst}], [{src}], 16, {bytes}"
+            ));
+        }
+        if let Some(s) = skip {
+            b.place(&s);
         }
     }
-    let packed: Vec<String> = vals
-        .chunks(2)
-        .map(|pair| {
-            let w = b.r();
-            b.op(format!("cvt.rn.f16x2.f32 {w}, {}, {}", pair[1], pair[0]));
-            w
-        })
-        .collect();
-    b.op(format!(
-        "st.shared.v4.b32 [{dst}], {{{}}}",
-        packed.join(", ")
-    ));
-    b.op(format!("bra {done}"));
-    b.place(&zero_l);
-    let z = b.imm(0);
-    b.op(format!("st.shared.v4.b32 [{dst}], {{{z}, {z}, {z}, {z}}}"));
-    b.place(&done);
+    if let Some(at) = lay.raw_params {
+        // Scale then offset of each key row: 2·keys 4-byte copies.
+        let total = 2 * lay.keys;
+        for it in 0..total.div_ceil(THREADS) {
+            let i = b.r();
+            b.op(format!("add.s32 {i}, {}, {}", cx.tid, it * THREADS));
+            let skip = guard(b, &i, total);
+            let (row, which) = (b.r(), b.r());
+            b.op(format!("shr.u32 {row}, {i}, 1"));
+            b.op(format!("and.b32 {which}, {i}, 1"));
+            let (grow, valid) = key_row(b, cx, a, j0, &row);
+            let (bytes, dst, o64, src, alt) = (b.r(), b.r(), b.rd(), b.rd(), b.pred());
+            b.op(format!("selp.b32 {bytes}, 4, 0, {valid}"));
+            b.op(format!(
+                "mad.lo.s32 {dst}, {which}, {}, {raw}",
+                4 * lay.keys
+            ));
+            b.op(format!("mad.lo.s32 {dst}, {row}, 4, {dst}"));
+            b.op(format!("add.s32 {dst}, {dst}, {at}"));
+            b.op(format!("mul.wide.u32 {o64}, {grow}, 4"));
+            b.op(format!("setp.ne.s32 {alt}, {which}, 0"));
+            b.op(format!("add.s64 {src}, {}, {o64}", a.get("k_scales")));
+            b.op(format!(
+                "@{alt} add.s64 {src}, {}, {o64}",
+                a.get("k_offsets")
+            ));
+            b.op(format!(
+                "cp.async.ca.shared.global [{dst}], [{src}], 4, {bytes}"
+            ));
+            if let Some(s) = skip {
+                b.place(&s);
+            }
+        }
+    }
+}
+
+/// The quantized sides of the staging buffer at `raw` decoded to f16 into
+/// the stage at `base`: int8 keys as `scale·q + offset` of their row, fp8
+/// values exactly. `magic` holds 0x4B000000 (the int8 decode's).
+#[allow(clippy::too_many_arguments)]
+fn convert(
+    b: &mut Body,
+    plan: &PrefillPlan,
+    lay: &PrefillLayout,
+    sm: Sm,
+    cx: &Ctx,
+    raw: &str,
+    base: &str,
+    magic: &str,
+) {
+    let d8 = lay.d / 8;
+    let total = lay.keys * d8;
+    let sides = [
+        (plan.k, lay.raw_k, 0),
+        (plan.v, lay.raw_v, lay.keys * lay.stride),
+    ];
+    for it in 0..total.div_ceil(THREADS) {
+        let (i, row, c) = chunk_of(b, cx, it, d8);
+        let skip = guard(b, &i, total);
+        for (format, raw_at, tile_off) in sides {
+            let Some(at) = raw_at else { continue };
+            let src = b.r();
+            b.op(format!("mad.lo.s32 {src}, {row}, {}, {raw}", lay.d));
+            b.op(format!("mad.lo.s32 {src}, {c}, 8, {src}"));
+            let words = [b.r(), b.r()];
+            b.op(format!(
+                "ld.shared.v2.b32 {{{}, {}}}, [{src}+{at}]",
+                words[0], words[1]
+            ));
+            let mut vals = vec_values(b, format, sm, &words, magic);
+            if format == KvFormat::I8AsymRow {
+                let p = lay
+                    .raw_params
+                    .expect("int8 keys stage their row parameters");
+                let (pa, sc, of) = (b.r(), b.f(), b.f());
+                b.op(format!("mad.lo.s32 {pa}, {row}, 4, {raw}"));
+                b.op(format!("ld.shared.f32 {sc}, [{pa}+{p}]"));
+                b.op(format!("ld.shared.f32 {of}, [{pa}+{}]", p + 4 * lay.keys));
+                for v in vals.iter_mut() {
+                    b.op(format!("fma.rn.f32 {v}, {v}, {sc}, {of}"));
+                }
+            }
+            let packed: Vec<String> = vals
+                .chunks(2)
+                .map(|pair| {
+                    let w = b.r();
+                    b.op(format!("cvt.rn.f16x2.f32 {w}, {}, {}", pair[1], pair[0]));
+                    w
+                })
+                .collect();
+            let dst = b.r();
+            b.op(format!("mad.lo.s32 {dst}, {row}, {}, {base}", lay.stride));
+            b.op(format!("mad.lo.s32 {dst}, {c}, 16, {dst}"));
+            b.op(format!(
+                "st.shared.v4.b32 [{dst}+{tile_off}], {{{}}}",
+                packed.join(", ")
+            ));
+        }
+        if let Some(s) = skip {
+            b.place(&s);
+        }
+    }
 }
