@@ -16,6 +16,7 @@ mod ptx_sim;
 use half::f16;
 use ptx_common::{assemble_entries, ptxas};
 use tessera_codegen::gpu::LaunchExtent;
+use tessera_codegen::ptx::prefill::BlockPlan;
 use tessera_codegen::ptx::{PtxBackend, Sm, prefill};
 use tessera_dsl::interp::{Bindings, Value, run};
 use tessera_dsl::{Kernel, Op, library};
@@ -55,7 +56,7 @@ fn check(kernel: &Kernel, sm: Sm, c: &Case) {
 }
 
 /// [`check`] under another block plan (keys per block, Q in registers).
-fn check_at(kernel: &Kernel, sm: Sm, c: &Case, blocks: Option<(u32, bool)>) {
+fn check_at(kernel: &Kernel, sm: Sm, c: &Case, blocks: Option<BlockPlan>) {
     use ptx_sim::{Arg, Buffer, Module, launch_with_shared};
     let (t, hq, kvh, d) = (c.t, c.hq, c.kvh, c.d);
     let s = c.p + t;
@@ -184,14 +185,17 @@ fn simulated_prefill_matches_the_interpreter() {
 }
 
 /// Other block plans (16, 32 and 128 keys; Q from shared memory at
-/// d = 64) compute the same outputs, f16 and kv8.
+/// d = 64; 1, 2 and 8 warps) compute the same outputs, f16 and kv8.
 #[test]
 fn simulated_plans_match_the_interpreter() {
     let ks = kernels();
-    for (n, blocks) in [(16, true), (32, false), (128, true)]
-        .into_iter()
-        .enumerate()
-    {
+    let plan = |keys, q_in_registers, warps| BlockPlan {
+        keys,
+        q_in_registers,
+        warps,
+    };
+    let plans = [plan(16, true, 1), plan(32, false, 2), plan(128, true, 8)];
+    for (n, blocks) in plans.into_iter().enumerate() {
         for k in &ks[..2] {
             let c = Case {
                 p: 17,

@@ -32,6 +32,7 @@ use half::f16;
 use tessera_codegen::gpu::{GemvPlan, KvFormat as GpuKv, MatmulShape};
 use tessera_codegen::ptx::PtxProgram;
 use tessera_codegen::ptx::attention::{Depth, print_at, register_budget};
+use tessera_codegen::ptx::prefill::BlockPlan;
 use tessera_dsl::ir::Variant;
 use tessera_dsl::library;
 use tessera_dsl::quant::quantize;
@@ -430,12 +431,20 @@ fn bench_prefill(cuda: &CudaDevice) -> Result<(), Failure> {
 /// (`cuda_bench prefill-plans`).
 fn sweep_prefill_plans(cuda: &CudaDevice) -> Result<(), Failure> {
     let stream = cuda.stream();
-    let plans: [Option<(u32, bool)>; 5] = [
+    let plan = |keys, q_in_registers, warps| {
+        Some(BlockPlan {
+            keys,
+            q_in_registers,
+            warps,
+        })
+    };
+    let plans = [
         None,
-        Some((32, true)),
-        Some((128, true)),
-        Some((64, false)),
-        Some((32, false)),
+        plan(32, true, 4),
+        plan(64, true, 8),
+        plan(32, true, 8),
+        plan(64, true, 2),
+        plan(128, true, 4),
     ];
     for (hq, kvh, d, heads) in [(32, 32, 128, "llama2-7b"), (12, 2, 128, "qwen2-1.5b")] {
         for (format, name) in [(KvFormat::F16, "f16"), (KvFormat::Kv8, "kv8")] {
@@ -478,10 +487,14 @@ fn sweep_prefill_plans(cuda: &CudaDevice) -> Result<(), Failure> {
                         .collect();
                     let worst = against_first(&mut reference, got);
                     let flops = 4 * hq * d * t * (t + 1) / 2;
-                    let (keys, q_regs) = blocks.unwrap_or((program.plan.keys, d <= 128));
+                    let (keys, warps) = (program.plan.keys, program.plan.rows / 16);
+                    let q_regs = blocks.map_or(d <= 128, |b| b.q_in_registers);
                     eprintln!(
-                        "prefill plan {heads} {name} t {t} keys {keys} q_in_registers {q_regs}: {us:.1} us ({:.1} TFLOP/s), max diff {worst}",
+                        "prefill plan {heads} {name} t {t} keys {keys} q_in_registers {q_regs} warps {warps}: {us:.1} us ({:.1} TFLOP/s), max diff {worst}",
                         flops as f64 / us / 1e6
+                    );
+                    println!(
+                        "{{\"kind\":\"prefill-plan\",\"heads\":\"{heads}\",\"kv\":\"{name}\",\"t\":{t},\"keys\":{keys},\"q_in_registers\":{q_regs},\"warps\":{warps},\"us\":{us:.3},\"flops\":{flops},\"max_diff\":{worst},\"graph\":{graph}}}"
                     );
                     println!(
                         "{{\"kind\":\"prefill-plan\",\"heads\":\"{heads}\",\"kv\":\"{name}\",\"t\":{t},\"keys\":{keys},\"q_in_registers\":{q_regs},\"us\":{us:.3},\"flops\":{flops},\"max_diff\":{worst},\"graph\":{graph}}}"

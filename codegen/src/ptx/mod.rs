@@ -251,27 +251,25 @@ impl PtxBackend {
         self.prefill_program_at(kernel, d, None)
     }
 
-    /// [`Self::prefill_program`] under another block plan (`keys` per
-    /// block, Q in registers), for measuring one against another.
+    /// [`Self::prefill_program`] under another block plan, for measuring
+    /// one against another.
     pub fn prefill_program_at(
         &self,
         kernel: &Kernel,
         d: usize,
-        blocks: Option<(u32, bool)>,
+        blocks: Option<prefill::BlockPlan>,
     ) -> Result<PtxPrefillProgram, EmitError> {
         let mut plan = gpu::plan_prefill_attention(kernel, self.sm.caps(), d)?;
         let lay = match blocks {
             None => prefill::PrefillLayout::new(plan.d, plan.k, plan.v, self.sm)?,
-            Some((keys, q_in_registers)) => {
-                prefill::PrefillLayout::with(plan.d, plan.k, plan.v, self.sm, keys, q_in_registers)?
-            }
+            Some(blocks) => prefill::PrefillLayout::with(plan.d, plan.k, plan.v, self.sm, blocks)?,
         };
-        plan.rows = prefill::ROWS;
+        plan.rows = lay.rows();
         plan.keys = lay.keys;
         plan.launch[0] = LaunchDim {
             extent: LaunchExtent::PrefillRows,
-            per_group: prefill::ROWS,
-            local: 32 * prefill::ROWS / 16,
+            per_group: lay.rows(),
+            local: lay.threads(),
         };
         let mut h = String::new();
         let _ = writeln!(

@@ -4,16 +4,16 @@
 //!
 //! # Mapping
 //!
-//! Grid `(⌈t·group / 64⌉, kv_heads)`, block 4 warps. Rows are (query token,
-//! query head) pairs of one KV head, token-major, as in the OpenCL prefill,
-//! so the heads of a GQA group share each K/V block. Block `x` takes rows
-//! `64·(gridDim.x − 1 − x)` on: the longest causal rows start first. Warp
+//! Grid `(⌈t·group / rows⌉, kv_heads)`, block 4 or 8 warps of 16 rows
+//! ([`BlockPlan`]). Rows are (query token, query head) pairs of one KV
+//! head, token-major, as in the OpenCL prefill, so the heads of a GQA
+//! group share each K/V block. Block `x` takes rows
+//! `rows·(gridDim.x − 1 − x)` on: the longest causal rows start first. Warp
 //! `w` owns rows `16w .. 16w + 15` of the block (the mma's m side); thread
 //! `lane` with `g = lane >> 2`, `t = lane & 3` holds rows `g` and `g + 8`.
 //!
-//! Per key block of `keys` rows (64 for f16 caches up to d = 128, else
-//! 32), up to the block's last causal limit (later blocks are never
-//! loaded):
+//! Per key block of `keys` rows (64 up to d = 128, else 32), up to the
+//! block's last causal limit (later blocks are never loaded):
 //!
 //! 1. `S = Q·Kᵀ`: Q's A fragments (in registers for d ≤ 128, else read
 //!    from shared memory per block by `ldmatrix.x4`), K's B fragments by
@@ -46,14 +46,14 @@ use super::{Args, Limits, Sm, module};
 use crate::artifact::EmitError;
 use crate::gpu::{KvFormat, PrefillPlan};
 
-/// Warps per block; each owns 16 query rows.
-const WARPS: u32 = 4;
-
-/// Query rows per block.
-pub const ROWS: u32 = 16 * WARPS;
-
-/// Threads per block.
-const THREADS: u32 = 32 * WARPS;
+/// How a prefill block is cut: keys per key block, where Q's fragments
+/// live, and warps per block (each owns 16 query rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockPlan {
+    pub keys: u32,
+    pub q_in_registers: bool,
+    pub warps: u32,
+}
 
 /// `.maxnreg` of the prefill: the O accumulators alone are `d/2` registers
 /// a thread, so the kernel takes the architectural maximum (two blocks of
@@ -71,6 +71,8 @@ fn unsupported(what: String) -> EmitError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PrefillLayout {
     pub d: u32,
+    /// Warps per block; query rows per block are 16 a warp.
+    pub warps: u32,
     /// Keys per block.
     pub keys: u32,
     /// Bytes of one shared row of `d` halves, padded by 16.
@@ -93,28 +95,43 @@ pub struct PrefillLayout {
 }
 
 impl PrefillLayout {
-    /// The default plan for head dim `d`: Q in registers up to d = 128,
-    /// in shared memory above; 64-key blocks for f16 caches up to d = 128,
-    /// else 32. (H200, `cuda_bench prefill-plans`, 2048 tokens: 64 keys
-    /// beat 32 and 128 by 10–15% on f16 caches; on kv8 caches 32 keys
-    /// beat 64 by 14–16%, the decode of a block then overlapping better.)
+    /// The default plan for head dim `d`: up to d = 128, Q in registers
+    /// and 64-key blocks, 4 warps for f16 caches and 8 for quantized ones;
+    /// above, Q in shared memory, 32-key blocks, 4 warps. (H200, `cuda_bench
+    /// prefill-plans`, 2048 tokens: on f16 caches 64 keys beat 32 and 128
+    /// by 10–15% and 8 warps were 2–6% slower; on kv8 caches 8 warps of 64
+    /// keys beat 4 of 32 by 16–18%: each decoded block serves twice the
+    /// rows.)
     pub fn new(d: u32, k: KvFormat, v: KvFormat, sm: Sm) -> Result<PrefillLayout, EmitError> {
         let small = d <= 128;
         let f16 = k == KvFormat::F16 && v == KvFormat::F16;
-        let keys = if small && f16 { 64 } else { 32 };
-        PrefillLayout::with(d, k, v, sm, keys, small)
+        let plan = BlockPlan {
+            keys: if small { 64 } else { 32 },
+            q_in_registers: small,
+            warps: if small && !f16 { 8 } else { 4 },
+        };
+        PrefillLayout::with(d, k, v, sm, plan)
     }
 
     /// Another plan: `keys` per block (a multiple of 16), Q in registers or
-    /// read from shared memory per block.
+    /// read from shared memory per block, 1 to 8 warps.
     pub fn with(
         d: u32,
         k: KvFormat,
         v: KvFormat,
         sm: Sm,
-        keys: u32,
-        q_in_registers: bool,
+        plan: BlockPlan,
     ) -> Result<PrefillLayout, EmitError> {
+        let BlockPlan {
+            keys,
+            q_in_registers,
+            warps,
+        } = plan;
+        if !(1..=8).contains(&warps) {
+            return Err(unsupported(format!(
+                "{warps} warps per prefill block (1 to 8)"
+            )));
+        }
         if d == 0 || !d.is_multiple_of(16) {
             return Err(unsupported(format!(
                 "head dim {d} in the tensor-core prefill (a multiple of 16: the mma's k step)"
@@ -126,7 +143,7 @@ impl PrefillLayout {
             )));
         }
         let stride = 2 * d + 16;
-        let q_bytes = ROWS * stride;
+        let q_bytes = 16 * warps * stride;
         let stage_bytes = 2 * keys * stride;
         let mut raw_bytes = 0;
         let mut place = |bytes: u32| {
@@ -148,6 +165,7 @@ impl PrefillLayout {
         }
         Ok(PrefillLayout {
             d,
+            warps,
             keys,
             stride,
             q_in_registers,
@@ -162,8 +180,22 @@ impl PrefillLayout {
     }
 }
 
+impl PrefillLayout {
+    /// Query rows per block.
+    pub fn rows(&self) -> u32 {
+        16 * self.warps
+    }
+
+    /// Threads per block.
+    pub fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+}
+
 /// Block-invariant registers.
 struct Ctx {
+    /// Threads per block (an emit-time constant).
+    threads: u32,
     tid: String,
     lane: String,
     warp: String,
@@ -183,16 +215,21 @@ pub fn print(
     sm: Sm,
     header: &str,
 ) -> Result<(String, u32), EmitError> {
-    if plan.d != lay.d || plan.keys != lay.keys || plan.rows != ROWS {
+    if plan.d != lay.d || plan.keys != lay.keys || plan.rows != lay.rows() {
         return Err(unsupported(format!(
-            "a plan of {} rows × {} keys at d = {} for a layout of {ROWS} × {} at d = {}",
-            plan.rows, plan.keys, plan.d, lay.keys, lay.d
+            "a plan of {} rows × {} keys at d = {} for a layout of {} × {} at d = {}",
+            plan.rows,
+            plan.keys,
+            plan.d,
+            lay.rows(),
+            lay.keys,
+            lay.d
         )));
     }
     let smem_name = format!("{}_smem", plan.entry);
     let mut b = Body::new();
     let a = Args::load(&mut b, &plan.entry, &plan.args);
-    let cx = ctx(&mut b, &a, &smem_name);
+    let cx = ctx(&mut b, lay, &a, &smem_name);
     let d = lay.d;
     let (t, s, hq) = (a.get("t"), a.get("s"), a.get("hq"));
 
@@ -583,7 +620,7 @@ pub fn print(
         &plan.entry,
         &plan.args,
         Limits {
-            reqntid: [THREADS, 1, 1],
+            reqntid: [lay.threads(), 1, 1],
             maxnreg: MAX_REGISTERS,
         },
         &decls,
@@ -603,7 +640,8 @@ fn mma(b: &mut Body, acc: &[String; 4], a: &[String; 4], bf: [&String; 2]) {
     ));
 }
 
-fn ctx(b: &mut Body, a: &Args, smem: &str) -> Ctx {
+fn ctx(b: &mut Body, lay: &PrefillLayout, a: &Args, smem: &str) -> Ctx {
+    let rows_per_block = lay.rows();
     let (tid, lane, warp, kv) = (b.r(), b.r(), b.r(), b.r());
     b.op(format!("mov.u32 {tid}, %tid.x"));
     b.op(format!("and.b32 {lane}, {tid}, 31"));
@@ -622,9 +660,9 @@ fn ctx(b: &mut Body, a: &Args, smem: &str) -> Ctx {
     b.op(format!("mov.u32 {cb}, %ctaid.x"));
     b.op(format!("sub.s32 {r0}, {nb}, {cb}"));
     b.op(format!("sub.s32 {r0}, {r0}, 1"));
-    b.op(format!("mul.lo.s32 {r0}, {r0}, {ROWS}"));
+    b.op(format!("mul.lo.s32 {r0}, {r0}, {rows_per_block}"));
     let (last, kend) = (b.r(), b.r());
-    b.op(format!("add.s32 {last}, {r0}, {ROWS}"));
+    b.op(format!("add.s32 {last}, {r0}, {rows_per_block}"));
     b.op(format!("min.s32 {last}, {last}, {rows}"));
     b.op(format!("sub.s32 {last}, {last}, 1"));
     b.op(format!("div.u32 {last}, {last}, {group}"));
@@ -634,6 +672,7 @@ fn ctx(b: &mut Body, a: &Args, smem: &str) -> Ctx {
     let base = b.r();
     b.op(format!("mov.u32 {base}, {smem}"));
     Ctx {
+        threads: lay.threads(),
         tid,
         lane,
         warp,
@@ -650,7 +689,7 @@ fn ctx(b: &mut Body, a: &Args, smem: &str) -> Ctx {
 /// copy of a tile of `d8` chunks per row, or None past `total` chunks.
 fn chunk_of(b: &mut Body, cx: &Ctx, it: u32, d8: u32) -> (String, String, String) {
     let (i, row, c) = (b.r(), b.r(), b.r());
-    b.op(format!("add.s32 {i}, {}, {}", cx.tid, it * THREADS));
+    b.op(format!("add.s32 {i}, {}, {}", cx.tid, it * cx.threads));
     b.op(format!("div.u32 {row}, {i}, {d8}"));
     b.op(format!("rem.u32 {c}, {i}, {d8}"));
     (i, row, c)
@@ -658,8 +697,8 @@ fn chunk_of(b: &mut Body, cx: &Ctx, it: u32, d8: u32) -> (String, String, String
 
 /// Guards copy `it` when the tile's chunks do not fill every thread's
 /// last trip; returns the label to place after the copy.
-fn guard(b: &mut Body, i: &str, total: u32) -> Option<String> {
-    if total.is_multiple_of(THREADS) {
+fn guard(b: &mut Body, cx: &Ctx, i: &str, total: u32) -> Option<String> {
+    if total.is_multiple_of(cx.threads) {
         return None;
     }
     let (skip, p) = (b.label("copy_skip"), b.pred());
@@ -672,10 +711,10 @@ fn guard(b: &mut Body, i: &str, total: u32) -> Option<String> {
 /// the last row).
 fn load_q(b: &mut Body, lay: &PrefillLayout, cx: &Ctx, a: &Args, hq: &str) {
     let d8 = lay.d / 8;
-    let total = ROWS * d8;
-    for it in 0..total.div_ceil(THREADS) {
+    let total = lay.rows() * d8;
+    for it in 0..total.div_ceil(cx.threads) {
         let (i, row, c) = chunk_of(b, cx, it, d8);
-        let skip = guard(b, &i, total);
+        let skip = guard(b, cx, &i, total);
         let (r, valid, tok, head) = (b.r(), b.pred(), b.r(), b.r());
         b.op(format!("add.s32 {r}, {}, {row}", cx.r0));
         b.op(format!("setp.lt.s32 {valid}, {r}, {}", cx.rows));
@@ -765,9 +804,9 @@ fn issue_direct(
         "f16 K/V block: {} keys x {d8} chunks of 8 halves.",
         lay.keys
     ));
-    for it in 0..total.div_ceil(THREADS) {
+    for it in 0..total.div_ceil(cx.threads) {
         let (i, row, c) = chunk_of(b, cx, it, d8);
-        let skip = guard(b, &i, total);
+        let skip = guard(b, cx, &i, total);
         let (grow, valid) = key_row(b, cx, a, j0, &row);
         let idx = b.r();
         b.op(format!("mul.lo.s32 {idx}, {grow}, {}", lay.d));
@@ -793,9 +832,9 @@ fn issue_raw(b: &mut Body, lay: &PrefillLayout, cx: &Ctx, a: &Args, raw: &str, j
         .into_iter()
         .filter_map(|(n, off)| off.map(|o| (n, o)))
         .collect();
-    for it in 0..total.div_ceil(THREADS) {
+    for it in 0..total.div_ceil(cx.threads) {
         let (i, row, c) = chunk_of(b, cx, it, d16);
-        let skip = guard(b, &i, total);
+        let skip = guard(b, cx, &i, total);
         let (grow, valid) = key_row(b, cx, a, j0, &row);
         let (src_off, bytes) = (b.r(), b.r());
         b.op(format!("mul.lo.s32 {src_off}, {grow}, {}", lay.d));
@@ -820,10 +859,10 @@ fn issue_raw(b: &mut Body, lay: &PrefillLayout, cx: &Ctx, a: &Args, raw: &str, j
     if let Some(at) = lay.raw_params {
         // Scale then offset of each key row: 2·keys 4-byte copies.
         let total = 2 * lay.keys;
-        for it in 0..total.div_ceil(THREADS) {
+        for it in 0..total.div_ceil(cx.threads) {
             let i = b.r();
-            b.op(format!("add.s32 {i}, {}, {}", cx.tid, it * THREADS));
-            let skip = guard(b, &i, total);
+            b.op(format!("add.s32 {i}, {}, {}", cx.tid, it * cx.threads));
+            let skip = guard(b, cx, &i, total);
             let (row, which) = (b.r(), b.r());
             b.op(format!("shr.u32 {row}, {i}, 1"));
             b.op(format!("and.b32 {which}, {i}, 1"));
@@ -873,9 +912,9 @@ fn convert(
         (plan.k, lay.raw_k, 0),
         (plan.v, lay.raw_v, lay.keys * lay.stride),
     ];
-    for it in 0..total.div_ceil(THREADS) {
+    for it in 0..total.div_ceil(cx.threads) {
         let (i, row, c) = chunk_of(b, cx, it, d8);
-        let skip = guard(b, &i, total);
+        let skip = guard(b, cx, &i, total);
         for (format, raw_at, tile_off) in sides {
             let Some(at) = raw_at else { continue };
             let src = b.r();
