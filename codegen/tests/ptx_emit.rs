@@ -182,16 +182,16 @@ fn parameters_and_launch_are_the_shared_plans() {
 fn the_design_s_instructions_are_there() {
     let be = PtxBackend::new(Sm::Sm80);
     let f16 = gpu::with_gpu_weight_layout(&library::get("matmul-f16").unwrap()).unwrap();
-    let t = tiles(Sm::Sm80, &f16, 8).remove(0);
-    let flat = be.emit_variant(&f16, &t, Variant::FlatGemm).unwrap();
+    let t = tiles(Sm::Sm80, &f16, 64).remove(0);
+    let gemm = be.emit_variant(&f16, &t, Variant::Gemm).unwrap();
     assert!(matches!(
-        flat,
+        gemm,
         Artifact::Source {
             lang: SourceLang::Ptx,
             ..
         }
     ));
-    let flat = flat.to_string();
+    let gemm = gemm.to_string();
     for needle in [
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
         "cp.async.cg.shared.global",
@@ -201,8 +201,17 @@ fn the_design_s_instructions_are_there() {
         ".target sm_80",
         ".address_size 64",
     ] {
-        assert!(flat.contains(needle), "flat GEMM lacks {needle}");
+        assert!(gemm.contains(needle), "GEMM lacks {needle}");
     }
+    // The flat GEMM is the GEMV with 8 rows of e a thread: one weight
+    // load serves them all.
+    let t = tiles(Sm::Sm80, &f16, 8).remove(0);
+    let flat = be
+        .emit_variant(&f16, &t, Variant::FlatGemm)
+        .unwrap()
+        .to_string();
+    assert!(flat.contains("x 8 rows of e per thread"), "{flat}");
+    assert!(!flat.contains("mma.sync"), "flat GEMM on tensor cores");
     let w4 = library::get("matmul-w4a16").unwrap();
     let t = tiles(Sm::Sm80, &w4, 1).remove(0);
     let gemv = be.emit_variant(&w4, &t, Variant::Gemv).unwrap().to_string();
@@ -217,14 +226,14 @@ fn the_design_s_instructions_are_there() {
     }
     // No int→float conversion of 4-bit codes: bits and one subtract.
     assert!(!gemv.contains("cvt.rn.f32.s32") && !gemv.contains("cvt.rn.f32.u32"));
-    let t = tiles(Sm::Sm90, &w4, 8).remove(0);
-    let flat4 = PtxBackend::new(Sm::Sm90)
-        .emit_variant(&w4, &t, Variant::FlatGemm)
+    let t = tiles(Sm::Sm90, &w4, 64).remove(0);
+    let gemm4 = PtxBackend::new(Sm::Sm90)
+        .emit_variant(&w4, &t, Variant::Gemm)
         .unwrap()
         .to_string();
-    assert!(flat4.contains(".target sm_90"));
-    assert!(flat4.contains("fma.rn.f16x2") && flat4.contains("prmt.b32"));
-    assert!(!flat4.contains("cvt.rn.f16.s32"));
+    assert!(gemm4.contains(".target sm_90"));
+    assert!(gemm4.contains("fma.rn.f16x2") && gemm4.contains("prmt.b32"));
+    assert!(!gemm4.contains("cvt.rn.f16.s32"));
 }
 
 #[test]

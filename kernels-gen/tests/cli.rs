@@ -286,7 +286,24 @@ fn emit_writes_bytes_and_refuses_bad_requests() {
 }
 
 #[test]
-fn emit_ptx_flat_gemm_uses_mma_and_gemv_uses_shuffles() {
+fn emit_ptx_gemm_uses_mma_and_gemv_uses_shuffles() {
+    let o = cli(&[
+        "emit",
+        "--target",
+        "ptx-sm80",
+        "--kernel",
+        "matmul-f16",
+        "--variant",
+        "gemm",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("mma.sync.aligned.m16n8k16"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(stdout(&o).contains("cp.async"));
+    // The flat GEMM is the GEMV over several rows of e.
     let o = cli(&[
         "emit",
         "--target",
@@ -297,12 +314,8 @@ fn emit_ptx_flat_gemm_uses_mma_and_gemv_uses_shuffles() {
         "flat-gemm",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(
-        stdout(&o).contains("mma.sync.aligned.m16n8k16"),
-        "{}",
-        stdout(&o)
-    );
-    assert!(stdout(&o).contains("cp.async"));
+    assert!(stdout(&o).contains("rows of e per thread"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("shfl.sync"));
     let o = cli(&[
         "emit",
         "--target",

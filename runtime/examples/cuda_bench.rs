@@ -1,7 +1,8 @@
 //! Times Tessera's PTX kernels on an NVIDIA GPU as the runtime runs them
-//! (feature `cuda`): `Linear` on the Llama2-7B shapes for W4A16, W8A16 and
-//! f16 weights at M from 1 to 2048 (the variant the runtime's plan picks
-//! for each M), and decode attention (32 query heads over 32 KV heads of
+//! (feature `cuda`): `Linear` on the Llama2-7B shapes for W4A16, Q4_0,
+//! W8A16, Q8_0 and f16 weights at M from 1 to 2048 (`CUDA_BENCH_MS` for
+//! fewer; the variant the runtime's plan picks for each M, and the others
+//! that serve it), and decode attention (32 query heads over 32 KV heads of
 //! 128, f16 and kv8 caches) at contexts 4096 to 32768, and causal prefill
 //! on tensor cores (Llama2-7B's 32 × 128 heads and Qwen2-1.5B's 12 over 2,
 //! prompts of 128 to 2048 tokens; `cuda_bench prefill` alone), beside the
@@ -164,12 +165,28 @@ fn layer(
     Ok(Linear::new(device, format, weights, n, k, None)?)
 }
 
+/// The batch sizes `linear` times: [`MS`], or the comma-separated list in
+/// `CUDA_BENCH_MS` (a shorter run on a machine lent for minutes).
+fn batch_sizes() -> Vec<usize> {
+    std::env::var("CUDA_BENCH_MS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|m| m.trim().parse().ok()).collect())
+        .filter(|ms: &Vec<usize>| !ms.is_empty())
+        .unwrap_or_else(|| MS.to_vec())
+}
+
 fn bench_linear(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
     let stream = cuda.stream();
     let mut rng = Lcg(7);
     for (n, k) in SHAPES {
         let raw: Vec<f32> = (0..n * k).map(|_| rng.next() * 0.6).collect();
-        for format in [WeightFormat::W4A16, WeightFormat::W8A16, WeightFormat::F16] {
+        for format in [
+            WeightFormat::W4A16,
+            WeightFormat::Q4_0A16,
+            WeightFormat::W8A16,
+            WeightFormat::Q8_0A16,
+            WeightFormat::F16,
+        ] {
             let first = layer(device, format, &raw, n, k)?;
             let bytes = first.cuda_weight_bytes().ok_or("not a CUDA layer")?;
             let copies = copies_for(bytes, l2);
@@ -183,7 +200,7 @@ fn bench_linear(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Result<()
                 layers[0].plan().m2
             );
             eprintln!("{}", layers[0].plan());
-            for m in MS {
+            for m in batch_sizes() {
                 let bits: Vec<u16> = (0..m * k)
                     .map(|_| f16::from_f32(rng.next()).to_bits())
                     .collect();
@@ -656,6 +673,7 @@ fn sweep_gemv_plans(device: &Arc<Device>, cuda: &CudaDevice, l2: usize) -> Resul
                 wg_h,
                 k_lanes,
                 channels,
+                rows: 1,
             };
             let mut plan = base.clone();
             plan.shape = MatmulShape::Gemv(g);

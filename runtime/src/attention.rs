@@ -18,8 +18,8 @@
 //! policy.
 //!
 //! [`Attention::decode`] runs the JIT (or prebuilt) decode kernel on the
-//! whole cache; on OpenCL, the split-K decode program over the device
-//! cache. [`Attention::prefill`] runs the device's whole-prefill kernel
+//! whole cache; on OpenCL and CUDA, the split-K decode program over the
+//! device cache. [`Attention::prefill`] runs the device's whole-prefill kernel
 //! where it has one (x86 and NEON: each K/V block read once per block of
 //! query rows, an online softmax in registers), else the decode kernel once per
 //! prompt token over the causal prefix it may see (token i of t sits at
@@ -27,7 +27,9 @@
 //! prefill semantics); either way the tokens are split over the pool by
 //! per-core weights and by cost (later tokens see more keys). On OpenCL,
 //! prefill is one launch of the fused prefill program (head dims up to
-//! 256); on CUDA, one decode launch per prompt token, in order.
+//! 256); on CUDA, one launch of the tensor-core prefill program (head dims
+//! that are multiples of 16, up to 256), else one decode launch per prompt
+//! token, in order.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};

@@ -211,6 +211,20 @@ pub fn ptx_gemv_channels(weight_bits: u32) -> u32 {
     if weight_bits <= 4 { 4 } else { 2 }
 }
 
+/// The PTX flat GEMM (M = 2–16, decode of a batch) is the GEMV with
+/// `rows` rows of e per thread: the tensor-core flat GEMM streamed all of
+/// K through each warp and took 107–295 µs at every M on an H200 (cuBLAS:
+/// 13–28 µs), while the GEMV's time grew with M only because each row of
+/// e re-read and re-decoded the weights. Rows: the tile's e extent rounded
+/// down to 8, 4, 2 or 1; channels: 2 (the rows' accumulators take the
+/// registers the GEMV gives to channels).
+pub fn ptx_flat_rows(tile_ep: u32) -> u32 {
+    [8u32, 4, 2, 1]
+        .into_iter()
+        .find(|&d| d <= tile_ep)
+        .unwrap_or(1)
+}
+
 /// GEMV: see the module doc.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvPlan {
@@ -223,6 +237,9 @@ pub struct GemvPlan {
     /// ([`ptx_gemv_channels`] on PTX, where those instructions bound the
     /// GEMV; 1 on OpenCL).
     pub channels: u32,
+    /// Rows of e per work item: every weight chunk it loads serves each
+    /// (1 for the GEMV; the PTX flat GEMM's rows, [`ptx_flat_rows`]).
+    pub rows: u32,
 }
 
 /// Flat GEMM and GEMM: a block tile staged through local memory.
@@ -524,6 +541,18 @@ pub fn plan_matmul(
                 wg_h,
                 k_lanes,
                 channels,
+                rows: 1,
+            })
+        }
+        Variant::FlatGemm if caps.arch == Arch::Ptx && memory == WeightMemory::Buffer => {
+            // The GEMV's work group (4 channels of h per warp row, the rest
+            // of the block along l), several rows of e per thread.
+            let wg_h = 4;
+            MatmulShape::Gemv(GemvPlan {
+                wg_h,
+                k_lanes: (gpu.max_threads_per_block / wg_h).max(1),
+                channels: if weights.bits <= 4 { 1 } else { 2 },
+                rows: ptx_flat_rows(tile.ep),
             })
         }
         Variant::FlatGemm | Variant::Gemm => {
@@ -647,7 +676,7 @@ pub fn plan_matmul(
             },
             LaunchDim {
                 extent: LaunchExtent::E,
-                per_group: 1,
+                per_group: g.rows,
                 local: 1,
             },
         ],

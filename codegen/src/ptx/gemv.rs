@@ -2,10 +2,13 @@
 //! a [`GemvPlan`]: the OpenCL GEMV's mapping, printed as PTX.
 //!
 //! Block `(wg_h, k_lanes)`: thread `(x, y)` owns the `channels` output
-//! channels `h = ctaid.x·wg_h·channels + x + j·wg_h` of row `e = ctaid.z`
-//! and strides over the 128-bit weight chunks `c = y, y + k_lanes, ...` of
-//! l, each chunk's loads (every channel's codes and group parameters, then
-//! the activations) issued before its math. The activations are converted
+//! channels `h = ctaid.x·wg_h·channels + x + j·wg_h` of the `rows` rows
+//! `e = ctaid.z·rows + r` (one for the GEMV; the flat GEMM's batch rows,
+//! [`crate::gpu::ptx_flat_rows`], so each weight chunk is loaded once for
+//! all of them) and strides over the 128-bit weight chunks `c = y, y +
+//! k_lanes, ...` of l, each chunk's loads (every channel's codes and group
+//! parameters, then the activations, a row ahead) issued before its
+//! math. The activations are converted
 //! to f32 and summed once per chunk for all the thread's channels (the
 //! instructions a 4-bit weight costs are what bound this kernel). Per
 //! chunk and channel: one
@@ -59,6 +62,7 @@ pub fn print_at(
     let wt = &plan.weights;
     let epl = wt.elems_per_load;
     let channels = g.channels.max(1);
+    let rows = g.rows.max(1);
     let lanes_per_warp = warp_lanes(g, warp);
     let partials = g.k_lanes / lanes_per_warp;
     let red = format!("{}_red", plan.entry);
@@ -92,20 +96,43 @@ pub fn print_at(
         his.push(hj);
         outs.push(oj);
     }
-    let accs: Vec<String> = (0..channels).map(|_| b.f()).collect();
-    for acc in &accs {
+    // accs[r][j]: row r of this thread's rows of e, channel j.
+    let accs: Vec<Vec<String>> = (0..rows)
+        .map(|_| (0..channels).map(|_| b.f()).collect())
+        .collect();
+    for acc in accs.iter().flatten() {
         b.op(format!("mov.f32 {acc}, 0f00000000"));
     }
     let done = b.label("lanes_done");
     b.op(format!("@{} bra {done}", outs[0]));
 
-    // row = x + ei·l halves
-    let row = b.rd();
-    let rowoff = b.rd();
-    let eil = b.r();
-    b.op(format!("mul.lo.s32 {eil}, {cz}, {l}"));
-    b.op(format!("mul.wide.s32 {rowoff}, {eil}, 2"));
-    b.op(format!("add.s64 {row}, {}, {rowoff}", a.get("x")));
+    // Row r of e: e_r = ctaid.z·rows + r; its activations x + min(e_r,
+    // e − 1)·l halves (a row past e recomputes the last and stores
+    // nothing).
+    // One row (the GEMV): e_r = ctaid.z, always below e.
+    let e = a.get("e").to_string();
+    let (elast, e0) = (b.r(), b.r());
+    if rows == 1 {
+        b.op(format!("mov.u32 {e0}, {cz}"));
+    } else {
+        b.op(format!("sub.s32 {elast}, {e}, 1"));
+        b.op(format!("mul.lo.s32 {e0}, {cz}, {rows}"));
+    }
+    let row_ptrs: Vec<String> = (0..rows)
+        .map(|r| {
+            let (er, eil, rowoff, row) = (b.r(), b.r(), b.rd(), b.rd());
+            if rows == 1 {
+                b.op(format!("mov.u32 {er}, {e0}"));
+            } else {
+                b.op(format!("add.s32 {er}, {e0}, {r}"));
+                b.op(format!("min.s32 {er}, {er}, {elast}"));
+            }
+            b.op(format!("mul.lo.s32 {eil}, {er}, {l}"));
+            b.op(format!("mul.wide.s32 {rowoff}, {eil}, 2"));
+            b.op(format!("add.s64 {row}, {}, {rowoff}", a.get("x")));
+            row
+        })
+        .collect();
     let chunks = b.r();
     let tmp = b.r();
     b.op(format!("add.s32 {tmp}, {l}, {}", epl - 1));
@@ -133,33 +160,41 @@ pub fn print_at(
             load_weights(&mut b, &a, plan, &c, &his[j], guard)
         })
         .collect();
-    let xw = load_x(&mut b, &a, plan, &c, &row, &aligned);
-    let (xf, sx) = convert_x(&mut b, plan, &xw);
-    // The math through Σx cancels infinities against each other (inf −
-    // inf); where Σx is not finite (an infinite or NaN activation in the
-    // chunk) the chunk takes the exact path, x·w element by element, and
-    // its outputs are what the interpreter's are.
-    let exact = sx.as_ref().map(|sx| {
-        let (below, finite) = (b.pred(), b.pred());
-        b.op(format!("setp.lt.f32 {below}, {sx}, 0f7F800000"));
-        b.op(format!(
-            "setp.gt.and.f32 {finite}, {sx}, 0fFF800000, {below}"
-        ));
-        let label = b.label("chunk_exact");
-        b.op(format!("@!{finite} bra {label}"));
-        label
-    });
-    for (w, acc) in weights.iter().zip(&accs) {
-        channel_math(&mut b, plan, w, &xf, sx.as_deref(), acc);
-    }
-    if let Some(label) = exact {
-        let joined = b.label("chunk_math_end");
-        b.op(format!("bra {joined}"));
-        b.place(&label);
-        for (w, acc) in weights.iter().zip(&accs) {
-            exact_channel_math(&mut b, plan, w, &xf, acc);
+    // Each row's activations are loaded a row ahead of its math; the
+    // weights, loaded once, serve every row.
+    let mut next_x = Some(load_x(&mut b, &a, plan, &c, &row_ptrs[0], &aligned));
+    for r in 0..rows as usize {
+        let xw = next_x.take().expect("loaded a row ahead");
+        if r + 1 < rows as usize {
+            next_x = Some(load_x(&mut b, &a, plan, &c, &row_ptrs[r + 1], &aligned));
         }
-        b.place(&joined);
+        let (xf, sx) = convert_x(&mut b, plan, &xw);
+        // The math through Σx cancels infinities against each other (inf −
+        // inf); where Σx is not finite (an infinite or NaN activation in
+        // the chunk) the chunk takes the exact path, x·w element by
+        // element, and its outputs are what the interpreter's are.
+        let exact = sx.as_ref().map(|sx| {
+            let (below, finite) = (b.pred(), b.pred());
+            b.op(format!("setp.lt.f32 {below}, {sx}, 0f7F800000"));
+            b.op(format!(
+                "setp.gt.and.f32 {finite}, {sx}, 0fFF800000, {below}"
+            ));
+            let label = b.label("chunk_exact");
+            b.op(format!("@!{finite} bra {label}"));
+            label
+        });
+        for (w, acc) in weights.iter().zip(&accs[r]) {
+            channel_math(&mut b, plan, w, &xf, sx.as_deref(), acc);
+        }
+        if let Some(label) = exact {
+            let joined = b.label("chunk_math_end");
+            b.op(format!("bra {joined}"));
+            b.place(&label);
+            for (w, acc) in weights.iter().zip(&accs[r]) {
+                exact_channel_math(&mut b, plan, w, &xf, acc);
+            }
+            b.place(&joined);
+        }
     }
     b.op(format!("add.s32 {c}, {c}, {}", g.k_lanes));
     b.op(format!("bra.uni {top}"));
@@ -173,7 +208,7 @@ pub fn print_at(
             g.wg_h.ilog2(),
             warp.ilog2() - 1
         ));
-        for acc in &accs {
+        for acc in accs.iter().flatten() {
             let mut off = g.wg_h;
             while off < warp {
                 let t = b.f();
@@ -198,10 +233,11 @@ pub fn print_at(
     let ylow = b.r();
     b.op(format!("and.b32 {ylow}, {ty}, {}", lanes_per_warp - 1));
     b.op(format!("setp.eq.s32 {writer}, {ylow}, 0"));
-    for (j, acc) in accs.iter().enumerate() {
+    // Slot of (row r, channel j): red[((r·channels + j)·partials + ywarp)·wg_h + x].
+    for (k, acc) in accs.iter().flatten().enumerate() {
         b.op(format!(
             "@{writer} st.shared.f32 [{sa}+{}], {acc}",
-            4 * j as u32 * partials * g.wg_h
+            4 * k as u32 * partials * g.wg_h
         ));
     }
     b.op("bar.sync 0");
@@ -211,10 +247,21 @@ pub fn print_at(
     b.op(format!("@!{first} bra {exit}"));
     let xa = b.r();
     b.op(format!("mad.lo.s32 {xa}, {tx}, 4, {redaddr}"));
-    for (j, hj) in his.iter().enumerate() {
+    for (k, (r, j)) in (0..rows)
+        .flat_map(|r| (0..channels as usize).map(move |j| (r, j)))
+        .enumerate()
+    {
+        let hj = &his[j];
         let skip = b.label("channel_stored");
         b.op(format!("@{} bra {skip}", outs[j]));
-        let base = 4 * j as u32 * partials * g.wg_h;
+        let er = b.r();
+        b.op(format!("add.s32 {er}, {e0}, {r}"));
+        if rows > 1 {
+            let past = b.pred();
+            b.op(format!("setp.ge.s32 {past}, {er}, {e}"));
+            b.op(format!("@{past} bra {skip}"));
+        }
+        let base = 4 * k as u32 * partials * g.wg_h;
         let total = b.f();
         b.op(format!("ld.shared.f32 {total}, [{xa}+{base}]"));
         for k in 1..partials {
@@ -234,7 +281,7 @@ pub fn print_at(
         }
         activation(&mut b, plan.activation, &total);
         let yi = b.r();
-        b.op(format!("mad.lo.s32 {yi}, {cz}, {h}, {hj}"));
+        b.op(format!("mad.lo.s32 {yi}, {er}, {h}, {hj}"));
         store_y(&mut b, plan.y_format, a.get("y"), &yi, &total);
         b.place(&skip);
     }
@@ -243,7 +290,7 @@ pub fn print_at(
 
     let decls = vec![format!(
         ".shared .align 4 .f32 {red}[{}];",
-        partials * g.wg_h * channels
+        partials * g.wg_h * channels * rows
     )];
     module(
         sm,

@@ -162,8 +162,8 @@ impl PtxBackend {
             MatmulShape::Gemv(g) => {
                 let _ = writeln!(
                     h,
-                    "gemv: block {} h x {} lanes of l, {} channels per thread; lanes reduced by shfl.sync within a warp, then in shared memory",
-                    g.wg_h, g.k_lanes, g.channels
+                    "gemv: block {} h x {} lanes of l, {} channels x {} rows of e per thread; lanes reduced by shfl.sync within a warp, then in shared memory",
+                    g.wg_h, g.k_lanes, g.channels, g.rows
                 );
             }
             MatmulShape::Tiled(t) => {
