@@ -314,7 +314,11 @@ fn emit_ptx_gemm_uses_mma_and_gemv_uses_shuffles() {
         "flat-gemm",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("rows of e per thread"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("rows of e per thread"),
+        "{}",
+        stdout(&o)
+    );
     assert!(stdout(&o).contains("shfl.sync"));
     let o = cli(&[
         "emit",

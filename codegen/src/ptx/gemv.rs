@@ -160,8 +160,35 @@ pub fn print_at(
             load_weights(&mut b, &a, plan, &c, &his[j], guard)
         })
         .collect();
-    // Each row's activations are loaded a row ahead of its math; the
-    // weights, loaded once, serve every row.
+    // Several rows: a whole, aligned chunk takes the word-major path
+    // (each word of codes decoded once for every row); the tail chunk
+    // takes the row-by-row path below.
+    let chunk_done = (rows > 1).then(|| b.label("chunk_rows_done"));
+    if let Some(chunk_done) = &chunk_done {
+        let per_row = b.label("chunk_row_by_row");
+        let (l0, lend, whole) = (b.r(), b.r(), b.pred());
+        b.op(format!("mul.lo.s32 {l0}, {c}, {epl}"));
+        b.op(format!("add.s32 {lend}, {l0}, {epl}"));
+        b.op(format!("setp.le.and.s32 {whole}, {lend}, {l}, {aligned}"));
+        b.op(format!("@!{whole} bra {per_row}"));
+        word_major_rows(
+            &mut b,
+            plan,
+            &weights,
+            &row_ptrs,
+            &l0,
+            &accs,
+            &RowsExact {
+                a: &a,
+                c: &c,
+                aligned: &aligned,
+            },
+        );
+        b.op(format!("bra {chunk_done}"));
+        b.place(&per_row);
+    }
+    // Row by row: each row's activations are loaded a row ahead of its
+    // math; the weights, loaded once, serve every row.
     let mut next_x = Some(load_x(&mut b, &a, plan, &c, &row_ptrs[0], &aligned));
     for r in 0..rows as usize {
         let xw = next_x.take().expect("loaded a row ahead");
@@ -195,6 +222,9 @@ pub fn print_at(
             }
             b.place(&joined);
         }
+    }
+    if let Some(chunk_done) = &chunk_done {
+        b.place(chunk_done);
     }
     b.op(format!("add.s32 {c}, {c}, {}", g.k_lanes));
     b.op(format!("bra.uni {top}"));
@@ -526,6 +556,19 @@ fn channel_math(
             b.op(format!("fma.rn.f32 {dot}, {xi}, {vi}, {dot}"));
         }
     }
+    apply_dot(b, w, stretch, &dot, sx, acc);
+}
+
+/// `acc += scale·dot + offset·Σx` for one channel's chunk (with the 4-bit
+/// stretch: `acc += α·s·dot + (β·s + o)·Σx`).
+fn apply_dot(
+    b: &mut Body,
+    w: &ChannelWeights,
+    stretch: Option<(f32, f32)>,
+    dot: &str,
+    sx: Option<&str>,
+    acc: &str,
+) {
     match (&w.params, stretch) {
         (Some((scale, offset)), Some((alpha, beta))) => {
             // t = α·s, u = β·s + o: acc += t·Σ x·v' + u·Σ x.
@@ -547,6 +590,126 @@ fn channel_math(
             }
         }
         (None, _) => b.op(format!("add.f32 {acc}, {acc}, {dot}")),
+    }
+}
+
+/// What the word-major path needs to redo a row exactly.
+struct RowsExact<'a> {
+    a: &'a Args,
+    c: &'a str,
+    aligned: &'a str,
+}
+
+/// A whole chunk for every row, word-major: each 32-bit word of codes is
+/// decoded once per channel and meets every row's matching activations
+/// (one 4-, 8- or 16-byte load per row and word, converted once for all
+/// channels), summed into per-(row, channel) dots; then each row's dots
+/// go into its accumulators, or, where its Σx is not finite, the row's
+/// chunk is redone element by element ([`exact_channel_math`]).
+#[allow(clippy::too_many_arguments)]
+fn word_major_rows(
+    b: &mut Body,
+    plan: &MatmulPlan,
+    weights: &[ChannelWeights],
+    row_ptrs: &[String],
+    l0: &str,
+    accs: &[Vec<String>],
+    ex: &RowsExact<'_>,
+) {
+    let (dq, stretch) = chunk_dequant(plan);
+    let words = weights[0].words.len();
+    let per_word = plan.weights.elems_per_load / words as u32;
+    let x_sum = needs_x_sum(plan);
+    let rows = row_ptrs.len();
+    let dots: Vec<Vec<String>> = (0..rows)
+        .map(|_| weights.iter().map(|_| b.f()).collect())
+        .collect();
+    for d in dots.iter().flatten() {
+        b.op(format!("mov.f32 {d}, 0f00000000"));
+    }
+    let sums: Vec<String> = (0..rows).map(|_| b.f()).collect();
+    if x_sum {
+        for sx in &sums {
+            b.op(format!("mov.f32 {sx}, 0f00000000"));
+        }
+    }
+    // This chunk's activations start l0 halves into each row.
+    let xoff = b.rd();
+    b.op(format!("mul.wide.s32 {xoff}, {l0}, 2"));
+    let row_at: Vec<String> = row_ptrs
+        .iter()
+        .map(|row| {
+            let at = b.rd();
+            b.op(format!("add.s64 {at}, {row}, {xoff}"));
+            at
+        })
+        .collect();
+    b.comment(format!(
+        "Word-major: {words} words of {per_word} codes, each decoded once for {rows} rows."
+    ));
+    for k in 0..words {
+        let vals: Vec<Vec<String>> = weights
+            .iter()
+            .map(|w| dequant(b, dq, std::slice::from_ref(&w.words[k]), per_word))
+            .collect();
+        for r in 0..rows {
+            // per_word halves of row r: one load of 2·per_word bytes.
+            let xw: Vec<String> = (0..per_word / 2).map(|_| b.r()).collect();
+            let at = 2 * per_word * k as u32;
+            let ty = match xw.len() {
+                1 => format!("ld.global.nc.u32 {}, [{}+{at}]", xw[0], row_at[r]),
+                n => format!(
+                    "ld.global.nc.v{n}.u32 {{{}}}, [{}+{at}]",
+                    xw.join(", "),
+                    row_at[r]
+                ),
+            };
+            b.op(ty);
+            let mut xf = Vec::with_capacity(per_word as usize);
+            for w in &xw {
+                let (h0, h1) = (b.h(), b.h());
+                b.op(format!("mov.b32 {{{h0}, {h1}}}, {w}"));
+                for hh in [h0, h1] {
+                    let f = b.f();
+                    b.op(format!("cvt.f32.f16 {f}, {hh}"));
+                    if x_sum {
+                        b.op(format!("add.f32 {}, {}, {f}", sums[r], sums[r]));
+                    }
+                    xf.push(f);
+                }
+            }
+            for (v, dot) in vals.iter().zip(&dots[r]) {
+                for (xi, vi) in xf.iter().zip(v) {
+                    b.op(format!("fma.rn.f32 {dot}, {xi}, {vi}, {dot}"));
+                }
+            }
+        }
+    }
+    for r in 0..rows {
+        let next = b.label("row_applied");
+        if x_sum {
+            // As on the row-by-row path: a non-finite Σx takes the exact path.
+            let (below, finite) = (b.pred(), b.pred());
+            let sx = &sums[r];
+            b.op(format!("setp.lt.f32 {below}, {sx}, 0f7F800000"));
+            b.op(format!(
+                "setp.gt.and.f32 {finite}, {sx}, 0fFF800000, {below}"
+            ));
+            let fast = b.label("row_fast");
+            b.op(format!("@{finite} bra {fast}"));
+            let xw = load_x(b, ex.a, plan, ex.c, &row_ptrs[r], ex.aligned);
+            let (xf, _) = convert_x(b, plan, &xw);
+            for (w, acc) in weights.iter().zip(&accs[r]) {
+                exact_channel_math(b, plan, w, &xf, acc);
+            }
+            b.op(format!("bra {next}"));
+            b.place(&fast);
+        }
+        for ((w, dot), acc) in weights.iter().zip(&dots[r]).zip(&accs[r]) {
+            let sx = x_sum.then_some(sums[r].as_str());
+            apply_dot(b, w, stretch, dot, sx, acc);
+        }
+        b.place(&next);
     }
 }
 
