@@ -203,14 +203,17 @@ fn the_design_s_instructions_are_there() {
     ] {
         assert!(gemm.contains(needle), "GEMM lacks {needle}");
     }
-    // The flat GEMM is the GEMV with 8 rows of e a thread: one weight
+    // The flat GEMM is the GEMV with 4 rows of e a thread: one weight
     // load serves them all.
     let t = tiles(Sm::Sm80, &f16, 8).remove(0);
     let flat = be
         .emit_variant(&f16, &t, Variant::FlatGemm)
         .unwrap()
         .to_string();
-    assert!(flat.contains("x 8 rows of e per thread"), "{flat}");
+    assert!(
+        flat.contains("4 channels x 4 rows of e per thread"),
+        "{flat}"
+    );
     assert!(!flat.contains("mma.sync"), "flat GEMM on tensor cores");
     let w4 = library::get("matmul-w4a16").unwrap();
     let t = tiles(Sm::Sm80, &w4, 1).remove(0);

@@ -215,11 +215,16 @@ pub fn ptx_gemv_channels(weight_bits: u32) -> u32 {
 /// `rows` rows of e per thread: the tensor-core flat GEMM streamed all of
 /// K through each warp and took 107–295 µs at every M on an H200 (cuBLAS:
 /// 13–28 µs), while the GEMV's time grew with M only because each row of
-/// e re-read and re-decoded the weights. Rows: the tile's e extent rounded
-/// down to 8, 4, 2 or 1; channels: 2 (the rows' accumulators take the
-/// registers the GEMV gives to channels).
+/// e re-read and re-decoded the weights. Rows: the tile's e rounded down
+/// to 4, 2 or 1 (more passes reread weights from the L2); channels: 2 for
+/// quantized weights, 4 for f16 — the most that fit 128 registers without
+/// spills beside 4 rows' accumulators. Channels matter more than rows: a
+/// thread loads each of its rows' activations once for all its channels,
+/// so the activation traffic is M·l·h/channels halves whatever the rows
+/// (8 rows of 1 channel moved 32× the weights' bytes of activations
+/// through the L1 and were no faster than the GEMV).
 pub fn ptx_flat_rows(tile_ep: u32) -> u32 {
-    [8u32, 4, 2, 1]
+    [4u32, 2, 1]
         .into_iter()
         .find(|&d| d <= tile_ep)
         .unwrap_or(1)
@@ -551,7 +556,7 @@ pub fn plan_matmul(
             MatmulShape::Gemv(GemvPlan {
                 wg_h,
                 k_lanes: (gpu.max_threads_per_block / wg_h).max(1),
-                channels: if weights.bits <= 4 { 1 } else { 2 },
+                channels: if weights.bits < 16 { 2 } else { 4 },
                 rows: ptx_flat_rows(tile.ep),
             })
         }

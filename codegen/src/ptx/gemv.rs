@@ -111,22 +111,30 @@ pub fn print_at(
     // nothing).
     // One row (the GEMV): e_r = ctaid.z, always below e.
     let e = a.get("e").to_string();
-    let (elast, e0) = (b.r(), b.r());
-    if rows == 1 {
-        b.op(format!("mov.u32 {e0}, {cz}"));
+    let e0 = if rows == 1 {
+        cz.clone()
     } else {
-        b.op(format!("sub.s32 {elast}, {e}, 1"));
+        let e0 = b.r();
         b.op(format!("mul.lo.s32 {e0}, {cz}, {rows}"));
-    }
+        e0
+    };
+    let elast = (rows > 1).then(|| {
+        let elast = b.r();
+        b.op(format!("sub.s32 {elast}, {e}, 1"));
+        elast
+    });
     let row_ptrs: Vec<String> = (0..rows)
         .map(|r| {
-            let (er, eil, rowoff, row) = (b.r(), b.r(), b.rd(), b.rd());
-            if rows == 1 {
-                b.op(format!("mov.u32 {er}, {e0}"));
-            } else {
-                b.op(format!("add.s32 {er}, {e0}, {r}"));
-                b.op(format!("min.s32 {er}, {er}, {elast}"));
-            }
+            let er = match &elast {
+                None => e0.clone(),
+                Some(elast) => {
+                    let er = b.r();
+                    b.op(format!("add.s32 {er}, {e0}, {r}"));
+                    b.op(format!("min.s32 {er}, {er}, {elast}"));
+                    er
+                }
+            };
+            let (eil, rowoff, row) = (b.r(), b.rd(), b.rd());
             b.op(format!("mul.lo.s32 {eil}, {er}, {l}"));
             b.op(format!("mul.wide.s32 {rowoff}, {eil}, 2"));
             b.op(format!("add.s64 {row}, {}, {rowoff}", a.get("x")));
@@ -187,12 +195,17 @@ pub fn print_at(
         b.op(format!("bra {chunk_done}"));
         b.place(&per_row);
     }
-    // Row by row: each row's activations are loaded a row ahead of its
-    // math; the weights, loaded once, serve every row.
-    let mut next_x = Some(load_x(&mut b, &a, plan, &c, &row_ptrs[0], &aligned));
+    // Row by row; the weights, loaded once, serve every row.
+    // (Several rows take this path for the tail chunk only: one row's
+    // activations live at a time.)
+    let ahead = rows == 1;
+    let mut next_x = ahead.then(|| load_x(&mut b, &a, plan, &c, &row_ptrs[0], &aligned));
     for r in 0..rows as usize {
-        let xw = next_x.take().expect("loaded a row ahead");
-        if r + 1 < rows as usize {
+        let xw = match next_x.take() {
+            Some(xw) => xw,
+            None => load_x(&mut b, &a, plan, &c, &row_ptrs[r], &aligned),
+        };
+        if ahead && r + 1 < rows as usize {
             next_x = Some(load_x(&mut b, &a, plan, &c, &row_ptrs[r + 1], &aligned));
         }
         let (xf, sx) = convert_x(&mut b, plan, &xw);
@@ -284,13 +297,15 @@ pub fn print_at(
         let hj = &his[j];
         let skip = b.label("channel_stored");
         b.op(format!("@{} bra {skip}", outs[j]));
-        let er = b.r();
-        b.op(format!("add.s32 {er}, {e0}, {r}"));
-        if rows > 1 {
-            let past = b.pred();
+        let er = if rows == 1 {
+            e0.clone()
+        } else {
+            let (er, past) = (b.r(), b.pred());
+            b.op(format!("add.s32 {er}, {e0}, {r}"));
             b.op(format!("setp.ge.s32 {past}, {er}, {e}"));
             b.op(format!("@{past} bra {skip}"));
-        }
+            er
+        };
         let base = 4 * k as u32 * partials * g.wg_h;
         let total = b.f();
         b.op(format!("ld.shared.f32 {total}, [{xa}+{base}]"));
@@ -600,10 +615,10 @@ struct RowsExact<'a> {
     aligned: &'a str,
 }
 
-/// A whole chunk for every row, word-major: each 32-bit word of codes is
-/// decoded once per channel and meets every row's matching activations
-/// (one 4-, 8- or 16-byte load per row and word, converted once for all
-/// channels), summed into per-(row, channel) dots; then each row's dots
+/// A whole chunk for every row, word-major: every row's activations of a
+/// word are loaded (one 4-, 8- or 16-byte load per row) and converted
+/// once for all channels, then each channel's word of codes is decoded
+/// once and meets every row, summed into per-(row, channel) dots; then each row's dots
 /// go into its accumulators, or, where its Σx is not finite, the row's
 /// chunk is redone element by element ([`exact_channel_math`]).
 #[allow(clippy::too_many_arguments)]
@@ -648,10 +663,9 @@ fn word_major_rows(
         "Word-major: {words} words of {per_word} codes, each decoded once for {rows} rows."
     ));
     for k in 0..words {
-        let vals: Vec<Vec<String>> = weights
-            .iter()
-            .map(|w| dequant(b, dq, std::slice::from_ref(&w.words[k]), per_word))
-            .collect();
+        // Every row's activations of word k, converted once for all
+        // channels; then each channel's word decoded and met by every row.
+        let mut xfs = Vec::with_capacity(rows);
         for r in 0..rows {
             // per_word halves of row r: one load of 2·per_word bytes.
             let xw: Vec<String> = (0..per_word / 2).map(|_| b.r()).collect();
@@ -678,9 +692,13 @@ fn word_major_rows(
                     xf.push(f);
                 }
             }
-            for (v, dot) in vals.iter().zip(&dots[r]) {
-                for (xi, vi) in xf.iter().zip(v) {
-                    b.op(format!("fma.rn.f32 {dot}, {xi}, {vi}, {dot}"));
+            xfs.push(xf);
+        }
+        for (j, w) in weights.iter().enumerate() {
+            let v = dequant(b, dq, std::slice::from_ref(&w.words[k]), per_word);
+            for (xf, dots) in xfs.iter().zip(&dots) {
+                for (xi, vi) in xf.iter().zip(&v) {
+                    b.op(format!("fma.rn.f32 {}, {xi}, {vi}, {}", dots[j], dots[j]));
                 }
             }
         }
