@@ -24,6 +24,12 @@ use tessera_dsl::quant::{
 };
 use tessera_dsl::{Format, Kernel};
 
+thread_local! {
+    /// The tile's e extent for the cases of this thread (None: the
+    /// solver's), as the runtime's flat steps size it to the real M.
+    static TILE_EP: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
 /// One random case: (want, got) for `[e, h, l]`.
 fn case(
     k: &Kernel,
@@ -87,10 +93,17 @@ fn case_with(
         .tensor("bias", Value::F32(bias.clone()));
     let want = run(k, &b).unwrap().get("y").unwrap().to_vec();
 
-    // The first solver tile the backend takes (as kernels-gen picks).
+    // The first solver tile the backend takes (as kernels-gen picks), its
+    // e extent replaced where a test asks (the runtime's flat steps).
     let prog = tiles(sm, k, rows(v))
-        .iter()
-        .find_map(|t| PtxBackend::new(sm).program(k, t, v).ok())
+        .into_iter()
+        .map(|mut t| {
+            if let Some(ep) = TILE_EP.get() {
+                t.ep = ep;
+            }
+            t
+        })
+        .find_map(|t| PtxBackend::new(sm).program(k, &t, v).ok())
         .unwrap();
     let ops = MatmulOperands {
         x_f16: x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
@@ -154,6 +167,22 @@ fn simulated_flat_gemm_matches_the_interpreter() {
         &[[5, 37, 72], [8, 70, 64], [11, 16, 40]],
         42,
     );
+}
+
+/// The flat GEMM built for 1, 2 and 3 rows (1, 2 and 4 rows of e a
+/// thread, [`tessera_codegen::gpu::ptx_flat_rows`]) over M = 3 and 5: rows
+/// past e recompute the last and store nothing.
+#[test]
+fn simulated_flat_gemm_rows_follow_the_tile() {
+    for ep in [1, 2, 3] {
+        TILE_EP.set(Some(ep));
+        check(
+            Variant::FlatGemm,
+            &[[3, 20, 64], [5, 9, 40]],
+            45 + u64::from(ep),
+        );
+    }
+    TILE_EP.set(None);
 }
 
 #[test]

@@ -20,13 +20,16 @@ pub const DEFAULT_M1: usize = 2;
 /// nothing was measured.
 pub const DEFAULT_M2: usize = 16;
 
-/// CUDA's breakpoints when nothing was measured: GEMV up to 16 rows, GEMM
-/// from 17, no flat GEMM. Measured on an H200 (W4A16, W8A16 and f16 on
-/// the Llama2-7B shapes): the GEMV re-reads the weights per row and still
-/// beats the tensor-core flat GEMM, which runs one block per 384 output
-/// channels (11–32 blocks on 132 SMs) and takes 150–450 µs at every M ≤ 64;
-/// the GEMM ties the flat GEMM there and wins as M grows.
-pub const CUDA_DEFAULT_BREAKPOINTS: (usize, usize) = (17, 17);
+/// CUDA's breakpoints when nothing was measured: GEMV for 1 and 2 rows,
+/// the flat GEMM (the GEMV over 4 rows of e a thread) from 3 to 16, GEMM
+/// from 17. Measured on an H200 (W4A16, Q4_0, W8A16, Q8_0 and f16 on the
+/// Llama2-7B shapes): at M = 4 the flat takes 13.6–38.6 µs against the
+/// GEMV's 17.4–92.1 (which re-reads and re-decodes the weights per row),
+/// at M = 8 and 16 it stays ahead (two and four passes of 4 rows), while
+/// at M = 2 the GEMV is still faster for 4-bit weights; the GEMM's
+/// tensor-core tile (108–395 µs at M ≤ 32) takes over where it was
+/// measured faster before (M > 16).
+pub const CUDA_DEFAULT_BREAKPOINTS: (usize, usize) = (3, 17);
 
 /// The M each variant's default tile is solved for (the autotuner compares
 /// its candidates at the same rows).

@@ -215,8 +215,9 @@ pub fn ptx_gemv_channels(weight_bits: u32) -> u32 {
 /// `rows` rows of e per thread: the tensor-core flat GEMM streamed all of
 /// K through each warp and took 107–295 µs at every M on an H200 (cuBLAS:
 /// 13–28 µs), while the GEMV's time grew with M only because each row of
-/// e re-read and re-decoded the weights. Rows: the tile's e rounded down
-/// to 4, 2 or 1 (more passes reread weights from the L2); channels: 2 for
+/// e re-read and re-decoded the weights. Rows: the tile's e rounded up to
+/// 1, 2 or 4, at most 4 (a row past e recomputes the last, which is
+/// cheaper than a second pass over the weights); channels: 2 for
 /// quantized weights, 4 for f16 — the most that fit 128 registers without
 /// spills beside 4 rows' accumulators. Channels matter more than rows: a
 /// thread loads each of its rows' activations once for all its channels,
@@ -224,10 +225,7 @@ pub fn ptx_gemv_channels(weight_bits: u32) -> u32 {
 /// (8 rows of 1 channel moved 32× the weights' bytes of activations
 /// through the L1 and were no faster than the GEMV).
 pub fn ptx_flat_rows(tile_ep: u32) -> u32 {
-    [4u32, 2, 1]
-        .into_iter()
-        .find(|&d| d <= tile_ep)
-        .unwrap_or(1)
+    tile_ep.clamp(1, 4).next_power_of_two()
 }
 
 /// GEMV: see the module doc.
@@ -1068,4 +1066,15 @@ pub fn plan_prefill_attention(
             },
         ],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ptx_flat_rows;
+
+    #[test]
+    fn flat_rows_round_the_tile_up_to_a_power_of_two_at_most_four() {
+        let got: Vec<u32> = (0..=9).map(ptx_flat_rows).collect();
+        assert_eq!(got, [1, 1, 2, 4, 4, 4, 4, 4, 4, 4]);
+    }
 }
