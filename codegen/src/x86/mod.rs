@@ -170,15 +170,16 @@ impl X86Backend {
     /// the bandwidth at M = 8 (f32 62% against 69%, W4A8 49% against 61%
     /// of the read loop, same run) and the same at M = 1–4.
     ///
-    /// W4A8 kernels get `x86-avx512` tiles (the AVX-512 int8 kernel) when
-    /// both `avx512` and `avx512_vnni` are on (the EVEX form it uses, which
-    /// [`Self::load`] still checks; Zen 4 and Ice Lake have it without
-    /// AVX-VNNI). The answer depends on the flags only, so emitted code is
+    /// W4A8 kernels whose weights the AVX-512 int8 kernel reads (u4asym in
+    /// groups of 8–32 with f32 parameters; not ggml's Q4_0 / Q4_1) get
+    /// `x86-avx512` tiles when both `avx512` and `avx512_vnni` are on (the
+    /// EVEX form it uses, which [`Self::load`] still checks; Zen 4 and Ice
+    /// Lake have it without AVX-VNNI). The answer depends on the flags only, so emitted code is
     /// the same on every host.
     pub fn target(&self, kernel: &Kernel, variant: Variant) -> &'static TargetCaps {
         let name = if variant == Variant::Gemm
             && self.avx512
-            && (is_f32_matmul(kernel) || (self.avx512_vnni && is_w4a8_matmul(kernel)))
+            && (is_f32_matmul(kernel) || (self.avx512_vnni && is_avx512_w4a8_matmul(kernel)))
         {
             AVX512_NAME
         } else {
@@ -210,7 +211,10 @@ impl X86Backend {
         kernel: &Kernel,
         tile: &TileConfig,
     ) -> Result<Option<avx512_int8::Avx512Int8Spec>, EmitError> {
-        if !self.avx512 || !is_w4a8_matmul(kernel) || tile.accounting.budget != avx512::ZMM_REGS {
+        if !self.avx512
+            || !is_avx512_w4a8_matmul(kernel)
+            || tile.accounting.budget != avx512::ZMM_REGS
+        {
             return Ok(None);
         }
         classify_avx512_int8(kernel, tile).map(Some)
@@ -436,17 +440,30 @@ fn is_f32_matmul(kernel: &Kernel) -> bool {
     })
 }
 
-/// i8dyn activations with u4asym weights (what the AVX-512 int8 kernel
-/// runs).
-fn is_w4a8_matmul(kernel: &Kernel) -> bool {
+/// i8dyn activations with the weights the AVX-512 int8 kernel reads:
+/// u4asym in groups of 8, 16 or 32 with f32 parameters, pair-transposed.
+/// Other 4-bit weights (ggml's Q4_0 and Q4_1: u4sym, f16 parameters) get
+/// `x86-avx2` tiles and the AVX2 kernel, which takes them, instead of an
+/// AVX-512 tile no kernel can run.
+fn is_avx512_w4a8_matmul(kernel: &Kernel) -> bool {
     kernel.as_matmul().is_some_and(|mm| {
         kernel
             .tensor(&mm.x)
             .is_some_and(|t| t.format == Format::I8Dyn)
-            && kernel
-                .tensor(&mm.w)
-                .is_some_and(|t| matches!(t.format, Format::U4Asym(..)))
+            && kernel.tensor(&mm.w).is_some_and(|t| {
+                avx512_w4a8_group(t.format).is_some() && t.layout.int4_pair_transpose
+            })
     })
+}
+
+/// The group of weights the AVX-512 int8 kernel reads, or None.
+fn avx512_w4a8_group(format: Format) -> Option<usize> {
+    match format {
+        Format::U4Asym(Group::Size(g), ParamType::F32) if matches!(g, 8 | 16 | 32) => {
+            Some(g as usize)
+        }
+        _ => None,
+    }
 }
 
 /// The AVX-512 int8 kernel for an `x86-avx512` W4A8 tile: the AVX2 int8
@@ -468,15 +485,10 @@ fn classify_avx512_int8(
     if !w.is_some_and(|t| t.layout.int4_pair_transpose) {
         return Err(what("4-bit weights need the int4 pair transpose"));
     }
-    let group = match w.map(|t| t.format) {
-        Some(Format::U4Asym(Group::Size(g), ParamType::F32)) if matches!(g, 8 | 16 | 32) => {
-            g as usize
-        }
-        _ => {
-            return Err(what(
-                "weights must be u4asym:g8, g16 or g32 with f32 parameters (f16 parameters, u4sym and longer groups run on the AVX2 kernel)",
-            ));
-        }
+    let Some(group) = w.and_then(|t| avx512_w4a8_group(t.format)) else {
+        return Err(what(
+            "weights must be u4asym:g8, g16 or g32 with f32 parameters (f16 parameters, u4sym and longer groups run on the AVX2 kernel)",
+        ));
     };
     if kernel.tensor(&mm.y).map(|t| t.format) != Some(Format::F32) {
         return Err(what("the output must be f32"));
@@ -630,5 +642,42 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
         _ => Err(what(
             "x86-avx2 runs f32/f16 x with f32/f16 weights, and i8dyn x with i8sym:row (f32 scale), or u4asym, u4sym or i8sym weights in groups of 8 to 128 (f32 or f16 parameters)",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AVX512_NAME, NAME, X86Backend};
+    use tessera_dsl::ir::Variant;
+    use tessera_dsl::library;
+
+    /// With AVX-512 and AVX512-VNNI (Zen 4, Sapphire Rapids), only the W4A8
+    /// weights the AVX-512 int8 kernel reads get `x86-avx512` GEMM tiles;
+    /// ggml's Q4_0 and Q4_1 (u4sym, f16 parameters) stay on AVX2, whose
+    /// kernel takes them (an AVX-512 tile had no kernel: the GEMM of every
+    /// GGUF Q4 tensor failed to build on such CPUs).
+    #[test]
+    fn avx512_gemm_tiles_only_for_weights_the_avx512_kernels_read() {
+        let be = X86Backend {
+            vnni: false,
+            avx512: true,
+            avx512_vnni: true,
+        };
+        for (name, want) in [
+            ("matmul-w4a8", AVX512_NAME),
+            ("matmul-f32", AVX512_NAME),
+            ("matmul-q4_0", NAME),
+            ("matmul-q4_1", NAME),
+        ] {
+            let k = library::get(name).unwrap();
+            assert_eq!(be.target(&k, Variant::Gemm).name, want, "{name}");
+            assert_eq!(be.target(&k, Variant::Gemv).name, NAME, "{name} GEMV");
+        }
+        let no_vnni = X86Backend {
+            avx512_vnni: false,
+            ..be
+        };
+        let w4a8 = library::get("matmul-w4a8").unwrap();
+        assert_eq!(no_vnni.target(&w4a8, Variant::Gemm).name, NAME);
     }
 }
