@@ -388,6 +388,30 @@ fn bench_attention(cuda: &CudaDevice, l2: usize) -> Result<(), Failure> {
 /// Prompt lengths of the prefill timings (no prefix cached).
 const PROMPTS: [usize; 3] = [128, 512, 2048];
 
+/// A cache of `t` random tokens in `format` and `t` random query tokens
+/// (host bits and a device copy), from `seed`.
+fn prefill_inputs(
+    cuda: &CudaDevice,
+    format: KvFormat,
+    (t, hq, kvh, d): (usize, usize, usize, usize),
+    seed: u64,
+) -> Result<(CudaKvCache, Vec<u16>, CudaSlice<u16>), Failure> {
+    let mut rng = Lcg(seed);
+    let rows = t * kvh * d;
+    let kd: Vec<f32> = (0..rows).map(|_| rng.next() * 1.5).collect();
+    let vd: Vec<f32> = (0..rows).map(|_| rng.next() * 2.0).collect();
+    let ke = encode(format.key_format(), t * kvh, d, &kd)?;
+    let ve = encode(format.value_format(), t * kvh, d, &vd)?;
+    let (kf, vf): (GpuKv, GpuKv) = gpu_formats(format);
+    let mut cache = CudaKvCache::new(cuda, kf, vf, kvh, d, t)?;
+    cache.write(cuda, 0, t, ke.rows(), ve.rows())?;
+    let q: Vec<u16> = (0..t * hq * d)
+        .map(|_| f16::from_f32(rng.next() * 0.09).to_bits())
+        .collect();
+    let qb = cuda.stream().clone_htod(&q)?;
+    Ok((cache, q, qb))
+}
+
 /// Causal prefill (`p = 0`) on tensor cores for two head layouts, f16 and
 /// kv8 caches; at 512 tokens also the per-token decode path (two launches
 /// a token) it replaces. The operands of one prefill stay in the L2 as the
@@ -400,20 +424,8 @@ fn bench_prefill(cuda: &CudaDevice) -> Result<(), Failure> {
                 .backend()
                 .prefill_program(&library::get(format.prefill_kernel_name())?, d)?;
             let pre = CudaPrefill::new(cuda, &program)?;
-            let (kf, vf): (GpuKv, GpuKv) = gpu_formats(format);
             for t in PROMPTS {
-                let mut rng = Lcg(17 + t as u64);
-                let rows = t * kvh * d;
-                let kd: Vec<f32> = (0..rows).map(|_| rng.next() * 1.5).collect();
-                let vd: Vec<f32> = (0..rows).map(|_| rng.next() * 2.0).collect();
-                let ke = encode(format.key_format(), t * kvh, d, &kd)?;
-                let ve = encode(format.value_format(), t * kvh, d, &vd)?;
-                let mut cache = CudaKvCache::new(cuda, kf, vf, kvh, d, t)?;
-                cache.write(cuda, 0, t, ke.rows(), ve.rows())?;
-                let q: Vec<u16> = (0..t * hq * d)
-                    .map(|_| f16::from_f32(rng.next() * 0.09).to_bits())
-                    .collect();
-                let qb = stream.clone_htod(&q)?;
+                let (cache, q, qb) = prefill_inputs(cuda, format, (t, hq, kvh, d), 17 + t as u64)?;
                 let mut ob = stream.alloc_zeros::<u16>(t * hq * d)?;
                 let (us, graph) = time_calls(stream, |_| {
                     Ok(prefill_launch(
@@ -466,20 +478,8 @@ fn sweep_prefill_plans(cuda: &CudaDevice) -> Result<(), Failure> {
     for (hq, kvh, d, heads) in [(32, 32, 128, "llama2-7b"), (12, 2, 128, "qwen2-1.5b")] {
         for (format, name) in [(KvFormat::F16, "f16"), (KvFormat::Kv8, "kv8")] {
             let kernel = library::get(format.prefill_kernel_name())?;
-            let (kf, vf): (GpuKv, GpuKv) = gpu_formats(format);
             for t in [512, 2048] {
-                let mut rng = Lcg(29 + t as u64);
-                let rows = t * kvh * d;
-                let kd: Vec<f32> = (0..rows).map(|_| rng.next() * 1.5).collect();
-                let vd: Vec<f32> = (0..rows).map(|_| rng.next() * 2.0).collect();
-                let ke = encode(format.key_format(), t * kvh, d, &kd)?;
-                let ve = encode(format.value_format(), t * kvh, d, &vd)?;
-                let mut cache = CudaKvCache::new(cuda, kf, vf, kvh, d, t)?;
-                cache.write(cuda, 0, t, ke.rows(), ve.rows())?;
-                let q: Vec<u16> = (0..t * hq * d)
-                    .map(|_| f16::from_f32(rng.next() * 0.09).to_bits())
-                    .collect();
-                let qb = stream.clone_htod(&q)?;
+                let (cache, _, qb) = prefill_inputs(cuda, format, (t, hq, kvh, d), 29 + t as u64)?;
                 let mut ob = stream.alloc_zeros::<u16>(t * hq * d)?;
                 let mut reference = None;
                 for blocks in plans {

@@ -229,6 +229,27 @@ fn as_rows<'a>(format: KvFormat, bytes: &'a CacheBytes, halves: &'a [f16]) -> Kv
     }
 }
 
+/// A device cache of `s` tokens holding the checked bytes of K and V.
+fn uploaded_cache(
+    dev: &CudaDevice,
+    (kf, vf): (KvFormat, KvFormat),
+    (kb, vb): (&CacheBytes, &CacheBytes),
+    kvh: usize,
+    d: usize,
+    s: usize,
+) -> Result<CudaKvCache, CudaError> {
+    let mut cache = CudaKvCache::new(dev, kf, vf, kvh, d, s)?;
+    let halves = |c: &CacheBytes| -> Vec<f16> {
+        c.codes
+            .chunks_exact(2)
+            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+            .collect()
+    };
+    let (kh, vh) = (halves(kb), halves(vb));
+    cache.write(dev, 0, s, as_rows(kf, kb, &kh), as_rows(vf, vb, &vh))?;
+    Ok(cache)
+}
+
 /// What a decode attention call returns (as `tessera_runtime::opencl`'s).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionResult {
@@ -422,21 +443,7 @@ pub fn run_attention(
         });
     }
     let attention = CudaAttention::new(dev, program)?;
-    let mut cache = CudaKvCache::new(dev, plan.k, plan.v, kvh, d, s)?;
-    let halves = |c: &CacheBytes| -> Vec<f16> {
-        c.codes
-            .chunks_exact(2)
-            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
-            .collect()
-    };
-    let (kh, vh) = (halves(&inputs.k), halves(&inputs.v));
-    cache.write(
-        dev,
-        0,
-        s,
-        as_rows(plan.k, &inputs.k, &kh),
-        as_rows(plan.v, &inputs.v, &vh),
-    )?;
+    let cache = uploaded_cache(dev, (plan.k, plan.v), (&inputs.k, &inputs.v), kvh, d, s)?;
     let mut o = vec![f16::ZERO; hq * d];
     let recomputed = attention_into(dev, &attention, q, &cache, s, hq, &mut o)?;
     Ok(AttentionResult {
@@ -478,21 +485,7 @@ pub fn run_prefill(
     let kb = cache_bytes(plan.k, k, s * kvh, d, "k")?;
     let vb = cache_bytes(plan.v, v, s * kvh, d, "v")?;
     let prefill = CudaPrefill::new(dev, program)?;
-    let mut cache = CudaKvCache::new(dev, plan.k, plan.v, kvh, d, s)?;
-    let halves = |c: &CacheBytes| -> Vec<f16> {
-        c.codes
-            .chunks_exact(2)
-            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
-            .collect()
-    };
-    let (kh, vh) = (halves(&kb), halves(&vb));
-    cache.write(
-        dev,
-        0,
-        s,
-        as_rows(plan.k, &kb, &kh),
-        as_rows(plan.v, &vb, &vh),
-    )?;
+    let cache = uploaded_cache(dev, (plan.k, plan.v), (&kb, &vb), kvh, d, s)?;
     let mut o = vec![f16::ZERO; t * hq * d];
     prefill_into(dev, &prefill, q, &cache, t, s, hq, &mut o)?;
     Ok(o.into_iter().map(f16::to_f32).collect())

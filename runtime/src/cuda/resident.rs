@@ -69,14 +69,12 @@ impl std::fmt::Debug for CudaMatmul {
 
 impl CudaMatmul {
     pub fn new(dev: &CudaDevice, program: &PtxProgram) -> Result<CudaMatmul, CudaError> {
-        let module = dev
-            .ctx
-            .load_module(Ptx::from_src(program.text.clone()))
-            .map_err(driver("PTX module load"))?;
-        let func = module
-            .load_function(&program.plan.entry)
-            .map_err(driver("function lookup"))?;
-        opt_in_shared(&func, program.dynamic_shared_bytes)?;
+        let func = load_entry(
+            dev,
+            &program.text,
+            &program.plan.entry,
+            program.dynamic_shared_bytes,
+        )?;
         Ok(CudaMatmul {
             func,
             out_half: program.plan.args.iter().any(|a| a.kind == ArgKind::HalfOut),
@@ -399,6 +397,25 @@ impl CudaAttention {
     }
 }
 
+/// The function `entry` of the PTX module `text`, loaded, with its
+/// dynamic shared memory opted in.
+fn load_entry(
+    dev: &CudaDevice,
+    text: &str,
+    entry: &str,
+    dynamic_shared_bytes: u32,
+) -> Result<CudaFunction, CudaError> {
+    let module = dev
+        .ctx
+        .load_module(Ptx::from_src(text.to_string()))
+        .map_err(driver("PTX module load"))?;
+    let func = module
+        .load_function(entry)
+        .map_err(driver("function lookup"))?;
+    opt_in_shared(&func, dynamic_shared_bytes)?;
+    Ok(func)
+}
+
 /// Above the default 48 KiB, dynamic shared memory needs the function's
 /// opt-in.
 fn opt_in_shared(func: &CudaFunction, bytes: u32) -> Result<(), CudaError> {
@@ -431,14 +448,12 @@ impl std::fmt::Debug for CudaPrefill {
 
 impl CudaPrefill {
     pub fn new(dev: &CudaDevice, program: &PtxPrefillProgram) -> Result<CudaPrefill, CudaError> {
-        let module = dev
-            .ctx
-            .load_module(Ptx::from_src(program.text.clone()))
-            .map_err(driver("PTX module load"))?;
-        let func = module
-            .load_function(&program.plan.entry)
-            .map_err(driver("function lookup"))?;
-        opt_in_shared(&func, program.dynamic_shared_bytes)?;
+        let func = load_entry(
+            dev,
+            &program.text,
+            &program.plan.entry,
+            program.dynamic_shared_bytes,
+        )?;
         Ok(CudaPrefill {
             func,
             plan: program.plan.clone(),
