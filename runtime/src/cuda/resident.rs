@@ -430,6 +430,28 @@ fn opt_in_shared(func: &CudaFunction, bytes: u32) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// The cache holds the formats the kernel reads, and the query heads are a
+/// positive multiple of its KV heads.
+fn check_cache_and_heads(
+    cache: &CudaKvCache,
+    (k, v): (KvFormat, KvFormat),
+    hq: usize,
+) -> Result<(), CudaError> {
+    if k != cache.k.format || v != cache.v.format {
+        return Err(input(format!(
+            "the cache holds K {:?} / V {:?}, the kernel reads K {k:?} / V {v:?}",
+            cache.k.format, cache.v.format
+        )));
+    }
+    if hq == 0 || !hq.is_multiple_of(cache.kvh) {
+        return Err(input(format!(
+            "query heads {hq} are not a positive multiple of KV heads {}",
+            cache.kvh
+        )));
+    }
+    Ok(())
+}
+
 /// A causal prefill program (one head dim) loaded once.
 pub struct CudaPrefill {
     func: CudaFunction,
@@ -482,21 +504,11 @@ pub fn prefill_launch(
 ) -> Result<(), CudaError> {
     let plan = &pre.plan;
     let (kvh, d) = (cache.kvh, cache.d);
-    if plan.k != cache.k.format || plan.v != cache.v.format {
-        return Err(input(format!(
-            "the cache holds K {:?} / V {:?}, the kernel reads K {:?} / V {:?}",
-            cache.k.format, cache.v.format, plan.k, plan.v
-        )));
-    }
+    check_cache_and_heads(cache, (plan.k, plan.v), hq)?;
     if d != plan.d as usize {
         return Err(input(format!(
             "head dim {d}, the prefill program is built for {}",
             plan.d
-        )));
-    }
-    if hq == 0 || !hq.is_multiple_of(kvh) {
-        return Err(input(format!(
-            "query heads {hq} are not a positive multiple of KV heads {kvh}"
         )));
     }
     if t == 0 || t > s || s > cache.capacity {
@@ -895,17 +907,7 @@ pub fn attention_launch(
 ) -> Result<(), CudaError> {
     let plan = &att.plan;
     let (kvh, d) = (cache.kvh, cache.d);
-    if plan.k != cache.k.format || plan.v != cache.v.format {
-        return Err(input(format!(
-            "the cache holds K {:?} / V {:?}, the kernel reads K {:?} / V {:?}",
-            cache.k.format, cache.v.format, plan.k, plan.v
-        )));
-    }
-    if hq == 0 || !hq.is_multiple_of(kvh) {
-        return Err(input(format!(
-            "query heads {hq} are not a positive multiple of KV heads {kvh}"
-        )));
-    }
+    check_cache_and_heads(cache, (plan.k, plan.v), hq)?;
     if s == 0 || s > cache.capacity {
         return Err(input(format!(
             "attention over {s} tokens of a cache holding {}",
