@@ -685,8 +685,9 @@ fn ctx(b: &mut Body, lay: &PrefillLayout, a: &Args, smem: &str) -> Ctx {
     }
 }
 
-/// `(i / d8, i % d8)`: the row and 16-byte chunk of this thread's `it`-th
-/// copy of a tile of `d8` chunks per row, or None past `total` chunks.
+/// `(i, i / d8, i % d8)`: the index, row and 16-byte chunk of this
+/// thread's `it`-th copy of a tile of `d8` chunks per row ([`guard`] skips
+/// indices past the tile).
 fn chunk_of(b: &mut Body, cx: &Ctx, it: u32, d8: u32) -> (String, String, String) {
     let (i, row, c) = (b.r(), b.r(), b.r());
     b.op(format!("add.s32 {i}, {}, {}", cx.tid, it * cx.threads));
