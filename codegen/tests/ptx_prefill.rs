@@ -253,7 +253,7 @@ fn prefill_programs_assemble_without_spills() {
                     if r.spill_stores != 0 || r.spill_loads != 0 || r.stack_frame != 0 {
                         failures.push(format!("{entry} d={d} {}: spills {r:?}", sm.arch()));
                     }
-                    if r.registers > prefill::MAX_REGISTERS {
+                    if r.registers > prefill::max_registers(sm) {
                         failures.push(format!("{entry} d={d} {}: {r:?}", sm.arch()));
                     }
                 }

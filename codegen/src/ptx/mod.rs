@@ -298,7 +298,7 @@ impl PtxBackend {
             plan.k,
             plan.v,
             plan.q_prescaled,
-            prefill::MAX_REGISTERS
+            prefill::max_registers(self.sm)
         );
         let _ = write!(h, "{}({})", plan.entry, args_line(&plan.args));
         let (text, dynamic_shared_bytes) = prefill::print(&plan, &lay, self.sm, &h)?;

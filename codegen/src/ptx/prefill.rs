@@ -56,9 +56,12 @@ pub struct BlockPlan {
 }
 
 /// `.maxnreg` of the prefill: the O accumulators alone are `d/2` registers
-/// a thread, so the kernel takes the architectural maximum (two blocks of
-/// 128 threads per SM at 255).
-pub const MAX_REGISTERS: u32 = 255;
+/// a thread, so the kernel takes the target's per-thread maximum
+/// (`GpuCaps::max_regs_per_thread`: two blocks of 128 threads per SM at
+/// 255), not the matmuls' solver budget.
+pub fn max_registers(sm: Sm) -> u32 {
+    sm.caps().gpu.map_or(255, |g| g.max_regs_per_thread)
+}
 
 fn unsupported(what: String) -> EmitError {
     EmitError::Unsupported {
@@ -621,7 +624,7 @@ pub fn print(
         &plan.args,
         Limits {
             reqntid: [lay.threads(), 1, 1],
-            maxnreg: MAX_REGISTERS,
+            maxnreg: max_registers(sm),
         },
         &decls,
         b,
