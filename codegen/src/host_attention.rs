@@ -492,7 +492,15 @@ impl HostAttention {
         if chunk >= s {
             self.run_whole(&base, s, hq, kvh, d, threads, exec)
         } else {
-            self.run_chunks(&base, sides, s, hq, kvh, d, o, threads, chunk, exec)
+            let split = KeySplit {
+                s,
+                hq,
+                kvh,
+                d,
+                threads,
+                chunk,
+            };
+            self.run_chunks(&base, sides, split, o, exec)
         }
     }
 
@@ -846,22 +854,24 @@ impl HostAttention {
     /// Σ_c e^(m_c − M)·den_c`. A head counts as recomputed when any of its
     /// chunks fell back to the online softmax (one of its scores was out
     /// of range: the interpreter's rule).
-    #[allow(clippy::too_many_arguments)]
     fn run_chunks(
         &self,
         base: &Shared,
         sides: [usize; 2],
-        s: usize,
-        hq: usize,
-        kvh: usize,
-        d: usize,
+        split: KeySplit,
         o: &mut [f16],
-        threads: usize,
-        chunk: usize,
         exec: &RangeExecutor<'_>,
     ) -> Result<u64, AttentionError> {
+        let KeySplit {
+            s,
+            hq,
+            kvh,
+            d,
+            threads,
+            chunk,
+        } = split;
         if self.every_head_state {
-            return self.run_chunks_every_head(base, sides, s, hq, kvh, d, o, threads, chunk, exec);
+            return self.run_chunks_every_head(base, sides, split, o, exec);
         }
         let group = hq / kvh;
         let spread = self
@@ -954,20 +964,22 @@ impl HostAttention {
     /// keys with every query head, its states written straight into the
     /// partials; workers take contiguous runs of chunks; the combine as
     /// [`HostAttention::run_chunks`]'.
-    #[allow(clippy::too_many_arguments)]
     fn run_chunks_every_head(
         &self,
         base: &Shared,
         sides: [usize; 2],
-        s: usize,
-        hq: usize,
-        kvh: usize,
-        d: usize,
+        split: KeySplit,
         o: &mut [f16],
-        threads: usize,
-        chunk: usize,
         exec: &RangeExecutor<'_>,
     ) -> Result<u64, AttentionError> {
+        let KeySplit {
+            s,
+            hq,
+            kvh,
+            d,
+            threads,
+            chunk,
+        } = split;
         let chunks = s.div_ceil(chunk);
         let threads = threads.clamp(1, chunks);
         let per = chunks.div_ceil(threads);
@@ -1029,6 +1041,18 @@ impl HostAttention {
         self.scratch.give(scratch);
         Ok(combine(&partials, chunks, d, o))
     }
+}
+
+/// A decode call split over the keys: `s` keys in chunks of `chunk`,
+/// `hq` query heads over `kvh` KV heads of `d`, on up to `threads`.
+#[derive(Clone, Copy, Debug)]
+struct KeySplit {
+    s: usize,
+    hq: usize,
+    kvh: usize,
+    d: usize,
+    threads: usize,
+    chunk: usize,
 }
 
 /// A split job's arguments over keys `s0 .. s0 + len`: both caches and
