@@ -63,6 +63,7 @@ const PATH_FEATURES: &[&str] = &[
     "f16c",
     "avx512f",
     "avx512bw",
+    "avx512vl",
     "avx512vnni",
     "avx512_vnni",
     "avx_vnni",

@@ -186,6 +186,12 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512: false,
                     avx512_vnni: false,
                 },
+                // AVX512-VNNI's EVEX vpdpbusd on ymm (Zen 4, Ice Lake).
+                X86Backend {
+                    vnni: false,
+                    avx512: false,
+                    avx512_vnni: true,
+                },
             ] {
                 let Ok(code) = backend.emit_code(&kernel, &tile) else {
                     continue;
@@ -193,7 +199,11 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                 let mut codes = vec![code];
                 codes.extend(backend.emit_quantizer(&kernel, &tile).unwrap());
                 for code in codes {
-                    match check_x86(&code.listing, &code.bytes, "+avx2,+fma,+f16c,+avxvnni") {
+                    match check_x86(
+                        &code.listing,
+                        &code.bytes,
+                        "+avx2,+fma,+f16c,+avxvnni,+avx512vl,+avx512bw,+avx512vnni",
+                    ) {
                         Ok(()) => {}
                         Err(McError::Missing) => {
                             eprintln!("SKIP: llvm-mc not installed");

@@ -12,18 +12,26 @@ use tessera_dsl::library;
 use tessera_tests::kernels::set_epilogue as epilogue;
 use tessera_tests::reference::check_host_matmul;
 
-/// Plain AVX2, and AVX-VNNI too when this CPU has it.
+/// Plain AVX2, then one backend per `vpdpbusd` encoding this CPU runs
+/// (AVX-VNNI's VEX form, AVX512-VNNI's EVEX form on ymm), so each int8
+/// dot product is checked natively where it can be.
 fn backends() -> Vec<X86Backend> {
     match X86Backend::detect() {
-        Ok(b) if b.vnni => vec![
-            X86Backend {
+        Ok(b) => {
+            let plain = X86Backend {
                 vnni: false,
                 avx512: false,
                 avx512_vnni: false,
-            },
-            b,
-        ],
-        Ok(b) => vec![b],
+            };
+            let mut all = vec![plain];
+            if b.vnni {
+                all.push(b);
+            }
+            if b.avx512_vnni {
+                all.push(X86Backend { vnni: false, ..b });
+            }
+            all
+        }
         Err(e) => {
             eprintln!("SKIP: {e}");
             vec![]

@@ -34,7 +34,7 @@ fn emitted(ep: usize, group: Option<usize>, x: &[f32], m: usize, k: usize) -> Qu
         y: Format::F32,
         bias: false,
         activation: Activation::None,
-        vnni: false,
+        dot: Default::default(),
     };
     let code = JitCode::map(&quantize::emit(&spec).unwrap()).unwrap();
     let plan = activation_plan(ElemWidth::B8, m, k, ep, 4).unwrap();

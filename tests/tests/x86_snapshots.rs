@@ -1,7 +1,7 @@
 //! Listing snapshots of the x86-avx2 canonical set: each CPU-family library
 //! matmul with the solver's best tile (plain AVX2 and AVX-VNNI for the
-//! integer ones) and the activation quantizers. Review changes with
-//! `cargo insta review`.
+//! integer ones; AVX512-VNNI's differs from AVX-VNNI's in encoding only)
+//! and the activation quantizers. Review changes with `cargo insta review`.
 
 use tessera_codegen::tile::{Problem, solve};
 use tessera_codegen::x86::{X86Backend, plan};
@@ -34,6 +34,20 @@ fn x86_canonical_listings() {
             .emit_code(&kernel, &tile)
             .unwrap();
             insta::assert_snapshot!(format!("{tag}_vnni"), vnni.listing);
+            // AVX512-VNNI's form is the same program with each vpdpbusd
+            // EVEX-encoded on ymm.
+            let evex = X86Backend {
+                vnni: false,
+                avx512: false,
+                avx512_vnni: true,
+            }
+            .emit_code(&kernel, &tile)
+            .unwrap();
+            let want = vnni
+                .listing
+                .replace("{vex} vpdpbusd", "{evex} vpdpbusd")
+                .replace("mac vpdpbusd", "mac {evex} vpdpbusd");
+            assert!(evex.listing == want, "{tag}: the EVEX listing differs");
         }
     }
 }

@@ -20,7 +20,7 @@
 //! `rsp`/`r12` bases take a SIB byte; `rbp`/`r13` with no displacement take
 //! a zero disp8 (mod 00 would mean RIP-relative).
 
-use super::asm::{Gp, Mem, X86Asm};
+use super::asm::{Gp, Mem, X86Asm, Ymm};
 
 /// A 512-bit vector register, zmm0-zmm31.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -138,6 +138,14 @@ impl Evex {
             Rm::Reg(v) => out.push(0xC0 | ((self.reg & 7) << 3) | (v & 7)),
             Rm::Mem(m) => modrm_mem(&mut out, self.reg, m, self.n),
         }
+        out
+    }
+
+    /// The same instruction on 256 bits (L'L = 01, AVX512VL): ymm0-15 name
+    /// the same registers as zmm0-15's low halves.
+    fn encode_256(&self) -> Vec<u8> {
+        let mut out = self.encode();
+        out[3] = (out[3] & !0x60) | 0x20;
         out
     }
 }
@@ -368,6 +376,15 @@ impl X86Asm {
         self.evex(e, format!("vpdpbusd {dst}, {a}, {b}"));
     }
 
+    /// `{evex} vpdpbusd dst, a, b` on ymm (AVX512-VNNI with AVX512VL): the
+    /// AVX2 int8 kernels' dot product on CPUs that have AVX512-VNNI but
+    /// not AVX-VNNI (Zen 4, Ice Lake).
+    pub fn vpdpbusd_ymm_evex(&mut self, dst: Ymm, a: Ymm, b: Ymm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x50, dst.0, a.0, Rm::Reg(b.0 & 15), 32);
+        let bytes = e.encode_256();
+        self.raw(&bytes, format!("{{evex}} vpdpbusd {dst}, {a}, {b}"));
+    }
+
     /// `vpdpbusd dst, a, dword ptr [m]{1to16}`: b is one dword (4 signed
     /// bytes) from memory in every lane.
     pub fn vpdpbusd_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
@@ -515,6 +532,10 @@ mod tests {
         // vpdpbusd zmm1, zmm2, zmm3 (llvm-mc)
         let (b, _) = bytes_of(|a| a.vpdpbusd_zmm(Zmm(1), Zmm(2), Zmm(3)));
         assert_eq!(b, [0x62, 0xF2, 0x6D, 0x48, 0x50, 0xCB]);
+        // {evex} vpdpbusd ymm9, ymm1, ymm12 (llvm-mc)
+        let (b, l) = bytes_of(|a| a.vpdpbusd_ymm_evex(Ymm(9), Ymm(1), Ymm(12)));
+        assert_eq!(b, [0x62, 0x52, 0x75, 0x28, 0x50, 0xCC]);
+        assert_eq!(l.trim(), "{evex} vpdpbusd ymm9, ymm1, ymm12");
         // vpsrld zmm1 {k2}, zmm1, 4 (llvm-mc)
         let (b, _) = bytes_of(|a| a.vpsrld_zmm_imm(Zmm(1), Kreg(2), Zmm(1), 4));
         assert_eq!(b, [0x62, 0xF1, 0x75, 0x4A, 0x72, 0xD1, 0x04]);

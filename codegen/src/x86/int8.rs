@@ -8,7 +8,8 @@
 //!
 //! The MAC is `vpmaddubsw` (u8 × s8 → pairs summed to i16) then `vpmaddwd`
 //! with int16 ones (→ i32, 4 bytes of l per i32 lane: lp = 4), or with
-//! `vnni` one `vpdpbusd` (AVX-VNNI). One ymm of B is 8 output channels × 4
+//! one `vpdpbusd` where the CPU has it ([`Dot`]: AVX-VNNI's VEX form, or
+//! AVX512-VNNI's EVEX form on ymm). One ymm of B is 8 output channels × 4
 //! k: dword c = channel c's 4 codes, exactly the `[hp, lp]` order of one
 //! packed step. One A register is a row's 4 codes broadcast to all dwords.
 //!
@@ -115,8 +116,47 @@ pub struct Int8Spec {
     pub y: Format,
     pub bias: bool,
     pub activation: Activation,
-    /// Use AVX-VNNI `vpdpbusd`.
-    pub vnni: bool,
+    /// The dot-product instruction of the k loop.
+    pub dot: Dot,
+}
+
+/// The instruction that multiplies u8 by s8 codes and sums them into i32
+/// lanes. Every x86 CPU with AVX2 has the first; `vpdpbusd` does the same
+/// in one instruction (and without int16 saturation) in either encoding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dot {
+    /// `vpmaddubsw` (pairs to int16) then `vpmaddwd` with ones (to i32).
+    #[default]
+    MaddUbsw,
+    /// `{vex} vpdpbusd` (AVX-VNNI: Alder Lake, Sapphire Rapids, Zen 5).
+    VexVnni,
+    /// `{evex} vpdpbusd` on ymm (AVX512-VNNI with AVX512VL: Zen 4, Ice
+    /// Lake, which lack AVX-VNNI).
+    EvexVnni,
+}
+
+impl Dot {
+    /// Whether the k loop sums with `vpdpbusd` (straight into i32).
+    pub fn is_vnni(self) -> bool {
+        self != Dot::MaddUbsw
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Dot::MaddUbsw => "vpmaddubsw+vpmaddwd",
+            Dot::VexVnni => "vpdpbusd",
+            Dot::EvexVnni => "{evex} vpdpbusd",
+        }
+    }
+
+    /// `acc.i32 += Σ₄ u.u8 · s.s8` in this encoding (VNNI forms only).
+    fn dpbusd(self, a: &mut X86Asm, acc: Ymm, u: Ymm, s: Ymm) {
+        match self {
+            Dot::VexVnni => a.vpdpbusd(acc, u, s),
+            Dot::EvexVnni => a.vpdpbusd_ymm_evex(acc, u, s),
+            Dot::MaddUbsw => unreachable!("vpmaddubsw has no one-instruction dot"),
+        }
+    }
 }
 
 /// How grouped weights' zero point enters the group fold.
@@ -234,11 +274,7 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
         spec.hb * 8,
         spec.bias,
         spec.activation,
-        if spec.vnni {
-            "vpdpbusd"
-        } else {
-            "vpmaddubsw+vpmaddwd"
-        }
+        spec.dot.name()
     ));
     common::prologue(&mut a);
     for i in 0..8 {
@@ -427,7 +463,7 @@ fn int8_loop(
     prefetch: Option<i32>,
 ) {
     let (raw, t, ones) = (r.r0(), r.r1(), r.r2());
-    if !spec.vnni {
+    if !spec.dot.is_vnni() {
         a.vmovdqu_load(ones, mem(RSP, ONES16));
     }
     let step = |a: &mut X86Asm, u: i32| {
@@ -444,8 +480,8 @@ fn int8_loop(
                     a.vpbroadcastd_load(r.a(), x(i));
                 }
                 a.vpsignb(t, r.a(), raw);
-                if spec.vnni {
-                    a.vpdpbusd(acc, r.b(0), t);
+                if spec.dot.is_vnni() {
+                    spec.dot.dpbusd(a, acc, r.b(0), t);
                 } else {
                     a.vpmaddubsw(t, r.b(0), t);
                     a.vpmaddwd(t, t, ones);
@@ -504,7 +540,7 @@ fn grouped_loop(
     // longer groups widen every step, and so do 8-bit codes, whose pair
     // sums (≤ 2·127·127) already fill an int16.
     let bytes = spec.wbits == 8;
-    let wide = !spec.vnni && (spg > 8 || bytes);
+    let wide = !spec.dot.is_vnni() && (spg > 8 || bytes);
     let f16_params = spec.params == ParamType::F16;
     let param_bytes = spec.params.bytes() as i32;
     let hp = 8 * r.hb as i32;
@@ -550,15 +586,15 @@ fn grouped_loop(
                     // |w| into the nibble-mask register (unused for bytes).
                     a.vpabsb(mask, r.b(j));
                     a.vpsignb(t, av, r.b(j));
-                    if spec.vnni {
-                        a.vpdpbusd(g, mask, t);
+                    if spec.dot.is_vnni() {
+                        spec.dot.dpbusd(a, g, mask, t);
                     } else {
                         a.vpmaddubsw(t, mask, t);
                         a.vpmaddwd_mem(t, t, frame(ONES16));
                         a.vpaddd(g, g, t);
                     }
-                } else if spec.vnni {
-                    a.vpdpbusd(g, r.b(j), av);
+                } else if spec.dot.is_vnni() {
+                    spec.dot.dpbusd(a, g, r.b(j), av);
                 } else if wide {
                     a.vpmaddubsw(t, r.b(j), av);
                     a.vpmaddwd_mem(t, t, frame(ONES16));
@@ -609,7 +645,7 @@ fn grouped_loop(
     a.bind(group_end);
     // total += sw·dot + min·Σq (u4sym: sw·(dot − 8·Σq)), per row and column
     // block; rax walks Σq.
-    let narrow = !spec.vnni && !wide;
+    let narrow = !spec.dot.is_vnni() && !wide;
     if narrow {
         a.vmovdqu_load(t, frame(ONES16));
     }

@@ -7,8 +7,9 @@
 //! - [`float`]: f32 / f16 weights and activations (`vfmadd231ps`, f16 via
 //!   `vcvtph2ps` / `vcvtps2ph`): GEMM with K blocking, and a separate GEMV
 //!   loop for one row;
-//! - [`int8`]: W8A8 (`i8sym:row`) and W4A8 (`u4asym:gN`, N ≤ 32) with
-//!   `vpmaddubsw` + `vpmaddwd`, or `vpdpbusd` when built with AVX-VNNI;
+//! - [`int8`]: W8A8 (`i8sym:row`) and grouped 4- and 8-bit weights with
+//!   `vpmaddubsw` + `vpmaddwd`, or `vpdpbusd` (AVX-VNNI, or AVX512-VNNI's
+//!   EVEX form on ymm);
 //! - [`quantize`]: the emitted `i8dyn` activation quantizer;
 //! - [`avx512`]: f32 × f32 → f32 on zmm (AVX-512F, through the [`evex`]
 //!   encoder), for tiles solved on `x86-avx512` when the backend has
@@ -20,7 +21,7 @@
 //! accounting for that tile before anything is emitted.
 //!
 //! Run-time detection: [`X86Backend::detect`] checks AVX2, FMA and F16C (and
-//! AVX-VNNI, which switches the int8 MAC). Emitting works on any host; only
+//! AVX-VNNI or AVX512-VNNI, which switch the int8 MAC). Emitting works on any host; only
 //! [`X86Backend::load`] refuses to map code the CPU cannot run (SSE-only
 //! hosts use the cranelift backend).
 
@@ -63,8 +64,9 @@ pub struct X86Backend {
     /// AVX-VNNI (VEX `vpdpbusd` on ymm) for the AVX2 int8 kernels.
     pub vnni: bool,
     pub avx512: bool,
-    /// AVX512-VNNI (EVEX `vpdpbusd`, with AVX512BW) for the AVX-512 W4A8
-    /// GEMM: Zen 4 and Ice Lake have it without AVX-VNNI.
+    /// AVX512-VNNI (EVEX `vpdpbusd`, with AVX512BW/VL) for the AVX-512 W4A8
+    /// GEMM, and on ymm for the AVX2 int8 kernels when `vnni` is off: Zen 4
+    /// and Ice Lake have it without AVX-VNNI.
     pub avx512_vnni: bool,
 }
 
@@ -130,12 +132,14 @@ pub fn host_has_avx512() -> bool {
 }
 
 /// Whether this host runs the AVX-512 int8 kernel ([`avx512_int8`]):
-/// AVX512-VNNI `vpdpbusd` on zmm, with AVX512F/BW.
+/// AVX512-VNNI `vpdpbusd` on zmm, with AVX512F/BW; and the AVX2 int8
+/// kernels' EVEX `vpdpbusd` on ymm, which needs AVX512VL too.
 pub fn host_has_avx512_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("avx512vnni")
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -186,6 +190,20 @@ impl X86Backend {
             NAME
         };
         TargetCaps::by_name(name).expect("x86 targets are built in")
+    }
+
+    /// The dot product of the AVX2 int8 kernels: `vpdpbusd` wherever the
+    /// CPU has one (VEX when AVX-VNNI exists, the EVEX ymm form with
+    /// AVX512-VNNI), which replaces `vpmaddubsw` + `vpmaddwd` (+ `vpaddd`)
+    /// in the k loop by one instruction.
+    pub fn int8_dot(&self) -> int8::Dot {
+        if self.vnni {
+            int8::Dot::VexVnni
+        } else if self.avx512_vnni {
+            int8::Dot::EvexVnni
+        } else {
+            int8::Dot::MaddUbsw
+        }
     }
 
     /// The AVX-512 kernel's spec when this kernel and tile go to it: the
@@ -241,7 +259,7 @@ impl X86Backend {
                 y: Format::F32,
                 bias: spec.bias,
                 activation: spec.activation,
-                vnni: false,
+                dot: int8::Dot::MaddUbsw,
             })
             .map(Some);
         }
@@ -277,7 +295,7 @@ impl X86Backend {
         match classify(kernel, tile)? {
             Family::Float(spec) => float::emit_variant(&spec, variant),
             Family::Int8(mut spec) => {
-                spec.vnni = self.vnni;
+                spec.dot = self.int8_dot();
                 int8::emit_variant(&spec, variant)
             }
         }
@@ -306,9 +324,12 @@ impl X86Backend {
                 missing: "avx512f".into(),
             });
         }
-        if self.avx512_int8_spec(kernel, tile)?.is_some() && !host_has_avx512_vnni() {
+        let evex_int8 = self.int8_dot() == int8::Dot::EvexVnni
+            && matches!(classify(kernel, tile), Ok(Family::Int8(_)));
+        if (evex_int8 || self.avx512_int8_spec(kernel, tile)?.is_some()) && !host_has_avx512_vnni()
+        {
             return Err(X86Error::MissingFeature {
-                missing: "avx512vnni, avx512bw".into(),
+                missing: "avx512vnni, avx512bw, avx512vl".into(),
             });
         }
         if self.vnni && !host_has_avx_vnni() {
@@ -634,7 +655,7 @@ fn classify(kernel: &Kernel, tile: &TileConfig) -> Result<Family, EmitError> {
                 y,
                 bias,
                 activation,
-                vnni: false,
+                dot: int8::Dot::MaddUbsw,
             };
             plan::int8_plan(&spec).check(tile).map_err(tile_err)?;
             Ok(Family::Int8(spec))

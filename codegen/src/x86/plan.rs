@@ -215,7 +215,7 @@ mod tests {
                         y: tessera_dsl::Format::F32,
                         bias: true,
                         activation: tessera_dsl::ir::Activation::None,
-                        vnni: false,
+                        dot: Default::default(),
                     })
                 } else {
                     let f = if name == "matmul-f16" {
@@ -322,7 +322,7 @@ mod tests {
                 y: tessera_dsl::Format::F32,
                 bias: true,
                 activation: tessera_dsl::ir::Activation::None,
-                vnni: false,
+                dot: Default::default(),
             })
         };
         // W4A8: group sums + A + B + mask, shifts, product temp.
