@@ -1,7 +1,8 @@
 //! The AVX-512 W4A8 path: its EVEX integer encodings byte-for-byte against
 //! llvm-mc, the kernel's listing against its bytes, the routing of W4A8
 //! kernels on `x86-avx512` tiles, and the kernel against the reference
-//! interpreter (tails in m, n and k, a partial last group, g8/g16/g32,
+//! interpreter (tails in m, n and k, a partial last group, g8 to g128,
+//! u4asym and u4sym with f32 and f16 parameters — ggml's Q4_0 and Q4_1 —,
 //! bias and relu, every variant, 1 and 2 threads). Kernel runs print
 //! `SKIP: no avx512vnni` on hosts without AVX512-VNNI.
 
@@ -13,6 +14,7 @@ use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
 use tessera_codegen::x86::asm::*;
 use tessera_codegen::x86::avx512_int8::{self, Avx512Int8Spec};
 use tessera_codegen::x86::evex::{Kreg, Zmm};
+use tessera_codegen::x86::int8::ZeroPoint;
 use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512_vnni};
 use tessera_dsl::ir::ParamType;
 use tessera_dsl::ir::{Activation, Format, Group, Kernel};
@@ -37,6 +39,8 @@ fn int_evex_encodings_match_llvm_mc_byte_for_byte() {
             add(&|a| a.vpandd_zmm(d, a2, x));
             add(&|a| a.vcvtdq2ps_zmm(d, a2));
             add(&|a| a.vpsrlw_zmm_imm(d, a2, 4));
+            add(&|a| a.vpslld_zmm_imm(d, a2, 3));
+            add(&|a| a.vpsubd_zmm(d, a2, x));
             add(&|a| a.vshufi32x4_zmm(d, a2, y, 0x50));
             for k in [0, 2, 7] {
                 add(&|a| a.vpsrld_zmm_imm(d, Kreg(k), a2, 4));
@@ -53,6 +57,7 @@ fn int_evex_encodings_match_llvm_mc_byte_for_byte() {
                 add(&|a| a.vmovdqu32_zmm_load(d, m));
                 add(&|a| a.vcvtdq2ps_zmm_bcst(d, m));
                 add(&|a| a.vmulps_zmm_bcst(d, x, m));
+                add(&|a| a.vcvtph2ps_zmm_load(d, m));
             }
         }
     }
@@ -67,11 +72,30 @@ fn avx512_caps() -> &'static TargetCaps {
 }
 
 fn w4a8(group: u32, bias: bool, act: Activation) -> Kernel {
+    w4(
+        Format::U4Asym(Group::Size(group), ParamType::F32),
+        bias,
+        act,
+    )
+}
+
+/// The W4A8 kernel with weights in `format` (a 4-bit format).
+fn w4(format: Format, bias: bool, act: Activation) -> Kernel {
     let mut k = library::get("matmul-w4a8").unwrap();
-    k.tensors.iter_mut().find(|t| t.name == "w").unwrap().format =
-        Format::U4Asym(Group::Size(group), ParamType::F32);
+    k.tensors.iter_mut().find(|t| t.name == "w").unwrap().format = format;
     tessera_tests::kernels::set_epilogue(&mut k, bias, act);
     k
+}
+
+/// ggml's Q4_0 (u4sym, f16 scales) and Q4_1 (u4asym, f16 scales and
+/// mins), and the other corners of the format space the kernel reads.
+fn other_formats() -> [Format; 4] {
+    [
+        Format::U4Sym(Group::Size(32), ParamType::F16),
+        Format::U4Asym(Group::Size(32), ParamType::F16),
+        Format::U4Sym(Group::Size(64), ParamType::F32),
+        Format::U4Asym(Group::Size(128), ParamType::F16),
+    ]
 }
 
 fn best(kernel: &Kernel) -> TileConfig {
@@ -157,6 +181,8 @@ fn bad_specs_are_named() {
         ep,
         zb,
         group,
+        zero: ZeroPoint::Offset,
+        params: ParamType::F32,
         bias: false,
         activation: Activation::None,
     };
@@ -166,8 +192,19 @@ fn bad_specs_are_named() {
     assert!(e.contains("multiple of 16"), "{e}");
     let e = avx512_int8::emit(&spec(2, 8, 32)).unwrap_err().to_string();
     assert!(e.contains("zmm"), "{e}");
-    let e = avx512_int8::emit(&spec(2, 1, 64)).unwrap_err().to_string();
-    assert!(e.contains("group"), "{e}");
+    for group in [4, 48, 256] {
+        let e = avx512_int8::emit(&spec(2, 1, group))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("group"), "{e}");
+    }
+    let e = avx512_int8::emit(&Avx512Int8Spec {
+        zero: ZeroPoint::None,
+        ..spec(2, 1, 32)
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("i8sym"), "{e}");
     // f16 output is refused by name on the avx512 path.
     let mut k = w4a8(32, true, Activation::None);
     k.tensors.iter_mut().find(|t| t.name == "y").unwrap().format = Format::F16;
@@ -177,12 +214,14 @@ fn bad_specs_are_named() {
 
 #[test]
 fn listings_match_their_bytes() {
-    for (group, bias, act) in [
-        (32, true, Activation::Relu),
-        (8, false, Activation::None),
-        (16, true, Activation::None),
-    ] {
-        let kernel = w4a8(group, bias, act);
+    let kernels = [
+        w4a8(32, true, Activation::Relu),
+        w4a8(8, false, Activation::None),
+        w4a8(16, true, Activation::None),
+    ]
+    .into_iter()
+    .chain(other_formats().map(|f| w4(f, true, Activation::None)));
+    for kernel in kernels {
         for tile in kernel_tiles(&kernel)
             .iter()
             .filter(|t| [1, 7, 15].contains(&t.ep))
@@ -285,5 +324,64 @@ fn groups_epilogues_and_tiles_against_the_interpreter() {
         for tile in kernel_tiles(&kernel) {
             check(&kernel, &tile, Variant::Gemm, &few);
         }
+    }
+}
+
+/// Q4_0, Q4_1 and the long groups: every variant of the best tile on the
+/// full shape set (partial last groups: k 7, 33, 100, 257 against g32–g128),
+/// and a few tiles of each.
+#[test]
+fn q4_formats_and_long_groups_against_the_interpreter() {
+    if !can_run() {
+        return;
+    }
+    for (n, format) in other_formats().into_iter().enumerate() {
+        let kernel = w4(
+            format,
+            n % 2 == 0,
+            [Activation::None, Activation::Relu][n / 2],
+        );
+        let tile = best(&kernel);
+        for v in Variant::ALL {
+            check(&kernel, &tile, v, &shapes());
+        }
+        for tile in kernel_tiles(&kernel)
+            .iter()
+            .filter(|t| [2, 7].contains(&t.ep))
+        {
+            check(
+                &kernel,
+                tile,
+                Variant::Gemm,
+                &[(3, 40, 300), (7, 17, 129), (9, 48, 64)],
+            );
+        }
+    }
+}
+
+/// The library's ggml kernels themselves (their own packing and
+/// parameter layout) on the AVX-512 path.
+#[test]
+fn library_q4_0_and_q4_1_on_avx512_tiles() {
+    if !can_run() {
+        return;
+    }
+    for name in ["matmul-q4_0", "matmul-q4_1"] {
+        let kernel = library::get(name).unwrap();
+        let both = X86Backend {
+            vnni: false,
+            avx512: true,
+            avx512_vnni: true,
+        };
+        assert_eq!(both.target(&kernel, Variant::Gemm).name, AVX512_NAME);
+        let tile = best(&kernel);
+        let code = AVX512.emit_code(&kernel, &tile).unwrap();
+        assert!(code.listing.contains("matmul avx512"), "{name}");
+        check(
+            &kernel,
+            &tile,
+            Variant::Gemm,
+            &[(17, 40, 96), (1, 9, 33), (30, 64, 257)],
+        );
     }
 }

@@ -1,4 +1,6 @@
-//! The AVX-512 W4A8 matmul (`i8dyn` x, `u4asym:g8/g16/g32` w, f32 y): the
+//! The AVX-512 W4A8 matmul (`i8dyn` x; `u4asym:gN` or `u4sym:gN` w, N a
+//! power of two from 8 to 128, f32 or f16 group parameters, so ggml's Q4_0
+//! and Q4_1 too; f32 y): the
 //! AVX2 int8 kernel's W4A8 loop nest ([`super::int8`]) on zmm registers
 //! with AVX512-VNNI `vpdpbusd` (16 dword lanes × 4 int8 per instruction),
 //! for the `x86-avx512` target's int8 tiles. A ymm kernel is capped at half
@@ -19,15 +21,20 @@
 //! activations). The activations need no register: each `vpdpbusd` reads
 //! its row's 4 codes with a `{1to16}` broadcast.
 //!
-//! **Groups.** A group (g/4 ≤ 8 steps) sums in i32; then per row and column
-//! block acc += sw_g·dot_g + min_g·Σq_g in f32, and y = acc·sx at the end.
+//! **Groups.** A group (g/4 steps, unrolled) sums in i32 (no int16 stage,
+//! so long groups need no widening); then per row and column block
+//! acc += sw_g·dot_g + min_g·Σq_g in f32 (`u4sym`: sw_g·(dot_g − 8·Σq_g),
+//! the zero point folded in integers), and y = acc·sx at the end. f16
+//! scales are widened once per group into the B registers, which the
+//! group end does not otherwise use; f16 offsets into each group-sum
+//! register once it has been folded.
 //!
 //! # Register plan (rows × zb)
 //!
 //! | zmm | holds |
 //! |---|---|
 //! | 0 .. zb | B: unpacked codes of column block j (below 16: VEX loads); zero for relu in the epilogue |
-//! | zb | Σq of one row as f32; bias under the tail mask in the epilogue |
+//! | zb | Σq of one row as f32 (`u4sym`: 8·Σq as i32); bias under the tail mask in the epilogue |
 //! | then rows·zb | f32 accumulators acc(i,j) |
 //! | then rows·zb | i32 group sums g(i,j) |
 //!
@@ -48,11 +55,12 @@
 //! within it (the one-row loop walks it; 0 in the multi-row loop), r15 =
 //! the frame.
 
-use tessera_dsl::ir::{Activation, Format};
+use tessera_dsl::ir::{Activation, Format, ParamType};
 
 use super::asm::*;
 use super::common::{self, nest};
 use super::evex::{Kreg, Zmm};
+use super::int8::ZeroPoint;
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
 use crate::tile::TileConfig;
@@ -68,8 +76,12 @@ pub struct Avx512Int8Spec {
     pub ep: usize,
     /// hp / 16.
     pub zb: usize,
-    /// Group length of the u4asym weights (8, 16 or 32).
+    /// Group length of the weights (a power of two, 8 to 128).
     pub group: usize,
+    /// Stored offsets (`u4asym`) or the implied 8 (`u4sym`).
+    pub zero: ZeroPoint,
+    /// Storage precision of the group parameters.
+    pub params: ParamType,
     pub bias: bool,
     pub activation: Activation,
 }
@@ -77,6 +89,26 @@ pub struct Avx512Int8Spec {
 impl Avx512Int8Spec {
     fn hp(&self) -> i32 {
         (LANES * self.zb) as i32
+    }
+
+    /// Parameter sets per group: scales, and offsets for `u4asym`.
+    fn param_sets(&self) -> i32 {
+        if self.zero == ZeroPoint::Offset { 2 } else { 1 }
+    }
+
+    /// The weight format's text form (`u4sym:g32:f16`).
+    fn weights(&self) -> String {
+        let zero = if self.zero == ZeroPoint::Implied8 {
+            "u4sym"
+        } else {
+            "u4asym"
+        };
+        let params = if self.params == ParamType::F16 {
+            ":f16"
+        } else {
+            ""
+        };
+        format!("{zero}:g{}{params}", self.group)
     }
 }
 
@@ -180,16 +212,23 @@ pub fn emit_variant(spec: &Avx512Int8Spec, variant: Variant) -> Result<MachineCo
             spec.zb
         )));
     }
-    if !matches!(spec.group, 8 | 16 | 32) {
+    if !spec.group.is_power_of_two() || !(8..=super::MAX_INT4_GROUP as usize).contains(&spec.group)
+    {
         return Err(bad(format!(
-            "group length {} (the kernel takes g8, g16 or g32)",
-            spec.group
+            "group length {} (the kernel takes powers of two from 8 to {})",
+            spec.group,
+            super::MAX_INT4_GROUP
         )));
+    }
+    if spec.zero == ZeroPoint::None {
+        return Err(bad(
+            "the avx512 int8 kernel reads 4-bit codes (u4asym or u4sym), not i8sym".into(),
+        ));
     }
     let mut a = X86Asm::new();
     a.comment(&format!(
-        "matmul avx512 {variant} x i8dyn w u4asym:g{} y {} tile {}x{}x4 bias {} act {:?} mac vpdpbusd zmm",
-        spec.group,
+        "matmul avx512 {variant} x i8dyn w {} y {} tile {}x{}x4 bias {} act {:?} mac vpdpbusd zmm",
+        spec.weights(),
         Format::F32,
         spec.ep,
         spec.hp(),
@@ -341,13 +380,15 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
     } else {
         packed_panel_ptr(a);
     }
-    // r9 = params + first column·groups·8; r10 = r9 + groups·hp·4.
+    // r9 = params + first column·groups·param bytes·sets; r10 = r9 +
+    // groups·hp·param bytes (the panel's offsets, u4asym).
+    let param_bytes = spec.params.bytes() as i32;
     a.load64(RDX, mem(R15, GROUPS));
     a.imul(R9, RDX);
-    a.shl_imm(R9, 3);
+    a.imul_imm(R9, R9, param_bytes * spec.param_sets());
     a.load64(RAX, mem(RDI, MM_W_PARAMS));
     a.add(R9, RAX);
-    a.imul_imm(R10, RDX, hp * 4);
+    a.imul_imm(R10, RDX, hp * param_bytes);
     a.add(R10, R9);
     // r12 = groups·4; r11 = x_sums + (rbp + r14)·r12.
     a.mov(R12, RDX);
@@ -537,25 +578,54 @@ fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, prepacke
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, slow_loop);
     a.bind(group_end);
-    // acc += sw·dot + min·Σq, per row and column block.
+    // acc += sw·dot + min·Σq (u4sym: sw·(dot − 8·Σq)), per row and column
+    // block. f16 scales go to the B registers once per group.
+    let f16 = spec.params == ParamType::F16;
+    let param_bytes = spec.params.bytes() as i32;
+    if f16 {
+        for j in 0..r.zb {
+            a.vcvtph2ps_zmm_load(r.b(j), mem(R9, 32 * j as i32));
+        }
+    }
     a.mov(R13, R11);
     for i in 0..r.rows {
+        if spec.zero == ZeroPoint::Implied8 {
+            a.vpbroadcastd_zmm_load(r.t(), mem(R13, 0));
+            a.vpslld_zmm_imm(r.t(), r.t(), 3);
+        }
         for j in 0..r.zb {
             let g = r.g(i, j);
+            if spec.zero == ZeroPoint::Implied8 {
+                a.vpsubd_zmm(g, g, r.t());
+            }
             a.vcvtdq2ps_zmm(g, g);
-            a.vfmadd231ps_zmm_mem(r.acc(i, j), g, mem(R9, 64 * j as i32));
+            if f16 {
+                a.vfmadd231ps_zmm(r.acc(i, j), g, r.b(j));
+            } else {
+                a.vfmadd231ps_zmm_mem(r.acc(i, j), g, mem(R9, 64 * j as i32));
+            }
         }
-        a.vcvtdq2ps_zmm_bcst(r.t(), mem(R13, 0));
-        for j in 0..r.zb {
-            a.vfmadd231ps_zmm_mem(r.acc(i, j), r.t(), mem(R10, 64 * j as i32));
+        if spec.zero == ZeroPoint::Offset {
+            a.vcvtdq2ps_zmm_bcst(r.t(), mem(R13, 0));
+            for j in 0..r.zb {
+                if f16 {
+                    let min = r.g(i, j);
+                    a.vcvtph2ps_zmm_load(min, mem(R10, 32 * j as i32));
+                    a.vfmadd231ps_zmm(r.acc(i, j), r.t(), min);
+                } else {
+                    a.vfmadd231ps_zmm_mem(r.acc(i, j), r.t(), mem(R10, 64 * j as i32));
+                }
+            }
         }
         if i + 1 < r.rows {
             a.add(R13, R12);
         }
     }
     a.add_imm(R11, 4);
-    a.add_imm(R9, hp * 4);
-    a.add_imm(R10, hp * 4);
+    a.add_imm(R9, hp * param_bytes);
+    if spec.zero == ZeroPoint::Offset {
+        a.add_imm(R10, hp * param_bytes);
+    }
     a.jmp(group_top);
     a.bind(done);
 }

@@ -450,6 +450,29 @@ impl X86Asm {
         );
     }
 
+    /// `vpslld dst, src, imm`: dwords shifted left.
+    pub fn vpslld_zmm_imm(&mut self, dst: Zmm, src: Zmm, imm: u8) {
+        // Group 13 (66 0F 72 /6 ib): ModRM.reg = 6, the destination in vvvv.
+        let e = Evex::plain(MAP_0F, PP_66, 0x72, 6, dst.0, Rm::Reg(src.0 & 31), 64);
+        let mut bytes = e.encode();
+        bytes.push(imm);
+        self.raw(&bytes, format!("vpslld {dst}, {src}, {imm}"));
+    }
+
+    /// `vpsubd dst, a, b`: i32 a − b.
+    pub fn vpsubd_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0xFA, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vpsubd {dst}, {a}, {b}"));
+    }
+
+    /// `vcvtph2ps zmm, ymmword ptr [m]`: 16 f16 values widened to f32
+    /// (group parameters stored as f16). A half-width memory operand:
+    /// disp8 scales by 32.
+    pub fn vcvtph2ps_zmm_load(&mut self, dst: Zmm, m: Mem) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x13, dst.0, 0, Rm::Mem(m), 32);
+        self.evex(e, format!("vcvtph2ps {dst}, ymmword ptr {m}"));
+    }
+
     /// `vpsrlw dst, src, imm` (AVX512BW)
     pub fn vpsrlw_zmm_imm(&mut self, dst: Zmm, src: Zmm, imm: u8) {
         // Group 12 (66 0F 71 /2 ib).

@@ -174,8 +174,9 @@ impl X86Backend {
     /// the bandwidth at M = 8 (f32 62% against 69%, W4A8 49% against 61%
     /// of the read loop, same run) and the same at M = 1–4.
     ///
-    /// W4A8 kernels whose weights the AVX-512 int8 kernel reads (u4asym in
-    /// groups of 8–32 with f32 parameters; not ggml's Q4_0 / Q4_1) get
+    /// 4-bit W4A8 kernels, which the AVX-512 int8 kernel reads (u4asym and
+    /// u4sym in groups of 8–128, f32 or f16 parameters: ggml's Q4_0 and
+    /// Q4_1 too; not the 8-bit formats) get
     /// `x86-avx512` tiles when both `avx512` and `avx512_vnni` are on (the
     /// EVEX form it uses, which [`Self::load`] still checks; Zen 4 and Ice
     /// Lake have it without AVX-VNNI). The answer depends on the flags only, so emitted code is
@@ -254,8 +255,8 @@ impl X86Backend {
                 hb: spec.zb * 2,
                 group: Some(spec.group),
                 wbits: 4,
-                zero: int8::ZeroPoint::Offset,
-                params: ParamType::F32,
+                zero: spec.zero,
+                params: spec.params,
                 y: Format::F32,
                 bias: spec.bias,
                 activation: spec.activation,
@@ -462,10 +463,10 @@ fn is_f32_matmul(kernel: &Kernel) -> bool {
 }
 
 /// i8dyn activations with the weights the AVX-512 int8 kernel reads:
-/// u4asym in groups of 8, 16 or 32 with f32 parameters, pair-transposed.
-/// Other 4-bit weights (ggml's Q4_0 and Q4_1: u4sym, f16 parameters) get
-/// `x86-avx2` tiles and the AVX2 kernel, which takes them, instead of an
-/// AVX-512 tile no kernel can run.
+/// 4-bit codes (u4asym or u4sym, so ggml's Q4_0 and Q4_1 too) in groups
+/// of 8 to 128 with f32 or f16 parameters, pair-transposed, into f32 y.
+/// 8-bit weights and f16 outputs get `x86-avx2` tiles and the AVX2
+/// kernel, which takes them, instead of an AVX-512 tile no kernel can run.
 fn is_avx512_w4a8_matmul(kernel: &Kernel) -> bool {
     kernel.as_matmul().is_some_and(|mm| {
         kernel
@@ -474,17 +475,21 @@ fn is_avx512_w4a8_matmul(kernel: &Kernel) -> bool {
             && kernel.tensor(&mm.w).is_some_and(|t| {
                 avx512_w4a8_group(t.format).is_some() && t.layout.int4_pair_transpose
             })
+            && kernel
+                .tensor(&mm.y)
+                .is_some_and(|t| t.format == Format::F32)
     })
 }
 
-/// The group of weights the AVX-512 int8 kernel reads, or None.
-fn avx512_w4a8_group(format: Format) -> Option<usize> {
-    match format {
-        Format::U4Asym(Group::Size(g), ParamType::F32) if matches!(g, 8 | 16 | 32) => {
-            Some(g as usize)
-        }
-        _ => None,
-    }
+/// The group, zero point and parameter precision of weights the AVX-512
+/// int8 kernel reads, or None.
+fn avx512_w4a8_group(format: Format) -> Option<(usize, int8::ZeroPoint, ParamType)> {
+    let (g, zero, params) = match format {
+        Format::U4Asym(Group::Size(g), p) => (g, int8::ZeroPoint::Offset, p),
+        Format::U4Sym(Group::Size(g), p) => (g, int8::ZeroPoint::Implied8, p),
+        _ => return None,
+    };
+    (g.is_power_of_two() && (8..=MAX_INT4_GROUP).contains(&g)).then_some((g as usize, zero, params))
 }
 
 /// The AVX-512 int8 kernel for an `x86-avx512` W4A8 tile: the AVX2 int8
@@ -506,10 +511,10 @@ fn classify_avx512_int8(
     if !w.is_some_and(|t| t.layout.int4_pair_transpose) {
         return Err(what("4-bit weights need the int4 pair transpose"));
     }
-    let Some(group) = w.and_then(|t| avx512_w4a8_group(t.format)) else {
-        return Err(what(
-            "weights must be u4asym:g8, g16 or g32 with f32 parameters (f16 parameters, u4sym and longer groups run on the AVX2 kernel)",
-        ));
+    let Some((group, zero, params)) = w.and_then(|t| avx512_w4a8_group(t.format)) else {
+        return Err(what(&format!(
+            "weights must be u4asym or u4sym in groups of a power of two from 8 to {MAX_INT4_GROUP} (8-bit weights run on the AVX2 kernel)"
+        )));
     };
     if kernel.tensor(&mm.y).map(|t| t.format) != Some(Format::F32) {
         return Err(what("the output must be f32"));
@@ -524,6 +529,8 @@ fn classify_avx512_int8(
         ep: tile.ep as usize,
         zb: tile.hp as usize / 16,
         group,
+        zero,
+        params,
         bias: mm.epilogue.bias.is_some(),
         activation,
     };
@@ -672,11 +679,12 @@ mod tests {
     use tessera_dsl::ir::Variant;
     use tessera_dsl::library;
 
-    /// With AVX-512 and AVX512-VNNI (Zen 4, Sapphire Rapids), only the W4A8
-    /// weights the AVX-512 int8 kernel reads get `x86-avx512` GEMM tiles;
-    /// ggml's Q4_0 and Q4_1 (u4sym, f16 parameters) stay on AVX2, whose
-    /// kernel takes them (an AVX-512 tile had no kernel: the GEMM of every
-    /// GGUF Q4 tensor failed to build on such CPUs).
+    /// With AVX-512 and AVX512-VNNI (Zen 4, Sapphire Rapids), only the
+    /// weights the AVX-512 int8 kernel reads get `x86-avx512` GEMM tiles:
+    /// every 4-bit format (ggml's Q4_0 and Q4_1 included); 8-bit weights
+    /// (Q8_0, W8A8) stay on AVX2, whose kernel takes them (an AVX-512 tile
+    /// has no kernel for them: before the AVX-512 kernel read Q4_0, the
+    /// GEMM of every GGUF Q4 tensor failed to build on such CPUs).
     #[test]
     fn avx512_gemm_tiles_only_for_weights_the_avx512_kernels_read() {
         let be = X86Backend {
@@ -687,13 +695,24 @@ mod tests {
         for (name, want) in [
             ("matmul-w4a8", AVX512_NAME),
             ("matmul-f32", AVX512_NAME),
-            ("matmul-q4_0", NAME),
-            ("matmul-q4_1", NAME),
+            ("matmul-q4_0", AVX512_NAME),
+            ("matmul-q4_1", AVX512_NAME),
+            ("matmul-q8_0", NAME),
+            ("matmul-w8a8", NAME),
         ] {
             let k = library::get(name).unwrap();
             assert_eq!(be.target(&k, Variant::Gemm).name, want, "{name}");
             assert_eq!(be.target(&k, Variant::Gemv).name, NAME, "{name} GEMV");
         }
+        // f16 output: the AVX2 kernel writes it, the AVX-512 one does not.
+        let mut f16_y = library::get("matmul-q4_0").unwrap();
+        f16_y
+            .tensors
+            .iter_mut()
+            .find(|t| t.name == "y")
+            .unwrap()
+            .format = tessera_dsl::Format::F16;
+        assert_eq!(be.target(&f16_y, Variant::Gemm).name, NAME);
         let no_vnni = X86Backend {
             avx512_vnni: false,
             ..be
