@@ -610,11 +610,10 @@ impl HostMatmul {
                 x_stride: k * 4,
                 out: scratch.qx.as_mut_ptr(),
                 out_scales: scratch.scales.as_mut_ptr(),
-                out_sums: if w_format.needs_x_sums() {
-                    scratch.sums.as_mut_ptr()
-                } else {
-                    std::ptr::null_mut()
-                },
+                // Always the buffer: a quantizer writes Σq where its kernel
+                // folds a zero point, which may be the kernel's own (the
+                // AVX-512 kernel reads i8sym codes as unsigned).
+                out_sums: scratch.sums.as_mut_ptr(),
                 m,
                 k,
                 group,

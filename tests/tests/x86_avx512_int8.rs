@@ -2,7 +2,8 @@
 //! llvm-mc, the kernel's listing against its bytes, the routing of W4A8
 //! kernels on `x86-avx512` tiles, and the kernel against the reference
 //! interpreter (tails in m, n and k, a partial last group, g8 to g128,
-//! u4asym and u4sym with f32 and f16 parameters — ggml's Q4_0 and Q4_1 —,
+//! u4asym, u4sym and i8sym with f32 and f16 parameters — ggml's Q4_0,
+//! Q4_1 and Q8_0 —,
 //! bias and relu, every variant, 1 and 2 threads). Kernel runs print
 //! `SKIP: no avx512vnni` on hosts without AVX512-VNNI.
 
@@ -58,6 +59,7 @@ fn int_evex_encodings_match_llvm_mc_byte_for_byte() {
                 add(&|a| a.vcvtdq2ps_zmm_bcst(d, m));
                 add(&|a| a.vmulps_zmm_bcst(d, x, m));
                 add(&|a| a.vcvtph2ps_zmm_load(d, m));
+                add(&|a| a.vpxord_zmm_bcst(d, x, m));
             }
         }
     }
@@ -79,22 +81,31 @@ fn w4a8(group: u32, bias: bool, act: Activation) -> Kernel {
     )
 }
 
-/// The W4A8 kernel with weights in `format` (a 4-bit format).
+/// The W4A8 kernel with weights in `format` (4-bit), or the Q8_0 one
+/// (8-bit, no pair transpose) for an `i8sym` format.
 fn w4(format: Format, bias: bool, act: Activation) -> Kernel {
-    let mut k = library::get("matmul-w4a8").unwrap();
+    let base = if matches!(format, Format::I8Sym(..)) {
+        "matmul-q8_0"
+    } else {
+        "matmul-w4a8"
+    };
+    let mut k = library::get(base).unwrap();
     k.tensors.iter_mut().find(|t| t.name == "w").unwrap().format = format;
     tessera_tests::kernels::set_epilogue(&mut k, bias, act);
     k
 }
 
-/// ggml's Q4_0 (u4sym, f16 scales) and Q4_1 (u4asym, f16 scales and
-/// mins), and the other corners of the format space the kernel reads.
-fn other_formats() -> [Format; 4] {
+/// ggml's Q4_0 (u4sym, f16 scales), Q4_1 (u4asym, f16 scales and mins)
+/// and Q8_0 (i8sym, f16 scales), and the other corners of the format
+/// space the kernel reads.
+fn other_formats() -> [Format; 6] {
     [
         Format::U4Sym(Group::Size(32), ParamType::F16),
         Format::U4Asym(Group::Size(32), ParamType::F16),
         Format::U4Sym(Group::Size(64), ParamType::F32),
         Format::U4Asym(Group::Size(128), ParamType::F16),
+        Format::I8Sym(Group::Size(32), ParamType::F16),
+        Format::I8Sym(Group::Size(128), ParamType::F32),
     ]
 }
 
@@ -205,6 +216,14 @@ fn bad_specs_are_named() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("i8sym"), "{e}");
+    // Per-row W8A8 has no AVX-512 kernel: its GEMM stays on AVX2.
+    let both = X86Backend {
+        vnni: false,
+        avx512: true,
+        avx512_vnni: true,
+    };
+    let w8a8 = library::get("matmul-w8a8").unwrap();
+    assert_eq!(both.target(&w8a8, Variant::Gemm).name, "x86-avx2");
     // f16 output is refused by name on the avx512 path.
     let mut k = w4a8(32, true, Activation::None);
     k.tensors.iter_mut().find(|t| t.name == "y").unwrap().format = Format::F16;
@@ -339,7 +358,7 @@ fn q4_formats_and_long_groups_against_the_interpreter() {
         let kernel = w4(
             format,
             n % 2 == 0,
-            [Activation::None, Activation::Relu][n / 2],
+            [Activation::None, Activation::Relu][n / 2 % 2],
         );
         let tile = best(&kernel);
         for v in Variant::ALL {
@@ -362,11 +381,11 @@ fn q4_formats_and_long_groups_against_the_interpreter() {
 /// The library's ggml kernels themselves (their own packing and
 /// parameter layout) on the AVX-512 path.
 #[test]
-fn library_q4_0_and_q4_1_on_avx512_tiles() {
+fn library_ggml_formats_on_avx512_tiles() {
     if !can_run() {
         return;
     }
-    for name in ["matmul-q4_0", "matmul-q4_1"] {
+    for name in ["matmul-q4_0", "matmul-q4_1", "matmul-q8_0"] {
         let kernel = library::get(name).unwrap();
         let both = X86Backend {
             vnni: false,

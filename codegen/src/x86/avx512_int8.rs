@@ -1,6 +1,6 @@
-//! The AVX-512 W4A8 matmul (`i8dyn` x; `u4asym:gN` or `u4sym:gN` w, N a
-//! power of two from 8 to 128, f32 or f16 group parameters, so ggml's Q4_0
-//! and Q4_1 too; f32 y): the
+//! The AVX-512 int8 matmul (`i8dyn` x; `u4asym:gN`, `u4sym:gN` or
+//! `i8sym:gN` w, N a power of two from 8 to 128, f32 or f16 group
+//! parameters, so ggml's Q4_0, Q4_1 and Q8_0 too; f32 y): the
 //! AVX2 int8 kernel's W4A8 loop nest ([`super::int8`]) on zmm registers
 //! with AVX512-VNNI `vpdpbusd` (16 dword lanes × 4 int8 per instruction),
 //! for the `x86-avx512` target's int8 tiles. A ymm kernel is capped at half
@@ -20,6 +20,14 @@
 //! channel c's 4 codes, as `vpdpbusd` wants (unsigned weights, signed
 //! activations). The activations need no register: each `vpdpbusd` reads
 //! its row's 4 codes with a `{1to16}` broadcast.
+//!
+//! **8-bit codes** (`i8sym:gN`) are signed, and `vpdpbusd` multiplies an
+//! unsigned operand by a signed one. A `vmovdqu8` load of the 64 bytes of a
+//! column block and a `vpxord` with 0x80 per byte make them w + 128 as
+//! unsigned bytes; the group fold then subtracts 128·Σq (the quantizer's
+//! row sums), exactly as `u4sym` subtracts 8·Σq ([`ZeroPoint::Implied128`]).
+//! One instruction per row and step, where the AVX2 kernel's sign trick
+//! (`vpabsb`, `vpsignb`) spends three. These take no panel buffer.
 //!
 //! **Groups.** A group (g/4 steps, unrolled) sums in i32 (no int16 stage,
 //! so long groups need no widening); then per row and column block
@@ -78,7 +86,9 @@ pub struct Avx512Int8Spec {
     pub zb: usize,
     /// Group length of the weights (a power of two, 8 to 128).
     pub group: usize,
-    /// Stored offsets (`u4asym`) or the implied 8 (`u4sym`).
+    /// Stored offsets (`u4asym`), the implied 8 (`u4sym`), or the 128 of
+    /// 8-bit codes read as unsigned (`i8sym`, [`ZeroPoint::Implied128`]):
+    /// 4-bit codes for the first two, 8-bit for the last.
     pub zero: ZeroPoint,
     /// Storage precision of the group parameters.
     pub params: ParamType,
@@ -96,12 +106,26 @@ impl Avx512Int8Spec {
         if self.zero == ZeroPoint::Offset { 2 } else { 1 }
     }
 
+    /// 8-bit weight codes (`i8sym`), else 4-bit.
+    fn bytes(&self) -> bool {
+        self.zero == ZeroPoint::Implied128
+    }
+
+    /// Bytes of one packed weight step (hp channels × 4 codes).
+    fn packed_step(&self) -> i32 {
+        if self.bytes() {
+            self.hp() * 4
+        } else {
+            self.hp() * 2
+        }
+    }
+
     /// The weight format's text form (`u4sym:g32:f16`).
     fn weights(&self) -> String {
-        let zero = if self.zero == ZeroPoint::Implied8 {
-            "u4sym"
-        } else {
-            "u4asym"
+        let zero = match self.zero {
+            ZeroPoint::Implied8 => "u4sym",
+            ZeroPoint::Implied128 => "i8sym",
+            _ => "u4asym",
         };
         let params = if self.params == ParamType::F16 {
             ":f16"
@@ -146,6 +170,8 @@ pub fn check_plan(spec: &Avx512Int8Spec, tile: &TileConfig) -> Result<(), String
 const KMASKS: i32 = 0;
 /// The nibble mask 0x0F0F0F0F.
 const NIBBLE: i32 = 72;
+/// 0x80 in every byte: flips 8-bit codes' sign bits (w + 128 unsigned).
+const FLIP: i32 = 76;
 /// Steps of 4 along k, groups per row, steps left in the row block.
 const STEPS: i32 = 80;
 const GROUPS: i32 = 88;
@@ -222,7 +248,8 @@ pub fn emit_variant(spec: &Avx512Int8Spec, variant: Variant) -> Result<MachineCo
     }
     if spec.zero == ZeroPoint::None {
         return Err(bad(
-            "the avx512 int8 kernel reads 4-bit codes (u4asym or u4sym), not i8sym".into(),
+            "the avx512 int8 kernel reads i8sym codes as unsigned (zero point Implied128), not as signed"
+                .into(),
         ));
     }
     let mut a = X86Asm::new();
@@ -242,15 +269,17 @@ pub fn emit_variant(spec: &Avx512Int8Spec, variant: Variant) -> Result<MachineCo
         a.cmp_imm(RAX, 1);
         a.jcc(Cond::E, one_row);
         let direct = a.new_label();
-        a.load64(RAX, mem(R15, BUF));
-        a.cmp_imm(RAX, 0);
-        a.jcc(Cond::E, direct);
-        a.comment(&format!(
-            "{variant}: {} rows per tile, panel unpacked once",
-            spec.ep
-        ));
-        nest(&mut a, spec, spec.ep, true);
-        a.jmp(done);
+        if !spec.bytes() {
+            a.load64(RAX, mem(R15, BUF));
+            a.cmp_imm(RAX, 0);
+            a.jcc(Cond::E, direct);
+            a.comment(&format!(
+                "{variant}: {} rows per tile, panel unpacked once",
+                spec.ep
+            ));
+            nest(&mut a, spec, spec.ep, true);
+            a.jmp(done);
+        }
         a.bind(direct);
         a.comment(&format!("{variant}: {} rows per tile", spec.ep));
         nest(&mut a, spec, spec.ep, false);
@@ -278,6 +307,7 @@ fn prologue(a: &mut X86Asm, spec: &Avx512Int8Spec) {
         a.store32_imm(mem(R15, KMASKS + 4 * v), ((1u32 << v) - 1) as i32);
     }
     a.store32_imm(mem(R15, NIBBLE), 0x0F0F_0F0F);
+    a.store32_imm(mem(R15, FLIP), 0x8080_8080_u32 as i32);
     a.mov_imm(RAX, HIGH_LANES);
     a.kmovw_from_gp(HIGH, RAX);
     a.load64(RAX, mem(RDI, MM_K));
@@ -289,10 +319,13 @@ fn prologue(a: &mut X86Asm, spec: &Avx512Int8Spec) {
     a.shr_imm(RAX, spec.group.trailing_zeros() as i8);
     a.store64(mem(R15, GROUPS), RAX);
     // The panel buffer: steps·64·zb bytes below the frame when that is at
-    // most PANEL_BUFFER_BYTES, else none (BUF = 0).
+    // most PANEL_BUFFER_BYTES, else none (BUF = 0); none for 8-bit codes.
     let (fits, none) = (a.new_label(), a.new_label());
     a.load64(RAX, mem(R15, STEPS));
     a.imul_imm(RAX, RAX, 64 * spec.zb as i32);
+    if spec.bytes() {
+        a.mov_imm(RAX, PANEL_BUFFER_BYTES + 1);
+    }
     a.cmp_imm(RAX, PANEL_BUFFER_BYTES);
     a.jcc(Cond::Be, fits);
     a.mov_imm(RAX, 0);
@@ -334,8 +367,7 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
     let hp = spec.hp();
     let ep = spec.ep as i32;
     let r = Regs { rows, zb };
-    // Bytes of one packed weight step (hp channels × 4 codes of 4 bits).
-    let packed_step = hp * 2;
+    let packed_step = spec.packed_step();
     let unpacked_step = 64 * zb as i32;
 
     let panel_loop = nest::panels_head(a);
@@ -343,7 +375,7 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
         // rsi = w + first column·steps·2; r13 = the buffer; rcx = steps.
         let (unpack_loop, unpacked) = (a.new_label(), a.new_label());
         first_column(a, hp);
-        packed_panel_ptr(a);
+        packed_panel_ptr(a, spec);
         a.load64(R13, mem(R15, BUF));
         a.load64(RCX, mem(R15, STEPS));
         a.cmp_imm(RCX, 0);
@@ -378,7 +410,7 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
     if prepacked {
         a.load64(RSI, mem(R15, BUF));
     } else {
-        packed_panel_ptr(a);
+        packed_panel_ptr(a, spec);
     }
     // r9 = params + first column·groups·param bytes·sets; r10 = r9 +
     // groups·hp·param bytes (the panel's offsets, u4asym).
@@ -489,12 +521,12 @@ fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
     nest::panels_tail(a, panel_loop, hp);
 }
 
-/// rsi = w + rax·steps·2: the packed panel whose first column is rax.
-/// Clobbers rax, rdx.
-fn packed_panel_ptr(a: &mut X86Asm) {
+/// rsi = w + rax·steps·(2 or 4 bytes): the packed panel whose first column
+/// is rax. Clobbers rax, rdx.
+fn packed_panel_ptr(a: &mut X86Asm, spec: &Avx512Int8Spec) {
     a.load64(RDX, mem(R15, STEPS));
     a.imul(RAX, RDX);
-    a.shl_imm(RAX, 1);
+    a.shl_imm(RAX, if spec.bytes() { 2 } else { 1 });
     a.load64(RDX, mem(RDI, MM_W));
     a.add(RAX, RDX);
     a.mov(RSI, RAX);
@@ -535,10 +567,18 @@ fn unpack(a: &mut X86Asm, b: Zmm, m: Mem) {
 fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, prepacked: bool) {
     let spg = spec.group as i32 / 4;
     let hp = spec.hp();
-    let wstep = if prepacked { 64 } else { 32 } * r.zb as i32;
+    let wstep = if prepacked {
+        64 * r.zb as i32
+    } else {
+        spec.packed_step()
+    };
     let step = |a: &mut X86Asm, u: i32| {
         for j in 0..r.zb {
-            if prepacked {
+            if spec.bytes() {
+                let b = r.b(j);
+                a.vmovdqu8_zmm_load(b, mem(RSI, u * wstep + 64 * j as i32));
+                a.vpxord_zmm_bcst(b, b, mem(R15, FLIP));
+            } else if prepacked {
                 a.vmovdqu32_zmm_load(r.b(j), mem(RSI, u * wstep + 64 * j as i32));
             } else {
                 unpack(a, r.b(j), mem(RSI, u * wstep + 32 * j as i32));
@@ -578,7 +618,8 @@ fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, prepacke
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, slow_loop);
     a.bind(group_end);
-    // acc += sw·dot + min·Σq (u4sym: sw·(dot − 8·Σq)), per row and column
+    // acc += sw·dot + min·Σq (u4sym: sw·(dot − 8·Σq); i8sym: sw·(dot −
+    // 128·Σq)), per row and column
     // block. f16 scales go to the B registers once per group.
     let f16 = spec.params == ParamType::F16;
     let param_bytes = spec.params.bytes() as i32;
@@ -589,13 +630,19 @@ fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, prepacke
     }
     a.mov(R13, R11);
     for i in 0..r.rows {
-        if spec.zero == ZeroPoint::Implied8 {
+        let implied = match spec.zero {
+            ZeroPoint::Implied8 => Some(3),
+            ZeroPoint::Implied128 => Some(7),
+            _ => None,
+        };
+        if let Some(shift) = implied {
+            // t = Σq·(8 or 128) as i32.
             a.vpbroadcastd_zmm_load(r.t(), mem(R13, 0));
-            a.vpslld_zmm_imm(r.t(), r.t(), 3);
+            a.vpslld_zmm_imm(r.t(), r.t(), shift);
         }
         for j in 0..r.zb {
             let g = r.g(i, j);
-            if spec.zero == ZeroPoint::Implied8 {
+            if implied.is_some() {
                 a.vpsubd_zmm(g, g, r.t());
             }
             a.vcvtdq2ps_zmm(g, g);

@@ -434,6 +434,15 @@ impl X86Asm {
         self.evex(e, format!("vpandd {dst}, {a}, dword ptr {m}{{1to16}}"));
     }
 
+    /// `vpxord dst, a, dword ptr [m]{1to16}`: xor with a dword constant.
+    pub fn vpxord_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F, PP_66, 0xEF, dst.0, a.0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vpxord {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+
     /// `vpsrld dst {k}, src, imm`: dwords shifted right, only the lanes in
     /// `k` written (merge masking; k0 = all lanes).
     pub fn vpsrld_zmm_imm(&mut self, dst: Zmm, k: Kreg, src: Zmm, imm: u8) {

@@ -168,6 +168,11 @@ pub enum ZeroPoint {
     Offset,
     /// `u4sym`'s implied 8: total += sw·(dot − 8·Σq).
     Implied8,
+    /// Symmetric 8-bit codes read as unsigned w + 128 (the AVX-512 kernel
+    /// flips their sign bit so `vpdpbusd` takes them as its unsigned
+    /// operand): total += sw·(dot − 128·Σq). Only the AVX-512 int8 kernel
+    /// reads weights this way; this kernel refuses it.
+    Implied128,
 }
 
 impl ZeroPoint {
@@ -248,6 +253,12 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
         return Err(EmitError::BadTile {
             tile: format!("{}x{}x4", spec.ep, spec.hb * 8),
             why: format!("the int8 kernel keeps 1 to {MAX_ROWS} rows"),
+        });
+    }
+    if spec.zero == ZeroPoint::Implied128 {
+        return Err(EmitError::Unsupported {
+            backend: super::NAME,
+            what: "8-bit codes read as unsigned (the AVX-512 kernel's zero point 128)".into(),
         });
     }
     let mut a = X86Asm::new();
@@ -678,7 +689,7 @@ fn grouped_loop(
                 a.vpbroadcastd_load(s, mem(RAX, 0));
                 a.vcvtdq2ps(s, s);
             }
-            ZeroPoint::None => {}
+            ZeroPoint::None | ZeroPoint::Implied128 => {}
         }
         for j in 0..r.hb {
             let g = r.acc(i, j);

@@ -174,9 +174,9 @@ impl X86Backend {
     /// the bandwidth at M = 8 (f32 62% against 69%, W4A8 49% against 61%
     /// of the read loop, same run) and the same at M = 1–4.
     ///
-    /// 4-bit W4A8 kernels, which the AVX-512 int8 kernel reads (u4asym and
-    /// u4sym in groups of 8–128, f32 or f16 parameters: ggml's Q4_0 and
-    /// Q4_1 too; not the 8-bit formats) get
+    /// Grouped int8 kernels, which the AVX-512 int8 kernel reads (u4asym,
+    /// u4sym and i8sym in groups of 8–128, f32 or f16 parameters: ggml's
+    /// Q4_0, Q4_1 and Q8_0 too; not per-row W8A8) get
     /// `x86-avx512` tiles when both `avx512` and `avx512_vnni` are on (the
     /// EVEX form it uses, which [`Self::load`] still checks; Zen 4 and Ice
     /// Lake have it without AVX-VNNI). The answer depends on the flags only, so emitted code is
@@ -231,7 +231,7 @@ impl X86Backend {
         tile: &TileConfig,
     ) -> Result<Option<avx512_int8::Avx512Int8Spec>, EmitError> {
         if !self.avx512
-            || !is_avx512_w4a8_matmul(kernel)
+            || !has_avx512_int8_operands(kernel)
             || tile.accounting.budget != avx512::ZMM_REGS
         {
             return Ok(None);
@@ -254,7 +254,11 @@ impl X86Backend {
                 ep: spec.ep,
                 hb: spec.zb * 2,
                 group: Some(spec.group),
-                wbits: 4,
+                wbits: if spec.zero == int8::ZeroPoint::Implied128 {
+                    8
+                } else {
+                    4
+                },
                 zero: spec.zero,
                 params: spec.params,
                 y: Format::F32,
@@ -462,22 +466,33 @@ fn is_f32_matmul(kernel: &Kernel) -> bool {
     })
 }
 
-/// i8dyn activations with the weights the AVX-512 int8 kernel reads:
-/// 4-bit codes (u4asym or u4sym, so ggml's Q4_0 and Q4_1 too) in groups
-/// of 8 to 128 with f32 or f16 parameters, pair-transposed, into f32 y.
-/// 8-bit weights and f16 outputs get `x86-avx2` tiles and the AVX2
-/// kernel, which takes them, instead of an AVX-512 tile no kernel can run.
+/// i8dyn activations with the weights the AVX-512 int8 kernel reads, in
+/// groups of 8 to 128 with f32 or f16 parameters, into f32 y: 4-bit codes
+/// (u4asym or u4sym, pair-transposed: ggml's Q4_0 and Q4_1 too) or 8-bit
+/// `i8sym` (Q8_0). Per-row W8A8 and f16 outputs get `x86-avx2` tiles and
+/// the AVX2 kernel, which takes them, instead of an AVX-512 tile no kernel
+/// can run.
 fn is_avx512_w4a8_matmul(kernel: &Kernel) -> bool {
+    has_avx512_int8_operands(kernel)
+        && kernel
+            .as_matmul()
+            .and_then(|mm| kernel.tensor(&mm.y))
+            .is_some_and(|t| t.format == Format::F32)
+}
+
+/// i8dyn activations and weights the AVX-512 int8 kernel reads, whatever
+/// the output: an `x86-avx512` tile of such a kernel goes to that kernel,
+/// which names what else it refuses.
+fn has_avx512_int8_operands(kernel: &Kernel) -> bool {
     kernel.as_matmul().is_some_and(|mm| {
         kernel
             .tensor(&mm.x)
             .is_some_and(|t| t.format == Format::I8Dyn)
             && kernel.tensor(&mm.w).is_some_and(|t| {
-                avx512_w4a8_group(t.format).is_some() && t.layout.int4_pair_transpose
+                avx512_w4a8_group(t.format).is_some_and(|(_, zero, _)| {
+                    t.layout.int4_pair_transpose == (zero != int8::ZeroPoint::Implied128)
+                })
             })
-            && kernel
-                .tensor(&mm.y)
-                .is_some_and(|t| t.format == Format::F32)
     })
 }
 
@@ -487,6 +502,7 @@ fn avx512_w4a8_group(format: Format) -> Option<(usize, int8::ZeroPoint, ParamTyp
     let (g, zero, params) = match format {
         Format::U4Asym(Group::Size(g), p) => (g, int8::ZeroPoint::Offset, p),
         Format::U4Sym(Group::Size(g), p) => (g, int8::ZeroPoint::Implied8, p),
+        Format::I8Sym(Group::Size(g), p) => (g, int8::ZeroPoint::Implied128, p),
         _ => return None,
     };
     (g.is_power_of_two() && (8..=MAX_INT4_GROUP).contains(&g)).then_some((g as usize, zero, params))
@@ -508,14 +524,18 @@ fn classify_avx512_int8(
         ));
     }
     let w = kernel.tensor(&mm.w);
-    if !w.is_some_and(|t| t.layout.int4_pair_transpose) {
-        return Err(what("4-bit weights need the int4 pair transpose"));
-    }
     let Some((group, zero, params)) = w.and_then(|t| avx512_w4a8_group(t.format)) else {
         return Err(what(&format!(
-            "weights must be u4asym or u4sym in groups of a power of two from 8 to {MAX_INT4_GROUP} (8-bit weights run on the AVX2 kernel)"
+            "weights must be u4asym, u4sym or i8sym in groups of a power of two from 8 to {MAX_INT4_GROUP} (per-row i8sym runs on the AVX2 kernel)"
         )));
     };
+    let nibbles = zero != int8::ZeroPoint::Implied128;
+    if nibbles && !w.is_some_and(|t| t.layout.int4_pair_transpose) {
+        return Err(what("4-bit weights need the int4 pair transpose"));
+    }
+    if !nibbles && w.is_some_and(|t| t.layout.int4_pair_transpose) {
+        return Err(what("8-bit weights take no int4 pair transpose"));
+    }
     if kernel.tensor(&mm.y).map(|t| t.format) != Some(Format::F32) {
         return Err(what("the output must be f32"));
     }
@@ -681,10 +701,10 @@ mod tests {
 
     /// With AVX-512 and AVX512-VNNI (Zen 4, Sapphire Rapids), only the
     /// weights the AVX-512 int8 kernel reads get `x86-avx512` GEMM tiles:
-    /// every 4-bit format (ggml's Q4_0 and Q4_1 included); 8-bit weights
-    /// (Q8_0, W8A8) stay on AVX2, whose kernel takes them (an AVX-512 tile
-    /// has no kernel for them: before the AVX-512 kernel read Q4_0, the
-    /// GEMM of every GGUF Q4 tensor failed to build on such CPUs).
+    /// every grouped format (ggml's Q4_0, Q4_1 and Q8_0 included); per-row
+    /// W8A8 stays on AVX2, whose kernel takes it (an AVX-512 tile has no
+    /// kernel for it: before the AVX-512 kernel read Q4_0, the GEMM of
+    /// every GGUF Q4 tensor failed to build on such CPUs).
     #[test]
     fn avx512_gemm_tiles_only_for_weights_the_avx512_kernels_read() {
         let be = X86Backend {
@@ -697,7 +717,7 @@ mod tests {
             ("matmul-f32", AVX512_NAME),
             ("matmul-q4_0", AVX512_NAME),
             ("matmul-q4_1", AVX512_NAME),
-            ("matmul-q8_0", NAME),
+            ("matmul-q8_0", AVX512_NAME),
             ("matmul-w8a8", NAME),
         ] {
             let k = library::get(name).unwrap();
