@@ -516,6 +516,7 @@ impl X86Asm {
     vex3!(vxorps, "vxorps");
     vex3!(vpaddd, "vpaddd");
     vex3!(vpand, "vpand");
+    vex3!(vpxor, "vpxor");
     vex3!(vpmaddubsw, "vpmaddubsw");
     vex3!(vpmaddwd, "vpmaddwd");
     vex3!(vpsignb, "vpsignb");

@@ -168,10 +168,12 @@ pub enum ZeroPoint {
     Offset,
     /// `u4sym`'s implied 8: total += sw·(dot − 8·Σq).
     Implied8,
-    /// Symmetric 8-bit codes read as unsigned w + 128 (the AVX-512 kernel
-    /// flips their sign bit so `vpdpbusd` takes them as its unsigned
-    /// operand): total += sw·(dot − 128·Σq). Only the AVX-512 int8 kernel
-    /// reads weights this way; this kernel refuses it.
+    /// Symmetric 8-bit codes read as unsigned w + 128 (their sign bit
+    /// flipped, so `vpdpbusd` takes them as its unsigned operand):
+    /// total += sw·(dot − 128·Σq). With `vpdpbusd` one instruction per row
+    /// and step, where the sign trick (`vpabsb` per column block, `vpsignb`
+    /// per row) takes three; `vpmaddubsw` would saturate on such codes, so
+    /// that dot product refuses it.
     Implied128,
 }
 
@@ -255,10 +257,11 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
             why: format!("the int8 kernel keeps 1 to {MAX_ROWS} rows"),
         });
     }
-    if spec.zero == ZeroPoint::Implied128 {
+    if spec.zero == ZeroPoint::Implied128 && (!spec.dot.is_vnni() || spec.wbits != 8) {
         return Err(EmitError::Unsupported {
             backend: super::NAME,
-            what: "8-bit codes read as unsigned (the AVX-512 kernel's zero point 128)".into(),
+            what: "8-bit codes read as unsigned (zero point 128) without vpdpbusd, whose int16 pair sums would saturate"
+                .into(),
         });
     }
     let mut a = X86Asm::new();
@@ -292,7 +295,14 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
         a.store32_imm(mem(RSP, ONES16 + 4 * i), 0x0001_0001);
         a.store32_imm(mem(RSP, SHIFTS + 4 * i), if i < 4 { 0 } else { 4 });
     }
-    a.store32_imm(mem(RSP, NIBBLE), 0x0F0F_0F0F);
+    // The byte mask: 4-bit codes' nibbles, or 8-bit codes' sign bits
+    // (Implied128 flips them).
+    let byte_mask = if spec.zero == ZeroPoint::Implied128 {
+        0x8080_8080_u32 as i32
+    } else {
+        0x0F0F_0F0F
+    };
+    a.store32_imm(mem(RSP, NIBBLE), byte_mask);
     // LOCAL1 = steps of 4 along k, LOCAL2 = groups per row.
     a.load64(RAX, mem(RDI, MM_K));
     a.add_imm(RAX, 3);
@@ -551,6 +561,7 @@ fn grouped_loop(
     // longer groups widen every step, and so do 8-bit codes, whose pair
     // sums (≤ 2·127·127) already fill an int16.
     let bytes = spec.wbits == 8;
+    let flip = spec.zero == ZeroPoint::Implied128;
     let wide = !spec.dot.is_vnni() && (spg > 8 || bytes);
     let f16_params = spec.params == ParamType::F16;
     let param_bytes = spec.params.bytes() as i32;
@@ -578,7 +589,11 @@ fn grouped_loop(
     let step = |a: &mut X86Asm, u: i32| {
         for j in 0..r.hb {
             let b = r.b(j);
-            if bytes {
+            if flip {
+                // w + 128 as unsigned bytes.
+                a.vmovdqu_load(b, mem(RSI, u * wstep + 32 * j as i32));
+                a.vpxor(b, b, mask);
+            } else if bytes {
                 // Raw signed codes; |w| and the sign move per row below.
                 a.vmovdqu_load(b, mem(RSI, u * wstep + 32 * j as i32));
             } else {
@@ -592,7 +607,9 @@ fn grouped_loop(
             a.vpbroadcastd_load(av, mem(R8, u * ep * 4 + 4 * i as i32));
             for j in 0..r.hb {
                 let g = r.acc(i, j);
-                if bytes {
+                if flip {
+                    spec.dot.dpbusd(a, g, r.b(j), av);
+                } else if bytes {
                     // vpmaddubsw wants unsigned weights: |w| · (x·sign w),
                     // |w| into the nibble-mask register (unused for bytes).
                     a.vpabsb(mask, r.b(j));
@@ -681,22 +698,23 @@ fn grouped_loop(
     for i in 0..r.rows {
         let s = r.a();
         match spec.zero {
-            ZeroPoint::Implied8 => {
+            ZeroPoint::Implied8 | ZeroPoint::Implied128 => {
+                // s = Σq·(8 or 128) as i32.
                 a.vpbroadcastd_load(s, mem(RAX, 0));
-                a.vpslld_imm(s, s, 3);
+                a.vpslld_imm(s, s, if flip { 7 } else { 3 });
             }
             ZeroPoint::Offset => {
                 a.vpbroadcastd_load(s, mem(RAX, 0));
                 a.vcvtdq2ps(s, s);
             }
-            ZeroPoint::None | ZeroPoint::Implied128 => {}
+            ZeroPoint::None => {}
         }
         for j in 0..r.hb {
             let g = r.acc(i, j);
             if narrow {
                 a.vpmaddwd(g, g, t);
             }
-            if spec.zero == ZeroPoint::Implied8 {
+            if matches!(spec.zero, ZeroPoint::Implied8 | ZeroPoint::Implied128) {
                 a.vpsubd(g, g, s);
             }
             a.vcvtdq2ps(g, g);

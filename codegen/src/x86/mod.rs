@@ -207,6 +207,24 @@ impl X86Backend {
         }
     }
 
+    /// `spec` as this backend emits it: its dot product, and with
+    /// `vpdpbusd` grouped 8-bit codes read as unsigned w + 128
+    /// ([`int8::ZeroPoint::Implied128`]: one instruction per row and step
+    /// instead of the sign trick's three; their quantizer then writes Σq).
+    fn int8_spec(&self, spec: int8::Int8Spec) -> int8::Int8Spec {
+        let dot = self.int8_dot();
+        let flip = dot.is_vnni() && spec.wbits == 8 && spec.group.is_some();
+        int8::Int8Spec {
+            dot,
+            zero: if flip {
+                int8::ZeroPoint::Implied128
+            } else {
+                spec.zero
+            },
+            ..spec
+        }
+    }
+
     /// The AVX-512 kernel's spec when this kernel and tile go to it: the
     /// backend has `avx512`, the kernel is f32 × f32 → f32 and the tile was
     /// solved on `x86-avx512` (its budget is the 32 zmm; an `x86-avx2`
@@ -270,7 +288,7 @@ impl X86Backend {
         }
         match classify(kernel, tile)? {
             Family::Float(_) => Ok(None),
-            Family::Int8(spec) => quantize::emit(&spec).map(Some),
+            Family::Int8(spec) => quantize::emit(&self.int8_spec(spec)).map(Some),
         }
     }
 
@@ -299,10 +317,7 @@ impl X86Backend {
         }
         match classify(kernel, tile)? {
             Family::Float(spec) => float::emit_variant(&spec, variant),
-            Family::Int8(mut spec) => {
-                spec.dot = self.int8_dot();
-                int8::emit_variant(&spec, variant)
-            }
+            Family::Int8(spec) => int8::emit_variant(&self.int8_spec(spec), variant),
         }
     }
 
