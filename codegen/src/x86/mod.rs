@@ -207,12 +207,23 @@ impl X86Backend {
         }
     }
 
-    /// `spec` as this backend emits it: its dot product, and with
-    /// `vpdpbusd` grouped 8-bit codes read as unsigned w + 128
+    /// `spec` as this backend emits `variant` of it: its dot product, and
+    /// with `vpdpbusd` grouped 8-bit codes read as unsigned w + 128
     /// ([`int8::ZeroPoint::Implied128`]: one instruction per row and step
     /// instead of the sign trick's three; their quantizer then writes Σq).
-    fn int8_spec(&self, spec: int8::Int8Spec) -> int8::Int8Spec {
-        let dot = self.int8_dot();
+    ///
+    /// The GEMV of 8-bit codes keeps `vpmaddubsw` where the only
+    /// `vpdpbusd` is AVX512-VNNI's EVEX form: on Zen 4 that GEMV read
+    /// 0.67–1.10× the `vpmaddubsw` one's bandwidth from DRAM (Q8_0, Llama2
+    /// and Qwen2 shapes, 1 and 2 threads, same runs; 1.3× faster with the
+    /// weights in L2), while the flat GEMM at M = 8 gained 1.5–1.9×. 4-bit
+    /// GEMVs were level, and CPUs with AVX-VNNI keep the VEX form they
+    /// always ran.
+    fn int8_spec(&self, spec: int8::Int8Spec, variant: Variant) -> int8::Int8Spec {
+        let mut dot = self.int8_dot();
+        if dot == int8::Dot::EvexVnni && variant == Variant::Gemv && spec.wbits == 8 {
+            dot = int8::Dot::MaddUbsw;
+        }
         let flip = dot.is_vnni() && spec.wbits == 8 && spec.group.is_some();
         int8::Int8Spec {
             dot,
@@ -288,7 +299,8 @@ impl X86Backend {
         }
         match classify(kernel, tile)? {
             Family::Float(_) => Ok(None),
-            Family::Int8(spec) => quantize::emit(&self.int8_spec(spec)).map(Some),
+            // Σq whenever some variant folds a zero point of 128.
+            Family::Int8(spec) => quantize::emit(&self.int8_spec(spec, Variant::Gemm)).map(Some),
         }
     }
 
@@ -317,7 +329,7 @@ impl X86Backend {
         }
         match classify(kernel, tile)? {
             Family::Float(spec) => float::emit_variant(&spec, variant),
-            Family::Int8(spec) => int8::emit_variant(&self.int8_spec(spec), variant),
+            Family::Int8(spec) => int8::emit_variant(&self.int8_spec(spec, variant), variant),
         }
     }
 
@@ -754,5 +766,48 @@ mod tests {
         };
         let w4a8 = library::get("matmul-w4a8").unwrap();
         assert_eq!(no_vnni.target(&w4a8, Variant::Gemm).name, NAME);
+    }
+
+    /// With only AVX512-VNNI's EVEX `vpdpbusd`, 8-bit GEMVs keep
+    /// `vpmaddubsw` (measured faster from DRAM on Zen 4); their flat GEMM,
+    /// 4-bit GEMVs and every AVX-VNNI kernel take `vpdpbusd`.
+    #[test]
+    fn which_int8_loops_take_vpdpbusd() {
+        use crate::tile::{Problem, solve};
+        let evex = X86Backend {
+            vnni: false,
+            avx512: false,
+            avx512_vnni: true,
+        };
+        let vex = X86Backend { vnni: true, ..evex };
+        let caps = super::plan::target();
+        for (be, name, variant, mac) in [
+            (
+                evex,
+                "matmul-q8_0",
+                Variant::Gemv,
+                "mac vpmaddubsw+vpmaddwd",
+            ),
+            (
+                evex,
+                "matmul-w8a8",
+                Variant::Gemv,
+                "mac vpmaddubsw+vpmaddwd",
+            ),
+            (
+                evex,
+                "matmul-q8_0",
+                Variant::FlatGemm,
+                "mac {evex} vpdpbusd",
+            ),
+            (evex, "matmul-q4_0", Variant::Gemv, "mac {evex} vpdpbusd"),
+            (vex, "matmul-q8_0", Variant::Gemv, "mac vpdpbusd"),
+        ] {
+            let k = library::get(name).unwrap();
+            let tile = solve(caps, &Problem::from_kernel(caps, &k).unwrap()).unwrap()[0];
+            let code = be.emit_code_variant(&k, &tile, variant).unwrap();
+            let head = code.listing.lines().next().unwrap_or_default().to_string();
+            assert!(head.ends_with(mac), "{name} {variant}: {head}");
+        }
     }
 }
