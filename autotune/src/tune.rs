@@ -136,6 +136,31 @@ impl SolverCtx<'_> {
         self.caps.mac(self.class).map_or(1, |mac| mac.ae.max(1))
     }
 
+    /// The target `tile` of `variant` was solved on: the variant's own, or
+    /// for a flat GEMM tile with the GEMM target's register budget (a zmm
+    /// flat candidate, [`SolverCtx::candidates`]) the GEMM's.
+    pub fn caps_of(&self, variant: Variant, tile: &TileConfig) -> &TargetCaps {
+        let own = self.caps_for(variant);
+        if variant == Variant::FlatGemm
+            && self.gemm_caps.name != own.name
+            && tile.accounting.budget == self.gemm_caps.registers
+            && tile.accounting.budget != own.registers
+        {
+            self.gemm_caps
+        } else {
+            own
+        }
+    }
+
+    /// Whether `[ep, hp, lp]` is a feasible tile of `caps` at `m` rows:
+    /// the runtime rebuilds a recorded tile on the first target that has
+    /// it, so a flat tile of the wider target is offered only where the
+    /// flat target has no tile of the same shape.
+    fn feasible_on(&self, caps: &TargetCaps, tile: [u32; 3], m: usize, n: usize, k: usize) -> bool {
+        tile::feasible(caps, &self.problem(m, n, k))
+            .is_ok_and(|ts| ts.iter().any(|t| [t.ep, t.hp, t.lp] == tile))
+    }
+
     /// The target `variant`'s tiles are solved on.
     pub fn caps_for(&self, variant: Variant) -> &TargetCaps {
         match variant {
@@ -194,6 +219,23 @@ impl SolverCtx<'_> {
             if let Some(t) = own.iter().find(|t| (self.accept)(t)) {
                 tiles.push(*t);
             }
+        }
+        // Where the GEMM runs on a wider register file (x86 with AVX-512:
+        // zmm), its kernel's flat tiles are candidates too, so the
+        // measurement, not a rule, decides between ymm and zmm flat loops
+        // (one CPU's winner is another's loser). Only tiles the flat target
+        // has no tile of the same shape for: the record names a tile by its
+        // shape.
+        if variant == Variant::FlatGemm && self.gemm_caps.name != caps.name {
+            let m = representative_m(variant);
+            let wide: Vec<TileConfig> = tile::solve(self.gemm_caps, &problem)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| (self.accept)(t))
+                .filter(|t| !self.feasible_on(caps, [t.ep, t.hp, t.lp], m, n, k))
+                .take(neighbours.max(1))
+                .collect();
+            tiles.extend(wide);
         }
         Ok(tiles
             .into_iter()
@@ -692,7 +734,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
     fn winner(&self, c: &Candidate, from_m: Option<usize>) -> Winner {
         Winner {
             variant: c.variant,
-            target: self.target_of(c.variant),
+            target: self.target_of(c),
             tile: c.tile3(),
             kernel: self.instance_name(c),
             from_m,
@@ -714,8 +756,17 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         if want == flat.tile3() {
             return *flat;
         }
-        let problem = self.solver.problem(m, self.shape.n, self.shape.k);
-        tile::feasible(self.solver.caps, &problem)
+        // A wider target's flat tile steps on that target, and only to a
+        // shape the flat target has no tile of (see `SolverCtx::candidates`).
+        let caps = self.solver.caps_of(Variant::FlatGemm, &flat.tile);
+        let (n, k) = (self.shape.n, self.shape.k);
+        if caps.name != self.solver.caps.name
+            && self.solver.feasible_on(self.solver.caps, want, m, n, k)
+        {
+            return *flat;
+        }
+        let problem = self.solver.problem(m, n, k);
+        tile::feasible(caps, &problem)
             .ok()
             .and_then(|tiles| {
                 tiles
@@ -761,9 +812,16 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
 
     /// The target `variant`'s tiles were solved on: the GEMM's may be a
     /// wider one (x86-avx512) than the run's (`cfg.target`).
-    fn target_of(&self, variant: Variant) -> String {
-        if variant == Variant::Gemm && self.solver.gemm_caps.name != self.solver.caps.name {
-            self.solver.gemm_caps.name.to_string()
+    /// The target name recorded for `c`: the GEMM's and the wide flat
+    /// tiles' own target where it differs from the flat one (x86-avx512).
+    fn target_of(&self, c: &Candidate) -> String {
+        let caps = match c.variant {
+            Variant::Gemm => self.solver.gemm_caps,
+            Variant::FlatGemm => self.solver.caps_of(Variant::FlatGemm, &c.tile),
+            Variant::Gemv => self.solver.caps,
+        };
+        if caps.name != self.solver.caps.name {
+            caps.name.to_string()
         } else {
             self.cfg.target.clone()
         }
@@ -775,7 +833,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         let Some(kernel) = &self.cfg.kernel else {
             return String::new();
         };
-        let target = self.target_of(c.variant).replace('-', "_");
+        let target = self.target_of(c).replace('-', "_");
         let tile = tessera_dsl::naming::MatmulTile {
             ep: c.tile.ep,
             hp: c.tile.hp,
@@ -1016,7 +1074,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         };
         Measurement {
             variant: c.variant,
-            target: self.target_of(c.variant),
+            target: self.target_of(c),
             tile: c.tile3(),
             threads: self.cfg.threads,
             m,

@@ -955,3 +955,42 @@ fn records_with_and_without_flat_steps() {
         assert!(err <= 1e-4 * (1.0 + scale), "m={m} err {err}");
     }
 }
+
+/// A record whose flat winner is a zmm tile (the tuner offers the AVX-512
+/// kernels' flat tiles on x86 with AVX-512, in shapes the AVX2 target has
+/// no tile of) runs on the AVX-512 kernel, steps included, and matches the
+/// interpreter. SKIP without AVX-512.
+#[test]
+fn a_zmm_flat_winner_runs_on_the_avx512_kernel() {
+    if !(tessera_codegen::x86::missing_features().is_empty()
+        && tessera_codegen::x86::host_has_avx512())
+    {
+        eprintln!("SKIP: no AVX-512");
+        return;
+    }
+    let (n, k, m1, m2) = (100, 200, 2, 12);
+    let probe = device(Backend::HostX86, 1, None);
+    let mut rec = record_for(&probe, WeightFormat::F32, n, k, m1, m2);
+    let zmm = |from_m: Option<usize>, ep: u32| Winner {
+        variant: Variant::FlatGemm,
+        target: "x86-avx512".into(),
+        tile: [ep, 48, 1],
+        kernel: String::new(),
+        from_m,
+    };
+    let winners = &mut rec.entries[0].shapes[0].winners;
+    winners.retain(|w| w.variant != Variant::FlatGemm);
+    winners.extend([zmm(None, 8), zmm(Some(2), 2), zmm(Some(4), 8)]);
+    let dev = device(Backend::HostX86, 2, Some(rec));
+    let mut r = rng(9);
+    let w = randv(&mut r, n * k);
+    let bias = vec![0.0; n];
+    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
+    for (m, ep) in [(2, 2), (3, 2), (4, 8), (11, 8)] {
+        assert_eq!(lin.kernel_tile(m), Some([ep, 48, 1]), "m={m}");
+        let x = randv(&mut r, m * k);
+        let y = run_linear(&lin, &x, m);
+        let (err, scale) = max_err(&y, &reference(WeightFormat::F32, &x, &w, &bias, m, n, k));
+        assert!(err <= 1e-4 * (1.0 + scale), "m={m} err {err}");
+    }
+}

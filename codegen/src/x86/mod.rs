@@ -169,10 +169,12 @@ impl X86Backend {
     /// The target whose solver tiles this backend should be given for
     /// `kernel`'s `variant`: `x86-avx512` for the GEMM variant of an f32 ×
     /// f32 → f32 matmul when `avx512` is on (the AVX-512 kernel), else
-    /// `x86-avx2`. GEMV and flat GEMM stay on AVX2: they are bound by the
-    /// weight stream, and the zmm kernels' wider flat tiles read less of
-    /// the bandwidth at M = 8 (f32 62% against 69%, W4A8 49% against 61%
-    /// of the read loop, same run) and the same at M = 1–4.
+    /// `x86-avx2`. GEMV and flat GEMM default to AVX2: they are bound by
+    /// the weight stream, and on the CPU first measured the zmm kernels'
+    /// wider flat tiles read less of the bandwidth at M = 8 (f32 62%
+    /// against 69%, W4A8 49% against 61%). On Zen 4 the zmm f32 flat read
+    /// 69% against 37%: the autotuner times the zmm flat tiles as
+    /// candidates too and the record says which won.
     ///
     /// Grouped int8 kernels, which the AVX-512 int8 kernel reads (u4asym,
     /// u4sym and i8sym in groups of 8–128, f32 or f16 parameters: ggml's
