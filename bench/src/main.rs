@@ -72,6 +72,12 @@ struct Cli {
     numpy_script: PathBuf,
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/ggml-peer/ggml_peer"))]
     ggml_harness: PathBuf,
+    /// A tuning record (`tessera-autotune --out`): the tessera-* peers
+    /// dispatch by its breakpoints and winners where it matches this CPU,
+    /// backend and format (else the defaults, with a warning), so the run
+    /// times what a tuned user gets.
+    #[arg(long)]
+    record: Option<PathBuf>,
     /// Internal: time in-process implementations and print JSON lines.
     #[arg(long, hide = true)]
     worker: bool,
@@ -139,6 +145,13 @@ fn main_inner() -> Result<(), BenchError> {
         python: cli.python.clone(),
         numpy_script: cli.numpy_script.clone(),
         ggml_harness: cli.ggml_harness.clone(),
+        record: match &cli.record {
+            Some(path) => Some(std::sync::Arc::new(
+                tessera_runtime::record::TuningRecord::load(path)
+                    .map_err(|e| BenchError::Option(format!("--record: {e}")))?,
+            )),
+            None => None,
+        },
         command: std::iter::once("tessera-bench".to_string())
             .chain(std::env::args().skip(1))
             .collect::<Vec<_>>()

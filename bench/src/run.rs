@@ -26,6 +26,8 @@ pub struct Config {
     pub python: String,
     pub numpy_script: PathBuf,
     pub ggml_harness: PathBuf,
+    /// The tuning record the tessera-* peers dispatch by (`--record`).
+    pub record: Option<std::sync::Arc<tessera_runtime::record::TuningRecord>>,
     /// The command line, for the report.
     pub command: String,
 }
@@ -62,7 +64,7 @@ fn peer_format(name: &str) -> WeightFormat {
             group: 32,
             param_bytes: 2,
         },
-        _ => impls::in_process_impl(name)
+        _ => impls::in_process_impl(name, None)
             .map(|i| i.weight_format())
             .unwrap_or(WeightFormat::F32),
     }
@@ -339,7 +341,7 @@ pub fn run(config: &Config) -> Result<RunReport, BenchError> {
         for peer in &config.peers {
             let tolerance = peer_format(peer).tolerance();
             let mut commands = Vec::new();
-            if let Some(mut imp) = impls::in_process_impl(peer) {
+            if let Some(mut imp) = impls::in_process_impl(peer, config.record.as_ref()) {
                 if imp.process_env_for_threads(1).is_none() {
                     let result = measure_in_process(
                         imp.as_mut(),
@@ -420,10 +422,13 @@ pub fn run_worker(config: &Config) -> Result<(), BenchError> {
     for shape in &config.shapes {
         let weights = source_weights(shape);
         for peer in &config.peers {
-            let mut imp = impls::in_process_impl(peer).ok_or_else(|| BenchError::UnknownImpl {
-                name: peer.clone(),
-                known: impls::in_process_names().join(", "),
-            })?;
+            let mut imp =
+                impls::in_process_impl(peer, config.record.as_ref()).ok_or_else(|| {
+                    BenchError::UnknownImpl {
+                        name: peer.clone(),
+                        known: impls::in_process_names().join(", "),
+                    }
+                })?;
             let mut failure = None;
             measure_in_process(
                 imp.as_mut(),
@@ -490,7 +495,7 @@ mod tests {
         let weights = source_weights(&shape);
         let mut method = Method::quick(1 << 16);
         method.sleep_ms = 0;
-        let mut imp = impls::in_process_impl("gemm").unwrap();
+        let mut imp = impls::in_process_impl("gemm", None).unwrap();
         let mut records = Vec::new();
         measure_in_process(
             imp.as_mut(),

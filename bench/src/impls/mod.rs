@@ -8,6 +8,10 @@ pub mod tessera;
 pub use gemm_peer::GemmPeer;
 pub use matrixmultiply_peer::MatrixmultiplyPeer;
 
+use std::sync::Arc;
+
+use tessera_runtime::record::TuningRecord;
+
 use crate::error::BenchError;
 use crate::format::WeightFormat;
 
@@ -60,12 +64,16 @@ pub fn in_process_names() -> Vec<String> {
     names
 }
 
-/// The in-process implementation called `name`, if there is one.
-pub fn in_process_impl(name: &str) -> Option<Box<dyn MatmulImpl>> {
+/// The in-process implementation called `name`, if there is one; the
+/// tessera-* ones dispatch by `record` when given.
+pub fn in_process_impl(
+    name: &str,
+    record: Option<&Arc<TuningRecord>>,
+) -> Option<Box<dyn MatmulImpl>> {
     match name {
         "gemm" => Some(Box::new(GemmPeer::default())),
         "matrixmultiply" => Some(Box::new(MatrixmultiplyPeer::default())),
-        _ => tessera::make(name),
+        _ => tessera::make(name, record.cloned()),
     }
 }
 
@@ -138,7 +146,7 @@ mod tests {
     }
 
     fn check_impl(name: &str, m: usize, n: usize, k: usize, threads: usize) {
-        let mut imp = in_process_impl(name).unwrap();
+        let mut imp = in_process_impl(name, None).unwrap();
         let mut w = vec![0.0; n * k];
         fill_uniform(&mut w, 1 + n as u64);
         let mut x = vec![0.0; m * k];
@@ -207,7 +215,7 @@ mod tests {
     #[test]
     fn bad_weight_length_is_an_error() {
         for name in ["gemm", "matrixmultiply"] {
-            let mut imp = in_process_impl(name).unwrap();
+            let mut imp = in_process_impl(name, None).unwrap();
             let err = imp.prepare(4, 4, &[0.0; 15], 2).unwrap_err().to_string();
             assert!(err.contains("expected 16"), "{err}");
         }

@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use tessera_runtime::record::TuningRecord;
 use tessera_runtime::{Backend, Device, DeviceOptions, Linear, WeightFormat as RtFormat, Weights};
 
 use super::{MatmulImpl, check_len};
@@ -47,8 +48,9 @@ pub fn names() -> Vec<String> {
     out
 }
 
-/// The Tessera implementation called `name`.
-pub fn make(name: &str) -> Option<Box<dyn MatmulImpl>> {
+/// The Tessera implementation called `name`, dispatching by `record`
+/// when given.
+pub fn make(name: &str, record: Option<Arc<TuningRecord>>) -> Option<Box<dyn MatmulImpl>> {
     for (b, backend, avx2_only) in BACKENDS {
         for (f, format) in FORMATS {
             if name == format!("tessera-{b}-{f}") {
@@ -56,6 +58,7 @@ pub fn make(name: &str) -> Option<Box<dyn MatmulImpl>> {
                     name: name.to_string(),
                     backend,
                     avx2_only,
+                    record: record.clone(),
                     format,
                     n: 0,
                     k: 0,
@@ -76,6 +79,7 @@ struct TesseraLinear {
     name: String,
     backend: Backend,
     avx2_only: bool,
+    record: Option<Arc<TuningRecord>>,
     format: RtFormat,
     n: usize,
     k: usize,
@@ -98,6 +102,7 @@ impl TesseraLinear {
         let options = DeviceOptions {
             threads: Some(self.threads),
             x86_avx2_only: self.avx2_only,
+            record: self.record.as_deref().cloned(),
             ..DeviceOptions::default()
         };
         let device = Arc::new(Device::open(self.backend, options).map_err(|e| self.err(e))?);
@@ -111,6 +116,16 @@ impl TesseraLinear {
                 None,
             )
             .map_err(|e| self.err(e))?;
+            if self.record.is_some()
+                && self.linears.is_empty()
+                && let tessera_runtime::dispatch::PlanSource::Defaults { why } =
+                    &linear.plan().source
+            {
+                eprintln!(
+                    "  {} [{}, {}]: not using --record ({why}); solver defaults",
+                    self.name, self.n, self.k
+                );
+            }
             self.linears.push(linear);
         }
         Ok(())
