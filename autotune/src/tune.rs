@@ -136,12 +136,20 @@ impl SolverCtx<'_> {
         self.caps.mac(self.class).map_or(1, |mac| mac.ae.max(1))
     }
 
+    /// Whether the GEMM's target is a wider register file than the flat
+    /// GEMM's (x86 with AVX-512), whose kernels' GEMV and flat tiles are
+    /// then candidates too.
+    fn wider_gemm(&self) -> bool {
+        self.gemm_caps.name != self.caps.name
+    }
+
     /// The target `tile` of `variant` was solved on: the variant's own, or
-    /// for a flat GEMM tile with the GEMM target's register budget (a zmm
-    /// flat candidate, [`SolverCtx::candidates`]) the GEMM's.
+    /// for a GEMV or flat GEMM tile with the wider GEMM target's register
+    /// budget (a zmm candidate, [`SolverCtx::candidates`]) the GEMM's.
     pub fn caps_of(&self, variant: Variant, tile: &TileConfig) -> &TargetCaps {
         let own = self.caps_for(variant);
-        if variant == Variant::FlatGemm
+        if variant != Variant::Gemm
+            && self.wider_gemm()
             && self.gemm_caps.name != own.name
             && tile.accounting.budget == self.gemm_caps.registers
             && tile.accounting.budget != own.registers
@@ -221,16 +229,17 @@ impl SolverCtx<'_> {
             }
         }
         // Where the GEMM runs on a wider register file (x86 with AVX-512:
-        // zmm), its kernel's flat tiles are candidates too, so the
-        // measurement, not a rule, decides between ymm and zmm flat loops
-        // (one CPU's winner is another's loser). Only tiles the flat target
-        // has no tile of the same shape for: the record names a tile by its
-        // shape.
-        if variant == Variant::FlatGemm && self.gemm_caps.name != caps.name {
+        // zmm), its kernels' GEMV and flat tiles are candidates too, so the
+        // measurement, not a rule, decides between ymm and zmm loops (one
+        // CPU's winner is another's loser). Only tiles the variant's own
+        // target has no tile of the same shape for: the record names a
+        // tile by its shape.
+        if variant != Variant::Gemm && self.wider_gemm() && self.gemm_caps.name != caps.name {
             let m = representative_m(variant);
             let wide: Vec<TileConfig> = tile::solve(self.gemm_caps, &problem)
                 .unwrap_or_default()
                 .into_iter()
+                .filter(|t| variant != Variant::Gemv || t.ep == 1)
                 .filter(|t| (self.accept)(t))
                 .filter(|t| !self.feasible_on(caps, [t.ep, t.hp, t.lp], m, n, k))
                 .take(neighbours.max(1))
@@ -812,16 +821,17 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
 
     /// The target `variant`'s tiles were solved on: the GEMM's may be a
     /// wider one (x86-avx512) than the run's (`cfg.target`).
-    /// The target name recorded for `c`: the GEMM's and the wide flat
-    /// tiles' own target where it differs from the flat one (x86-avx512).
+    /// The target name recorded for `c`: the wider GEMM target
+    /// (x86-avx512) for the GEMM and the zmm GEMV and flat tiles, else the
+    /// flat target's.
     fn target_of(&self, c: &Candidate) -> String {
-        let caps = match c.variant {
-            Variant::Gemm => self.solver.gemm_caps,
-            Variant::FlatGemm => self.solver.caps_of(Variant::FlatGemm, &c.tile),
-            Variant::Gemv => self.solver.caps,
+        let gemm = self.solver.gemm_caps;
+        let wide = match c.variant {
+            Variant::Gemm => self.solver.wider_gemm(),
+            v => self.solver.wider_gemm() && self.solver.caps_of(v, &c.tile).name == gemm.name,
         };
-        if caps.name != self.solver.caps.name {
-            caps.name.to_string()
+        if wide {
+            gemm.name.to_string()
         } else {
             self.cfg.target.clone()
         }

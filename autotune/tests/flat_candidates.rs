@@ -1,5 +1,5 @@
-//! The flat candidates of x86 with AVX-512: the solver's zmm flat tiles are
-//! offered beside the ymm ones, only in shapes the ymm target has no tile
+//! The GEMV and flat candidates of x86 with AVX-512: the solver's zmm tiles
+//! are offered beside the ymm ones, only in shapes the ymm target has no tile
 //! of (the record names a tile by its shape, and the runtime rebuilds it on
 //! the first x86 target that has one), and they are recorded as
 //! `x86-avx512`.
@@ -64,5 +64,25 @@ fn without_a_wider_gemm_target_the_flat_candidates_are_the_flat_targets() {
     for c in &cands {
         assert_eq!(c.tile.accounting.budget, 16);
         assert_eq!(s.caps_of(Variant::FlatGemm, &c.tile).name, "x86-avx2");
+    }
+}
+
+#[test]
+fn zmm_gemv_tiles_are_one_row_candidates_too() {
+    for kernel in ["matmul-f32", "matmul-q4_0"] {
+        let s = solver("x86-avx512", kernel);
+        let cands = s.candidates(Variant::Gemv, 4096, 4096, 2).unwrap();
+        let wide: Vec<_> = cands
+            .iter()
+            .filter(|c| s.caps_of(Variant::Gemv, &c.tile).name == "x86-avx512")
+            .collect();
+        assert!(!wide.is_empty(), "{kernel}: no zmm GEMV candidate");
+        assert!(wide.len() < cands.len(), "{kernel}: no ymm GEMV candidate");
+        let ymm_tiles = feasible(s.caps, &s.problem(1, 4096, 4096)).unwrap();
+        for c in wide {
+            assert_eq!(c.tile.ep, 1, "{kernel}");
+            let shape = [c.tile.ep, c.tile.hp, c.tile.lp];
+            assert!(!ymm_tiles.iter().any(|t| [t.ep, t.hp, t.lp] == shape));
+        }
     }
 }

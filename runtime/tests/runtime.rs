@@ -956,12 +956,12 @@ fn records_with_and_without_flat_steps() {
     }
 }
 
-/// A record whose flat winner is a zmm tile (the tuner offers the AVX-512
-/// kernels' flat tiles on x86 with AVX-512, in shapes the AVX2 target has
-/// no tile of) runs on the AVX-512 kernel, steps included, and matches the
-/// interpreter. SKIP without AVX-512.
+/// A record whose GEMV and flat winners are zmm tiles (the tuner offers the
+/// AVX-512 kernels' tiles on x86 with AVX-512, in shapes the AVX2 target
+/// has no tile of) runs them on the AVX-512 kernel, flat steps included,
+/// and matches the interpreter. SKIP without AVX-512.
 #[test]
-fn a_zmm_flat_winner_runs_on_the_avx512_kernel() {
+fn zmm_gemv_and_flat_winners_run_on_the_avx512_kernel() {
     if !(tessera_codegen::x86::missing_features().is_empty()
         && tessera_codegen::x86::host_has_avx512())
     {
@@ -979,15 +979,29 @@ fn a_zmm_flat_winner_runs_on_the_avx512_kernel() {
         from_m,
     };
     let winners = &mut rec.entries[0].shapes[0].winners;
-    winners.retain(|w| w.variant != Variant::FlatGemm);
+    winners.retain(|w| w.variant == Variant::Gemm);
     winners.extend([zmm(None, 8), zmm(Some(2), 2), zmm(Some(4), 8)]);
+    // 8 zmm accumulators: no AVX2 tile has this shape.
+    winners.push(Winner {
+        variant: Variant::Gemv,
+        target: "x86-avx512".into(),
+        tile: [1, 128, 1],
+        kernel: String::new(),
+        from_m: None,
+    });
     let dev = device(Backend::HostX86, 2, Some(rec));
     let mut r = rng(9);
     let w = randv(&mut r, n * k);
     let bias = vec![0.0; n];
     let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
-    for (m, ep) in [(2, 2), (3, 2), (4, 8), (11, 8)] {
-        assert_eq!(lin.kernel_tile(m), Some([ep, 48, 1]), "m={m}");
+    for (m, tile) in [
+        (1, [1, 128, 1]),
+        (2, [2, 48, 1]),
+        (3, [2, 48, 1]),
+        (4, [8, 48, 1]),
+        (11, [8, 48, 1]),
+    ] {
+        assert_eq!(lin.kernel_tile(m), Some(tile), "m={m}");
         let x = randv(&mut r, m * k);
         let y = run_linear(&lin, &x, m);
         let (err, scale) = max_err(&y, &reference(WeightFormat::F32, &x, &w, &bias, m, n, k));
