@@ -163,15 +163,7 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
     use tessera_codegen::tile::{Problem, feasible};
     use tessera_codegen::x86::{X86Backend, plan};
     let caps = plan::target();
-    for name in [
-        "matmul-f32",
-        "matmul-f16",
-        "matmul-w8a8",
-        "matmul-w4a8",
-        "matmul-q4_0",
-        "matmul-q4_1",
-        "matmul-q8_0",
-    ] {
+    for name in tessera_tests::kernels::X86_MATMULS {
         let kernel = tessera_dsl::library::get(name).unwrap();
         let problem = Problem::from_kernel(caps, &kernel).unwrap();
         for tile in feasible(caps, &problem).unwrap() {

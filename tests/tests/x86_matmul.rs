@@ -253,15 +253,7 @@ fn flat_gemm_int8_every_m() {
 /// The GEMV variant computes any m (one row at a time); every format.
 #[test]
 fn gemv_variant_every_format() {
-    for name in [
-        "matmul-f32",
-        "matmul-f16",
-        "matmul-w8a8",
-        "matmul-w4a8",
-        "matmul-q4_0",
-        "matmul-q4_1",
-        "matmul-q8_0",
-    ] {
+    for name in tessera_tests::kernels::X86_MATMULS {
         let kernel = library::get(name).unwrap();
         for b in backends() {
             for t in tiles_for_m(&kernel, 1) {
