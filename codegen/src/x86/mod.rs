@@ -186,7 +186,7 @@ impl X86Backend {
     pub fn target(&self, kernel: &Kernel, variant: Variant) -> &'static TargetCaps {
         let name = if variant == Variant::Gemm
             && self.avx512
-            && (is_f32_matmul(kernel) || (self.avx512_vnni && is_avx512_w4a8_matmul(kernel)))
+            && (is_f32_matmul(kernel) || (self.avx512_vnni && is_avx512_int8_matmul(kernel)))
         {
             AVX512_NAME
         } else {
@@ -501,7 +501,7 @@ fn is_f32_matmul(kernel: &Kernel) -> bool {
 /// `i8sym` (Q8_0). Per-row W8A8 and f16 outputs get `x86-avx2` tiles and
 /// the AVX2 kernel, which takes them, instead of an AVX-512 tile no kernel
 /// can run.
-fn is_avx512_w4a8_matmul(kernel: &Kernel) -> bool {
+fn is_avx512_int8_matmul(kernel: &Kernel) -> bool {
     has_avx512_int8_operands(kernel)
         && kernel
             .as_matmul()
@@ -518,7 +518,7 @@ fn has_avx512_int8_operands(kernel: &Kernel) -> bool {
             .tensor(&mm.x)
             .is_some_and(|t| t.format == Format::I8Dyn)
             && kernel.tensor(&mm.w).is_some_and(|t| {
-                avx512_w4a8_group(t.format).is_some_and(|(_, zero, _)| {
+                avx512_int8_weights(t.format).is_some_and(|(_, zero, _)| {
                     t.layout.int4_pair_transpose == (zero != int8::ZeroPoint::Implied128)
                 })
             })
@@ -527,7 +527,7 @@ fn has_avx512_int8_operands(kernel: &Kernel) -> bool {
 
 /// The group, zero point and parameter precision of weights the AVX-512
 /// int8 kernel reads, or None.
-fn avx512_w4a8_group(format: Format) -> Option<(usize, int8::ZeroPoint, ParamType)> {
+fn avx512_int8_weights(format: Format) -> Option<(usize, int8::ZeroPoint, ParamType)> {
     let (g, zero, params) = match format {
         Format::U4Asym(Group::Size(g), p) => (g, int8::ZeroPoint::Offset, p),
         Format::U4Sym(Group::Size(g), p) => (g, int8::ZeroPoint::Implied8, p),
@@ -553,7 +553,7 @@ fn classify_avx512_int8(
         ));
     }
     let w = kernel.tensor(&mm.w);
-    let Some((group, zero, params)) = w.and_then(|t| avx512_w4a8_group(t.format)) else {
+    let Some((group, zero, params)) = w.and_then(|t| avx512_int8_weights(t.format)) else {
         return Err(what(&format!(
             "weights must be u4asym, u4sym or i8sym in groups of a power of two from 8 to {MAX_INT4_GROUP} (per-row i8sym runs on the AVX2 kernel)"
         )));
