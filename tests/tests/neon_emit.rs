@@ -429,7 +429,8 @@ fn flat_loop_prefetches_and_differs_from_gemm() {
 /// The compact formats (ggml's Q4_0, Q4_1, Q8_0: f16 group parameters,
 /// Q4_0's implied zero point 8) on every target and variant: the listing
 /// says what the group epilogue holds, widens f16 parameters with fcvtl,
-/// folds the zero point in int32 (shl #3, sub) without offset loads, and
+/// folds the zero point in int32 (accumulators start at -8·Σqx: shl #3,
+/// neg; the smull fallback subtracts it) without offset loads, and
 /// assembles to the emitted bytes.
 #[test]
 fn compact_formats_every_target_and_variant() {
@@ -452,8 +453,12 @@ fn compact_formats_every_target_and_variant() {
                 assert!(l.contains("// group epilogue: f16 "), "{what}");
                 assert!(l.contains("fcvtl "), "{what}");
                 let zp = name == "matmul-q4_0";
+                // sdot and smmla accumulators start each group at -8·Σqx;
+                // the smull fallback's lane partials subtract it after.
+                let smull = matches!(target, "aarch64-neon" | "aarch64-fp16");
                 assert_eq!(l.contains("shl "), zp, "{what}");
-                assert_eq!(l.contains("sub v"), zp, "{what}");
+                assert_eq!(l.contains("sub v"), zp && smull, "{what}");
+                assert_eq!(l.contains("neg v"), zp && !smull, "{what}");
                 assert_eq!(l.contains("zero point 8"), zp, "{what}");
                 mc(&code, &what);
             }

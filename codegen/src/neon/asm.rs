@@ -866,6 +866,13 @@ impl A64 {
         dynasm!(self.ops ; .arch aarch64 ; sub V(d).S4, V(n).S4, V(m).S4);
     }
 
+    /// `neg vd.4s, vn.4s` (the `u4sym` accumulators start at -zp·Σqx)
+    pub fn neg_4s(&mut self, d: V, n: V) {
+        self.log(format!("neg {d}.4s, {n}.4s"));
+        let (d, n) = (d.0, n.0);
+        dynasm!(self.ops ; .arch aarch64 ; neg V(d).S4, V(n).S4);
+    }
+
     /// `shl vd.4s, vn.4s, #s` (s in 0..32; the attention exp polynomial's
     /// exponent bits and the `u4sym` zero-point fold)
     pub fn shl_4s(&mut self, d: V, n: V, s: u32) {
