@@ -753,9 +753,22 @@ const PTX_MMA_S8: MacInstr = mma_instr("mma.sync m16n8k32 s8", MacClass::Int8, M
 /// `ptxas -v` checks the emitted kernel stays within it.
 const PTX_BUDGET: u32 = 128;
 
-/// x86-64 with AVX-512 (32 zmm of 512 bits): the `x86::avx512` and
-/// `x86::avx512_int8` emitters take their register file and lane count
-/// from here.
+/// x86-64 with AVX2 and FMA (16 ymm of 256 bits): the float emitter's
+/// ymm register file takes its register count and lane count from here.
+pub const X86_AVX2: TargetCaps = TargetCaps {
+    name: "x86-avx2",
+    arch: Arch::X86_64,
+    registers: 16,
+    register_bits: 256,
+    macs: &[VFMADD_YMM, VPMADD_YMM],
+    reserved: NONE,
+    features: &["avx2", "fma", "f16c"],
+    gpu: None,
+};
+
+/// x86-64 with AVX-512 (32 zmm of 512 bits): the float emitter's zmm
+/// register file (`x86::avx512`) and the `x86::avx512_int8` emitter take
+/// their register count and lane count from here.
 pub const X86_AVX512: TargetCaps = TargetCaps {
     name: "x86-avx512",
     arch: Arch::X86_64,
@@ -808,16 +821,7 @@ static ALL: &[TargetCaps] = &[
         features: &["neon", "fp16", "dotprod", "i8mm"],
         gpu: None,
     },
-    TargetCaps {
-        name: "x86-avx2",
-        arch: Arch::X86_64,
-        registers: 16,
-        register_bits: 256,
-        macs: &[VFMADD_YMM, VPMADD_YMM],
-        reserved: NONE,
-        features: &["avx2", "fma", "f16c"],
-        gpu: None,
-    },
+    X86_AVX2,
     X86_AVX512,
     TargetCaps {
         name: "opencl-gpu",

@@ -25,6 +25,7 @@
 use tessera_dsl::ir::{Activation, Format};
 
 use super::asm::*;
+use super::regfile::RegisterFile;
 use crate::abi::MM_M;
 
 pub const MASK_TABLE: i32 = 0;
@@ -248,7 +249,7 @@ pub fn column_mask(a: &mut X86Asm, j: usize, valid: Gp) {
 
 /// How the epilogue treats the accumulators.
 #[derive(Clone, Copy, Debug)]
-pub struct Store {
+pub struct Store<V> {
     pub rows: usize,
     pub hb: usize,
     pub y: Format,
@@ -259,22 +260,28 @@ pub struct Store {
     pub activation: Activation,
     /// Skip rows ≥ m (kernels whose missing rows are not aliases).
     pub row_check: bool,
-    /// Temporary for the masked bias (never an accumulator, never [`MASK`]).
-    pub tmp: Ymm,
+    /// Temporary for the masked bias (never an accumulator, never the
+    /// register file's tail mask or zero).
+    pub tmp: V,
 }
 
-/// Store an accumulator tile. Expects: y row pointers in `yrow(i)` (already
-/// at the panel's first column), rcx = valid columns of the panel, rsi =
-/// bias pointer (when finalizing with bias). Clobbers rax, rdx and the
-/// accumulators.
-pub fn store_tile(
+/// Store an accumulator tile, on either register file. Expects: y row
+/// pointers in `yrow(i)` (already at the panel's first column), rcx =
+/// valid columns of the panel, rsi = bias pointer (when finalizing with
+/// bias). Clobbers rax, rdx and the accumulators.
+pub fn store_tile<V: RegisterFile>(
     a: &mut X86Asm,
-    s: &Store,
-    acc: impl Fn(usize, usize) -> Ymm,
+    s: &Store<V>,
+    acc: impl Fn(usize, usize) -> V,
     yrow: impl Fn(usize) -> Gp,
 ) {
-    let hp = 8 * s.hb as i32;
+    let hp = (V::LANES * s.hb) as i32;
+    let y_bytes = |j: usize| (V::LANES * j) as i32 * if s.y == Format::F16 { 2 } else { 4 };
+    let bias = s.finalize && s.bias;
     let relu = s.finalize && s.activation == Activation::Relu;
+    if relu {
+        V::relu_setup(a);
+    }
     let (tail, done) = (a.new_label(), a.new_label());
     a.cmp_imm(RCX, hp);
     a.jcc(Cond::L, tail);
@@ -284,57 +291,40 @@ pub fn store_tile(
         }
         for j in 0..s.hb {
             let r = acc(i, j);
-            if s.finalize && s.bias {
-                a.vaddps_mem(r, r, mem(RSI, 32 * j as i32));
+            if bias {
+                V::add_mem(a, r, r, mem(RSI, V::BYTES * j as i32));
             }
             if relu {
-                a.vmaxps_mem(r, r, mem(RSP, ZEROS));
+                V::relu(a, r);
             }
-            match s.y {
-                Format::F16 => a.vcvtps2ph_store(mem(yrow(i), 16 * j as i32), r, 0),
-                _ => a.vmovups_store(mem(yrow(i), 32 * j as i32), r),
-            }
+            V::store(a, s.y, mem(yrow(i), y_bytes(j)), r);
         }
     }
     a.jmp(done);
     a.bind(tail);
     for j in 0..s.hb {
-        column_mask(a, j, RCX);
-        a.cmp_imm(RDX, 8);
-        a.jcc(Cond::E, done);
-        if s.finalize && s.bias {
-            a.vmaskmovps_load(s.tmp, MASK, mem(RSI, 32 * j as i32));
+        V::tail_mask(a, j, done);
+        if bias {
+            V::masked_load(a, s.tmp, mem(RSI, V::BYTES * j as i32));
         }
-        let next = a.new_label();
+        let next = V::ROW_GUARD_LABELS.then(|| a.new_label());
         for i in 0..s.rows {
             if s.row_check {
+                let next = next.expect("row guards need the file's per-block labels");
                 row_guard(a, i, next);
             }
             let r = acc(i, j);
-            if s.finalize && s.bias {
-                a.vaddps(r, r, s.tmp);
+            if bias {
+                V::add(a, r, r, s.tmp);
             }
             if relu {
-                a.vmaxps_mem(r, r, mem(RSP, ZEROS));
+                V::relu(a, r);
             }
-            match s.y {
-                Format::F16 => {
-                    a.vcvtps2ph_store(mem(RSP, F16_SCRATCH), r, 0);
-                    let end = a.new_label();
-                    for c in 0..8i32 {
-                        if c > 0 {
-                            a.cmp_imm(RDX, 8 - c);
-                            a.jcc(Cond::Ge, end);
-                        }
-                        a.load16(RAX, mem(RSP, F16_SCRATCH + 2 * c));
-                        a.store16(mem(yrow(i), 16 * j as i32 + 2 * c), RAX);
-                    }
-                    a.bind(end);
-                }
-                _ => a.vmaskmovps_store(mem(yrow(i), 32 * j as i32), MASK, r),
-            }
+            V::masked_store(a, s.y, mem(yrow(i), y_bytes(j)), r);
         }
-        a.bind(next);
+        if let Some(next) = next {
+            a.bind(next);
+        }
     }
     a.bind(done);
 }

@@ -1,40 +1,54 @@
-//! Float matmul kernels: f32 or f16 activations and weights, f32 or f16
-//! output, `vfmadd231ps` on ymm (f16 widened by `vcvtph2ps`, stored by
-//! `vcvtps2ph`).
+//! Float matmul kernels: one loop nest, emitted on either vector register
+//! file (`regfile::RegisterFile`):
 //!
-//! Weights are packed `[h/hp, l, hp]` (lp = 1): one k step of a panel is hp
-//! contiguous values, hb = hp/8 ymm. Activations are row-major (`x_stride`
-//! bytes per row); each row's element is broadcast from memory.
+//! - ymm (AVX2 + FMA, [`FloatSpec`]): f32 or f16 activations, weights and
+//!   output, `vfmadd231ps` (f16 widened by `vcvtph2ps`, stored by
+//!   `vcvtps2ph`);
+//! - zmm (AVX-512F, [`super::avx512::Avx512Spec`]): f32 only, for the
+//!   `x86-avx512` target's f32 tiles. OpenBLAS runs its SkylakeX zmm
+//!   kernels on such CPUs, where a ymm kernel is capped at half the FMA
+//!   peak.
+//!
+//! Both take [`crate::abi::MatmulArgs`] and weights packed `[h/hp, l, hp]`
+//! (lp = 1): one k step of a panel is hp contiguous values, hb = hp/L
+//! registers (L = 8 f32 lanes per ymm, 16 per zmm). Activations are
+//! row-major (`x_stride` bytes per row); each row's element is broadcast
+//! from memory.
 //!
 //! # Register plan
 //!
 //! GEMM loop (ep rows, the solver's tile; acc(s,i,j) = set s, row i, column
-//! block j). S = 2 accumulator sets ([`gemm_sets`]) take alternate k steps
-//! when they fit, so S·ep·hb FMA chains are independent. Each row's x[k] is
-//! broadcast (`vpbroadcastd` from memory) into the one A register and
-//! consumed by that row's FMAs at once; renaming gives every broadcast its
-//! own physical register, so one A register serves every row (the solver
-//! counts one):
+//! block j; R = 16 ymm or 32 zmm). S = 2 accumulator sets ([`gemm_sets`])
+//! take alternate k steps when they fit, so S·ep·hb FMA chains are
+//! independent. Each row's x[k] is broadcast (`vpbroadcastd` /
+//! `vbroadcastss` from memory) into the one A register and consumed by that
+//! row's FMAs at once; renaming gives every broadcast its own physical
+//! register, so one A register serves every row (the solver counts one):
 //!
-//! | ymm | holds |
+//! | register | holds |
 //! |---|---|
-//! | 0 .. S·ep·hb | accumulators acc(s,i,j) = ymm(s·ep·hb + i·hb + j) |
-//! | then 1 | A: the current row's x[k] broadcast |
+//! | 0 .. S·ep·hb | accumulators acc(s,i,j) = register s·ep·hb + i·hb + j |
+//! | then 1 | A: the current row's x[k] broadcast (none with embedded broadcast) |
 //! | then hb | B: the panel's hp weights of step k |
-//! | 14 | epilogue: bias under the n-tail mask (after the loop; ep·hb ≤ 14) |
-//! | 15 | epilogue: column mask for the n tail (after the loop) |
+//! | R - 2 | epilogue: bias under the n-tail mask (after the loop; ep·hb ≤ R - 2) |
+//! | R - 1 | epilogue: ymm: column mask for the n tail; zmm: relu's zero |
 //!
-//! Relu's zero comes from the frame (the mask table's zero half), so no
-//! register is kept for it. With f16 activations every row's x is widened
-//! to f32 four k steps at a time into the frame ([`X_F32`]) and broadcast
-//! from there, instead of widening each broadcast.
+//! On ymm, relu's zero comes from the frame (the mask table's zero half);
+//! on zmm the n-tail mask is opmask k1 (`regfile` lists what
+//! else differs). With [`super::avx512::Avx512Spec::embedded_broadcast`]
+//! the zmm FMAs read x[k] themselves (`vfmadd231ps zmm, zmm, dword ptr
+//! [x]{1to16}`) and no A register is used. With f16 activations (ymm) every
+//! row's x is widened to f32 four k steps at a time into the frame
+//! ([`X_F32`]) and broadcast from there, instead of widening each
+//! broadcast.
 //!
 //! GEMV loop (m = 1, memory-bound): S accumulator sets (S ∈ {4, 2, 1}, the
-//! most that fit) take consecutive k steps so S·hb FMA chains are
-//! independent; B comes straight from memory for f32 weights (no B
-//! registers), through `vcvtph2ps` into hb registers for f16; 1 A register;
-//! the sets are summed before the epilogue. The weight stream is
-//! prefetched [`PREFETCH`] bytes ahead.
+//! most that fit: [`gemv_sets`], [`super::avx512::gemv_sets`]) take
+//! consecutive k steps so S·hb FMA chains are independent; B comes
+//! straight from memory for f32 weights (no B registers), through
+//! `vcvtph2ps` into hb registers for f16; 1 A register; the sets are
+//! summed before the epilogue. The weight stream is prefetched
+//! [`PREFETCH`] bytes ahead.
 //!
 //! General-purpose registers: rdi = args, rsi = weight pointer (bias in the
 //! epilogue), rcx = valid columns in the epilogue, r8..r13 = x row pointers
@@ -45,29 +59,33 @@
 //! the frame and uses them, rax, rdx and rcx as row pointers too, up to 14
 //! rows ([`MAX_ROWS`]).
 //!
-//! Variants ([`emit_variant`]): `Gemm` as below; `FlatGemm` is the same
-//! nest without K blocks (panels → row blocks of ep rows → all of k, the
-//! weight stream prefetched [`PREFETCH`] bytes ahead), so for m ≤ ep every
-//! weight byte is read once per call and each row block past the first
-//! re-reads its panel (hp·K elements) from L2; `Gemv` is the one-row loop
-//! for every row.
+//! Variants ([`emit_variant`], [`super::avx512::emit_variant`]): `Gemm` as
+//! below; `FlatGemm` is the same nest without K blocks (panels → row
+//! blocks of ep rows → all of k, the weight stream prefetched [`PREFETCH`]
+//! bytes ahead), so for m ≤ ep every weight byte is read once per call and
+//! each row block past the first re-reads its panel (hp·K elements) from
+//! L2; `Gemv` is the one-row loop for every row. Every variant sends m = 1
+//! to the one-row loop.
 //!
-//! Loop nest (GEMM): K blocks of [`kc`] (f32 output only: partial sums go
-//! through y; f16 output keeps all of K) → panels of hp columns → row
-//! blocks of ep rows → k. A panel's K block (kc·hp·4 bytes) stays in L2
-//! while the row blocks stream the x block (m·kc·4 bytes). Rows past
-//! m alias row m - 1 (XNNPACK's trick: they compute and store the same
-//! values); columns past n are padding in the weights and masked at the
-//! store (`vmaskmovps`, or word stores for f16).
+//! Loop nest (GEMM): K blocks of [`kc`] / [`super::avx512::kc`] (f32
+//! output only: partial sums go through y; f16 output keeps all of K) →
+//! panels of hp columns → row blocks of ep rows → k. A panel's K block
+//! (kc·hp·4 bytes: [`PANEL_BLOCK_BYTES`] on ymm,
+//! [`super::avx512::Avx512Spec::panel_block_bytes`] on zmm) stays in L2
+//! while the row blocks stream the x block (m·kc·4 bytes). Rows past m alias row m - 1 (XNNPACK's trick: they compute and
+//! store the same values); columns past n are padding in the weights and
+//! masked at the store (`vmaskmovps` or word stores for f16 on ymm, opmask
+//! k1 on zmm).
 
 use tessera_dsl::ir::{Activation, Format};
 
 use super::asm::*;
 use super::common::{self, Store, nest};
+use super::regfile::RegisterFile;
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
 
-/// Bytes of one panel's K block in the GEMM loop: an L2-resident block
+/// Bytes of one panel's K block in the ymm GEMM loop: an L2-resident block
 /// (192 KiB of a 2 MiB L2 here, of 512 KiB on Zen 3), not an L1 one. At
 /// M = 512 with the 4×24 and 6×16 tiles, K blocks of 512–680 reached
 /// 75–81% of the FMA peak and of 2048 87–89% (CPU-time figures, noisy
@@ -76,15 +94,23 @@ use crate::artifact::{EmitError, MachineCode, Variant};
 /// panel measured no better).
 pub const PANEL_BLOCK_BYTES: i32 = 192 * 1024;
 
-/// k values per K block of the GEMM loop: the panel's K block fills
+/// k values per K block of the ymm GEMM loop: the panel's K block fills
 /// [`PANEL_BLOCK_BYTES`] (2048 for 24 f32 columns, 3072 for 16); longer
 /// blocks mean fewer passes of partial sums through y and less per-block
 /// overhead.
 pub fn kc(spec: &FloatSpec) -> i32 {
-    let per_k = 8 * spec.hb as i32 * size(spec.w);
-    (PANEL_BLOCK_BYTES / per_k).max(UNROLL as i32) / UNROLL as i32 * UNROLL as i32
+    k_block(PANEL_BLOCK_BYTES, 8 * spec.hb, size(spec.w))
 }
-/// How far ahead of the GEMV weight stream to prefetch, in bytes.
+
+/// k values per K block: a panel's K block (hp columns of `w_bytes` each)
+/// fills `panel_block_bytes`, a whole number of unrolled steps.
+pub(super) fn k_block(panel_block_bytes: i32, hp: usize, w_bytes: i32) -> i32 {
+    let per_k = hp as i32 * w_bytes;
+    (panel_block_bytes / per_k).max(UNROLL as i32) / UNROLL as i32 * UNROLL as i32
+}
+
+/// How far ahead of the weight stream the flat and GEMV loops prefetch,
+/// in bytes.
 pub const PREFETCH: i32 = 1024;
 /// k steps per unrolled iteration.
 const UNROLL: usize = 8;
@@ -98,8 +124,8 @@ const XROWS: [Gp; 6] = [R8, R9, R10, R11, R12, R13];
 const KROWS: [Gp; 14] = [
     R8, R9, R10, R11, R12, R13, RDI, RBX, RBP, R14, R15, RAX, RDX, RCX,
 ];
-/// Frame bytes where the multi-row loops with f16 activations keep each
-/// row's next 4 x values widened to f32 (16 bytes per row): one
+/// Frame bytes where the ymm multi-row loops with f16 activations keep
+/// each row's next 4 x values widened to f32 (16 bytes per row): one
 /// `vcvtph2ps` per row every 4 k steps, then plain broadcast loads.
 /// Broadcasting and widening x[k] at every step (`vpbroadcastw` +
 /// `vcvtph2ps`, three uops on the vector ports per row and k beside the
@@ -122,11 +148,8 @@ const _: () = assert!(X_F32 >= common::F16_SCRATCH && UNROLL.is_multiple_of(X_F3
 const SAVED_STATE: [Gp; 5] = [RDI, RBX, RBP, R14, R15];
 /// The most rows a float tile can have (one x pointer each).
 pub const MAX_ROWS: usize = KROWS.len();
-/// The epilogue's bias temporary: never an accumulator of set 0, since a
-/// tile has at most 14 (ymm0-13); ymm15 is the column mask.
-const EPILOGUE_TMP: Ymm = Ymm(14);
 
-/// What a float kernel computes.
+/// What the ymm float kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FloatSpec {
     pub ep: usize,
@@ -139,15 +162,12 @@ pub struct FloatSpec {
     pub activation: Activation,
 }
 
-/// Accumulator sets of the GEMV loop: the most of 4, 2, 1 that fit beside
-/// 1 A register and the B registers (f16 weights); the sets are summed
-/// before the epilogue needs its mask and temporary.
+/// Accumulator sets of the ymm GEMV loop: the most of 4, 2, 1 that fit
+/// beside 1 A register and the B registers (f16 weights); the sets are
+/// summed before the epilogue needs its mask and temporary.
 pub fn gemv_sets(spec: &FloatSpec) -> usize {
     let b = if spec.w == Format::F32 { 0 } else { spec.hb };
-    [4, 2, 1]
-        .into_iter()
-        .find(|s| s * spec.hb + 1 + b <= 16)
-        .unwrap_or(1)
+    sets_that_fit(&[4, 2, 1], spec.hb, 1 + b, <Ymm as RegisterFile>::REGISTERS)
 }
 
 fn size(f: Format) -> i32 {
@@ -158,14 +178,91 @@ fn log2(v: i32) -> i8 {
     v.trailing_zeros() as i8
 }
 
-/// Accumulator sets of the multi-row loops: 2 when a second set of ep·hb
-/// accumulators fits beside 1 A, hb B and 2 spare registers (6×8:
-/// 12 FMA chains instead of 6, enough to cover the FMA latency), else 1.
+/// Accumulator sets of the ymm multi-row loops: 2 when a second set of
+/// ep·hb accumulators fits beside 1 A, hb B and the epilogue's 2 registers
+/// (6×8: 12 FMA chains instead of 6, enough to cover the FMA latency),
+/// else 1.
 pub fn gemm_sets(spec: &FloatSpec) -> usize {
-    [2, 1]
-        .into_iter()
-        .find(|s| s * spec.ep * spec.hb + 1 + spec.hb + 2 <= 16)
+    multi_row_sets::<Ymm>(spec.ep, spec.hb, 1)
+}
+
+/// Accumulator sets of the multi-row loops on `V`: 2 when a second set
+/// fits beside `a_regs` A and hb B registers and the epilogue's two, else 1.
+pub(super) fn multi_row_sets<V: RegisterFile>(ep: usize, hb: usize, a_regs: usize) -> usize {
+    sets_that_fit(&[2, 1], ep * hb, a_regs + hb, V::REGISTERS - 2)
+}
+
+/// The first of `candidates` (most first) whose sets of `per_set`
+/// registers fit `budget` beside `others`; 1 when none does.
+pub(super) fn sets_that_fit(
+    candidates: &[usize],
+    per_set: usize,
+    others: usize,
+    budget: usize,
+) -> usize {
+    candidates
+        .iter()
+        .copied()
+        .find(|s| s * per_set + others <= budget)
         .unwrap_or(1)
+}
+
+/// Emit the ymm kernel: the GEMM variant (with the GEMV loop for m = 1).
+pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
+    emit_variant(spec, Variant::Gemm)
+}
+
+/// Emit one variant of the ymm kernel. `Gemv` runs every row through the
+/// one-row loop; `FlatGemm` keeps all K in the accumulators of ep rows
+/// (each weight byte read once per call while m ≤ ep, else once per row
+/// block with the panel still in L2) and prefetches the weight stream;
+/// `Gemm` blocks K by [`kc`] (f32 output) so a panel's K block stays in L2
+/// across row blocks. Both multi-row variants send m = 1 to the GEMV loop.
+pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, EmitError> {
+    if spec.ep > MAX_ROWS || spec.ep == 0 || spec.hb == 0 {
+        return Err(EmitError::BadTile {
+            tile: format!("{}x{}x1", spec.ep, spec.hb * 8),
+            why: format!("the float kernel keeps at most {MAX_ROWS} row pointers"),
+        });
+    }
+    emit_on::<Ymm>(
+        &FloatKernel {
+            ep: spec.ep,
+            hb: spec.hb,
+            x: spec.x,
+            w: spec.w,
+            y: spec.y,
+            bias: spec.bias,
+            activation: spec.activation,
+            embedded_broadcast: false,
+            kc: kc(spec),
+            gemm_sets: gemm_sets(spec),
+            gemv_sets: gemv_sets(spec),
+        },
+        variant,
+    )
+}
+
+/// What the emitter builds, whichever register file: the front-ends
+/// ([`FloatSpec`], [`super::avx512::Avx512Spec`]) check their spec and fill
+/// this in.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FloatKernel {
+    pub ep: usize,
+    /// hp / lanes.
+    pub hb: usize,
+    pub x: Format,
+    pub w: Format,
+    pub y: Format,
+    pub bias: bool,
+    pub activation: Activation,
+    /// The multi-row FMAs broadcast x[k] from memory themselves (no A
+    /// register; register files with embedded broadcast only).
+    pub embedded_broadcast: bool,
+    /// K block of the `Gemm` variant (f32 output).
+    pub kc: i32,
+    pub gemm_sets: usize,
+    pub gemv_sets: usize,
 }
 
 /// One loop nest: rows per tile, accumulator sets, K blocking, prefetch.
@@ -179,82 +276,70 @@ struct Loop {
     prefetch: Option<i32>,
 }
 
-impl Loop {
-    fn gemv(spec: &FloatSpec) -> Loop {
-        Loop {
-            rows: 1,
-            sets: gemv_sets(spec),
-            kc: None,
-            prefetch: Some(PREFETCH),
-        }
-    }
-}
-
-/// Emit the kernel: the GEMM variant (with the GEMV loop for m = 1).
-pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
-    emit_variant(spec, Variant::Gemm)
-}
-
-/// Emit one variant. `Gemv` runs every row through the one-row loop;
-/// `FlatGemm` keeps all K in the accumulators of ep rows (each weight byte
-/// read once per call while m ≤ ep, else once per row block with the panel
-/// still in L2) and prefetches the weight stream; `Gemm` blocks K by
-/// [`kc`] (f32 output) so a panel's K block stays in L1 across row blocks.
-/// Both multi-row variants send m = 1 to the GEMV loop.
-pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, EmitError> {
-    if spec.ep > MAX_ROWS || spec.ep == 0 || spec.hb == 0 {
-        return Err(EmitError::BadTile {
-            tile: format!("{}x{}x1", spec.ep, spec.hb * 8),
-            why: format!("the float kernel keeps at most {MAX_ROWS} row pointers"),
-        });
-    }
+/// Emit one variant of `k` on register file `V` (see the module doc).
+pub(super) fn emit_on<V: RegisterFile>(
+    k: &FloatKernel,
+    variant: Variant,
+) -> Result<MachineCode, EmitError> {
     let mut a = X86Asm::new();
     a.comment(&format!(
-        "matmul {variant} x {} w {} y {} tile {}x{}x1 bias {} act {:?}",
-        spec.x,
-        spec.w,
-        spec.y,
-        spec.ep,
-        spec.hb * 8,
-        spec.bias,
-        spec.activation
+        "{} {variant} x {} w {} y {} tile {}x{}x1 bias {} act {:?}{}",
+        V::LISTING_NAME,
+        k.x,
+        k.w,
+        k.y,
+        k.ep,
+        k.hb * V::LANES,
+        k.bias,
+        k.activation,
+        if k.embedded_broadcast {
+            " a {1to16}"
+        } else {
+            ""
+        }
     ));
-    common::prologue(&mut a);
+    V::prologue(&mut a);
+    let gemv = Loop {
+        rows: 1,
+        sets: k.gemv_sets,
+        kc: None,
+        prefetch: Some(PREFETCH),
+    };
     let multi = match variant {
         Variant::Gemv => None,
         Variant::FlatGemm => Some(Loop {
-            rows: spec.ep,
-            sets: gemm_sets(spec),
+            rows: k.ep,
+            sets: k.gemm_sets,
             kc: None,
             prefetch: Some(PREFETCH),
         }),
         Variant::Gemm => Some(Loop {
-            rows: spec.ep,
-            sets: gemm_sets(spec),
-            kc: (spec.y == Format::F32).then_some(kc(spec)),
+            rows: k.ep,
+            sets: k.gemm_sets,
+            kc: (k.y == Format::F32).then_some(k.kc),
             prefetch: None,
         }),
     };
     match multi {
-        Some(l) if spec.ep > 1 => {
-            let (gemv, done) = (a.new_label(), a.new_label());
+        Some(l) if k.ep > 1 => {
+            let (one_row, done) = (a.new_label(), a.new_label());
             a.load64(RAX, mem(RDI, MM_M));
             a.cmp_imm(RAX, 1);
-            a.jcc(Cond::E, gemv);
-            a.comment(&format!("{variant}: {} rows per tile", spec.ep));
-            nest(&mut a, spec, l);
+            a.jcc(Cond::E, one_row);
+            a.comment(&format!("{variant}: {} rows per tile", k.ep));
+            nest::<V>(&mut a, k, l);
             a.jmp(done);
-            a.bind(gemv);
+            a.bind(one_row);
             a.comment("gemv: one row");
-            nest(&mut a, spec, Loop::gemv(spec));
+            nest::<V>(&mut a, k, gemv);
             a.bind(done);
         }
         _ => {
             a.comment("gemv: one row per tile");
-            nest(&mut a, spec, Loop::gemv(spec));
+            nest::<V>(&mut a, k, gemv);
         }
     }
-    common::epilogue(&mut a);
+    V::epilogue(&mut a);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(super::machine_code(bytes, listing))
 }
@@ -265,20 +350,22 @@ struct Regs {
     rows: usize,
     hb: usize,
     sets: usize,
+    /// A registers (0 with embedded broadcasts).
+    a: usize,
 }
 
 impl Regs {
-    fn acc(&self, s: usize, i: usize, j: usize) -> Ymm {
-        Ymm((s * self.rows * self.hb + i * self.hb + j) as u8)
+    fn acc<V: RegisterFile>(&self, s: usize, i: usize, j: usize) -> V {
+        V::reg(s * self.rows * self.hb + i * self.hb + j)
     }
     /// One A register for every row: each broadcast is consumed by its
     /// row's FMAs at once, and register renaming gives every broadcast its
     /// own physical register, so the rows do not wait on each other.
-    fn a(&self, _row: usize) -> Ymm {
-        Ymm((self.sets * self.rows * self.hb) as u8)
+    fn a<V: RegisterFile>(&self) -> V {
+        V::reg(self.sets * self.rows * self.hb)
     }
-    fn b(&self, j: usize) -> Ymm {
-        Ymm((self.sets * self.rows * self.hb + 1 + j) as u8)
+    fn b<V: RegisterFile>(&self, j: usize) -> V {
+        V::reg(self.sets * self.rows * self.hb + self.a + j)
     }
 }
 
@@ -299,18 +386,27 @@ fn valid_columns(a: &mut X86Asm, hp: i32) {
     a.sub(RCX, RAX);
 }
 
-fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
+fn nest<V: RegisterFile>(a: &mut X86Asm, k: &FloatKernel, l: Loop) {
     let Loop {
         rows,
         sets,
         kc,
         prefetch,
     } = l;
-    let hb = spec.hb;
-    let hp = 8 * hb as i32;
-    let r = Regs { rows, hb, sets };
-    let (xs, ws, ys) = (size(spec.x), size(spec.w), size(spec.y));
+    let hb = k.hb;
+    let hp = (V::LANES * hb) as i32;
+    // The one-row loop always broadcasts into A (its B comes from memory).
+    let embedded = rows > 1 && k.embedded_broadcast;
+    let r = Regs {
+        rows,
+        hb,
+        sets,
+        a: usize::from(!embedded),
+    };
+    let acc = |s, i, j| r.acc::<V>(s, i, j);
+    let (xs, ws, ys) = (size(k.x), size(k.w), size(k.y));
     let xrows = &KROWS[..rows];
+    let frame = V::FRAME;
 
     let kc_loop = nest::k_blocks_head(a, kc);
     let panel_loop = nest::panels_head(a);
@@ -321,8 +417,7 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
         for s in 0..sets {
             for i in 0..rows {
                 for j in 0..hb {
-                    let v = r.acc(s, i, j);
-                    a.vxorps(v, v, v);
+                    V::zero(a, acc(s, i, j));
                 }
             }
         }
@@ -340,19 +435,15 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
             a.cmp_imm(RCX, hp);
             a.jcc(Cond::L, tail);
             for j in 0..hb {
-                a.vmovups_load(r.acc(0, i, j), mem(RSI, 32 * j as i32));
+                V::load(a, Format::F32, acc(0, i, j), mem(RSI, V::BYTES * j as i32));
             }
             a.jmp(done);
             a.bind(tail);
-            for j in 0..hb {
-                common::column_mask(a, j, RCX);
-                a.vmaskmovps_load(r.acc(0, i, j), common::MASK, mem(RSI, 32 * j as i32));
-            }
+            V::load_tail(a, hb, |j| acc(0, i, j), RSI, done);
             a.bind(done);
             for s in 1..sets {
                 for j in 0..hb {
-                    let v = r.acc(s, i, j);
-                    a.vxorps(v, v, v);
+                    V::zero(a, acc(s, i, j));
                 }
             }
         }
@@ -373,8 +464,7 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
             common::row_ptr(a, RSI, rows + i, false, MM_Y, MM_Y_STRIDE);
             column_offset(a, hp, ys);
             a.add(RSI, RAX);
-            a.prefetcht0(mem(RSI, 0));
-            a.prefetcht0(mem(RSI, hp * ys - 1));
+            V::prefetch_row(a, RSI, hp * ys);
         }
     }
 
@@ -391,13 +481,13 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
     a.load64(RDX, mem(RDI, MM_W));
     a.add(RAX, RDX);
     a.mov(RSI, RAX);
-    // The loop ends by pointer: K_END after the block's last step,
-    // K_END_UNROLLED where fewer than UNROLL steps remain.
+    // The loop ends by pointer: k_end after the block's last step,
+    // k_end_unrolled where fewer than UNROLL steps remain.
     a.imul_imm(RAX, R15, wstep);
     a.add(RAX, RSI);
-    a.store64(mem(RSP, common::K_END), RAX);
+    a.store64(mem(RSP, frame.k_end), RAX);
     a.sub_imm(RAX, UNROLL as i32 * wstep);
-    a.store64(mem(RSP, common::K_END_UNROLLED), RAX);
+    a.store64(mem(RSP, frame.k_end_unrolled), RAX);
 
     // x row pointers at this K block. Past 6 rows the loop state moves to
     // the frame and its registers hold row pointers too.
@@ -409,65 +499,67 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
         a.shl_imm(RAX, log2(xs));
         a.add(dst, RAX);
         if spill {
-            a.store64(mem(RSP, common::ROW_SLOTS + 8 * i as i32), R8);
+            a.store64(mem(RSP, frame.row_slots + 8 * i as i32), R8);
         }
     }
     if spill {
         for (i, &g) in SAVED_STATE.iter().enumerate() {
-            a.store64(mem(RSP, common::SAVE_SLOTS + 8 * i as i32), g);
+            a.store64(mem(RSP, frame.save_slots + 8 * i as i32), g);
         }
         for (i, &xr) in xrows.iter().enumerate() {
-            a.load64(xr, mem(RSP, common::ROW_SLOTS + 8 * i as i32));
+            a.load64(xr, mem(RSP, frame.row_slots + 8 * i as i32));
         }
     }
 
     // The k loop.
-    let b_regs = rows > 1 || spec.w != Format::F32;
-    let x_widened = spec.x == Format::F16 && rows > 1;
+    let b_regs = rows > 1 || k.w != Format::F32;
+    let x_widened = k.x == Format::F16 && rows > 1;
+    let av = r.a::<V>();
     // Unrolled iterations with widened x: every X_F32_STEPS steps, each
     // row's next X_F32_STEPS values of x become f32 in the frame.
     let widen_x = |a: &mut X86Asm, u: usize| {
         for (i, &xr) in xrows.iter().enumerate() {
-            let av = r.a(i);
-            a.vcvtph2ps_load64(av, mem(xr, u as i32 * xs));
-            a.vmovups_store128(mem(RSP, X_F32 + 16 * i as i32), av);
+            V::stage_f16x4(
+                a,
+                av,
+                mem(xr, u as i32 * xs),
+                mem(RSP, X_F32 + 16 * i as i32),
+            );
         }
     };
     let step = |a: &mut X86Asm, u: usize, s: usize, widened: bool| {
         let (xo, wo) = (u as i32 * xs, u as i32 * wstep);
         if b_regs {
             for j in 0..hb {
-                match spec.w {
-                    Format::F32 => a.vmovups_load(r.b(j), mem(RSI, wo + 32 * j as i32)),
-                    _ => a.vcvtph2ps_load(r.b(j), mem(RSI, wo + 16 * j as i32)),
-                }
+                let at = mem(RSI, wo + (V::LANES * j) as i32 * ws);
+                V::load(a, k.w, r.b::<V>(j), at);
             }
         }
         for (i, &xr) in xrows.iter().enumerate() {
-            let av = r.a(i);
-            match spec.x {
-                Format::F32 => a.vpbroadcastd_load(av, mem(xr, xo)),
-                _ if widened => {
-                    let slot = X_F32 + 16 * i as i32 + 4 * (u % X_F32_STEPS) as i32;
-                    a.vpbroadcastd_load(av, mem(RSP, slot))
+            if embedded {
+                for j in 0..hb {
+                    V::fma_broadcast(a, acc(s, i, j), r.b::<V>(j), mem(xr, xo));
                 }
-                _ => {
-                    a.vpbroadcastw_load(av, mem(xr, xo));
-                    a.vcvtph2ps_reg(av, av);
-                }
+                continue;
+            }
+            if widened {
+                let slot = X_F32 + 16 * i as i32 + 4 * (u % X_F32_STEPS) as i32;
+                V::broadcast(a, Format::F32, av, mem(RSP, slot));
+            } else {
+                V::broadcast(a, k.x, av, mem(xr, xo));
             }
             for j in 0..hb {
                 if b_regs {
-                    a.vfmadd231ps(r.acc(s, i, j), av, r.b(j));
+                    V::fma(a, acc(s, i, j), av, r.b::<V>(j));
                 } else {
-                    a.vfmadd231ps_mem(r.acc(s, i, j), av, mem(RSI, wo + 32 * j as i32));
+                    V::fma_mem(a, acc(s, i, j), av, mem(RSI, wo + V::BYTES * j as i32));
                 }
             }
         }
     };
     let (unrolled, tail, tail_loop, k_done) =
         (a.new_label(), a.new_label(), a.new_label(), a.new_label());
-    a.cmp_mem(RSI, mem(RSP, common::K_END_UNROLLED));
+    a.cmp_mem(RSI, mem(RSP, frame.k_end_unrolled));
     a.jcc(Cond::A, tail);
     a.bind(unrolled);
     for u in 0..UNROLL {
@@ -486,10 +578,10 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
         a.add_imm(xr, UNROLL as i32 * xs);
     }
     a.add_imm(RSI, UNROLL as i32 * wstep);
-    a.cmp_mem(RSI, mem(RSP, common::K_END_UNROLLED));
+    a.cmp_mem(RSI, mem(RSP, frame.k_end_unrolled));
     a.jcc(Cond::Be, unrolled);
     a.bind(tail);
-    a.cmp_mem(RSI, mem(RSP, common::K_END));
+    a.cmp_mem(RSI, mem(RSP, frame.k_end));
     a.jcc(Cond::Ae, k_done);
     a.bind(tail_loop);
     step(a, 0, 0, false);
@@ -497,18 +589,18 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
         a.add_imm(xr, xs);
     }
     a.add_imm(RSI, wstep);
-    a.cmp_mem(RSI, mem(RSP, common::K_END));
+    a.cmp_mem(RSI, mem(RSP, frame.k_end));
     a.jcc(Cond::B, tail_loop);
     a.bind(k_done);
     if spill {
         for (i, &g) in SAVED_STATE.iter().enumerate() {
-            a.load64(g, mem(RSP, common::SAVE_SLOTS + 8 * i as i32));
+            a.load64(g, mem(RSP, frame.save_slots + 8 * i as i32));
         }
     }
     for s in 1..sets {
         for i in 0..rows {
             for j in 0..hb {
-                a.vaddps(r.acc(0, i, j), r.acc(0, i, j), r.acc(s, i, j));
+                V::add(a, acc(0, i, j), acc(0, i, j), acc(s, i, j));
             }
         }
     }
@@ -516,7 +608,7 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
     // Epilogue, in chunks of at most 6 rows (y row pointers in r8..r13,
     // aliased past m): bias pointer and valid columns first, as the chunks
     // keep rsi and rcx.
-    if spec.bias {
+    if k.bias {
         column_offset(a, hp, 4);
         a.load64(RSI, mem(RDI, MM_BIAS));
         a.add(RSI, RAX);
@@ -525,12 +617,12 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
     let store = |finalize, rows| Store {
         rows,
         hb,
-        y: spec.y,
+        y: k.y,
         finalize,
-        bias: spec.bias,
-        activation: spec.activation,
+        bias: k.bias,
+        activation: k.activation,
         row_check: false,
-        tmp: EPILOGUE_TMP,
+        tmp: V::bias_tmp(),
     };
     let store_all = |a: &mut X86Asm, finalize: bool| {
         for first in (0..rows).step_by(XROWS.len()) {
@@ -543,7 +635,7 @@ fn nest(a: &mut X86Asm, spec: &FloatSpec, l: Loop) {
             common::store_tile(
                 a,
                 &store(finalize, chunk),
-                |i, j| r.acc(0, first + i, j),
+                |i, j| acc(0, first + i, j),
                 |i| XROWS[i],
             );
         }

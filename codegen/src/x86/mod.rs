@@ -6,14 +6,16 @@
 //!
 //! - [`float`]: f32 / f16 weights and activations (`vfmadd231ps`, f16 via
 //!   `vcvtph2ps` / `vcvtps2ph`): GEMM with K blocking, and a separate GEMV
-//!   loop for one row;
+//!   loop for one row; one loop nest for ymm and zmm, the register file a
+//!   parameter;
 //! - [`int8`]: W8A8 (`i8sym:row`) and grouped 4- and 8-bit weights with
 //!   `vpmaddubsw` + `vpmaddwd`, or `vpdpbusd` (AVX-VNNI, or AVX512-VNNI's
 //!   EVEX form on ymm);
 //! - [`quantize`]: the emitted `i8dyn` activation quantizer;
 //! - [`avx512`]: f32 × f32 → f32 on zmm (AVX-512F, through the [`evex`]
-//!   encoder), for tiles solved on `x86-avx512` when the backend has
-//!   `avx512` ([`X86Backend::target`] names the target per kernel).
+//!   encoder), the [`float`] nest's zmm front-end, for tiles solved on
+//!   `x86-avx512` when the backend has `avx512` ([`X86Backend::target`]
+//!   names the target per kernel).
 //!
 //! Every kernel is `extern "C" fn(*const MatmulArgs)` (or `QuantizeArgs`),
 //! see [`crate::abi`]. Tiles come from the solver ([`crate::tile`]); each
@@ -36,6 +38,7 @@ pub mod float;
 pub mod int8;
 pub mod plan;
 pub mod quantize;
+mod regfile;
 
 use tessera_dsl::ir::{Format, Group, Kernel, Matmul, ParamType};
 
