@@ -150,6 +150,12 @@ pub struct MacInstr {
     /// rows of Table 2). When non-zero, the grouped loop keeps every column
     /// block's B and broadcasts one A row at a time, so A counts one unit.
     pub group_sums: u32,
+    /// Registers per accumulator unit that hold a grouped GEMV's f32
+    /// partial sums (e = 1, weights in groups along l), so a group end
+    /// applies its scale into a register instead of a load, FMA and store
+    /// of stack partials. 1 for NEON's `sdot` (the GEMV of the dotprod and
+    /// i8mm targets), 0 elsewhere.
+    pub gemv_partial_sums: u32,
 }
 
 impl MacInstr {
@@ -488,6 +494,7 @@ const FMLA_4S: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 const FMLA_8H: MacInstr = MacInstr {
@@ -504,6 +511,7 @@ const FMLA_8H: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 /// Without dotprod: each (row, column) pair multiplies 16 int8 along l with
@@ -526,6 +534,7 @@ const SMULL_SADALP: MacInstr = MacInstr {
     reserved: SMULL_TEMP,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 const SDOT: MacInstr = MacInstr {
@@ -542,6 +551,7 @@ const SDOT: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 1,
 };
 
 const SMMLA: MacInstr = MacInstr {
@@ -558,6 +568,7 @@ const SMMLA: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 /// x86 has no by-element FMA, so each row's activation is broadcast
@@ -581,6 +592,7 @@ const VFMADD_YMM: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 /// `vpmaddubsw` multiplies unsigned by signed bytes: the u4 weight codes are
@@ -606,6 +618,7 @@ const VPMADD_YMM: MacInstr = MacInstr {
     reserved: VPMADD_TEMPS,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 /// The AVX-512 f32 kernel (`x86::avx512`) counts as [`VFMADD_YMM`] does:
@@ -628,6 +641,7 @@ const VFMADD_ZMM: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 /// As the AVX-512 int8 kernel (`x86::avx512_int8`) runs it: each
@@ -650,6 +664,7 @@ const VPDPBUSD_ZMM: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 1,
+    gemv_partial_sums: 0,
 };
 
 const CL_MAD_FLOAT4: MacInstr = MacInstr {
@@ -666,6 +681,7 @@ const CL_MAD_FLOAT4: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 const CL_MAD_HALF4: MacInstr = MacInstr {
@@ -682,6 +698,7 @@ const CL_MAD_HALF4: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 const PTX_FMA_F32: MacInstr = MacInstr {
@@ -698,6 +715,7 @@ const PTX_FMA_F32: MacInstr = MacInstr {
     reserved: NONE,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 /// m16n8k16 f16 with f32 accumulators: A (16×16 f16) 8 halves per thread =
@@ -742,6 +760,7 @@ const fn mma_instr(name: &'static str, class: MacClass, shape: MmaShape) -> MacI
         reserved: NONE,
         mma: Some(shape),
         group_sums: 0,
+        gemv_partial_sums: 0,
     }
 }
 

@@ -22,6 +22,12 @@
 //! counts one register. No built-in target counts it now: ARM and x86 fold
 //! the group sums into f32 totals through memory (Table 2 stays exact).
 //!
+//! `partial_sums` ([`MacInstr::gemv_partial_sums`]) is one register per
+//! accumulator for a grouped int8 GEMV (e = 1) whose emitter keeps the f32
+//! partial sums in registers (NEON `sdot`): each group end then costs a
+//! convert and an FMA per accumulator, no stack round trip, and the GEMV
+//! tile narrows to what fits (1×32 instead of 1×48 on NEON).
+//!
 //! `dequant` is `2·(hp/ah)·acc_regs` (a scale and an offset vector for the
 //! hp columns of the current group) when quantized weights meet a float MAC
 //! and are dequantized in the loop; the int8 path applies scales in the
@@ -196,6 +202,9 @@ pub struct RegisterAccounting {
     pub dequant: u32,
     /// Per-group integer sums of grouped int8 weights (x86; 0 elsewhere).
     pub group_sums: u32,
+    /// f32 partial sums of a grouped int8 GEMV kept in registers
+    /// ([`MacInstr::gemv_partial_sums`]; 0 for other problems).
+    pub partial_sums: u32,
     /// Target and instruction reservations.
     pub reserved: u32,
     pub total: u32,
@@ -260,6 +269,9 @@ impl TileConfig {
         );
         if a.group_sums > 0 {
             let _ = write!(s, " group_sums={}", a.group_sums);
+        }
+        if a.partial_sums > 0 {
+            let _ = write!(s, " partial_sums={}", a.partial_sums);
         }
         if let Some(b) = &self.block {
             let _ = write!(
@@ -328,6 +340,11 @@ pub fn accounting(
         (ep.div_ceil(instr.a_rows) * instr.a_regs, 0)
     };
     let b_regs = hp.div_ceil(instr.b_cols) * instr.b_regs;
+    let partial_sums = if problem.e == 1 && problem.weight_groups && instr.class == MacClass::Int8 {
+        acc_units * instr.gemv_partial_sums
+    } else {
+        0
+    };
     let dequant = if problem.weight_dequant {
         2 * (hp / instr.ah) * instr.acc_regs
     } else {
@@ -340,8 +357,9 @@ pub fn accounting(
         b_regs,
         dequant,
         group_sums,
+        partial_sums,
         reserved,
-        total: accumulators + a_regs + b_regs + dequant + group_sums + reserved,
+        total: accumulators + a_regs + b_regs + dequant + group_sums + partial_sums + reserved,
         budget: caps.registers,
     }
 }

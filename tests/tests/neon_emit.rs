@@ -24,8 +24,10 @@ fn machine(a: Artifact) -> MachineCode {
 /// its nearest such neighbour.
 fn tiles(target: &str, kernel: &Kernel, e: u64) -> (TileConfig, TileConfig) {
     let be = NeonBackend::new(target).unwrap();
-    let class = mac_class(be.caps(), kernel).unwrap();
-    let p = Problem::new(e, 4096, 4096, class);
+    // The kernel's own problem (grouped weights included), as the runtime
+    // and the tuner pose it.
+    let mut p = Problem::from_kernel(be.caps(), kernel).unwrap();
+    (p.e, p.h, p.l) = (e, 4096, 4096);
     let best = solve(be.caps(), &p)
         .unwrap()
         .into_iter()
@@ -452,6 +454,14 @@ fn compact_formats_every_target_and_variant() {
                 let l = &code.listing;
                 assert!(l.contains("// group epilogue: f16 "), "{what}");
                 assert!(l.contains("fcvtl "), "{what}");
+                // The solver's grouped GEMV tile leaves room for its f32
+                // partial sums on the sdot targets (the i8mm GEMV is sdot).
+                let sdot = target.contains("dotprod") || target.contains("i8mm");
+                assert_eq!(
+                    l.contains("| f32 partial sums"),
+                    variant == Variant::Gemv && sdot && t.lp == 4,
+                    "{what}"
+                );
                 let zp = name == "matmul-q4_0";
                 // sdot and smmla accumulators start each group at -8·Σqx;
                 // the smull fallback's lane partials subtract it after.

@@ -50,8 +50,7 @@ fn with_weight_format(mut k: Kernel, f: Format) -> Kernel {
 /// The solver's optimum for (e, n, k) and its first neighbour the emitter takes.
 fn tiles(target: &str, kernel: &Kernel, e: u64) -> Vec<TileConfig> {
     let be = NeonBackend::new(target).unwrap();
-    let class = mac_class(be.caps(), kernel).unwrap();
-    let p = Problem::new(e, 4096, 4096, class);
+    let p = problem(be.caps(), kernel, e);
     // The best tile the kernel's layout admits (4-bit weights need hp·lp a
     // multiple of 32), as the autotuner would pick.
     let best = solve(be.caps(), &p)
@@ -69,20 +68,38 @@ fn tiles(target: &str, kernel: &Kernel, e: u64) -> Vec<TileConfig> {
     out
 }
 
+/// The kernel's problem on `caps` (grouped weights and all, as the
+/// runtime and the tuner pose it) at `e` rows, n = k = 4096.
+fn problem(caps: &tessera_codegen::target::TargetCaps, kernel: &Kernel, e: u64) -> Problem {
+    let mut p = Problem::from_kernel(caps, kernel).unwrap();
+    (p.e, p.h, p.l) = (e, 4096, 4096);
+    p
+}
+
 /// GEMV tiles as the runtime solves them (on `NeonBackend::target`: the
-/// dotprod loop on i8mm) and, where that differs, the target's own GEMV
-/// tile (the i8mm `smmla` one the tuner also measures).
+/// dotprod loop on i8mm; a grouped GEMV's partial sums in registers), the
+/// widest one the emitter takes (partial sums through the stack when they
+/// do not fit) and, where it differs, the target's own GEMV tile (the i8mm
+/// `smmla` one the tuner also measures).
 fn gemv_tiles(target: &str, kernel: &Kernel) -> Vec<TileConfig> {
     let be = NeonBackend::new(target).unwrap();
     let caps = be.target(kernel, Variant::Gemv);
-    let class = mac_class(caps, kernel).unwrap();
-    let p = Problem::new(1, 4096, 4096, class);
-    let mut out: Vec<TileConfig> = solve(caps, &p)
-        .unwrap()
-        .into_iter()
-        .filter(|t| be.emit_variant(kernel, t, Variant::Gemv).is_ok())
-        .take(1)
-        .collect();
+    let first = |p: &Problem| {
+        solve(caps, p)
+            .unwrap()
+            .into_iter()
+            .find(|t| be.emit_variant(kernel, t, Variant::Gemv).is_ok())
+            .unwrap()
+    };
+    let p = problem(caps, kernel, 1);
+    let mut out = vec![first(&p)];
+    let wide = first(&Problem {
+        weight_groups: false,
+        ..p
+    });
+    if wide.hp != out[0].hp {
+        out.push(wide);
+    }
     if caps.name != be.caps().name {
         out.push(tiles(target, kernel, 1)[0]);
     }

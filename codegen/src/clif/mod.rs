@@ -434,6 +434,7 @@ const CLIF_FMA_4S: MacInstr = MacInstr {
     reserved: &[],
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 const CLIF_DOT_TEMPS: &[Reserved] = &[Reserved {
@@ -458,6 +459,7 @@ const CLIF_DOT4: MacInstr = MacInstr {
     reserved: CLIF_DOT_TEMPS,
     mma: None,
     group_sums: 0,
+    gemv_partial_sums: 0,
 };
 
 /// Cranelift on x86-64: 16 xmm registers of 128 bits. Per f32 tile:

@@ -24,11 +24,18 @@
 //! count (the last row block runs the fewest rows that cover it, rotating
 //! through the idle rows' accumulators) and prefetch of the weight stream.
 //!
-//! The f32 partial sums live in a stack scratch area (the solver gives
-//! every register to the int32 tile; the group epilogue reuses the A and B
-//! registers). Activations and weights are padded with zero codes to whole
-//! tiles, so the loops never read past a buffer and tails in e and h only
-//! matter when storing.
+//! The f32 partial sums of the GEMM and flat tiles live in a stack scratch
+//! area (the solver gives every register to the int32 tile; the group
+//! epilogue reuses the A and B registers). A grouped GEMV on `sdot` keeps
+//! them in registers instead: the solver counts one per accumulator for
+//! e = 1 ([`crate::target::MacInstr::gemv_partial_sums`]), so its tile is
+//! 1×32 (8 accumulators, 8 B, 8 partial sums) rather than 1×48, and a
+//! group end is a `scvtf` and an `fmla` per accumulator with no `ldr`/`str`
+//! (under llvm-mca 19 the Q4_0 GEMV went from 0.91–1.04× KleidiAI's 1x8
+//! kernel on the N1, N2, V1 and V2 models to 1.07–1.08×). A wider GEMV tile (the
+//! tuner's neighbours) falls back to the stack. Activations and weights
+//! are padded with zero codes to whole tiles, so the loops never read past
+//! a buffer and tails in e and h only matter when storing.
 //!
 //! # Register plan (v0..v31, from [`RegisterPlan`])
 //!
@@ -53,6 +60,17 @@
 //! | v12-v31 | 20 accumulators 2×2: row pair i, column pair j in v(12 + 4i + j) |
 //!
 //! One register is left unused in each (29 of 30 after the reservations).
+//!
+//! `sdot` GEMV of grouped weights at the solver's 1×32×4:
+//!
+//! | registers | holds |
+//! |---|---|
+//! | v0 | A: 16 int8 of the row (four lp-steps, one per lane group) |
+//! | v1-v8 | B: 32 columns × 4 codes (v1-v4 from the and, v5-v8 from the ushr) |
+//! | v9 | 0x0F nibble mask |
+//! | v10 | spare (staging) |
+//! | v11-v18 | f32 partial sums, column block j in v(11 + j) |
+//! | v24-v31 | 8 accumulators, column block j in v(24 + j) |
 //!
 //! # Group epilogue (registers freed by the reduction: A, B, mask, staging)
 //!
@@ -334,9 +352,15 @@ fn gemm_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout) {
     for r in plan.acc.clone() {
         a.zero(V(r));
     }
-    let acc0 = V(plan.acc.start);
-    for i in 0..plan.acc_count() {
-        a.str_q(acc0, SCR, 16 * i);
+    if plan.partials.is_empty() {
+        let acc0 = V(plan.acc.start);
+        for i in 0..plan.acc_count() {
+            a.str_q(acc0, SCR, 16 * i);
+        }
+    } else {
+        for r in plan.partials.clone() {
+            a.zero(V(r));
+        }
     }
 
     let group_loop = a.new_label();
@@ -1053,13 +1077,19 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
                     a.sub_4s(acc, acc, sumv);
                 }
                 a.scvtf_4s(acc, acc);
-                a.ldr_q(tmp, SCR, off);
-                a.fmla_4s(tmp, acc, sc);
+                let partial = plan.partial_reg(i * jn + j);
+                let sum = partial.unwrap_or(tmp);
+                if partial.is_none() {
+                    a.ldr_q(tmp, SCR, off);
+                }
+                a.fmla_4s(sum, acc, sc);
                 if spec.asym {
                     let of = vecs[(jj * per_block + 1) as usize];
-                    a.fmla_4s(tmp, of, sumv);
+                    a.fmla_4s(sum, of, sumv);
                 }
-                a.str_q(tmp, SCR, off);
+                if partial.is_none() {
+                    a.str_q(tmp, SCR, off);
+                }
                 if !folded {
                     a.zero(acc);
                 }
@@ -1073,6 +1103,15 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
             a.zero(V(r));
         }
     }
+}
+
+/// Partial sum `i` of the row block: its register, or loaded from the
+/// stack scratch into `tmp`.
+fn partial_sum(a: &mut A64, plan: &RegisterPlan, i: u32, tmp: V) -> V {
+    plan.partial_reg(i).unwrap_or_else(|| {
+        a.ldr_q(tmp, SCR, 16 * i);
+        tmp
+    })
 }
 
 /// After all groups: stage[r, c] = sx[r]·partial[r, c], then the store.
@@ -1089,8 +1128,8 @@ fn tile_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout
                 a.ldr_d_post(sx, T1, 8);
                 a.zip1_4s(sx, sx, sx);
                 for j in 0..jn {
-                    a.ldr_q(tmp, SCR, 16 * (i * jn + j));
-                    a.fmul_4s(tmp, tmp, sx);
+                    let part = partial_sum(a, plan, i * jn + j, tmp);
+                    a.fmul_4s(tmp, part, sx);
                     let row0 = 2 * i * lay.row_bytes + 8 * j;
                     a.str_d(tmp, STAGE, row0);
                     a.add_imm(T3, STAGE, row0 + lay.row_bytes);
@@ -1102,8 +1141,8 @@ fn tile_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout
             for r in 0..spec.ep {
                 a.ldr_s_post(sx, T1, 4);
                 for j in 0..jn {
-                    a.ldr_q(tmp, SCR, 16 * (r * jn + j));
-                    a.fmul_4s_elem(tmp, tmp, sx, 0);
+                    let part = partial_sum(a, plan, r * jn + j, tmp);
+                    a.fmul_4s_elem(tmp, part, sx, 0);
                     a.str_q(tmp, STAGE, r * lay.row_bytes + 16 * j);
                 }
             }

@@ -72,6 +72,9 @@ pub struct RegisterPlan {
     pub stage: asm::V,
     /// The smull int16 temporary.
     pub temp: Option<asm::V>,
+    /// f32 partial sums of a grouped GEMV (one per accumulator, empty when
+    /// they live in the stack scratch instead).
+    pub partials: Range<u8>,
     /// Accumulators, at the top of the register file.
     pub acc: Range<u8>,
 }
@@ -84,6 +87,7 @@ impl RegisterPlan {
         let mask = asm::V(b_end);
         let stage = asm::V(b_end + 1);
         let temp = temp.then_some(asm::V(b_end + 2));
+        let partials_start = b_end + 2 + u8::from(temp.is_some());
         let acc_start = 32 - acc.accumulators as u8;
         RegisterPlan {
             a: 0..a_end,
@@ -91,6 +95,7 @@ impl RegisterPlan {
             mask,
             stage,
             temp,
+            partials: partials_start..partials_start + acc.partial_sums as u8,
             acc: acc_start..32,
         }
     }
@@ -128,9 +133,20 @@ impl RegisterPlan {
         v
     }
 
+    /// The register of partial sum `i` (row unit, column block order, as
+    /// the stack scratch lays them out), if they live in registers.
+    pub fn partial_reg(&self, i: u32) -> Option<asm::V> {
+        (!self.partials.is_empty()).then(|| asm::V(self.partials.start + i as u8))
+    }
+
     /// Vector registers used in all.
     pub fn total(&self) -> u32 {
-        (self.a.len() + self.b.len() + 2 + usize::from(self.temp.is_some()) + self.acc.len()) as u32
+        (self.a.len()
+            + self.b.len()
+            + 2
+            + usize::from(self.temp.is_some())
+            + self.partials.len()
+            + self.acc.len()) as u32
     }
 
     /// The plan as `//` lines for a listing header.
@@ -158,6 +174,12 @@ impl RegisterPlan {
         ];
         if let Some(t) = self.temp {
             rows.push(format!("| {t} | int16 products before sadalp |"));
+        }
+        if !self.partials.is_empty() {
+            rows.push(format!(
+                "| {} | f32 partial sums (a group end scales into them; no stack round trip) |",
+                range(&self.partials)
+            ));
         }
         rows.push(format!("| {} | accumulators |", range(&self.acc)));
         rows
@@ -470,10 +492,30 @@ impl NeonBackend {
         kernel: &Kernel,
         tile: &TileConfig,
     ) -> Result<(RegisterPlan, RegisterAccounting), EmitError> {
+        self.plan_for(kernel, tile, Variant::Gemm)
+    }
+
+    /// [`Self::plan`] for one variant: the GEMV variant is accounted as
+    /// the e = 1 problem, which keeps a grouped GEMV's partial sums in
+    /// registers where they fit beside the tile (the solver's GEMV tiles
+    /// do); a wider tile keeps them in the stack scratch.
+    pub fn plan_for(
+        &self,
+        kernel: &Kernel,
+        tile: &TileConfig,
+        variant: Variant,
+    ) -> Result<(RegisterPlan, RegisterAccounting), EmitError> {
         let (caps, instr) = self.mac_for(kernel, tile)?;
-        let problem =
+        let mut problem =
             Problem::from_kernel(caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
-        let acc = accounting(caps, instr, &problem, tile.ep, tile.hp);
+        if variant == Variant::Gemv {
+            problem.e = 1;
+        }
+        let mut acc = accounting(caps, instr, &problem, tile.ep, tile.hp);
+        if acc.total > acc.budget && acc.partial_sums > 0 {
+            acc.total -= acc.partial_sums;
+            acc.partial_sums = 0;
+        }
         let a_regs = acc.a_regs;
         let plan = RegisterPlan::new(&acc, a_regs, acc.b_regs, !instr.reserved.is_empty());
         Ok((plan, acc))
@@ -881,14 +923,19 @@ impl NeonBackend {
         k_block_bytes: Option<u32>,
     ) -> Result<Artifact, EmitError> {
         let spec = self.spec(kernel, tile, variant, k_block_bytes)?;
-        let (plan, acc) = self.plan(kernel, tile)?;
+        let (plan, acc) = self.plan_for(kernel, tile, variant)?;
         let mut a = asm::A64::new();
         a.header(&format!(
             "{} {} variant={} tile ep={} hp={} lp={}",
             kernel.name, self.caps.name, variant, tile.ep, tile.hp, tile.lp
         ));
+        let partials = if acc.partial_sums > 0 {
+            format!(" partial_sums={}", acc.partial_sums)
+        } else {
+            String::new()
+        };
         a.header(&format!(
-            "registers: acc={} a={} b={} dequant={} reserved={} total={}/{}",
+            "registers: acc={} a={} b={} dequant={} reserved={}{partials} total={}/{}",
             acc.accumulators,
             acc.a_regs,
             acc.b_regs,
