@@ -18,7 +18,8 @@
 # and writes to RESULTS (default DIR/results): tests.log, bench.log,
 # ours.jsonl, vendor.jsonl and report.md (GB/s of weights at M <= 16,
 # TFLOP/s above, % of the measured read bandwidth, ratios to the vendor,
-# and the targets). It exits non-zero if a test failed or was skipped.
+# and the targets), and all of them again in results.tar.gz. It exits
+# non-zero if a test failed or was skipped.
 set -euo pipefail
 
 usage() {
@@ -123,7 +124,16 @@ run() {
         echo "vendor timings failed (bench.log)"
     python3 "$dir/vendor_bench.py" report --ours "$ours" --vendor "$out/vendor.jsonl" \
         --out "$out/report.md" >/dev/null || echo "report failed"
-    echo "results in $out (report.md)"
+    # One archive beside the files: a runner that brings back only a few
+    # files per call (the device tool: 8) still gets every log.
+    local archive
+    archive=$(mktemp)
+    if tar czf "$archive" -C "$out" --exclude results.tar.gz . && mv "$archive" "$out/results.tar.gz"; then
+        chmod 644 "$out/results.tar.gz"
+    else
+        echo "results.tar.gz failed"
+    fi
+    echo "results in $out (report.md; all of them in results.tar.gz)"
     return $failed
 }
 
