@@ -6,7 +6,7 @@ use tessera_codegen::artifact::{Artifact, Backend, MachineCode, Variant};
 use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::neon::asm::V;
 use tessera_codegen::tile::{Problem, neighbours, solve};
-use tessera_codegen::{TileConfig, mac_class};
+use tessera_codegen::TileConfig;
 use tessera_dsl::ir::ParamType;
 use tessera_dsl::{Kernel, library};
 use tessera_tests::llvm_mc::{McError, check_aarch64};
@@ -431,8 +431,9 @@ fn flat_loop_prefetches_and_differs_from_gemm() {
 /// The compact formats (ggml's Q4_0, Q4_1, Q8_0: f16 group parameters,
 /// Q4_0's implied zero point 8) on every target and variant: the listing
 /// says what the group epilogue holds, widens f16 parameters with fcvtl,
-/// folds the zero point in int32 (accumulators start at -8·Σqx: shl #3,
-/// neg; the smull fallback subtracts it) without offset loads, and
+/// handles the zero point in int32 (signed codes and scvtf #4 in the
+/// many-row tiles, accumulators starting at -8·Σqx in the GEMV, a
+/// subtraction on the smull fallback) without offset loads, and
 /// assembles to the emitted bytes.
 #[test]
 fn compact_formats_every_target_and_variant() {
@@ -463,12 +464,21 @@ fn compact_formats_every_target_and_variant() {
                     "{what}"
                 );
                 let zp = name == "matmul-q4_0";
-                // sdot and smmla accumulators start each group at -8·Σqx;
-                // the smull fallback's lane partials subtract it after.
+                // Q4_0's zero point: many-row sdot/smmla tiles make the
+                // codes signed in the loop (eor 0x88, 16x sums, scvtf #4);
+                // the GEMV's accumulators start each group at -8·Σqx; the
+                // smull fallback's lane partials subtract it after.
                 let smull = matches!(target, "aarch64-neon" | "aarch64-fp16");
+                let signed = l.contains("codes made signed");
+                if variant == Variant::Gemm && t == best && !smull {
+                    assert_eq!(signed, zp, "{what}: the GEMM tile's zero point");
+                }
+                assert!(!signed || (zp && !smull), "{what}");
                 assert_eq!(l.contains("shl "), zp, "{what}");
+                assert_eq!(l.contains("eor v"), signed, "{what}");
+                assert_eq!(l.contains(".4s, #4"), signed, "{what}");
                 assert_eq!(l.contains("sub v"), zp && smull, "{what}");
-                assert_eq!(l.contains("neg v"), zp && !smull, "{what}");
+                assert_eq!(l.contains("neg v"), zp && !smull && !signed, "{what}");
                 assert_eq!(l.contains("zero point 8"), zp, "{what}");
                 mc(&code, &what);
             }

@@ -748,6 +748,21 @@ impl A64 {
         dynasm!(self.ops ; .arch aarch64 ; and V(d).B16, V(n).B16, V(m).B16);
     }
 
+    /// `eor vd.16b, vn.16b, vm.16b`
+    pub fn eor_16b(&mut self, d: V, n: V, m: V) {
+        self.log(format!("eor {d}.16b, {n}.16b, {m}.16b"));
+        let (d, n, m) = (d.0, n.0, m.0);
+        dynasm!(self.ops ; .arch aarch64 ; eor V(d).B16, V(n).B16, V(m).B16);
+    }
+
+    /// `shl vd.16b, vn.16b, #s`
+    pub fn shl_16b(&mut self, d: V, n: V, s: u32) {
+        assert!(s < 8, "shl .16b takes 0..7");
+        self.log(format!("shl {d}.16b, {n}.16b, #{s}"));
+        let (d, n) = (d.0, n.0);
+        dynasm!(self.ops ; .arch aarch64 ; shl V(d).B16, V(n).B16, s);
+    }
+
     /// `ushr vd.16b, vn.16b, #s`
     pub fn ushr_16b(&mut self, d: V, n: V, s: u32) {
         self.log(format!("ushr {d}.16b, {n}.16b, #{s}"));
@@ -908,6 +923,18 @@ impl A64 {
         self.log(format!("scvtf {d}.4s, {n}.4s"));
         let (d, n) = (d.0, n.0);
         dynasm!(self.ops ; .arch aarch64 ; scvtf V(d).S4, V(n).S4);
+    }
+
+    /// `scvtf vd.4s, vn.4s, #fbits`: int32 as fixed point with `fbits`
+    /// fraction bits (exact division by 2^fbits after the conversion).
+    pub fn scvtf_4s_fixed(&mut self, d: V, n: V, fbits: u32) {
+        assert!(
+            (1..=32).contains(&fbits),
+            "scvtf .4s takes 1..32 fraction bits"
+        );
+        self.log(format!("scvtf {d}.4s, {n}.4s, #{fbits}"));
+        let (d, n) = (d.0, n.0);
+        dynasm!(self.ops ; .arch aarch64 ; scvtf V(d).S4, V(n).S4, fbits);
     }
 
     /// `fcvtns vd.4s, vn.4s` (round to nearest, ties to even)

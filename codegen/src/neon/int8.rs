@@ -10,9 +10,12 @@
 //!       for each lp-step of the group:                  (the steady-state loop)
 //!         load A (ep × lp int8), load B (hp × lp codes; 4-bit: one 16-byte
 //!         load per 32 codes, then `and` 0x0F → the first 16, `ushr` #4 → the
-//!         next 16: the pair transpose makes them consecutive, no `zip`)
+//!         next 16: the pair transpose makes them consecutive, no `zip`;
+//!         u4sym GEMM and flat tiles: `eor` 0x88, `shl` #4 / `and` 0xF0,
+//!         16·(q − 8) in each byte)
 //!         MACs into int32 accumulators
-//!       group epilogue: (u4sym: acc started at −8·Σqx[r, g]) acc → f32,
+//!       group epilogue: (u4sym: 16× sums → `scvtf` #4, or, in the GEMV,
+//!         acc started at −8·Σqx[r, g]) acc → f32,
 //!         partial[r, c] += sw[g, c]·acc + off[g, c]·Σqx[r, g]
 //!         (sw, off stored as f32 or f16; f16 widened by fcvtl)
 //!     tile epilogue: y[r, c] = sx[r]·partial[r, c] + bias[c], valid rows/columns only
@@ -79,21 +82,30 @@
 //! | `i8sym` (f32 parameters) | - | partial-sum temporary | scale | - |
 //! | `u4asym`, `i8asym` (f32) | Σqx as f32 | partial-sum temporary | scale, offset | - |
 //! | `…:f16` (any of the above) | as above | as above | the same, loaded as 4 (or 2, `smmla`) f16 and widened by `fcvtl` | - |
-//! | `u4sym` (zero point 8), `sdot`/`smmla` | - | partial-sum temporary | scale (f32 or f16 + `fcvtl`) | none: the accumulators started the group at −8·Σqx |
+//! | `u4sym` (zero point 8), `sdot`/`smmla` GEMM and flat | - | partial-sum temporary | scale (f32 or f16 + `fcvtl`) | none: signed codes, 16× sums converted by `scvtf` #4 |
+//! | `u4sym`, `sdot` GEMV | - | partial-sum temporary | scale | none: the accumulators started the group at −8·Σqx |
 //! | `u4sym`, `smull` | 8·Σqx as int32 (`shl` #3) | partial-sum temporary | scale | acc − 8·Σqx before `scvtf` |
 //!
 //! Parameter strides follow the stored width: a group's scales are hp × 4
-//! bytes (f32) or hp × 2 (f16), offsets after all of a panel's scales. The
-//! `u4sym` fold is integer: before a group's MACs each row's first
-//! accumulator is loaded with Σqx, shifted (`shl` #3) and negated, and
-//! copied to the row's other accumulators, which replaces the `movi` that
-//! cleared them (one `ld1r`, `shl`, `neg` per row instead of a `sub` per
-//! accumulator; under llvm-mca 19 this took the i8mm GEMM from 0.60 to
-//! 0.74 of KleidiAI on the N2 model). It is cheaper than an offset of
-//! −8·scale in f32 (an extra `fmla` per accumulator), exact up to f32
-//! rounding, and the int32 sum cannot overflow (|acc| ≤ 15·127·group).
+//! bytes (f32) or hp × 2 (f16), offsets after all of a panel's scales.
+//!
+//! The `u4sym` zero point costs a per-row term each group unless the codes
+//! themselves are signed, which is what KleidiAI's 4-bit kernels store.
+//! The stored codes stay unsigned (the kernel description says so; x86's
+//! `vpmaddubsw` needs them that way); where it pays
+//! ([`signed_nibbles_pay`]: the many-row GEMM and flat tiles) the loop
+//! makes them signed with one `eor` per loaded register, and the
+//! fixed-point `scvtf` #4 removes the 16× exactly. Under llvm-mca 19
+//! (both sides' converts then cost the same) this took the dotprod GEMM
+//! from 0.81–0.84× KleidiAI's 16x4 to 0.93–1.02× and the i8mm GEMM from
+//! 0.67–0.74× its 8x4x32 to 0.91–1.02× on the N1, N2, V1 and V2 models.
+//! The GEMV (one row: the `eor`s would outnumber what they save) starts
+//! each group's accumulators at −8·Σqx instead: each row's first
+//! accumulator is loaded with Σqx, shifted (`shl` #3), negated and copied
+//! to the row's others, in place of the `movi` that cleared them. Both are
+//! exact up to f32 rounding and cannot overflow int32 (|acc| ≤ 128·127·group).
 //! The `smull` fallback's accumulators hold lane partials summed in the
-//! epilogue, so it subtracts 8·Σqx after the fold instead.
+//! epilogue, so it subtracts 8·Σqx after the fold.
 
 use super::asm::{A64, Addr, Cond, Label, Prefetch, V, X};
 use super::frame::{self, OutType, StoreRegs};
@@ -129,6 +141,34 @@ pub struct Int8Spec {
     pub flat: Option<FlatPlan>,
     /// The epilogue's relu (in the tile store).
     pub relu: bool,
+    /// `u4sym` codes made signed in the loop ([`signed_nibbles_pay`]).
+    pub signed_nibbles: bool,
+}
+
+/// Whether a `u4sym` (zero point 8) tile on `sdot` or `smmla` should make
+/// its codes signed in the loop: an `eor` with 0x88 per loaded B register
+/// turns both nibbles into q − 8, and `shl` #4 / `and` 0xF0 (instead of
+/// `and` 0x0F / `ushr` #4) leave 16·(q − 8) in each byte, so the sums are
+/// 16× and `scvtf` #4 converts them exactly (|16·Σ| < 2^24 for groups up
+/// to 128). No zero-point term remains. It pays where the fold it replaces
+/// (per row each group: `ld1r`, `shl`, `neg`; per `smmla` row pair two
+/// lane loads, `trn1`, `shl`, `neg`; less the `movi` that then clears the
+/// row's first accumulator) costs more than the `eor`s: the many-row GEMM
+/// and flat tiles, not the one-row GEMV. Whole-row groups never pay.
+pub fn signed_nibbles_pay(spec: &Int8Spec) -> bool {
+    let (4, Some(8), Some(g)) = (spec.wbits, spec.zero_point, spec.group) else {
+        return false;
+    };
+    let per_unit = match spec.mac {
+        Mac::Sdot => 2,
+        Mac::Smmla => 4,
+        Mac::Smull => return false,
+    };
+    let loaded_per_step = spec.hp * spec.lp / 32;
+    // The eors of a group's steps and the second constant's movi.
+    let cost = loaded_per_step * (g / spec.lp) + 1;
+    let saved = spec.ep / row_unit(spec) * per_unit;
+    cost < saved
 }
 
 // General-purpose registers (x0 holds the argument block throughout).
@@ -219,6 +259,10 @@ pub fn epilogue_note(spec: &Int8Spec) -> Option<String> {
         format!("f32 {params}")
     };
     let zp = match spec.zero_point {
+        Some(z) if spec.signed_nibbles => format!(
+            "; zero point {z}: codes made signed in the loop (eor 0x88, then shl #4 / and 0xF0 \
+             leave 16*(q-{z}) in each byte), sums converted by scvtf #4"
+        ),
         Some(z) if zero_point_at_start(spec) => format!(
             "; zero point {z}: the accumulators start each group at -{z}*sum(qx) (shl #{}, neg)",
             z.trailing_zeros()
@@ -370,9 +414,7 @@ fn gemm_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout) {
     a.csel(CNT, LEFT, GSTEPS, Cond::Lo);
     a.sub(LEFT, LEFT, CNT);
     start_group(a, spec, plan);
-    if spec.wbits == 4 {
-        a.movi_16b(plan.mask, 15);
-    }
+    unpack_constants(a, spec, plan);
     k_loop(a, spec, plan);
     group_epilogue(a, spec, plan);
     a.add_imm(PG, PG, hp * spec.param_bytes);
@@ -572,9 +614,7 @@ fn group_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, s
     a.csel(CNT, LEFT, GSTEPS, Cond::Lo);
     a.sub(LEFT, LEFT, CNT);
     start_group(a, spec, plan);
-    if spec.wbits == 4 {
-        a.movi_16b(plan.mask, 15);
-    }
+    unpack_constants(a, spec, plan);
     let sets = f.sets(spec.ep);
     flat_k_loop(a, spec, plan, f, skip);
     fold_sets(a, plan, sets, set_regs(spec, plan, f));
@@ -744,8 +784,14 @@ fn load_b_at(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, at: &mut Addr) {
         a.ldr_q_at(hi(q), WP, at);
     }
     for q in 0..runs {
-        a.and_16b(lo(q), hi(q), plan.mask);
-        a.ushr_16b(hi(q), hi(q), 4);
+        if spec.signed_nibbles {
+            a.eor_16b(hi(q), hi(q), plan.stage);
+            a.shl_16b(lo(q), hi(q), 4);
+            a.and_16b(hi(q), hi(q), plan.mask);
+        } else {
+            a.and_16b(lo(q), hi(q), plan.mask);
+            a.ushr_16b(hi(q), hi(q), 4);
+        }
     }
 }
 
@@ -932,7 +978,22 @@ fn load_params(a: &mut A64, spec: &Int8Spec, v: V, base: X, j: u32, cols: u32) {
 /// from each accumulator after them. The `smull` accumulators hold lane
 /// partials that the epilogue sums, so they keep the subtraction.
 fn zero_point_at_start(spec: &Int8Spec) -> bool {
-    spec.zero_point.is_some() && spec.mac != Mac::Smull
+    spec.zero_point.is_some() && spec.mac != Mac::Smull && !spec.signed_nibbles
+}
+
+/// The nibble-unpack constants, set at every group start (the group
+/// epilogue reuses their registers): 0x0F in the mask, or for signed
+/// nibbles 0xF0 in the mask and 0x88 in the staging register.
+fn unpack_constants(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
+    if spec.wbits != 4 {
+        return;
+    }
+    if spec.signed_nibbles {
+        a.movi_16b(plan.mask, 0xF0);
+        a.movi_16b(plan.stage, 0x88);
+    } else {
+        a.movi_16b(plan.mask, 15);
+    }
 }
 
 /// Before a group's MACs, with [`zero_point_at_start`]: every accumulator
@@ -974,6 +1035,8 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
         a.comment(&format!(
             "group epilogue: int32{} -> f32, {} scale{}, into the partial sums",
             match spec.zero_point {
+                Some(_) if spec.signed_nibbles =>
+                    " (16x sums of signed codes, scvtf #4)".to_string(),
                 Some(_) if zero_point_at_start(spec) =>
                     " (zero point folded in at the group start)".to_string(),
                 Some(z) => format!(" - {z}*sum(qx)"),
@@ -1044,7 +1107,10 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
                 load_params(a, spec, of, T2, j, cols);
             }
         }
-        let folded = zero_point_at_start(spec);
+        // Where the accumulators start at −zp·Σqx (their next group start
+        // overwrites them) and where no zero-point term is left to apply.
+        let started = zero_point_at_start(spec);
+        let folded = started || spec.signed_nibbles;
         let sums = spec.asym || (spec.zero_point.is_some() && !folded);
         if sums {
             a.mov(T1, SG);
@@ -1073,10 +1139,14 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
                 let acc = acc_of(i, j);
                 let off = 16 * (i * jn + j);
                 let sc = vecs[(jj * per_block) as usize];
-                if spec.zero_point.is_some() && !folded {
-                    a.sub_4s(acc, acc, sumv);
+                if spec.signed_nibbles {
+                    a.scvtf_4s_fixed(acc, acc, 4);
+                } else {
+                    if spec.zero_point.is_some() && !folded {
+                        a.sub_4s(acc, acc, sumv);
+                    }
+                    a.scvtf_4s(acc, acc);
                 }
-                a.scvtf_4s(acc, acc);
                 let partial = plan.partial_reg(i * jn + j);
                 let sum = partial.unwrap_or(tmp);
                 if partial.is_none() {
@@ -1090,7 +1160,7 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
                 if partial.is_none() {
                     a.str_q(tmp, SCR, off);
                 }
-                if !folded {
+                if !started {
                     a.zero(acc);
                 }
             }

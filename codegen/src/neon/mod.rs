@@ -785,7 +785,7 @@ impl NeonBackend {
                     )
                     .with_row_unit(instr.ae)
                 });
-                Ok(KernelSpec::Int8(int8::Int8Spec {
+                let mut spec = int8::Int8Spec {
                     mac,
                     ep: tile.ep,
                     hp: tile.hp,
@@ -798,7 +798,10 @@ impl NeonBackend {
                     gemv: variant == Variant::Gemv,
                     flat,
                     relu,
-                }))
+                    signed_nibbles: false,
+                };
+                spec.signed_nibbles = int8::signed_nibbles_pay(&spec);
+                Ok(KernelSpec::Int8(spec))
             }
             MacClass::F32 | MacClass::F16 => {
                 if tile.ep > float::MAX_ROWS {
