@@ -1,10 +1,13 @@
 //! The AVX-512 int8 matmul (`i8dyn` x; `u4asym:gN`, `u4sym:gN` or
 //! `i8sym:gN` w, N a power of two from 8 to 128, f32 or f16 group
-//! parameters, so ggml's Q4_0, Q4_1 and Q8_0 too; f32 y): the
-//! AVX2 int8 kernel's W4A8 loop nest ([`super::int8`]) on zmm registers
-//! with AVX512-VNNI `vpdpbusd` (16 dword lanes × 4 int8 per instruction),
-//! for the `x86-avx512` target's int8 tiles. A ymm kernel is capped at half
-//! the 512-bit integer throughput of such CPUs.
+//! parameters, so ggml's Q4_0, Q4_1 and Q8_0 too; f32 y): the int8
+//! emitter's loop nest ([`super::int8`], which lists what differs between
+//! the files) on zmm registers with AVX512-VNNI `vpdpbusd` (16 dword lanes
+//! × 4 int8 per instruction), for the `x86-avx512` target's int8 tiles. A
+//! ymm kernel is capped at half the 512-bit integer throughput of such
+//! CPUs. This module is its front-end (the spec, its checks against the
+//! solver) and the zmm side of [`super::int8::Int8File`]: frame, unpack,
+//! panel buffer and store.
 //!
 //! Same ABI ([`crate::abi::MatmulArgs`]), activation quantizer output
 //! (`[e/ep, l/4, ep, 4]`, Σq per row and group in `x_sums`) and packed
@@ -66,9 +69,12 @@
 use tessera_dsl::ir::{Activation, Format, ParamType};
 
 use super::asm::*;
-use super::common::{self, nest};
 use super::evex::{Kreg, Zmm};
-use super::int8::ZeroPoint;
+use super::int8::{
+    self, Dot, Int8File, Int8Frame, Int8Kernel, Int8Regs, Operand, ZeroPoint, first_column,
+    packed_panel_ptr,
+};
+use super::regfile::RegisterFile;
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
 use crate::tile::TileConfig;
@@ -101,38 +107,9 @@ impl Avx512Int8Spec {
         (LANES * self.zb) as i32
     }
 
-    /// Parameter sets per group: scales, and offsets for `u4asym`.
-    fn param_sets(&self) -> i32 {
-        if self.zero == ZeroPoint::Offset { 2 } else { 1 }
-    }
-
     /// 8-bit weight codes (`i8sym`), else 4-bit.
     fn bytes(&self) -> bool {
         self.zero == ZeroPoint::Implied128
-    }
-
-    /// Bytes of one packed weight step (hp channels × 4 codes).
-    fn packed_step(&self) -> i32 {
-        if self.bytes() {
-            self.hp() * 4
-        } else {
-            self.hp() * 2
-        }
-    }
-
-    /// The weight format's text form (`u4sym:g32:f16`).
-    fn weights(&self) -> String {
-        let zero = match self.zero {
-            ZeroPoint::Implied8 => "u4sym",
-            ZeroPoint::Implied128 => "i8sym",
-            _ => "u4asym",
-        };
-        let params = if self.params == ParamType::F16 {
-            ":f16"
-        } else {
-            ""
-        };
-        format!("{zero}:g{}{params}", self.group)
     }
 }
 
@@ -191,27 +168,6 @@ const HIGH_LANES: i32 = 0xF0F0;
 /// The valid lanes of the column block being stored.
 const TAIL: Kreg = Kreg(3);
 
-#[derive(Clone, Copy)]
-struct Regs {
-    rows: usize,
-    zb: usize,
-}
-
-impl Regs {
-    fn b(&self, j: usize) -> Zmm {
-        Zmm(j as u8)
-    }
-    fn t(&self) -> Zmm {
-        Zmm(self.zb as u8)
-    }
-    fn acc(&self, i: usize, j: usize) -> Zmm {
-        Zmm((self.zb + 1 + i * self.zb + j) as u8)
-    }
-    fn g(&self, i: usize, j: usize) -> Zmm {
-        Zmm((self.zb + 1 + self.rows * self.zb + i * self.zb + j) as u8)
-    }
-}
-
 /// Emit the GEMM variant (with the one-row loop for m = 1).
 pub fn emit(spec: &Avx512Int8Spec) -> Result<MachineCode, EmitError> {
     emit_variant(spec, Variant::Gemm)
@@ -252,284 +208,232 @@ pub fn emit_variant(spec: &Avx512Int8Spec, variant: Variant) -> Result<MachineCo
                 .into(),
         ));
     }
-    let mut a = X86Asm::new();
-    a.comment(&format!(
-        "matmul avx512 {variant} x i8dyn w {} y {} tile {}x{}x4 bias {} act {:?} mac vpdpbusd zmm",
-        spec.weights(),
-        Format::F32,
-        spec.ep,
-        spec.hp(),
-        spec.bias,
-        spec.activation,
-    ));
-    prologue(&mut a, spec);
-    if spec.ep > 1 && variant != Variant::Gemv {
-        let (one_row, done) = (a.new_label(), a.new_label());
-        a.load64(RAX, mem(RDI, MM_M));
-        a.cmp_imm(RAX, 1);
-        a.jcc(Cond::E, one_row);
-        let direct = a.new_label();
-        if !spec.bytes() {
-            a.load64(RAX, mem(R15, BUF));
-            a.cmp_imm(RAX, 0);
-            a.jcc(Cond::E, direct);
-            a.comment(&format!(
-                "{variant}: {} rows per tile, panel unpacked once",
-                spec.ep
-            ));
-            nest(&mut a, spec, spec.ep, true);
-            a.jmp(done);
+    int8::emit_on::<Zmm>(
+        &Int8Kernel {
+            ep: spec.ep,
+            hb: spec.zb,
+            group: Some(spec.group),
+            wbits: if spec.bytes() { 8 } else { 4 },
+            zero: spec.zero,
+            params: spec.params,
+            y: Format::F32,
+            bias: spec.bias,
+            activation: spec.activation,
+            dot: Dot::EvexVnni,
+            prefetch: None,
+        },
+        variant,
+    )
+}
+
+impl Int8File for Zmm {
+    const INT8_FRAME: Int8Frame = Int8Frame {
+        base: R15,
+        steps: STEPS,
+        groups: GROUPS,
+        left: LEFT,
+        panel_buffer: Some(BUF),
+    };
+    const TOTALS_IN_REGISTERS: bool = true;
+    const EMBEDDED_BROADCAST: bool = true;
+    const ROW_WALK: bool = true;
+    const SLOW_ENTRY_LABEL: bool = false;
+    const SUMS: Gp = R11;
+    const SUMS_STRIDE: Gp = R12;
+    const SUMS_WALK: Gp = R13;
+
+    fn regs(rows: usize, zb: usize, _grouped: bool) -> Int8Regs {
+        Int8Regs {
+            rows,
+            hb: zb,
+            totals: zb + 1,
+            sums: zb + 1 + rows * zb,
+            a: None,
+            sigma: zb,
+            b: 0,
+            b_per_block: true,
+            reserved: None,
         }
-        a.bind(direct);
-        a.comment(&format!("{variant}: {} rows per tile", spec.ep));
-        nest(&mut a, spec, spec.ep, false);
-        a.jmp(done);
-        a.bind(one_row);
-        a.comment("gemv: one row");
-        nest(&mut a, spec, 1, false);
-        a.bind(done);
-    } else {
-        a.comment("gemv: one row per tile");
-        nest(&mut a, spec, 1, false);
     }
-    epilogue(&mut a);
-    let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
-    Ok(super::machine_code(bytes, listing))
-}
-
-fn prologue(a: &mut X86Asm, spec: &Avx512Int8Spec) {
-    for r in SAVED {
-        a.push(r);
+    fn mac_name(_dot: Dot) -> &'static str {
+        "vpdpbusd zmm"
     }
-    a.sub_imm(RSP, FRAME);
-    a.mov(R15, RSP);
-    for v in 0..=16 {
-        a.store32_imm(mem(R15, KMASKS + 4 * v), ((1u32 << v) - 1) as i32);
+    fn open_frame(a: &mut X86Asm, _k: &Int8Kernel) {
+        for r in SAVED {
+            a.push(r);
+        }
+        a.sub_imm(RSP, FRAME);
+        a.mov(R15, RSP);
+        for v in 0..=16 {
+            a.store32_imm(mem(R15, KMASKS + 4 * v), ((1u32 << v) - 1) as i32);
+        }
+        a.store32_imm(mem(R15, NIBBLE), 0x0F0F_0F0F);
+        a.store32_imm(mem(R15, FLIP), 0x8080_8080_u32 as i32);
+        a.mov_imm(RAX, HIGH_LANES);
+        a.kmovw_from_gp(HIGH, RAX);
     }
-    a.store32_imm(mem(R15, NIBBLE), 0x0F0F_0F0F);
-    a.store32_imm(mem(R15, FLIP), 0x8080_8080_u32 as i32);
-    a.mov_imm(RAX, HIGH_LANES);
-    a.kmovw_from_gp(HIGH, RAX);
-    a.load64(RAX, mem(RDI, MM_K));
-    a.add_imm(RAX, 3);
-    a.shr_imm(RAX, 2);
-    a.store64(mem(R15, STEPS), RAX);
-    a.load64(RAX, mem(RDI, MM_K));
-    a.add_imm(RAX, spec.group as i32 - 1);
-    a.shr_imm(RAX, spec.group.trailing_zeros() as i8);
-    a.store64(mem(R15, GROUPS), RAX);
-    // The panel buffer: steps·64·zb bytes below the frame when that is at
-    // most PANEL_BUFFER_BYTES, else none (BUF = 0); none for 8-bit codes.
-    let (fits, none) = (a.new_label(), a.new_label());
-    a.load64(RAX, mem(R15, STEPS));
-    a.imul_imm(RAX, RAX, 64 * spec.zb as i32);
-    if spec.bytes() {
-        a.mov_imm(RAX, PANEL_BUFFER_BYTES + 1);
+    /// steps·64·zb bytes below the frame when that is at most
+    /// [`PANEL_BUFFER_BYTES`], else none (BUF = 0); none for 8-bit codes.
+    fn open_panel_buffer(a: &mut X86Asm, k: &Int8Kernel) {
+        let (fits, none) = (a.new_label(), a.new_label());
+        a.load64(RAX, mem(R15, STEPS));
+        a.imul_imm(RAX, RAX, 64 * k.hb as i32);
+        if k.flip() {
+            a.mov_imm(RAX, PANEL_BUFFER_BYTES + 1);
+        }
+        a.cmp_imm(RAX, PANEL_BUFFER_BYTES);
+        a.jcc(Cond::Be, fits);
+        a.mov_imm(RAX, 0);
+        a.store64(mem(R15, BUF), RAX);
+        a.jmp(none);
+        a.bind(fits);
+        // rsp = (rsp - bytes) rounded down to 64: whole-line zmm loads.
+        a.mov(RDX, RSP);
+        a.sub(RDX, RAX);
+        a.shr_imm(RDX, 6);
+        a.shl_imm(RDX, 6);
+        a.mov(RSP, RDX);
+        a.store64(mem(R15, BUF), RSP);
+        a.bind(none);
     }
-    a.cmp_imm(RAX, PANEL_BUFFER_BYTES);
-    a.jcc(Cond::Be, fits);
-    a.mov_imm(RAX, 0);
-    a.store64(mem(R15, BUF), RAX);
-    a.jmp(none);
-    a.bind(fits);
-    // rsp = (rsp - bytes) rounded down to 64: whole-line zmm loads.
-    a.mov(RDX, RSP);
-    a.sub(RDX, RAX);
-    a.shr_imm(RDX, 6);
-    a.shl_imm(RDX, 6);
-    a.mov(RSP, RDX);
-    a.store64(mem(R15, BUF), RSP);
-    a.bind(none);
-}
-
-fn epilogue(a: &mut X86Asm) {
-    a.vzeroupper();
-    a.mov(RSP, R15);
-    a.add_imm(RSP, FRAME);
-    for r in SAVED.iter().rev() {
-        a.pop(*r);
+    fn close_frame(a: &mut X86Asm) {
+        a.vzeroupper();
+        a.mov(RSP, R15);
+        a.add_imm(RSP, FRAME);
+        for r in SAVED.iter().rev() {
+            a.pop(*r);
+        }
+        a.ret();
     }
-    a.ret();
-}
-
-/// rax = n0 + rbx·hp: the panel's first column.
-fn first_column(a: &mut X86Asm, hp: i32) {
-    a.imul_imm(RAX, RBX, hp);
-    a.load64(RDX, mem(RDI, MM_N0));
-    a.add(RAX, RDX);
-}
-
-/// One loop nest. With `prepacked` each panel is unpacked once into the
-/// stack buffer (64 bytes per column block and step) and every row block
-/// loads its B registers from there instead of unpacking again.
-fn nest(a: &mut X86Asm, spec: &Avx512Int8Spec, rows: usize, prepacked: bool) {
-    let zb = spec.zb;
-    let hp = spec.hp();
-    let ep = spec.ep as i32;
-    let r = Regs { rows, zb };
-    let packed_step = spec.packed_step();
-    let unpacked_step = 64 * zb as i32;
-
-    let panel_loop = nest::panels_head(a);
-    if prepacked {
-        // rsi = w + first column·steps·2; r13 = the buffer; rcx = steps.
+    fn scale_param_index(a: &mut X86Asm, bytes: i32) {
+        a.imul_imm(R9, R9, bytes);
+    }
+    /// r13 walks the buffer, 64 bytes per column block and step.
+    fn unpack_panel(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, hp: i32) {
         let (unpack_loop, unpacked) = (a.new_label(), a.new_label());
         first_column(a, hp);
-        packed_panel_ptr(a, spec);
+        packed_panel_ptr::<Zmm>(a, k);
         a.load64(R13, mem(R15, BUF));
         a.load64(RCX, mem(R15, STEPS));
         a.cmp_imm(RCX, 0);
         a.jcc(Cond::E, unpacked);
         a.bind(unpack_loop);
-        for j in 0..zb {
+        for j in 0..r.hb {
             unpack(a, r.b(j), mem(RSI, 32 * j as i32));
             a.vmovups_zmm_store(mem(R13, 64 * j as i32), r.b(j));
         }
-        a.add_imm(RSI, packed_step);
-        a.add_imm(R13, unpacked_step);
+        a.add_imm(RSI, k.packed_step(hp));
+        a.add_imm(R13, Self::BYTES * r.hb as i32);
         a.sub_imm(RCX, 1);
         a.jcc(Cond::Ne, unpack_loop);
         a.bind(unpacked);
     }
-    a.mov_imm(R14, 0);
-    let row_loop = nest::rows_head(a);
-
-    // r8 = x + rbp·steps·4 + r14·4 (row block rbp/ep: ep rows of 4 bytes
-    // per step; r14 = the row within it).
-    a.mov(RAX, RBP);
-    a.load64(RDX, mem(R15, STEPS));
-    a.imul(RAX, RDX);
-    a.add(RAX, R14);
-    a.shl_imm(RAX, 2);
-    a.load64(RDX, mem(RDI, MM_X));
-    a.add(RAX, RDX);
-    a.mov(R8, RAX);
-    // rsi = w + first column·steps·2 (or the unpacked panel).
-    first_column(a, hp);
-    a.mov(R9, RAX);
-    if prepacked {
-        a.load64(RSI, mem(R15, BUF));
-    } else {
-        packed_panel_ptr(a, spec);
-    }
-    // r9 = params + first column·groups·param bytes·sets; r10 = r9 +
-    // groups·hp·param bytes (the panel's offsets, u4asym).
-    let param_bytes = spec.params.bytes() as i32;
-    a.load64(RDX, mem(R15, GROUPS));
-    a.imul(R9, RDX);
-    a.imul_imm(R9, R9, param_bytes * spec.param_sets());
-    a.load64(RAX, mem(RDI, MM_W_PARAMS));
-    a.add(R9, RAX);
-    a.imul_imm(R10, RDX, hp * param_bytes);
-    a.add(R10, R9);
-    // r12 = groups·4; r11 = x_sums + (rbp + r14)·r12.
-    a.mov(R12, RDX);
-    a.shl_imm(R12, 2);
-    a.mov(R11, RBP);
-    a.add(R11, R14);
-    a.imul(R11, R12);
-    a.load64(RAX, mem(RDI, MM_X_SUMS));
-    a.add(R11, RAX);
-    for i in 0..rows {
-        for j in 0..zb {
-            let v = r.acc(i, j);
-            a.vpxord_zmm(v, v, v);
+    /// 8-bit codes: 64 bytes, their sign bits flipped (w + 128 unsigned);
+    /// 4-bit: unpacked from two runs, or loaded from the panel buffer.
+    fn load_codes(
+        a: &mut X86Asm,
+        k: &Int8Kernel,
+        r: &Int8Regs,
+        j: usize,
+        at: i32,
+        prepacked: bool,
+    ) {
+        let b: Zmm = r.b(j);
+        if k.flip() {
+            a.vmovdqu8_zmm_load(b, mem(RSI, at + 64 * j as i32));
+            a.vpxord_zmm_bcst(b, b, mem(R15, FLIP));
+        } else if prepacked {
+            a.vmovdqu32_zmm_load(b, mem(RSI, at + 64 * j as i32));
+        } else {
+            unpack(a, b, mem(RSI, at + 32 * j as i32));
         }
     }
-
-    group_loop(a, spec, &r, ep, prepacked);
-
-    // y = acc·sx (rows past m too: x_scales is padded to whole row blocks).
-    a.mov(RAX, RBP);
-    a.add(RAX, R14);
-    a.shl_imm(RAX, 2);
-    a.load64(RDX, mem(RDI, MM_X_SCALES));
-    a.add(RAX, RDX);
-    for i in 0..rows {
-        for j in 0..zb {
-            let v = r.acc(i, j);
-            a.vmulps_zmm_bcst(v, v, mem(RAX, 4 * i as i32));
+    fn dot(
+        a: &mut X86Asm,
+        _k: &Int8Kernel,
+        r: &Int8Regs,
+        g: Zmm,
+        j: usize,
+        x: Operand<Zmm>,
+        _frame: i32,
+    ) {
+        let Operand::Broadcast(m) = x else {
+            unreachable!("zmm reads the codes with {{1to16}}")
+        };
+        a.vpdpbusd_zmm_bcst(g, r.b(j), m);
+    }
+    fn broadcast_i32(a: &mut X86Asm, dst: Zmm, m: Mem) {
+        a.vpbroadcastd_zmm_load(dst, m);
+    }
+    fn shl_i32(a: &mut X86Asm, dst: Zmm, src: Zmm, bits: u8) {
+        a.vpslld_zmm_imm(dst, src, bits);
+    }
+    fn sub_i32(a: &mut X86Asm, dst: Zmm, x: Zmm, y: Zmm) {
+        a.vpsubd_zmm(dst, x, y);
+    }
+    fn cvt_i32(a: &mut X86Asm, dst: Zmm, src: Zmm) {
+        a.vcvtdq2ps_zmm(dst, src);
+    }
+    fn cvt_i32_broadcast(a: &mut X86Asm, dst: Zmm, m: Mem) {
+        a.vcvtdq2ps_zmm_bcst(dst, m);
+    }
+    fn cvt_f16(a: &mut X86Asm, dst: Zmm, m: Mem) {
+        a.vcvtph2ps_zmm_load(dst, m);
+    }
+    fn mul(a: &mut X86Asm, dst: Zmm, src: Operand<Zmm>) {
+        let Operand::Broadcast(m) = src else {
+            unreachable!("zmm multiplies by broadcast scales only")
+        };
+        a.vmulps_zmm_bcst(dst, dst, m);
+    }
+    /// Per column block (its tail mask in k3, its bias in Σq's register):
+    /// bias, activation and the masked store of every row below m, r13 =
+    /// the row's y.
+    fn store_tile(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, hp: i32) {
+        let t = Zmm::reg(r.sigma);
+        let zero: Zmm = r.b(0);
+        let relu = k.activation == Activation::Relu;
+        if relu {
+            a.vpxord_zmm(zero, zero, zero);
         }
-    }
-    // Then per column block (its tail mask in k3, its bias in T): bias,
-    // activation and the store of every row below m.
-    if spec.bias {
-        first_column(a, hp);
-        a.shl_imm(RAX, 2);
-        a.load64(RSI, mem(RDI, MM_BIAS));
-        a.add(RSI, RAX);
-    }
-    let relu = spec.activation == Activation::Relu;
-    if relu {
-        a.vpxord_zmm(r.b(0), r.b(0), r.b(0));
-    }
-    for j in 0..zb {
-        a.imul_imm(RAX, RBX, hp);
-        a.load64(RCX, mem(RDI, MM_N));
-        a.sub(RCX, RAX);
-        set_tail_mask(a, j);
-        if spec.bias {
-            a.vmovups_zmm_load_masked(r.t(), TAIL, mem(RSI, 64 * j as i32));
-        }
-        let stored = a.new_label();
-        for i in 0..rows {
-            a.mov(RAX, RBP);
-            a.add(RAX, R14);
-            if i > 0 {
-                a.add_imm(RAX, i as i32);
+        for j in 0..r.hb {
+            a.imul_imm(RAX, RBX, hp);
+            a.load64(RCX, mem(RDI, MM_N));
+            a.sub(RCX, RAX);
+            set_tail_mask(a, j);
+            if k.bias {
+                a.vmovups_zmm_load_masked(t, TAIL, mem(RSI, 64 * j as i32));
             }
-            a.cmp_mem(RAX, mem(RDI, MM_M));
-            a.jcc(Cond::Ge, stored);
-            // r13 = y + row·y_stride + (first column + 16j)·4.
-            a.mov(R13, RAX);
-            a.load64(RDX, mem(RDI, MM_Y_STRIDE));
-            a.imul(R13, RDX);
-            a.load64(RDX, mem(RDI, MM_Y));
-            a.add(R13, RDX);
-            first_column(a, hp);
-            a.shl_imm(RAX, 2);
-            a.add(R13, RAX);
-            let v = r.acc(i, j);
-            if spec.bias {
-                a.vaddps_zmm(v, v, r.t());
+            let stored = a.new_label();
+            for i in 0..r.rows {
+                a.mov(RAX, RBP);
+                a.add(RAX, R14);
+                if i > 0 {
+                    a.add_imm(RAX, i as i32);
+                }
+                a.cmp_mem(RAX, mem(RDI, MM_M));
+                a.jcc(Cond::Ge, stored);
+                // r13 = y + row·y_stride + (first column + 16j)·4.
+                a.mov(R13, RAX);
+                a.load64(RDX, mem(RDI, MM_Y_STRIDE));
+                a.imul(R13, RDX);
+                a.load64(RDX, mem(RDI, MM_Y));
+                a.add(R13, RDX);
+                first_column(a, hp);
+                a.shl_imm(RAX, 2);
+                a.add(R13, RAX);
+                let v: Zmm = r.total(i, j);
+                if k.bias {
+                    a.vaddps_zmm(v, v, t);
+                }
+                if relu {
+                    a.vmaxps_zmm(v, v, zero);
+                }
+                a.vmovups_zmm_store_masked(mem(R13, 64 * j as i32), TAIL, v);
             }
-            if relu {
-                a.vmaxps_zmm(v, v, r.b(0));
-            }
-            a.vmovups_zmm_store_masked(mem(R13, 64 * j as i32), TAIL, v);
+            a.bind(stored);
         }
-        a.bind(stored);
     }
-
-    if rows == 1 && ep > 1 {
-        // One row at a time through blocks of ep rows: r14 walks the block.
-        let same_block = a.new_label();
-        a.add_imm(R14, 1);
-        a.cmp_imm(R14, ep);
-        a.jcc(Cond::L, same_block);
-        a.mov_imm(R14, 0);
-        a.add_imm(RBP, ep);
-        a.bind(same_block);
-        a.mov(RAX, RBP);
-        a.add(RAX, R14);
-        a.cmp_mem(RAX, mem(RDI, MM_M));
-    } else {
-        a.add_imm(RBP, rows as i32);
-        a.cmp_mem(RBP, mem(RDI, MM_M));
-    }
-    a.jcc(Cond::L, row_loop);
-    nest::panels_tail(a, panel_loop, hp);
-}
-
-/// rsi = w + rax·steps·(2 or 4 bytes): the packed panel whose first column
-/// is rax. Clobbers rax, rdx.
-fn packed_panel_ptr(a: &mut X86Asm, spec: &Avx512Int8Spec) {
-    a.load64(RDX, mem(R15, STEPS));
-    a.imul(RAX, RDX);
-    a.shl_imm(RAX, if spec.bytes() { 2 } else { 1 });
-    a.load64(RDX, mem(RDI, MM_W));
-    a.add(RAX, RDX);
-    a.mov(RSI, RAX);
 }
 
 /// k3 = the valid lanes of column block j, given rcx valid columns in the
@@ -561,118 +465,4 @@ fn unpack(a: &mut X86Asm, b: Zmm, m: Mem) {
     a.vshufi32x4_zmm(b, b, b, 0x50);
     a.vpsrld_zmm_imm(b, HIGH, b, 4);
     a.vpandd_zmm_bcst(b, b, mem(R15, NIBBLE));
-}
-
-/// Per group: i32 sums over its steps, then f32 scale and zero point.
-fn group_loop(a: &mut X86Asm, spec: &Avx512Int8Spec, r: &Regs, ep: i32, prepacked: bool) {
-    let spg = spec.group as i32 / 4;
-    let hp = spec.hp();
-    let wstep = if prepacked {
-        64 * r.zb as i32
-    } else {
-        spec.packed_step()
-    };
-    let step = |a: &mut X86Asm, u: i32| {
-        for j in 0..r.zb {
-            if spec.bytes() {
-                let b = r.b(j);
-                a.vmovdqu8_zmm_load(b, mem(RSI, u * wstep + 64 * j as i32));
-                a.vpxord_zmm_bcst(b, b, mem(R15, FLIP));
-            } else if prepacked {
-                a.vmovdqu32_zmm_load(r.b(j), mem(RSI, u * wstep + 64 * j as i32));
-            } else {
-                unpack(a, r.b(j), mem(RSI, u * wstep + 32 * j as i32));
-            }
-        }
-        for i in 0..r.rows {
-            for j in 0..r.zb {
-                a.vpdpbusd_zmm_bcst(r.g(i, j), r.b(j), mem(R8, u * ep * 4 + 4 * i as i32));
-            }
-        }
-    };
-    let (group_top, slow_loop, group_end, done) =
-        (a.new_label(), a.new_label(), a.new_label(), a.new_label());
-    a.load64(RAX, mem(R15, STEPS));
-    a.store64(mem(R15, LEFT), RAX);
-    a.bind(group_top);
-    // rcx = steps in this group, LEFT -= rcx.
-    common::next_group(a, mem(R15, LEFT), spg, done);
-    for i in 0..r.rows {
-        for j in 0..r.zb {
-            let g = r.g(i, j);
-            a.vpxord_zmm(g, g, g);
-        }
-    }
-    a.cmp_imm(RCX, spg);
-    a.jcc(Cond::Ne, slow_loop);
-    for u in 0..spg {
-        step(a, u);
-    }
-    a.add_imm(R8, spg * ep * 4);
-    a.add_imm(RSI, spg * wstep);
-    a.jmp(group_end);
-    a.bind(slow_loop);
-    step(a, 0);
-    a.add_imm(R8, ep * 4);
-    a.add_imm(RSI, wstep);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, slow_loop);
-    a.bind(group_end);
-    // acc += sw·dot + min·Σq (u4sym: sw·(dot − 8·Σq); i8sym: sw·(dot −
-    // 128·Σq)), per row and column
-    // block. f16 scales go to the B registers once per group.
-    let f16 = spec.params == ParamType::F16;
-    let param_bytes = spec.params.bytes() as i32;
-    if f16 {
-        for j in 0..r.zb {
-            a.vcvtph2ps_zmm_load(r.b(j), mem(R9, 32 * j as i32));
-        }
-    }
-    a.mov(R13, R11);
-    for i in 0..r.rows {
-        let implied = match spec.zero {
-            ZeroPoint::Implied8 => Some(3),
-            ZeroPoint::Implied128 => Some(7),
-            _ => None,
-        };
-        if let Some(shift) = implied {
-            // t = Σq·(8 or 128) as i32.
-            a.vpbroadcastd_zmm_load(r.t(), mem(R13, 0));
-            a.vpslld_zmm_imm(r.t(), r.t(), shift);
-        }
-        for j in 0..r.zb {
-            let g = r.g(i, j);
-            if implied.is_some() {
-                a.vpsubd_zmm(g, g, r.t());
-            }
-            a.vcvtdq2ps_zmm(g, g);
-            if f16 {
-                a.vfmadd231ps_zmm(r.acc(i, j), g, r.b(j));
-            } else {
-                a.vfmadd231ps_zmm_mem(r.acc(i, j), g, mem(R9, 64 * j as i32));
-            }
-        }
-        if spec.zero == ZeroPoint::Offset {
-            a.vcvtdq2ps_zmm_bcst(r.t(), mem(R13, 0));
-            for j in 0..r.zb {
-                if f16 {
-                    let min = r.g(i, j);
-                    a.vcvtph2ps_zmm_load(min, mem(R10, 32 * j as i32));
-                    a.vfmadd231ps_zmm(r.acc(i, j), r.t(), min);
-                } else {
-                    a.vfmadd231ps_zmm_mem(r.acc(i, j), r.t(), mem(R10, 64 * j as i32));
-                }
-            }
-        }
-        if i + 1 < r.rows {
-            a.add(R13, R12);
-        }
-    }
-    a.add_imm(R11, 4);
-    a.add_imm(R9, hp * param_bytes);
-    if spec.zero == ZeroPoint::Offset {
-        a.add_imm(R10, hp * param_bytes);
-    }
-    a.jmp(group_top);
-    a.bind(done);
 }

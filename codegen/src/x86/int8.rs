@@ -35,7 +35,30 @@
 //! group end with `vcvtph2ps` (F16C) into the shift-count register, which
 //! is reloaded from the frame afterwards.
 //!
-//! # Register plans
+//! # One nest, two register files
+//!
+//! The loop nest (frame counts, the m = 1 dispatch, panels → row blocks →
+//! groups → k steps, the group-end fold, x scales, bias and store) is
+//! written once here, generic over [`Int8File`], a register file's int8
+//! side; this module's [`Int8Spec`] is the ymm front-end and
+//! [`super::avx512_int8::Avx512Int8Spec`] the zmm one (its module doc has
+//! the zmm register plan). What differs is a property of the file:
+//!
+//! | | ymm | zmm |
+//! |---|---|---|
+//! | formats | W8A8 and every grouped one | grouped with a zero point (`vpdpbusd` only) |
+//! | dot products | [`Dot`]: `vpmaddubsw` + `vpmaddwd`, the sign trick, `vpdpbusd` | `vpdpbusd` |
+//! | a row's codes, x scales | broadcast into A / ymm13 | `{1to16}` operands |
+//! | f32 totals of grouped weights | a stack area (too few registers) | registers |
+//! | f16 group parameters | widened per use into the shift counts | scales into B once per group, offsets into the folded sums |
+//! | 4-bit unpack | `vbroadcasti128`, `vpsrlvd`, `vpand` | `vshufi32x4`, `vpsrld` under k2, `vpandd`; or a panel unpacked once |
+//! | frame | [`super::common`]'s, rsp-based | its own, r15-based, opmask table first |
+//! | Σq registers (base, stride, walker) | r13, r14, rax | r11, r12, r13 |
+//! | the one-row loop | steps rbp | walks r14 within blocks of ep rows |
+//! | store | [`common::store_tile`], eight rows at a time | per column block under opmask k3, one y pointer per row |
+//! | weight prefetch (flat, one row) | [`PREFETCH`] bytes ahead | none |
+//!
+//! # Register plans (ymm)
 //!
 //! Both loops keep one register per (row, column block) live across the k
 //! loop and broadcast each row's activations into ONE renamed A register
@@ -88,6 +111,7 @@ use tessera_dsl::ir::{Activation, Format, ParamType};
 
 use super::asm::*;
 use super::common::{self, LOCAL0, LOCAL1, LOCAL2, NIBBLE, ONES16, SHIFTS, Store, nest};
+use super::regfile::RegisterFile;
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
 
@@ -182,57 +206,15 @@ impl ZeroPoint {
     pub fn needs_sums(self) -> bool {
         self != ZeroPoint::None
     }
-}
 
-/// The register plan of one loop (see the module doc's tables).
-#[derive(Clone, Copy)]
-struct Regs {
-    rows: usize,
-    hb: usize,
-    /// Grouped weights: one B register per column block.
-    grouped: bool,
-}
-
-impl Regs {
-    /// Accumulator (W8A8: i32 over all of K; W4A8: the group's integer
-    /// sums, and the f32 totals once read back for the epilogue).
-    fn acc(&self, i: usize, j: usize) -> Ymm {
-        Ymm((i * self.hb + j) as u8)
+    /// The power of two (as a shift) of an implied zero point.
+    fn implied_shift(self) -> Option<u8> {
+        match self {
+            ZeroPoint::Implied8 => Some(3),
+            ZeroPoint::Implied128 => Some(7),
+            _ => None,
+        }
     }
-    fn a(&self) -> Ymm {
-        Ymm((self.rows * self.hb) as u8)
-    }
-    fn b(&self, j: usize) -> Ymm {
-        Ymm((self.rows * self.hb + 1 + if self.grouped { j } else { 0 }) as u8)
-    }
-    fn after_b(&self) -> usize {
-        self.rows * self.hb + 1 + if self.grouped { self.hb } else { 1 }
-    }
-    /// W8A8: raw weights; W4A8: the nibble mask.
-    fn r0(&self) -> Ymm {
-        Ymm(self.after_b() as u8)
-    }
-    /// W8A8: product temp; W4A8: shift counts.
-    fn r1(&self) -> Ymm {
-        Ymm((self.after_b() + 1) as u8)
-    }
-    /// W8A8: ones; W4A8: product temp (int16 ones at a group end).
-    fn r2(&self) -> Ymm {
-        Ymm((self.after_b() + 2) as u8)
-    }
-}
-
-/// Where a group parameter vector is read from at the group end.
-#[derive(Clone, Copy)]
-enum ParamOperand {
-    Reg(Ymm),
-    Mem(Mem),
-}
-
-/// Bytes W4A8's k loop moves rsp down by: the f32 totals of `rows` × `hb`
-/// column blocks, plus slack to align them to 32 bytes.
-fn acc_area_bytes(rows: usize, hb: usize) -> i32 {
-    (32 * rows * hb + 32) as i32
 }
 
 /// How far ahead of the weight stream the GEMV and flat-GEMM loops
@@ -264,51 +246,308 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
                 .into(),
         });
     }
-    let mut a = X86Asm::new();
-    a.comment(&format!(
-        "matmul {variant} x i8dyn w {} y {} tile {}x{}x4 bias {} act {:?} mac {}",
-        match spec.group {
+    emit_on::<Ymm>(
+        &Int8Kernel {
+            ep: spec.ep,
+            hb: spec.hb,
+            group: spec.group,
+            wbits: spec.wbits,
+            zero: spec.zero,
+            params: spec.params,
+            y: spec.y,
+            bias: spec.bias,
+            activation: spec.activation,
+            dot: spec.dot,
+            prefetch: Some(PREFETCH),
+        },
+        variant,
+    )
+}
+
+// ---- the loop nest, on either register file --------------------------------
+
+/// What the emitter builds, whichever register file: the front-ends
+/// ([`Int8Spec`], [`super::avx512_int8::Avx512Int8Spec`]) check their spec
+/// and fill this in.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Int8Kernel {
+    pub ep: usize,
+    /// hp / lanes.
+    pub hb: usize,
+    /// None: `i8sym:row` (W8A8).
+    pub group: Option<usize>,
+    pub wbits: u32,
+    pub zero: ZeroPoint,
+    pub params: ParamType,
+    pub y: Format,
+    pub bias: bool,
+    pub activation: Activation,
+    pub dot: Dot,
+    /// How far ahead the flat and one-row loops prefetch the weight
+    /// stream; None: never.
+    pub prefetch: Option<i32>,
+}
+
+impl Int8Kernel {
+    fn grouped(&self) -> bool {
+        self.group.is_some()
+    }
+    /// Grouped 4-bit codes (two per byte).
+    pub fn nibbles(&self) -> bool {
+        self.grouped() && self.wbits == 4
+    }
+    /// 8-bit codes (W8A8's, or grouped).
+    pub fn bytes(&self) -> bool {
+        self.wbits == 8
+    }
+    /// 8-bit codes read as unsigned w + 128.
+    pub fn flip(&self) -> bool {
+        self.zero == ZeroPoint::Implied128
+    }
+    /// k steps per group (W8A8: unused).
+    fn steps_per_group(&self) -> i32 {
+        self.group.unwrap_or(32) as i32 / 4
+    }
+    /// Without `vpdpbusd`, group sums widen to i32 at every step: int16
+    /// sums of 4-bit codes stay exact up to 8 steps (32 codes), and 8-bit
+    /// codes' pair sums (≤ 2·127·127) already fill an int16.
+    pub fn wide(&self) -> bool {
+        !self.dot.is_vnni() && (self.steps_per_group() > 8 || self.bytes())
+    }
+    /// int16 group sums, widened once at the group end.
+    fn narrow(&self) -> bool {
+        !self.dot.is_vnni() && !self.wide()
+    }
+    fn f16_params(&self) -> bool {
+        self.params == ParamType::F16
+    }
+    /// Bytes of one group parameter (W8A8's row scales: f32).
+    fn param_bytes(&self) -> i32 {
+        if self.grouped() {
+            self.params.bytes() as i32
+        } else {
+            4
+        }
+    }
+    /// Parameter sets per group: scales, and offsets for `u4asym`.
+    fn param_sets(&self) -> i32 {
+        if self.grouped() && self.zero == ZeroPoint::Offset {
+            2
+        } else {
+            1
+        }
+    }
+    /// Bytes of one packed weight step of `hp` channels.
+    pub fn packed_step(&self, hp: i32) -> i32 {
+        if self.nibbles() { hp * 2 } else { hp * 4 }
+    }
+    /// The weight format's text form (`u4sym:g32:f16`).
+    fn weights(&self) -> String {
+        match self.group {
             Some(g) => format!(
                 "{}:g{g}{}",
-                match (spec.wbits, spec.zero) {
+                match (self.wbits, self.zero) {
                     (8, _) => "i8sym",
                     (_, ZeroPoint::Implied8) => "u4sym",
                     _ => "u4asym",
                 },
-                if spec.params == ParamType::F16 {
-                    ":f16"
-                } else {
-                    ""
-                }
+                if self.f16_params() { ":f16" } else { "" }
             ),
             None => "i8sym:row".into(),
-        },
-        spec.y,
-        spec.ep,
-        spec.hb * 8,
-        spec.bias,
-        spec.activation,
-        spec.dot.name()
-    ));
-    common::prologue(&mut a);
-    for i in 0..8 {
-        a.store32_imm(mem(RSP, ONES16 + 4 * i), 0x0001_0001);
-        a.store32_imm(mem(RSP, SHIFTS + 4 * i), if i < 4 { 0 } else { 4 });
+        }
     }
-    // The byte mask: 4-bit codes' nibbles, or 8-bit codes' sign bits
-    // (Implied128 flips them).
-    let byte_mask = if spec.zero == ZeroPoint::Implied128 {
-        0x8080_8080_u32 as i32
-    } else {
-        0x0F0F_0F0F
-    };
-    a.store32_imm(mem(RSP, NIBBLE), byte_mask);
-    // LOCAL1 = steps of 4 along k, LOCAL2 = groups per row.
+}
+
+/// Frame slots the nest reads, at `base`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Int8Frame {
+    pub base: Gp,
+    /// Steps of 4 along k.
+    pub steps: i32,
+    /// Groups per row (1 for W8A8).
+    pub groups: i32,
+    /// Steps left in the row block (the group loop's counter).
+    pub left: i32,
+    /// Files whose multi-row loop may run on a panel unpacked once into a
+    /// stack buffer: the slot of its pointer (0 when K is too long).
+    pub panel_buffer: Option<i32>,
+}
+
+/// The vector registers of one loop, as register numbers (see the module
+/// doc's tables).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Int8Regs {
+    pub rows: usize,
+    pub hb: usize,
+    /// First f32 total acc(i,j) (W8A8: its i32 sums), the epilogue's
+    /// accumulators.
+    pub totals: usize,
+    /// First integer group sum g(i,j) (the totals' registers when the
+    /// totals live in memory).
+    pub sums: usize,
+    /// A: a row's codes broadcast (None with embedded broadcast).
+    pub a: Option<usize>,
+    /// Σq of one row at a group end.
+    pub sigma: usize,
+    /// First B register.
+    pub b: usize,
+    /// One B register per column block (else one for all).
+    pub b_per_block: bool,
+    /// First of the file's reserved registers (None: it has none).
+    pub reserved: Option<usize>,
+}
+
+impl Int8Regs {
+    pub fn total<V: RegisterFile>(&self, i: usize, j: usize) -> V {
+        V::reg(self.totals + i * self.hb + j)
+    }
+    pub fn sum<V: RegisterFile>(&self, i: usize, j: usize) -> V {
+        V::reg(self.sums + i * self.hb + j)
+    }
+    pub fn b<V: RegisterFile>(&self, j: usize) -> V {
+        V::reg(self.b + if self.b_per_block { j } else { 0 })
+    }
+    pub fn a<V: RegisterFile>(&self) -> V {
+        V::reg(self.a.expect("an A register"))
+    }
+    pub fn reserved<V: RegisterFile>(&self, n: usize) -> V {
+        V::reg(self.reserved.expect("reserved registers") + n)
+    }
+}
+
+/// A vector operand: a register, a full vector in memory, or one dword in
+/// memory broadcast by the instruction itself (`{1to16}`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Operand<V> {
+    Reg(V),
+    Mem(Mem),
+    Broadcast(Mem),
+}
+
+/// The int8 side of a register file: its frame, register plan, how codes
+/// are loaded and multiplied, and how a tile is stored. Methods a file
+/// never reaches (its front-end refuses the format) keep the default.
+pub(super) trait Int8File: RegisterFile {
+    const INT8_FRAME: Int8Frame;
+    /// Where the group's f32 totals live: registers, or (too few of them)
+    /// a stack area below the frame.
+    const TOTALS_IN_REGISTERS: bool;
+    /// Instructions read a row's codes and scale with a `{1to16}`
+    /// broadcast (no A register, no scale temporary).
+    const EMBEDDED_BROADCAST: bool;
+    /// r14 = the row within the block of ep rows, which the one-row loop
+    /// walks.
+    const ROW_WALK: bool;
+    /// The partial group's loop has a label of its own before the loop's
+    /// (listings number labels in order, and the snapshots pin them).
+    const SLOW_ENTRY_LABEL: bool;
+    /// Σq of the row block's first row for the current group, its row
+    /// stride (groups·4), and the register that walks the rows.
+    const SUMS: Gp;
+    const SUMS_STRIDE: Gp;
+    const SUMS_WALK: Gp;
+
+    fn regs(rows: usize, hb: usize, grouped: bool) -> Int8Regs;
+    fn mac_name(dot: Dot) -> &'static str;
+    /// Save registers, open the frame, write its constants.
+    fn open_frame(a: &mut X86Asm, k: &Int8Kernel);
+    /// After the step and group counts: size the panel buffer.
+    fn open_panel_buffer(_a: &mut X86Asm, _k: &Int8Kernel) {}
+    fn close_frame(a: &mut X86Asm);
+    /// r9 = r9 · `bytes` (a power of two).
+    fn scale_param_index(a: &mut X86Asm, bytes: i32);
+    /// Unpack the panel (rax = its first column) into the buffer.
+    fn unpack_panel(_a: &mut X86Asm, _k: &Int8Kernel, _r: &Int8Regs, _hp: i32) {
+        unreachable!("no panel buffer on this register file")
+    }
+    /// W8A8: all of K into the i32 totals.
+    fn row_scaled_loop(
+        _a: &mut X86Asm,
+        _k: &Int8Kernel,
+        _r: &Int8Regs,
+        _wstep: i32,
+        _prefetch: Option<i32>,
+    ) {
+        unreachable!("no i8sym:row on this register file")
+    }
+    /// Loop constants of the grouped loop.
+    fn group_constants(_a: &mut X86Asm, _r: &Int8Regs) {}
+    /// B register of column block j = the codes of step `at` (rsi
+    /// relative) as u8 lanes.
+    fn load_codes(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, j: usize, at: i32, prepacked: bool);
+    /// g += the dot of B(j) with a row's codes (`x`: the A register, or
+    /// a broadcast memory operand). `frame` shifts frame offsets (rsp
+    /// moved by the totals area).
+    fn dot(
+        a: &mut X86Asm,
+        k: &Int8Kernel,
+        r: &Int8Regs,
+        g: Self,
+        j: usize,
+        x: Operand<Self>,
+        frame: i32,
+    );
+    /// int16 group sums: load the ones, then widen each sum to i32.
+    fn narrow_setup(_a: &mut X86Asm, _r: &Int8Regs, _frame: i32) {
+        unreachable!("no int16 group sums on this register file")
+    }
+    fn widen_narrow(_a: &mut X86Asm, _r: &Int8Regs, _g: Self) {
+        unreachable!("no int16 group sums on this register file")
+    }
+    /// The register f16 parameters widen into when the totals live in
+    /// memory, and its restore after the fold.
+    fn f16_param_reg(_r: &Int8Regs) -> Self {
+        unreachable!("f16 parameters widen into B and group sums on this register file")
+    }
+    fn restore_f16_param_reg(_a: &mut X86Asm, _r: &Int8Regs, _frame: i32) {}
+
+    /// Where a row's x scale is broadcast (files without embedded
+    /// broadcast).
+    fn x_scale_reg() -> Self {
+        unreachable!("x scales are broadcast by the multiply on this register file")
+    }
+
+    fn broadcast_i32(a: &mut X86Asm, dst: Self, m: Mem);
+    fn shl_i32(a: &mut X86Asm, dst: Self, src: Self, bits: u8);
+    fn sub_i32(a: &mut X86Asm, dst: Self, x: Self, y: Self);
+    fn cvt_i32(a: &mut X86Asm, dst: Self, src: Self);
+    /// dst = the i32 at `m`, broadcast and converted to f32.
+    fn cvt_i32_broadcast(_a: &mut X86Asm, _dst: Self, _m: Mem) {
+        unreachable!("no embedded broadcast on this register file")
+    }
+    fn cvt_f16(a: &mut X86Asm, dst: Self, m: Mem);
+    /// dst ·= `src`.
+    fn mul(a: &mut X86Asm, dst: Self, src: Operand<Self>);
+    /// Bias, activation and the store of rows·hb totals (rsi = the
+    /// panel's bias). Clobbers every general register but rdi, rbx, rbp
+    /// (and r14 with [`Self::ROW_WALK`]).
+    fn store_tile(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, hp: i32);
+}
+
+/// Emit one variant of `k` on register file `V` (see the module doc).
+pub(super) fn emit_on<V: Int8File>(
+    k: &Int8Kernel,
+    variant: Variant,
+) -> Result<MachineCode, EmitError> {
+    let f = V::INT8_FRAME;
+    let mut a = X86Asm::new();
+    a.comment(&format!(
+        "{} {variant} x i8dyn w {} y {} tile {}x{}x4 bias {} act {:?} mac {}",
+        V::LISTING_NAME,
+        k.weights(),
+        k.y,
+        k.ep,
+        k.hb * V::LANES,
+        k.bias,
+        k.activation,
+        V::mac_name(k.dot)
+    ));
+    V::open_frame(&mut a, k);
     a.load64(RAX, mem(RDI, MM_K));
     a.add_imm(RAX, 3);
     a.shr_imm(RAX, 2);
-    a.store64(mem(RSP, LOCAL1), RAX);
-    match spec.group {
+    a.store64(mem(f.base, f.steps), RAX);
+    match k.group {
         Some(g) => {
             a.load64(RAX, mem(RDI, MM_K));
             a.add_imm(RAX, g as i32 - 1);
@@ -316,195 +555,698 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
         }
         None => a.mov_imm(RAX, 1),
     }
-    a.store64(mem(RSP, LOCAL2), RAX);
-    if spec.ep > 1 && variant != Variant::Gemv {
-        let (gemv, done) = (a.new_label(), a.new_label());
+    a.store64(mem(f.base, f.groups), RAX);
+    V::open_panel_buffer(&mut a, k);
+    if k.ep > 1 && variant != Variant::Gemv {
+        let (one_row, done) = (a.new_label(), a.new_label());
         a.load64(RAX, mem(RDI, MM_M));
         a.cmp_imm(RAX, 1);
-        a.jcc(Cond::E, gemv);
-        a.comment(&format!("{variant}: {} rows per tile", spec.ep));
-        let prefetch = (variant == Variant::FlatGemm).then_some(PREFETCH);
-        nest(&mut a, spec, spec.ep, prefetch);
+        a.jcc(Cond::E, one_row);
+        if let Some(buffer) = f.panel_buffer {
+            let direct = a.new_label();
+            if k.nibbles() {
+                a.load64(RAX, mem(f.base, buffer));
+                a.cmp_imm(RAX, 0);
+                a.jcc(Cond::E, direct);
+                a.comment(&format!(
+                    "{variant}: {} rows per tile, panel unpacked once",
+                    k.ep
+                ));
+                nest::<V>(&mut a, k, k.ep, None, true);
+                a.jmp(done);
+            }
+            a.bind(direct);
+        }
+        a.comment(&format!("{variant}: {} rows per tile", k.ep));
+        let prefetch = k.prefetch.filter(|_| variant == Variant::FlatGemm);
+        nest::<V>(&mut a, k, k.ep, prefetch, false);
         a.jmp(done);
-        a.bind(gemv);
+        a.bind(one_row);
         a.comment("gemv: one row");
-        nest(&mut a, spec, 1, Some(PREFETCH));
+        nest::<V>(&mut a, k, 1, k.prefetch, false);
         a.bind(done);
     } else {
         a.comment("gemv: one row per tile");
-        nest(&mut a, spec, 1, Some(PREFETCH));
+        nest::<V>(&mut a, k, 1, k.prefetch, false);
     }
-    common::epilogue(&mut a);
+    V::close_frame(&mut a);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(super::machine_code(bytes, listing))
 }
 
-fn nest(a: &mut X86Asm, spec: &Int8Spec, rows: usize, prefetch: Option<i32>) {
-    let hb = spec.hb;
-    let hp = 8 * hb as i32;
-    let ep = spec.ep as i32;
-    let grouped = spec.group.is_some();
-    let nibbles = grouped && spec.wbits == 4;
-    let r = Regs { rows, hb, grouped };
-    // Bytes of one packed weight step and its parameter stride per panel.
-    let wstep = if nibbles { hp * 2 } else { hp * 4 };
+/// rax = n0 + rbx·hp: the panel's first column.
+pub(super) fn first_column(a: &mut X86Asm, hp: i32) {
+    a.imul_imm(RAX, RBX, hp);
+    a.load64(RDX, mem(RDI, MM_N0));
+    a.add(RAX, RDX);
+}
+
+/// rsi = w + rax·steps·(2 or 4 bytes): the packed panel whose first column
+/// is rax. Clobbers rax, rdx.
+pub(super) fn packed_panel_ptr<V: Int8File>(a: &mut X86Asm, k: &Int8Kernel) {
+    let f = V::INT8_FRAME;
+    a.load64(RDX, mem(f.base, f.steps));
+    a.imul(RAX, RDX);
+    a.shl_imm(RAX, if k.nibbles() { 1 } else { 2 });
+    a.load64(RDX, mem(RDI, MM_W));
+    a.add(RAX, RDX);
+    a.mov(RSI, RAX);
+}
+
+/// One loop nest of `rows` rows per tile. With `prepacked` each panel is
+/// unpacked once into the stack buffer and every row block loads its B
+/// registers from there.
+fn nest<V: Int8File>(
+    a: &mut X86Asm,
+    k: &Int8Kernel,
+    rows: usize,
+    prefetch: Option<i32>,
+    prepacked: bool,
+) {
+    let f = V::INT8_FRAME;
+    let hb = k.hb;
+    let hp = (V::LANES * hb) as i32;
+    let r = V::regs(rows, hb, k.grouped());
+    let wstep = if prepacked {
+        V::BYTES * hb as i32
+    } else {
+        k.packed_step(hp)
+    };
 
     let panel_loop = nest::panels_head(a);
+    if prepacked {
+        V::unpack_panel(a, k, &r, hp);
+    }
+    if V::ROW_WALK {
+        a.mov_imm(R14, 0);
+    }
     let row_loop = nest::rows_head(a);
 
-    // r8 = x + rbp·LB·4 (row block rbp/ep, ep rows of 4 bytes per step).
+    // r8 = x + rbp·steps·4 (row block rbp/ep: ep rows of 4 bytes per step;
+    // + r14·4, the row within it, where the one-row loop walks one).
     a.mov(RAX, RBP);
-    a.load64(RDX, mem(RSP, LOCAL1));
+    a.load64(RDX, mem(f.base, f.steps));
     a.imul(RAX, RDX);
+    if V::ROW_WALK {
+        a.add(RAX, R14);
+    }
     a.shl_imm(RAX, 2);
     a.load64(RDX, mem(RDI, MM_X));
     a.add(RAX, RDX);
     a.mov(R8, RAX);
-    // rsi = w + (n0 + rbx·hp)·LB·(4 or 2 bytes per channel and step).
-    a.imul_imm(RAX, RBX, hp);
-    a.load64(RDX, mem(RDI, MM_N0));
-    a.add(RAX, RDX);
+    // rsi = w + (n0 + rbx·hp)·steps·(4 or 2 bytes per channel and step),
+    // or the unpacked panel.
+    first_column(a, hp);
     a.mov(R9, RAX); // first column, kept for the parameters
-    a.load64(RDX, mem(RSP, LOCAL1));
-    a.imul(RAX, RDX);
-    a.shl_imm(RAX, if nibbles { 1 } else { 2 });
-    a.load64(RDX, mem(RDI, MM_W));
-    a.add(RAX, RDX);
-    a.mov(RSI, RAX);
+    if let Some(buffer) = f.panel_buffer.filter(|_| prepacked) {
+        a.load64(RSI, mem(f.base, buffer));
+    } else {
+        packed_panel_ptr::<V>(a, k);
+    }
     // r9 = params + first column·groups·param_bytes·param_sets; r10 = r9 +
     // groups·hp·param_bytes (the panel's offsets, asymmetric formats).
-    let param_bytes = if grouped {
-        spec.params.bytes() as i32
-    } else {
-        4
-    };
-    let param_sets = if grouped && spec.zero == ZeroPoint::Offset {
-        2
-    } else {
-        1
-    };
-    a.load64(RDX, mem(RSP, LOCAL2));
+    let param_bytes = k.param_bytes();
+    a.load64(RDX, mem(f.base, f.groups));
     a.imul(R9, RDX);
-    a.shl_imm(R9, (param_bytes * param_sets).trailing_zeros() as i8);
+    V::scale_param_index(a, param_bytes * k.param_sets());
     a.load64(RAX, mem(RDI, MM_W_PARAMS));
     a.add(R9, RAX);
 
-    if grouped {
+    if k.grouped() {
         a.imul_imm(R10, RDX, hp * param_bytes);
         a.add(R10, R9);
-        // r14 = Σq row stride (groups·4), r13 = x_sums + rbp·stride.
-        a.mov(R14, RDX);
-        a.shl_imm(R14, 2);
-        a.mov(R13, RBP);
-        a.imul(R13, R14);
+        // Σq stride = groups·4, Σq = x_sums + (rbp + r14)·stride.
+        a.mov(V::SUMS_STRIDE, RDX);
+        a.shl_imm(V::SUMS_STRIDE, 2);
+        a.mov(V::SUMS, RBP);
+        if V::ROW_WALK {
+            a.add(V::SUMS, R14);
+        }
+        a.imul(V::SUMS, V::SUMS_STRIDE);
         a.load64(RAX, mem(RDI, MM_X_SUMS));
-        a.add(R13, RAX);
-        grouped_loop(a, spec, &r, ep, wstep, prefetch);
+        a.add(V::SUMS, RAX);
+        grouped_loop::<V>(a, k, &r, wstep, prefetch, prepacked);
     } else {
         for i in 0..rows {
             for j in 0..hb {
-                let v = r.acc(i, j);
-                a.vxorps(v, v, v);
+                V::zero(a, r.total(i, j));
             }
         }
-        int8_loop(a, spec, &r, ep, wstep, prefetch);
+        V::row_scaled_loop(a, k, &r, wstep, prefetch);
     }
 
-    // Scale: y = acc·sx (·sw for W8A8), then the shared epilogue.
+    // y = acc·sx (·sw for W8A8; rows past m too: x_scales is padded to
+    // whole row blocks), then bias, activation and the store.
     a.mov(RAX, RBP);
+    if V::ROW_WALK {
+        a.add(RAX, R14);
+    }
     a.shl_imm(RAX, 2);
     a.load64(RDX, mem(RDI, MM_X_SCALES));
     a.add(RAX, RDX);
     for i in 0..rows {
-        a.vpbroadcastd_load(common::TMP, mem(RAX, 4 * i as i32));
+        let at = mem(RAX, 4 * i as i32);
+        let sx = if V::EMBEDDED_BROADCAST {
+            Operand::Broadcast(at)
+        } else {
+            let tmp = V::x_scale_reg();
+            V::broadcast_i32(a, tmp, at);
+            Operand::Reg(tmp)
+        };
         for j in 0..hb {
-            let v = r.acc(i, j);
-            if !grouped {
-                a.vcvtdq2ps(v, v);
-                a.vmulps_mem(v, v, mem(R9, 32 * j as i32));
+            let v = r.total::<V>(i, j);
+            if !k.grouped() {
+                V::cvt_i32(a, v, v);
+                V::mul(a, v, Operand::Mem(mem(R9, V::BYTES * j as i32)));
             }
-            a.vmulps(v, v, common::TMP);
+            V::mul(a, v, sx);
         }
     }
-    if spec.bias {
-        a.imul_imm(RAX, RBX, hp);
-        a.load64(RDX, mem(RDI, MM_N0));
-        a.add(RAX, RDX);
+    if k.bias {
+        first_column(a, hp);
         a.shl_imm(RAX, 2);
         a.load64(RSI, mem(RDI, MM_BIAS));
         a.add(RSI, RAX);
     }
-    // Eight rows at a time (one y pointer each); rbp moves to the chunk's
-    // first row so the row pointers and guards count from it.
-    for first in (0..rows).step_by(YROWS.len()) {
-        let chunk = (rows - first).min(YROWS.len());
-        if first > 0 {
-            a.add_imm(RBP, first as i32);
-        }
-        for (i, &yr) in YROWS[..chunk].iter().enumerate() {
-            common::row_ptr(a, yr, i, false, MM_Y, MM_Y_STRIDE);
-            a.imul_imm(RAX, RBX, hp);
-            a.load64(RDX, mem(RDI, MM_N0));
-            a.add(RAX, RDX);
-            a.shl_imm(RAX, if spec.y == Format::F32 { 2 } else { 1 });
-            a.add(yr, RAX);
-        }
-        a.imul_imm(RAX, RBX, hp);
-        a.load64(RCX, mem(RDI, MM_N));
-        a.sub(RCX, RAX);
-        let store = Store {
-            rows: chunk,
-            hb,
-            y: spec.y,
-            finalize: true,
-            bias: spec.bias,
-            activation: spec.activation,
-            row_check: true,
-            tmp: common::TMP,
-        };
-        common::store_tile(a, &store, |i, j| r.acc(first + i, j), |i| YROWS[i]);
-        if first > 0 {
-            a.sub_imm(RBP, first as i32);
-        }
-    }
+    V::store_tile(a, k, &r, hp);
 
-    nest::rows_tail(a, row_loop, rows);
+    if V::ROW_WALK && rows == 1 && k.ep > 1 {
+        // One row at a time through blocks of ep rows: r14 walks the block.
+        let same_block = a.new_label();
+        a.add_imm(R14, 1);
+        a.cmp_imm(R14, k.ep as i32);
+        a.jcc(Cond::L, same_block);
+        a.mov_imm(R14, 0);
+        a.add_imm(RBP, k.ep as i32);
+        a.bind(same_block);
+        a.mov(RAX, RBP);
+        a.add(RAX, R14);
+        a.cmp_mem(RAX, mem(RDI, MM_M));
+        a.jcc(Cond::L, row_loop);
+    } else {
+        nest::rows_tail(a, row_loop, rows);
+    }
     nest::panels_tail(a, panel_loop, hp);
 }
 
-/// W8A8: all of K into i32 accumulators. Column block j outer, row i
+/// Bytes the k loop moves rsp down by when the totals live in memory: the
+/// f32 totals of `rows` × `hb` column blocks, plus slack to align them to a
+/// register's size (the area register [`TOTALS`] holds the aligned start).
+fn totals_area_bytes<V: RegisterFile>(rows: usize, hb: usize) -> i32 {
+    V::BYTES * (rows * hb) as i32 + V::BYTES
+}
+
+/// The f32 totals area while the totals live in memory.
+const TOTALS: Gp = R11;
+
+/// Grouped weights: per group, integer sums (int16, or i32 with
+/// `vpdpbusd`, groups over 32 steps or 8-bit codes) in registers; at the
+/// group end the f32 totals take sw·dot + min·Σq (`u4sym`: sw·(dot −
+/// 8·Σq); `i8sym` read as unsigned: sw·(dot − 128·Σq); `i8sym`: sw·dot).
+/// Leaves the totals in their registers and rsp where it found it.
+/// Expects r9/r10 = the panel's scales/offsets and Σq at [`Int8File::SUMS`].
+fn grouped_loop<V: Int8File>(
+    a: &mut X86Asm,
+    k: &Int8Kernel,
+    r: &Int8Regs,
+    wstep: i32,
+    prefetch: Option<i32>,
+    prepacked: bool,
+) {
+    let f = V::INT8_FRAME;
+    let (rows, hb) = (r.rows, r.hb);
+    let hp = (V::LANES * hb) as i32;
+    let ep = k.ep as i32;
+    let spg = k.steps_per_group();
+    if V::TOTALS_IN_REGISTERS {
+        for i in 0..rows {
+            for j in 0..hb {
+                V::zero(a, r.total(i, j));
+            }
+        }
+    }
+    V::group_constants(a, r);
+    a.load64(RAX, mem(f.base, f.steps));
+    a.store64(mem(f.base, f.left), RAX);
+    // Open the totals area: TOTALS = its first aligned byte. An rsp-based
+    // frame is now `area` bytes further from rsp.
+    let area = if V::TOTALS_IN_REGISTERS {
+        0
+    } else {
+        totals_area_bytes::<V>(rows, hb)
+    };
+    let shift = if f.base == RSP { area } else { 0 };
+    let left = mem(f.base, f.left + shift);
+    let total_at = |i: usize, j: usize| mem(TOTALS, V::BYTES * (i * hb + j) as i32);
+    if !V::TOTALS_IN_REGISTERS {
+        let align = V::BYTES.trailing_zeros() as i8;
+        a.sub_imm(RSP, area);
+        a.lea(TOTALS, mem(RSP, V::BYTES - 1));
+        a.shr_imm(TOTALS, align);
+        a.shl_imm(TOTALS, align);
+        let zero = r.reserved::<V>(2);
+        V::zero(a, zero);
+        for i in 0..rows {
+            for j in 0..hb {
+                V::store(a, Format::F32, total_at(i, j), zero);
+            }
+        }
+    }
+    let step = |a: &mut X86Asm, u: i32| {
+        for j in 0..hb {
+            V::load_codes(a, k, r, j, u * wstep, prepacked);
+        }
+        for i in 0..rows {
+            let at = mem(R8, u * ep * 4 + 4 * i as i32);
+            let x = if V::EMBEDDED_BROADCAST {
+                Operand::Broadcast(at)
+            } else {
+                let av = r.a::<V>();
+                V::broadcast_i32(a, av, at);
+                Operand::Reg(av)
+            };
+            for j in 0..hb {
+                V::dot(a, k, r, r.sum(i, j), j, x, shift);
+            }
+        }
+    };
+    let group_loop = a.new_label();
+    let slow = V::SLOW_ENTRY_LABEL.then(|| a.new_label());
+    let (slow_loop, group_end, done) = (a.new_label(), a.new_label(), a.new_label());
+    a.bind(group_loop);
+    // rcx = steps in this group, left -= rcx.
+    common::next_group(a, left, spg, done);
+    for i in 0..rows {
+        for j in 0..hb {
+            V::zero(a, r.sum(i, j));
+        }
+    }
+    a.cmp_imm(RCX, spg);
+    a.jcc(Cond::Ne, slow.unwrap_or(slow_loop));
+    for u in 0..spg {
+        step(a, u);
+    }
+    if let Some(distance) = prefetch {
+        for c in (0..spg * wstep).step_by(64) {
+            a.prefetcht0(mem(RSI, distance + c));
+        }
+    }
+    a.add_imm(R8, spg * ep * 4);
+    a.add_imm(RSI, spg * wstep);
+    a.jmp(group_end);
+    if let Some(slow) = slow {
+        a.bind(slow);
+    }
+    a.bind(slow_loop);
+    step(a, 0);
+    a.add_imm(R8, ep * 4);
+    a.add_imm(RSI, wstep);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, slow_loop);
+    a.bind(group_end);
+    fold_group::<V>(a, k, r, shift, total_at);
+    if k.zero.needs_sums() {
+        a.add_imm(V::SUMS, 4);
+    }
+    let param_bytes = k.param_bytes();
+    a.add_imm(R9, hp * param_bytes);
+    if k.zero == ZeroPoint::Offset {
+        a.add_imm(R10, hp * param_bytes);
+    }
+    a.jmp(group_loop);
+    a.bind(done);
+    if !V::TOTALS_IN_REGISTERS {
+        for i in 0..rows {
+            for j in 0..hb {
+                V::load(a, Format::F32, r.total(i, j), total_at(i, j));
+            }
+        }
+        a.add_imm(RSP, area);
+    }
+}
+
+/// The group end, per row and column block: the group sum to i32 (less
+/// the implied zero point), to f32, then total += sw·that (+ min·Σq). f32
+/// parameters are memory operands; f16 ones widen into a register: with
+/// the totals in registers, the scales into the B registers once per group
+/// and each offset into its group-sum register once that is folded; with
+/// the totals in memory, into [`Int8File::f16_param_reg`] per use (B's
+/// first register then carries each total).
+fn fold_group<V: Int8File>(
+    a: &mut X86Asm,
+    k: &Int8Kernel,
+    r: &Int8Regs,
+    shift: i32,
+    total_at: impl Fn(usize, usize) -> Mem,
+) {
+    let (rows, hb) = (r.rows, r.hb);
+    let f16 = k.f16_params();
+    let implied = k.zero.implied_shift();
+    let offset = k.zero == ZeroPoint::Offset;
+    let sums = k.zero.needs_sums();
+    let in_registers = V::TOTALS_IN_REGISTERS;
+    let narrow = k.narrow();
+    let param = |a: &mut X86Asm, base: Gp, j: usize, tmp: V| -> Operand<V> {
+        if f16 {
+            V::cvt_f16(a, tmp, mem(base, V::BYTES / 2 * j as i32));
+            Operand::Reg(tmp)
+        } else {
+            Operand::Mem(mem(base, V::BYTES * j as i32))
+        }
+    };
+    let fma = |a: &mut X86Asm, acc: V, x: V, p: Operand<V>| match p {
+        Operand::Reg(v) => V::fma(a, acc, x, v),
+        Operand::Mem(m) => V::fma_mem(a, acc, x, m),
+        Operand::Broadcast(_) => unreachable!("group parameters are whole vectors"),
+    };
+    if narrow {
+        V::narrow_setup(a, r, shift);
+    }
+    if f16 && in_registers {
+        for j in 0..hb {
+            param(a, R9, j, r.b(j));
+        }
+    }
+    if sums {
+        a.mov(V::SUMS_WALK, V::SUMS);
+    }
+    let s = V::reg(r.sigma);
+    for i in 0..rows {
+        if let Some(bits) = implied {
+            // s = Σq·(8 or 128) as i32.
+            V::broadcast_i32(a, s, mem(V::SUMS_WALK, 0));
+            V::shl_i32(a, s, s, bits);
+        } else if offset && !in_registers {
+            V::broadcast_i32(a, s, mem(V::SUMS_WALK, 0));
+            V::cvt_i32(a, s, s);
+        }
+        for j in 0..hb {
+            let g = r.sum(i, j);
+            if narrow {
+                V::widen_narrow(a, r, g);
+            }
+            if implied.is_some() {
+                V::sub_i32(a, g, g, s);
+            }
+            V::cvt_i32(a, g, g);
+            if in_registers {
+                let sw = if f16 {
+                    Operand::Reg(r.b(j))
+                } else {
+                    param(a, R9, j, g)
+                };
+                fma(a, r.total(i, j), g, sw);
+            }
+        }
+        if in_registers {
+            if offset {
+                V::cvt_i32_broadcast(a, s, mem(V::SUMS_WALK, 0));
+                for j in 0..hb {
+                    let min = param(a, R10, j, r.sum(i, j));
+                    fma(a, r.total(i, j), s, min);
+                }
+            }
+            if sums && i + 1 < rows {
+                a.add(V::SUMS_WALK, V::SUMS_STRIDE);
+            }
+        } else {
+            if sums && i + 1 < rows {
+                a.add(V::SUMS_WALK, V::SUMS_STRIDE);
+            }
+            let tmp = V::f16_param_reg(r);
+            for j in 0..hb {
+                let total = r.b(0);
+                V::load(a, Format::F32, total, total_at(i, j));
+                let sw = param(a, R9, j, tmp);
+                fma(a, total, r.sum(i, j), sw);
+                if offset {
+                    let min = param(a, R10, j, tmp);
+                    fma(a, total, s, min);
+                }
+                V::store(a, Format::F32, total_at(i, j), total);
+            }
+        }
+    }
+    if f16 && !in_registers {
+        V::restore_f16_param_reg(a, r, shift);
+    }
+}
+
+// ---- ymm -----------------------------------------------------------------
+
+/// ymm's reserved registers, after B: grouped, the nibble (or sign-bit)
+/// mask, the shift counts and the product temporary; W8A8, the raw
+/// weights, the product temporary and the int16 ones.
+const MASK: usize = 0;
+const SHIFT_COUNTS: usize = 1;
+const PRODUCT: usize = 2;
+const RAW: usize = 0;
+const ROW_PRODUCT: usize = 1;
+const ONES: usize = 2;
+
+impl Int8File for Ymm {
+    const INT8_FRAME: Int8Frame = Int8Frame {
+        base: RSP,
+        steps: LOCAL1,
+        groups: LOCAL2,
+        left: LOCAL0,
+        panel_buffer: None,
+    };
+    const TOTALS_IN_REGISTERS: bool = false;
+    const EMBEDDED_BROADCAST: bool = false;
+    const ROW_WALK: bool = false;
+    const SLOW_ENTRY_LABEL: bool = true;
+    const SUMS: Gp = R13;
+    const SUMS_STRIDE: Gp = R14;
+    const SUMS_WALK: Gp = RAX;
+
+    fn regs(rows: usize, hb: usize, grouped: bool) -> Int8Regs {
+        let acc = rows * hb;
+        Int8Regs {
+            rows,
+            hb,
+            totals: 0,
+            sums: 0,
+            a: Some(acc),
+            sigma: acc,
+            b: acc + 1,
+            b_per_block: grouped,
+            reserved: Some(acc + 1 + if grouped { hb } else { 1 }),
+        }
+    }
+    fn mac_name(dot: Dot) -> &'static str {
+        dot.name()
+    }
+    fn open_frame(a: &mut X86Asm, k: &Int8Kernel) {
+        common::prologue(a);
+        for i in 0..8 {
+            a.store32_imm(mem(RSP, ONES16 + 4 * i), 0x0001_0001);
+            a.store32_imm(mem(RSP, SHIFTS + 4 * i), if i < 4 { 0 } else { 4 });
+        }
+        // The byte mask: 4-bit codes' nibbles, or 8-bit codes' sign bits
+        // (Implied128 flips them).
+        let byte_mask = if k.flip() {
+            0x8080_8080_u32 as i32
+        } else {
+            0x0F0F_0F0F
+        };
+        a.store32_imm(mem(RSP, NIBBLE), byte_mask);
+    }
+    fn close_frame(a: &mut X86Asm) {
+        common::epilogue(a);
+    }
+    fn scale_param_index(a: &mut X86Asm, bytes: i32) {
+        a.shl_imm(R9, bytes.trailing_zeros() as i8);
+    }
+    fn row_scaled_loop(
+        a: &mut X86Asm,
+        k: &Int8Kernel,
+        r: &Int8Regs,
+        wstep: i32,
+        prefetch: Option<i32>,
+    ) {
+        row_scaled_loop(a, k, r, wstep, prefetch);
+    }
+    fn group_constants(a: &mut X86Asm, r: &Int8Regs) {
+        a.vpbroadcastd_load(r.reserved(MASK), mem(RSP, NIBBLE));
+        a.vmovdqu_load(r.reserved(SHIFT_COUNTS), mem(RSP, SHIFTS));
+    }
+    /// 8-bit codes: raw (the sign trick), or their sign bits flipped (w +
+    /// 128 unsigned). 4-bit: one pair-transposed run of 16 bytes in both
+    /// lanes, the upper lane's high nibbles shifted down, the nibbles kept.
+    fn load_codes(
+        a: &mut X86Asm,
+        k: &Int8Kernel,
+        r: &Int8Regs,
+        j: usize,
+        at: i32,
+        _prepacked: bool,
+    ) {
+        let (b, mask): (Ymm, Ymm) = (r.b(j), r.reserved(MASK));
+        if k.flip() {
+            a.vmovdqu_load(b, mem(RSI, at + 32 * j as i32));
+            a.vpxor(b, b, mask);
+        } else if k.bytes() {
+            // |w| and the sign move per row (see `dot`).
+            a.vmovdqu_load(b, mem(RSI, at + 32 * j as i32));
+        } else {
+            a.vbroadcasti128_load(b, mem(RSI, at + 16 * j as i32));
+            a.vpsrlvd(b, b, r.reserved(SHIFT_COUNTS));
+            a.vpand(b, b, mask);
+        }
+    }
+    fn dot(
+        a: &mut X86Asm,
+        k: &Int8Kernel,
+        r: &Int8Regs,
+        g: Ymm,
+        j: usize,
+        x: Operand<Ymm>,
+        frame: i32,
+    ) {
+        let Operand::Reg(av) = x else {
+            unreachable!("ymm broadcasts the codes into A")
+        };
+        let (b, t): (Ymm, Ymm) = (r.b(j), r.reserved(PRODUCT));
+        let ones = mem(RSP, frame + ONES16);
+        if k.flip() {
+            k.dot.dpbusd(a, g, b, av);
+        } else if k.bytes() {
+            // vpmaddubsw wants unsigned weights: |w| · (x·sign w), |w|
+            // into the mask register (unused for bytes).
+            let mask = r.reserved(MASK);
+            a.vpabsb(mask, b);
+            a.vpsignb(t, av, b);
+            if k.dot.is_vnni() {
+                k.dot.dpbusd(a, g, mask, t);
+            } else {
+                a.vpmaddubsw(t, mask, t);
+                a.vpmaddwd_mem(t, t, ones);
+                a.vpaddd(g, g, t);
+            }
+        } else if k.dot.is_vnni() {
+            k.dot.dpbusd(a, g, b, av);
+        } else if k.wide() {
+            a.vpmaddubsw(t, b, av);
+            a.vpmaddwd_mem(t, t, ones);
+            a.vpaddd(g, g, t);
+        } else {
+            a.vpmaddubsw(t, b, av);
+            a.vpaddw(g, g, t);
+        }
+    }
+    fn narrow_setup(a: &mut X86Asm, r: &Int8Regs, frame: i32) {
+        a.vmovdqu_load(r.reserved(PRODUCT), mem(RSP, frame + ONES16));
+    }
+    fn widen_narrow(a: &mut X86Asm, r: &Int8Regs, g: Ymm) {
+        a.vpmaddwd(g, g, r.reserved(PRODUCT));
+    }
+    /// The shift counts, reloaded from the frame after the fold.
+    fn f16_param_reg(r: &Int8Regs) -> Ymm {
+        r.reserved(SHIFT_COUNTS)
+    }
+    fn restore_f16_param_reg(a: &mut X86Asm, r: &Int8Regs, frame: i32) {
+        a.vmovdqu_load(r.reserved(SHIFT_COUNTS), mem(RSP, frame + SHIFTS));
+    }
+    fn x_scale_reg() -> Ymm {
+        common::TMP
+    }
+    fn broadcast_i32(a: &mut X86Asm, dst: Ymm, m: Mem) {
+        a.vpbroadcastd_load(dst, m);
+    }
+    fn shl_i32(a: &mut X86Asm, dst: Ymm, src: Ymm, bits: u8) {
+        a.vpslld_imm(dst, src, bits as i8);
+    }
+    fn sub_i32(a: &mut X86Asm, dst: Ymm, x: Ymm, y: Ymm) {
+        a.vpsubd(dst, x, y);
+    }
+    fn cvt_i32(a: &mut X86Asm, dst: Ymm, src: Ymm) {
+        a.vcvtdq2ps(dst, src);
+    }
+    fn cvt_f16(a: &mut X86Asm, dst: Ymm, m: Mem) {
+        a.vcvtph2ps_load(dst, m);
+    }
+    fn mul(a: &mut X86Asm, dst: Ymm, src: Operand<Ymm>) {
+        match src {
+            Operand::Reg(v) => a.vmulps(dst, dst, v),
+            Operand::Mem(m) => a.vmulps_mem(dst, dst, m),
+            Operand::Broadcast(_) => unreachable!("no embedded broadcast on ymm"),
+        }
+    }
+    /// The shared epilogue ([`common::store_tile`]), eight rows at a time
+    /// (one y pointer each); rbp moves to the chunk's first row so the row
+    /// pointers and guards count from it.
+    fn store_tile(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, hp: i32) {
+        let rows = r.rows;
+        for first in (0..rows).step_by(YROWS.len()) {
+            let chunk = (rows - first).min(YROWS.len());
+            if first > 0 {
+                a.add_imm(RBP, first as i32);
+            }
+            for (i, &yr) in YROWS[..chunk].iter().enumerate() {
+                common::row_ptr(a, yr, i, false, MM_Y, MM_Y_STRIDE);
+                a.imul_imm(RAX, RBX, hp);
+                a.load64(RDX, mem(RDI, MM_N0));
+                a.add(RAX, RDX);
+                a.shl_imm(RAX, if k.y == Format::F32 { 2 } else { 1 });
+                a.add(yr, RAX);
+            }
+            a.imul_imm(RAX, RBX, hp);
+            a.load64(RCX, mem(RDI, MM_N));
+            a.sub(RCX, RAX);
+            let store = Store {
+                rows: chunk,
+                hb: r.hb,
+                y: k.y,
+                finalize: true,
+                bias: k.bias,
+                activation: k.activation,
+                row_check: true,
+                tmp: common::TMP,
+            };
+            common::store_tile(a, &store, |i, j| r.total(first + i, j), |i| YROWS[i]);
+            if first > 0 {
+                a.sub_imm(RBP, first as i32);
+            }
+        }
+    }
+}
+
+/// W8A8 (ymm): all of K into i32 totals. Column block j outer, row i
 /// inner: B (|w|) and the raw bytes serve every row, row i's codes are
 /// broadcast into the one A register just before their use.
-fn int8_loop(
+fn row_scaled_loop(
     a: &mut X86Asm,
-    spec: &Int8Spec,
-    r: &Regs,
-    ep: i32,
+    k: &Int8Kernel,
+    r: &Int8Regs,
     wstep: i32,
     prefetch: Option<i32>,
 ) {
-    let (raw, t, ones) = (r.r0(), r.r1(), r.r2());
-    if !spec.dot.is_vnni() {
+    let ep = k.ep as i32;
+    let (raw, t, ones): (Ymm, Ymm, Ymm) =
+        (r.reserved(RAW), r.reserved(ROW_PRODUCT), r.reserved(ONES));
+    let (av, b): (Ymm, Ymm) = (r.a(), r.b(0));
+    if !k.dot.is_vnni() {
         a.vmovdqu_load(ones, mem(RSP, ONES16));
     }
     let step = |a: &mut X86Asm, u: i32| {
         let x = |i: usize| mem(R8, u * ep * 4 + 4 * i as i32);
         if r.rows == 1 {
-            a.vpbroadcastd_load(r.a(), x(0));
+            a.vpbroadcastd_load(av, x(0));
         }
         for j in 0..r.hb {
             a.vmovdqu_load(raw, mem(RSI, u * wstep + 32 * j as i32));
-            a.vpabsb(r.b(0), raw);
+            a.vpabsb(b, raw);
             for i in 0..r.rows {
-                let acc = r.acc(i, j);
+                let acc = r.total(i, j);
                 if r.rows > 1 {
-                    a.vpbroadcastd_load(r.a(), x(i));
+                    a.vpbroadcastd_load(av, x(i));
                 }
-                a.vpsignb(t, r.a(), raw);
-                if spec.dot.is_vnni() {
-                    spec.dot.dpbusd(a, acc, r.b(0), t);
+                a.vpsignb(t, av, raw);
+                if k.dot.is_vnni() {
+                    k.dot.dpbusd(a, acc, b, t);
                 } else {
-                    a.vpmaddubsw(t, r.b(0), t);
+                    a.vpmaddubsw(t, b, t);
                     a.vpmaddwd(t, t, ones);
                     a.vpaddd(acc, acc, t);
                 }
@@ -540,217 +1282,4 @@ fn int8_loop(
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, tail_loop);
     a.bind(done);
-}
-
-/// Grouped weights (W4A8, and `i8sym:gN`): per group, int16 (or i32:
-/// VNNI, groups over 32, 8-bit codes) sums in registers; at the group end
-/// the f32 totals in the stack area take sw·dot + min·Σq (`u4sym`:
-/// sw·(dot − 8·Σq); `i8sym`: sw·dot). Leaves the totals in the accumulator
-/// registers and rsp where it found it. Expects r9/r10 = the panel's
-/// scales/offsets, r13 = row 0's Σq, r14 = the Σq row stride.
-fn grouped_loop(
-    a: &mut X86Asm,
-    spec: &Int8Spec,
-    r: &Regs,
-    ep: i32,
-    wstep: i32,
-    prefetch: Option<i32>,
-) {
-    let spg = spec.group.unwrap_or(32) as i32 / 4;
-    // int16 group sums of 4-bit codes stay exact up to 8 steps (32 codes);
-    // longer groups widen every step, and so do 8-bit codes, whose pair
-    // sums (≤ 2·127·127) already fill an int16.
-    let bytes = spec.wbits == 8;
-    let flip = spec.zero == ZeroPoint::Implied128;
-    let wide = !spec.dot.is_vnni() && (spg > 8 || bytes);
-    let f16_params = spec.params == ParamType::F16;
-    let param_bytes = spec.params.bytes() as i32;
-    let hp = 8 * r.hb as i32;
-    let (mask, shifts, t) = (r.r0(), r.r1(), r.r2());
-    a.vpbroadcastd_load(mask, mem(RSP, NIBBLE));
-    a.vmovdqu_load(shifts, mem(RSP, SHIFTS));
-    a.load64(RAX, mem(RSP, LOCAL1));
-    a.store64(mem(RSP, LOCAL0), RAX);
-    // Open the totals area: r11 = its first 32-byte aligned byte. The
-    // shared frame is now `area` bytes further from rsp.
-    let area = acc_area_bytes(r.rows, r.hb);
-    let frame = |off: i32| mem(RSP, area + off);
-    a.sub_imm(RSP, area);
-    a.lea(R11, mem(RSP, 31));
-    a.shr_imm(R11, 5);
-    a.shl_imm(R11, 5);
-    let total = |i: usize, j: usize| mem(R11, 32 * (i * r.hb + j) as i32);
-    a.vxorps(t, t, t);
-    for i in 0..r.rows {
-        for j in 0..r.hb {
-            a.vmovups_store(total(i, j), t);
-        }
-    }
-    let step = |a: &mut X86Asm, u: i32| {
-        for j in 0..r.hb {
-            let b = r.b(j);
-            if flip {
-                // w + 128 as unsigned bytes.
-                a.vmovdqu_load(b, mem(RSI, u * wstep + 32 * j as i32));
-                a.vpxor(b, b, mask);
-            } else if bytes {
-                // Raw signed codes; |w| and the sign move per row below.
-                a.vmovdqu_load(b, mem(RSI, u * wstep + 32 * j as i32));
-            } else {
-                a.vbroadcasti128_load(b, mem(RSI, u * wstep + 16 * j as i32));
-                a.vpsrlvd(b, b, shifts);
-                a.vpand(b, b, mask);
-            }
-        }
-        let av = r.a();
-        for i in 0..r.rows {
-            a.vpbroadcastd_load(av, mem(R8, u * ep * 4 + 4 * i as i32));
-            for j in 0..r.hb {
-                let g = r.acc(i, j);
-                if flip {
-                    spec.dot.dpbusd(a, g, r.b(j), av);
-                } else if bytes {
-                    // vpmaddubsw wants unsigned weights: |w| · (x·sign w),
-                    // |w| into the nibble-mask register (unused for bytes).
-                    a.vpabsb(mask, r.b(j));
-                    a.vpsignb(t, av, r.b(j));
-                    if spec.dot.is_vnni() {
-                        spec.dot.dpbusd(a, g, mask, t);
-                    } else {
-                        a.vpmaddubsw(t, mask, t);
-                        a.vpmaddwd_mem(t, t, frame(ONES16));
-                        a.vpaddd(g, g, t);
-                    }
-                } else if spec.dot.is_vnni() {
-                    spec.dot.dpbusd(a, g, r.b(j), av);
-                } else if wide {
-                    a.vpmaddubsw(t, r.b(j), av);
-                    a.vpmaddwd_mem(t, t, frame(ONES16));
-                    a.vpaddd(g, g, t);
-                } else {
-                    a.vpmaddubsw(t, r.b(j), av);
-                    a.vpaddw(g, g, t);
-                }
-            }
-        }
-    };
-    let (group_loop, slow, slow_loop, group_end, done) = (
-        a.new_label(),
-        a.new_label(),
-        a.new_label(),
-        a.new_label(),
-        a.new_label(),
-    );
-    a.bind(group_loop);
-    // rcx = steps in this group, LOCAL0 -= rcx.
-    common::next_group(a, frame(LOCAL0), spg, done);
-    for i in 0..r.rows {
-        for j in 0..r.hb {
-            let g = r.acc(i, j);
-            a.vxorps(g, g, g);
-        }
-    }
-    a.cmp_imm(RCX, spg);
-    a.jcc(Cond::Ne, slow);
-    for u in 0..spg {
-        step(a, u);
-    }
-    if let Some(distance) = prefetch {
-        for c in (0..spg * wstep).step_by(64) {
-            a.prefetcht0(mem(RSI, distance + c));
-        }
-    }
-    a.add_imm(R8, spg * ep * 4);
-    a.add_imm(RSI, spg * wstep);
-    a.jmp(group_end);
-    a.bind(slow);
-    a.bind(slow_loop);
-    step(a, 0);
-    a.add_imm(R8, ep * 4);
-    a.add_imm(RSI, wstep);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, slow_loop);
-    a.bind(group_end);
-    // total += sw·dot + min·Σq (u4sym: sw·(dot − 8·Σq)), per row and column
-    // block; rax walks Σq.
-    let narrow = !spec.dot.is_vnni() && !wide;
-    if narrow {
-        a.vmovdqu_load(t, frame(ONES16));
-    }
-    // The group's parameters of column block j: f32 from memory, or f16
-    // widened into the shift-count register (reloaded below).
-    let param = |a: &mut X86Asm, base: Gp, j: usize| -> ParamOperand {
-        if f16_params {
-            a.vcvtph2ps_load(shifts, mem(base, 16 * j as i32));
-            ParamOperand::Reg(shifts)
-        } else {
-            ParamOperand::Mem(mem(base, 32 * j as i32))
-        }
-    };
-    let fma = |a: &mut X86Asm, acc: Ymm, x: Ymm, p: ParamOperand| match p {
-        ParamOperand::Reg(v) => a.vfmadd231ps(acc, x, v),
-        ParamOperand::Mem(m) => a.vfmadd231ps_mem(acc, x, m),
-    };
-    let sums = spec.zero.needs_sums();
-    if sums {
-        a.mov(RAX, R13);
-    }
-    for i in 0..r.rows {
-        let s = r.a();
-        match spec.zero {
-            ZeroPoint::Implied8 | ZeroPoint::Implied128 => {
-                // s = Σq·(8 or 128) as i32.
-                a.vpbroadcastd_load(s, mem(RAX, 0));
-                a.vpslld_imm(s, s, if flip { 7 } else { 3 });
-            }
-            ZeroPoint::Offset => {
-                a.vpbroadcastd_load(s, mem(RAX, 0));
-                a.vcvtdq2ps(s, s);
-            }
-            ZeroPoint::None => {}
-        }
-        for j in 0..r.hb {
-            let g = r.acc(i, j);
-            if narrow {
-                a.vpmaddwd(g, g, t);
-            }
-            if matches!(spec.zero, ZeroPoint::Implied8 | ZeroPoint::Implied128) {
-                a.vpsubd(g, g, s);
-            }
-            a.vcvtdq2ps(g, g);
-        }
-        if sums && i + 1 < r.rows {
-            a.add(RAX, R14);
-        }
-        for j in 0..r.hb {
-            let g = r.acc(i, j);
-            let sum = r.b(0);
-            a.vmovups_load(sum, total(i, j));
-            let sw = param(a, R9, j);
-            fma(a, sum, g, sw);
-            if spec.zero == ZeroPoint::Offset {
-                let min = param(a, R10, j);
-                fma(a, sum, s, min);
-            }
-            a.vmovups_store(total(i, j), sum);
-        }
-    }
-    if f16_params {
-        a.vmovdqu_load(shifts, frame(SHIFTS));
-    }
-    if sums {
-        a.add_imm(R13, 4);
-    }
-    a.add_imm(R9, hp * param_bytes);
-    if spec.zero == ZeroPoint::Offset {
-        a.add_imm(R10, hp * param_bytes);
-    }
-    a.jmp(group_loop);
-    a.bind(done);
-    for i in 0..r.rows {
-        for j in 0..r.hb {
-            a.vmovups_load(r.acc(i, j), total(i, j));
-        }
-    }
-    a.add_imm(RSP, area);
 }
