@@ -2,11 +2,11 @@
 //! llvm-mc byte-equality check of every emitted kernel, and the register
 //! plans against the solver's accounting.
 
+use tessera_codegen::TileConfig;
 use tessera_codegen::artifact::{Artifact, Backend, MachineCode, Variant};
 use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::neon::asm::V;
 use tessera_codegen::tile::{Problem, neighbours, solve};
-use tessera_codegen::TileConfig;
 use tessera_dsl::ir::ParamType;
 use tessera_dsl::{Kernel, library};
 use tessera_tests::llvm_mc::{McError, check_aarch64};
