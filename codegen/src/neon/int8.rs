@@ -973,6 +973,20 @@ fn load_params(a: &mut A64, spec: &Int8Spec, v: V, base: X, j: u32, cols: u32) {
     }
 }
 
+/// `v` = Σqx of the next accumulator row at T1 (which moves on by
+/// GSTRIDE per row): one row broadcast, or the row pair (r, r, r+1, r+1)
+/// of an `smmla` 2×2 block.
+fn load_row_sums(a: &mut A64, spec: &Int8Spec, v: V) {
+    match spec.mac {
+        Mac::Smmla => {
+            a.ld1_s_lane_post(v, 0, T1, GSTRIDE);
+            a.ld1_s_lane_post(v, 2, T1, GSTRIDE);
+            a.trn1_4s(v, v, v);
+        }
+        _ => a.ld1r_4s_post(v, T1, GSTRIDE),
+    }
+}
+
 /// Whether the implied zero point is folded into the accumulators' start
 /// value (−zp·Σqx, set before the group's MACs) rather than subtracted
 /// from each accumulator after them. The `smull` accumulators hold lane
@@ -1009,14 +1023,7 @@ fn start_group(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     a.mov(T1, SG);
     for i in 0..spec.ep / row_unit(spec) {
         let first = plan.acc_reg(i * jn);
-        match spec.mac {
-            Mac::Smmla => {
-                a.ld1_s_lane_post(first, 0, T1, GSTRIDE);
-                a.ld1_s_lane_post(first, 2, T1, GSTRIDE);
-                a.trn1_4s(first, first, first);
-            }
-            _ => a.ld1r_4s_post(first, T1, GSTRIDE),
-        }
+        load_row_sums(a, spec, first);
         a.shl_4s(first, first, zp.trailing_zeros());
         a.neg_4s(first, first);
         for j in 1..jn {
@@ -1117,16 +1124,7 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
         }
         for i in 0..rn {
             if sums {
-                // Σqx of the block's rows: one row broadcast, or the row
-                // pair (r, r, r+1, r+1) of an smmla 2×2 block.
-                match spec.mac {
-                    Mac::Smmla => {
-                        a.ld1_s_lane_post(sumv, 0, T1, GSTRIDE);
-                        a.ld1_s_lane_post(sumv, 2, T1, GSTRIDE);
-                        a.trn1_4s(sumv, sumv, sumv);
-                    }
-                    _ => a.ld1r_4s_post(sumv, T1, GSTRIDE),
-                }
+                load_row_sums(a, spec, sumv);
             }
             if let Some(z) = spec.zero_point.filter(|_| !folded) {
                 a.shl_4s(sumv, sumv, z.trailing_zeros());
