@@ -91,7 +91,15 @@ fn sweep(kernel: &Kernel) {
     // Past 256 keys the kernel keeps its scores super-block by super-block
     // and rescales what it summed when a head's reference max moves.
     for &s in &[1usize, 7, 64, 65, 200, 300, 700] {
-        for &(hq, kvh) in &[(4usize, 2usize), (3, 3), (12, 2), (10, 2), (9, 1), (16, 2), (8, 8)] {
+        for &(hq, kvh) in &[
+            (4usize, 2usize),
+            (3, 3),
+            (12, 2),
+            (10, 2),
+            (9, 1),
+            (16, 2),
+            (8, 8),
+        ] {
             for &d in &[8usize, 40, 64, 80, 128] {
                 for threads in [1, 2] {
                     seed += 1;

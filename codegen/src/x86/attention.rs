@@ -23,7 +23,9 @@
 //!      an FMA per head; the heads' partial dots are reduced together (a
 //!      `vhaddps` tree) into one vector of 8 heads' scores, `sarea[j][8]`.
 //!      A tile of one head (multi-head attention) takes the block's 4 keys
-//!      at once instead and keeps its scores side by side. int8 keys:
+//!      at once instead and keeps its scores side by side; a tile of 5 or
+//!      6 heads (GQA 6) takes keys two at a time, so each q chunk is loaded
+//!      once for both ([`key_pairs`]). int8 keys:
 //!      `score = scale·(q·c) + offset·Σq`. Each tile keeps per head the
 //!      running max and whether every `score − phi` lay in `[lo, hi]`.
 //!    - Per tile, the reference: `phi` while the async softmax's range
@@ -830,21 +832,27 @@ fn even_odd_chunks(
 /// ymm1 = the sums of ymm0 … ymm7, lane i the sum of ymm i (clobbers
 /// ymm0–ymm7).
 fn reduce_lanes(a: &mut X86Asm) {
-    a.vhaddps(Ymm(0), Ymm(0), Ymm(1));
-    a.vhaddps(Ymm(2), Ymm(2), Ymm(3));
-    a.vhaddps(Ymm(4), Ymm(4), Ymm(5));
-    a.vhaddps(Ymm(6), Ymm(6), Ymm(7));
-    a.vhaddps(Ymm(0), Ymm(0), Ymm(2));
-    a.vhaddps(Ymm(4), Ymm(4), Ymm(6));
-    a.vperm2f128(Ymm(1), Ymm(0), Ymm(4), 0x20);
-    a.vperm2f128(Ymm(3), Ymm(0), Ymm(4), 0x31);
+    reduce_lanes_from(a, [0, 1, 2, 3, 4, 5, 6, 7]);
+}
+
+/// ymm1 = the sums of the 8 registers `r`, lane i the sum of `r[i]`
+/// (clobbers them, ymm1 and ymm3; a register may stand twice where it is
+/// zero).
+fn reduce_lanes_from(a: &mut X86Asm, r: [u8; 8]) {
+    let y = |i: usize| Ymm(r[i]);
+    a.vhaddps(y(0), y(0), y(1));
+    a.vhaddps(y(2), y(2), y(3));
+    a.vhaddps(y(4), y(4), y(5));
+    a.vhaddps(y(6), y(6), y(7));
+    a.vhaddps(y(0), y(0), y(2));
+    a.vhaddps(y(4), y(4), y(6));
+    a.vperm2f128(Ymm(1), y(0), y(4), 0x20);
+    a.vperm2f128(Ymm(3), y(0), y(4), 0x31);
     a.vaddps(Ymm(1), Ymm(1), Ymm(3));
 }
 
 fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     let (maxv, ok) = (Ymm(13), Ymm(14));
-    a.vmovups_load(maxv, mem(RBX, R_MAX));
-    a.vmovups_load(ok, mem(RBX, R_OK));
     a.load64(R13, mem(RBX, R_KCUR));
     a.load64(R14, mem(RSP, S_KSTRIDE));
     a.load64(R15, mem(RBX, R_SCUR));
@@ -858,6 +866,14 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     a.load64(R12, mem(RSP, S_JEND));
     a.load64(RAX, mem(RSP, S_JB));
     a.sub(R12, RAX);
+    let keys_done = a.new_label();
+    if (MAX_TILE / 2 + 1..=PAIR_HEADS).contains(&g) {
+        key_pairs(a, keys, softmax, g);
+        a.cmp_imm(R12, 0);
+        a.jcc(Cond::E, keys_done);
+    }
+    a.vmovups_load(maxv, mem(RBX, R_MAX));
+    a.vmovups_load(ok, mem(RBX, R_OK));
     let key_loop = a.new_label();
     a.bind(key_loop);
     for i in 0..MAX_TILE {
@@ -941,6 +957,25 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     let _ = kx;
     // Reduce 8 accumulators to one vector of 8 head sums.
     reduce_lanes(a);
+    key_score(a, keys, softmax, g, maxv, ok);
+    a.sub_imm(R12, 1);
+    a.jcc(Cond::Ne, key_loop);
+    a.vmovups_store(mem(RBX, R_MAX), maxv);
+    a.vmovups_store(mem(RBX, R_OK), ok);
+    a.bind(keys_done);
+    a.store64(mem(RBX, R_KCUR), R13);
+    a.store64(mem(RBX, R_SCUR), R15);
+    if keys == Keys::I8Asym {
+        a.store64(mem(RBX, R_SCCUR), R8);
+        a.store64(mem(RBX, R_OFCUR), R9);
+    }
+}
+
+/// After a key's head sums are in ymm1: its scores (int8 keys:
+/// `scale·dot + offset·Σq`) stored, the running max and the range flags
+/// updated; r13 and r15 (and the int8 parameter cursors) moved on.
+/// Clobbers ymm2–ymm5.
+fn key_score(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize, maxv: Ymm, ok: Ymm) {
     let score = Ymm(1);
     if keys == Keys::I8Asym {
         // score = scale·dot + offset·Σq.
@@ -972,16 +1007,88 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     }
     a.add(R13, R14);
     a.add_imm(R15, p_stride);
-    a.sub_imm(R12, 1);
-    a.jcc(Cond::Ne, key_loop);
-    a.store64(mem(RBX, R_KCUR), R13);
-    a.store64(mem(RBX, R_SCUR), R15);
-    if keys == Keys::I8Asym {
-        a.store64(mem(RBX, R_SCCUR), R8);
-        a.store64(mem(RBX, R_OFCUR), R9);
+}
+
+/// The most heads [`key_pairs`] serves: two keys' accumulators (2·6), both
+/// keys widened and one q chunk fill 15 ymm.
+const PAIR_HEADS: usize = 6;
+
+/// Keys two at a time while r12 ≥ 2, for tiles of 5 or 6 heads (GQA 6:
+/// Qwen2): each q chunk is loaded once into a register for both keys'
+/// FMAs. The one-key loop reads q from memory for every FMA: 7 vector
+/// loads per 6 FMAs, and Zen 4 issues two vector loads a cycle (llvm-mca's
+/// znver4 model: 58 of the 69 cycles a key are the load pipes); here 8
+/// loads feed 12 FMAs. Key 0's heads sum in ymm0–5, key 1's in ymm6–11,
+/// the keys widen into ymm12 and ymm13, q goes in ymm14. The running max
+/// and range flags stay in the tile record (the one-key loop holds them
+/// in ymm13 and ymm14).
+fn key_pairs(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
+    let (pairs, done) = (a.new_label(), a.new_label());
+    let step = if keys == Keys::F16 { 16 } else { 8 };
+    let (kx0, kx1, q) = (Ymm(12), Ymm(13), Ymm(14));
+    let acc = |key: usize, h: usize| Ymm((key * PAIR_HEADS + h) as u8);
+    a.bind(pairs);
+    a.cmp_imm(R12, 2);
+    a.jcc(Cond::L, done);
+    for i in 0..2 * PAIR_HEADS as u8 {
+        a.vxorps(Ymm(i), Ymm(i), Ymm(i));
+    }
+    // rsi, r11 = the two keys' rows; rax = qarea chunk; rcx = chunks
+    // left; rdx = key 0's row SCORE_AHEAD keys on (both keys' lines are
+    // prefetched from it).
+    a.mov(RSI, R13);
+    a.lea(R11, mem(R13, 0));
+    a.add(R11, R14);
+    a.load64(RAX, mem(RBX, R_QAREA));
+    a.load64(RCX, mem(RSP, S_D8));
+    a.mov(RDX, R14);
+    a.imul_imm(RDX, RDX, SCORE_AHEAD);
+    a.add(RDX, R13);
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.prefetcht0(mem(RDX, 0));
+    a.add(RDX, R14);
+    a.prefetcht0(mem(RDX, 0));
+    a.sub(RDX, R14);
+    for (kx, row) in [(kx0, RSI), (kx1, R11)] {
+        match keys {
+            Keys::F16 => a.vcvtph2ps_load(kx, mem(row, 0)),
+            Keys::I8Asym => {
+                a.vpmovsxbd_load(kx, mem(row, 0));
+                a.vcvtdq2ps(kx, kx);
+            }
+        }
+    }
+    for h in 0..g {
+        a.vmovups_load(q, mem(RAX, 32 * h as i32));
+        a.vfmadd231ps(acc(0, h), kx0, q);
+        a.vfmadd231ps(acc(1, h), kx1, q);
+    }
+    a.add_imm(RSI, step);
+    a.add_imm(R11, step);
+    a.add_imm(RDX, step);
+    a.add_imm(RAX, 256);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    // Per key: the head sums into ymm1 (the unused lanes from a zeroed
+    // ymm12), then its score; the max and flags in ymm15 and ymm14.
+    let (maxv, ok, zero) = (Ymm(15), Ymm(14), Ymm(12));
+    a.vxorps(zero, zero, zero);
+    a.vmovups_load(maxv, mem(RBX, R_MAX));
+    a.vmovups_load(ok, mem(RBX, R_OK));
+    for key in 0..2 {
+        let mut r = [zero.0; 8];
+        for (h, slot) in r.iter_mut().enumerate().take(g) {
+            *slot = acc(key, h).0;
+        }
+        reduce_lanes_from(a, r);
+        key_score(a, keys, softmax, g, maxv, ok);
     }
     a.vmovups_store(mem(RBX, R_MAX), maxv);
     a.vmovups_store(mem(RBX, R_OK), ok);
+    a.sub_imm(R12, 2);
+    a.jmp(pairs);
+    a.bind(done);
 }
 
 /// Per head lane of the tile at rbx, the reference the exponentials are
