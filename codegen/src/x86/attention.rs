@@ -25,7 +25,7 @@
 //!      A tile of one head (multi-head attention) takes the block's 4 keys
 //!      at once instead and keeps its scores side by side; a tile of 5 or
 //!      6 heads (GQA 6) takes keys two at a time, so each q chunk is loaded
-//!      once for both ([`key_pairs`]). int8 keys:
+//!      once for both (`key_pairs`). int8 keys:
 //!      `score = scale·(q·c) + offset·Σq`. Each tile keeps per head the
 //!      running max and whether every `score − phi` lay in `[lo, hi]`.
 //!    - Per tile, the reference: `phi` while the async softmax's range
