@@ -67,23 +67,6 @@ pub const MAX_TILE: usize = DECODE_TILE_HEADS;
 pub const SCORE_BLOCK: i32 = 4;
 /// Keys per P·V block (likewise over V, for every tile of the call).
 pub const PV_BLOCK: i32 = 8;
-/// Keys per P·V block when the call has at most [`FEW_TILES`] tiles (a
-/// GQA model's few KV heads): each pass's set-up (accumulator loads and
-/// stores, dispatch) then spreads over more keys. On Zen 4, 16 keys took
-/// Qwen2's 2 KV heads 4–5% faster than 8, while for Llama2's 32 the
-/// token-order read across heads needs the short block (16 keys: 14%
-/// slower, 32: 60%).
-pub const PV_BLOCK_FEW: i32 = 16;
-/// The most tiles a call may have to take [`PV_BLOCK_FEW`].
-const FEW_TILES: i32 = 4;
-
-/// How many keys a block of [`key_blocks`] has.
-#[derive(Clone, Copy)]
-enum BlockLen {
-    Keys(i32),
-    /// The 8-byte frame slot at this offset holds it.
-    Slot(i32),
-}
 /// Keys whose scores a tile keeps at once ([`DECODE_SUPER_BLOCK`]): the
 /// exponentials of a super-block are taken against one reference per
 /// head, and a reference that moves between super-blocks rescales `num`
@@ -110,8 +93,6 @@ const S_GROUP: i32 = 400;
 const S_S: i32 = 408;
 const S_D: i32 = 416;
 const S_KVH: i32 = 424;
-/// Keys per P·V block of this call ([`PV_BLOCK`] or [`PV_BLOCK_FEW`]).
-const S_PVB: i32 = 432;
 const S_TILES0: i32 = 448;
 const S_TILES_END: i32 = 456;
 const S_TILEBYTES: i32 = 464;
@@ -487,19 +468,6 @@ fn tiles(a: &mut X86Asm, keys: Keys, values: Values) {
     a.jmp(tile);
     a.bind(done);
     a.store64(mem(RSP, S_TILES_END), RBX);
-    // The P·V block: longer for a call of few tiles (see `PV_BLOCK_FEW`).
-    let long = a.new_label();
-    a.mov(RAX, RBX);
-    a.load64(RCX, mem(RSP, S_TILES0));
-    a.sub(RAX, RCX);
-    a.load64(RCX, mem(RSP, S_TILEBYTES));
-    a.imul_imm(RCX, RCX, FEW_TILES);
-    a.mov_imm(RDX, PV_BLOCK_FEW);
-    a.cmp(RAX, RCX);
-    a.jcc(Cond::Le, long);
-    a.mov_imm(RDX, PV_BLOCK);
-    a.bind(long);
-    a.store64(mem(RSP, S_PVB), RDX);
 }
 
 /// `body` once per tile, rbx at its record (the body keeps rbx).
@@ -518,7 +486,7 @@ fn each_tile(a: &mut X86Asm, body: impl FnOnce(&mut X86Asm)) {
 
 /// `body` once per block of `size` keys of the super-block (`S_JB ..
 /// S_JEND`).
-fn key_blocks(a: &mut X86Asm, size: BlockLen, body: impl FnOnce(&mut X86Asm)) {
+fn key_blocks(a: &mut X86Asm, size: i32, body: impl FnOnce(&mut X86Asm)) {
     let (block, done) = (a.new_label(), a.new_label());
     a.load64(RAX, mem(RSP, S_J0));
     a.store64(mem(RSP, S_JB), RAX);
@@ -526,13 +494,7 @@ fn key_blocks(a: &mut X86Asm, size: BlockLen, body: impl FnOnce(&mut X86Asm)) {
     a.load64(RAX, mem(RSP, S_JB));
     a.cmp_mem(RAX, mem(RSP, S_J1));
     a.jcc(Cond::Ge, done);
-    match size {
-        BlockLen::Keys(n) => a.lea(RDX, mem(RAX, n)),
-        BlockLen::Slot(at) => {
-            a.load64(RDX, mem(RSP, at));
-            a.add(RDX, RAX);
-        }
-    }
+    a.lea(RDX, mem(RAX, size));
     common::min_mem(a, RDX, mem(RSP, S_J1));
     a.store64(mem(RSP, S_JEND), RDX);
     body(a);
@@ -562,16 +524,14 @@ fn super_blocks(a: &mut X86Asm, keys: Keys, values: Values, softmax: SoftmaxMode
         a.load64(RAX, mem(RBX, R_SAREA));
         a.store64(mem(RBX, R_SCUR), RAX);
     });
-    key_blocks(a, BlockLen::Keys(SCORE_BLOCK), |a| {
+    key_blocks(a, SCORE_BLOCK, |a| {
         each_tile(a, |a| scores(a, keys, softmax))
     });
     each_tile(a, |a| {
         rebase(a, softmax);
         exponentials(a, values);
     });
-    key_blocks(a, BlockLen::Slot(S_PVB), |a| {
-        each_tile(a, |a| pv(a, values))
-    });
+    key_blocks(a, PV_BLOCK, |a| each_tile(a, |a| pv(a, values)));
     a.load64(RAX, mem(RSP, S_J1));
     a.store64(mem(RSP, S_J0), RAX);
     a.jmp(sb);
