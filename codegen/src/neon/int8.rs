@@ -52,6 +52,9 @@
 //! | v6 | spare (the packed-byte staging register the solver reserves) |
 //! | v8-v31 | 24 accumulators: row r, columns 4j..4j+3 in v(8 + 2r + j) |
 //!
+//! With signed nibbles (`u4sym` GEMM and flat tiles) the mask holds 0xF0
+//! and the staging register 0x88, the `eor` constant; likewise for `smmla`.
+//!
 //! `smmla` at 10×8×8:
 //!
 //! | registers | holds |

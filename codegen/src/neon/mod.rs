@@ -151,6 +151,13 @@ impl RegisterPlan {
 
     /// The plan as `//` lines for a listing header.
     pub fn table(&self) -> Vec<String> {
+        self.table_with(false)
+    }
+
+    /// [`Self::table`]; `signed_nibbles`: the 4-bit unpack makes codes
+    /// signed in the loop, with 0xF0 in the mask and 0x88 in the staging
+    /// register ([`int8::signed_nibbles_pay`]).
+    pub fn table_with(&self, signed_nibbles: bool) -> Vec<String> {
         let range = |r: &Range<u8>| {
             if r.is_empty() {
                 "-".to_string()
@@ -169,8 +176,16 @@ impl RegisterPlan {
                 "| {} | B: weights, one lp-slice of the hp columns |",
                 range(&self.b)
             ),
-            format!("| {} | 0x0F nibble mask |", self.mask),
-            format!("| {} | packed-weight staging (spare) |", self.stage),
+            if signed_nibbles {
+                format!("| {} | 0xF0 nibble mask (signed codes) |", self.mask)
+            } else {
+                format!("| {} | 0x0F nibble mask |", self.mask)
+            },
+            if signed_nibbles {
+                format!("| {} | 0x88: makes both nibbles q - 8 (eor) |", self.stage)
+            } else {
+                format!("| {} | packed-weight staging (spare) |", self.stage)
+            },
         ];
         if let Some(t) = self.temp {
             rows.push(format!("| {t} | int16 products before sadalp |"));
@@ -947,7 +962,8 @@ impl NeonBackend {
             acc.total,
             acc.budget
         ));
-        for line in plan.table() {
+        let signed = matches!(&spec, KernelSpec::Int8(s) if s.signed_nibbles);
+        for line in plan.table_with(signed) {
             a.header(&line);
         }
         if let Some(f) = spec.flat() {
