@@ -851,6 +851,18 @@ fn reduce_lanes_from(a: &mut X86Asm, r: [u8; 8]) {
     a.vaddps(Ymm(1), Ymm(1), Ymm(3));
 }
 
+/// A key's chunk loop cursors: rsi = its K row (r13), rax = the tile's
+/// qarea, rcx = chunks (d/8), rdx = the row SCORE_AHEAD keys on (r14
+/// apart), which the loop prefetches.
+fn chunk_cursors(a: &mut X86Asm) {
+    a.mov(RSI, R13);
+    a.load64(RAX, mem(RBX, R_QAREA));
+    a.load64(RCX, mem(RSP, S_D8));
+    a.mov(RDX, R14);
+    a.imul_imm(RDX, RDX, SCORE_AHEAD);
+    a.add(RDX, R13);
+}
+
 fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     let (maxv, ok) = (Ymm(13), Ymm(14));
     a.load64(R13, mem(RBX, R_KCUR));
@@ -879,14 +891,7 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     for i in 0..MAX_TILE {
         a.vxorps(Ymm(i as u8), Ymm(i as u8), Ymm(i as u8));
     }
-    // Chunk loop: rsi = k, rax = qarea chunk, rcx = chunks left, rdx =
-    // the same place SCORE_AHEAD keys on (prefetched).
-    a.mov(RSI, R13);
-    a.load64(RAX, mem(RBX, R_QAREA));
-    a.load64(RCX, mem(RSP, S_D8));
-    a.mov(RDX, R14);
-    a.imul_imm(RDX, RDX, SCORE_AHEAD);
-    a.add(RDX, R13);
+    chunk_cursors(a);
     let kx = Ymm(8);
     let step = if keys == Keys::F16 { 16 } else { 8 };
     // One chunk into accumulator set `set` (ymm i + 4·set for head i).
@@ -1033,17 +1038,11 @@ fn key_pairs(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     for i in 0..2 * PAIR_HEADS as u8 {
         a.vxorps(Ymm(i), Ymm(i), Ymm(i));
     }
-    // rsi, r11 = the two keys' rows; rax = qarea chunk; rcx = chunks
-    // left; rdx = key 0's row SCORE_AHEAD keys on (both keys' lines are
-    // prefetched from it).
-    a.mov(RSI, R13);
+    // r11 = the second key's row (both keys' lines are prefetched from
+    // rdx, the first key's SCORE_AHEAD keys on).
+    chunk_cursors(a);
     a.lea(R11, mem(R13, 0));
     a.add(R11, R14);
-    a.load64(RAX, mem(RBX, R_QAREA));
-    a.load64(RCX, mem(RSP, S_D8));
-    a.mov(RDX, R14);
-    a.imul_imm(RDX, RDX, SCORE_AHEAD);
-    a.add(RDX, R13);
     let chunk = a.new_label();
     a.bind(chunk);
     a.prefetcht0(mem(RDX, 0));
