@@ -151,13 +151,15 @@ pub fn emit_variant(spec: &Avx512Spec, variant: Variant) -> Result<MachineCode, 
     }
     float::emit_on::<Zmm>(
         &FloatKernel {
-            ep: spec.ep,
-            hb: spec.hb,
-            x: Format::F32,
-            w: Format::F32,
-            y: Format::F32,
-            bias: spec.bias,
-            activation: spec.activation,
+            spec: float::FloatSpec {
+                ep: spec.ep,
+                hb: spec.hb,
+                x: Format::F32,
+                w: Format::F32,
+                y: Format::F32,
+                bias: spec.bias,
+                activation: spec.activation,
+            },
             embedded_broadcast: spec.embedded_broadcast,
             kc: kc(spec),
             gemm_sets: gemm_sets(spec),

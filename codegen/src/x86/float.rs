@@ -153,7 +153,7 @@ pub const MAX_ROWS: usize = KROWS.len();
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FloatSpec {
     pub ep: usize,
-    /// hp / 8.
+    /// hp / lanes (8 on ymm).
     pub hb: usize,
     pub x: Format,
     pub w: Format,
@@ -227,13 +227,7 @@ pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, E
     }
     emit_on::<Ymm>(
         &FloatKernel {
-            ep: spec.ep,
-            hb: spec.hb,
-            x: spec.x,
-            w: spec.w,
-            y: spec.y,
-            bias: spec.bias,
-            activation: spec.activation,
+            spec: *spec,
             embedded_broadcast: false,
             kc: kc(spec),
             gemm_sets: gemm_sets(spec),
@@ -248,14 +242,9 @@ pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, E
 /// this in.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct FloatKernel {
-    pub ep: usize,
-    /// hp / lanes.
-    pub hb: usize,
-    pub x: Format,
-    pub w: Format,
-    pub y: Format,
-    pub bias: bool,
-    pub activation: Activation,
+    /// What to compute; its hb counts the register file's lanes (16 for
+    /// zmm).
+    pub spec: FloatSpec,
     /// The multi-row FMAs broadcast x[k] from memory themselves (no A
     /// register; register files with embedded broadcast only).
     pub embedded_broadcast: bool,
@@ -263,6 +252,14 @@ pub(super) struct FloatKernel {
     pub kc: i32,
     pub gemm_sets: usize,
     pub gemv_sets: usize,
+}
+
+/// The kernel reads as its spec (`k.ep`, `k.x`, …).
+impl std::ops::Deref for FloatKernel {
+    type Target = FloatSpec;
+    fn deref(&self) -> &FloatSpec {
+        &self.spec
+    }
 }
 
 /// One loop nest: rows per tile, accumulator sets, K blocking, prefetch.
