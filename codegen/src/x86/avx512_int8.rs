@@ -210,16 +210,18 @@ pub fn emit_variant(spec: &Avx512Int8Spec, variant: Variant) -> Result<MachineCo
     }
     int8::emit_on::<Zmm>(
         &Int8Kernel {
-            ep: spec.ep,
-            hb: spec.zb,
-            group: Some(spec.group),
-            wbits: if spec.bytes() { 8 } else { 4 },
-            zero: spec.zero,
-            params: spec.params,
-            y: Format::F32,
-            bias: spec.bias,
-            activation: spec.activation,
-            dot: Dot::EvexVnni,
+            spec: int8::Int8Spec {
+                ep: spec.ep,
+                hb: spec.zb,
+                group: Some(spec.group),
+                wbits: if spec.bytes() { 8 } else { 4 },
+                zero: spec.zero,
+                params: spec.params,
+                y: Format::F32,
+                bias: spec.bias,
+                activation: spec.activation,
+                dot: Dot::EvexVnni,
+            },
             prefetch: None,
         },
         variant,

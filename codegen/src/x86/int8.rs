@@ -127,6 +127,7 @@ pub const MAX_ROWS: usize = 12;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Int8Spec {
     pub ep: usize,
+    /// hp / lanes (8 on ymm).
     pub hb: usize,
     /// Group length of grouped weights (4-bit, or 8-bit `i8sym:gN`);
     /// None for `i8sym:row`.
@@ -248,16 +249,7 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
     }
     emit_on::<Ymm>(
         &Int8Kernel {
-            ep: spec.ep,
-            hb: spec.hb,
-            group: spec.group,
-            wbits: spec.wbits,
-            zero: spec.zero,
-            params: spec.params,
-            y: spec.y,
-            bias: spec.bias,
-            activation: spec.activation,
-            dot: spec.dot,
+            spec: *spec,
             prefetch: Some(PREFETCH),
         },
         variant,
@@ -271,21 +263,20 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
 /// and fill this in.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Int8Kernel {
-    pub ep: usize,
-    /// hp / lanes.
-    pub hb: usize,
-    /// None: `i8sym:row` (W8A8).
-    pub group: Option<usize>,
-    pub wbits: u32,
-    pub zero: ZeroPoint,
-    pub params: ParamType,
-    pub y: Format,
-    pub bias: bool,
-    pub activation: Activation,
-    pub dot: Dot,
+    /// What to compute; its hb counts the register file's lanes (16 for
+    /// zmm).
+    pub spec: Int8Spec,
     /// How far ahead the flat and one-row loops prefetch the weight
     /// stream; None: never.
     pub prefetch: Option<i32>,
+}
+
+/// The kernel reads as its spec (`k.ep`, `k.group`, …).
+impl std::ops::Deref for Int8Kernel {
+    type Target = Int8Spec;
+    fn deref(&self) -> &Int8Spec {
+        &self.spec
+    }
 }
 
 impl Int8Kernel {
