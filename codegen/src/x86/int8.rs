@@ -174,6 +174,22 @@ impl Dot {
         }
     }
 
+    /// `acc.i32 += Σ₄ u.u8 · s.s8` with this dot product: one `vpdpbusd`,
+    /// or `vpmaddubsw` into `t`, `vpmaddwd` with the int16 `ones`, `vpaddd`
+    /// (`t` may be `s`).
+    fn accumulate(self, a: &mut X86Asm, acc: Ymm, u: Ymm, s: Ymm, t: Ymm, ones: Operand<Ymm>) {
+        if self.is_vnni() {
+            return self.dpbusd(a, acc, u, s);
+        }
+        a.vpmaddubsw(t, u, s);
+        match ones {
+            Operand::Reg(o) => a.vpmaddwd(t, t, o),
+            Operand::Mem(m) => a.vpmaddwd_mem(t, t, m),
+            Operand::Broadcast(_) => unreachable!("the int16 ones are a whole vector"),
+        }
+        a.vpaddd(acc, acc, t);
+    }
+
     /// `acc.i32 += Σ₄ u.u8 · s.s8` in this encoding (VNNI forms only).
     fn dpbusd(self, a: &mut X86Asm, acc: Ymm, u: Ymm, s: Ymm) {
         match self {
@@ -1099,7 +1115,7 @@ impl Int8File for Ymm {
             unreachable!("ymm broadcasts the codes into A")
         };
         let (b, t): (Ymm, Ymm) = (r.b(j), r.reserved(PRODUCT));
-        let ones = mem(RSP, frame + ONES16);
+        let ones = Operand::Mem(mem(RSP, frame + ONES16));
         if k.flip() {
             k.dot.dpbusd(a, g, b, av);
         } else if k.bytes() {
@@ -1108,19 +1124,9 @@ impl Int8File for Ymm {
             let mask = r.reserved(MASK);
             a.vpabsb(mask, b);
             a.vpsignb(t, av, b);
-            if k.dot.is_vnni() {
-                k.dot.dpbusd(a, g, mask, t);
-            } else {
-                a.vpmaddubsw(t, mask, t);
-                a.vpmaddwd_mem(t, t, ones);
-                a.vpaddd(g, g, t);
-            }
-        } else if k.dot.is_vnni() {
-            k.dot.dpbusd(a, g, b, av);
-        } else if k.wide() {
-            a.vpmaddubsw(t, b, av);
-            a.vpmaddwd_mem(t, t, ones);
-            a.vpaddd(g, g, t);
+            k.dot.accumulate(a, g, mask, t, t, ones);
+        } else if k.dot.is_vnni() || k.wide() {
+            k.dot.accumulate(a, g, b, av, t, ones);
         } else {
             a.vpmaddubsw(t, b, av);
             a.vpaddw(g, g, t);
@@ -1234,13 +1240,7 @@ fn row_scaled_loop(
                     a.vpbroadcastd_load(av, x(i));
                 }
                 a.vpsignb(t, av, raw);
-                if k.dot.is_vnni() {
-                    k.dot.dpbusd(a, acc, b, t);
-                } else {
-                    a.vpmaddubsw(t, b, t);
-                    a.vpmaddwd(t, t, ones);
-                    a.vpaddd(acc, acc, t);
-                }
+                k.dot.accumulate(a, acc, b, t, t, Operand::Reg(ones));
             }
         }
     };
