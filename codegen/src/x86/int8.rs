@@ -864,12 +864,7 @@ fn grouped_loop<V: Int8File>(
     if let Some(slow) = slow {
         a.bind(slow);
     }
-    a.bind(slow_loop);
-    step(a, 0);
-    a.add_imm(R8, ep * 4);
-    a.add_imm(RSI, wstep);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, slow_loop);
+    one_step_loop(a, slow_loop, &step, ep, wstep);
     a.bind(group_end);
     fold_group::<V>(a, k, r, shift, total_at);
     if k.zero.needs_sums() {
@@ -1266,11 +1261,17 @@ fn row_scaled_loop(
     a.bind(tail);
     a.cmp_imm(RCX, 0);
     a.jcc(Cond::E, done);
-    a.bind(tail_loop);
+    one_step_loop(a, tail_loop, &step, ep, wstep);
+    a.bind(done);
+}
+
+/// The k loop one step at a time over rcx (> 0) steps from `top`: x (r8)
+/// moves ep rows of 4 codes a step, the weights (rsi) `wstep` bytes.
+fn one_step_loop(a: &mut X86Asm, top: Label, step: &dyn Fn(&mut X86Asm, i32), ep: i32, wstep: i32) {
+    a.bind(top);
     step(a, 0);
     a.add_imm(R8, ep * 4);
     a.add_imm(RSI, wstep);
     a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, tail_loop);
-    a.bind(done);
+    a.jcc(Cond::Ne, top);
 }
