@@ -69,6 +69,7 @@
 use tessera_dsl::ir::{Activation, Format, ParamType};
 
 use super::asm::*;
+use super::common;
 use super::evex::{Kreg, Zmm};
 use super::int8::{
     self, Dot, Int8File, Int8Frame, Int8Kernel, Int8Regs, Operand, ZeroPoint, first_column,
@@ -416,11 +417,7 @@ impl Int8File for Zmm {
                 a.cmp_mem(RAX, mem(RDI, MM_M));
                 a.jcc(Cond::Ge, stored);
                 // r13 = y + row·y_stride + (first column + 16j)·4.
-                a.mov(R13, RAX);
-                a.load64(RDX, mem(RDI, MM_Y_STRIDE));
-                a.imul(R13, RDX);
-                a.load64(RDX, mem(RDI, MM_Y));
-                a.add(R13, RDX);
+                common::row_address(a, R13, RAX, RDX, mem(RDI, MM_Y_STRIDE), mem(RDI, MM_Y));
                 first_column(a, hp);
                 a.shl_imm(RAX, 2);
                 a.add(R13, RAX);

@@ -219,11 +219,20 @@ pub fn row_ptr(a: &mut X86Asm, dst: Gp, i: usize, clamp: bool, base: i32, stride
         a.mov(RAX, RDX);
         a.bind(ok);
     }
-    a.load64(RDX, mem(RDI, stride));
-    a.imul(RAX, RDX);
-    a.load64(RDX, mem(RDI, base));
-    a.add(RAX, RDX);
+    row_address(a, RAX, RAX, RDX, mem(RDI, stride), mem(RDI, base));
     a.mov(dst, RAX);
+}
+
+/// `dst = [base] + row·[stride]` (a row of a row-major operand whose base
+/// pointer and byte stride are argument fields); clobbers `tmp`.
+pub fn row_address(a: &mut X86Asm, dst: Gp, row: Gp, tmp: Gp, stride: Mem, base: Mem) {
+    if dst != row {
+        a.mov(dst, row);
+    }
+    a.load64(tmp, stride);
+    a.imul(dst, tmp);
+    a.load64(tmp, base);
+    a.add(dst, tmp);
 }
 
 /// MASK = lanes of column block `j` that are valid, given `valid` (rcx)

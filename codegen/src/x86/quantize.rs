@@ -60,11 +60,7 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     a.cmp_mem(RBX, mem(RDI, Q_M));
     a.jcc(Cond::Ge, done);
     // r8 = x + row·x_stride; r9 = out + block base + row in block·4.
-    a.mov(R8, RBX);
-    a.load64(RAX, mem(RDI, Q_X_STRIDE));
-    a.imul(R8, RAX);
-    a.load64(RAX, mem(RDI, Q_X));
-    a.add(R8, RAX);
+    common::row_address(&mut a, R8, RBX, RAX, mem(RDI, Q_X_STRIDE), mem(RDI, Q_X));
     a.mov(R9, R13);
     a.shl_imm(R9, 2);
     a.add(R9, R12);
