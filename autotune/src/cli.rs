@@ -735,6 +735,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         class,
         weight_dequant: problem.weight_dequant,
         weight_groups: problem.weight_groups,
+        nibble_runs: problem.nibble_runs,
         accept: &accept,
     };
     let mut bench: Box<dyn Bench + '_> = match &target {

@@ -124,6 +124,8 @@ pub struct SolverCtx<'a> {
     /// Weights quantized in groups along K (x86 int8 needs group-sum
     /// registers for them).
     pub weight_groups: bool,
+    /// 4-bit pair-transposed weights (tiles hold whole 32-code runs).
+    pub nibble_runs: bool,
     /// Tiles the backend can emit (its register plan may be stricter than
     /// the solver's accounting); candidates are drawn from these only.
     pub accept: &'a dyn Fn(&TileConfig) -> bool,
@@ -186,6 +188,7 @@ impl SolverCtx<'_> {
             class: self.class,
             weight_dequant: self.weight_dequant,
             weight_groups: self.weight_groups,
+            nibble_runs: self.nibble_runs,
         }
     }
 

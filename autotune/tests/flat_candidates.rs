@@ -24,6 +24,7 @@ fn solver(gemm: &'static str, kernel: &str) -> SolverCtx<'static> {
         class: p.class,
         weight_dequant: p.weight_dequant,
         weight_groups: p.weight_groups,
+        nibble_runs: p.nibble_runs,
         accept: &accept_all,
     }
 }

@@ -128,6 +128,7 @@ fn solver() -> SolverCtx<'static> {
         class: MacClass::Int8,
         weight_dequant: false,
         weight_groups: false,
+        nibble_runs: false,
         accept: &accept_all,
     }
 }

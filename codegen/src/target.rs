@@ -156,6 +156,13 @@ pub struct MacInstr {
     /// of stack partials. 1 for NEON's `sdot` (the GEMV of the dotprod and
     /// i8mm targets), 0 elsewhere.
     pub gemv_partial_sums: u32,
+    /// The same for a grouped GEMM tile (e above the flat-GEMM rows): 1
+    /// for NEON's `smmla`, whose 10×4 tile then holds 10 accumulators and
+    /// 10 partial sums where 10×8 spilled 20 partials to the stack every
+    /// group; 0 elsewhere (`sdot`'s 6×8 that would fit loses more to the
+    /// nibble unpack of half as many rows than it saves). The flat GEMM
+    /// keeps stack partials: its row blocks take turns within a K block.
+    pub gemm_partial_sums: u32,
 }
 
 impl MacInstr {
@@ -495,6 +502,7 @@ const FMLA_4S: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 const FMLA_8H: MacInstr = MacInstr {
@@ -512,6 +520,7 @@ const FMLA_8H: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 /// Without dotprod: each (row, column) pair multiplies 16 int8 along l with
@@ -535,6 +544,7 @@ const SMULL_SADALP: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 const SDOT: MacInstr = MacInstr {
@@ -552,6 +562,7 @@ const SDOT: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 1,
+    gemm_partial_sums: 0,
 };
 
 const SMMLA: MacInstr = MacInstr {
@@ -569,6 +580,7 @@ const SMMLA: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 1,
 };
 
 /// x86 has no by-element FMA, so each row's activation is broadcast
@@ -593,6 +605,7 @@ const VFMADD_YMM: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 /// `vpmaddubsw` multiplies unsigned by signed bytes: the u4 weight codes are
@@ -619,6 +632,7 @@ const VPMADD_YMM: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 /// The AVX-512 f32 kernel (`x86::avx512`) counts as [`VFMADD_YMM`] does:
@@ -642,6 +656,7 @@ const VFMADD_ZMM: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 /// As the AVX-512 int8 kernel (`x86::avx512_int8`) runs it: each
@@ -665,6 +680,7 @@ const VPDPBUSD_ZMM: MacInstr = MacInstr {
     mma: None,
     group_sums: 1,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 const CL_MAD_FLOAT4: MacInstr = MacInstr {
@@ -682,6 +698,7 @@ const CL_MAD_FLOAT4: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 const CL_MAD_HALF4: MacInstr = MacInstr {
@@ -699,6 +716,7 @@ const CL_MAD_HALF4: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 const PTX_FMA_F32: MacInstr = MacInstr {
@@ -716,6 +734,7 @@ const PTX_FMA_F32: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 /// m16n8k16 f16 with f32 accumulators: A (16×16 f16) 8 halves per thread =
@@ -761,6 +780,7 @@ const fn mma_instr(name: &'static str, class: MacClass, shape: MmaShape) -> MacI
         mma: Some(shape),
         group_sums: 0,
         gemv_partial_sums: 0,
+        gemm_partial_sums: 0,
     }
 }
 

@@ -26,7 +26,9 @@
 //! accumulator for a grouped int8 GEMV (e = 1) whose emitter keeps the f32
 //! partial sums in registers (NEON `sdot`): each group end then costs a
 //! convert and an FMA per accumulator, no stack round trip, and the GEMV
-//! tile narrows to what fits (1×32 instead of 1×48 on NEON).
+//! tile narrows to what fits (1×32 instead of 1×48 on NEON). A grouped
+//! GEMM (e above the flat-GEMM rows) counts them by
+//! [`MacInstr::gemm_partial_sums`] (NEON `smmla`: 10×4 instead of 10×8).
 //!
 //! `dequant` is `2·(hp/ah)·acc_regs` (a scale and an offset vector for the
 //! hp columns of the current group) when quantized weights meet a float MAC
@@ -46,6 +48,13 @@
 //! - `smmla` (2×2, lp 8, 2 rows or columns per register): with x = ep/2,
 //!   y = hp/2 the count is xy + x + y, MNN's own (3) in register units;
 //!   10×8 needs 20 + 5 + 4 = 29, 12×8 needs 34, 8×10 ties and loses. → 10/8/8.
+//!
+//! Table 2 counts the int8 tile alone (weights scaled per row). With
+//! weights in groups, `smmla`'s GEMM adds a partial-sum register per
+//! accumulator, `xy·2 + x + y ≤ 30`: 6×6 (9·2 + 3 + 3 = 24) is cheapest
+//! but holds 48 codes a step, not whole 32-code runs of pair-transposed
+//! 4-bit weights (`nibble_runs`), so 4-bit formats get 10×4 (10·2 + 5 + 2
+//! = 27) and Q8_0 6×6.
 //!
 //! # x86, derived the same way (and why it differs from MNN's Table 2)
 //!
@@ -140,6 +149,9 @@ pub struct Problem {
     /// int8 MAC with [`MacInstr::group_sums`] keeps per-group sums in
     /// registers.
     pub weight_groups: bool,
+    /// 4-bit weights pair-transposed (32 codes per 16 bytes): a tile's
+    /// hp·lp must hold whole 32-code runs, or its weights cannot be packed.
+    pub nibble_runs: bool,
 }
 
 impl Problem {
@@ -151,6 +163,7 @@ impl Problem {
             class,
             weight_dequant: false,
             weight_groups: false,
+            nibble_runs: false,
         }
     }
 
@@ -179,6 +192,9 @@ impl Problem {
         let weight_groups = kernel
             .tensor(&mm.w)
             .is_some_and(|t| matches!(t.format.group(), Some(tessera_dsl::ir::Group::Size(_))));
+        let nibble_runs = kernel
+            .tensor(&mm.w)
+            .is_some_and(|t| t.layout.int4_pair_transpose);
         Ok(Problem {
             e: extent(&mm.e)?,
             h: extent(&mm.h)?,
@@ -186,6 +202,7 @@ impl Problem {
             class,
             weight_dequant,
             weight_groups,
+            nibble_runs,
         })
     }
 }
@@ -202,8 +219,9 @@ pub struct RegisterAccounting {
     pub dequant: u32,
     /// Per-group integer sums of grouped int8 weights (x86; 0 elsewhere).
     pub group_sums: u32,
-    /// f32 partial sums of a grouped int8 GEMV kept in registers
-    /// ([`MacInstr::gemv_partial_sums`]; 0 for other problems).
+    /// f32 partial sums of a grouped int8 GEMV or GEMM kept in registers
+    /// ([`MacInstr::gemv_partial_sums`], [`MacInstr::gemm_partial_sums`];
+    /// 0 for flat-GEMM problems and ungrouped weights).
     pub partial_sums: u32,
     /// Target and instruction reservations.
     pub reserved: u32,
@@ -311,6 +329,15 @@ pub enum SolveError {
         needed: u32,
     },
     #[error(
+        "target {target}: no tile that fits the registers holds whole 32-code runs of the \
+         pair-transposed 4-bit weights ({instr} steps lp = {lp}; hp·lp must be a multiple of 32)"
+    )]
+    NibbleRuns {
+        target: &'static str,
+        instr: &'static str,
+        lp: u32,
+    },
+    #[error(
         "target {target}: no block of {ep}x{hp} tiles fits {shared} bytes of shared memory \
          (one warp needs {needed})"
     )]
@@ -340,8 +367,13 @@ pub fn accounting(
         (ep.div_ceil(instr.a_rows) * instr.a_regs, 0)
     };
     let b_regs = hp.div_ceil(instr.b_cols) * instr.b_regs;
-    let partial_sums = if problem.e == 1 && problem.weight_groups && instr.class == MacClass::Int8 {
-        acc_units * instr.gemv_partial_sums
+    let per_unit = match problem.e {
+        1 => instr.gemv_partial_sums,
+        e if e > FLAT_GEMM_MAX_ROWS => instr.gemm_partial_sums,
+        _ => 0,
+    };
+    let partial_sums = if problem.weight_groups && instr.class == MacClass::Int8 {
+        acc_units * per_unit
     } else {
         0
     };
@@ -441,15 +473,55 @@ fn check(caps: &TargetCaps, problem: &Problem) -> Result<&'static MacInstr, Solv
     })
 }
 
+/// The registers of an `ep × hp` tile as the emitters lay it out: partial
+/// sums that do not fit beside the tile go to the stack (counted as none).
+pub fn spilled_accounting(
+    caps: &TargetCaps,
+    instr: &MacInstr,
+    problem: &Problem,
+    ep: u32,
+    hp: u32,
+) -> RegisterAccounting {
+    let mut a = accounting(caps, instr, problem, ep, hp);
+    if a.total > a.budget && a.partial_sums > 0 {
+        a.total -= a.partial_sums;
+        a.partial_sums = 0;
+    }
+    a
+}
+
+fn accounting_for(
+    caps: &TargetCaps,
+    instr: &MacInstr,
+    problem: &Problem,
+    ep: u32,
+    hp: u32,
+    spill: bool,
+) -> RegisterAccounting {
+    if spill {
+        spilled_accounting(caps, instr, problem, ep, hp)
+    } else {
+        accounting(caps, instr, problem, ep, hp)
+    }
+}
+
+/// Whether an int8 tile `hp` wide holds whole 32-code runs of
+/// pair-transposed 4-bit weights per step (float MACs dequantize codes
+/// their own way and refuse such layouts by name).
+fn whole_nibble_runs(instr: &MacInstr, problem: &Problem, hp: u32) -> bool {
+    !problem.nibble_runs || instr.class != MacClass::Int8 || (hp * instr.lp).is_multiple_of(32)
+}
+
 fn tile(
     caps: &TargetCaps,
     instr: &MacInstr,
     problem: &Problem,
     ep: u32,
     hp: u32,
+    spill: bool,
 ) -> Option<TileConfig> {
-    let accounting = accounting(caps, instr, problem, ep, hp);
-    if accounting.total > caps.registers {
+    let accounting = accounting_for(caps, instr, problem, ep, hp, spill);
+    if accounting.total > caps.registers || !whole_nibble_runs(instr, problem, hp) {
         return None;
     }
     let block = match caps.gpu {
@@ -472,20 +544,45 @@ fn tile(
 /// and with hp, so each row of the lattice stops at its first misfit.
 /// GPU tiles without a feasible block are left out.
 pub fn feasible(caps: &TargetCaps, problem: &Problem) -> Result<Vec<TileConfig>, SolveError> {
+    feasible_tiles(caps, problem, false)
+}
+
+/// [`feasible`] plus the tiles that fit once their partial sums go to the
+/// stack ([`MacInstr::gemm_partial_sums`] and the GEMV's), as the emitters
+/// then lay them out: what a tuning record's tile is looked up in, so a
+/// record from before the partial sums were counted still runs.
+pub fn runnable(caps: &TargetCaps, problem: &Problem) -> Result<Vec<TileConfig>, SolveError> {
+    feasible_tiles(caps, problem, true)
+}
+
+fn feasible_tiles(
+    caps: &TargetCaps,
+    problem: &Problem,
+    spill: bool,
+) -> Result<Vec<TileConfig>, SolveError> {
     let instr = check(caps, problem)?;
-    let fits = |ep: u32, hp: u32| accounting(caps, instr, problem, ep, hp).total <= caps.registers;
+    let fits = |ep: u32, hp: u32| {
+        accounting_for(caps, instr, problem, ep, hp, spill).total <= caps.registers
+    };
     let mut out = Vec::new();
     let mut ep = instr.ae;
     while fits(ep, instr.ah) {
         let mut hp = instr.ah;
         while fits(ep, hp) {
-            out.extend(tile(caps, instr, problem, ep, hp));
+            out.extend(tile(caps, instr, problem, ep, hp, spill));
             hp += instr.ah;
         }
         ep += instr.ae;
     }
     if out.is_empty() {
         let needed = accounting(caps, instr, problem, instr.ae, instr.ah).total;
+        if needed <= caps.registers && caps.gpu.is_none() {
+            return Err(SolveError::NibbleRuns {
+                target: caps.name,
+                instr: instr.name,
+                lp: instr.lp,
+            });
+        }
         if needed <= caps.registers {
             let gpu = caps
                 .gpu

@@ -56,15 +56,64 @@ fn best(name: &str, kernel: &Kernel) -> (u32, u32, u32) {
     (s.tiles[0].ep, s.tiles[0].hp, s.tiles[0].lp)
 }
 
+/// W4A8 with one scale per row: the int8 tile alone, as MNN-LLM's Table 2
+/// counts it (grouped weights add the epilogue's partial sums on `smmla`).
+fn w4a8_per_row() -> Kernel {
+    matmul(Format::I8Dyn, Format::U4Asym(Group::Row, ParamType::F32))
+}
+
 #[test]
 fn table_2_arm_rows() {
+    assert_eq!(best("aarch64-dotprod", &w4a8_per_row()), (12, 8, 4));
+    assert_eq!(best("aarch64-i8mm", &w4a8_per_row()), (10, 8, 8));
+    // Grouped weights: sdot's GEMM keeps its tile (its partial sums stay on
+    // the stack), smmla's counts a partial-sum register per accumulator.
     assert_eq!(best("aarch64-dotprod", &w4a8()), (12, 8, 4));
-    assert_eq!(best("aarch64-i8mm", &w4a8()), (10, 8, 8));
+}
+
+/// A grouped `smmla` GEMM keeps its f32 partial sums in registers: the
+/// solver counts one per accumulator, and among the tiles that fit, the
+/// pair-transposed 4-bit weights admit only whole 32-code runs (6×6×8,
+/// cheaper under formula (2), holds 48 codes a step; 8-bit Q8_0 gets it).
+#[test]
+fn grouped_smmla_gemm_counts_partial_sums_and_whole_nibble_runs() {
+    let caps = target("aarch64-i8mm");
+    for name in ["matmul-q4_0", "matmul-w4a8", "matmul-q8_0"] {
+        let kernel = tessera_dsl::library::get(name).unwrap();
+        let p = Problem::from_kernel(caps, &kernel).unwrap();
+        let tiles = solve(caps, &p).unwrap();
+        let t = tiles[0];
+        // 8-bit codes have no runs to keep whole: 6×6 is formula (2)'s best.
+        let want = if p.nibble_runs { (10, 4, 8) } else { (6, 6, 8) };
+        assert_eq!((t.ep, t.hp, t.lp), want, "{name}");
+        assert_eq!(
+            t.accounting.partial_sums, t.accounting.accumulators,
+            "{name}"
+        );
+        if p.nibble_runs {
+            assert!(tiles.iter().all(|t| (t.hp * t.lp) % 32 == 0), "{name}");
+            let loose = solve(
+                caps,
+                &Problem {
+                    nibble_runs: false,
+                    ..p
+                },
+            )
+            .unwrap();
+            assert_eq!((loose[0].ep, loose[0].hp), (6, 6), "{name}");
+        }
+        // Flat-GEMM rows keep their partial sums on the stack.
+        let flat = solve(caps, &Problem { e: 8, ..p }).unwrap();
+        assert!(
+            flat.iter().all(|t| t.accounting.partial_sums == 0),
+            "{name}"
+        );
+    }
 }
 
 #[test]
 fn table_2_accounting_is_in_whole_registers() {
-    let s = solve_kernel(target("aarch64-dotprod"), &w4a8()).unwrap();
+    let s = solve_kernel(target("aarch64-dotprod"), &w4a8_per_row()).unwrap();
     let a = s.tiles[0].accounting;
     assert_eq!(
         (
@@ -78,7 +127,7 @@ fn table_2_accounting_is_in_whole_registers() {
         ),
         (24, 3, 2, 0, 2, 31, 32)
     );
-    let s = solve_kernel(target("aarch64-i8mm"), &w4a8()).unwrap();
+    let s = solve_kernel(target("aarch64-i8mm"), &w4a8_per_row()).unwrap();
     let a = s.tiles[0].accounting;
     assert_eq!(
         (a.accumulators, a.a_regs, a.b_regs, a.total),
@@ -390,7 +439,7 @@ proptest! {
         let caps = caps.with_registers(regs);
         let classes = caps.classes();
         let class = classes[class_pick % classes.len()];
-        let p = Problem { e, h, l, class, weight_dequant: dequant, weight_groups: groups };
+        let p = Problem { e, h, l, class, weight_dequant: dequant, weight_groups: groups, nibble_runs: false };
         match solve(&caps, &p) {
             Ok(tiles) => {
                 for t in &tiles {

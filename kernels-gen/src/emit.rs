@@ -12,7 +12,7 @@ use tessera_codegen::gpu::with_gpu_weight_layout;
 use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::opencl::{Fp16Mode, OpenClBackend};
 use tessera_codegen::ptx::{PtxBackend, Sm};
-use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
+use tessera_codegen::tile::{Problem, TileConfig, runnable, solve};
 use tessera_codegen::x86::X86Backend;
 use tessera_codegen::{TargetCaps, mac_class};
 use tessera_dsl::Kernel;
@@ -84,7 +84,7 @@ fn tiles_for(
     match want {
         None => solve(caps, &problem).map_err(|e| e.to_string()),
         Some([ep, hp, lp]) => {
-            let all = feasible(caps, &problem).map_err(|e| e.to_string())?;
+            let all = runnable(caps, &problem).map_err(|e| e.to_string())?;
             match all.iter().find(|t| t.ep == ep && t.hp == hp && t.lp == lp) {
                 Some(t) => Ok(vec![*t]),
                 None => {

@@ -82,11 +82,10 @@ mod tests {
             .expect("valid test kernel")
     }
 
+    /// Per-row scales: MNN-LLM Table 2's int8 tile (grouped weights add
+    /// partial-sum registers on `smmla`).
     fn w4a8() -> Kernel {
-        matmul(
-            Format::I8Dyn,
-            Format::U4Asym(Group::Size(32), ParamType::F32),
-        )
+        matmul(Format::I8Dyn, Format::U4Asym(Group::Row, ParamType::F32))
     }
 
     #[test]
@@ -146,7 +145,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("opencl-gpu") && err.contains("i8dyn") && err.contains("u4asym:g32"),
+            err.contains("opencl-gpu") && err.contains("i8dyn") && err.contains("u4asym:row"),
             "{err}"
         );
         assert!(err.contains("supports"), "{err}");

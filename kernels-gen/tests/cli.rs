@@ -94,12 +94,13 @@ fn check_reports_verify_errors_and_missing_files() {
 
 #[test]
 fn solve_prints_the_table_2_rows_first() {
+    // Per-row scales (W8A8): the int8 tile alone, as Table 2 counts it.
     let o = cli(&[
         "solve",
         "--target",
         "aarch64-i8mm",
         "--kernel",
-        "matmul-w4a8",
+        "matmul-w8a8",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).starts_with("ep=10 hp=8 lp=8 "), "{}", stdout(&o));
@@ -111,6 +112,19 @@ fn solve_prints_the_table_2_rows_first() {
         "matmul-w4a8",
     ]);
     assert!(stdout(&o).starts_with("ep=12 hp=8 lp=4 "), "{}", stdout(&o));
+    // Grouped W4A8 on smmla: a partial-sum register per accumulator.
+    let o = cli(&[
+        "solve",
+        "--target",
+        "aarch64-i8mm",
+        "--kernel",
+        "matmul-w4a8",
+    ]);
+    let first = stdout(&o).lines().next().unwrap_or_default().to_string();
+    assert!(
+        first.starts_with("ep=10 hp=4 lp=8 ") && first.contains(" partial_sums=10 "),
+        "{first}"
+    );
 }
 
 #[test]

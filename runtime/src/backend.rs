@@ -1067,7 +1067,7 @@ mod jit {
             let mut found = None;
             for caps in targets {
                 let problem = self.problem(caps, kernel, super::representative_m(variant), n, k)?;
-                found = tile::feasible(caps, &problem)
+                found = tile::runnable(caps, &problem)
                     .map_err(|e| emit_err(&kernel.name, e))?
                     .into_iter()
                     .find(|t| [t.ep, t.hp, t.lp] == tile);

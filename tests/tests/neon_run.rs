@@ -47,23 +47,36 @@ fn with_weight_format(mut k: Kernel, f: Format) -> Kernel {
     k
 }
 
-/// The solver's optimum for (e, n, k) and its first neighbour the emitter takes.
+/// The solver's optimum for (e, n, k), its first neighbour the emitter
+/// takes and, where it differs, the optimum of the same problem without
+/// grouped weights: a tile too wide for register partial sums (the
+/// `smmla` GEMM's 10×8 beside its 10×4), which keeps them on the stack.
 fn tiles(target: &str, kernel: &Kernel, e: u64) -> Vec<TileConfig> {
     let be = NeonBackend::new(target).unwrap();
     let p = problem(be.caps(), kernel, e);
     // The best tile the kernel's layout admits (4-bit weights need hp·lp a
     // multiple of 32), as the autotuner would pick.
-    let best = solve(be.caps(), &p)
-        .unwrap()
-        .into_iter()
-        .find(|t| be.emit(kernel, t).is_ok())
-        .unwrap();
+    let first = |p: &Problem| {
+        solve(be.caps(), p)
+            .unwrap()
+            .into_iter()
+            .find(|t| be.emit(kernel, t).is_ok())
+            .unwrap()
+    };
+    let best = first(&p);
     let mut out = vec![best];
     for t in neighbours(be.caps(), &p, &best, 8).unwrap() {
         if be.emit(kernel, &t).is_ok() {
             out.push(t);
             break;
         }
+    }
+    let wide = first(&Problem {
+        weight_groups: false,
+        ..p
+    });
+    if out.iter().all(|t| (t.ep, t.hp) != (wide.ep, wide.hp)) {
+        out.push(wide);
     }
     out
 }

@@ -435,6 +435,7 @@ const CLIF_FMA_4S: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 const CLIF_DOT_TEMPS: &[Reserved] = &[Reserved {
@@ -460,6 +461,7 @@ const CLIF_DOT4: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 0,
+    gemm_partial_sums: 0,
 };
 
 /// Cranelift on x86-64: 16 xmm registers of 128 bits. Per f32 tile:

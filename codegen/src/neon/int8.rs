@@ -27,10 +27,16 @@
 //! count (the last row block runs the fewest rows that cover it, rotating
 //! through the idle rows' accumulators) and prefetch of the weight stream.
 //!
-//! The f32 partial sums of the GEMM and flat tiles live in a stack scratch
-//! area (the solver gives every register to the int32 tile; the group
-//! epilogue reuses the A and B registers). A grouped GEMV on `sdot` keeps
-//! them in registers instead: the solver counts one per accumulator for
+//! The f32 partial sums of the `sdot` GEMM and of every flat tile live in
+//! a stack scratch area (the solver gives every register to the int32
+//! tile; the group epilogue reuses the A and B registers). The grouped
+//! `smmla` GEMM keeps them in registers
+//! ([`crate::target::MacInstr::gemm_partial_sums`]): 10×4×8 with 10
+//! accumulators and 10 partial sums, where 10×8×8 loaded and stored 20
+//! partials every group (under llvm-mca 19 the Q4_0 i8mm GEMM went from
+//! 0.91–1.02× KleidiAI's 8x4x32 on the N2, V1 and V2 models to
+//! 1.01–1.14×). A grouped GEMV on `sdot` keeps
+//! them in registers too: the solver counts one per accumulator for
 //! e = 1 ([`crate::target::MacInstr::gemv_partial_sums`]), so its tile is
 //! 1×32 (8 accumulators, 8 B, 8 partial sums) rather than 1×48, and a
 //! group end is a `scvtf` and an `fmla` per accumulator with no `ldr`/`str`
@@ -55,7 +61,8 @@
 //! With signed nibbles (`u4sym` GEMM and flat tiles) the mask holds 0xF0
 //! and the staging register 0x88, the `eor` constant; likewise for `smmla`.
 //!
-//! `smmla` at 10×8×8:
+//! `smmla` at 10×8×8 (per-row weights; a record's grouped tile of this
+//! width spills its partial sums to the stack):
 //!
 //! | registers | holds |
 //! |---|---|
@@ -66,6 +73,17 @@
 //! | v12-v31 | 20 accumulators 2×2: row pair i, column pair j in v(12 + 4i + j) |
 //!
 //! One register is left unused in each (29 of 30 after the reservations).
+//!
+//! `smmla` GEMM of grouped weights at the solver's 10×4×8:
+//!
+//! | registers | holds |
+//! |---|---|
+//! | v0-v4 | A: 5 row pairs × 8 int8 |
+//! | v5-v6 | B: 2 column pairs × 8 codes (the 16 bytes of one load) |
+//! | v7 | nibble mask (0xF0 with signed codes) |
+//! | v8 | staging (0x88 with signed codes) |
+//! | v9-v18 | 10 f32 partial sums, in accumulator order |
+//! | v22-v31 | 10 accumulators 2×2: row pair i, column pair j in v(22 + 2i + j) |
 //!
 //! `sdot` GEMV of grouped weights at the solver's 1×32×4:
 //!
@@ -982,7 +1000,11 @@ fn load_params(a: &mut A64, spec: &Int8Spec, v: V, base: X, j: u32, cols: u32) {
 fn load_row_sums(a: &mut A64, spec: &Int8Spec, v: V) {
     match spec.mac {
         Mac::Smmla => {
-            a.ld1_s_lane_post(v, 0, T1, GSTRIDE);
+            // A whole-register load first: a lane insert would wait for the
+            // previous row pair's use of `v` (a chain through every row
+            // pair of the group).
+            a.ldr_s(v, T1, 0);
+            a.add(T1, T1, GSTRIDE);
             a.ld1_s_lane_post(v, 2, T1, GSTRIDE);
             a.trn1_4s(v, v, v);
         }

@@ -47,7 +47,9 @@ use tessera_dsl::ir::{Activation, Format, Group, ParamType};
 
 use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, Variant};
 use crate::target::{MacClass, TargetCaps, mac_class};
-use crate::tile::{Problem, RegisterAccounting, TileConfig, accounting};
+use crate::tile::{
+    FLAT_GEMM_MAX_ROWS, Problem, RegisterAccounting, TileConfig, spilled_accounting,
+};
 
 /// The int8 MAC instruction (sequence) a kernel uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -511,9 +513,10 @@ impl NeonBackend {
     }
 
     /// [`Self::plan`] for one variant: the GEMV variant is accounted as
-    /// the e = 1 problem, which keeps a grouped GEMV's partial sums in
-    /// registers where they fit beside the tile (the solver's GEMV tiles
-    /// do); a wider tile keeps them in the stack scratch.
+    /// the e = 1 problem and the flat variant at its rows, so a grouped
+    /// GEMV (`sdot`) or GEMM (`smmla`) keeps its partial sums in registers
+    /// where they fit beside the tile (the solver's tiles do); a wider
+    /// tile, and every flat tile, keeps them in the stack scratch.
     pub fn plan_for(
         &self,
         kernel: &Kernel,
@@ -523,14 +526,14 @@ impl NeonBackend {
         let (caps, instr) = self.mac_for(kernel, tile)?;
         let mut problem =
             Problem::from_kernel(caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
-        if variant == Variant::Gemv {
-            problem.e = 1;
+        match variant {
+            Variant::Gemv => problem.e = 1,
+            // Its row blocks take turns within a K block, so its partial
+            // sums stay in the stack scratch whatever the tile.
+            Variant::FlatGemm => problem.e = problem.e.clamp(2, FLAT_GEMM_MAX_ROWS),
+            Variant::Gemm => {}
         }
-        let mut acc = accounting(caps, instr, &problem, tile.ep, tile.hp);
-        if acc.total > acc.budget && acc.partial_sums > 0 {
-            acc.total -= acc.partial_sums;
-            acc.partial_sums = 0;
-        }
+        let acc = spilled_accounting(caps, instr, &problem, tile.ep, tile.hp);
         let a_regs = acc.a_regs;
         let plan = RegisterPlan::new(&acc, a_regs, acc.b_regs, !instr.reserved.is_empty());
         Ok((plan, acc))
@@ -540,7 +543,7 @@ impl NeonBackend {
     /// tile's ep, as the solver's accounting sized it).
     pub fn flat_plan(&self, kernel: &Kernel, tile: &TileConfig) -> Result<FlatPlan, EmitError> {
         let spec = self.spec(kernel, tile, Variant::FlatGemm, None)?;
-        let (plan, acc) = self.plan(kernel, tile)?;
+        let (plan, acc) = self.plan_for(kernel, tile, Variant::FlatGemm)?;
         let flat = spec.flat().expect("the flat variant has a flat plan");
         Self::check_flat(tile, &plan, &acc, &flat)?;
         Ok(flat)
@@ -700,8 +703,6 @@ impl NeonBackend {
         }
         let class = mac_class(self.caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
         let (caps, instr) = self.mac_for(kernel, tile)?;
-        let problem =
-            Problem::from_kernel(caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
         if tile.lp != instr.lp
             || tile.ep == 0
             || tile.hp == 0
@@ -716,7 +717,9 @@ impl NeonBackend {
                 ),
             ));
         }
-        let acc = accounting(caps, instr, &problem, tile.ep, tile.hp);
+        // The variant's own accounting: partial sums it cannot fit go to
+        // the stack instead of failing the tile.
+        let (_, acc) = self.plan_for(kernel, tile, variant)?;
         if acc.total > caps.registers {
             return Err(Self::bad_tile(
                 tile,

@@ -11,7 +11,7 @@ use tessera_codegen::gpu::with_gpu_weight_layout;
 use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::opencl::{Fp16Mode, OpenClBackend, Program};
 use tessera_codegen::ptx::{PtxBackend, Sm};
-use tessera_codegen::tile::{Problem, TileConfig, feasible, solve};
+use tessera_codegen::tile::{Problem, TileConfig, runnable, solve};
 use tessera_codegen::x86::X86Backend;
 use tessera_codegen::{TargetCaps, mac_class};
 use tessera_dsl::interp::ONLINE_BLOCK;
@@ -263,7 +263,7 @@ impl Emitter {
             problem.l = k as u64;
             match want {
                 None => solve(caps, &problem),
-                Some(_) => feasible(caps, &problem),
+                Some(_) => runnable(caps, &problem),
             }
             .map_err(|e| e.to_string())
         };
