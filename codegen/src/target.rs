@@ -157,12 +157,17 @@ pub struct MacInstr {
     /// i8mm targets), 0 elsewhere.
     pub gemv_partial_sums: u32,
     /// The same for a grouped GEMM tile (e above the flat-GEMM rows): 1
-    /// for NEON's `smmla`, whose 10×4 tile then holds 10 accumulators and
-    /// 10 partial sums where 10×8 spilled 20 partials to the stack every
-    /// group; 0 elsewhere (`sdot`'s 6×8 that would fit loses more to the
-    /// nibble unpack of half as many rows than it saves). The flat GEMM
-    /// keeps stack partials: its row blocks take turns within a K block.
+    /// for NEON's `smmla` and `sdot`, whose 10×4×8 and 12×4×4 tiles then
+    /// hold 10 or 12 accumulators and as many partial sums where 10×8 and
+    /// 12×8 moved 20 or 24 partials through the stack every group; 0
+    /// elsewhere. The flat GEMM keeps stack partials: its row blocks take
+    /// turns within a K block.
     pub gemm_partial_sums: u32,
+    /// The GEMM loop can take pair-transposed 4-bit weights in 16-code
+    /// blocks (hp·lp = 16), one 16-byte load serving two lp-steps (low
+    /// nibbles, then high): NEON's `sdot`, whose 12×4×4 tile then fits its
+    /// partial sums beside 12 accumulators.
+    pub paired_nibble_steps: bool,
 }
 
 impl MacInstr {
@@ -503,6 +508,7 @@ const FMLA_4S: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 const FMLA_8H: MacInstr = MacInstr {
@@ -521,6 +527,7 @@ const FMLA_8H: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 /// Without dotprod: each (row, column) pair multiplies 16 int8 along l with
@@ -545,6 +552,7 @@ const SMULL_SADALP: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 const SDOT: MacInstr = MacInstr {
@@ -562,7 +570,8 @@ const SDOT: MacInstr = MacInstr {
     mma: None,
     group_sums: 0,
     gemv_partial_sums: 1,
-    gemm_partial_sums: 0,
+    gemm_partial_sums: 1,
+    paired_nibble_steps: true,
 };
 
 const SMMLA: MacInstr = MacInstr {
@@ -581,6 +590,7 @@ const SMMLA: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 1,
+    paired_nibble_steps: false,
 };
 
 /// x86 has no by-element FMA, so each row's activation is broadcast
@@ -606,6 +616,7 @@ const VFMADD_YMM: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 /// `vpmaddubsw` multiplies unsigned by signed bytes: the u4 weight codes are
@@ -633,6 +644,7 @@ const VPMADD_YMM: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 /// The AVX-512 f32 kernel (`x86::avx512`) counts as [`VFMADD_YMM`] does:
@@ -657,6 +669,7 @@ const VFMADD_ZMM: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 /// As the AVX-512 int8 kernel (`x86::avx512_int8`) runs it: each
@@ -681,6 +694,7 @@ const VPDPBUSD_ZMM: MacInstr = MacInstr {
     group_sums: 1,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 const CL_MAD_FLOAT4: MacInstr = MacInstr {
@@ -699,6 +713,7 @@ const CL_MAD_FLOAT4: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 const CL_MAD_HALF4: MacInstr = MacInstr {
@@ -717,6 +732,7 @@ const CL_MAD_HALF4: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 const PTX_FMA_F32: MacInstr = MacInstr {
@@ -735,6 +751,7 @@ const PTX_FMA_F32: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 /// m16n8k16 f16 with f32 accumulators: A (16×16 f16) 8 halves per thread =
@@ -781,6 +798,7 @@ const fn mma_instr(name: &'static str, class: MacClass, shape: MmaShape) -> MacI
         group_sums: 0,
         gemv_partial_sums: 0,
         gemm_partial_sums: 0,
+        paired_nibble_steps: false,
     }
 }
 

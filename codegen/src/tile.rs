@@ -366,7 +366,11 @@ pub fn accounting(
     } else {
         (ep.div_ceil(instr.a_rows) * instr.a_regs, 0)
     };
-    let b_regs = hp.div_ceil(instr.b_cols) * instr.b_regs;
+    let b_regs = if paired_nibble_steps(instr, problem, hp) {
+        2
+    } else {
+        hp.div_ceil(instr.b_cols) * instr.b_regs
+    };
     let per_unit = match problem.e {
         1 => instr.gemv_partial_sums,
         e if e > FLAT_GEMM_MAX_ROWS => instr.gemm_partial_sums,
@@ -428,8 +432,30 @@ pub fn a_load_weight(caps: &TargetCaps, instr: &MacInstr, problem: &Problem) -> 
 pub const FLAT_GEMM_MAX_ROWS: u64 = 16;
 
 /// The cost the solver ranks tiles by on `caps`: formula (2) with the A
-/// term weighted by [`a_load_weight`] (so exactly [`cost`] off x86 f32),
+/// term weighted by [`a_load_weight`] and the B term by [`b_load_weight`]
+/// (so exactly [`cost`] off x86 f32 and ARM's 4-bit int8),
 /// and on a GPU multiplied by how starved its block leaves the grid.
+/// How many A elements one B element is worth on `caps` for `problem`:
+/// 2 for pair-transposed 4-bit weights on ARM's `sdot` and `smmla`, whose
+/// every 16-byte load of 32 codes is unpacked by two or three vector ops
+/// (`and` and `ushr`, or `eor`, `shl` and `and`) on the pipes the MACs
+/// use, where the A operand (several rows a register) is a plain load.
+/// Under llvm-mca 19 that makes a grouped `sdot` GEMM's 12×4 (unpack
+/// shared by 12 rows) 1.04–1.09× KleidiAI's 16x4 on the N1, N2 and V1
+/// models where the 6×8 that formula (2) prefers unweighted is 0.95×.
+/// Else 1 (the `smull` fallback, one row an A register, is unmeasured).
+pub fn b_load_weight(caps: &TargetCaps, instr: &MacInstr, problem: &Problem) -> u128 {
+    if caps.arch == Arch::Aarch64
+        && instr.class == MacClass::Int8
+        && instr.a_rows > 1
+        && problem.nibble_runs
+    {
+        2
+    } else {
+        1
+    }
+}
+
 pub fn target_cost(
     caps: &TargetCaps,
     instr: &MacInstr,
@@ -438,6 +464,7 @@ pub fn target_cost(
     hp: u32,
 ) -> u128 {
     let w = a_load_weight(caps, instr, problem);
+    let wb = b_load_weight(caps, instr, problem);
     let (e, h, l) = (
         u128::from(problem.e),
         u128::from(problem.h),
@@ -447,7 +474,7 @@ pub fn target_cost(
     let starved = block_tile(caps, instr, problem, ep, hp)
         .map_or(1, |b| starvation(caps, instr, problem, b.tile_e, b.tile_h));
     let (ep, hp) = (u128::from(ep), u128::from(hp));
-    e.div_ceil(ep) * h.div_ceil(hp) * (w * l * ep + l * hp + ep * hp) * starved
+    e.div_ceil(ep) * h.div_ceil(hp) * (w * l * ep + wb * l * hp + ep * hp) * starved
 }
 
 /// Formula (2) with ceil, exact.
@@ -509,7 +536,20 @@ fn accounting_for(
 /// pair-transposed 4-bit weights per step (float MACs dequantize codes
 /// their own way and refuse such layouts by name).
 fn whole_nibble_runs(instr: &MacInstr, problem: &Problem, hp: u32) -> bool {
-    !problem.nibble_runs || instr.class != MacClass::Int8 || (hp * instr.lp).is_multiple_of(32)
+    !problem.nibble_runs
+        || instr.class != MacClass::Int8
+        || (hp * instr.lp).is_multiple_of(32)
+        || paired_nibble_steps(instr, problem, hp)
+}
+
+/// Whether the tile's 4-bit weights come in 16-code blocks that pair two
+/// lp-steps per 16-byte load ([`MacInstr::paired_nibble_steps`]): the load
+/// then fills two B registers.
+pub fn paired_nibble_steps(instr: &MacInstr, problem: &Problem, hp: u32) -> bool {
+    problem.nibble_runs
+        && instr.class == MacClass::Int8
+        && instr.paired_nibble_steps
+        && hp * instr.lp == 16
 }
 
 fn tile(

@@ -66,9 +66,9 @@ fn w4a8_per_row() -> Kernel {
 fn table_2_arm_rows() {
     assert_eq!(best("aarch64-dotprod", &w4a8_per_row()), (12, 8, 4));
     assert_eq!(best("aarch64-i8mm", &w4a8_per_row()), (10, 8, 8));
-    // Grouped weights: sdot's GEMM keeps its tile (its partial sums stay on
-    // the stack), smmla's counts a partial-sum register per accumulator.
-    assert_eq!(best("aarch64-dotprod", &w4a8()), (12, 8, 4));
+    // Grouped weights: a partial-sum register per accumulator (without
+    // the pair transpose, formula (2) unweighted: 6×8).
+    assert_eq!(best("aarch64-dotprod", &w4a8()), (6, 8, 4));
 }
 
 /// A grouped `smmla` GEMM keeps its f32 partial sums in registers: the
@@ -108,6 +108,42 @@ fn grouped_smmla_gemm_counts_partial_sums_and_whole_nibble_runs() {
             flat.iter().all(|t| t.accounting.partial_sums == 0),
             "{name}"
         );
+    }
+}
+
+/// The grouped `sdot` GEMM: partial sums in registers, and 4-bit weights
+/// in 16-code blocks (two lp-steps a load, two B registers) weighted by
+/// their unpack: 12×4×4 (12 + 12 + 3 + 2 + 2 = 31 registers) where
+/// unweighted formula (2) takes 6×8, whose unpack serves half the rows.
+#[test]
+fn grouped_sdot_gemm_takes_12x4_with_paired_steps() {
+    let caps = target("aarch64-dotprod");
+    for name in ["matmul-q4_0", "matmul-w4a8", "matmul-q4_1", "matmul-q8_0"] {
+        let kernel = tessera_dsl::library::get(name).unwrap();
+        let p = Problem::from_kernel(caps, &kernel).unwrap();
+        let t = solve(caps, &p).unwrap()[0];
+        let a = t.accounting;
+        if p.nibble_runs {
+            assert_eq!((t.ep, t.hp, t.lp), (12, 4, 4), "{name}");
+            assert_eq!(
+                (a.accumulators, a.partial_sums, a.b_regs, a.total),
+                (12, 12, 2, 31)
+            );
+            let unweighted = tessera_codegen::tile::cost(&p, 6, 8);
+            assert!(
+                unweighted < tessera_codegen::tile::cost(&p, 12, 4),
+                "{name}"
+            );
+        } else {
+            assert_eq!((t.ep, t.hp, t.lp), (6, 8, 4), "{name}");
+        }
+        // The 4-bit GEMV and flat rows keep their tiles.
+        if p.nibble_runs {
+            let gemv = solve(caps, &Problem { e: 1, ..p }).unwrap()[0];
+            assert_eq!((gemv.ep, gemv.hp), (1, 32), "{name}");
+            let flat = solve(caps, &Problem { e: 8, ..p }).unwrap()[0];
+            assert_eq!((flat.ep, flat.hp), (8, 8), "{name}");
+        }
     }
 }
 
@@ -386,7 +422,7 @@ fn zero_extent_is_an_error() {
 
 #[test]
 fn json_round_trips_the_solution_fields() {
-    let s = solve_kernel(target("aarch64-dotprod"), &w4a8()).unwrap();
+    let s = solve_kernel(target("aarch64-dotprod"), &w4a8_per_row()).unwrap();
     let v = serde_json::to_value(s.to_report(2)).unwrap();
     assert_eq!(v["tiles"].as_array().unwrap().len(), 2);
     assert_eq!(v["tiles"][0]["accounting"]["accumulators"], 24);

@@ -330,18 +330,60 @@ fn layout_errors() {
         ElemWidth::B8,
     );
     assert!(m.contains("two different tiles"), "{m}");
-    // Pair transpose: 4x4 = 16 codes per block, and 8-bit elements.
-    let m = err(&weight_layout(true), &hl_tiles(4, 4), ElemWidth::B4);
+    // Pair transpose: 2x4 = 8 codes per block, and 8-bit elements.
+    let m = err(&weight_layout(true), &hl_tiles(2, 4), ElemWidth::B4);
     assert!(m.contains("multiple of 32"), "{m}");
     let m = err(&weight_layout(true), &hl_tiles(8, 4), ElemWidth::B8);
     assert!(m.contains("4-bit"), "{m}");
     assert!(matches!(
         pack_weights(
             &quantize(Format::U4Asym(Group::Row, ParamType::F32), 4, 4, &[0.0; 16]).unwrap(),
-            WeightPacking::Cpu { hp: 4, lp: 4 }
+            WeightPacking::Cpu { hp: 2, lp: 4 }
         ),
         Err(QuantError::Layout(_))
     ));
+}
+
+/// 16-code blocks (hp = lp = 4) pair-transposed: each 16-byte run holds two
+/// consecutive lp-steps of one panel (low nibbles the first, high the
+/// second), and a panel's odd step count is padded with a zero block.
+#[test]
+fn int4_pair_transpose_pairs_16_code_blocks_along_l() {
+    let (h, l) = (6, 12); // 2 panels of 4 rows; 3 steps of 4, padded to 4
+    let plan = PackPlan::new(
+        &weight_layout(true),
+        &[("h", h), ("l", l)],
+        &hl_tiles(4, 4),
+        ElemWidth::B4,
+    )
+    .unwrap();
+    let code = |r: usize, c: usize| ((r * 7 + c * 3) % 16) as u8;
+    let logical: Vec<u8> = (0..h * l).map(|i| code(i / l, i % l)).collect();
+    let packed = plan.pack(&logical).unwrap();
+    // 2 panels × 4 steps (one of them padding) × 16 codes / 2.
+    assert_eq!(packed.len(), 2 * 4 * 8);
+    let want = |panel: usize, step: usize, j: usize| -> u8 {
+        let (row, k) = (panel * 4 + j / 4, step * 4 + j % 4);
+        if row < h && k < l { code(row, k) } else { 0 }
+    };
+    for panel in 0..2 {
+        for pair in 0..2 {
+            for j in 0..16 {
+                let byte = packed[panel * 32 + pair * 16 + j];
+                assert_eq!(
+                    byte & 15,
+                    want(panel, 2 * pair, j),
+                    "panel {panel} pair {pair} byte {j}"
+                );
+                assert_eq!(
+                    byte >> 4,
+                    want(panel, 2 * pair + 1, j),
+                    "panel {panel} pair {pair} byte {j}"
+                );
+            }
+        }
+    }
+    assert_eq!(plan.unpack(&packed).unwrap(), logical);
 }
 
 #[test]

@@ -109,9 +109,22 @@ fn solve_prints_the_table_2_rows_first() {
         "--target",
         "aarch64-dotprod",
         "--kernel",
-        "matmul-w4a8",
+        "matmul-w8a8",
     ]);
     assert!(stdout(&o).starts_with("ep=12 hp=8 lp=4 "), "{}", stdout(&o));
+    // Grouped W4A8 on sdot: 16-code blocks and register partial sums.
+    let o = cli(&[
+        "solve",
+        "--target",
+        "aarch64-dotprod",
+        "--kernel",
+        "matmul-w4a8",
+    ]);
+    let first = stdout(&o).lines().next().unwrap_or_default().to_string();
+    assert!(
+        first.starts_with("ep=12 hp=4 lp=4 ") && first.contains(" partial_sums=12 "),
+        "{first}"
+    );
     // Grouped W4A8 on smmla: a partial-sum register per accumulator.
     let o = cli(&[
         "solve",

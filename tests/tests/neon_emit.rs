@@ -199,8 +199,17 @@ fn register_plans_match_the_solver() {
     let w4 = library::get("matmul-w4a8").unwrap();
     let be = NeonBackend::new("aarch64-dotprod").unwrap();
     let (t, _) = tiles("aarch64-dotprod", &w4, 4096);
-    assert_eq!((t.ep, t.hp, t.lp), (12, 8, 4));
+    assert_eq!((t.ep, t.hp, t.lp), (12, 4, 4));
     let (p, _) = be.plan(&w4, &t).unwrap();
+    assert_eq!(
+        (p.a, p.b, p.mask, p.stage, p.partials, p.acc),
+        (0..3, 3..5, V(5), V(6), 7..19, 20..32)
+    );
+    // Per-row weights: Table 2's 12×8×4, every register to the int8 tile.
+    let w8 = library::get("matmul-w8a8").unwrap();
+    let (t, _) = tiles("aarch64-dotprod", &w8, 4096);
+    assert_eq!((t.ep, t.hp, t.lp), (12, 8, 4));
+    let (p, _) = be.plan(&w8, &t).unwrap();
     assert_eq!(
         (p.a, p.b, p.mask, p.stage, p.acc),
         (0..3, 3..5, V(5), V(6), 8..32)
@@ -222,9 +231,12 @@ fn bad_tiles_and_targets_are_errors() {
     assert!(NeonBackend::new("nope").is_err());
     let be = NeonBackend::new("aarch64-dotprod").unwrap();
     let (t, _) = tiles("aarch64-dotprod", &w4, 4096);
+    assert_eq!((t.hp, t.lp), (4, 4)); // 16-code blocks, paired steps
     let mut bad = t;
-    bad.hp = 4; // 16 codes per step: no whole 32-code run
+    bad.hp = 12; // 48 codes per step: no whole 32-code runs, not 16
     assert!(be.emit(&w4, &bad).is_err());
+    // Paired steps are the GEMM loop's only.
+    assert!(be.emit_variant(&w4, &t, Variant::FlatGemm).is_err());
     let mut bad = t;
     bad.lp = 8;
     assert!(be.emit(&w4, &bad).is_err());
@@ -457,13 +469,13 @@ fn compact_formats_every_target_and_variant() {
                 assert!(l.contains("fcvtl "), "{what}");
                 // The solver's grouped GEMV tile leaves room for its f32
                 // partial sums on the sdot targets (the i8mm GEMV is sdot),
-                // and its smmla GEMM tiles do too; flat tiles keep them on
-                // the stack.
+                // and its GEMM tiles (sdot, smmla) do too; flat tiles keep
+                // them on the stack.
                 let sdot = target.contains("dotprod") || target.contains("i8mm");
-                let smmla_gemm = target.contains("i8mm") && variant == Variant::Gemm && t.lp == 8;
+                let gemm = sdot && variant == Variant::Gemm;
                 assert_eq!(
                     l.contains("| f32 partial sums"),
-                    (variant == Variant::Gemv && sdot && t.lp == 4) || smmla_gemm,
+                    (variant == Variant::Gemv && sdot && t.lp == 4) || gemm,
                     "{what}"
                 );
                 let zp = name == "matmul-q4_0";

@@ -436,6 +436,7 @@ const CLIF_FMA_4S: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 const CLIF_DOT_TEMPS: &[Reserved] = &[Reserved {
@@ -462,6 +463,7 @@ const CLIF_DOT4: MacInstr = MacInstr {
     group_sums: 0,
     gemv_partial_sums: 0,
     gemm_partial_sums: 0,
+    paired_nibble_steps: false,
 };
 
 /// Cranelift on x86-64: 16 xmm registers of 128 bits. Per f32 tile:

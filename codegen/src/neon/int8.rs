@@ -27,28 +27,45 @@
 //! count (the last row block runs the fewest rows that cover it, rotating
 //! through the idle rows' accumulators) and prefetch of the weight stream.
 //!
-//! The f32 partial sums of the `sdot` GEMM and of every flat tile live in
-//! a stack scratch area (the solver gives every register to the int32
-//! tile; the group epilogue reuses the A and B registers). The grouped
-//! `smmla` GEMM keeps them in registers
-//! ([`crate::target::MacInstr::gemm_partial_sums`]): 10×4×8 with 10
-//! accumulators and 10 partial sums, where 10×8×8 loaded and stored 20
-//! partials every group (under llvm-mca 19 the Q4_0 i8mm GEMM went from
-//! 0.91–1.02× KleidiAI's 8x4x32 on the N2, V1 and V2 models to
-//! 1.01–1.14×). A grouped GEMV on `sdot` keeps
+//! The f32 partial sums of every flat tile live in a stack scratch area
+//! (its row blocks take turns within a K block; the group epilogue reuses
+//! the A and B registers). The grouped GEMMs keep them in registers
+//! ([`crate::target::MacInstr::gemm_partial_sums`]): `smmla` 10×4×8 (10
+//! accumulators, 10 partial sums) and `sdot` 12×4×4 (12 and 12), where
+//! 10×8×8 and 12×8×4 loaded and stored 20 or 24 partials every group.
+//! The `sdot` tile's four columns are 16 codes a step, so its 4-bit
+//! weights come in 16-code blocks pair-transposed across two lp-steps
+//! ([`Int8Spec::paired_steps`]): one 16-byte load and one unpack serve two
+//! steps of 12 rows. Under llvm-mca 19 the Q4_0 GEMMs went from 0.91–0.95×
+//! the best anchor (KleidiAI 16x4, 8x4x32; ggml on N1) on the N1, N2 and
+//! V1 models to 1.04–1.09×. Where the epilogue fits in A and B, the unpack
+//! constants are made once per row block (`constants_survive`).
+//! A grouped GEMV on `sdot` keeps
 //! them in registers too: the solver counts one per accumulator for
 //! e = 1 ([`crate::target::MacInstr::gemv_partial_sums`]), so its tile is
 //! 1×32 (8 accumulators, 8 B, 8 partial sums) rather than 1×48, and a
 //! group end is a `scvtf` and an `fmla` per accumulator with no `ldr`/`str`
 //! (under llvm-mca 19 the Q4_0 GEMV went from 0.91–1.04× KleidiAI's 1x8
-//! kernel on the N1, N2, V1 and V2 models to 1.07–1.08×). A wider GEMV tile (the
-//! tuner's neighbours) falls back to the stack. Activations and weights
+//! kernel on the N1, N2, V1 and V2 models to 1.07–1.08×). A wider tile (the
+//! tuner's neighbours, a recorded 12×8) falls back to the stack. Activations and weights
 //! are padded with zero codes to whole tiles, so the loops never read past
 //! a buffer and tails in e and h only matter when storing.
 //!
 //! # Register plan (v0..v31, from [`RegisterPlan`])
 //!
-//! `sdot` at the solver's optimum 12×8×4 (MNN-LLM Table 2):
+//! `sdot` GEMM of grouped 4-bit weights at the solver's 12×4×4 (paired
+//! steps):
+//!
+//! | registers | holds |
+//! |---|---|
+//! | v0-v2 | A: 12 rows × 4 int8 of one step (row r in lane r%4 of v(r/4)) |
+//! | v3-v4 | B: 4 columns × 4 codes of the first step (v3) and the second (v4) |
+//! | v5 | nibble mask (0xF0 with signed codes) |
+//! | v6 | staging (0x88 with signed codes) |
+//! | v7-v18 | 12 f32 partial sums, row r in v(7 + r) |
+//! | v20-v31 | 12 accumulators: row r, columns 0-3 in v(20 + r) |
+//!
+//! `sdot` at 12×8×4 (MNN-LLM Table 2; per-row weights):
 //!
 //! | registers | holds |
 //! |---|---|
@@ -164,6 +181,10 @@ pub struct Int8Spec {
     pub relu: bool,
     /// `u4sym` codes made signed in the loop ([`signed_nibbles_pay`]).
     pub signed_nibbles: bool,
+    /// 4-bit codes in 16-code blocks (hp·lp = 16, the `sdot` GEMM's 12×4×4):
+    /// one 16-byte load holds two lp-steps, the first in the low nibbles;
+    /// a panel's step count is padded to even by the packing.
+    pub paired_steps: bool,
 }
 
 /// Whether a `u4sym` (zero point 8) tile on `sdot` or `smmla` should make
@@ -185,9 +206,9 @@ pub fn signed_nibbles_pay(spec: &Int8Spec) -> bool {
         Mac::Smmla => 4,
         Mac::Smull => return false,
     };
-    let loaded_per_step = spec.hp * spec.lp / 32;
-    // The eors of a group's steps and the second constant's movi.
-    let cost = loaded_per_step * (g / spec.lp) + 1;
+    // The eors of a group's 16-byte loads (32 codes each) and the second
+    // constant's movi.
+    let cost = spec.hp * g / 32 + 1;
     let saved = spec.ep / row_unit(spec) * per_unit;
     cost < saved
 }
@@ -344,7 +365,15 @@ pub fn emit(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     a.mul(T2, T2, T1);
     a.str_x_sp(T2, SLOT_PBYTES);
     a.mov_imm(T1, u64::from(step_w));
-    a.mul(T3, KSTEPS, T1);
+    if spec.paired_steps {
+        // The packing pads a panel to an even step count.
+        a.add_imm(T3, KSTEPS, 1);
+        a.lsr_imm(T3, T3, 1);
+        a.lsl_imm(T3, T3, 1);
+        a.mul(T3, T3, T1);
+    } else {
+        a.mul(T3, KSTEPS, T1);
+    }
     a.str_x_sp(T3, SLOT_WBYTES);
     a.mov_imm(T1, u64::from(step_a));
     a.mul(ABLOCK, KSTEPS, T1);
@@ -428,6 +457,10 @@ fn gemm_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout) {
         }
     }
 
+    let survive = constants_survive(spec, plan);
+    if survive {
+        unpack_constants(a, spec, plan);
+    }
     let group_loop = a.new_label();
     a.bind(group_loop);
     a.comment("weight group");
@@ -435,7 +468,9 @@ fn gemm_nest(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, lay: &Layout) {
     a.csel(CNT, LEFT, GSTEPS, Cond::Lo);
     a.sub(LEFT, LEFT, CNT);
     start_group(a, spec, plan);
-    unpack_constants(a, spec, plan);
+    if !survive {
+        unpack_constants(a, spec, plan);
+    }
     k_loop(a, spec, plan);
     group_epilogue(a, spec, plan);
     a.add_imm(PG, PG, hp * spec.param_bytes);
@@ -842,6 +877,18 @@ fn b_unit(spec: &Int8Spec, plan: &RegisterPlan, j: u32) -> V {
 /// The MACs of one lp-step; `lane` picks the A lane group on the GEMV
 /// sdot path (A holds four steps of one row).
 fn macs(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, gemv_lane: Option<u32>) {
+    macs_of(a, spec, plan, gemv_lane, &|j| b_unit(spec, plan, j));
+}
+
+/// [`macs`] with B unit j in `b(j)` (paired steps: the second step's
+/// codes are in the load's high-nibble register).
+fn macs_of(
+    a: &mut A64,
+    spec: &Int8Spec,
+    plan: &RegisterPlan,
+    gemv_lane: Option<u32>,
+    b: &dyn Fn(u32) -> V,
+) {
     match spec.mac {
         Mac::Sdot => {
             let jn = spec.hp / 4;
@@ -851,7 +898,7 @@ fn macs(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, gemv_lane: Option<u32
                     None => (V(plan.a.start + (r / 4) as u8), r % 4),
                 };
                 for j in 0..jn {
-                    a.sdot_elem(plan.acc_reg(r * jn + j), b_unit(spec, plan, j), areg, lane);
+                    a.sdot_elem(plan.acc_reg(r * jn + j), b(j), areg, lane);
                 }
             }
         }
@@ -859,11 +906,7 @@ fn macs(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, gemv_lane: Option<u32
             let jn = spec.hp / 2;
             for i in 0..spec.ep / 2 {
                 for j in 0..jn {
-                    a.smmla(
-                        plan.acc_reg(i * jn + j),
-                        V(plan.a.start + i as u8),
-                        b_unit(spec, plan, j),
-                    );
+                    a.smmla(plan.acc_reg(i * jn + j), V(plan.a.start + i as u8), b(j));
                 }
             }
         }
@@ -872,7 +915,7 @@ fn macs(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, gemv_lane: Option<u32
             for r in 0..spec.ep {
                 let areg = V(plan.a.start + r as u8);
                 for c in 0..spec.hp {
-                    let b = b_unit(spec, plan, c);
+                    let b = b(c);
                     a.smull_8b(t, areg, b);
                     a.smlal2_16b(t, areg, b);
                     a.sadalp_8h(plan.acc_reg(r * spec.hp + c), t);
@@ -909,6 +952,36 @@ fn k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
         load_a(a, spec, plan);
         load_b(a, spec, plan);
         macs(a, spec, plan, None);
+        a.subs_imm(CNT, CNT, 1);
+        a.b_cond(Cond::Ne, one);
+    } else if spec.paired_steps {
+        // Two steps per iteration: the 16-byte load's low nibbles are the
+        // first step's codes, its high nibbles the second's. An odd last
+        // step (the end of K) uses the low half of a padded load.
+        let single = a.new_label();
+        let pair = a.new_label();
+        let lo = b_unit(spec, plan, 0);
+        let hi = b_unit(spec, plan, 1);
+        a.cmp_imm(CNT, 2);
+        a.b_cond(Cond::Lo, single);
+        a.bind(pair);
+        a.comment("steady state: two lp-steps per 16-byte load of codes");
+        load_a(a, spec, plan);
+        load_b(a, spec, plan);
+        macs_of(a, spec, plan, None, &|_| lo);
+        load_a(a, spec, plan);
+        macs_of(a, spec, plan, None, &|_| hi);
+        a.sub_imm(CNT, CNT, 2);
+        a.cmp_imm(CNT, 2);
+        a.b_cond(Cond::Hs, pair);
+        a.bind(single);
+        a.cbz(CNT, done);
+        // At most one step is left; a loop like the other tails.
+        let one = a.new_label();
+        a.bind(one);
+        load_a(a, spec, plan);
+        load_b(a, spec, plan);
+        macs_of(a, spec, plan, None, &|_| lo);
         a.subs_imm(CNT, CNT, 1);
         a.b_cond(Cond::Ne, one);
     } else {
@@ -1023,6 +1096,25 @@ fn zero_point_at_start(spec: &Int8Spec) -> bool {
 /// The nibble-unpack constants, set at every group start (the group
 /// epilogue reuses their registers): 0x0F in the mask, or for signed
 /// nibbles 0xF0 in the mask and 0x88 in the staging register.
+/// Whether the group epilogue's registers fit in A and B alone, so the
+/// unpack constants (mask, staging) survive it and are made once per row
+/// block rather than every group (two `movi` a group on the vector pipes).
+fn constants_survive(spec: &Int8Spec, plan: &RegisterPlan) -> bool {
+    let per_block = if spec.asym { 2 } else { 1 };
+    let (_, jn) = col_blocks(spec);
+    spec.mac != Mac::Smull && (plan.a.len() + plan.b.len()) as u32 >= 2 + jn * per_block
+}
+
+/// The registers the group epilogue may use: [`RegisterPlan::free_in_epilogue`]
+/// less the unpack constants where they survive ([`constants_survive`]).
+fn group_epilogue_regs(spec: &Int8Spec, plan: &RegisterPlan) -> Vec<V> {
+    let mut free = plan.free_in_epilogue();
+    if constants_survive(spec, plan) {
+        free.retain(|&v| v != plan.mask && v != plan.stage);
+    }
+    free
+}
+
 fn unpack_constants(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     if spec.wbits != 4 {
         return;
@@ -1116,7 +1208,7 @@ fn group_epilogue(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
             _ => plan.acc_reg(r * jn + j),
         }
     };
-    let free = plan.free_in_epilogue();
+    let free = group_epilogue_regs(spec, plan);
     let per_block = if spec.asym { 2 } else { 1 };
     let chunk = ((free.len() as u32 - 2) / per_block).clamp(1, jn);
     let sumv = free[0];

@@ -769,26 +769,47 @@ impl NeonBackend {
                     ParamType::F32 => 4,
                     ParamType::F16 => 2,
                 };
-                if wbits == 4 && !(tile.hp * tile.lp).is_multiple_of(32) {
+                let mac = match instr.name {
+                    n if n.starts_with("sdot") => Mac::Sdot,
+                    n if n.starts_with("smmla") => Mac::Smmla,
+                    _ => Mac::Smull,
+                };
+                // 16-code blocks: one 16-byte load holds two lp-steps.
+                let paired_steps = wbits == 4 && tile.hp * tile.lp == 16;
+                if paired_steps && (mac != Mac::Sdot || variant != Variant::Gemm) {
                     return Err(Self::bad_tile(
                         tile,
-                        "the int4 pair transpose packs 32 codes per 16 bytes: hp·lp must be a multiple of 32",
+                        "4-bit codes in 16-code blocks (two lp-steps per 16-byte load) are read by the sdot GEMM loop only",
+                    ));
+                }
+                if wbits == 4 && !paired_steps && !(tile.hp * tile.lp).is_multiple_of(32) {
+                    return Err(Self::bad_tile(
+                        tile,
+                        "the int4 pair transpose packs 32 codes per 16 bytes: hp·lp must be a multiple of 32 (or 16 for the sdot GEMM)",
                     ));
                 }
                 let group = match group {
                     Group::Row => None,
-                    Group::Size(g) if g > 0 && g.is_multiple_of(tile.lp) => Some(g),
+                    Group::Size(g)
+                        if g > 0
+                            && g.is_multiple_of(tile.lp * if paired_steps { 2 } else { 1 }) =>
+                    {
+                        Some(g)
+                    }
+                    Group::Size(g) if paired_steps && g.is_multiple_of(tile.lp) => {
+                        return Err(Self::bad_tile(
+                            tile,
+                            format!(
+                                "group size {g}: paired lp-steps need groups of an even step count"
+                            ),
+                        ));
+                    }
                     Group::Size(g) => {
                         return Err(self.unsupported(format!(
                             "group size {g} (not a multiple of lp = {})",
                             tile.lp
                         )));
                     }
-                };
-                let mac = match instr.name {
-                    n if n.starts_with("sdot") => Mac::Sdot,
-                    n if n.starts_with("smmla") => Mac::Smmla,
-                    _ => Mac::Smull,
                 };
                 let _ = xf;
                 let flat = (variant == Variant::FlatGemm).then(|| {
@@ -817,6 +838,7 @@ impl NeonBackend {
                     flat,
                     relu,
                     signed_nibbles: false,
+                    paired_steps,
                 };
                 spec.signed_nibbles = int8::signed_nibbles_pay(&spec);
                 Ok(KernelSpec::Int8(spec))

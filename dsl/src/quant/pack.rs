@@ -28,7 +28,10 @@
 //!   code[32b + j + 16] << 4`, so one `and` yields codes 0..16 of the run and
 //!   one shift codes 16..32, already in order. The trailing in-tile dims of
 //!   the layout (e.g. `hp, lp`) must hold a multiple of 32 codes so no run
-//!   straddles two tile blocks.
+//!   straddles two tile blocks, or exactly 16 inside a tile count (e.g.
+//!   `l/lp`): then each run is two consecutive blocks of that count, which
+//!   is padded to an even size (NEON's 12×4×4 `sdot` tile: one 16-byte
+//!   load holds two lp-steps of 4 columns).
 //!
 //! The packed length is `ceil(packed_elems · bits / 8)` bytes; an odd count
 //! of plain 4-bit codes leaves the last high nibble zero.
@@ -241,6 +244,39 @@ impl PackPlan {
             }
         }
 
+        if layout.int4_pair_transpose {
+            if elem != ElemWidth::B4 {
+                return Err(layout_err(format!(
+                    "int4_pair_transpose needs 4-bit elements, not {}-bit",
+                    elem.bits()
+                )));
+            }
+            let inner = parts
+                .iter()
+                .rev()
+                .take_while(|&&(_, p, _)| p == Part::Inner)
+                .count();
+            let block: usize = parts[parts.len() - inner..]
+                .iter()
+                .map(|&(_, _, s)| s)
+                .product();
+            let outside = parts.len().checked_sub(inner + 1);
+            match outside {
+                // 16-code blocks: a run pairs two consecutive blocks of the
+                // tile count outside them, padded to an even count.
+                Some(k) if inner > 0 && block == 16 && parts[k].1 == Part::Outer => {
+                    parts[k].2 = parts[k].2.div_ceil(2) * 2;
+                }
+                _ if inner > 0 && block.is_multiple_of(32) => {}
+                _ => {
+                    return Err(layout_err(format!(
+                        "int4_pair_transpose needs the trailing in-tile dims to hold a multiple of 32 codes (or 16 inside a tile count), they hold {}",
+                        if inner > 0 { block } else { 0 }
+                    )));
+                }
+            }
+        }
+
         // Strides, innermost layout dim first.
         let overflow = || QuantError::SizeOverflow {
             what: "packed size",
@@ -279,28 +315,6 @@ impl PackPlan {
                 },
             })
             .collect();
-
-        if layout.int4_pair_transpose {
-            if elem != ElemWidth::B4 {
-                return Err(layout_err(format!(
-                    "int4_pair_transpose needs 4-bit elements, not {}-bit",
-                    elem.bits()
-                )));
-            }
-            let block: usize = parts
-                .iter()
-                .rev()
-                .take_while(|&&(_, p, _)| p == Part::Inner)
-                .map(|&(_, _, s)| s)
-                .product();
-            let trailing = parts.last().is_some_and(|&(_, p, _)| p == Part::Inner);
-            if !trailing || !block.is_multiple_of(32) {
-                return Err(layout_err(format!(
-                    "int4_pair_transpose needs the trailing in-tile dims to hold a multiple of 32 codes, they hold {}",
-                    if trailing { block } else { 0 }
-                )));
-            }
-        }
 
         Ok(PackPlan {
             dims: dims.iter().map(|&(n, e)| (n.to_string(), e)).collect(),
