@@ -28,7 +28,10 @@
 //! convert and an FMA per accumulator, no stack round trip, and the GEMV
 //! tile narrows to what fits (1×32 instead of 1×48 on NEON). A grouped
 //! GEMM (e above the flat-GEMM rows) counts them by
-//! [`MacInstr::gemm_partial_sums`] (NEON `smmla`: 10×4 instead of 10×8).
+//! [`MacInstr::gemm_partial_sums`] (NEON `smmla`: 10×4×8 instead of
+//! 10×8×8; `sdot`: 12×4×4 instead of 12×8×4, its 4-bit weights in 16-code
+//! blocks that pair two lp-steps per load, [`MacInstr::paired_nibble_steps`],
+//! with two B registers).
 //!
 //! `dequant` is `2·(hp/ah)·acc_regs` (a scale and an offset vector for the
 //! hp columns of the current group) when quantized weights meet a float MAC
@@ -54,7 +57,10 @@
 //! accumulator, `xy·2 + x + y ≤ 30`: 6×6 (9·2 + 3 + 3 = 24) is cheapest
 //! but holds 48 codes a step, not whole 32-code runs of pair-transposed
 //! 4-bit weights (`nibble_runs`), so 4-bit formats get 10×4 (10·2 + 5 + 2
-//! = 27) and Q8_0 6×6.
+//! = 27) and Q8_0 6×6. `sdot`'s grouped GEMM, `2·ep·hp/4 + ep/4 + B ≤
+//! 30`, with 4-bit B weighted 2 ([`b_load_weight`]): 12×4 (24 + 3 + 2, two
+//! B registers for one load of two steps) where unweighted (2) takes 6×8;
+//! Q8_0 (8-bit B, weight 1) 6×8.
 //!
 //! # x86, derived the same way (and why it differs from MNN's Table 2)
 //!
@@ -330,7 +336,8 @@ pub enum SolveError {
     },
     #[error(
         "target {target}: no tile that fits the registers holds whole 32-code runs of the \
-         pair-transposed 4-bit weights ({instr} steps lp = {lp}; hp·lp must be a multiple of 32)"
+         pair-transposed 4-bit weights ({instr} steps lp = {lp}; hp·lp must be a multiple of 32, \
+         or 16 where the instruction pairs steps)"
     )]
     NibbleRuns {
         target: &'static str,
@@ -431,10 +438,6 @@ pub fn a_load_weight(caps: &TargetCaps, instr: &MacInstr, problem: &Problem) -> 
 /// GEMM on a CPU); above it the x86 f32 cost counts broadcast loads.
 pub const FLAT_GEMM_MAX_ROWS: u64 = 16;
 
-/// The cost the solver ranks tiles by on `caps`: formula (2) with the A
-/// term weighted by [`a_load_weight`] and the B term by [`b_load_weight`]
-/// (so exactly [`cost`] off x86 f32 and ARM's 4-bit int8),
-/// and on a GPU multiplied by how starved its block leaves the grid.
 /// How many A elements one B element is worth on `caps` for `problem`:
 /// 2 for pair-transposed 4-bit weights on ARM's `sdot` and `smmla`, whose
 /// every 16-byte load of 32 codes is unpacked by two or three vector ops
@@ -456,6 +459,10 @@ pub fn b_load_weight(caps: &TargetCaps, instr: &MacInstr, problem: &Problem) -> 
     }
 }
 
+/// The cost the solver ranks tiles by on `caps`: formula (2) with the A
+/// term weighted by [`a_load_weight`] and the B term by [`b_load_weight`]
+/// (so exactly [`cost`] off x86 f32 and ARM's 4-bit int8), and on a GPU
+/// multiplied by how starved its block leaves the grid.
 pub fn target_cost(
     caps: &TargetCaps,
     instr: &MacInstr,
