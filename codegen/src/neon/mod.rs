@@ -534,6 +534,15 @@ impl NeonBackend {
             Variant::Gemm => {}
         }
         let acc = spilled_accounting(caps, instr, &problem, tile.ep, tile.hp);
+        if acc.total > caps.registers {
+            return Err(Self::bad_tile(
+                tile,
+                format!(
+                    "needs {} vector registers, the target has {}",
+                    acc.total, caps.registers
+                ),
+            ));
+        }
         let a_regs = acc.a_regs;
         let plan = RegisterPlan::new(&acc, a_regs, acc.b_regs, !instr.reserved.is_empty());
         Ok((plan, acc))
@@ -702,7 +711,7 @@ impl NeonBackend {
             return Err(self.unsupported(split));
         }
         let class = mac_class(self.caps, kernel).map_err(|e| self.unsupported(e.to_string()))?;
-        let (caps, instr) = self.mac_for(kernel, tile)?;
+        let (_, instr) = self.mac_for(kernel, tile)?;
         if tile.lp != instr.lp
             || tile.ep == 0
             || tile.hp == 0
@@ -717,18 +726,10 @@ impl NeonBackend {
                 ),
             ));
         }
-        // The variant's own accounting: partial sums it cannot fit go to
-        // the stack instead of failing the tile.
-        let (_, acc) = self.plan_for(kernel, tile, variant)?;
-        if acc.total > caps.registers {
-            return Err(Self::bad_tile(
-                tile,
-                format!(
-                    "needs {} vector registers, the target has {}",
-                    acc.total, self.caps.registers
-                ),
-            ));
-        }
+        // The variant's own accounting (partial sums it cannot fit go to
+        // the stack instead of failing the tile); a tile whose registers do
+        // not fit is refused there.
+        self.plan_for(kernel, tile, variant)?;
         if variant == Variant::Gemv && tile.ep != instr.ae {
             return Err(Self::bad_tile(
                 tile,
