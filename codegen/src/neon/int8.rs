@@ -931,59 +931,48 @@ fn k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     if spec.gemv && spec.mac == Mac::Sdot && spec.ep == 1 {
         // Four steps per iteration: one 16-byte load of A serves four sdot
         // lane groups.
-        let single = a.new_label();
-        let quad = a.new_label();
-        a.cmp_imm(CNT, 4);
-        a.b_cond(Cond::Lo, single);
-        a.bind(quad);
-        a.comment("steady state (gemv): 4 lp-steps");
-        a.ldr_q_post(V(plan.a.start), XA, 16);
-        for lane in 0..4 {
-            load_b(a, spec, plan);
-            macs(a, spec, plan, Some(lane));
-        }
-        a.sub_imm(CNT, CNT, 4);
-        a.cmp_imm(CNT, 4);
-        a.b_cond(Cond::Hs, quad);
-        a.bind(single);
-        a.cbz(CNT, done);
-        let one = a.new_label();
-        a.bind(one);
-        load_a(a, spec, plan);
-        load_b(a, spec, plan);
-        macs(a, spec, plan, None);
-        a.subs_imm(CNT, CNT, 1);
-        a.b_cond(Cond::Ne, one);
+        unrolled_steps(
+            a,
+            done,
+            4,
+            &|a| {
+                a.comment("steady state (gemv): 4 lp-steps");
+                a.ldr_q_post(V(plan.a.start), XA, 16);
+                for lane in 0..4 {
+                    load_b(a, spec, plan);
+                    macs(a, spec, plan, Some(lane));
+                }
+            },
+            &|a| {
+                load_a(a, spec, plan);
+                load_b(a, spec, plan);
+                macs(a, spec, plan, None);
+            },
+        );
     } else if spec.paired_steps {
         // Two steps per iteration: the 16-byte load's low nibbles are the
         // first step's codes, its high nibbles the second's. An odd last
         // step (the end of K) uses the low half of a padded load.
-        let single = a.new_label();
-        let pair = a.new_label();
         let lo = b_unit(spec, plan, 0);
         let hi = b_unit(spec, plan, 1);
-        a.cmp_imm(CNT, 2);
-        a.b_cond(Cond::Lo, single);
-        a.bind(pair);
-        a.comment("steady state: two lp-steps per 16-byte load of codes");
-        load_a(a, spec, plan);
-        load_b(a, spec, plan);
-        macs_of(a, spec, plan, None, &|_| lo);
-        load_a(a, spec, plan);
-        macs_of(a, spec, plan, None, &|_| hi);
-        a.sub_imm(CNT, CNT, 2);
-        a.cmp_imm(CNT, 2);
-        a.b_cond(Cond::Hs, pair);
-        a.bind(single);
-        a.cbz(CNT, done);
-        // At most one step is left; a loop like the other tails.
-        let one = a.new_label();
-        a.bind(one);
-        load_a(a, spec, plan);
-        load_b(a, spec, plan);
-        macs_of(a, spec, plan, None, &|_| lo);
-        a.subs_imm(CNT, CNT, 1);
-        a.b_cond(Cond::Ne, one);
+        unrolled_steps(
+            a,
+            done,
+            2,
+            &|a| {
+                a.comment("steady state: two lp-steps per 16-byte load of codes");
+                load_a(a, spec, plan);
+                load_b(a, spec, plan);
+                macs_of(a, spec, plan, None, &|_| lo);
+                load_a(a, spec, plan);
+                macs_of(a, spec, plan, None, &|_| hi);
+            },
+            &|a| {
+                load_a(a, spec, plan);
+                load_b(a, spec, plan);
+                macs_of(a, spec, plan, None, &|_| lo);
+            },
+        );
     } else {
         let top = a.new_label();
         a.cbz(CNT, done);
@@ -996,6 +985,33 @@ fn k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
         a.b_cond(Cond::Ne, top);
     }
     a.bind(done);
+}
+
+/// `per` steps an iteration (`many`) while CNT ≥ per, then a loop of
+/// single steps (`one`) for the rest; branches to `done` when none is left.
+fn unrolled_steps(
+    a: &mut A64,
+    done: Label,
+    per: u32,
+    many: &dyn Fn(&mut A64),
+    one: &dyn Fn(&mut A64),
+) {
+    let single = a.new_label();
+    let top = a.new_label();
+    a.cmp_imm(CNT, per);
+    a.b_cond(Cond::Lo, single);
+    a.bind(top);
+    many(a);
+    a.sub_imm(CNT, CNT, per);
+    a.cmp_imm(CNT, per);
+    a.b_cond(Cond::Hs, top);
+    a.bind(single);
+    a.cbz(CNT, done);
+    let each = a.new_label();
+    a.bind(each);
+    one(a);
+    a.subs_imm(CNT, CNT, 1);
+    a.b_cond(Cond::Ne, each);
 }
 
 /// Column blocks of the accumulator layout: (width in columns of one
