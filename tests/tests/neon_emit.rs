@@ -235,8 +235,11 @@ fn bad_tiles_and_targets_are_errors() {
     let mut bad = t;
     bad.hp = 12; // 48 codes per step: no whole 32-code runs, not 16
     assert!(be.emit(&w4, &bad).is_err());
-    // Paired steps are the GEMM loop's only.
-    assert!(be.emit_variant(&w4, &t, Variant::FlatGemm).is_err());
+    // Paired steps: the GEMM and flat loops, not the GEMV's.
+    assert!(be.emit_variant(&w4, &t, Variant::FlatGemm).is_ok());
+    let mut gemv = t;
+    gemv.ep = 1;
+    assert!(be.emit_variant(&w4, &gemv, Variant::Gemv).is_err());
     let mut bad = t;
     bad.lp = 8;
     assert!(be.emit(&w4, &bad).is_err());

@@ -402,19 +402,42 @@ fn flat_tile(target: &str, kernel: &Kernel, e: u64) -> TileConfig {
         .unwrap()
 }
 
+/// The flat tile of `e` rows that packs its weights like the GEMM tile
+/// (same hp and lp: one packed copy for both), where it differs from the
+/// solver's flat tile and the emitter takes it: the `sdot` 8×4×4 (paired
+/// steps) and the `smmla` 8×4×8 for 4-bit weights.
+fn gemm_packed_flat_tile(target: &str, kernel: &Kernel, e: u64) -> Option<TileConfig> {
+    let be = NeonBackend::new(target).unwrap();
+    let gemm = tiles(target, kernel, 4096)[0];
+    let flat = flat_tile(target, kernel, e);
+    if (flat.hp, flat.lp) == (gemm.hp, gemm.lp) {
+        return None;
+    }
+    let mut p = Problem::from_kernel(be.caps(), kernel).unwrap();
+    p.e = e;
+    solve(be.caps(), &p).unwrap().into_iter().find(|t| {
+        (t.hp, t.lp) == (gemm.hp, gemm.lp) && be.emit_variant(kernel, t, Variant::FlatGemm).is_ok()
+    })
+}
+
 /// Flat GEMM, every format, M = 1..16 with tails in M, N and K, at the
-/// flat tile solved for M = 8 (the default) and for M itself.
+/// flat tile solved for M = 8 (the default), for M itself, and at the
+/// GEMM's packing.
 #[test]
 fn flat_gemm_every_format_m_1_to_16() {
     for target in runnable() {
         for (name, f) in flat_formats() {
             let kernel = flat_kernel(name, f);
             let t8 = flat_tile(target, &kernel, 8);
+            let shared = gemm_packed_flat_tile(target, &kernel, 8);
             let mut rng = ChaCha8Rng::seed_from_u64(41);
             for m in 1..=16usize {
                 let n = rng.gen_range(1..=37);
                 let k = rng.gen_range(1..=200);
                 check(target, &kernel, &t8, Variant::FlatGemm, m, n, k, m as u64);
+                if let Some(t) = &shared {
+                    check(target, &kernel, t, Variant::FlatGemm, m, n, k, m as u64 + 2);
+                }
                 let tm = flat_tile(target, &kernel, m as u64);
                 if (tm.ep, tm.hp) != (t8.ep, t8.hp) {
                     check(
@@ -441,16 +464,19 @@ fn flat_gemm_k_blocks_and_passes() {
         let be = NeonBackend::new(target).unwrap();
         for (name, f) in flat_formats() {
             let kernel = flat_kernel(name, f);
-            let tile = flat_tile(target, &kernel, 8);
-            let plan = be.flat_plan(&kernel, &tile).unwrap();
-            // At most ~3 groups (int8) or ~24 l (float) per K block.
-            let small = (plan.step_bytes * 24).min(3 * 128 * plan.step_bytes / tile.lp);
-            let code = machine(be.emit_flat(&kernel, &tile, small).unwrap());
-            let mut rng = ChaCha8Rng::seed_from_u64(43);
-            for m in [3usize, 9, 16, 17, 23, 40] {
-                let n = rng.gen_range(1..=29);
-                let k = rng.gen_range(100..=400);
-                check_code(target, &kernel, &tile, &code, m, n, k, m as u64);
+            let default = flat_tile(target, &kernel, 8);
+            let shared = gemm_packed_flat_tile(target, &kernel, 8);
+            for tile in std::iter::once(default).chain(shared) {
+                let plan = be.flat_plan(&kernel, &tile).unwrap();
+                // At most ~3 groups (int8) or ~24 l (float) per K block.
+                let small = (plan.step_bytes * 24).min(3 * 128 * plan.step_bytes / tile.lp);
+                let code = machine(be.emit_flat(&kernel, &tile, small).unwrap());
+                let mut rng = ChaCha8Rng::seed_from_u64(43);
+                for m in [3usize, 9, 16, 17, 23, 40] {
+                    let n = rng.gen_range(1..=29);
+                    let k = rng.gen_range(100..=400);
+                    check_code(target, &kernel, &tile, &code, m, n, k, m as u64);
+                }
             }
         }
     }
@@ -463,9 +489,12 @@ fn flat_gemm_long_reduction() {
     for target in runnable() {
         for (name, f) in [("matmul-w4a8", None), ("matmul-f32", None)] {
             let kernel = flat_kernel(name, f);
-            let tile = flat_tile(target, &kernel, 8);
-            check(target, &kernel, &tile, Variant::FlatGemm, 5, 9, 11008, 1);
-            check(target, &kernel, &tile, Variant::FlatGemm, 12, 6, 4100, 2);
+            let default = flat_tile(target, &kernel, 8);
+            let shared = gemm_packed_flat_tile(target, &kernel, 8);
+            for tile in std::iter::once(default).chain(shared) {
+                check(target, &kernel, &tile, Variant::FlatGemm, 5, 9, 11008, 1);
+                check(target, &kernel, &tile, Variant::FlatGemm, 12, 6, 4100, 2);
+            }
         }
     }
 }

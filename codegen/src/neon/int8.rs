@@ -181,9 +181,10 @@ pub struct Int8Spec {
     pub relu: bool,
     /// `u4sym` codes made signed in the loop ([`signed_nibbles_pay`]).
     pub signed_nibbles: bool,
-    /// 4-bit codes in 16-code blocks (hp·lp = 16, the `sdot` GEMM's 12×4×4):
-    /// one 16-byte load holds two lp-steps, the first in the low nibbles;
-    /// a panel's step count is padded to even by the packing.
+    /// 4-bit codes in 16-code blocks (hp·lp = 16, the `sdot` GEMM's 12×4×4
+    /// and flat tiles at its packing): one 16-byte load holds two lp-steps,
+    /// the first in the low nibbles; a panel's step count is padded to even
+    /// by the packing.
     pub paired_steps: bool,
 }
 
@@ -732,6 +733,9 @@ fn flat_step(
 /// The flat loop over the CNT lp-steps of one group: `unroll` steps per
 /// iteration behind one prefetch pair, then single steps.
 fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, skip: u32) {
+    if spec.paired_steps {
+        return flat_paired_k_loop(a, spec, plan, f, skip);
+    }
     let u = f.unroll_for(spec.ep);
     let per_set = set_regs(spec, plan, f);
     let set = |k: u32| plan.shifted_acc(k * per_set);
@@ -776,6 +780,65 @@ fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, 
         a.bind(single);
     }
     a.bind(done);
+}
+
+/// [`flat_k_loop`] for paired steps ([`Int8Spec::paired_steps`]): `u`
+/// steps (u/2 loads of codes) behind one prefetch pair, then pairs, then
+/// an odd last step on a padded load's low half. Post-indexed throughout
+/// (a step is 8 bytes of codes, under the offset form's 16).
+fn flat_paired_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, skip: u32) {
+    let u = f.unroll_for(spec.ep).div_ceil(2) * 2;
+    let per_set = set_regs(spec, plan, f);
+    let set = |k: u32| plan.shifted_acc(k * per_set);
+    let sets = f.sets(spec.ep);
+    let done = a.new_label();
+    let tail = a.new_label();
+    let top = a.new_label();
+    a.cmp_imm(CNT, u);
+    a.b_cond(Cond::Lo, tail);
+    a.bind(top);
+    a.comment(&format!(
+        "steady state (flat): {u} lp-steps, two per 16-byte load of codes, prefetch"
+    ));
+    a.prfm(Prefetch::Pldl1keep, WP, FLAT_PREFETCH_L1);
+    if let Some(d) = f.prefetch_l2() {
+        a.prfm(Prefetch::Pldl2strm, WP, d);
+    }
+    for p in 0..u / 2 {
+        flat_pair(a, spec, &set(p % sets), skip, true);
+    }
+    a.sub_imm(CNT, CNT, u);
+    a.cmp_imm(CNT, u);
+    a.b_cond(Cond::Hs, top);
+    a.bind(tail);
+    let first = set(0);
+    unrolled_steps(
+        a,
+        done,
+        2,
+        &|a| flat_pair(a, spec, &first, skip, true),
+        &|a| flat_pair(a, spec, &first, skip, false),
+    );
+    a.bind(done);
+}
+
+/// One load of paired codes and its steps (both, or only the first).
+fn flat_pair(a: &mut A64, spec: &Int8Spec, set: &RegisterPlan, skip: u32, both: bool) {
+    let lo = b_unit(spec, set, 0);
+    let hi = b_unit(spec, set, 1);
+    load_a(a, spec, set);
+    if skip > 0 {
+        a.add_imm(XA, XA, skip);
+    }
+    load_b(a, spec, set);
+    macs_of(a, spec, set, None, &|_| lo);
+    if both {
+        load_a(a, spec, set);
+        if skip > 0 {
+            a.add_imm(XA, XA, skip);
+        }
+        macs_of(a, spec, set, None, &|_| hi);
+    }
 }
 
 /// Load one lp-step of A (ep × lp int8) into the A registers.

@@ -777,10 +777,10 @@ impl NeonBackend {
                 };
                 // 16-code blocks: one 16-byte load holds two lp-steps.
                 let paired_steps = wbits == 4 && tile.hp * tile.lp == 16;
-                if paired_steps && (mac != Mac::Sdot || variant != Variant::Gemm) {
+                if paired_steps && (mac != Mac::Sdot || variant == Variant::Gemv) {
                     return Err(Self::bad_tile(
                         tile,
-                        "4-bit codes in 16-code blocks (two lp-steps per 16-byte load) are read by the sdot GEMM loop only",
+                        "4-bit codes in 16-code blocks (two lp-steps per 16-byte load) are read by the sdot GEMM and flat loops only",
                     ));
                 }
                 if wbits == 4 && !paired_steps && !(tile.hp * tile.lp).is_multiple_of(32) {
