@@ -20,7 +20,7 @@
 
 use super::asm::{A64, Addr, Cond, Label, Prefetch, V, X};
 use super::frame::{self, OutType, StoreRegs};
-use super::{FLAT_PREFETCH_L1, FlatPlan, RegisterPlan};
+use super::{FLAT_PREFETCH_L1, FlatPlan, RegisterPlan, unrolled_steps};
 use crate::abi::{MM_BIAS, MM_K, MM_M, MM_N, MM_N0, MM_W, MM_X, MM_X_STRIDE, MM_Y, MM_Y_STRIDE};
 
 /// Element type of an operand.
@@ -496,53 +496,39 @@ fn flat_k_loop(
     let sets = f.sets(spec.ep);
     let set = |k: u32| plan.shifted_acc(k * spec.ep * jn);
     let done = a.new_label();
-    let single = a.new_label();
-    let top = a.new_label();
-    if u > 1 {
-        a.cmp_imm(CNT, u);
-        a.b_cond(Cond::Lo, single);
-    } else {
-        a.cbz(CNT, done);
-    }
-    a.bind(top);
-    a.comment(&format!("steady state (flat): {u} l-step(s), prefetch"));
-    a.prfm(Prefetch::Pldl1keep, WP, FLAT_PREFETCH_L1);
-    if let Some(d) = f.prefetch_l2() {
-        a.prfm(Prefetch::Pldl2strm, WP, d);
-    }
     // B at offsets from WP, bumped once per iteration (ldr q needs
     // 16-byte aligned offsets, ldp reaches 1008).
     let offsets = f.step_bytes.is_multiple_of(16) && u * f.step_bytes <= 1008;
-    for s in 0..u {
-        gather_a(a, spec, plan, lanes, true);
-        if offsets {
-            load_b_at(a, spec, plan, &mut Addr::Offset(s * f.step_bytes));
-        } else {
+    unrolled_steps(
+        a,
+        CNT,
+        done,
+        u,
+        &|a| {
+            a.comment(&format!("steady state (flat): {u} l-step(s), prefetch"));
+            a.prfm(Prefetch::Pldl1keep, WP, FLAT_PREFETCH_L1);
+            if let Some(d) = f.prefetch_l2() {
+                a.prfm(Prefetch::Pldl2strm, WP, d);
+            }
+            for s in 0..u {
+                gather_a(a, spec, plan, lanes, true);
+                if offsets {
+                    load_b_at(a, spec, plan, &mut Addr::Offset(s * f.step_bytes));
+                } else {
+                    load_b(a, spec, plan);
+                }
+                macs(a, spec, &set(s % sets), lanes, jn, None);
+            }
+            if offsets {
+                a.add_imm(WP, WP, u * f.step_bytes);
+            }
+        },
+        &|a| {
+            gather_a(a, spec, plan, lanes, true);
             load_b(a, spec, plan);
-        }
-        macs(a, spec, &set(s % sets), lanes, jn, None);
-    }
-    if offsets {
-        a.add_imm(WP, WP, u * f.step_bytes);
-    }
-    if u > 1 {
-        a.sub_imm(CNT, CNT, u);
-        a.cmp_imm(CNT, u);
-        a.b_cond(Cond::Hs, top);
-        a.bind(single);
-        a.cbz(CNT, done);
-        let one = a.new_label();
-        a.bind(one);
-        gather_a(a, spec, plan, lanes, true);
-        load_b(a, spec, plan);
-        macs(a, spec, plan, lanes, jn, None);
-        a.subs_imm(CNT, CNT, 1);
-        a.b_cond(Cond::Ne, one);
-    } else {
-        a.subs_imm(CNT, CNT, 1);
-        a.b_cond(Cond::Ne, top);
-        a.bind(single);
-    }
+            macs(a, spec, plan, lanes, jn, None);
+        },
+    );
     a.bind(done);
 }
 

@@ -147,7 +147,7 @@
 
 use super::asm::{A64, Addr, Cond, Label, Prefetch, V, X};
 use super::frame::{self, OutType, StoreRegs};
-use super::{FLAT_PREFETCH_L1, FlatPlan, Mac, RegisterPlan};
+use super::{FLAT_PREFETCH_L1, FlatPlan, Mac, RegisterPlan, unrolled_steps};
 use crate::abi::{
     MM_BIAS, MM_K, MM_M, MM_N, MM_N0, MM_W, MM_W_PARAMS, MM_X, MM_X_SCALES, MM_X_SUMS, MM_Y,
     MM_Y_STRIDE,
@@ -741,44 +741,28 @@ fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, 
     let set = |k: u32| plan.shifted_acc(k * per_set);
     let sets = f.sets(spec.ep);
     let done = a.new_label();
-    let single = a.new_label();
-    let top = a.new_label();
-    if u > 1 {
-        a.cmp_imm(CNT, u);
-        a.b_cond(Cond::Lo, single);
-    } else {
-        a.cbz(CNT, done);
-    }
-    a.bind(top);
-    a.comment(&format!("steady state (flat): {u} lp-step(s), prefetch"));
-    a.prfm(Prefetch::Pldl1keep, WP, FLAT_PREFETCH_L1);
-    if let Some(d) = f.prefetch_l2() {
-        a.prfm(Prefetch::Pldl2strm, WP, d);
-    }
     let offsets = offsets_fit(spec, f, u);
-    for s in 0..u {
-        flat_step(a, spec, &set(s % sets), skip, offsets.then_some((s, f)));
-    }
-    if offsets {
-        a.add_imm(XA, XA, u * f.row_block * spec.lp);
-        a.add_imm(WP, WP, u * f.step_bytes);
-    }
-    if u > 1 {
-        a.sub_imm(CNT, CNT, u);
-        a.cmp_imm(CNT, u);
-        a.b_cond(Cond::Hs, top);
-        a.bind(single);
-        a.cbz(CNT, done);
-        let one = a.new_label();
-        a.bind(one);
-        flat_step(a, spec, &set(0), skip, None);
-        a.subs_imm(CNT, CNT, 1);
-        a.b_cond(Cond::Ne, one);
-    } else {
-        a.subs_imm(CNT, CNT, 1);
-        a.b_cond(Cond::Ne, top);
-        a.bind(single);
-    }
+    unrolled_steps(
+        a,
+        CNT,
+        done,
+        u,
+        &|a| {
+            a.comment(&format!("steady state (flat): {u} lp-step(s), prefetch"));
+            a.prfm(Prefetch::Pldl1keep, WP, FLAT_PREFETCH_L1);
+            if let Some(d) = f.prefetch_l2() {
+                a.prfm(Prefetch::Pldl2strm, WP, d);
+            }
+            for s in 0..u {
+                flat_step(a, spec, &set(s % sets), skip, offsets.then_some((s, f)));
+            }
+            if offsets {
+                a.add_imm(XA, XA, u * f.row_block * spec.lp);
+                a.add_imm(WP, WP, u * f.step_bytes);
+            }
+        },
+        &|a| flat_step(a, spec, &set(0), skip, None),
+    );
     a.bind(done);
 }
 
@@ -814,6 +798,7 @@ fn flat_paired_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &Fla
     let first = set(0);
     unrolled_steps(
         a,
+        CNT,
         done,
         2,
         &|a| flat_pair(a, spec, &first, skip, true),
@@ -996,6 +981,7 @@ fn k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
         // lane groups.
         unrolled_steps(
             a,
+            CNT,
             done,
             4,
             &|a| {
@@ -1020,6 +1006,7 @@ fn k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
         let hi = b_unit(spec, plan, 1);
         unrolled_steps(
             a,
+            CNT,
             done,
             2,
             &|a| {
@@ -1048,33 +1035,6 @@ fn k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
         a.b_cond(Cond::Ne, top);
     }
     a.bind(done);
-}
-
-/// `per` steps an iteration (`many`) while CNT ≥ per, then a loop of
-/// single steps (`one`) for the rest; branches to `done` when none is left.
-fn unrolled_steps(
-    a: &mut A64,
-    done: Label,
-    per: u32,
-    many: &dyn Fn(&mut A64),
-    one: &dyn Fn(&mut A64),
-) {
-    let single = a.new_label();
-    let top = a.new_label();
-    a.cmp_imm(CNT, per);
-    a.b_cond(Cond::Lo, single);
-    a.bind(top);
-    many(a);
-    a.sub_imm(CNT, CNT, per);
-    a.cmp_imm(CNT, per);
-    a.b_cond(Cond::Hs, top);
-    a.bind(single);
-    a.cbz(CNT, done);
-    let each = a.new_label();
-    a.bind(each);
-    one(a);
-    a.subs_imm(CNT, CNT, 1);
-    a.b_cond(Cond::Ne, each);
 }
 
 /// Column blocks of the accumulator layout: (width in columns of one

@@ -924,6 +924,46 @@ impl FlatPlan {
     }
 }
 
+/// A k-loop over the `cnt` steps left: `per` steps an iteration (`many`)
+/// while at least `per` are left, then single steps (`one`); branches to
+/// `done` (bound by the caller after) when none is left. With `per` = 1,
+/// `many` is the only loop.
+pub(super) fn unrolled_steps(
+    a: &mut asm::A64,
+    cnt: asm::X,
+    done: asm::Label,
+    per: u32,
+    many: &dyn Fn(&mut asm::A64),
+    one: &dyn Fn(&mut asm::A64),
+) {
+    let single = a.new_label();
+    let top = a.new_label();
+    if per > 1 {
+        a.cmp_imm(cnt, per);
+        a.b_cond(asm::Cond::Lo, single);
+    } else {
+        a.cbz(cnt, done);
+    }
+    a.bind(top);
+    many(a);
+    if per > 1 {
+        a.sub_imm(cnt, cnt, per);
+        a.cmp_imm(cnt, per);
+        a.b_cond(asm::Cond::Hs, top);
+        a.bind(single);
+        a.cbz(cnt, done);
+        let each = a.new_label();
+        a.bind(each);
+        one(a);
+        a.subs_imm(cnt, cnt, 1);
+        a.b_cond(asm::Cond::Ne, each);
+    } else {
+        a.subs_imm(cnt, cnt, 1);
+        a.b_cond(asm::Cond::Ne, top);
+        a.bind(single);
+    }
+}
+
 fn finish(a: asm::A64) -> Result<MachineCode, EmitError> {
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(MachineCode {
