@@ -18,9 +18,9 @@
 //! 4-7, one l), B v2-v4 (12 columns), v5 mask (unused here), v6 staging,
 //! accumulators v8-v31 (row r, columns 4j..4j+3 in v(8 + 3r + j)).
 
-use super::asm::{A64, Addr, Cond, Label, Prefetch, V, X};
+use super::asm::{A64, Addr, Cond, Label, V, X};
 use super::frame::{self, OutType, StoreRegs};
-use super::{FLAT_PREFETCH_L1, FlatPlan, RegisterPlan, unrolled_steps};
+use super::{FlatPlan, RegisterPlan, unrolled_steps};
 use crate::abi::{MM_BIAS, MM_K, MM_M, MM_N, MM_N0, MM_W, MM_X, MM_X_STRIDE, MM_Y, MM_Y_STRIDE};
 
 /// Element type of an operand.
@@ -506,10 +506,7 @@ fn flat_k_loop(
         u,
         &|a| {
             a.comment(&format!("steady state (flat): {u} l-step(s), prefetch"));
-            a.prfm(Prefetch::Pldl1keep, WP, FLAT_PREFETCH_L1);
-            if let Some(d) = f.prefetch_l2() {
-                a.prfm(Prefetch::Pldl2strm, WP, d);
-            }
+            f.prefetch(a, WP);
             for s in 0..u {
                 gather_a(a, spec, plan, lanes, true);
                 if offsets {

@@ -145,9 +145,9 @@
 //! The `smull` fallback's accumulators hold lane partials summed in the
 //! epilogue, so it subtracts 8·Σqx after the fold.
 
-use super::asm::{A64, Addr, Cond, Label, Prefetch, V, X};
+use super::asm::{A64, Addr, Cond, Label, V, X};
 use super::frame::{self, OutType, StoreRegs};
-use super::{FLAT_PREFETCH_L1, FlatPlan, Mac, RegisterPlan, unrolled_steps};
+use super::{FlatPlan, Mac, RegisterPlan, unrolled_steps};
 use crate::abi::{
     MM_BIAS, MM_K, MM_M, MM_N, MM_N0, MM_W, MM_W_PARAMS, MM_X, MM_X_SCALES, MM_X_SUMS, MM_Y,
     MM_Y_STRIDE,
@@ -749,10 +749,7 @@ fn flat_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &FlatPlan, 
         u,
         &|a| {
             a.comment(&format!("steady state (flat): {u} lp-step(s), prefetch"));
-            a.prfm(Prefetch::Pldl1keep, WP, FLAT_PREFETCH_L1);
-            if let Some(d) = f.prefetch_l2() {
-                a.prfm(Prefetch::Pldl2strm, WP, d);
-            }
+            f.prefetch(a, WP);
             for s in 0..u {
                 flat_step(a, spec, &set(s % sets), skip, offsets.then_some((s, f)));
             }
@@ -784,10 +781,7 @@ fn flat_paired_k_loop(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, f: &Fla
     a.comment(&format!(
         "steady state (flat): {u} lp-steps, two per 16-byte load of codes, prefetch"
     ));
-    a.prfm(Prefetch::Pldl1keep, WP, FLAT_PREFETCH_L1);
-    if let Some(d) = f.prefetch_l2() {
-        a.prfm(Prefetch::Pldl2strm, WP, d);
-    }
+    f.prefetch(a, WP);
     for p in 0..u / 2 {
         flat_pair(a, spec, &set(p % sets), skip, true);
     }

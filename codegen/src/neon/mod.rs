@@ -363,6 +363,15 @@ impl FlatPlan {
             .filter(|&b| b < 32768 && b.is_multiple_of(8))
     }
 
+    /// The prefetches of one unrolled flat iteration at the weight stream
+    /// `base`: L1 a fixed distance ahead, L2 one K block ahead.
+    pub(super) fn prefetch(&self, a: &mut asm::A64, base: asm::X) {
+        a.prfm(asm::Prefetch::Pldl1keep, base, FLAT_PREFETCH_L1);
+        if let Some(d) = self.prefetch_l2() {
+            a.prfm(asm::Prefetch::Pldl2strm, base, d);
+        }
+    }
+
     /// Passes over the weights for `m` rows.
     pub fn passes(&self, m: u64) -> u64 {
         m.div_ceil(u64::from(self.pass_rows())).max(1)
