@@ -92,48 +92,28 @@ fn check_reports_verify_errors_and_missing_files() {
     assert!(stderr(&o).contains("/nonexistent/kernel.tk"));
 }
 
+/// The first line `solve` prints for `kernel` on `target` (it must succeed).
+fn solve_first_line(target: &str, kernel: &str) -> String {
+    let o = cli(&["solve", "--target", target, "--kernel", kernel]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o).lines().next().unwrap_or_default().to_string()
+}
+
 #[test]
 fn solve_prints_the_table_2_rows_first() {
     // Per-row scales (W8A8): the int8 tile alone, as Table 2 counts it.
-    let o = cli(&[
-        "solve",
-        "--target",
-        "aarch64-i8mm",
-        "--kernel",
-        "matmul-w8a8",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).starts_with("ep=10 hp=8 lp=8 "), "{}", stdout(&o));
-    let o = cli(&[
-        "solve",
-        "--target",
-        "aarch64-dotprod",
-        "--kernel",
-        "matmul-w8a8",
-    ]);
-    assert!(stdout(&o).starts_with("ep=12 hp=8 lp=4 "), "{}", stdout(&o));
+    let first = solve_first_line("aarch64-i8mm", "matmul-w8a8");
+    assert!(first.starts_with("ep=10 hp=8 lp=8 "), "{first}");
+    let first = solve_first_line("aarch64-dotprod", "matmul-w8a8");
+    assert!(first.starts_with("ep=12 hp=8 lp=4 "), "{first}");
     // Grouped W4A8 on sdot: 16-code blocks and register partial sums.
-    let o = cli(&[
-        "solve",
-        "--target",
-        "aarch64-dotprod",
-        "--kernel",
-        "matmul-w4a8",
-    ]);
-    let first = stdout(&o).lines().next().unwrap_or_default().to_string();
+    let first = solve_first_line("aarch64-dotprod", "matmul-w4a8");
     assert!(
         first.starts_with("ep=12 hp=4 lp=4 ") && first.contains(" partial_sums=12 "),
         "{first}"
     );
     // Grouped W4A8 on smmla: a partial-sum register per accumulator.
-    let o = cli(&[
-        "solve",
-        "--target",
-        "aarch64-i8mm",
-        "--kernel",
-        "matmul-w4a8",
-    ]);
-    let first = stdout(&o).lines().next().unwrap_or_default().to_string();
+    let first = solve_first_line("aarch64-i8mm", "matmul-w4a8");
     assert!(
         first.starts_with("ep=10 hp=4 lp=8 ") && first.contains(" partial_sums=10 "),
         "{first}"
