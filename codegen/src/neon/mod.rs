@@ -795,7 +795,7 @@ impl NeonBackend {
                 if wbits == 4 && !paired_steps && !(tile.hp * tile.lp).is_multiple_of(32) {
                     return Err(Self::bad_tile(
                         tile,
-                        "the int4 pair transpose packs 32 codes per 16 bytes: hp·lp must be a multiple of 32 (or 16 for the sdot GEMM)",
+                        "the int4 pair transpose packs 32 codes per 16 bytes: hp·lp must be a multiple of 32 (or 16 for the sdot GEMM and flat loops)",
                     ));
                 }
                 let group = match group {
