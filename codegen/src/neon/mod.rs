@@ -784,9 +784,10 @@ impl NeonBackend {
                     n if n.starts_with("smmla") => Mac::Smmla,
                     _ => Mac::Smull,
                 };
-                // 16-code blocks: one 16-byte load holds two lp-steps.
+                // 16-code blocks: one 16-byte load holds two lp-steps, where
+                // the instruction's loops pair them (the solver's rule).
                 let paired_steps = wbits == 4 && tile.hp * tile.lp == 16;
-                if paired_steps && (mac != Mac::Sdot || variant == Variant::Gemv) {
+                if paired_steps && (!instr.paired_nibble_steps || variant == Variant::Gemv) {
                     return Err(Self::bad_tile(
                         tile,
                         "4-bit codes in 16-code blocks (two lp-steps per 16-byte load) are read by the sdot GEMM and flat loops only",
