@@ -39,6 +39,7 @@
 #[path = "../../codegen/tests/ptx_sim/mod.rs"]
 mod ptx_sim;
 
+#[cfg(target_arch = "x86_64")]
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -610,6 +611,8 @@ enum Emitted {
         quant: Option<MachineCode>,
     },
     Gpu {
+        // Read by the GPU runs, which exist only on x86-64 hosts.
+        #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
         tile: TileConfig,
     },
 }
@@ -1047,6 +1050,7 @@ struct Case {
     k: usize,
     x: Vec<f32>,
     w_raw: Vec<f32>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     w: Value,
     qt: Option<QuantTensor>,
     bias: Option<Vec<f32>>,
@@ -1308,10 +1312,12 @@ fn neon_runs_match_the_interpreter() {
 }
 
 /// At most this many OpenCL programs or simulated PTX kernels per backend.
+#[cfg(target_arch = "x86_64")]
 const RUN_CAP: usize = 48;
 
 /// A greedy cover of every field value `be` emits: the descriptions to run
 /// where running is slow (OpenCL builds, the PTX simulator).
+#[cfg(target_arch = "x86_64")]
 fn cover(b: &BackendSurvey, cap: usize) -> Vec<usize> {
     let mut uncovered: HashSet<Feature> = b
         .outcomes
