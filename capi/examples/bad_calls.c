@@ -72,6 +72,24 @@ int main(int argc, char **argv) {
     CHECK(tessera_linear_forward(lin, x, 2 * K, 2, y, 2 * N));
     CHECK(tessera_linear_forward(lin, NULL, 0, 0, NULL, 0)); /* m = 0 does nothing */
 
+    /* Layers sharing one input: every length is checked before any runs. */
+    TesseraLinear narrow;
+    CHECK(tessera_linear_create_f32(dev, TESSERA_FORMAT_F32, w, N * K, 2 * N, K / 2, NULL, 0, &narrow));
+    TesseraLinear pair[2] = {lin, lin}, mixed[2] = {lin, narrow};
+    float y2[2 * N];
+    void *ys[2] = {y, y2};
+    size_t lens[2] = {2 * N, 2 * N - 1};
+    expect("shared: NULL linears", tessera_linear_forward_shared(NULL, 2, x, 2 * K, 2, ys, lens),
+           TESSERA_STATUS_NULL_ARGUMENT, "linears is NULL");
+    expect("shared: y_lens[1] short", tessera_linear_forward_shared(pair, 2, x, 2 * K, 2, ys, lens),
+           TESSERA_STATUS_BAD_LENGTH, "y_lens[1]");
+    lens[1] = 2 * N;
+    expect("shared: two k", tessera_linear_forward_shared(mixed, 2, x, 2 * K, 2, ys, lens),
+           TESSERA_STATUS_INVALID_ARGUMENT, "one k and one dtype");
+    CHECK(tessera_linear_forward_shared(pair, 2, x, 2 * K, 2, ys, lens));
+    CHECK(tessera_linear_forward_shared(NULL, 0, NULL, 0, 0, NULL, NULL)); /* no layers */
+    CHECK(tessera_linear_close(narrow));
+
     /* Handles of the wrong kind, and after close. */
     TesseraLinear not_a_linear = {dev.id};
     expect("device used as linear", tessera_linear_forward(not_a_linear, x, K, 1, y, N),

@@ -460,6 +460,27 @@ enum TesseraStatus tessera_linear_forward(struct TesseraLinear linear,
                                           void *y,
                                           size_t y_len);
 
+// `tessera_linear_forward` of `count` layers that read one input (the Q,
+// K and V projections; gate and up): `linears[i]` writes `ys[i]`, of
+// `y_lens[i] == m*n_i` elements. The layers must share k and the input
+// dtype. W8A8 and W4A8 layers quantize `x` once per distinct activation
+// quantizer instead of once each; every result equals the layer's own
+// `tessera_linear_forward` bit for bit. Every length is checked before
+// any layer runs.
+//
+// # Safety
+// `linears`, `ys` and `y_lens` point to `count` elements (any may be NULL
+// when `count` is 0); `x` is as in `tessera_linear_forward`; each `ys[i]`
+// points to `y_lens[i]` writable elements of its layer's output dtype,
+// overlapping neither `x` nor another `ys[j]`.
+enum TesseraStatus tessera_linear_forward_shared(const struct TesseraLinear *linears,
+                                                 size_t count,
+                                                 const void *x,
+                                                 size_t x_len,
+                                                 size_t m,
+                                                 void *const *ys,
+                                                 const size_t *y_lens);
+
 // Close a linear layer. The null handle is a no-op; closing twice is
 // `TESSERA_STATUS_INVALID_HANDLE`.
 enum TesseraStatus tessera_linear_close(struct TesseraLinear linear);

@@ -42,7 +42,7 @@ use tessera_dsl::quant::{QuantTensor, groups_per_row};
 use tessera_runtime::record::{RecordError, TuningRecord};
 use tessera_runtime::{
     Attention, Backend, Device, DeviceOptions, Input, KvCache, KvCapacity, KvFormat, Linear,
-    Output, RuntimeError, WeightFormat, Weights,
+    Output, RuntimeError, SharedInput, WeightFormat, Weights,
 };
 
 // --- status and errors ---------------------------------------------------------
@@ -1377,6 +1377,82 @@ pub unsafe extern "C" fn tessera_linear_forward(
             _ => Output::F32(unsafe { slice_mut(y.cast::<f32>(), y_len, "y") }?),
         };
         lin.forward(x, m, y)?;
+        Ok(())
+    })
+}
+
+/// `tessera_linear_forward` of `count` layers that read one input (the Q,
+/// K and V projections; gate and up): `linears[i]` writes `ys[i]`, of
+/// `y_lens[i] == m*n_i` elements. The layers must share k and the input
+/// dtype. W8A8 and W4A8 layers quantize `x` once per distinct activation
+/// quantizer instead of once each; every result equals the layer's own
+/// `tessera_linear_forward` bit for bit. Every length is checked before
+/// any layer runs.
+///
+/// # Safety
+/// `linears`, `ys` and `y_lens` point to `count` elements (any may be NULL
+/// when `count` is 0); `x` is as in `tessera_linear_forward`; each `ys[i]`
+/// points to `y_lens[i]` writable elements of its layer's output dtype,
+/// overlapping neither `x` nor another `ys[j]`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn tessera_linear_forward_shared(
+    linears: *const TesseraLinear,
+    count: usize,
+    x: *const c_void,
+    x_len: usize,
+    m: usize,
+    ys: *const *mut c_void,
+    y_lens: *const usize,
+) -> TesseraStatus {
+    ffi("tessera_linear_forward_shared", || {
+        // SAFETY (three blocks): forwarded caller contract, `count` elements.
+        let handles = unsafe { slice(linears, count, "linears") }?;
+        let outs = unsafe { slice(ys, count, "ys") }?;
+        let lens = unsafe { slice(y_lens, count, "y_lens") }?;
+        let lins = handles
+            .iter()
+            .map(|&h| get_linear(h))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(first) = lins.first() else {
+            return Ok(());
+        };
+        let (k, input) = (first.k(), first.format().input());
+        for (i, lin) in lins.iter().enumerate() {
+            if lin.k() != k || lin.format().input() != input {
+                return err(
+                    TesseraStatus::InvalidArgument,
+                    format!(
+                        "linears[{i}] takes rows of k = {} {}, linears[0] k = {k} {input}: \
+                         a shared input needs one k and one dtype",
+                        lin.k(),
+                        lin.format().input()
+                    ),
+                );
+            }
+        }
+        expect_len("x_len", "m·k", mul("m·k", m, k)?, x_len)?;
+        for (i, (lin, &len)) in lins.iter().zip(lens).enumerate() {
+            let what = format!("y_lens[{i}]");
+            expect_len(&what, "m·n", mul("m·n", m, lin.n())?, len)?;
+        }
+        // SAFETY: forwarded caller contract, the element type is the one
+        // the format documents, length checked above.
+        let x = match dtype_of(input) {
+            TESSERA_DTYPE_F16 => Input::F16(unsafe { slice(x.cast::<f16>(), x_len, "x") }?),
+            _ => Input::F32(unsafe { slice(x.cast::<f32>(), x_len, "x") }?),
+        };
+        let shared = SharedInput::new(x, m);
+        for ((lin, &y), &len) in lins.iter().zip(outs).zip(lens) {
+            // SAFETY: as for x; each `ys[i]` is the caller's, unaliased,
+            // and this slice ends before the next is made.
+            let y = match dtype_of(lin.format().output()) {
+                TESSERA_DTYPE_F16 => {
+                    Output::F16(unsafe { slice_mut(y.cast::<f16>(), len, "ys[i]") }?)
+                }
+                _ => Output::F32(unsafe { slice_mut(y.cast::<f32>(), len, "ys[i]") }?),
+            };
+            lin.forward_shared(&shared, y)?;
+        }
         Ok(())
     })
 }

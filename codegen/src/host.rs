@@ -19,6 +19,7 @@
 //! [`ParamType`]: 4 bytes (f32) or 2 (f16 bits), little-endian.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::{bf16, f16};
@@ -325,6 +326,9 @@ pub struct HostMatmul {
     kernel: Kernel,
     tile: HostTile,
     quantizer: Option<JitCode>,
+    /// The quantizer's bytes: kernels whose quantizers are byte-identical
+    /// can read each other's [`QuantizedInput`].
+    quantizer_code: Option<Arc<[u8]>>,
     matmul: JitCode,
     /// The activation quantizer's output, kept between calls so a decode
     /// step allocates nothing (a call that finds it busy uses its own).
@@ -338,6 +342,65 @@ struct QuantScratch {
     qx: Vec<u8>,
     scales: Vec<f32>,
     sums: Vec<i32>,
+}
+
+/// What a quantizer's output depends on: its code (which fixes the packed
+/// layout and whether Σq is folded for a zero point) and the call's rows,
+/// reduction length, weight group and buffer sizes.
+#[derive(Clone, Debug)]
+struct InputKey {
+    code: Arc<[u8]>,
+    m: usize,
+    k: usize,
+    group: usize,
+    m_pad: usize,
+    packed_bytes: usize,
+}
+
+impl PartialEq for InputKey {
+    fn eq(&self, other: &Self) -> bool {
+        (self.m, self.k, self.group, self.m_pad, self.packed_bytes)
+            == (
+                other.m,
+                other.k,
+                other.group,
+                other.m_pad,
+                other.packed_bytes,
+            )
+            && (Arc::ptr_eq(&self.code, &other.code) || self.code == other.code)
+    }
+}
+
+/// Activations quantized once ([`HostMatmul::quantize_input`]) for every
+/// kernel that reads the same x with the same quantizer: the Q, K and V
+/// projections, or gate and up, quantize their shared input once, the way
+/// KleidiAI packs one LHS for several RHS.
+pub struct QuantizedInput {
+    key: InputKey,
+    buffers: QuantScratch,
+}
+
+impl std::fmt::Debug for QuantizedInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuantizedInput")
+            .field("m", &self.key.m)
+            .field("k", &self.key.k)
+            .field("group", &self.key.group)
+            .field("bytes", &self.key.packed_bytes)
+            .finish()
+    }
+}
+
+impl QuantizedInput {
+    /// Rows of x.
+    pub fn m(&self) -> usize {
+        self.key.m
+    }
+
+    /// Elements per row of x.
+    pub fn k(&self) -> usize {
+        self.key.k
+    }
 }
 
 /// `v` cleared and zero-filled to `len` elements, growing fallibly.
@@ -411,6 +474,7 @@ impl HostMatmul {
             kernel: kernel.clone(),
             tile,
             quantizer: quantizer.map(JitCode::map).transpose()?,
+            quantizer_code: quantizer.map(|q| Arc::from(q.bytes.as_slice())),
             matmul: JitCode::map(matmul)?,
             scratch: std::sync::Mutex::new(QuantScratch::default()),
         })
@@ -485,18 +549,9 @@ impl HostMatmul {
         exec: &RangeExecutor<'_>,
     ) -> Result<(), HostError> {
         let mm = matmul_of(&self.kernel)?;
-        let (n, k) = (w.n, w.k);
-        let x_format = format_of(&self.kernel, &mm.x)?;
-        let w_format = format_of(&self.kernel, &mm.w)?;
-        let y_format = format_of(&self.kernel, &mm.y)?;
-        if w.format != w_format || !w.tile.packs_like(&self.tile) {
-            return Err(HostError::WeightsMismatch {
-                packed: format!("{} with tile {:?}", w.format, w.tile),
-                needed: format!("{w_format} with tile {:?}", self.tile),
-            });
-        }
+        let k = w.k;
         let mk = m.checked_mul(k).ok_or(HostError::Overflow("m·k"))?;
-        let mn = m.checked_mul(n).ok_or(HostError::Overflow("m·n"))?;
+        let x_format = format_of(&self.kernel, &mm.x)?;
         // x: the variant must be the kernel's x format (i8dyn takes f32).
         let (x_ptr, x_len, x_elem) = match (x, x_format) {
             (HostInput::F32(v), Format::F32 | Format::I8Dyn) => {
@@ -518,6 +573,225 @@ impl HostMatmul {
             }
         };
         check_len("x elements (m·k)", mk, x_len)?;
+        let call = self.check_call(m, w, bias, y, ranges)?;
+        if m == 0 || w.n == 0 {
+            return Ok(());
+        }
+        if self.quantizer.is_none() {
+            return self.launch(&call, x_ptr, x_elem, None, ranges, exec);
+        }
+        // Activation quantization (i8dyn): one pass before the threads split,
+        // into the kept scratch (or a call's own, when another holds it).
+        let mut own = QuantScratch::default();
+        let mut shared = self.scratch.try_lock().ok();
+        let scratch: &mut QuantScratch = match shared.as_deref_mut() {
+            Some(s) => s,
+            None => &mut own,
+        };
+        self.quantize_into(x_ptr as *const f32, m, k, scratch)?;
+        self.launch(
+            &call,
+            scratch.qx.as_ptr(),
+            x_elem,
+            Some(scratch),
+            ranges,
+            exec,
+        )
+    }
+
+    /// Whether this kernel quantizes its activations (x format `i8dyn`),
+    /// so [`HostMatmul::quantize_input`] applies.
+    pub fn quantizes_input(&self) -> bool {
+        self.quantizer.is_some()
+    }
+
+    /// Quantize x (`m` rows of `k` f32) with this kernel's quantizer, for
+    /// [`HostMatmul::run_ranges_quantized`] of this kernel and of every
+    /// kernel that [`HostMatmul::reads`] it. `reuse` lends the buffers of
+    /// an earlier result, so a caller that keeps one allocates nothing.
+    pub fn quantize_input(
+        &self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        reuse: Option<QuantizedInput>,
+    ) -> Result<QuantizedInput, HostError> {
+        let key = self.input_key(m, k)?;
+        let mk = m.checked_mul(k).ok_or(HostError::Overflow("m·k"))?;
+        check_len("x elements (m·k)", mk, x.len())?;
+        let mut buffers = reuse.map(|q| q.buffers).unwrap_or_default();
+        if m > 0 {
+            self.quantize_into(x.as_ptr(), m, k, &mut buffers)?;
+        }
+        Ok(QuantizedInput { key, buffers })
+    }
+
+    /// Whether `q` is exactly what this kernel's quantizer would write for
+    /// its x: the same quantizer code, rows, length, group and sizes.
+    pub fn reads(&self, q: &QuantizedInput) -> bool {
+        self.input_key(q.key.m, q.key.k)
+            .is_ok_and(|key| key == q.key)
+    }
+
+    /// [`HostMatmul::run_ranges`] on activations already quantized: `q`
+    /// must be one this kernel [`HostMatmul::reads`], else it is refused.
+    pub fn run_ranges_quantized(
+        &self,
+        q: &QuantizedInput,
+        w: &HostWeights,
+        bias: Option<&[f32]>,
+        y: HostOutput<'_>,
+        ranges: &[Range<usize>],
+        exec: &RangeExecutor<'_>,
+    ) -> Result<(), HostError> {
+        let m = q.key.m;
+        if q.key.k != w.k {
+            return Err(HostError::Shape {
+                what: "quantized activations' row length (k)",
+                expected: w.k.to_string(),
+                got: q.key.k.to_string(),
+            });
+        }
+        let want = self.input_key(m, w.k)?;
+        if want != q.key {
+            return Err(HostError::Shape {
+                what: "quantized activations",
+                expected: format!(
+                    "this kernel's quantizer output ({} code bytes, group {}, {} packed bytes, {} padded rows)",
+                    want.code.len(),
+                    want.group,
+                    want.packed_bytes,
+                    want.m_pad
+                ),
+                got: format!(
+                    "another quantizer's ({} code bytes, group {}, {} packed bytes, {} padded rows)",
+                    q.key.code.len(),
+                    q.key.group,
+                    q.key.packed_bytes,
+                    q.key.m_pad
+                ),
+            });
+        }
+        let call = self.check_call(m, w, bias, y, ranges)?;
+        if m == 0 || w.n == 0 {
+            return Ok(());
+        }
+        self.launch(
+            &call,
+            q.buffers.qx.as_ptr(),
+            4,
+            Some(&q.buffers),
+            ranges,
+            exec,
+        )
+    }
+
+    /// The refusal of quantized activations by a kernel that takes its x
+    /// as it is.
+    fn no_quantizer(&self) -> Result<HostError, HostError> {
+        Ok(HostError::Quantizer {
+            kernel: self.kernel.name.clone(),
+            format: format_of(&self.kernel, &matmul_of(&self.kernel)?.x)?,
+            need: "its activations as they are, not quantized ones",
+        })
+    }
+
+    /// The key of this kernel's quantizer output for x of `m` rows of `k`.
+    fn input_key(&self, m: usize, k: usize) -> Result<InputKey, HostError> {
+        let Some(code) = &self.quantizer_code else {
+            return Err(self.no_quantizer()?);
+        };
+        let mm = matmul_of(&self.kernel)?;
+        let w_format = format_of(&self.kernel, &mm.w)?;
+        let plan = PackPlan::for_tensor(
+            &self.kernel,
+            &mm.x,
+            &[(mm.e.as_str(), m), (mm.l.as_str(), k)],
+            &tile_sizes(mm, &self.kernel, self.tile),
+        )?;
+        let ep = self.tile.ep.max(1);
+        Ok(InputKey {
+            code: Arc::clone(code),
+            m,
+            k,
+            group: w_format.group().map_or(k, |g| g.len(k)).max(1),
+            m_pad: m
+                .div_ceil(ep)
+                .checked_mul(ep)
+                .ok_or(HostError::Overflow("rows"))?,
+            packed_bytes: plan.packed_bytes(),
+        })
+    }
+
+    /// Run the quantizer on `m` rows of `k` f32 at `x` (m·k checked by the
+    /// caller) into `out`, sized here.
+    fn quantize_into(
+        &self,
+        x: *const f32,
+        m: usize,
+        k: usize,
+        out: &mut QuantScratch,
+    ) -> Result<(), HostError> {
+        let key = self.input_key(m, k)?;
+        let Some(quantizer) = &self.quantizer else {
+            return Err(self.no_quantizer()?);
+        };
+        let mm = matmul_of(&self.kernel)?;
+        let w_format = format_of(&self.kernel, &mm.w)?;
+        let groups = w_format.group().map_or(1, |g| groups_per_row(g, k));
+        let sums = key
+            .m_pad
+            .checked_mul(groups)
+            .ok_or(HostError::Overflow("sums"))?;
+        refill(&mut out.qx, key.packed_bytes, "quantized activations")?;
+        refill(&mut out.scales, key.m_pad, "activation scales")?;
+        refill(&mut out.sums, sums, "activation sums")?;
+        let args = QuantizeArgs {
+            x,
+            x_stride: k * 4,
+            out: out.qx.as_mut_ptr(),
+            out_scales: out.scales.as_mut_ptr(),
+            // Always the buffer: a quantizer writes Σq where its kernel
+            // folds a zero point, which may be the kernel's own (the
+            // AVX-512 kernel reads i8sym codes as unsigned).
+            out_sums: out.sums.as_mut_ptr(),
+            m,
+            k,
+            group: key.group,
+        };
+        // SAFETY: `quantizer` was emitted for this kernel and tile with the
+        // QuantizeArgs ABI. x holds m·k f32 (checked by every caller); `qx`
+        // holds the packed size of x's layout for (m, k) and this tile,
+        // `scales` m rounded up to ep, `sums` that times the group count
+        // (all just sized above); all live across the call.
+        unsafe {
+            let f: KernelFn<QuantizeArgs> = std::mem::transmute(quantizer.entry());
+            f(&args);
+        }
+        Ok(())
+    }
+
+    /// Check everything of a call but x: the weights' format and packing,
+    /// y, the bias and the panel ranges.
+    fn check_call(
+        &self,
+        m: usize,
+        w: &HostWeights,
+        bias: Option<&[f32]>,
+        y: HostOutput<'_>,
+        ranges: &[Range<usize>],
+    ) -> Result<CheckedCall, HostError> {
+        let mm = matmul_of(&self.kernel)?;
+        let (n, k) = (w.n, w.k);
+        let w_format = format_of(&self.kernel, &mm.w)?;
+        let y_format = format_of(&self.kernel, &mm.y)?;
+        if w.format != w_format || !w.tile.packs_like(&self.tile) {
+            return Err(HostError::WeightsMismatch {
+                packed: format!("{} with tile {:?}", w.format, w.tile),
+                needed: format!("{w_format} with tile {:?}", self.tile),
+            });
+        }
+        let mn = m.checked_mul(n).ok_or(HostError::Overflow("m·n"))?;
         let (y_ptr, y_len, y_elem) = match (y, y_format) {
             (HostOutput::F32(v), Format::F32) => (v.as_mut_ptr() as *mut u8, v.len(), 4),
             (HostOutput::F16(v), Format::F16) => (v.as_mut_ptr() as *mut u8, v.len(), 2),
@@ -574,77 +848,43 @@ impl HostMatmul {
                 got: format!("{r:?}"),
             });
         }
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-
-        // Activation quantization (i8dyn): one pass before the threads split.
-        let group = w_format.group().map_or(k, |g| g.len(k)).max(1);
-        let groups = w_format.group().map_or(1, |g| groups_per_row(g, k));
-        let mut own = QuantScratch::default();
-        let mut shared = self.scratch.try_lock().ok();
-        let scratch: &mut QuantScratch = match shared.as_deref_mut() {
-            Some(s) => s,
-            None => &mut own,
-        };
-        if let Some(quantizer) = &self.quantizer {
-            let plan = PackPlan::for_tensor(
-                &self.kernel,
-                &mm.x,
-                &[(mm.e.as_str(), m), (mm.l.as_str(), k)],
-                &tile_sizes(mm, &self.kernel, self.tile),
-            )?;
-            let m_pad = m.div_ceil(self.tile.ep.max(1)) * self.tile.ep.max(1);
-            let sums = m_pad
-                .checked_mul(groups)
-                .ok_or(HostError::Overflow("sums"))?;
-            refill(
-                &mut scratch.qx,
-                plan.packed_bytes(),
-                "quantized activations",
-            )?;
-            refill(&mut scratch.scales, m_pad, "activation scales")?;
-            refill(&mut scratch.sums, sums, "activation sums")?;
-            let args = QuantizeArgs {
-                x: x_ptr as *const f32,
-                x_stride: k * 4,
-                out: scratch.qx.as_mut_ptr(),
-                out_scales: scratch.scales.as_mut_ptr(),
-                // Always the buffer: a quantizer writes Σq where its kernel
-                // folds a zero point, which may be the kernel's own (the
-                // AVX-512 kernel reads i8sym codes as unsigned).
-                out_sums: scratch.sums.as_mut_ptr(),
-                m,
-                k,
-                group,
-            };
-            // SAFETY: `quantizer` was emitted for this kernel and tile with the
-            // QuantizeArgs ABI. x holds m·k f32 (checked above); `qx` holds the
-            // packed size of x's layout for (m, k) and this tile, `scales`
-            // m rounded up to ep, `sums` that times the group count (all
-            // just sized above); all live across the call.
-            unsafe {
-                let f: KernelFn<QuantizeArgs> = std::mem::transmute(quantizer.entry());
-                f(&args);
-            }
-        }
-        let (qx, qx_scales, qx_sums) = (&scratch.qx, &scratch.scales, &scratch.sums);
-
-        let hp = self.tile.hp.max(1);
-        let base = SharedArgs(MatmulArgs {
-            x: if self.quantizer.is_some() {
-                qx.as_ptr()
-            } else {
-                x_ptr
-            },
-            x_stride: k * x_elem,
-            x_scales: qx_scales.as_ptr(),
-            x_sums: qx_sums.as_ptr(),
-            w: w.codes.as_ptr(),
+        Ok(CheckedCall {
+            m,
+            n,
+            k,
+            y: y_ptr,
+            y_elem,
+            w_codes: w.codes.as_ptr(),
             w_params: w.params.as_ptr(),
             bias: bias.map_or(std::ptr::null(), |b| b.as_ptr()),
-            y: y_ptr,
-            y_stride: n * y_elem,
+        })
+    }
+
+    /// Call the kernel once per range, through `exec` where the schedule
+    /// spreads h over threads. `x` is the caller's activations or, with
+    /// `quantized`, the quantizer's codes; every length was checked.
+    fn launch(
+        &self,
+        call: &CheckedCall,
+        x: *const u8,
+        x_elem: usize,
+        quantized: Option<&QuantScratch>,
+        ranges: &[Range<usize>],
+        exec: &RangeExecutor<'_>,
+    ) -> Result<(), HostError> {
+        let mm = matmul_of(&self.kernel)?;
+        let CheckedCall { m, n, k, .. } = *call;
+        let hp = self.tile.hp.max(1);
+        let base = SharedArgs(MatmulArgs {
+            x,
+            x_stride: k * x_elem,
+            x_scales: quantized.map_or(std::ptr::null(), |q| q.scales.as_ptr()),
+            x_sums: quantized.map_or(std::ptr::null(), |q| q.sums.as_ptr()),
+            w: call.w_codes,
+            w_params: call.w_params,
+            bias: call.bias,
+            y: call.y,
+            y_stride: n * call.y_elem,
             m,
             n: 0,
             k,
@@ -652,7 +892,7 @@ impl HostMatmul {
             n_total: n,
         });
         let claimed: Vec<AtomicBool> = ranges.iter().map(|_| AtomicBool::new(false)).collect();
-        let call = |index: usize| {
+        let run_range = |index: usize| {
             let (Some(range), Some(flag)) = (ranges.get(index), claimed.get(index)) else {
                 return;
             };
@@ -670,12 +910,13 @@ impl HostMatmul {
                 ..base.get()
             };
             // SAFETY: the kernel was emitted for this IR kernel and tile with the
-            // MatmulArgs ABI. Every buffer was checked above against (m, n, k):
-            // x (or the quantizer's output), the packed weights and params
-            // (packed for this kernel, format and tile), bias (n), y (m·n).
-            // The ranges were checked disjoint and each runs at most once
-            // (its flag), so calls on different threads write disjoint
-            // columns n0..n1 of y; `exec` returns before the buffers go.
+            // MatmulArgs ABI. Every buffer was checked against (m, n, k) by
+            // `check_call` and the caller: x (or the quantizer's output for
+            // this kernel's key), the packed weights and params (packed for
+            // this kernel, format and tile), bias (n), y (m·n). The ranges
+            // were checked disjoint and each runs at most once (its flag), so
+            // calls on different threads write disjoint columns n0..n1 of y;
+            // `exec` returns before the buffers go.
             unsafe {
                 let f: KernelFn<MatmulArgs> = std::mem::transmute(self.matmul.entry());
                 f(&args);
@@ -684,10 +925,24 @@ impl HostMatmul {
         // The schedule decides whether output channels may go to other
         // threads: without `parallel h` every range runs here, in order.
         if crate::schedule::spreads(&self.kernel, &mm.h) {
-            exec(&call);
+            exec(&run_range);
         } else {
-            (0..ranges.len()).for_each(call);
+            (0..ranges.len()).for_each(run_range);
         }
         Ok(())
     }
+}
+
+/// A call's checked operands other than x (pointers into buffers the
+/// caller borrows for the call).
+#[derive(Clone, Copy)]
+struct CheckedCall {
+    m: usize,
+    n: usize,
+    k: usize,
+    y: *mut u8,
+    y_elem: usize,
+    w_codes: *const u8,
+    w_params: *const u8,
+    bias: *const f32,
 }

@@ -436,3 +436,101 @@ fn clif_bad_tiles_are_errors() {
         Err(EmitError::BadTile { .. })
     ));
 }
+
+/// A quantized input is read by the kernel that made it and by any kernel
+/// with a byte-identical quantizer, giving exactly the result of quantizing
+/// inside the call; another quantizer's (here another weight group's) is
+/// refused by name, as is quantizing for a float kernel.
+#[test]
+fn clif_quantized_input_is_read_only_where_it_quantizes_alike() {
+    let backend = ClifBackend::host().expect("backend");
+    let w4a8 = library::get("matmul-w4a8").unwrap();
+    let w8a8 = library::get("matmul-w8a8").unwrap();
+    let f32k = library::get("matmul-f32").unwrap();
+    let tile = tiles(&backend, &w4a8, 0)[0];
+    let a = compile(&backend, &w4a8, &tile);
+    let twin = compile(&backend, &w4a8, &tile);
+    let b = compile(&backend, &w8a8, &tiles(&backend, &w8a8, 0)[0]);
+    let f = compile(&backend, &f32k, &tiles(&backend, &f32k, 0)[0]);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (n, k) = (17usize, 100usize);
+    let ws: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let bias: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let pack = |c: &Compiled, kernel: &Kernel| {
+        let q = quant::quantize(fmt(kernel, "w"), n, k, &ws).expect("quantize");
+        HostWeights::pack(kernel, c.host.tile(), n, k, WeightsIn::Quant(&q)).expect("pack")
+    };
+    let (wa, wb) = (pack(&a, &w4a8), pack(&b, &w8a8));
+    let panels = n.div_ceil(tile.hp as usize);
+    let ranges = [0..panels / 2, panels / 2..panels];
+    let mut reuse = None;
+    for m in [1usize, 3, 7, 2] {
+        let xs: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let q = a
+            .host
+            .quantize_input(&xs, m, k, reuse.take())
+            .expect("quantize");
+        assert_eq!((q.m(), q.k()), (m, k));
+        assert!(a.host.reads(&q) && twin.host.reads(&q), "m={m}");
+        assert!(!b.host.reads(&q) && !f.host.reads(&q), "m={m}");
+        // The quantized runs come first, so a kernel that read its own
+        // scratch (the previous m's x) instead of `q` would show.
+        let mut runs = Vec::new();
+        for c in [&a, &twin] {
+            let mut got = vec![f32::NAN; m * n];
+            c.host
+                .run_ranges_quantized(
+                    &q,
+                    &wa,
+                    Some(&bias),
+                    HostOutput::F32(&mut got),
+                    &ranges,
+                    &|call| (0..2).for_each(call),
+                )
+                .expect("run quantized");
+            runs.push(got);
+        }
+        let mut want = vec![f32::NAN; m * n];
+        a.host
+            .run(
+                HostInput::F32(&xs),
+                m,
+                &wa,
+                Some(&bias),
+                HostOutput::F32(&mut want),
+                1,
+            )
+            .expect("run");
+        for got in runs {
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "m={m}: a shared quantization changes no bit"
+            );
+        }
+        let mut y = vec![0f32; m * n];
+        let err = b
+            .host
+            .run_ranges_quantized(
+                &q,
+                &wb,
+                Some(&bias),
+                HostOutput::F32(&mut y),
+                &ranges,
+                &|c| c(0),
+            )
+            .expect_err("another group's quantization");
+        assert!(err.to_string().contains("quantized activations"), "{err}");
+        reuse = Some(q);
+    }
+    let err = f
+        .host
+        .quantize_input(&[0.0; 8], 1, 8, None)
+        .expect_err("a float kernel");
+    assert!(err.to_string().contains("not quantized ones"), "{err}");
+    let err = a
+        .host
+        .quantize_input(&[0.0; 8], 1, 9, None)
+        .expect_err("short x");
+    assert!(err.to_string().contains("x elements"), "{err}");
+}

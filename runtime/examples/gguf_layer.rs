@@ -39,7 +39,7 @@ use tessera_dsl::ir::Format;
 use tessera_runtime::model_file::{Conversion, LoadedLinear};
 use tessera_runtime::{
     Attention, Backend, Device, DeviceOptions, Input, KvCache, KvCapacity, KvFormat, ModelFile,
-    Output,
+    Output, SharedInput,
 };
 
 type Error = Box<dyn std::error::Error>;
@@ -126,8 +126,15 @@ impl Layer {
     }
 
     /// y = x · wᵀ + b for `m` rows, checked against the f64 oracle; returns
-    /// y and the largest |error| / bound seen.
-    fn forward(&self, x: &[f32], m: usize, time: &mut Duration) -> Result<(Vec<f32>, f64), Error> {
+    /// y and the largest |error| / bound seen. `shared` is x for the layers
+    /// that read it too (Q, K, V; gate, up): quantized once for all.
+    fn forward(
+        &self,
+        x: &[f32],
+        m: usize,
+        shared: &SharedInput<'_>,
+        time: &mut Duration,
+    ) -> Result<(Vec<f32>, f64), Error> {
         let lin = &self.loaded.linear;
         let (n, k) = (lin.n(), lin.k());
         let format = self.loaded.format;
@@ -152,7 +159,11 @@ impl Layer {
             Output::F32(&mut y)
         };
         let t = Instant::now();
-        lin.forward(input, m, output)?;
+        if half_in {
+            lin.forward(input, m, output)?;
+        } else {
+            lin.forward_shared(shared, output)?;
+        }
         *time += t.elapsed();
         if f16_out {
             y = y16.iter().map(|v| v.to_f32()).collect();
@@ -242,6 +253,8 @@ struct Model {
 struct Stats {
     worst: f64,
     runtime: Duration,
+    /// Quantizations of the inputs shared by Q, K, V and by gate, up.
+    shared_quantizations: usize,
 }
 
 fn step(
@@ -252,19 +265,21 @@ fn step(
     s: &mut Stats,
 ) -> Result<Vec<f32>, Error> {
     let d = &m.d;
-    let mut run = |layer: &Layer, x: &[f32]| -> Result<Vec<f32>, Error> {
-        let (y, w) = layer.forward(x, t, &mut s.runtime)?;
+    let mut run = |layer: &Layer, x: &[f32], shared: &SharedInput<'_>| -> Result<Vec<f32>, Error> {
+        let (y, w) = layer.forward(x, t, shared, &mut s.runtime)?;
         s.worst = s.worst.max(w);
         Ok(y)
     };
+    let alone = |x| SharedInput::new(Input::F32(x), t);
     let h = rms_norm(x, &m.attn_norm);
+    let hs = SharedInput::new(Input::F32(&h), t);
     let scale = 1.0 / (d.head_dim as f32).sqrt();
-    let q: Vec<f16> = run(&m.q, &h)?
+    let q: Vec<f16> = run(&m.q, &h, &hs)?
         .iter()
         .map(|&v| f16::from_f32(v * scale))
         .collect();
-    let k = run(&m.k, &h)?;
-    let v = run(&m.v, &h)?;
+    let k = run(&m.k, &h, &hs)?;
+    let v = run(&m.v, &h, &hs)?;
     cache.append(&k, &v, t)?;
     let mut o = vec![f16::ZERO; t * d.heads * d.head_dim];
     if t == 1 {
@@ -273,17 +288,19 @@ fn step(
         m.att.prefill(&q, t, cache, &mut o)?;
     }
     let attn: Vec<f32> = o.iter().map(|v| v.to_f32()).collect();
-    let proj = run(&m.o, &attn)?;
+    let proj = run(&m.o, &attn, &alone(&attn))?;
     let x1: Vec<f32> = x.iter().zip(&proj).map(|(a, b)| a + b).collect();
     let h2 = rms_norm(&x1, &m.ffn_norm);
-    let g = run(&m.gate, &h2)?;
-    let u = run(&m.up, &h2)?;
+    let h2s = SharedInput::new(Input::F32(&h2), t);
+    let g = run(&m.gate, &h2, &h2s)?;
+    let u = run(&m.up, &h2, &h2s)?;
     let act: Vec<f32> = g
         .iter()
         .zip(&u)
         .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
         .collect();
-    let down = run(&m.down, &act)?;
+    let down = run(&m.down, &act, &alone(&act))?;
+    s.shared_quantizations += hs.quantizations() + h2s.quantizations();
     Ok(x1.iter().zip(&down).map(|(a, b)| a + b).collect())
 }
 
@@ -377,6 +394,12 @@ fn main() -> Result<(), Error> {
     println!(
         "prefill: {PROMPT} tokens, matmuls {:.2?}; decode: {DECODE_STEPS} steps, matmuls {:.2?} (runtime time only)",
         prefill.runtime, decode.runtime
+    );
+    println!(
+        "the inputs of Q, K, V and of gate, up: quantized {} times for {} layer calls ({} steps)",
+        prefill.shared_quantizations + decode.shared_quantizations,
+        5 * (1 + DECODE_STEPS),
+        1 + DECODE_STEPS
     );
     println!(
         "every matmul within its bound against the f64 oracle on the file's weights (worst error / bound {:.2})",

@@ -9,7 +9,8 @@
 //!   M2, GEMM above (FlashDecoding++ section 5), from the record or the
 //!   solver's defaults (and `tracing` says which and why).
 //! - [`Linear`]: weights packed once per tile (on a GPU: packed into the
-//!   GPU layout and uploaded once), `forward` for any M.
+//!   GPU layout and uploaded once), `forward` for any M; layers reading
+//!   one input take it as a [`SharedInput`], quantized once.
 //! - [`Attention`] over a [`KvCache`] appended in place (in device buffers
 //!   on OpenCL, [`KvCache::for_device`]).
 //! - [`device`] fingerprints this machine; [`record`] reads, checks and
@@ -60,6 +61,6 @@ pub use backend::{Backend, Device, DeviceOptions, current_generator};
 pub use dispatch::{PlanSource, ShapePlan};
 pub use error::RuntimeError;
 pub use format::WeightFormat;
-pub use linear::{Input, Linear, Output, Weights};
+pub use linear::{Input, InputBuffers, Linear, Output, SharedInput, Weights};
 pub use model_file::{ModelFile, ModelFileError};
 pub use prebuilt::{PrebuiltKernel, PrebuiltSet, PrebuiltSource};

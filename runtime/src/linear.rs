@@ -1,11 +1,15 @@
 //! A linear layer: weights packed once per distinct kernel tile at model
 //! load (offline packing, TurboMind 4.1), and `forward` for any M, which
 //! picks GEMV / flat GEMM / GEMM by M and splits the output channels over
-//! the device's pool by per-core weights.
+//! the device's pool by per-core weights. Layers that read one input (Q, K
+//! and V; gate and up) take it as a [`SharedInput`], quantized once.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWeights, WeightsIn};
+use tessera_codegen::host::{
+    HostInput, HostMatmul, HostOutput, HostTile, HostWeights, QuantizedInput, WeightsIn,
+};
 use tessera_dsl::ir::Variant;
 use tessera_dsl::quant::{self, QuantTensor};
 
@@ -27,6 +31,97 @@ pub type Output<'a> = HostOutput<'a>;
 pub enum Weights<'a> {
     F32(&'a [f32]),
     Quant(&'a QuantTensor),
+}
+
+/// One input for every [`Linear`] that reads it (the Q, K and V
+/// projections; gate and up), through [`Linear::forward_shared`]: W8A8 and
+/// W4A8 layers quantize x once per distinct quantizer instead of once per
+/// layer, as KleidiAI packs one LHS for several RHS. Layers whose kernels
+/// quantize differently (another tile's layout, another weight group) each
+/// get their own quantization, so sharing never changes a result.
+pub struct SharedInput<'x> {
+    x: Input<'x>,
+    m: usize,
+    quantized: Mutex<Vec<Arc<QuantizedInput>>>,
+    spare: Mutex<Vec<QuantizedInput>>,
+    quantizations: AtomicUsize,
+}
+
+/// The buffers of a finished [`SharedInput`], for the next one
+/// ([`SharedInput::with_buffers`]), so a decode step allocates nothing.
+#[derive(Debug, Default)]
+pub struct InputBuffers(Vec<QuantizedInput>);
+
+impl<'x> SharedInput<'x> {
+    /// x of `m` rows (checked against each layer's k when it runs).
+    pub fn new(x: Input<'x>, m: usize) -> SharedInput<'x> {
+        SharedInput::with_buffers(x, m, InputBuffers::default())
+    }
+
+    /// [`SharedInput::new`], quantizing into an earlier input's buffers.
+    pub fn with_buffers(x: Input<'x>, m: usize, buffers: InputBuffers) -> SharedInput<'x> {
+        SharedInput {
+            x,
+            m,
+            quantized: Mutex::new(Vec::new()),
+            spare: Mutex::new(buffers.0),
+            quantizations: AtomicUsize::new(0),
+        }
+    }
+
+    /// Rows of x.
+    pub fn m(&self) -> usize {
+        self.m
+    }
+
+    /// How often x has been quantized so far: once per distinct quantizer
+    /// among the layers that ran (0 for float layers).
+    pub fn quantizations(&self) -> usize {
+        self.quantizations.load(Ordering::Relaxed)
+    }
+
+    /// The buffers, for [`SharedInput::with_buffers`].
+    pub fn into_buffers(self) -> InputBuffers {
+        let mut buffers = self.spare.into_inner().unwrap_or_else(|e| e.into_inner());
+        let quantized = self
+            .quantized
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
+        buffers.extend(
+            quantized
+                .into_iter()
+                .filter_map(|q| Arc::try_unwrap(q).ok()),
+        );
+        InputBuffers(buffers)
+    }
+
+    /// x as `kernel` quantizes it: an earlier layer's quantization where
+    /// the kernel reads it, else a new one (kept for the next layer).
+    fn quantized_for(
+        &self,
+        kernel: &HostMatmul,
+        k: usize,
+    ) -> Result<Arc<QuantizedInput>, RuntimeError> {
+        let mut quantized = self.quantized.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(q) = quantized.iter().find(|q| kernel.reads(q)) {
+            return Ok(Arc::clone(q));
+        }
+        let HostInput::F32(x) = self.x else {
+            return Err(shape(
+                "x dtype for a quantizing kernel",
+                "f32",
+                "another dtype",
+            ));
+        };
+        let reuse = self.spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let q = Arc::new(kernel.quantize_input(x, self.m, k, reuse)?);
+        self.quantizations.fetch_add(1, Ordering::Relaxed);
+        quantized
+            .try_reserve(1)
+            .map_err(|_| shape("shared input quantizations", "memory", "none left"))?;
+        quantized.push(Arc::clone(&q));
+        Ok(q)
+    }
 }
 
 /// `y[m, n] = x[m, k] · wᵀ + bias`, dispatched by M.
@@ -214,6 +309,23 @@ impl Linear {
 
     /// y[m, n] = x[m, k] · wᵀ + bias for any m (m = 0 does nothing).
     pub fn forward(&self, x: Input<'_>, m: usize, y: Output<'_>) -> Result<(), RuntimeError> {
+        self.forward_from(x, m, None, y)
+    }
+
+    /// [`Linear::forward`] of a [`SharedInput`]: a W8A8 or W4A8 layer
+    /// reuses the quantization of an earlier layer that read the same x
+    /// with the same quantizer, else quantizes it once for the layers after.
+    pub fn forward_shared(&self, x: &SharedInput<'_>, y: Output<'_>) -> Result<(), RuntimeError> {
+        self.forward_from(x.x, x.m, Some(x), y)
+    }
+
+    fn forward_from(
+        &self,
+        x: Input<'_>,
+        m: usize,
+        shared: Option<&SharedInput<'_>>,
+        y: Output<'_>,
+    ) -> Result<(), RuntimeError> {
         let (n, k) = (self.plan.n, self.plan.k);
         let (x_len, x_dtype) = match x {
             HostInput::F32(v) => (v.len(), tessera_dsl::ir::Format::F32),
@@ -270,13 +382,20 @@ impl Linear {
                 let pool = self.device.pool();
                 let panels = n.div_ceil(weights.tile.hp.max(1));
                 let ranges = split_weighted(panels, &self.plan.core_weights);
-                kernel.run_ranges(x, m, weights, Some(bias), y, &ranges, &|call| {
+                let exec = |call: &(dyn Fn(usize) + Sync)| {
                     if ranges.len() == 1 {
                         call(0);
                     } else {
                         pool.run(&|worker| call(worker));
                     }
-                })?;
+                };
+                match shared {
+                    Some(shared) if kernel.quantizes_input() => {
+                        let q = shared.quantized_for(kernel, k)?;
+                        kernel.run_ranges_quantized(&q, weights, Some(bias), y, &ranges, &exec)?;
+                    }
+                    _ => kernel.run_ranges(x, m, weights, Some(bias), y, &ranges, &exec)?,
+                }
                 Ok(())
             }
             #[cfg(feature = "opencl")]

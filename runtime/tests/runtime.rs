@@ -1008,3 +1008,74 @@ fn zmm_gemv_and_flat_winners_run_on_the_avx512_kernel() {
         assert!(err <= 1e-4 * (1.0 + scale), "m={m} err {err}");
     }
 }
+
+/// Layers that read one input (Q, K, V; gate, up) through a `SharedInput`:
+/// the result is bit for bit each layer's own `forward`, which matches the
+/// interpreter; layers of one shape share one quantization; layers of
+/// other formats (another weight group, 8-bit weights) get their own; the
+/// buffers carry over to the next call's input without stale values.
+#[test]
+fn shared_input_quantizes_once_and_changes_no_result() {
+    let k = 96;
+    for backend in host_backends() {
+        let dev = device(backend, 2, None);
+        let mut formats = vec![WeightFormat::W4A8, WeightFormat::W8A8];
+        if backend != Backend::HostClif {
+            formats.push(WeightFormat::Q4_0);
+        }
+        let mut r = rng(71);
+        // Q, K, V of one format (K and V of one shape), then one layer of
+        // every other format.
+        let mut layers = Vec::new();
+        for (i, &format) in formats.iter().enumerate() {
+            let ns: &[usize] = if i == 0 { &[45, 13, 13] } else { &[13] };
+            for &n in ns {
+                let w = randv(&mut r, n * k);
+                let bias = randv(&mut r, n);
+                let lin = Linear::new(&dev, format, Weights::F32(&w), n, k, Some(&bias)).unwrap();
+                layers.push((lin, w, bias));
+            }
+        }
+        let mut buffers = tessera_runtime::InputBuffers::default();
+        for m in [1usize, 3, 17, 2, 33] {
+            let x = randv(&mut r, m * k);
+            let shared = tessera_runtime::SharedInput::with_buffers(
+                tessera_runtime::Input::F32(&x),
+                m,
+                buffers,
+            );
+            for (lin, w, bias) in &layers {
+                let n = lin.n();
+                let mut got = vec![f32::NAN; m * n];
+                lin.forward_shared(&shared, tessera_runtime::Output::F32(&mut got))
+                    .unwrap();
+                let own = run_linear(lin, &x, m);
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    own.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{backend:?} {} n={n} m={m}: sharing changed the result",
+                    lin.format()
+                );
+                let want = reference(lin.format(), &x, w, bias, m, n, k);
+                let (err, scale) = max_err(&got, &want);
+                let tol = tolerance(backend, lin.format(), k, scale);
+                assert!(
+                    err <= tol,
+                    "{backend:?} {} m={m}: {err} > {tol}",
+                    lin.format()
+                );
+            }
+            // K and V share one plan, so at most every layer but one
+            // quantized; the 4-bit formats' groups of 32 and W8A8's whole
+            // rows need two quantizations at least (Q4_0 and W4A8 may share
+            // one: same quantizer, same group).
+            let q = shared.quantizations();
+            assert!(
+                q >= 2 && q < layers.len(),
+                "{backend:?} m={m}: {q} quantizations for {} layers",
+                layers.len()
+            );
+            buffers = shared.into_buffers();
+        }
+    }
+}
