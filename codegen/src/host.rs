@@ -333,6 +333,9 @@ pub struct HostMatmul {
     /// The activation quantizer's output, kept between calls so a decode
     /// step allocates nothing (a call that finds it busy uses its own).
     scratch: std::sync::Mutex<QuantScratch>,
+    /// The last quantizer key computed: a decode loop asks for the same
+    /// (m, k) every call, and building x's pack plan is most of a key.
+    last_key: std::sync::Mutex<Option<InputKey>>,
 }
 
 /// Buffers of the activation quantizer's output (packed codes, one scale
@@ -477,6 +480,7 @@ impl HostMatmul {
             quantizer_code: quantizer.map(|q| Arc::from(q.bytes.as_slice())),
             matmul: JitCode::map(matmul)?,
             scratch: std::sync::Mutex::new(QuantScratch::default()),
+            last_key: std::sync::Mutex::new(None),
         })
     }
 
@@ -701,6 +705,12 @@ impl HostMatmul {
         let Some(code) = &self.quantizer_code else {
             return Err(self.no_quantizer()?);
         };
+        let mut last = self.last_key.try_lock().ok();
+        if let Some(key) = last.as_deref().and_then(Option::as_ref)
+            && (key.m, key.k) == (m, k)
+        {
+            return Ok(key.clone());
+        }
         let mm = matmul_of(&self.kernel)?;
         let w_format = format_of(&self.kernel, &mm.w)?;
         let plan = PackPlan::for_tensor(
@@ -710,7 +720,7 @@ impl HostMatmul {
             &tile_sizes(mm, &self.kernel, self.tile),
         )?;
         let ep = self.tile.ep.max(1);
-        Ok(InputKey {
+        let key = InputKey {
             code: Arc::clone(code),
             m,
             k,
@@ -720,7 +730,11 @@ impl HostMatmul {
                 .checked_mul(ep)
                 .ok_or(HostError::Overflow("rows"))?,
             packed_bytes: plan.packed_bytes(),
-        })
+        };
+        if let Some(last) = last.as_deref_mut() {
+            *last = Some(key.clone());
+        }
+        Ok(key)
     }
 
     /// Run the quantizer on `m` rows of `k` f32 at `x` (m·k checked by the
