@@ -592,7 +592,13 @@ impl HostMatmul {
             Some(s) => s,
             None => &mut own,
         };
-        self.quantize_into(x_ptr as *const f32, m, k, scratch)?;
+        self.quantize_into(
+            x_ptr as *const f32,
+            m,
+            k,
+            scratch,
+            Some((exec, ranges.len())),
+        )?;
         self.launch(
             &call,
             scratch.qx.as_ptr(),
@@ -620,12 +626,27 @@ impl HostMatmul {
         k: usize,
         reuse: Option<QuantizedInput>,
     ) -> Result<QuantizedInput, HostError> {
+        self.quantize_input_on(x, m, k, reuse, None)
+    }
+
+    /// [`HostMatmul::quantize_input`] on the caller's threads: with
+    /// `spread` (an executor and its range count, as `run_ranges` takes),
+    /// a large x is quantized in parts of whole row blocks, as
+    /// `run_ranges` does it, with the same bytes.
+    pub fn quantize_input_on(
+        &self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        reuse: Option<QuantizedInput>,
+        spread: Option<(&RangeExecutor<'_>, usize)>,
+    ) -> Result<QuantizedInput, HostError> {
         let key = self.input_key(m, k)?;
         let mk = m.checked_mul(k).ok_or(HostError::Overflow("m·k"))?;
         check_len("x elements (m·k)", mk, x.len())?;
         let mut buffers = reuse.map(|q| q.buffers).unwrap_or_default();
         if m > 0 {
-            self.quantize_into(x.as_ptr(), m, k, &mut buffers)?;
+            self.quantize_into(x.as_ptr(), m, k, &mut buffers, spread)?;
         }
         Ok(QuantizedInput { key, buffers })
     }
@@ -738,13 +759,16 @@ impl HostMatmul {
     }
 
     /// Run the quantizer on `m` rows of `k` f32 at `x` (m·k checked by the
-    /// caller) into `out`, sized here.
+    /// caller) into `out`, sized here. With `spread` (the call's executor
+    /// and how many ranges it runs), a large x is quantized in up to that
+    /// many parts of whole row blocks on the executor's threads.
     fn quantize_into(
         &self,
         x: *const f32,
         m: usize,
         k: usize,
         out: &mut QuantScratch,
+        spread: Option<(&RangeExecutor<'_>, usize)>,
     ) -> Result<(), HostError> {
         let key = self.input_key(m, k)?;
         let Some(quantizer) = &self.quantizer else {
@@ -760,7 +784,16 @@ impl HostMatmul {
         refill(&mut out.qx, key.packed_bytes, "quantized activations")?;
         refill(&mut out.scales, key.m_pad, "activation scales")?;
         refill(&mut out.sums, sums, "activation sums")?;
-        let args = QuantizeArgs {
+        let parts = match spread {
+            Some((_, n)) if crate::schedule::spreads(&self.kernel, &mm.h) => {
+                self.quantize_parts(m, k, n, &key)?
+            }
+            _ => vec![RowPart {
+                rows: 0..m,
+                byte: 0,
+            }],
+        };
+        let base = SharedQuantizeArgs(QuantizeArgs {
             x,
             x_stride: k * 4,
             out: out.qx.as_mut_ptr(),
@@ -772,17 +805,102 @@ impl HostMatmul {
             m,
             k,
             group: key.group,
+        });
+        let claimed: Vec<AtomicBool> = parts.iter().map(|_| AtomicBool::new(false)).collect();
+        let run_part = |index: usize| {
+            let (Some(part), Some(flag)) = (parts.get(index), claimed.get(index)) else {
+                return;
+            };
+            if flag.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            let whole = base.get();
+            let r0 = part.rows.start;
+            // SAFETY (pointer offsets): r0 < m, so x + r0·k is within x's
+            // m·k; `byte` is where the layout puts row block r0/ep, within
+            // `qx` (`quantize_parts` checked it against the plan); scales
+            // and sums hold m_pad rows and m_pad·groups.
+            let args = unsafe {
+                QuantizeArgs {
+                    x: whole.x.add(r0 * k),
+                    out: whole.out.add(part.byte),
+                    out_scales: whole.out_scales.add(r0),
+                    out_sums: whole.out_sums.add(r0 * groups),
+                    m: part.rows.len(),
+                    ..whole
+                }
+            };
+            // SAFETY: `quantizer` was emitted for this kernel and tile with
+            // the QuantizeArgs ABI. x holds m·k f32 (checked by every
+            // caller); `qx` holds the packed size of x's layout for (m, k)
+            // and this tile, `scales` m rounded up to ep, `sums` that times
+            // the group count (all sized above). Parts are disjoint runs of
+            // whole row blocks, so each writes its own bytes of every
+            // buffer, and each runs once (its flag); all buffers outlive
+            // the executor's return.
+            unsafe {
+                let f: KernelFn<QuantizeArgs> = std::mem::transmute(quantizer.entry());
+                f(&args);
+            }
         };
-        // SAFETY: `quantizer` was emitted for this kernel and tile with the
-        // QuantizeArgs ABI. x holds m·k f32 (checked by every caller); `qx`
-        // holds the packed size of x's layout for (m, k) and this tile,
-        // `scales` m rounded up to ep, `sums` that times the group count
-        // (all just sized above); all live across the call.
-        unsafe {
-            let f: KernelFn<QuantizeArgs> = std::mem::transmute(quantizer.entry());
-            f(&args);
+        if let (Some((exec, _)), true) = (spread, parts.len() > 1) {
+            exec(&run_part);
         }
+        // Whatever the executor left (or all, when not split) runs here.
+        (0..parts.len()).for_each(run_part);
         Ok(())
+    }
+
+    /// Up to `wanted` parts of whole row blocks of x for the quantizer, or
+    /// one part where x is small or the layout does not store row blocks
+    /// one after another.
+    fn quantize_parts(
+        &self,
+        m: usize,
+        k: usize,
+        wanted: usize,
+        key: &InputKey,
+    ) -> Result<Vec<RowPart>, HostError> {
+        let whole = vec![RowPart {
+            rows: 0..m,
+            byte: 0,
+        }];
+        let ep = self.tile.ep.max(1);
+        let blocks = m.div_ceil(ep);
+        let parts = wanted.min(blocks);
+        if parts <= 1 || m.saturating_mul(k) < SPLIT_QUANTIZE_MIN_ELEMS {
+            return Ok(whole);
+        }
+        if !key.packed_bytes.is_multiple_of(blocks) {
+            return Ok(whole);
+        }
+        let block_bytes = key.packed_bytes / blocks;
+        let mm = matmul_of(&self.kernel)?;
+        let plan = PackPlan::for_tensor(
+            &self.kernel,
+            &mm.x,
+            &[(mm.e.as_str(), m), (mm.l.as_str(), k)],
+            &tile_sizes(mm, &self.kernel, self.tile),
+        )?;
+        let bits = plan.elem().bits();
+        let mut out = Vec::with_capacity(parts);
+        for p in 0..parts {
+            let (b0, b1) = (blocks * p / parts, blocks * (p + 1) / parts);
+            let r0 = b0 * ep;
+            let index: Vec<usize> = plan
+                .dims()
+                .map(|(name, _)| if name == mm.e { r0 } else { 0 })
+                .collect();
+            let at = plan.packed_index(&index).map(|e| e * bits / 8);
+            if at != Some(b0 * block_bytes) {
+                return Ok(whole);
+            }
+            out.push(RowPart {
+                rows: r0..(b1 * ep).min(m),
+                byte: b0 * block_bytes,
+            });
+        }
+        Ok(out)
     }
 
     /// Check everything of a call but x: the weights' format and packing,
@@ -946,6 +1064,30 @@ impl HostMatmul {
         Ok(())
     }
 }
+
+/// Quantizer arguments shared by the threads of a split quantization.
+struct SharedQuantizeArgs(QuantizeArgs);
+// SAFETY: the pointers refer to buffers borrowed for the whole call; each
+// part reads its rows of x and writes disjoint bytes of the outputs (see
+// `HostMatmul::quantize_into`).
+unsafe impl Sync for SharedQuantizeArgs {}
+
+impl SharedQuantizeArgs {
+    /// A copy (a method, so closures capture the Sync wrapper).
+    fn get(&self) -> QuantizeArgs {
+        self.0
+    }
+}
+
+/// Rows of x one quantizer call packs, and where their first byte goes.
+struct RowPart {
+    rows: Range<usize>,
+    byte: usize,
+}
+
+/// Below this many elements of x the quantizer runs on the calling thread:
+/// a split costs a wake of the workers (microseconds), more than the pass.
+const SPLIT_QUANTIZE_MIN_ELEMS: usize = 1 << 15;
 
 /// A call's checked operands other than x (pointers into buffers the
 /// caller borrows for the call).

@@ -534,3 +534,67 @@ fn clif_quantized_input_is_read_only_where_it_quantizes_alike() {
         .expect_err("short x");
     assert!(err.to_string().contains("x elements"), "{err}");
 }
+
+/// A large x is quantized in parts of whole row blocks on the call's
+/// threads: the same bytes as one pass (bit-identical outputs over 1, 2
+/// and 3 ranges, and from an executor that runs no part itself), and the
+/// interpreter's answer.
+#[test]
+fn clif_split_quantization_matches_one_pass() {
+    let backend = ClifBackend::host().expect("backend");
+    for name in ["matmul-w4a8", "matmul-w8a8"] {
+        let kernel = library::get(name).unwrap();
+        let c = compile(&backend, &kernel, &tiles(&backend, &kernel, 0)[0]);
+        // 61 rows: a partial last row block; m·k above the split threshold.
+        let (m, n, k) = (61usize, 40usize, 700usize);
+        check(&c, &kernel, m, n, k, 2, 5);
+        check(&c, &kernel, m, n, k, 3, 6);
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let xs: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        let ws: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let bias = vec![0.25f32; n];
+        let q = quant::quantize(fmt(&kernel, "w"), n, k, &ws).expect("quantize");
+        let packed =
+            HostWeights::pack(&kernel, c.host.tile(), n, k, WeightsIn::Quant(&q)).expect("pack");
+        let bits = |threads: usize| {
+            let mut y = vec![f32::NAN; m * n];
+            c.host
+                .run(
+                    HostInput::F32(&xs),
+                    m,
+                    &packed,
+                    Some(&bias),
+                    HostOutput::F32(&mut y),
+                    threads,
+                )
+                .expect("run");
+            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let one = bits(1);
+        assert_eq!(bits(2), one, "{name}: 2 threads");
+        assert_eq!(bits(3), one, "{name}: 3 threads");
+        // An executor that runs nothing: every part (and range) still runs.
+        let idle = |_: &(dyn Fn(usize) + Sync)| {};
+        let split = c
+            .host
+            .quantize_input_on(&xs, m, k, None, Some((&idle, 4)))
+            .expect("quantize");
+        let panels = n.div_ceil(c.host.tile().hp);
+        let mut y = vec![f32::NAN; m * n];
+        c.host
+            .run_ranges_quantized(
+                &split,
+                &packed,
+                Some(&bias),
+                HostOutput::F32(&mut y),
+                &[0..panels / 2, panels / 2..panels],
+                &|call| (0..2).rev().for_each(call),
+            )
+            .expect("run");
+        assert_eq!(
+            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            one,
+            "{name}: idle executor"
+        );
+    }
+}

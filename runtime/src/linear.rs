@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tessera_codegen::host::{
-    HostInput, HostMatmul, HostOutput, HostTile, HostWeights, QuantizedInput, WeightsIn,
+    HostInput, HostMatmul, HostOutput, HostTile, HostWeights, QuantizedInput, RangeExecutor,
+    WeightsIn,
 };
 use tessera_dsl::ir::Variant;
 use tessera_dsl::quant::{self, QuantTensor};
@@ -101,6 +102,7 @@ impl<'x> SharedInput<'x> {
         &self,
         kernel: &HostMatmul,
         k: usize,
+        spread: (&RangeExecutor<'_>, usize),
     ) -> Result<Arc<QuantizedInput>, RuntimeError> {
         let mut quantized = self.quantized.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(q) = quantized.iter().find(|q| kernel.reads(q)) {
@@ -114,7 +116,7 @@ impl<'x> SharedInput<'x> {
             ));
         };
         let reuse = self.spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let q = Arc::new(kernel.quantize_input(x, self.m, k, reuse)?);
+        let q = Arc::new(kernel.quantize_input_on(x, self.m, k, reuse, Some(spread))?);
         self.quantizations.fetch_add(1, Ordering::Relaxed);
         quantized
             .try_reserve(1)
@@ -391,7 +393,7 @@ impl Linear {
                 };
                 match shared {
                     Some(shared) if kernel.quantizes_input() => {
-                        let q = shared.quantized_for(kernel, k)?;
+                        let q = shared.quantized_for(kernel, k, (&exec, ranges.len()))?;
                         kernel.run_ranges_quantized(&q, weights, Some(bias), y, &ranges, &exec)?;
                     }
                     _ => kernel.run_ranges(x, m, weights, Some(bias), y, &ranges, &exec)?,

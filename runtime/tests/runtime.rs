@@ -1037,7 +1037,8 @@ fn shared_input_quantizes_once_and_changes_no_result() {
             }
         }
         let mut buffers = tessera_runtime::InputBuffers::default();
-        for m in [1usize, 3, 17, 2, 33] {
+        // 400 rows: m·k above the size where the quantizer splits over threads.
+        for m in [1usize, 3, 17, 2, 400, 33] {
             let x = randv(&mut r, m * k);
             let shared = tessera_runtime::SharedInput::with_buffers(
                 tessera_runtime::Input::F32(&x),
