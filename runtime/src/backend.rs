@@ -129,6 +129,12 @@ pub struct DeviceOptions {
     /// compare the two on one machine, or to run what a fleet without
     /// AVX-512 runs.
     pub x86_avx2_only: bool,
+    /// Hold one packed copy of each `Linear`'s weights instead of one per
+    /// distinct packing (up to three: GEMV, flat GEMM, GEMM): the GEMV and
+    /// flat GEMM take tiles of the GEMM's packing. Memory is a model's
+    /// size once, for devices where three copies do not fit (phones), at
+    /// some speed at small M (see docs/PERFORMANCE.md).
+    pub one_weight_copy: bool,
 }
 
 /// This build's generator id (records and prebuilt sets must match it).
@@ -172,6 +178,8 @@ pub struct Device {
     record: Option<TuningRecord>,
     matmuls: Mutex<BTreeMap<MatmulKey, Arc<HostMatmul>>>,
     attentions: Mutex<BTreeMap<String, Arc<HostAttention>>>,
+    /// [`DeviceOptions::one_weight_copy`].
+    one_weight_copy: bool,
     /// The NEON emitter's KV append per cache kernel (JIT NEON only).
     #[cfg(feature = "jit")]
     kv_appends: Mutex<BTreeMap<String, Arc<AppendKernel>>>,
@@ -327,6 +335,7 @@ impl Device {
             attentions: Mutex::new(BTreeMap::new()),
             #[cfg(feature = "jit")]
             kv_appends: Mutex::new(BTreeMap::new()),
+            one_weight_copy: options.one_weight_copy,
         })
     }
 
@@ -418,14 +427,88 @@ impl Device {
     ) -> Result<(ShapePlan, [Arc<HostMatmul>; 3]), RuntimeError> {
         self.host_only("a host matmul")?;
         let kernel = library::get(format.library_kernel())?;
-        self.plan_with(
+        let (mut plan, mut kernels) = self.plan_with(
             &kernel,
             format,
             n,
             k,
             &|variant, tile| self.matmul(&kernel, variant, tile, n, k),
             &|variant| self.default_matmul(&kernel, variant, n, k),
-        )
+        )?;
+        if self.one_weight_copy {
+            self.share_gemm_packing(&kernel, n, k, &mut plan, &mut kernels)?;
+        }
+        Ok((plan, kernels))
+    }
+
+    /// [`DeviceOptions::one_weight_copy`]: the GEMV and flat GEMM move to
+    /// the GEMM's packing (hp, lp). Each takes its own loop's best tile of
+    /// that packing, else the flat loop's (fewest rows first for the GEMV),
+    /// else the GEMM's tile itself: any of them computes any M. A flat
+    /// tile of one row is passed over: it would read the weights once per
+    /// row, where the GEMM's tile reads them once per ep rows.
+    fn share_gemm_packing(
+        &self,
+        kernel: &Kernel,
+        n: usize,
+        k: usize,
+        plan: &mut ShapePlan,
+        kernels: &mut [Arc<HostMatmul>; 3],
+    ) -> Result<(), RuntimeError> {
+        let gemm = plan.variants[2].tile;
+        let packs_like_gemm = |t: &[u32; 3]| t[1..] == gemm[1..];
+        let mut moved = false;
+        let mut flat_on_gemm = false;
+        for variant in [Variant::Gemv, Variant::FlatGemm] {
+            let i = crate::dispatch::variant_index(variant);
+            if packs_like_gemm(&plan.variants[i].tile) {
+                continue;
+            }
+            let mut found = None;
+            'loops: for loop_variant in [variant, Variant::FlatGemm] {
+                let mut tiles: Vec<[u32; 3]> = self
+                    .candidate_tiles(kernel, loop_variant, n, k)?
+                    .into_iter()
+                    .filter(|t| packs_like_gemm(t) && (variant == Variant::Gemv || t[0] > 1))
+                    .collect();
+                if variant == Variant::Gemv && loop_variant != variant {
+                    tiles.sort_by_key(|t| t[0]);
+                }
+                for tile in tiles {
+                    if let Ok(code) = self.matmul(kernel, loop_variant, tile, n, k) {
+                        found = Some((tile, code));
+                        break 'loops;
+                    }
+                }
+            }
+            let (tile, code) = found.unwrap_or_else(|| {
+                flat_on_gemm |= variant == Variant::FlatGemm;
+                (gemm, Arc::clone(&kernels[2]))
+            });
+            tracing::debug!(
+                variant = %variant,
+                from = ?plan.variants[i].tile,
+                to = ?tile,
+                "one weight copy: the GEMM's packing"
+            );
+            plan.variants[i] = crate::dispatch::VariantPlan {
+                variant,
+                tile,
+                kernel: kernel.name.clone(),
+                from_record: false,
+            };
+            kernels[i] = code;
+            moved = true;
+        }
+        if moved {
+            // The GEMM kernel serving the flat range serves all of it.
+            plan.flat_steps = if flat_on_gemm {
+                Vec::new()
+            } else {
+                self.flat_steps(kernel, None, &plan.variants[1], plan.m1, plan.m2)
+            };
+        }
+        Ok(())
     }
 
     /// The kernel of one flat step ([`ShapePlan::flat_steps`]) of [n, k],
@@ -658,7 +741,32 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<([u32; 3], Arc<HostMatmul>), RuntimeError> {
-        let tiles: Vec<[u32; 3]> = match &self.engine {
+        let tiles = self.candidate_tiles(kernel, variant, n, k)?;
+        let mut last = format!("no {} tile for this backend", kernel.name);
+        for tile in tiles {
+            match self.matmul(kernel, variant, tile, n, k) {
+                Ok(code) => return Ok((tile, code)),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(RuntimeError::NoKernel {
+            what: format!("{} {variant} [{n}, {k}] on {}", kernel.name, self.backend),
+            why: last,
+        })
+    }
+
+    /// The tiles a default for `variant` is chosen from, best first: the
+    /// solver's ranking, or the tiles a prebuilt set has.
+    fn candidate_tiles(
+        &self,
+        kernel: &Kernel,
+        variant: Variant,
+        n: usize,
+        k: usize,
+    ) -> Result<Vec<[u32; 3]>, RuntimeError> {
+        #[cfg(not(feature = "jit"))]
+        let _ = (n, k);
+        Ok(match &self.engine {
             Engine::Prebuilt(set) => set.matmul_tiles(&kernel.name, variant),
             #[cfg(feature = "opencl")]
             Engine::OpenCl(_) => return Err(self.not_host()),
@@ -670,17 +778,6 @@ impl Device {
                 .iter()
                 .map(|t| [t.ep, t.hp, t.lp])
                 .collect(),
-        };
-        let mut last = format!("no {} tile for this backend", kernel.name);
-        for tile in tiles {
-            match self.matmul(kernel, variant, tile, n, k) {
-                Ok(code) => return Ok((tile, code)),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Err(RuntimeError::NoKernel {
-            what: format!("{} {variant} [{n}, {k}] on {}", kernel.name, self.backend),
-            why: last,
         })
     }
 

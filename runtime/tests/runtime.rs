@@ -1080,3 +1080,52 @@ fn shared_input_quantizes_once_and_changes_no_result() {
         }
     }
 }
+
+/// `one_weight_copy`: every Linear holds one packed copy of its weights
+/// (the GEMM's packing) and still matches the interpreter at every M, the
+/// GEMV and flat ranges included.
+#[test]
+fn one_weight_copy_packs_once_and_matches_the_interpreter() {
+    for backend in host_backends() {
+        let dev = Arc::new(
+            Device::open(
+                backend,
+                DeviceOptions {
+                    threads: Some(2),
+                    one_weight_copy: true,
+                    ..Default::default()
+                },
+            )
+            .expect("open"),
+        );
+        let mut formats = vec![
+            WeightFormat::F32,
+            WeightFormat::W8A8,
+            WeightFormat::W4A8,
+            WeightFormat::F16,
+        ];
+        if backend != Backend::HostClif {
+            formats.extend([WeightFormat::Q4_0, WeightFormat::Q8_0]);
+        }
+        let (n, k) = (45, 96);
+        for format in formats {
+            let mut r = rng(5);
+            let w = randv(&mut r, n * k);
+            let bias = randv(&mut r, n);
+            let lin = Linear::new(&dev, format, Weights::F32(&w), n, k, Some(&bias)).unwrap();
+            assert_eq!(lin.packings(), 1, "{backend:?} {format}: {}", lin.plan());
+            for m in [1usize, 2, 3, 5, 15, 16, 17, 33] {
+                let x = randv(&mut r, m * k);
+                let y = run_linear(&lin, &x, m);
+                let want = reference(format, &x, &w, &bias, m, n, k);
+                let (err, scale) = max_err(&y, &want);
+                let tol = tolerance(backend, format, k, scale);
+                assert!(
+                    err <= tol,
+                    "{backend:?} {format} m={m} ({}): err {err} > {tol}",
+                    lin.plan()
+                );
+            }
+        }
+    }
+}
