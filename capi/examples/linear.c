@@ -148,6 +148,15 @@ int main(int argc, char **argv) {
     free((void *)q.offsets);
 
     CHECK(tessera_device_close(dev));
+
+    /* One packed copy of the weights: the same answers. */
+    options.one_weight_copy = 1;
+    CHECK(tessera_device_open(&options, &dev));
+    CHECK(tessera_linear_create_f32(dev, TESSERA_FORMAT_W4A8, w, n * k, n, k, bias, n, &lin));
+    ok &= run_layer(dir, "w4a8 (one weight copy)", lin, n, k, ms, count, "w4a8");
+    CHECK(tessera_linear_close(lin));
+    CHECK(tessera_device_close(dev));
+
     free(w);
     free(wh);
     free(bias);

@@ -122,6 +122,10 @@ typedef struct TesseraDeviceOptions {
   // `TESSERA_BACKEND_HOST_JIT`; NEON names its target). Read during the
   // call only.
   const char *prebuilt_target;
+  // Nonzero: every linear layer holds one packed copy of its weights
+  // (the GEMM's packing) instead of up to three, for devices where the
+  // copies do not fit; small-M calls may be slower.
+  uint32_t one_weight_copy;
 } TesseraDeviceOptions;
 
 // An open device (backend, thread pool, tuning record, prepared kernels).

@@ -792,6 +792,10 @@ pub struct TesseraDeviceOptions {
     /// `TESSERA_BACKEND_HOST_JIT`; NEON names its target). Read during the
     /// call only.
     pub prebuilt_target: *const c_char,
+    /// Nonzero: every linear layer holds one packed copy of its weights
+    /// (the GEMM's packing) instead of up to three, for devices where the
+    /// copies do not fit; small-M calls may be slower.
+    pub one_weight_copy: u32,
 }
 
 /// Fill `*options` with the defaults: best host backend, all cores, no
@@ -814,6 +818,7 @@ pub unsafe extern "C" fn tessera_device_options_default(
             record: TesseraRecord::default(),
             prebuilt_dir: std::ptr::null(),
             prebuilt_target: std::ptr::null(),
+            one_weight_copy: 0,
         };
         Ok(())
     })
@@ -881,6 +886,7 @@ pub unsafe extern "C" fn tessera_device_open(
             record: TesseraRecord::default(),
             prebuilt_dir: std::ptr::null(),
             prebuilt_target: std::ptr::null(),
+            one_weight_copy: 0,
         };
         if !options.is_null() {
             if !options.is_aligned() {
@@ -956,6 +962,7 @@ pub unsafe extern "C" fn tessera_device_open(
                 threads: (opts.threads > 0).then_some(opts.threads as usize),
                 record: rec.clone(),
                 x86_avx2_only: opts.x86_avx2_only != 0,
+                one_weight_copy: opts.one_weight_copy != 0,
                 prebuilt,
                 ..Default::default()
             },
