@@ -74,6 +74,11 @@ pub struct Args {
     /// Also tune the lm_head shape [vocab, hidden].
     #[arg(long)]
     pub lm_head: bool,
+    /// Tune for a runtime opened with `one_weight_copy`: the GEMM first,
+    /// then GEMV and flat GEMM tiles of the GEMM winner's packing only, so
+    /// the record's winners share one packed copy of the weights.
+    #[arg(long)]
+    pub one_weight_copy: bool,
     /// Directory for the SVG plots [default: <out>-plots].
     #[arg(long)]
     pub plots: Option<PathBuf>,
@@ -283,6 +288,9 @@ fn remote_command(args: &Args, target: &str) -> Result<(), CliError> {
     }
     if args.lm_head {
         rargs.push("--lm-head".into());
+    }
+    if args.one_weight_copy {
+        rargs.push("--one-weight-copy".into());
     }
     let out = transport.run(&dir, &exe, &rargs)?;
     let code = out.status.code();
@@ -726,6 +734,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         traffic,
         target: caps.name.to_string(),
         kernel: Some(kernel.clone()),
+        one_weight_copy: args.one_weight_copy,
     };
     let accept = |t: &TileConfig| target.accepts(&kernel, t);
     let solver = SolverCtx {

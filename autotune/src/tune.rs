@@ -197,6 +197,52 @@ impl SolverCtx<'_> {
         tile::cost(&self.problem(m, n, k), tile[0], tile[1])
     }
 
+    /// The solver's best `count` tiles for `variant` on [n, k] whose
+    /// packing (hp, lp) is `packing`'s, on the variant's target and, where
+    /// the GEMM's is wider (zmm), on that one: the candidates of a tuning
+    /// for one weight copy.
+    pub fn candidates_packed_like(
+        &self,
+        variant: Variant,
+        n: usize,
+        k: usize,
+        count: usize,
+        packing: [u32; 3],
+    ) -> Result<Vec<Candidate>, SolveError> {
+        let m = representative_m(variant);
+        let problem = self.problem(m, n, k);
+        let caps = self.caps_for(variant);
+        let fits = |t: &TileConfig| {
+            [t.hp, t.lp] == packing[1..]
+                && (variant != Variant::Gemv || t.ep == 1)
+                && (self.accept)(t)
+        };
+        let mut tiles: Vec<TileConfig> = tile::solve(caps, &problem)?
+            .into_iter()
+            .filter(|t| fits(t))
+            .take(count)
+            .collect();
+        if self.wider_gemm() && self.gemm_caps.name != caps.name {
+            tiles.extend(
+                tile::solve(self.gemm_caps, &problem)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|t| fits(t))
+                    .filter(|t| !self.feasible_on(caps, [t.ep, t.hp, t.lp], m, n, k))
+                    .take(count),
+            );
+        }
+        Ok(tiles
+            .into_iter()
+            .enumerate()
+            .map(|(order, tile)| Candidate {
+                variant,
+                tile,
+                order,
+            })
+            .collect())
+    }
+
     /// The solver's optimum for `variant` on [n, k] and its `neighbours`
     /// nearest feasible tiles. GEMV keeps only tiles of the optimum's ep
     /// (one row at a time).
@@ -309,6 +355,9 @@ pub struct TuneConfig {
     pub target: String,
     /// The library kernel, to name winners by the instance grammar.
     pub kernel: Option<tessera_dsl::Kernel>,
+    /// Winners for a runtime with `one_weight_copy`: the GEMM is tuned
+    /// first, then GEMV and flat GEMM among tiles of its packing.
+    pub one_weight_copy: bool,
 }
 
 /// How a run ended early.
@@ -554,9 +603,30 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         // Winners per variant at the variant's representative M, and the
         // solver's pick of each (the cheapest), which a variant that
         // serves no M records instead.
-        let mut winners: Vec<Candidate> = Vec::new();
-        let mut picks: Vec<Candidate> = Vec::new();
-        for (variant, cands) in per_variant {
+        let mut winners: Vec<Option<Candidate>> = vec![None; 3];
+        let mut picks: Vec<Option<Candidate>> = vec![None; 3];
+        // One weight copy: the GEMM's winner first, then the others among
+        // tiles of its packing (unconstrained where there are none: the
+        // runtime then re-plans that variant on the GEMM's packing).
+        if self.cfg.one_weight_copy {
+            per_variant.rotate_right(1);
+        }
+        for (variant, mut cands) in per_variant {
+            let vi = variant_index(variant) as usize;
+            if let (true, Some(gemm)) = (self.cfg.one_weight_copy, winners[2]) {
+                let packed = self
+                    .solver
+                    .candidates_packed_like(variant, n, k, self.cfg.neighbours + 1, gemm.tile3())
+                    .unwrap_or_default();
+                if packed.is_empty() {
+                    (self.events)(Event::Skipped {
+                        candidate: format!("{variant} of the GEMM's packing {:?}", gemm.tile3()),
+                        why: "no such tile: tuned unconstrained".into(),
+                    });
+                } else {
+                    cands = packed;
+                }
+            }
             (self.events)(Event::Phase(format!(
                 "{} {variant} candidates",
                 self.shape.name
@@ -618,13 +688,21 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
                     self.bench.release(c);
                 }
             }
-            winners.push(ready[w]);
+            winners[vi] = Some(ready[w]);
             let cheapest = ready
                 .iter()
                 .min_by_key(|c| (self.solver.cost(c.tile3(), m, n, k), c.order));
-            picks.push(*cheapest.unwrap_or(&ready[w]));
+            picks[vi] = Some(*cheapest.unwrap_or(&ready[w]));
         }
-        let (gemv, flat, gemm) = (winners[0], winners[1], winners[2]);
+        let (Some(gemv), Some(flat), Some(gemm)) = (winners[0], winners[1], winners[2]) else {
+            return Err(self.fail(Variant::Gemv, "a variant has no winner".into()));
+        };
+        let mut winners = vec![gemv, flat, gemm];
+        let picks: Vec<Candidate> = picks
+            .into_iter()
+            .zip(&winners)
+            .map(|(p, w)| p.unwrap_or(*w))
+            .collect();
 
         // How far the machine moved: the GEMV leader re-timed now, after
         // the other variants' candidates, against its own earlier blocks.

@@ -113,6 +113,7 @@ fn config(deadline_secs: f64) -> TuneConfig {
         },
         target: "x86-avx2".into(),
         kernel: tessera_dsl::library::get("matmul-w4a8").ok(),
+        one_weight_copy: false,
     }
 }
 
@@ -469,4 +470,37 @@ fn interrupts_and_unbuildable_variants() {
         }
     ));
     assert!(err.to_string().contains("refused"), "{err}");
+}
+
+/// `one_weight_copy`: the GEMM is tuned first and every winner of a shape
+/// (GEMV, flat GEMM and its steps, GEMM) shares its packing (hp, lp), so a
+/// runtime holding one weight copy runs the record's tiles as measured;
+/// without it the same model picks winners of several packings.
+#[test]
+fn one_weight_copy_winners_share_the_gemm_packing() {
+    let packings = |one_weight_copy: bool| {
+        let mut sim = Sim::new(model, 9, 0.0);
+        let cfg = TuneConfig {
+            one_weight_copy,
+            ..config(1e6)
+        };
+        let out = tune(&mut sim, &solver(), &shapes(), &[], &cfg, &mut |_| {}).unwrap();
+        out.shapes
+            .iter()
+            .map(|shape| {
+                let mut p: Vec<[u32; 2]> = shape
+                    .winners
+                    .iter()
+                    .map(|w| [w.tile[1], w.tile[2]])
+                    .collect();
+                p.sort();
+                p.dedup();
+                p.len()
+            })
+            .collect::<Vec<_>>()
+    };
+    let one = packings(true);
+    assert!(one.iter().all(|&p| p == 1), "{one:?}");
+    let free = packings(false);
+    assert!(free.iter().any(|&p| p > 1), "{free:?}");
 }
