@@ -72,6 +72,19 @@ impl Candidate {
     }
 }
 
+/// `tiles` as `variant`'s candidates, in their order.
+fn as_candidates(variant: Variant, tiles: Vec<TileConfig>) -> Vec<Candidate> {
+    tiles
+        .into_iter()
+        .enumerate()
+        .map(|(order, tile)| Candidate {
+            variant,
+            tile,
+            order,
+        })
+        .collect()
+}
+
 fn variant_index(v: Variant) -> u8 {
     match v {
         Variant::Gemv => 0,
@@ -232,15 +245,7 @@ impl SolverCtx<'_> {
                     .take(count),
             );
         }
-        Ok(tiles
-            .into_iter()
-            .enumerate()
-            .map(|(order, tile)| Candidate {
-                variant,
-                tile,
-                order,
-            })
-            .collect())
+        Ok(as_candidates(variant, tiles))
     }
 
     /// The solver's optimum for `variant` on [n, k] and its `neighbours`
@@ -295,15 +300,7 @@ impl SolverCtx<'_> {
                 .collect();
             tiles.extend(wide);
         }
-        Ok(tiles
-            .into_iter()
-            .enumerate()
-            .map(|(order, tile)| Candidate {
-                variant,
-                tile,
-                order,
-            })
-            .collect())
+        Ok(as_candidates(variant, tiles))
     }
 }
 

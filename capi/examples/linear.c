@@ -11,59 +11,48 @@
 
 enum { MAX_MS = 16 };
 
-static int run_layer(const char *dir, const char *label, TesseraLinear lin, size_t n,
-                     size_t k, const size_t *ms, size_t count, const char *ref) {
+/* `count` layers of the same weights on each reference input: one through
+ * tessera_linear_forward, several through tessera_linear_forward_shared
+ * (x quantized once for all); every output matches the reference. */
+static int run_layers(const char *dir, const char *label, const TesseraLinear *layers,
+                      size_t count, size_t n, size_t k, const size_t *ms, size_t m_count,
+                      const char *ref) {
+    enum { MAX_LAYERS = 4 };
     int ok = 1;
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = 0; i < m_count; i++) {
         size_t m = ms[i];
         char name[256], what[256];
         snprintf(name, sizeof name, "x_m%zu.f32", m);
         float *x = read_file(dir, name, m * k * sizeof(float));
         snprintf(name, sizeof name, "y_%s_m%zu.f32", ref, m);
         float *want = read_file(dir, name, m * n * sizeof(float));
-        float *y = calloc(m * n, sizeof(float));
-        CHECK(tessera_linear_forward(lin, x, m * k, m, y, m * n));
+        void *ys[MAX_LAYERS];
+        size_t lens[MAX_LAYERS];
+        for (size_t l = 0; l < count; l++) {
+            ys[l] = calloc(m * n, sizeof(float));
+            lens[l] = m * n;
+        }
+        if (count == 1) {
+            CHECK(tessera_linear_forward(layers[0], x, m * k, m, ys[0], m * n));
+        } else {
+            CHECK(tessera_linear_forward_shared(layers, count, x, m * k, m, ys, lens));
+        }
         float scale = 0.0f;
         for (size_t j = 0; j < m * n; j++) scale = fmaxf(scale, fabsf(want[j]));
-        snprintf(what, sizeof what, "%s m=%zu", label, m);
-        ok &= close_enough(what, y, want, m * n, 1e-4f * (1.0f + scale));
+        for (size_t l = 0; l < count; l++) {
+            snprintf(what, sizeof what, "%s m=%zu (layer %zu)", label, m, l);
+            ok &= close_enough(what, ys[l], want, m * n, 1e-4f * (1.0f + scale));
+            free(ys[l]);
+        }
         free(x);
         free(want);
-        free(y);
     }
     return ok;
 }
 
-/* Two layers of one input through tessera_linear_forward_shared (x
- * quantized once for both): each matches the reference. */
-static int run_shared(const char *dir, const char *label, TesseraLinear lin, TesseraLinear twin,
-                      size_t n, size_t k, const size_t *ms, size_t count, const char *ref) {
-    int ok = 1;
-    for (size_t i = 0; i < count; i++) {
-        size_t m = ms[i];
-        char name[256], what[256];
-        snprintf(name, sizeof name, "x_m%zu.f32", m);
-        float *x = read_file(dir, name, m * k * sizeof(float));
-        snprintf(name, sizeof name, "y_%s_m%zu.f32", ref, m);
-        float *want = read_file(dir, name, m * n * sizeof(float));
-        float *y0 = calloc(m * n, sizeof(float));
-        float *y1 = calloc(m * n, sizeof(float));
-        TesseraLinear layers[2] = {lin, twin};
-        void *ys[2] = {y0, y1};
-        size_t lens[2] = {m * n, m * n};
-        CHECK(tessera_linear_forward_shared(layers, 2, x, m * k, m, ys, lens));
-        float scale = 0.0f;
-        for (size_t j = 0; j < m * n; j++) scale = fmaxf(scale, fabsf(want[j]));
-        snprintf(what, sizeof what, "%s m=%zu (first)", label, m);
-        ok &= close_enough(what, y0, want, m * n, 1e-4f * (1.0f + scale));
-        snprintf(what, sizeof what, "%s m=%zu (second)", label, m);
-        ok &= close_enough(what, y1, want, m * n, 1e-4f * (1.0f + scale));
-        free(x);
-        free(want);
-        free(y0);
-        free(y1);
-    }
-    return ok;
+static int run_layer(const char *dir, const char *label, TesseraLinear lin, size_t n, size_t k,
+                     const size_t *ms, size_t count, const char *ref) {
+    return run_layers(dir, label, &lin, 1, n, k, ms, count, ref);
 }
 
 int main(int argc, char **argv) {
@@ -121,7 +110,8 @@ int main(int argc, char **argv) {
     ok &= run_layer(dir, "w4a8 (from f32)", lin, n, k, ms, count, "w4a8");
     TesseraLinear twin;
     CHECK(tessera_linear_create_f32(dev, TESSERA_FORMAT_W4A8, w, n * k, n, k, bias, n, &twin));
-    ok &= run_shared(dir, "w4a8 (one input, two layers)", lin, twin, n, k, ms, count, "w4a8");
+    TesseraLinear pair[2] = {lin, twin};
+    ok &= run_layers(dir, "w4a8 (one input, two layers)", pair, 2, n, k, ms, count, "w4a8");
     CHECK(tessera_linear_close(twin));
     CHECK(tessera_linear_close(lin));
 

@@ -431,16 +431,17 @@ impl std::fmt::Debug for HostMatmul {
 /// see [`HostMatmul::run_ranges`].
 pub type RangeExecutor<'a> = dyn Fn(&(dyn Fn(usize) + Sync)) + 'a;
 
-/// Kernel arguments shared by the scoped worker threads of one call.
-struct SharedArgs(MatmulArgs);
-// SAFETY: the pointers refer to buffers borrowed for the whole scoped call;
-// workers only read through them, except `y`, where each worker writes a
-// disjoint column range (see `HostMatmul::run`).
-unsafe impl Sync for SharedArgs {}
+/// Kernel (or quantizer) arguments shared by the threads of one call.
+struct SharedArgs<A: Copy>(A);
+// SAFETY: the pointers refer to buffers borrowed for the whole call;
+// threads only read through them, except the outputs, where each thread
+// writes a disjoint part: columns n0..n1 of `y` (`HostMatmul::launch`),
+// whole row blocks of the quantizer's buffers (`HostMatmul::quantize_into`).
+unsafe impl<A: Copy> Sync for SharedArgs<A> {}
 
-impl SharedArgs {
+impl<A: Copy> SharedArgs<A> {
     /// A copy (a method, so closures capture the Sync wrapper, not the field).
-    fn get(&self) -> MatmulArgs {
+    fn get(&self) -> A {
         self.0
     }
 }
@@ -793,7 +794,7 @@ impl HostMatmul {
                 byte: 0,
             }],
         };
-        let base = SharedQuantizeArgs(QuantizeArgs {
+        let base = SharedArgs(QuantizeArgs {
             x,
             x_stride: k * 4,
             out: out.qx.as_mut_ptr(),
@@ -1062,20 +1063,6 @@ impl HostMatmul {
             (0..ranges.len()).for_each(run_range);
         }
         Ok(())
-    }
-}
-
-/// Quantizer arguments shared by the threads of a split quantization.
-struct SharedQuantizeArgs(QuantizeArgs);
-// SAFETY: the pointers refer to buffers borrowed for the whole call; each
-// part reads its rows of x and writes disjoint bytes of the outputs (see
-// `HostMatmul::quantize_into`).
-unsafe impl Sync for SharedQuantizeArgs {}
-
-impl SharedQuantizeArgs {
-    /// A copy (a method, so closures capture the Sync wrapper).
-    fn get(&self) -> QuantizeArgs {
-        self.0
     }
 }
 
