@@ -807,14 +807,11 @@ impl HostMatmul {
             k,
             group: key.group,
         });
-        let claimed: Vec<AtomicBool> = parts.iter().map(|_| AtomicBool::new(false)).collect();
+        let claims = OncePerIndex::new(parts.len());
         let run_part = |index: usize| {
-            let (Some(part), Some(flag)) = (parts.get(index), claimed.get(index)) else {
+            let Some(part) = claims.claim(&parts, index) else {
                 return;
             };
-            if flag.swap(true, Ordering::AcqRel) {
-                return;
-            }
             let whole = base.get();
             let r0 = part.rows.start;
             // SAFETY (pointer offsets): r0 < m, so x + r0·k is within x's
@@ -1024,14 +1021,11 @@ impl HostMatmul {
             n0: 0,
             n_total: n,
         });
-        let claimed: Vec<AtomicBool> = ranges.iter().map(|_| AtomicBool::new(false)).collect();
+        let claims = OncePerIndex::new(ranges.len());
         let run_range = |index: usize| {
-            let (Some(range), Some(flag)) = (ranges.get(index), claimed.get(index)) else {
+            let Some(range) = claims.claim(ranges, index) else {
                 return;
             };
-            if flag.swap(true, Ordering::AcqRel) {
-                return;
-            }
             let n0 = range.start * hp;
             let n1 = (range.end * hp).min(n);
             if n0 >= n1 {
@@ -1063,6 +1057,22 @@ impl HostMatmul {
             (0..ranges.len()).for_each(run_range);
         }
         Ok(())
+    }
+}
+
+/// Each part of a call runs at most once, whichever threads ask for it.
+struct OncePerIndex(Vec<AtomicBool>);
+
+impl OncePerIndex {
+    fn new(parts: usize) -> OncePerIndex {
+        OncePerIndex((0..parts).map(|_| AtomicBool::new(false)).collect())
+    }
+
+    /// `items[index]` the first time `index` is claimed; None after that
+    /// or out of range.
+    fn claim<'a, T>(&self, items: &'a [T], index: usize) -> Option<&'a T> {
+        let (item, flag) = (items.get(index)?, self.0.get(index)?);
+        (!flag.swap(true, Ordering::AcqRel)).then_some(item)
     }
 }
 
