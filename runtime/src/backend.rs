@@ -133,7 +133,9 @@ pub struct DeviceOptions {
     /// distinct packing (up to three: GEMV, flat GEMM, GEMM): the GEMV and
     /// flat GEMM take tiles of the GEMM's packing. Memory is a model's
     /// size once, for devices where three copies do not fit (phones), at
-    /// some speed at small M (see docs/PERFORMANCE.md).
+    /// some speed at small M (see docs/PERFORMANCE.md). A record's GEMV or
+    /// flat winner of another packing gives way to the solver's best tile
+    /// of the GEMM's (`tessera-autotune --one-weight-copy` measures those).
     pub one_weight_copy: bool,
 }
 
