@@ -235,17 +235,35 @@ impl SolverCtx<'_> {
             .filter(|t| fits(t))
             .take(count)
             .collect();
-        if self.wider_gemm() && self.gemm_caps.name != caps.name {
-            tiles.extend(
-                tile::solve(self.gemm_caps, &problem)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|t| fits(t))
-                    .filter(|t| !self.feasible_on(caps, [t.ep, t.hp, t.lp], m, n, k))
-                    .take(count),
-            );
-        }
+        tiles.extend(self.wider_tiles(variant, n, k, count, &fits));
         Ok(as_candidates(variant, tiles))
+    }
+
+    /// Where the GEMM runs on a wider register file (x86 with AVX-512:
+    /// zmm), up to `count` of its target's tiles for the GEMV or flat
+    /// GEMM that `keep` takes, best first: only tiles the variant's own
+    /// target has no tile of the same shape for (the record names a tile
+    /// by its shape). Empty elsewhere.
+    fn wider_tiles(
+        &self,
+        variant: Variant,
+        n: usize,
+        k: usize,
+        count: usize,
+        keep: &dyn Fn(&TileConfig) -> bool,
+    ) -> Vec<TileConfig> {
+        let caps = self.caps_for(variant);
+        if variant == Variant::Gemm || !self.wider_gemm() || self.gemm_caps.name == caps.name {
+            return Vec::new();
+        }
+        let m = representative_m(variant);
+        tile::solve(self.gemm_caps, &self.problem(m, n, k))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| keep(t))
+            .filter(|t| !self.feasible_on(caps, [t.ep, t.hp, t.lp], m, n, k))
+            .take(count)
+            .collect()
     }
 
     /// The solver's optimum for `variant` on [n, k] and its `neighbours`
@@ -282,24 +300,11 @@ impl SolverCtx<'_> {
                 tiles.push(*t);
             }
         }
-        // Where the GEMM runs on a wider register file (x86 with AVX-512:
-        // zmm), its kernels' GEMV and flat tiles are candidates too, so the
-        // measurement, not a rule, decides between ymm and zmm loops (one
-        // CPU's winner is another's loser). Only tiles the variant's own
-        // target has no tile of the same shape for: the record names a
-        // tile by its shape.
-        if variant != Variant::Gemm && self.wider_gemm() && self.gemm_caps.name != caps.name {
-            let m = representative_m(variant);
-            let wide: Vec<TileConfig> = tile::solve(self.gemm_caps, &problem)
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|t| variant != Variant::Gemv || t.ep == 1)
-                .filter(|t| (self.accept)(t))
-                .filter(|t| !self.feasible_on(caps, [t.ep, t.hp, t.lp], m, n, k))
-                .take(neighbours.max(1))
-                .collect();
-            tiles.extend(wide);
-        }
+        // The wider GEMM target's GEMV and flat tiles too: the measurement,
+        // not a rule, decides between ymm and zmm loops (one CPU's winner
+        // is another's loser).
+        let keep = |t: &TileConfig| (variant != Variant::Gemv || t.ep == 1) && (self.accept)(t);
+        tiles.extend(self.wider_tiles(variant, n, k, neighbours.max(1), &keep));
         Ok(as_candidates(variant, tiles))
     }
 }

@@ -437,6 +437,41 @@ fn clif_bad_tiles_are_errors() {
     ));
 }
 
+/// The interpreter's y for f32 x `[m, k]` and quantized weights `q`.
+fn interpreted(
+    kernel: &Kernel,
+    xs: &[f32],
+    q: &quant::QuantTensor,
+    bias: &[f32],
+    m: usize,
+) -> Vec<f32> {
+    let bindings = Bindings::new()
+        .extent("e", m)
+        .extent("h", q.rows)
+        .extent("l", q.cols)
+        .tensor("x", Value::from_f32(fmt(kernel, "x"), xs).unwrap())
+        .tensor("w", Value::Quant(q.clone()))
+        .tensor("bias", Value::F32(bias.to_vec()));
+    interp::run(kernel, &bindings)
+        .expect("interp")
+        .get("y")
+        .unwrap()
+        .to_vec()
+}
+
+/// `got` within f32 accumulation error of the interpreter's `want`.
+fn assert_near(got: &[f32], want: &[f32], what: &str) {
+    let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+    assert!(
+        err <= 1e-4 * (1.0 + scale),
+        "{what}: error {err} against the interpreter (scale {scale})"
+    );
+}
+
 /// A quantized input is read by the kernel that made it and by any kernel
 /// with a byte-identical quantizer, giving exactly the result of quantizing
 /// inside the call; another quantizer's (here another weight group's) is
@@ -456,11 +491,10 @@ fn clif_quantized_input_is_read_only_where_it_quantizes_alike() {
     let (n, k) = (17usize, 100usize);
     let ws: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let bias: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let pack = |c: &Compiled, kernel: &Kernel| {
-        let q = quant::quantize(fmt(kernel, "w"), n, k, &ws).expect("quantize");
-        HostWeights::pack(kernel, c.host.tile(), n, k, WeightsIn::Quant(&q)).expect("pack")
-    };
-    let (wa, wb) = (pack(&a, &w4a8), pack(&b, &w8a8));
+    let qa = quant::quantize(fmt(&w4a8, "w"), n, k, &ws).expect("quantize");
+    let qb = quant::quantize(fmt(&w8a8, "w"), n, k, &ws).expect("quantize");
+    let wa = HostWeights::pack(&w4a8, a.host.tile(), n, k, WeightsIn::Quant(&qa)).expect("pack");
+    let wb = HostWeights::pack(&w8a8, b.host.tile(), n, k, WeightsIn::Quant(&qb)).expect("pack");
     let panels = n.div_ceil(tile.hp as usize);
     let ranges = [0..panels / 2, panels / 2..panels];
     let mut reuse = None;
@@ -501,6 +535,7 @@ fn clif_quantized_input_is_read_only_where_it_quantizes_alike() {
                 1,
             )
             .expect("run");
+        assert_near(&want, &interpreted(&w4a8, &xs, &qa, &bias, m), "w4a8 run");
         for got in runs {
             assert_eq!(
                 got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -571,6 +606,8 @@ fn clif_split_quantization_matches_one_pass() {
             y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
         let one = bits(1);
+        let y1: Vec<f32> = one.iter().map(|&b| f32::from_bits(b)).collect();
+        assert_near(&y1, &interpreted(&kernel, &xs, &q, &bias, m), name);
         assert_eq!(bits(2), one, "{name}: 2 threads");
         assert_eq!(bits(3), one, "{name}: 3 threads");
         // An executor that runs nothing: every part (and range) still runs.
