@@ -185,6 +185,12 @@ pub trait TuneBackend {
         tile: &TileConfig,
         variant: Variant,
     ) -> Result<HostMatmul, String>;
+    /// `kernel` with the weight layout this backend reads fastest (NEON:
+    /// `u4sym` codes stored signed, [`tessera_codegen::neon::with_signed_codes`]),
+    /// as the runtime's device of this backend packs it.
+    fn weight_layout(&self, kernel: &Kernel) -> Result<Kernel, String> {
+        Ok(kernel.clone())
+    }
     /// Vector width of the MAC path, bits (for the peak-MAC loop).
     /// (The GEMM's: the peak bounds the compute-bound variant.)
     fn vector_bits(&self, kernel: &Kernel) -> u32 {
@@ -353,6 +359,9 @@ impl TuneBackend for NeonTune {
     }
     fn accepts(&self, kernel: &Kernel, tile: &TileConfig) -> bool {
         self.0.plan(kernel, tile).is_ok() && self.0.emit(kernel, tile).is_ok()
+    }
+    fn weight_layout(&self, kernel: &Kernel) -> Result<Kernel, String> {
+        tessera_codegen::neon::with_signed_codes(kernel).map_err(|e| e.to_string())
     }
     fn load(
         &self,

@@ -564,9 +564,12 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
     };
     let kernel = match &target {
         Target::OpenCl(t) => t.kernel().clone(),
-        Target::Host(_) => {
-            tessera_dsl::library::get(kernel_name).map_err(|e| CliError::Usage(e.to_string()))?
-        }
+        Target::Host(backend) => backend
+            .weight_layout(
+                &tessera_dsl::library::get(kernel_name)
+                    .map_err(|e| CliError::Usage(e.to_string()))?,
+            )
+            .map_err(CliError::Usage)?,
     };
     // Flat GEMM candidates (and the record's target) come from this
     // target; the GEMM's may come from a wider one (x86-avx512), the

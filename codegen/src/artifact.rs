@@ -123,6 +123,31 @@ impl fmt::Display for Artifact {
     }
 }
 
+/// Refuse, naming the field, a matmul whose weights store `u4sym` codes
+/// as q − 8 (the layout's `signed-codes`) on `backend`, whose loops read
+/// the codes unsigned (`why`). Only NEON reads signed codes.
+pub(crate) fn unsigned_codes_only(
+    kernel: &Kernel,
+    backend: &'static str,
+    why: &str,
+) -> Result<(), EmitError> {
+    let signed = kernel.as_matmul().is_some_and(|mm| {
+        kernel
+            .tensor(&mm.w)
+            .is_some_and(|t| t.layout.int4_signed_codes)
+    });
+    if signed {
+        return Err(EmitError::Unsupported {
+            backend,
+            what: format!(
+                "kernel `{}`: weights with signed-codes (layout field int4_signed_codes): {why}",
+                kernel.name
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Why a kernel could not be emitted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EmitError {

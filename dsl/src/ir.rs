@@ -312,10 +312,18 @@ pub enum LayoutDim {
 /// `int4_pair_transpose` (seed 000 IV.D) stores every run of 32 consecutive
 /// 4-bit codes (in layout order) as 16 bytes with byte j = code[j] |
 /// code[j+16] << 4, so unpacking is one `and` and one shift, no `zip`.
+///
+/// `int4_signed_codes` stores each code q of a format with the implied zero
+/// point 8 (`u4sym`, ggml's Q4_0) as q XOR 8, i.e. q − 8 in two's
+/// complement, the way KleidiAI's `qsi4` kernels store theirs: a shift
+/// then leaves 16·(q − 8) in a byte, so an int8 dot product needs no
+/// zero-point term and no per-load fix-up in the loop. The values are the
+/// same; only the stored bits differ.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
     pub dims: Vec<LayoutDim>,
     pub int4_pair_transpose: bool,
+    pub int4_signed_codes: bool,
 }
 
 impl Layout {
@@ -327,6 +335,7 @@ impl Layout {
                 .map(|a| LayoutDim::Whole(a.as_ref().to_string()))
                 .collect(),
             int4_pair_transpose: false,
+            int4_signed_codes: false,
         }
     }
 
@@ -615,6 +624,7 @@ mod tests {
                 LayoutDim::inner("lp"),
             ],
             int4_pair_transpose: true,
+            int4_signed_codes: false,
         };
         assert!(cpu.is_blocked("h", "hp", "l", "lp"));
         assert!(!cpu.is_blocked("l", "lp", "h", "hp"));
@@ -626,6 +636,7 @@ mod tests {
                 LayoutDim::inner("lp"),
             ],
             int4_pair_transpose: false,
+            int4_signed_codes: false,
         };
         assert!(!gpu.is_blocked("h", "hp", "l", "lp"));
         assert!(!gpu.is_panelled_by("h"));

@@ -26,7 +26,7 @@
 //!              | "pl" N             [l/K, h, K], the GPU layout of MNN-LLM 5.1
 //!   format    := "f32" | "f16" | "bf16" | "f8e4m3" | "f8e5m2"
 //!              | "qsi8dx"                        i8dyn: symmetric int8, dynamic, per row
-//!              | ("qsi8" | "qai8" | "qau4" | "qsu4" | "qae0m4") group params?
+//!              | ("qsi8" | "qai8" | "qau4" | "qsu4" | "qsi4" | "qae0m4") group params?
 //!   group     := "g" N | "cx"                    N codes per group | one group per row (channel)
 //!   params    := "f16"                           group parameters stored as f16 (default f32)
 //!   softmax   := "online" | "async"
@@ -36,7 +36,9 @@
 //!
 //!   The `q` formats read as KleidiAI's: quantized, `s`ymmetric or
 //!   `a`symmetric, `i`nt or `u`int or `e0m4`, bits, granularity (`qsu4`:
-//!   uint4 with the implied zero point 8, ggml's Q4_0 with `g32f16`). `s16s0`
+//!   uint4 with the implied zero point 8, ggml's Q4_0 with `g32f16`; `qsi4`:
+//!   the same values with the codes stored as q − 8, the layout's
+//!   `signed-codes`, as KleidiAI's `qsi4` kernels store them). `s16s0`
 //!   marks the int4 pair transpose (byte j holds codes j and j+16, seed 000
 //!   IV.D), KleidiAI's spelling of the same nibble order. The matmul tile is
 //!   `ep x hp x lp`; the attention tile is query tokens × keys per block, and
@@ -176,6 +178,9 @@ pub struct Operand {
     pub packing: Packing,
     /// Printed as `s16s0`; see the module doc.
     pub int4_pair_transpose: bool,
+    /// `u4sym` codes stored as q − 8: the format prints as `qsi4` (see the
+    /// module doc).
+    pub int4_signed_codes: bool,
 }
 
 impl Operand {
@@ -185,6 +190,7 @@ impl Operand {
             format,
             packing: Packing::RowMajor,
             int4_pair_transpose: false,
+            int4_signed_codes: false,
         }
     }
 }
@@ -306,7 +312,11 @@ fn take_pair(s: &str) -> Option<(u32, u32, &str)> {
 
 impl fmt::Display for Operand {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&format_token(self.format))?;
+        let token = format_token(self.format);
+        match token.strip_prefix(SIGNED_U4SYM.0) {
+            Some(rest) if self.int4_signed_codes => write!(f, "{}{rest}", SIGNED_U4SYM.1)?,
+            _ => f.write_str(&token)?,
+        }
         match self.packing {
             Packing::RowMajor => {}
             Packing::Blocked { rows, cols } => write!(f, "p{rows}x{cols}")?,
@@ -319,8 +329,22 @@ impl fmt::Display for Operand {
     }
 }
 
+/// `u4sym` with signed codes: KleidiAI's `qsi4` in place of `qsu4`.
+const SIGNED_U4SYM: (&str, &str) = ("qsu4", "qsi4");
+
 fn operand_field(s: &str) -> Option<Operand> {
-    let (format, rest) = take_format(s)?;
+    let (int4_signed_codes, unsigned);
+    match s.strip_prefix(SIGNED_U4SYM.1) {
+        Some(rest) => {
+            int4_signed_codes = true;
+            unsigned = format!("{}{rest}", SIGNED_U4SYM.0);
+        }
+        None => {
+            int4_signed_codes = false;
+            unsigned = s.to_string();
+        }
+    }
+    let (format, rest) = take_format(&unsigned)?;
     let (packing, rest) = if let Some(rest) = rest.strip_prefix("pl") {
         let (k, rest) = take_number(rest)?;
         (Packing::Columns { k }, rest)
@@ -338,6 +362,7 @@ fn operand_field(s: &str) -> Option<Operand> {
         format,
         packing,
         int4_pair_transpose,
+        int4_signed_codes,
     })
 }
 
@@ -687,6 +712,7 @@ impl MatmulInstance {
                 format: t.format,
                 packing,
                 int4_pair_transpose: t.layout.int4_pair_transpose,
+                int4_signed_codes: t.layout.int4_signed_codes,
             })
         };
         let output = kernel

@@ -10,7 +10,8 @@
 //! - Extents and tile sizes are never `0`; at most one tile per axis.
 //! - A layout permutes exactly its tensor's dims: each dim appears either
 //!   whole, or as `axis/tile` plus `tile` with the tile belonging to that axis.
-//!   `pair-transpose` only on 4-bit formats. Group sizes are multiples of 4.
+//!   `pair-transpose` only on 4-bit formats, `signed-codes` only on `u4sym`
+//!   (the implied zero point 8). Group sizes are multiples of 4.
 //! - Matmul `y[e, h] = Σ_l x[e, l] · w[h, l]`: roles x Input, w Weight,
 //!   y Output; `e`, `h` Spatial, `l` Reduce. x is f32/f16/bf16/i8dyn, w any
 //!   weight format (not i8dyn or fp8), y f32/f16/bf16. The epilogue scales
@@ -83,6 +84,10 @@ pub enum VerifyError {
     LayoutRepeatedDim { tensor: String, axis: String },
     #[error("tensor '{tensor}': pair-transpose needs a 4-bit format, not {format}")]
     PairTransposeFormat { tensor: String, format: Format },
+    #[error(
+        "tensor '{tensor}': signed-codes stores q - 8 for the implied zero point 8, so it needs u4sym, not {format}"
+    )]
+    SignedCodesFormat { tensor: String, format: Format },
     #[error("tensor '{tensor}': group size of {format} must be a multiple of 4 and at least 4")]
     GroupSize { tensor: String, format: Format },
     #[error("{op} operand {operand} refers to unknown tensor '{tensor}'")]
@@ -319,6 +324,12 @@ fn check_tensor(k: &Kernel, t: &Tensor) -> Result<(), VerifyError> {
     check_layout(k, t)?;
     if t.layout.int4_pair_transpose && t.format.bits() != 4 {
         return Err(VerifyError::PairTransposeFormat {
+            tensor: t.name.clone(),
+            format: t.format,
+        });
+    }
+    if t.layout.int4_signed_codes && !matches!(t.format, Format::U4Sym(..)) {
+        return Err(VerifyError::SignedCodesFormat {
             tensor: t.name.clone(),
             format: t.format,
         });

@@ -158,11 +158,13 @@ fn a_hand_written_name_parses_to_its_fields() {
             format: Format::I8Dyn,
             packing: Packing::Blocked { rows: 4, cols: 8 },
             int4_pair_transpose: false,
+            int4_signed_codes: false,
         },
         w: Operand {
             format: Format::U4Asym(Group::Size(128), ParamType::F32),
             packing: Packing::Blocked { rows: 8, cols: 8 },
             int4_pair_transpose: true,
+            int4_signed_codes: false,
         },
         tile: MatmulTile {
             ep: 4,
@@ -380,11 +382,15 @@ fn operand() -> impl Strategy<Value = Operand> {
         (size(), size()).prop_map(|(rows, cols)| Packing::Blocked { rows, cols }),
         size().prop_map(|k| Packing::Columns { k }),
     ];
-    (format(), packing, any::<bool>()).prop_map(|(format, packing, int4_pair_transpose)| Operand {
-        format,
-        packing,
-        int4_pair_transpose,
-    })
+    // Signed codes exist only for u4sym (KleidiAI's `qsi4`).
+    (format(), packing, any::<bool>(), any::<bool>()).prop_map(
+        |(format, packing, int4_pair_transpose, signed)| Operand {
+            format,
+            packing,
+            int4_pair_transpose,
+            int4_signed_codes: signed && matches!(format, Format::U4Sym(..)),
+        },
+    )
 }
 
 fn target() -> impl Strategy<Value = String> {

@@ -86,6 +86,47 @@ fn int4_8x8_pair_transposed() {
     assert_eq!(packed, [run, run].concat());
 }
 
+/// Signed codes store each code XOR 8 (q − 8 as a nibble) in the same
+/// nibble order, unpack restores the codes, and 8-bit elements refuse it.
+#[test]
+fn int4_8x8_pair_transposed_signed_codes() {
+    let layout = Layout {
+        int4_signed_codes: true,
+        ..weight_layout(true)
+    };
+    let dims = [("h", 8), ("l", 8)];
+    let packed = pack(
+        &layout,
+        &dims,
+        &hl_tiles(8, 8),
+        ElemWidth::B4,
+        &ramp_codes(),
+    )
+    .unwrap();
+    let run: Vec<u8> = (0u8..16).map(|j| (j ^ 8) | ((15 - j) ^ 8) << 4).collect();
+    assert_eq!(packed, [run.clone(), run].concat());
+    assert_eq!(packed[0], 0x78, "code 0 -> -8 (0x8), code 15 -> 7 (0x7)");
+    let back = unpack(&layout, &dims, &hl_tiles(8, 8), ElemWidth::B4, &packed).unwrap();
+    assert_eq!(back, ramp_codes());
+    // Padding stays the zero byte: the signed code of q = 8, value 0.
+    let padded = pack(
+        &layout,
+        &[("h", 5), ("l", 8)],
+        &hl_tiles(8, 8),
+        ElemWidth::B4,
+        &ramp_codes()[..40],
+    )
+    .unwrap();
+    // Rows 5..8 of the panel are padding: the second run's high nibbles
+    // (positions 48..64) and its bytes 8..16 (positions 40..48).
+    assert!(padded[16..24].iter().all(|&b| b >> 4 == 0), "{padded:?}");
+    assert!(padded[24..].iter().all(|&b| b == 0), "{padded:?}");
+    match PackPlan::new(&layout, &dims, &hl_tiles(8, 8), ElemWidth::B8) {
+        Err(QuantError::Layout(m)) => assert!(m.contains("int4_signed_codes"), "{m}"),
+        other => panic!("expected a layout error, got {other:?}"),
+    }
+}
+
 #[test]
 fn int4_8x8_tiled_hp8_lp4_both_ways() {
     // c[h][l] = (8h + l) % 16. [h/8, l/4, 8, 4]: the l 0..4 block reads
@@ -310,6 +351,7 @@ fn layout_errors() {
         &Layout {
             dims: vec![LayoutDim::outer("h", "hp"), LayoutDim::whole("l")],
             int4_pair_transpose: false,
+            int4_signed_codes: false,
         },
         &hl_tiles(4, 4),
         ElemWidth::B8,
@@ -325,6 +367,7 @@ fn layout_errors() {
                 LayoutDim::inner("hq"),
             ],
             int4_pair_transpose: false,
+            int4_signed_codes: false,
         },
         &[Tile::new("hp", "h", 4), Tile::new("hq", "h", 4)],
         ElemWidth::B8,
@@ -589,6 +632,7 @@ fn case() -> impl Strategy<Value = Case> {
                 layout: Layout {
                     dims: layout_dims,
                     int4_pair_transpose: false,
+                    int4_signed_codes: false,
                 },
                 elem,
                 seed,

@@ -124,6 +124,7 @@ fn make_layout(
     Layout {
         dims,
         int4_pair_transpose: plan.pair_transpose && format.bits() == 4,
+        int4_signed_codes: false,
     }
 }
 

@@ -36,6 +36,7 @@ fn w4a8() -> Kernel {
                     LayoutDim::inner("lp"),
                 ],
                 int4_pair_transpose: true,
+                int4_signed_codes: false,
             },
         )
         .tensor("b", Role::Input, &["h"], Format::F32)
@@ -119,6 +120,7 @@ fn f32_matmul_fixed_extents() {
                     LayoutDim::inner("nr"),
                 ],
                 int4_pair_transpose: false,
+                int4_signed_codes: false,
             },
         )
         .tensor("y", Role::Output, &["m", "n"], Format::F32)
@@ -167,6 +169,7 @@ fn w4a16_gemv() {
                     LayoutDim::inner("kp"),
                 ],
                 int4_pair_transpose: true,
+                int4_signed_codes: false,
             },
         )
         .tensor("y", Role::Output, &["m", "n"], Format::F16)
@@ -207,6 +210,7 @@ fn attention_kernel(kind: AttentionKind, softmax: SoftmaxMode, t: Extent) -> Ker
                     LayoutDim::whole("d"),
                 ],
                 int4_pair_transpose: false,
+                int4_signed_codes: false,
             },
         )
         .tensor("v", Role::Cache, &["s", "kvh", "d"], Format::Fp8E4M3)
@@ -324,6 +328,26 @@ input b[h]: f32
     assert_eq!(reprinted, k);
 }
 
+/// Q4_0 with its codes stored signed (the layout NEON packs) prints the
+/// flag on the weight line and parses back to the same kernel.
+#[test]
+fn signed_codes_round_trip() {
+    let mut k = library::get("matmul-q4_0").unwrap();
+    for t in &mut k.tensors {
+        if t.name == "w" {
+            t.layout.int4_signed_codes = true;
+        }
+    }
+    verify(&k).unwrap();
+    let text = assert_round_trip(&k);
+    assert!(
+        text.contains(
+            "weight w[h, l]: u4sym:g32:f16 layout [h/hp, l/lp, hp, lp] pair-transpose signed-codes"
+        ),
+        "{text}"
+    );
+}
+
 #[test]
 fn format_group_and_layout_from_str() {
     for f in Format::examples() {
@@ -350,7 +374,16 @@ fn format_group_and_layout_from_str() {
         ]
     );
     assert!(layout.int4_pair_transpose);
+    assert!(!layout.int4_signed_codes);
     assert_eq!(layout.to_string(), "[h/hp, l/lp, hp, lp] pair-transpose");
+    let signed: Layout = "[h/hp, l/lp, hp, lp] pair-transpose signed-codes"
+        .parse()
+        .unwrap();
+    assert!(signed.int4_pair_transpose && signed.int4_signed_codes);
+    assert_eq!(
+        signed.to_string(),
+        "[h/hp, l/lp, hp, lp] pair-transpose signed-codes"
+    );
     let rm: Layout = "[a, b]".parse().unwrap();
     assert!(rm.is_row_major(&["a", "b"]));
     assert_eq!(rm.to_string(), "[a, b]");

@@ -46,6 +46,7 @@ fn mm() -> Kernel {
             LayoutDim::inner("lp"),
         ],
         int4_pair_transpose: true,
+        int4_signed_codes: false,
     };
     Kernel {
         name: "matmul-w4a8".into(),
@@ -539,6 +540,27 @@ fn pair_transpose_needs_4_bits() {
         },
         &["'w'", "i8asym:g32"],
     );
+}
+
+#[test]
+fn signed_codes_need_u4sym() {
+    let mut k = mm();
+    tensor_of(&mut k, "w").layout.int4_signed_codes = true;
+    let format = tensor_of(&mut k, "w").format;
+    assert!(!matches!(format, Format::U4Sym(..)), "{format}");
+    expect(
+        &k,
+        VerifyError::SignedCodesFormat {
+            tensor: s("w"),
+            format,
+        },
+        &["'w'", "signed-codes", "u4sym"],
+    );
+    tensor_of(&mut k, "w").format = Format::U4Sym(Group::Size(32), ParamType::F16);
+    if let Op::Matmul(m) = &mut k.op {
+        m.epilogue.zero_point = false;
+    }
+    verify(&k).unwrap();
 }
 
 #[test]

@@ -85,6 +85,7 @@ fn tensor() -> impl Strategy<Value = Tensor> {
                 Some((dims, int4_pair_transpose)) => Layout {
                     dims,
                     int4_pair_transpose,
+                    int4_signed_codes: false,
                 },
                 None => Layout::row_major(&dims),
             };

@@ -138,6 +138,16 @@ fn header(
     if let Some(t) = tile {
         h.push_str(&format!("{comment} tile {}\n", t.summary()));
     }
+    if let Some(w) = kernel
+        .as_matmul()
+        .and_then(|m| kernel.tensor(&m.w))
+        .filter(|w| w.layout.int4_signed_codes)
+    {
+        h.push_str(&format!(
+            "{comment} weights {}: {} layout {}\n",
+            w.name, w.format, w.layout
+        ));
+    }
     h
 }
 
@@ -193,6 +203,13 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
                     bytes: Some(code.bytes),
                 });
             }
+            // NEON reads `u4sym` weights stored as signed codes (the
+            // layout's `signed-codes`); the header says so.
+            let kernel = if x86 {
+                kernel
+            } else {
+                tessera_codegen::neon::with_signed_codes(&kernel).map_err(|e| e.to_string())?
+            };
             let caps = TargetCaps::by_name(target).map_err(|e| e.to_string())?;
             mac_class(caps, &kernel).map_err(|e| e.to_string())?;
             // NEON i8mm solves its int8 GEMV on aarch64-dotprod.

@@ -428,7 +428,7 @@ impl Device {
         k: usize,
     ) -> Result<(ShapePlan, [Arc<HostMatmul>; 3]), RuntimeError> {
         self.host_only("a host matmul")?;
-        let kernel = library::get(format.library_kernel())?;
+        let kernel = self.host_kernel(format)?;
         let (mut plan, mut kernels) = self.plan_with(
             &kernel,
             format,
@@ -524,7 +524,7 @@ impl Device {
         k: usize,
     ) -> Result<Arc<HostMatmul>, RuntimeError> {
         self.host_only("a host matmul")?;
-        let kernel = library::get(format.library_kernel())?;
+        let kernel = self.host_kernel(format)?;
         self.matmul(&kernel, Variant::FlatGemm, tile, n, k)
     }
 
@@ -706,6 +706,31 @@ impl Device {
     }
 
     /// `Err` on a GPU device (the host kernels' paths are for CPUs).
+    /// `format`'s library kernel with the weight layout this device's
+    /// code reads: on NEON (JIT, or a prebuilt set of aarch64 code) `u4sym`
+    /// codes stored signed ([`tessera_codegen::neon::with_signed_codes`]),
+    /// which the packer then writes; elsewhere the library's own.
+    fn host_kernel(&self, format: WeightFormat) -> Result<Kernel, RuntimeError> {
+        let kernel = library::get(format.library_kernel())?;
+        let neon = match &self.engine {
+            #[cfg(feature = "jit")]
+            Engine::Neon(_) => true,
+            Engine::Prebuilt(set) => set
+                .kernels
+                .iter()
+                .any(|k| k.code.arch == tessera_codegen::artifact::Arch::Aarch64),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        };
+        if !neon {
+            return Ok(kernel);
+        }
+        tessera_codegen::neon::with_signed_codes(&kernel).map_err(|e| RuntimeError::NoKernel {
+            what: kernel.name.clone(),
+            why: e.to_string(),
+        })
+    }
+
     fn host_only(&self, what: &str) -> Result<(), RuntimeError> {
         if self.is_gpu() {
             return Err(RuntimeError::Unsupported {

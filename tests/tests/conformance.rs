@@ -128,6 +128,7 @@ impl Desc {
         let lay = |dims: Vec<LayoutDim>, pair: bool| Layout {
             dims,
             int4_pair_transpose: pair,
+            int4_signed_codes: false,
         };
         for t in &mut k.tensors {
             match t.name.as_str() {

@@ -4,8 +4,8 @@
 
 use tessera_codegen::TileConfig;
 use tessera_codegen::artifact::{Artifact, Backend, MachineCode, Variant};
-use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::neon::asm::V;
+use tessera_codegen::neon::{NeonBackend, with_signed_codes};
 use tessera_codegen::tile::{Problem, neighbours, solve};
 use tessera_dsl::ir::ParamType;
 use tessera_dsl::{Kernel, library};
@@ -504,6 +504,40 @@ fn compact_formats_every_target_and_variant() {
     }
 }
 
+/// Q4_0 with its codes stored signed (`signed-codes`, what NEON devices
+/// pack): every target and variant unpacks with `shl` #4 / `and` 0xF0
+/// alone (no `eor`, no 0x88 constant, no Σqx term: no `neg`, `sub` or
+/// row-sum load) and converts with `scvtf` #4; the listing says so and
+/// assembles to the emitted bytes.
+#[test]
+fn signed_codes_every_target_and_variant() {
+    let kernel = with_signed_codes(&library::get("matmul-q4_0").unwrap()).unwrap();
+    for target in TARGETS {
+        let be = NeonBackend::new(target).unwrap();
+        let (best, next) = tiles(target, &kernel, 4096);
+        let (g, _) = tiles(target, &kernel, 1);
+        let flat = flat_tile(target, &kernel, 8);
+        for (t, variant) in [
+            (best, Variant::Gemm),
+            (next, Variant::Gemm),
+            (g, Variant::Gemv),
+            (flat, Variant::FlatGemm),
+        ] {
+            let what = format!("{target} signed q4_0 {variant} {}x{}x{}", t.ep, t.hp, t.lp);
+            let code = machine(be.emit_variant(&kernel, &t, variant).unwrap());
+            let l = &code.listing;
+            assert!(l.contains("codes stored signed"), "{what}");
+            assert!(l.contains("0xF0 nibble mask (signed codes)"), "{what}");
+            assert!(l.contains(".4s, #4"), "{what}");
+            assert!(l.contains("shl "), "{what}");
+            for absent in ["eor v", ".16b, #136", "neg v", "sub v", "ushr v"] {
+                assert!(!l.contains(absent), "{what}: {absent}");
+            }
+            mc(&code, &what);
+        }
+    }
+}
+
 /// Listings of the compact formats: Q4_0 (u4sym:g32:f16) on sdot, Q4_1
 /// (u4asym:g32:f16) on smmla and Q8_0 (i8sym:g32:f16) on the smull
 /// fallback, at the solver's GEMV tiles.
@@ -513,8 +547,12 @@ fn compact_listings_are_pinned() {
         ("aarch64-dotprod", "matmul-q4_0", "q4_0"),
         ("aarch64-i8mm", "matmul-q4_1", "q4_1"),
         ("aarch64-neon", "matmul-q8_0", "q8_0"),
+        ("aarch64-dotprod", "signed", "q4_0_signed"),
     ] {
-        let kernel = library::get(name).unwrap();
+        let kernel = match name {
+            "signed" => with_signed_codes(&library::get("matmul-q4_0").unwrap()).unwrap(),
+            name => library::get(name).unwrap(),
+        };
         let (g, _) = tiles(target, &kernel, 1);
         let code = machine(
             NeonBackend::new(target)

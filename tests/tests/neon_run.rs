@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::artifact::{Artifact, Backend, Variant};
 use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, WeightsIn};
-use tessera_codegen::neon::NeonBackend;
+use tessera_codegen::neon::{NeonBackend, with_signed_codes};
 use tessera_codegen::tile::{Problem, neighbours, solve};
 use tessera_codegen::{TileConfig, mac_class};
 use tessera_dsl::interp::{self, Bindings, Value};
@@ -512,10 +512,11 @@ fn flat_gemm_long_reduction() {
 
 /// The compact formats: ggml's Q4_0, Q4_1 and Q8_0 blocks (f16 group
 /// parameters; Q4_0's implied zero point 8 folded in int32), longer
-/// groups, and f16 parameters on the other int8 formats.
+/// groups, f16 parameters on the other int8 formats, and the grouped
+/// Q4_0 formats with signed codes.
 fn compact_formats() -> Vec<(Kernel, u32)> {
     let v = |name: &str, f: Format| with_weight_format(library::get(name).unwrap(), f);
-    vec![
+    let mut formats = vec![
         (library::get("matmul-q4_0").unwrap(), 32),
         (library::get("matmul-q4_1").unwrap(), 32),
         (library::get("matmul-q8_0").unwrap(), 32),
@@ -558,7 +559,20 @@ fn compact_formats() -> Vec<(Kernel, u32)> {
             v("matmul-q4_0", Format::U4Sym(Group::Row, ParamType::F16)),
             0,
         ),
-    ]
+    ];
+    // The grouped `u4sym` formats again with their codes stored signed
+    // (`signed-codes`, the layout NEON devices pack): another unpack and
+    // epilogue in every loop.
+    let signed: Vec<(Kernel, u32)> = formats
+        .iter()
+        .filter_map(|(k, g)| {
+            let s = with_signed_codes(k).unwrap();
+            (s != *k).then_some((s, *g))
+        })
+        .collect();
+    assert_eq!(signed.len(), 3, "Q4_0 g32, g64 and g128 with signed codes");
+    formats.extend(signed);
+    formats
 }
 
 /// k for an odd number of groups of `g` with a partial last one (and a
@@ -603,6 +617,22 @@ fn compact_formats_every_target_and_variant() {
                     s as u64,
                 );
             }
+            // The flat loop at the GEMM's packing (the sdot 8×4×4 with
+            // paired steps, the smmla 8×4×8), where it differs.
+            if let Some(t) = gemm_packed_flat_tile(target, &kernel, 8) {
+                for (s, (m, n)) in [(3, 21), (8, 6)].into_iter().enumerate() {
+                    check(
+                        target,
+                        &kernel,
+                        &t,
+                        Variant::FlatGemm,
+                        m,
+                        n,
+                        ks[s],
+                        s as u64,
+                    );
+                }
+            }
             // K blocks of ~3 groups: block boundaries, several row blocks
             // per pass and a second pass.
             let plan = be.flat_plan(&kernel, &tile).unwrap();
@@ -623,8 +653,12 @@ fn compact_formats_every_target_and_variant() {
 fn compact_formats_odd_panel_widths() {
     let target = "aarch64-neon";
     let be = NeonBackend::new(target).unwrap();
-    for name in ["matmul-q8_0", "matmul-q4_0", "matmul-q4_1"] {
-        let kernel = library::get(name).unwrap();
+    let kernels = ["matmul-q8_0", "matmul-q4_0", "matmul-q4_1"]
+        .map(|name| library::get(name).unwrap())
+        .into_iter()
+        .chain([with_signed_codes(&library::get("matmul-q4_0").unwrap()).unwrap()]);
+    for kernel in kernels {
+        let name = kernel.name.clone();
         let class = mac_class(be.caps(), &kernel).unwrap();
         let p = Problem::new(4096, 4096, 4096, class);
         let best = solve(be.caps(), &p).unwrap()[0];

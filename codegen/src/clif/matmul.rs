@@ -178,6 +178,11 @@ fn plan<'k>(
     if let Some(split) = crate::schedule::matmul_split(kernel) {
         return Err(unsupported(split));
     }
+    crate::artifact::unsigned_codes_only(
+        kernel,
+        "host",
+        "the cranelift loops subtract the zero point from unsigned codes",
+    )?;
     let fmt = |name: &str| {
         kernel
             .tensor(name)

@@ -455,6 +455,7 @@ pub fn with_gpu_weight_layout(kernel: &Kernel) -> Result<Kernel, EmitError> {
                     LayoutDim::Inner { tile: lp.clone() },
                 ],
                 int4_pair_transpose: false,
+                int4_signed_codes: false,
             };
         }
     }
@@ -474,6 +475,11 @@ pub fn plan_matmul(
     let mm = kernel
         .as_matmul()
         .ok_or_else(|| unsupported(format!("`{}` is not a matmul", kernel.name)))?;
+    crate::artifact::unsigned_codes_only(
+        kernel,
+        "gpu",
+        "the GPU dequantization (lop3/prmt, OpenCL's nibble masks) reads unsigned codes",
+    )?;
     // Every variant's grid spreads rows and output channels over blocks.
     if let Some(why) = crate::schedule::matmul_split(kernel)
         .or_else(|| crate::schedule::gpu_grid(kernel, &[&mm.e, &mm.h], None))

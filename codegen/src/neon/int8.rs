@@ -129,21 +129,29 @@
 //!
 //! The `u4sym` zero point costs a per-row term each group unless the codes
 //! themselves are signed, which is what KleidiAI's 4-bit kernels store.
-//! The stored codes stay unsigned (the kernel description says so; x86's
-//! `vpmaddubsw` needs them that way); where it pays
-//! ([`signed_nibbles_pay`]: the many-row GEMM and flat tiles) the loop
-//! makes them signed with one `eor` per loaded register, and the
-//! fixed-point `scvtf` #4 removes the 16× exactly. Under llvm-mca 19
-//! (both sides' converts then cost the same) this took the dotprod GEMM
-//! from 0.81–0.84× KleidiAI's 16x4 to 0.93–1.02× and the i8mm GEMM from
-//! 0.67–0.74× its 8x4x32 to 0.91–1.02× on the N1, N2, V1 and V2 models.
-//! The GEMV (one row: the `eor`s would outnumber what they save) starts
-//! each group's accumulators at −8·Σqx instead: each row's first
+//! A kernel whose weight layout says `signed-codes` gets them so from the
+//! packer (q XOR 8, [`tessera_dsl::Layout::int4_signed_codes`];
+//! [`super::with_signed_codes`] is the pass the NEON users apply): every
+//! tile then unpacks with `shl` #4 / `and` 0xF0, which leave 16·(q − 8) in
+//! each byte, the sums are 16× and the fixed-point `scvtf` #4 removes that
+//! exactly, and no zero-point term or per-load fix-up remains. Under
+//! llvm-mca 19 that took the Q4_0 GEMV to 1.13–1.19× KleidiAI's best and
+//! the dotprod and i8mm GEMMs to 1.07–1.23× (N1, N2, V1, V2).
+//!
+//! Where the stored codes are unsigned (the layout does not say
+//! `signed-codes`; x86's `vpmaddubsw` needs them so) and it pays
+//! ([`signed_nibbles_pay`]: the many-row GEMM and flat tiles), the loop
+//! makes them signed with one `eor` 0x88 per loaded register; this took
+//! the dotprod GEMM from 0.81–0.84× KleidiAI's 16x4 to 0.93–1.02× and the
+//! i8mm GEMM from 0.67–0.74× its 8x4x32 to 0.91–1.02×. The GEMV of
+//! unsigned codes (one row: the `eor`s would outnumber what they save)
+//! starts each group's accumulators at −8·Σqx instead: each row's first
 //! accumulator is loaded with Σqx, shifted (`shl` #3), negated and copied
-//! to the row's others, in place of the `movi` that cleared them. Both are
+//! to the row's others, in place of the `movi` that cleared them. All are
 //! exact up to f32 rounding and cannot overflow int32 (|acc| ≤ 128·127·group).
 //! The `smull` fallback's accumulators hold lane partials summed in the
-//! epilogue, so it subtracts 8·Σqx after the fold.
+//! epilogue, so with unsigned codes it subtracts 8·Σqx after the fold; with
+//! signed codes its int16 pair sums stay within ±2·128·127.
 
 use super::asm::{A64, Addr, Cond, Label, V, X};
 use super::frame::{self, OutType, StoreRegs};
@@ -179,8 +187,13 @@ pub struct Int8Spec {
     pub flat: Option<FlatPlan>,
     /// The epilogue's relu (in the tile store).
     pub relu: bool,
-    /// `u4sym` codes made signed in the loop ([`signed_nibbles_pay`]).
+    /// `u4sym` codes unpacked as signed (16·(q − 8) per byte, `scvtf` #4):
+    /// stored so ([`Self::stored_signed`]) or made so in the loop where
+    /// [`signed_nibbles_pay`].
     pub signed_nibbles: bool,
+    /// The packer stored the `u4sym` codes as q − 8 (the weight layout's
+    /// `signed-codes`): no `eor` in the loop.
+    pub stored_signed: bool,
     /// 4-bit codes in 16-code blocks (hp·lp = 16, the `sdot` GEMM's 12×4×4
     /// and flat tiles at its packing): one 16-byte load holds two lp-steps,
     /// the first in the low nibbles; a panel's step count is padded to even
@@ -302,6 +315,10 @@ pub fn epilogue_note(spec: &Int8Spec) -> Option<String> {
         format!("f32 {params}")
     };
     let zp = match spec.zero_point {
+        Some(z) if spec.stored_signed => format!(
+            "; zero point {z}: codes stored signed (q-{z}; shl #4 / and 0xF0 leave 16*(q-{z}) \
+             in each byte), sums converted by scvtf #4"
+        ),
         Some(z) if spec.signed_nibbles => format!(
             "; zero point {z}: codes made signed in the loop (eor 0x88, then shl #4 / and 0xF0 \
              leave 16*(q-{z}) in each byte), sums converted by scvtf #4"
@@ -883,7 +900,9 @@ fn load_b_at(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan, at: &mut Addr) {
     }
     for q in 0..runs {
         if spec.signed_nibbles {
-            a.eor_16b(hi(q), hi(q), plan.stage);
+            if !spec.stored_signed {
+                a.eor_16b(hi(q), hi(q), plan.stage);
+            }
             a.shl_16b(lo(q), hi(q), 4);
             a.and_16b(hi(q), hi(q), plan.mask);
         } else {
@@ -1154,7 +1173,9 @@ fn unpack_constants(a: &mut A64, spec: &Int8Spec, plan: &RegisterPlan) {
     }
     if spec.signed_nibbles {
         a.movi_16b(plan.mask, 0xF0);
-        a.movi_16b(plan.stage, 0x88);
+        if !spec.stored_signed {
+            a.movi_16b(plan.stage, 0x88);
+        }
     } else {
         a.movi_16b(plan.mask, 15);
     }

@@ -26,6 +26,13 @@
 //! weight byte from memory once, K blocks stay in L1 across row blocks,
 //! prefetch, loops for fewer rows than the tile).
 //!
+//! `u4sym` weights read fastest stored as signed codes (q − 8, the layout's
+//! `signed-codes`, as KleidiAI stores its 4-bit weights): no zero-point
+//! term and no per-load fix-up. [`with_signed_codes`] is the explicit
+//! `Kernel -> Kernel` pass that asks the packer for them; the runtime,
+//! the generator and the tuner apply it for NEON. Unsigned codes still
+//! run on every target.
+//!
 //! Which target a machine runs is decided at run time by
 //! [`NeonBackend::detect`]. Every listing starts with the kernel's register
 //! plan as `//` lines (llvm-mc reads them as comments).
@@ -50,6 +57,38 @@ use crate::target::{MacClass, TargetCaps, mac_class};
 use crate::tile::{
     FLAT_GEMM_MAX_ROWS, Problem, RegisterAccounting, TileConfig, spilled_accounting,
 };
+
+/// The same matmul with its `u4sym` weights stored as signed codes
+/// (q − 8, the layout's `signed-codes`): the form the NEON loops read
+/// without a zero-point term or an `eor` per load (see [`int8`]). Kernels
+/// with other weights, whole-row groups or weights outside the CPU panel
+/// layout come back unchanged. The layout is a contract with the packer,
+/// so this is explicit, never applied silently; x86, cranelift and the
+/// GPU backends refuse its result.
+pub fn with_signed_codes(kernel: &Kernel) -> Result<Kernel, EmitError> {
+    let unsupported = |what: String| EmitError::Unsupported {
+        backend: "aarch64",
+        what,
+    };
+    let Some(mm) = kernel.as_matmul() else {
+        return Ok(kernel.clone());
+    };
+    let takes = kernel.is_blocked(&mm.w, &mm.h, &mm.l)
+        && kernel.tensor(&mm.w).is_some_and(|t| {
+            matches!(t.format, Format::U4Sym(Group::Size(_), _)) && t.layout.int4_pair_transpose
+        });
+    if !takes {
+        return Ok(kernel.clone());
+    }
+    let mut out = kernel.clone();
+    for t in &mut out.tensors {
+        if t.name == mm.w {
+            t.layout.int4_signed_codes = true;
+        }
+    }
+    tessera_dsl::verify(&out).map_err(|e| unsupported(format!("signed codes: {e}")))?;
+    Ok(out)
+}
 
 /// The int8 MAC instruction (sequence) a kernel uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -79,6 +118,17 @@ pub struct RegisterPlan {
     pub partials: Range<u8>,
     /// Accumulators, at the top of the register file.
     pub acc: Range<u8>,
+}
+
+/// How a 4-bit int8 loop unpacks its codes (for the register table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NibbleUnpack {
+    /// `and` 0x0F / `ushr` #4: codes 0..15.
+    Unsigned,
+    /// `eor` 0x88, then `shl` #4 / `and` 0xF0: 16·(q − 8).
+    SignedInLoop,
+    /// Stored as q − 8 (`signed-codes`): `shl` #4 / `and` 0xF0 alone.
+    StoredSigned,
 }
 
 impl RegisterPlan {
@@ -153,13 +203,14 @@ impl RegisterPlan {
 
     /// The plan as `//` lines for a listing header.
     pub fn table(&self) -> Vec<String> {
-        self.table_with(false)
+        self.table_with(NibbleUnpack::Unsigned)
     }
 
-    /// [`Self::table`]; `signed_nibbles`: the 4-bit unpack makes codes
-    /// signed in the loop, with 0xF0 in the mask and 0x88 in the staging
-    /// register ([`int8::signed_nibbles_pay`]).
-    pub fn table_with(&self, signed_nibbles: bool) -> Vec<String> {
+    /// [`Self::table`] for a 4-bit unpack of `unpack`'s kind: signed codes
+    /// take 0xF0 in the mask, and made signed in the loop 0x88 in the
+    /// staging register ([`int8::signed_nibbles_pay`]).
+    pub fn table_with(&self, unpack: NibbleUnpack) -> Vec<String> {
+        let signed_nibbles = unpack != NibbleUnpack::Unsigned;
         let range = |r: &Range<u8>| {
             if r.is_empty() {
                 "-".to_string()
@@ -183,7 +234,7 @@ impl RegisterPlan {
             } else {
                 format!("| {} | 0x0F nibble mask |", self.mask)
             },
-            if signed_nibbles {
+            if unpack == NibbleUnpack::SignedInLoop {
                 format!("| {} | 0x88: makes both nibbles q - 8 (eor) |", self.stage)
             } else {
                 format!("| {} | packed-weight staging (spare) |", self.stage)
@@ -823,6 +874,15 @@ impl NeonBackend {
                     }
                 };
                 let _ = xf;
+                // Codes the packer stored as q − 8 (only `u4sym`, by verify).
+                let stored_signed = kernel
+                    .tensor(&mm.w)
+                    .is_some_and(|t| t.layout.int4_signed_codes);
+                if stored_signed && group.is_none() {
+                    return Err(self.unsupported(
+                        "signed-codes (layout field int4_signed_codes) with whole-row groups: the loops convert 16x sums, which a row could overflow; use a grouped format".into(),
+                    ));
+                }
                 let flat = (variant == Variant::FlatGemm).then(|| {
                     FlatPlan::sized(
                         tile.ep,
@@ -849,9 +909,10 @@ impl NeonBackend {
                     flat,
                     relu,
                     signed_nibbles: false,
+                    stored_signed,
                     paired_steps,
                 };
-                spec.signed_nibbles = int8::signed_nibbles_pay(&spec);
+                spec.signed_nibbles = stored_signed || int8::signed_nibbles_pay(&spec);
                 Ok(KernelSpec::Int8(spec))
             }
             MacClass::F32 | MacClass::F16 => {
@@ -1038,8 +1099,12 @@ impl NeonBackend {
             acc.total,
             acc.budget
         ));
-        let signed = matches!(&spec, KernelSpec::Int8(s) if s.signed_nibbles);
-        for line in plan.table_with(signed) {
+        let unpack = match &spec {
+            KernelSpec::Int8(s) if s.stored_signed => NibbleUnpack::StoredSigned,
+            KernelSpec::Int8(s) if s.signed_nibbles => NibbleUnpack::SignedInLoop,
+            _ => NibbleUnpack::Unsigned,
+        };
+        for line in plan.table_with(unpack) {
             a.header(&line);
         }
         if let Some(f) = spec.flat() {

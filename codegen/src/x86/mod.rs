@@ -279,6 +279,7 @@ impl X86Backend {
         kernel: &Kernel,
         tile: &TileConfig,
     ) -> Result<Option<MachineCode>, EmitError> {
+        crate::artifact::unsigned_codes_only(kernel, NAME, UNSIGNED_CODES)?;
         if self.avx512_spec(kernel, tile)?.is_some() {
             return Ok(None);
         }
@@ -326,6 +327,7 @@ impl X86Backend {
         if kernel.as_attention().is_some() {
             return attention::emit(kernel);
         }
+        crate::artifact::unsigned_codes_only(kernel, NAME, UNSIGNED_CODES)?;
         if let Some(spec) = self.avx512_spec(kernel, tile)? {
             return avx512::emit_variant(&spec, variant);
         }
@@ -384,6 +386,10 @@ impl X86Backend {
         )?)
     }
 }
+
+/// Why the x86 kernels refuse `signed-codes` weights.
+const UNSIGNED_CODES: &str =
+    "the x86 loops read unsigned codes (vpmaddubsw multiplies unsigned by signed bytes)";
 
 impl Backend for X86Backend {
     fn name(&self) -> &'static str {

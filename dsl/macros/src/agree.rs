@@ -98,9 +98,11 @@ fn to_ir(s: &Spec) -> ir::Kernel {
                     Some(dims) => ir::Layout {
                         dims: dims.iter().map(layout_dim).collect(),
                         int4_pair_transpose: t.pair_transpose,
+                        int4_signed_codes: t.signed_codes,
                     },
                     None => ir::Layout {
                         int4_pair_transpose: t.pair_transpose,
+                        int4_signed_codes: t.signed_codes,
                         ..ir::Layout::row_major(&t.dims)
                     },
                 },
@@ -200,6 +202,7 @@ impl Operand {
                 Some((_, dims)) => ir::Layout {
                     dims: dims.clone(),
                     int4_pair_transpose: false,
+                    int4_signed_codes: false,
                 },
                 None => ir::Layout::row_major(dims),
             },

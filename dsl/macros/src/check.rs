@@ -56,6 +56,8 @@ pub struct TensorSpec {
     /// `None`: row-major over `dims`.
     pub layout: Option<Vec<LayoutDim>>,
     pub pair_transpose: bool,
+    /// Codes stored as q XOR 8 (`u4sym` only).
+    pub signed_codes: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -434,6 +436,17 @@ fn check_tensor(scope: &Scope, decl: &TensorDecl) -> syn::Result<TensorSpec> {
             ),
         );
     }
+    if let Some(loc) = decl.signed_codes
+        && !matches!(format, Format::U4Sym(..))
+    {
+        return fail(
+            loc,
+            format!(
+                "`signed_codes` stores q - 8 for the implied zero point 8, so it needs u4sym; `{name}` is {}",
+                format.spelling()
+            ),
+        );
+    }
     let layout = match &decl.layout {
         None => None,
         Some(items) => Some(check_layout(scope, decl, items)?),
@@ -445,6 +458,7 @@ fn check_tensor(scope: &Scope, decl: &TensorDecl) -> syn::Result<TensorSpec> {
         format,
         layout,
         pair_transpose: decl.pair_transpose.is_some(),
+        signed_codes: decl.signed_codes.is_some(),
     })
 }
 

@@ -66,6 +66,7 @@ fn emit_tensor(t: &TensorSpec) -> TokenStream {
     let dims = &t.dims;
     let format = t.format.to_ir();
     let pair = t.pair_transpose;
+    let signed = t.signed_codes;
     let dims_layout: Vec<TokenStream> = match &t.layout {
         Some(layout) => layout.iter().map(emit_layout_dim).collect(),
         None => t
@@ -83,6 +84,7 @@ fn emit_tensor(t: &TensorSpec) -> TokenStream {
             ::tessera_dsl::ir::Layout {
                 dims: ::std::vec![#(#dims_layout),*],
                 int4_pair_transpose: #pair,
+                int4_signed_codes: #signed,
             },
         )
     }

@@ -65,6 +65,7 @@ impl Role {
 }
 
 /// `x: input i8dyn [e, l] layout [e/ep, l/lp, ep, lp] pair_transpose prescaled;`
+/// (a `u4sym` weight may add `signed_codes`)
 pub struct TensorDecl {
     pub name: Ident,
     pub role: Role,
@@ -75,6 +76,7 @@ pub struct TensorDecl {
     pub dims_loc: Loc,
     pub layout: Option<Vec<LayoutItem>>,
     pub pair_transpose: Option<Loc>,
+    pub signed_codes: Option<Loc>,
     pub prescaled: Option<Loc>,
 }
 
@@ -458,13 +460,14 @@ fn parse_tensor(input: ParseStream) -> syn::Result<TensorDecl> {
         dims_loc,
         layout: None,
         pair_transpose: None,
+        signed_codes: None,
         prescaled: None,
     };
     while !input.peek(Token![;]) {
         let attr = ident_or(
             input,
             format!(
-                "expected `layout [...]`, `pair_transpose`, `prescaled` or `;` after tensor `{}`",
+                "expected `layout [...]`, `pair_transpose`, `signed_codes`, `prescaled` or `;` after tensor `{}`",
                 decl.name
             ),
         )?;
@@ -496,6 +499,12 @@ fn parse_tensor(input: ParseStream) -> syn::Result<TensorDecl> {
                 }
                 decl.pair_transpose = Some(loc);
             }
+            "signed_codes" => {
+                if decl.signed_codes.is_some() {
+                    return duplicate();
+                }
+                decl.signed_codes = Some(loc);
+            }
             "prescaled" => {
                 if decl.prescaled.is_some() {
                     return duplicate();
@@ -514,7 +523,7 @@ fn parse_tensor(input: ParseStream) -> syn::Result<TensorDecl> {
                     )
                 } else {
                     format!(
-                        "unknown tensor attribute `{other}`; expected `layout [...]`, `pair_transpose`, `prescaled` or `;`"
+                        "unknown tensor attribute `{other}`; expected `layout [...]`, `pair_transpose`, `signed_codes`, `prescaled` or `;`"
                     )
                 };
                 return fail(loc, message);

@@ -579,6 +579,13 @@ fn every_mistake_names_the_problem() {
         ),
         (
             Holes {
+                w: "weight u4asym:g32 [h, l] layout [h/hp, l/lp, hp, lp] pair_transpose signed_codes",
+                ..BASE
+            },
+            "`signed_codes` stores q - 8 for the implied zero point 8, so it needs u4sym",
+        ),
+        (
+            Holes {
                 x: "input f32 [e, l] prescaled",
                 ..BASE
             },

@@ -39,6 +39,7 @@ fn packed(dims: Vec<LayoutDim>, pair: bool) -> Layout {
     Layout {
         dims,
         int4_pair_transpose: pair,
+        int4_signed_codes: false,
     }
 }
 
@@ -310,6 +311,26 @@ fn library_shapes_are_expressible() {
         Format::E0M4(Group::Size(128), ParamType::F32)
     );
     assert!(e0m4.tensors[1].layout.int4_pair_transpose);
+    assert!(!e0m4.tensors[1].layout.int4_signed_codes);
+    // Q4_0 with its codes stored signed (q - 8), as NEON packs them.
+    let q4_signed = kernel! {
+        matmul-q4s(e, h, l) {
+            tile e by ep, h by hp, l by lp;
+            x: input  i8dyn         [e, l] layout [e/ep, l/lp, ep, lp];
+            w: weight u4sym:g32:f16 [h, l] layout [h/hp, l/lp, hp, lp] pair_transpose signed_codes;
+            y: output f32           [e, h];
+            y[e, h] = sum(l) x[e, l] * w[h, l];
+            epilogue scale;
+        }
+    }
+    .expect("signed-code q4_0 builds");
+    let w = &q4_signed.tensors[1].layout;
+    assert!(w.int4_pair_transpose && w.int4_signed_codes);
+    assert!(
+        q4_signed
+            .to_string()
+            .contains("pair-transpose signed-codes")
+    );
     let w8a8 = kernel! {
         matmul-w8a8(e, h, l) {
             x: input  i8dyn     [e, l];

@@ -28,6 +28,7 @@ pub fn activation_layout() -> Layout {
             LayoutDim::inner("lp"),
         ],
         int4_pair_transpose: false,
+        int4_signed_codes: false,
     }
 }
 
@@ -41,6 +42,7 @@ pub fn weight_layout(int4_pair_transpose: bool) -> Layout {
             LayoutDim::inner("lp"),
         ],
         int4_pair_transpose,
+        int4_signed_codes: false,
     }
 }
 
@@ -53,6 +55,7 @@ pub fn gpu_weight_layout() -> Layout {
             LayoutDim::inner("lp"),
         ],
         int4_pair_transpose: false,
+        int4_signed_codes: false,
     }
 }
 
@@ -107,6 +110,7 @@ fn param_plan(rows: usize, groups: usize, order: ParamOrder) -> Result<PackPlan,
                     LayoutDim::inner("rt"),
                 ],
                 int4_pair_transpose: false,
+                int4_signed_codes: false,
             },
             vec![Tile::new("rt", "r", tile)],
         ),

@@ -33,6 +33,9 @@
 //!   is padded to an even size (NEON's 12×4×4 `sdot` tile: one 16-byte
 //!   load holds two lp-steps of 4 columns).
 //!
+//! * 4-bit with `int4_signed_codes`: each code q is stored as q XOR 8
+//!   (q − 8 as a two's-complement nibble), in either order above.
+//!
 //! The packed length is `ceil(packed_elems · bits / 8)` bytes; an odd count
 //! of plain 4-bit codes leaves the last high nibble zero.
 
@@ -127,6 +130,8 @@ pub struct PackPlan {
     layout_sizes: Vec<usize>,
     elem: ElemWidth,
     pair_transpose: bool,
+    /// Stored 4-bit codes are q XOR 8 ([`Layout::int4_signed_codes`]).
+    signed_codes: bool,
     logical_elems: usize,
     packed_elems: usize,
 }
@@ -244,6 +249,12 @@ impl PackPlan {
             }
         }
 
+        if layout.int4_signed_codes && elem != ElemWidth::B4 {
+            return Err(layout_err(format!(
+                "int4_signed_codes needs 4-bit elements, not {}-bit",
+                elem.bits()
+            )));
+        }
         if layout.int4_pair_transpose {
             if elem != ElemWidth::B4 {
                 return Err(layout_err(format!(
@@ -322,6 +333,7 @@ impl PackPlan {
             layout_sizes: parts.iter().map(|&(_, _, s)| s).collect(),
             elem,
             pair_transpose: layout.int4_pair_transpose,
+            signed_codes: layout.int4_signed_codes,
             logical_elems,
             packed_elems,
         })
@@ -440,6 +452,12 @@ impl PackPlan {
         Some(index)
     }
 
+    /// What a stored 4-bit code is XORed with: 8 for signed codes (q − 8 in
+    /// two's complement), else 0. Padding stays 0, the signed zero.
+    fn code_flip(&self) -> u8 {
+        if self.signed_codes { 8 } else { 0 }
+    }
+
     /// Byte index and nibble shift (0 or 4) of a 4-bit packed position.
     fn nibble_slot(&self, p: usize) -> (usize, u32) {
         if self.pair_transpose {
@@ -495,9 +513,10 @@ impl PackPlan {
                         byte: logical[index],
                     });
                 }
+                let flip = self.code_flip();
                 self.for_each(|l, p| {
                     let (byte, shift) = self.nibble_slot(p);
-                    out[byte] |= logical[l] << shift;
+                    out[byte] |= (logical[l] ^ flip) << shift;
                 });
             }
             _ => {
@@ -522,10 +541,13 @@ impl PackPlan {
         }
         let mut out = vec![0u8; self.logical_bytes()];
         match self.elem {
-            ElemWidth::B4 => self.for_each(|l, p| {
-                let (byte, shift) = self.nibble_slot(p);
-                out[l] = (packed[byte] >> shift) & 0x0F;
-            }),
+            ElemWidth::B4 => {
+                let flip = self.code_flip();
+                self.for_each(|l, p| {
+                    let (byte, shift) = self.nibble_slot(p);
+                    out[l] = ((packed[byte] >> shift) & 0x0F) ^ flip;
+                })
+            }
             _ => {
                 let w = self.elem.logical_bytes();
                 self.for_each(|l, p| {

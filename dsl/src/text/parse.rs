@@ -118,7 +118,8 @@ impl FromStr for Format {
 
 impl FromStr for Layout {
     type Err = ParseError;
-    /// `[h/hp, l/lp, hp, lp]` with an optional trailing `pair-transpose`.
+    /// `[h/hp, l/lp, hp, lp]` with optional trailing `pair-transpose` and
+    /// `signed-codes`.
     fn from_str(s: &str) -> Result<Self, ParseError> {
         if s.contains('\n') {
             return Err(single_line_error("a layout is one line".to_string()));
@@ -310,7 +311,7 @@ impl<'a> Cursor<'a> {
         format_from(&text).map_err(|m| self.error_at(col, m))
     }
 
-    /// `[h/hp, l/lp, hp, lp] [pair-transpose]`.
+    /// `[h/hp, l/lp, hp, lp] [pair-transpose] [signed-codes]`.
     fn layout(&mut self) -> Result<Layout, ParseError> {
         self.punct('[')?;
         // (axis, Some(tile)) for `axis/tile`, (name, None) for a bare name.
@@ -342,9 +343,11 @@ impl<'a> Cursor<'a> {
             })
             .collect();
         let int4_pair_transpose = self.eat_word("pair-transpose");
+        let int4_signed_codes = self.eat_word("signed-codes");
         Ok(Layout {
             dims,
             int4_pair_transpose,
+            int4_signed_codes,
         })
     }
 
@@ -417,6 +420,7 @@ impl Spans {
             | E::LayoutMissingDim { tensor: t, .. }
             | E::LayoutRepeatedDim { tensor: t, .. }
             | E::PairTransposeFormat { tensor: t, .. }
+            | E::SignedCodesFormat { tensor: t, .. }
             | E::GroupSize { tensor: t, .. }
             | E::OperandRole { tensor: t, .. }
             | E::OperandFormat { tensor: t, .. }

@@ -17,13 +17,17 @@ impl fmt::Display for LayoutDim {
 }
 
 impl fmt::Display for Layout {
-    /// `[h/hp, l/lp, hp, lp]`, then ` pair-transpose` if set.
+    /// `[h/hp, l/lp, hp, lp]`, then ` pair-transpose` and ` signed-codes`
+    /// where set.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[")?;
         write_list(f, &self.dims)?;
         f.write_str("]")?;
         if self.int4_pair_transpose {
             f.write_str(" pair-transpose")?;
+        }
+        if self.int4_signed_codes {
+            f.write_str(" signed-codes")?;
         }
         Ok(())
     }
@@ -87,7 +91,8 @@ fn tensor_line(f: &mut fmt::Formatter<'_>, t: &Tensor) -> fmt::Result {
     write!(f, "{} {}[", role_word(t.role), t.name)?;
     write_list(f, &t.dims)?;
     write!(f, "]: {}", t.format)?;
-    if t.layout.int4_pair_transpose || !t.layout.is_row_major(&t.dims) {
+    if t.layout.int4_pair_transpose || t.layout.int4_signed_codes || !t.layout.is_row_major(&t.dims)
+    {
         write!(f, " layout {}", t.layout)?;
     }
     writeln!(f)

@@ -189,12 +189,19 @@ impl Emitter {
                             Box::new(move |k: &Kernel, t: &TileConfig| q.quantizer(k, t)),
                         )
                     };
+                // NEON reads `u4sym` weights stored as signed codes; the
+                // runtime's NEON devices pack them so.
+                let kernel = if spec.backend == BackendKind::Neon {
+                    tessera_codegen::neon::with_signed_codes(kernel).map_err(|e| e.to_string())?
+                } else {
+                    kernel.clone()
+                };
                 let mut e = emitter(backend, kernel.clone(), caps, Some(quantizer));
                 if spec.backend == BackendKind::Neon {
                     // NEON i8mm solves its int8 GEMV on aarch64-dotprod.
                     e.gemv_caps = NeonBackend::new(spec.name)
                         .map_err(|e| e.to_string())?
-                        .target(kernel, Variant::Gemv);
+                        .target(&kernel, Variant::Gemv);
                 }
                 Ok(e)
             }
