@@ -120,7 +120,8 @@
 //! | `i8sym` (f32 parameters) | - | partial-sum temporary | scale | - |
 //! | `u4asym`, `i8asym` (f32) | Σqx as f32 | partial-sum temporary | scale, offset | - |
 //! | `…:f16` (any of the above) | as above | as above | the same, loaded as 4 (or 2, `smmla`) f16 and widened by `fcvtl` | - |
-//! | `u4sym` (zero point 8), `sdot`/`smmla` GEMM and flat | - | partial-sum temporary | scale (f32 or f16 + `fcvtl`) | none: signed codes, 16× sums converted by `scvtf` #4 |
+//! | `u4sym` stored `signed-codes`, every loop (`smull` too) | - | partial-sum temporary | scale (f32 or f16 + `fcvtl`) | none: signed codes, 16× sums converted by `scvtf` #4 |
+//! | `u4sym` (zero point 8), `sdot`/`smmla` GEMM and flat | - | partial-sum temporary | scale (f32 or f16 + `fcvtl`) | none: codes made signed by `eor`, 16× sums converted by `scvtf` #4 |
 //! | `u4sym`, `sdot` GEMV | - | partial-sum temporary | scale | none: the accumulators started the group at −8·Σqx |
 //! | `u4sym`, `smull` | 8·Σqx as int32 (`shl` #3) | partial-sum temporary | scale | acc − 8·Σqx before `scvtf` |
 //!
