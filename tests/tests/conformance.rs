@@ -7,7 +7,8 @@
 //! `[e/ep, l/lp, ep, lp]` panels), every weight format with every group
 //! (32, 64, 128, row) and parameter precision, the weight layout (CPU
 //! panels `[h/hp, l/lp, hp, lp]` or the GPU layout `[l/lp, h, lp]`, each
-//! with and without the int4 pair transpose), the output format, the bias
+//! with and without the int4 pair transpose, and `u4sym` codes stored
+//! signed), the output format, the bias
 //! (none, f32, f16), the activation (none, relu, silu) and the variant
 //! (GEMV, flat GEMM, GEMM); scale and zero point follow from the formats
 //! (`verify()` requires them exactly when the formats need them). For each
@@ -112,6 +113,8 @@ struct Desc {
     w: Format,
     w_layout: WLayout,
     pair: bool,
+    /// `u4sym` codes stored as q − 8 (the layout's `signed-codes`).
+    signed: bool,
     y: Format,
     bias: Option<Format>,
     act: Activation,
@@ -130,6 +133,7 @@ impl Desc {
             int4_pair_transpose: pair,
             int4_signed_codes: false,
         };
+        let signed = self.signed;
         for t in &mut k.tensors {
             match t.name.as_str() {
                 "x" => {
@@ -151,23 +155,29 @@ impl Desc {
                 "w" => {
                     t.format = self.w;
                     t.layout = match self.w_layout {
-                        WLayout::Cpu => lay(
-                            vec![
-                                LayoutDim::outer("h", "hp"),
-                                LayoutDim::outer("l", "lp"),
-                                LayoutDim::inner("hp"),
-                                LayoutDim::inner("lp"),
-                            ],
-                            self.pair,
-                        ),
-                        WLayout::Gpu => lay(
-                            vec![
-                                LayoutDim::outer("l", "lp"),
-                                LayoutDim::whole("h"),
-                                LayoutDim::inner("lp"),
-                            ],
-                            self.pair,
-                        ),
+                        WLayout::Cpu => Layout {
+                            int4_signed_codes: signed,
+                            ..lay(
+                                vec![
+                                    LayoutDim::outer("h", "hp"),
+                                    LayoutDim::outer("l", "lp"),
+                                    LayoutDim::inner("hp"),
+                                    LayoutDim::inner("lp"),
+                                ],
+                                self.pair,
+                            )
+                        },
+                        WLayout::Gpu => Layout {
+                            int4_signed_codes: signed,
+                            ..lay(
+                                vec![
+                                    LayoutDim::outer("l", "lp"),
+                                    LayoutDim::whole("h"),
+                                    LayoutDim::inner("lp"),
+                                ],
+                                self.pair,
+                            )
+                        },
                     };
                 }
                 "y" => t.format = self.y,
@@ -199,7 +209,7 @@ impl Desc {
             Feature::X(self.x),
             Feature::XPanel(self.x_panel),
             Feature::W(self.w),
-            Feature::WLayout(self.w_layout, self.pair),
+            Feature::WLayout(self.w_layout, self.pair, self.signed),
             Feature::Y(self.y),
             Feature::Bias(self.bias),
             Feature::Act(self.act),
@@ -210,12 +220,13 @@ impl Desc {
 
     fn label(&self) -> String {
         format!(
-            "x {}{} · w {} {:?}{} → y {}, bias {}, {:?}, {}, {:?}",
+            "x {}{} · w {} {:?}{}{} → y {}, bias {}, {:?}, {}, {:?}",
             self.x,
             if self.x_panel { " (panels)" } else { "" },
             self.w,
             self.w_layout,
             if self.pair { "+pair" } else { "" },
+            if self.signed { "+signed" } else { "" },
             self.y,
             self.bias.map_or("none".to_string(), |b| b.to_string()),
             self.act,
@@ -229,11 +240,14 @@ const XS: [Format; 3] = [Format::F32, Format::F16, Format::I8Dyn];
 const YS: [Format; 2] = [Format::F32, Format::F16];
 const BIASES: [Option<Format>; 3] = [None, Some(Format::F32), Some(Format::F16)];
 const ACTS: [Activation; 3] = [Activation::None, Activation::Relu, Activation::Silu];
-const LAYOUTS: [(WLayout, bool); 4] = [
-    (WLayout::Cpu, false),
-    (WLayout::Cpu, true),
-    (WLayout::Gpu, false),
-    (WLayout::Gpu, true),
+/// (layout, pair transpose, signed codes).
+const LAYOUTS: [(WLayout, bool, bool); 6] = [
+    (WLayout::Cpu, false, false),
+    (WLayout::Cpu, true, false),
+    (WLayout::Cpu, true, true),
+    (WLayout::Gpu, false, false),
+    (WLayout::Gpu, true, false),
+    (WLayout::Gpu, false, true),
 ];
 
 /// Every weight format a matmul takes: f32, f16, and each quantized family
@@ -270,7 +284,7 @@ enum Feature {
     X(Format),
     XPanel(bool),
     W(Format),
-    WLayout(WLayout, bool),
+    WLayout(WLayout, bool, bool),
     Y(Format),
     Bias(Option<Format>),
     Act(Activation),
@@ -283,7 +297,7 @@ impl Feature {
         let mut v: Vec<Feature> = XS.iter().map(|&f| Feature::X(f)).collect();
         v.extend([Feature::XPanel(false), Feature::XPanel(true)]);
         v.extend(weight_formats().into_iter().map(Feature::W));
-        v.extend(LAYOUTS.iter().map(|&(l, p)| Feature::WLayout(l, p)));
+        v.extend(LAYOUTS.iter().map(|&(l, p, sg)| Feature::WLayout(l, p, sg)));
         v.extend(YS.iter().map(|&f| Feature::Y(f)));
         v.extend(BIASES.iter().map(|&b| Feature::Bias(b)));
         v.extend(ACTS.iter().map(|&a| Feature::Act(a)));
@@ -312,16 +326,20 @@ impl Feature {
             Feature::X(f) | Feature::W(f) | Feature::Y(f) => format!("`{f}`"),
             Feature::XPanel(false) => "row-major `[e, l]`".into(),
             Feature::XPanel(true) => "panels `[e/ep, l/lp, ep, lp]`".into(),
-            Feature::WLayout(l, p) => format!(
-                "{} {}",
-                match l {
+            Feature::WLayout(l, p, sg) => {
+                let mut v = match l {
                     WLayout::Cpu => "CPU panels `[h/hp, l/lp, hp, lp]`",
                     WLayout::Gpu => "GPU `[l/lp, h, lp]`",
-                },
-                if *p { "+ pair transpose" } else { "" }
-            )
-            .trim_end()
-            .to_string(),
+                }
+                .to_string();
+                if *p {
+                    v.push_str(" + pair transpose");
+                }
+                if *sg {
+                    v.push_str(" + signed codes");
+                }
+                v
+            }
             Feature::Bias(None) => "none".into(),
             Feature::Bias(Some(f)) => format!("`{f}`"),
             Feature::Act(a) => format!("{a:?}").to_lowercase(),
@@ -378,6 +396,8 @@ impl Feature {
                 "pair transpose",
                 "pair_transpose",
                 "pair-transpose",
+                "signed-codes",
+                "int4_signed_codes",
             ]),
             Feature::Y(f) => {
                 let mut v = s(&["output"]);
@@ -416,10 +436,12 @@ impl Feature {
             Feature::W(f) => {
                 d.w = f;
                 d.pair = d.pair && f.bits() == 4;
+                d.signed = d.signed && matches!(f, Format::U4Sym(..));
             }
-            Feature::WLayout(l, p) => {
+            Feature::WLayout(l, p, sg) => {
                 d.w_layout = l;
                 d.pair = p;
+                d.signed = sg;
             }
             Feature::Y(f) => d.y = f,
             Feature::Bias(b) => d.bias = b,
@@ -442,6 +464,7 @@ fn baselines() -> Vec<Desc> {
             w: Format::F32,
             w_layout: WLayout::Cpu,
             pair: false,
+            signed: false,
             y: Format::F32,
             bias: Some(Format::F32),
             act: Activation::None,
@@ -468,6 +491,22 @@ fn baselines() -> Vec<Desc> {
             w_layout: WLayout::Gpu,
             ..base
         });
+        // ggml's Q4_0 (u4sym, f16 parameters): the layout rows' signed
+        // codes apply to it alone.
+        let q4_0 = Format::U4Sym(Group::Size(32), ParamType::F16);
+        v.push(Desc {
+            x: Format::I8Dyn,
+            x_panel: true,
+            w: q4_0,
+            pair: true,
+            ..base
+        });
+        v.push(Desc {
+            x: Format::F16,
+            w: q4_0,
+            w_layout: WLayout::Gpu,
+            ..base
+        });
     }
     v
 }
@@ -478,8 +517,8 @@ fn space() -> Vec<Desc> {
     for x in XS {
         for x_panel in [false, true] {
             for w in weight_formats() {
-                for (w_layout, pair) in LAYOUTS {
-                    if pair && w.bits() != 4 {
+                for (w_layout, pair, signed) in LAYOUTS {
+                    if (pair && w.bits() != 4) || (signed && !matches!(w, Format::U4Sym(..))) {
                         continue;
                     }
                     for y in YS {
@@ -492,6 +531,7 @@ fn space() -> Vec<Desc> {
                                         w,
                                         w_layout,
                                         pair,
+                                        signed,
                                         y,
                                         bias,
                                         act,
@@ -918,8 +958,8 @@ fn table(s: &Survey) -> String {
          follow the weight and activation formats. fp8 is a KV-cache format; `verify()`\n\
          refuses it as a matmul weight.\n\n\
          **runs**: the backend emits this value of the field (with at least one of its\n\
-         baselines: f32, f16 and W4A8 CPU kernels, the W4A16 GPU kernel, each as GEMV, flat GEMM\n\
-         and GEMM), and the emitted code agrees with the interpreter. **refused**: every\n\
+         baselines: f32, f16, W4A8 and Q4_0 CPU kernels, the W4A16 and Q4_0 A16 GPU kernels,\n\
+         each as GEMV, flat GEMM and GEMM), and the emitted code agrees with the interpreter. **refused**: every\n\
          such description is refused with an error naming the field. x86-avx512 is the x86\n\
          backend with AVX-512 on: its own kernels serve f32 and W4A8 (u4asym, f32 parameters,\n\
          groups up to 32) GEMMs, everything else runs the AVX2 kernels. The host column is\n\
@@ -1134,9 +1174,16 @@ fn case(kernel: &Kernel, d: &Desc, seed: u64) -> Case {
 /// Compares with a tolerance relative to Σ|x·w| + |bias|: f32 accumulation
 /// on the float paths (growing with √k), the f32 rounding of the int8
 /// path's scale products, half-precision staging on the GPU and f16
-/// operands, f16 rounding of f16 outputs.
+/// operands, f16 accumulation (growing with √k) where NEON multiplies f16
+/// by f16 (`fmla .8h`, every target with fp16 arithmetic), f16 rounding of
+/// f16 outputs.
 fn compare(be: Be, d: &Desc, c: &Case, got: &[f32]) -> Result<(), String> {
-    let rel = if be.is_gpu() {
+    let f16_macs = matches!(be, Be::Neon(t) if t != "aarch64-neon")
+        && d.x == Format::F16
+        && d.w == Format::F16;
+    let rel = if f16_macs {
+        2f32.powi(-10) * (2.0 * (c.k as f32).sqrt() + 2.0)
+    } else if be.is_gpu() {
         if d.variant == Variant::Gemv && d.w != Format::F16 {
             2e-5
         } else {
