@@ -19,6 +19,7 @@ pub mod neon;
 pub mod opencl;
 pub mod ptx;
 pub mod schedule;
+pub mod signed_codes;
 pub mod target;
 pub mod tile;
 #[cfg(feature = "emitters")]

@@ -708,7 +708,7 @@ impl Device {
     /// `Err` on a GPU device (the host kernels' paths are for CPUs).
     /// `format`'s library kernel with the weight layout this device's
     /// code reads: on NEON (JIT, or a prebuilt set of aarch64 code) `u4sym`
-    /// codes stored signed ([`tessera_codegen::neon::with_signed_codes`]),
+    /// codes stored signed ([`tessera_codegen::signed_codes::with_signed_codes`]),
     /// which the packer then writes; elsewhere the library's own.
     fn host_kernel(&self, format: WeightFormat) -> Result<Kernel, RuntimeError> {
         let kernel = library::get(format.library_kernel())?;
@@ -725,9 +725,11 @@ impl Device {
         if !neon {
             return Ok(kernel);
         }
-        tessera_codegen::neon::with_signed_codes(&kernel).map_err(|e| RuntimeError::NoKernel {
-            what: kernel.name.clone(),
-            why: e.to_string(),
+        tessera_codegen::signed_codes::with_signed_codes(&kernel).map_err(|e| {
+            RuntimeError::NoKernel {
+                what: kernel.name.clone(),
+                why: e.to_string(),
+            }
         })
     }
 

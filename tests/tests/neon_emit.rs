@@ -456,15 +456,8 @@ fn compact_formats_every_target_and_variant() {
         let be = NeonBackend::new(target).unwrap();
         for name in ["matmul-q4_0", "matmul-q4_1", "matmul-q8_0"] {
             let kernel = library::get(name).unwrap();
-            let (best, next) = tiles(target, &kernel, 4096);
-            let (g, _) = tiles(target, &kernel, 1);
-            let flat = flat_tile(target, &kernel, 8);
-            for (t, variant) in [
-                (best, Variant::Gemm),
-                (next, Variant::Gemm),
-                (g, Variant::Gemv),
-                (flat, Variant::FlatGemm),
-            ] {
+            let (best, _) = tiles(target, &kernel, 4096);
+            for (t, variant) in every_variant(target, &kernel) {
                 let what = format!("{target} {name} {variant} {}x{}x{}", t.ep, t.hp, t.lp);
                 let code = machine(be.emit_variant(&kernel, &t, variant).unwrap());
                 let l = &code.listing;
@@ -504,6 +497,19 @@ fn compact_formats_every_target_and_variant() {
     }
 }
 
+/// The tiles a listing check covers: the GEMM at the solver's tile and
+/// its neighbour, the GEMV and the flat GEMM at M = 8.
+fn every_variant(target: &str, kernel: &Kernel) -> [(TileConfig, Variant); 4] {
+    let (best, next) = tiles(target, kernel, 4096);
+    let (g, _) = tiles(target, kernel, 1);
+    [
+        (best, Variant::Gemm),
+        (next, Variant::Gemm),
+        (g, Variant::Gemv),
+        (flat_tile(target, kernel, 8), Variant::FlatGemm),
+    ]
+}
+
 /// Q4_0 with its codes stored signed (`signed-codes`, what NEON devices
 /// pack): every target and variant unpacks with `shl` #4 / `and` 0xF0
 /// alone (no `eor`, no 0x88 constant, no Σqx term: no `neg`, `sub` or
@@ -514,15 +520,7 @@ fn signed_codes_every_target_and_variant() {
     let kernel = with_signed_codes(&library::get("matmul-q4_0").unwrap()).unwrap();
     for target in TARGETS {
         let be = NeonBackend::new(target).unwrap();
-        let (best, next) = tiles(target, &kernel, 4096);
-        let (g, _) = tiles(target, &kernel, 1);
-        let flat = flat_tile(target, &kernel, 8);
-        for (t, variant) in [
-            (best, Variant::Gemm),
-            (next, Variant::Gemm),
-            (g, Variant::Gemv),
-            (flat, Variant::FlatGemm),
-        ] {
+        for (t, variant) in every_variant(target, &kernel) {
             let what = format!("{target} signed q4_0 {variant} {}x{}x{}", t.ep, t.hp, t.lp);
             let code = machine(be.emit_variant(&kernel, &t, variant).unwrap());
             let l = &code.listing;
