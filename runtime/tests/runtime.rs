@@ -1129,3 +1129,59 @@ fn one_weight_copy_packs_once_and_matches_the_interpreter() {
         }
     }
 }
+
+/// A prebuilt set of NEON Q4_0 code (what `tessera-kernels-gen` writes
+/// for the aarch64 targets: the loops of signed codes) runs on a device
+/// opened with it, so the runtime packs its weights signed to match: the
+/// device's kernel layout follows the set's architecture, not the JIT.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn a_prebuilt_neon_set_gets_the_signed_codes_its_code_reads() {
+    use tessera_codegen::artifact::{Arch, Artifact, Backend as _};
+    use tessera_codegen::neon::{NeonBackend, with_signed_codes};
+    use tessera_codegen::tile::{Problem, solve};
+    use tessera_runtime::{PrebuiltKernel, PrebuiltSet};
+
+    let neon = NeonBackend::detect().expect("an aarch64 host");
+    let kernel = with_signed_codes(&library::get("matmul-q4_0").unwrap()).unwrap();
+    let mut set = PrebuiltSet::new(current_generator());
+    for variant in Variant::ALL {
+        let caps = neon.target(&kernel, variant);
+        let mut problem = Problem::from_kernel(caps, &kernel).unwrap();
+        problem.e = match variant {
+            Variant::Gemv => 1,
+            Variant::FlatGemm => 8,
+            Variant::Gemm => 256,
+        };
+        let (tile, code) = solve(caps, &problem)
+            .unwrap()
+            .into_iter()
+            .find_map(|t| match neon.emit_variant(&kernel, &t, variant) {
+                Ok(Artifact::Machine(code)) => Some((t, code)),
+                _ => None,
+            })
+            .expect("a tile NEON emits");
+        let quantizer = neon.quantizer(&kernel, &tile).unwrap().map(|q| q.bytes);
+        set.push(PrebuiltKernel::matmul(
+            "matmul-q4_0",
+            "signed codes",
+            variant,
+            [tile.ep, tile.hp, tile.lp],
+            Arch::Aarch64,
+            code.bytes,
+            quantizer,
+        ));
+    }
+    let dev = Arc::new(
+        Device::open(
+            Backend::Neon,
+            DeviceOptions {
+                threads: Some(2),
+                prebuilt: Some(set),
+                ..Default::default()
+            },
+        )
+        .expect("open with the prebuilt set"),
+    );
+    check_linear(&dev, WeightFormat::Q4_0, 45, 96, &[1, 2, 5, 17, 33]);
+}
