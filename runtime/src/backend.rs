@@ -705,7 +705,6 @@ impl Device {
         }
     }
 
-    /// `Err` on a GPU device (the host kernels' paths are for CPUs).
     /// `format`'s library kernel with the weight layout this device's
     /// code reads: on NEON (JIT, or a prebuilt set of aarch64 code) `u4sym`
     /// codes stored signed ([`tessera_codegen::signed_codes::with_signed_codes`]),
@@ -733,6 +732,7 @@ impl Device {
         })
     }
 
+    /// `Err` on a GPU device (the host kernels' paths are for CPUs).
     fn host_only(&self, what: &str) -> Result<(), RuntimeError> {
         if self.is_gpu() {
             return Err(RuntimeError::Unsupported {

@@ -136,7 +136,7 @@
 //! tile then unpacks with `shl` #4 / `and` 0xF0, which leave 16·(q − 8) in
 //! each byte, the sums are 16× and the fixed-point `scvtf` #4 removes that
 //! exactly, and no zero-point term or per-load fix-up remains. Under
-//! llvm-mca 19 that took the Q4_0 GEMV to 1.13–1.19× KleidiAI's best and
+//! llvm-mca 19 that took the Q4_0 GEMV to 1.14–1.20× KleidiAI's best and
 //! the dotprod and i8mm GEMMs to 1.07–1.23× (N1, N2, V1, V2).
 //!
 //! Where the stored codes are unsigned (the layout does not say
