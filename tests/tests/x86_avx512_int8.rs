@@ -42,6 +42,7 @@ fn int_evex_encodings_match_llvm_mc_byte_for_byte() {
             add(&|a| a.vpsrlw_zmm_imm(d, a2, 4));
             add(&|a| a.vpslld_zmm_imm(d, a2, 3));
             add(&|a| a.vpsubd_zmm(d, a2, x));
+            add(&|a| a.vpaddd_zmm(d, a2, x));
             add(&|a| a.vshufi32x4_zmm(d, a2, y, 0x50));
             for k in [0, 2, 7] {
                 add(&|a| a.vpsrld_zmm_imm(d, Kreg(k), a2, 4));

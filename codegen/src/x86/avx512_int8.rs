@@ -48,6 +48,7 @@
 //! | zb | Σq of one row as f32 (`u4sym`: 8·Σq as i32); bias under the tail mask in the epilogue |
 //! | then rows·zb | f32 accumulators acc(i,j) |
 //! | then rows·zb | i32 group sums g(i,j) |
+//! | then rows·zb | with fewer than [`super::int8::VNNI_CHAINS`] sums, where they fit: the odd steps' group sums |
 //!
 //! So a tile needs 2·rows·zb + zb + 1 ≤ 32 zmm: 14 × 16 or 7 × 32.
 //! Opmask k2 = the shifted lanes, k3 = the valid lanes of the column block
@@ -256,7 +257,15 @@ impl Int8File for Zmm {
             b: 0,
             b_per_block: true,
             reserved: None,
+            odd_sums: None,
         }
+    }
+    /// After the group sums ([`zmm_needed`]).
+    fn first_free(r: &Int8Regs) -> usize {
+        zmm_needed(r.rows, r.hb)
+    }
+    fn add_i32(a: &mut X86Asm, dst: Zmm, x: Zmm, y: Zmm) {
+        a.vpaddd_zmm(dst, x, y);
     }
     fn mac_name(_dot: Dot) -> &'static str {
         "vpdpbusd zmm"

@@ -468,6 +468,12 @@ impl X86Asm {
         self.raw(&bytes, format!("vpslld {dst}, {src}, {imm}"));
     }
 
+    /// `vpaddd dst, a, b`: i32 a + b.
+    pub fn vpaddd_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0xFE, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vpaddd {dst}, {a}, {b}"));
+    }
+
     /// `vpsubd dst, a, b`: i32 a − b.
     pub fn vpsubd_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
         let e = Evex::plain(MAP_0F, PP_66, 0xFA, dst.0, a.0, Rm::Reg(b.0 & 31), 64);

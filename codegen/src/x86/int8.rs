@@ -97,6 +97,7 @@
 //! | then 1 | 0x0F mask (reserved) |
 //! | then 1 | shift counts (reserved: in place of a staging register) |
 //! | then 1 | product temp (reserved; int16 ones at a group end) |
+//! | then rows·hb | with `vpdpbusd` and fewer than [`VNNI_CHAINS`] sums, where they fit: the odd steps' group sums |
 //!
 //! ymm13-15 serve the shared epilogue after the loops ([`super::common`]).
 //!
@@ -402,6 +403,10 @@ pub(super) struct Int8Regs {
     pub b_per_block: bool,
     /// First of the file's reserved registers (None: it has none).
     pub reserved: Option<usize>,
+    /// First register of a second set of group sums that a group's odd
+    /// steps add into ([`odd_step_sums`]); None: every step adds into
+    /// `sums`.
+    pub odd_sums: Option<usize>,
 }
 
 impl Int8Regs {
@@ -410,6 +415,13 @@ impl Int8Regs {
     }
     pub fn sum<V: RegisterFile>(&self, i: usize, j: usize) -> V {
         V::reg(self.sums + i * self.hb + j)
+    }
+    /// The sum register step `u` of a group adds into.
+    pub fn step_sum<V: RegisterFile>(&self, i: usize, j: usize, u: i32) -> V {
+        match self.odd_sums {
+            Some(first) if u % 2 == 1 => V::reg(first + i * self.hb + j),
+            _ => self.sum(i, j),
+        }
     }
     pub fn b<V: RegisterFile>(&self, j: usize) -> V {
         V::reg(self.b + if self.b_per_block { j } else { 0 })
@@ -420,6 +432,31 @@ impl Int8Regs {
     pub fn reserved<V: RegisterFile>(&self, n: usize) -> V {
         V::reg(self.reserved.expect("reserved registers") + n)
     }
+}
+
+/// `vpdpbusd` sums a group's steps into one register per (row, column
+/// block), each step waiting on the last: a chain of the instruction's
+/// latency (4-5 cycles) per step. Two issue a cycle (ymm; zmm on CPUs
+/// with two 512-bit units) need about 8 chains in flight, which a tile of
+/// 4 × 8 (4 chains) or 2 × 16 does not have. Such a loop, where the file
+/// has the registers left, sums a group's odd steps into a second set and
+/// adds it in at the group end: twice the chains for one `vpaddd` per sum
+/// and group.
+pub(super) const VNNI_CHAINS: usize = 8;
+
+/// The register plan of a loop of `rows` rows: the file's, with the
+/// second set of group sums ([`Int8Regs::odd_sums`]) where `vpdpbusd`
+/// sums the groups, the tile has fewer than [`VNNI_CHAINS`] sums and the
+/// file has a register for each.
+pub(super) fn loop_regs<V: Int8File>(k: &Int8Spec, rows: usize) -> Int8Regs {
+    let grouped = k.group.is_some();
+    let mut r = V::regs(rows, k.hb, grouped);
+    let sums = rows * k.hb;
+    let free = V::first_free(&r);
+    if grouped && k.dot.is_vnni() && sums < VNNI_CHAINS && free + sums <= V::REGISTERS {
+        r.odd_sums = Some(free);
+    }
+    r
 }
 
 /// A vector operand: a register, a full vector in memory, or one dword in
@@ -455,6 +492,10 @@ pub(super) trait Int8File: RegisterFile {
     const SUMS_WALK: Gp;
 
     fn regs(rows: usize, hb: usize, grouped: bool) -> Int8Regs;
+    /// The first register a grouped loop of `r`'s plan leaves free.
+    fn first_free(r: &Int8Regs) -> usize;
+    /// dst = x + y, i32 lanes.
+    fn add_i32(a: &mut X86Asm, dst: Self, x: Self, y: Self);
     fn mac_name(dot: Dot) -> &'static str;
     /// Save registers, open the frame, write its constants.
     fn open_frame(a: &mut X86Asm, k: &Int8Kernel);
@@ -633,7 +674,7 @@ fn nest<V: Int8File>(
     let f = V::INT8_FRAME;
     let hb = k.hb;
     let hp = (V::LANES * hb) as i32;
-    let r = V::regs(rows, hb, k.grouped());
+    let r = loop_regs::<V>(k, rows);
     let wstep = if prepacked {
         V::BYTES * hb as i32
     } else {
@@ -833,7 +874,7 @@ fn grouped_loop<V: Int8File>(
                 Operand::Reg(av)
             };
             for j in 0..hb {
-                V::dot(a, k, r, r.sum(i, j), j, x, shift);
+                V::dot(a, k, r, r.step_sum(i, j, u), j, x, shift);
             }
         }
     };
@@ -846,6 +887,9 @@ fn grouped_loop<V: Int8File>(
     for i in 0..rows {
         for j in 0..hb {
             V::zero(a, r.sum(i, j));
+            if r.odd_sums.is_some() {
+                V::zero(a, r.step_sum(i, j, 1));
+            }
         }
     }
     a.cmp_imm(RCX, spg);
@@ -866,6 +910,13 @@ fn grouped_loop<V: Int8File>(
     }
     one_step_loop(a, slow_loop, &step, ep, wstep);
     a.bind(group_end);
+    if r.odd_sums.is_some() {
+        for i in 0..rows {
+            for j in 0..hb {
+                V::add_i32(a, r.sum(i, j), r.sum(i, j), r.step_sum(i, j, 1));
+            }
+        }
+    }
     fold_group::<V>(a, k, r, shift, total_at);
     if k.zero.needs_sums() {
         a.add_imm(V::SUMS, 4);
@@ -1034,7 +1085,15 @@ impl Int8File for Ymm {
             b: acc + 1,
             b_per_block: grouped,
             reserved: Some(acc + 1 + if grouped { hb } else { 1 }),
+            odd_sums: None,
         }
+    }
+    /// After the three reserved registers (mask, shift counts, product).
+    fn first_free(r: &Int8Regs) -> usize {
+        r.reserved.map_or(0, |first| first + 3)
+    }
+    fn add_i32(a: &mut X86Asm, dst: Ymm, x: Ymm, y: Ymm) {
+        a.vpaddd(dst, x, y);
     }
     fn mac_name(dot: Dot) -> &'static str {
         dot.name()

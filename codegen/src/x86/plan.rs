@@ -15,6 +15,7 @@
 use crate::target::TargetCaps;
 use crate::tile::TileConfig;
 
+use super::asm::Ymm;
 use super::float::FloatSpec;
 use super::int8::Int8Spec;
 
@@ -149,20 +150,28 @@ pub fn float_plan(spec: &FloatSpec) -> KernelPlan {
 
 /// Int8 kernels (see [`super::int8`] for the register tables). Both
 /// formats count like the solver: accumulators rows·hb (W4A8: the group's
-/// integer sums, its f32 totals live in the stack frame), one renamed A.
+/// integer sums, its f32 totals live in the stack frame), one renamed A;
+/// grouped `vpdpbusd` loops of few sums add a second set as `extra`
+/// ([`super::int8::VNNI_CHAINS`]).
 pub fn int8_plan(spec: &Int8Spec) -> KernelPlan {
     let (ep, hb) = (spec.ep as u32, spec.hb as u32);
     let main = |name, rows: u32| match spec.group {
-        // group sums, 1 A, hb B, mask + shift + product temp
-        Some(_) => LoopPlan {
-            name,
-            accumulators: rows * hb,
-            a: 1,
-            b: hb,
-            reserved: 3,
-            extra: 0,
-            extra_purpose: "",
-        },
+        // group sums, 1 A, hb B, mask + shift + product temp, and the odd
+        // steps' sums where vpdpbusd chains are too few
+        Some(_) => {
+            let odd = super::int8::loop_regs::<Ymm>(spec, rows as usize)
+                .odd_sums
+                .map_or(0, |_| rows * hb);
+            LoopPlan {
+                name,
+                accumulators: rows * hb,
+                a: 1,
+                b: hb,
+                reserved: 3,
+                extra: odd,
+                extra_purpose: "odd-step group sums",
+            }
+        }
         // i32 acc, 1 A, |w| + raw w + product temp + ones
         None => LoopPlan {
             name,
