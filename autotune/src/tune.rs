@@ -490,6 +490,7 @@ pub fn tune<B: Bench + ?Sized>(
             expected_left: 0,
             events: &mut *events,
             flat_steps: BTreeMap::new(),
+            gemm_winner: None,
             groups: 0,
             floor,
             seen: std::mem::take(&mut seen),
@@ -552,6 +553,9 @@ struct ShapeTuner<'a, B: Bench + ?Sized> {
     /// The flat candidate decided for each M below the flat winner's ep
     /// ([`ShapeTuner::flat_at`]).
     flat_steps: BTreeMap<usize, Candidate>,
+    /// The GEMM winner, once decided: a flat step may run on its packing
+    /// ([`ShapeTuner::gemm_packed_step`]).
+    gemm_winner: Option<Candidate>,
     /// Groups timed so far (their ids).
     groups: u64,
     /// The run's noise floor ([`decide::compare`], [`decide::pooled_floor`]).
@@ -700,6 +704,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             return Err(self.fail(Variant::Gemv, "a variant has no winner".into()));
         };
         let mut winners = vec![gemv, flat, gemm];
+        self.gemm_winner = Some(gemm);
         let picks: Vec<Candidate> = picks
             .into_iter()
             .zip(&winners)
@@ -788,10 +793,18 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         let mut winners: Vec<Winner> = winners.iter().map(|c| self.winner(c, None)).collect();
         // Flat steps: one per M of the flat range below the flat winner's
         // ep whose tile the backend accepts, then the winner itself.
+        // Each M's step is decided (timed against the GEMM-packed one)
+        // where the breakpoint search did not already; a step must pack
+        // like a variant the runtime keeps a copy for.
         let base_ep = flat.tile.ep as usize;
+        let held = [winners[0].tile, flat.tile3(), winners[2].tile];
         let mut steps = Vec::new();
         for m in m1.max(1)..m2.min(base_ep) {
-            let c = self.flat_step_candidate(&flat, m);
+            let mut c = self.flat_at(&flat, m);
+            self.release_step(&c, &flat);
+            if !held.iter().any(|t| t[1..] == c.tile3()[1..]) {
+                c = self.flat_packed_step(&flat, m);
+            }
             if c.tile3() != flat.tile3() {
                 steps.push(self.winner(&c, Some(m)));
             }
@@ -833,14 +846,36 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         }
     }
 
-    /// The flat candidate of `m` rows: `flat` with ep = m rounded up to
-    /// the row unit, at most its ep ([`flat_tile_for`]) when the solver and backend accept that tile,
+    /// The step of `m` rows on the GEMM winner's packing, where that
+    /// differs from the flat tile's and the flat target has such a tile of
+    /// `m` rows (rounded up to the row unit) below the flat tile's ep: a
+    /// wider packing reuses each row's broadcast codes across more
+    /// columns, which few rows need most, and the runtime holds that copy
+    /// anyway. None on a GPU. No kernel is built.
+    fn gemm_packed_step(&self, flat: &Candidate, m: usize) -> Option<Candidate> {
+        let gemm = self.gemm_winner?.tile3();
+        let base = flat.tile3();
+        if self.solver.caps.gpu.is_some() || gemm[1..] == base[1..] || m >= base[0] as usize {
+            return None;
+        }
+        let want = flat_tile_for([base[0], gemm[1], gemm[2]], m, self.solver.row_unit());
+        let problem = self.solver.problem(m, self.shape.n, self.shape.k);
+        tile::feasible(self.solver.caps, &problem)
+            .ok()?
+            .into_iter()
+            .find(|t| [t.ep, t.hp, t.lp] == want && (self.solver.accept)(t))
+            .map(|tile| Candidate {
+                variant: Variant::FlatGemm,
+                tile,
+                order: flat.order + 1,
+            })
+    }
+
+    /// `flat` with ep = m rounded up to the row unit, at most its ep
+    /// ([`flat_tile_for`]) when the solver and backend accept that tile,
     /// else `flat` itself (always on a GPU, whose flat tiles the runtime
     /// does not step). No kernel is built.
-    fn flat_step_candidate(&self, flat: &Candidate, m: usize) -> Candidate {
-        if let Some(c) = self.flat_steps.get(&m) {
-            return *c;
-        }
+    fn flat_packed_step(&self, flat: &Candidate, m: usize) -> Candidate {
         if self.solver.caps.gpu.is_some() {
             return *flat;
         }
@@ -872,25 +907,58 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             })
     }
 
-    /// The flat candidate timed at `m` ([`ShapeTuner::flat_step_candidate`]),
-    /// prepared once; one the bench cannot build is skipped for `flat`.
+    /// The flat candidate timed at `m`, decided once per M and prepared:
+    /// the flat packing's step ([`ShapeTuner::flat_packed_step`]), or the
+    /// GEMM-packed one ([`ShapeTuner::gemm_packed_step`]) where the two
+    /// timed together say it is faster (a tie keeps the flat packing's).
+    /// One the bench cannot build is skipped; a spent budget keeps the
+    /// flat packing's step.
     fn flat_at(&mut self, flat: &Candidate, m: usize) -> Candidate {
-        let c = self.flat_step_candidate(flat, m);
-        if c.key() != flat.key() && !self.flat_steps.contains_key(&m) {
-            let c = match self.bench.prepare(self.shape, &c) {
-                Ok(()) => c,
-                Err(e) => {
-                    (self.events)(Event::Skipped {
-                        candidate: format!("{} {:?} at M = {m}", c.variant, c.tile3()),
-                        why: e.0,
-                    });
-                    *flat
-                }
-            };
-            self.flat_steps.insert(m, c);
-            return c;
+        if let Some(c) = self.flat_steps.get(&m) {
+            return *c;
         }
+        let own = self.prepared_or(self.flat_packed_step(flat, m), *flat, m);
+        let c = match self.gemm_packed_step(flat, m) {
+            Some(wide) if self.prepared(&wide, m) => {
+                match self.duel("flat step", &own, &wide, m, false) {
+                    Ok(true) => {
+                        self.release_step(&own, flat);
+                        wide
+                    }
+                    _ => {
+                        self.bench.release(&wide);
+                        own
+                    }
+                }
+            }
+            _ => own,
+        };
+        self.flat_steps.insert(m, c);
         c
+    }
+
+    /// `c` prepared for timing at `m`, or `fallback` when the bench
+    /// cannot build it (and says why).
+    fn prepared_or(&mut self, c: Candidate, fallback: Candidate, m: usize) -> Candidate {
+        if c.key() == fallback.key() || self.prepared(&c, m) {
+            c
+        } else {
+            fallback
+        }
+    }
+
+    /// Prepare `c`; false (and an event saying why) when it cannot be.
+    fn prepared(&mut self, c: &Candidate, m: usize) -> bool {
+        match self.bench.prepare(self.shape, c) {
+            Ok(()) => true,
+            Err(e) => {
+                (self.events)(Event::Skipped {
+                    candidate: format!("{} {:?} at M = {m}", c.variant, c.tile3()),
+                    why: e.0,
+                });
+                false
+            }
+        }
     }
 
     /// Free a step candidate's weights once timed: each is timed at its

@@ -64,14 +64,17 @@ fn tiny_model_tunes_loads_and_is_selected_here() {
     assert_eq!(entry.shapes.len(), 4);
     for s in &entry.shapes {
         assert!(1 <= s.m1 && s.m1 <= s.m2, "{s:?}");
-        // One winner per variant, plus the per-M flat steps on the flat
-        // winner's hp and lp.
+        // One winner per variant, plus the per-M flat steps, each on the
+        // flat winner's hp and lp or the GEMM winner's (timed against each
+        // other at that M).
         assert_eq!(s.winners.len(), 3 + s.flat_steps().len(), "{s:?}");
         let flat = s.winner(tessera_dsl::ir::Variant::FlatGemm).unwrap();
+        let gemm = s.winner(tessera_dsl::ir::Variant::Gemm).unwrap();
         assert!(
-            s.flat_steps()
-                .iter()
-                .all(|(m, w)| *m >= s.m1 && *m < s.m2 && w.tile[1..] == flat.tile[1..])
+            s.flat_steps().iter().all(|(m, w)| *m >= s.m1
+                && *m < s.m2
+                && (w.tile[1..] == flat.tile[1..] || w.tile[1..] == gemm.tile[1..])),
+            "{s:?}"
         );
         assert!(!s.measurements.is_empty());
         assert!(

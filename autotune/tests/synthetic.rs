@@ -504,3 +504,75 @@ fn one_weight_copy_winners_share_the_gemm_packing() {
     let free = packings(false);
     assert!(free.iter().any(|&p| p > 1), "{free:?}");
 }
+
+/// How much faster (or slower) [`wide_model`] makes steps of the GEMM's
+/// packing, in percent of [`model`]'s time.
+static WIDE_FACTOR_PERCENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(100);
+
+/// [`model`] with the flat winner kept on hp 8 (wider flat tiles twice as
+/// slow at 8 rows, where it is chosen) and the GEMM winner on hp 16 (those
+/// tiles twice as fast), so the two pack differently; and flat tiles of
+/// other packings scaled by [`WIDE_FACTOR_PERCENT`] below 8 rows (where
+/// only steps are timed).
+fn wide_model(variant: Variant, tile: [u32; 3], m: usize) -> f64 {
+    let t = model(variant, tile, m);
+    match variant {
+        Variant::Gemm if tile[1] == 16 => t / 2.0,
+        Variant::FlatGemm if tile[1] != 8 && m == 8 => t * 2.0,
+        Variant::FlatGemm if tile[1] != 8 => {
+            let percent = WIDE_FACTOR_PERCENT.load(std::sync::atomic::Ordering::Relaxed);
+            t * f64::from(percent) / 100.0
+        }
+        _ => t,
+    }
+}
+
+/// Each M's flat step is timed against the step of the same rows on the
+/// GEMM winner's packing: where that one is faster beyond the tie margin
+/// the record takes it, where it is slower the flat packing's stays.
+#[test]
+fn flat_steps_take_the_gemm_packing_where_it_is_faster() {
+    let solver = SolverCtx {
+        gemm_caps: TargetCaps::by_name("x86-avx512").unwrap(),
+        ..solver()
+    };
+    let steps = |percent: u32| {
+        WIDE_FACTOR_PERCENT.store(percent, std::sync::atomic::Ordering::Relaxed);
+        let mut sim = Sim::new(wide_model, 3, 0.0);
+        let out = tune(&mut sim, &solver, &shapes(), &[], &config(1e6), &mut |_| {}).unwrap();
+        out.shapes
+            .into_iter()
+            .map(|s| {
+                let flat = s.winner(Variant::FlatGemm).unwrap().tile;
+                let gemm = s.winner(Variant::Gemm).unwrap().tile;
+                let steps: Vec<(usize, [u32; 3])> =
+                    s.flat_steps().iter().map(|(m, w)| (*m, w.tile)).collect();
+                (flat, gemm, steps)
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut checked = 0;
+    for (percent, wide_wins) in [(60, true), (150, false)] {
+        for (flat, gemm, steps) in steps(percent) {
+            assert_ne!(flat[1..], gemm[1..], "the test needs two packings");
+            for (m, tile) in steps.iter().filter(|(m, _)| *m < flat[0] as usize) {
+                // Rows whose GEMM-packed tile the flat target lacks keep
+                // the flat packing's step.
+                let feasible =
+                    tessera_codegen::tile::feasible(solver.caps, &solver.problem(*m, 2048, 1536))
+                        .unwrap()
+                        .iter()
+                        .any(|t| [t.ep, t.hp, t.lp] == [*m as u32, gemm[1], gemm[2]]);
+                let wide = tile[1..] == gemm[1..];
+                assert_eq!(
+                    wide,
+                    wide_wins && feasible,
+                    "{percent}% m={m} {tile:?} flat {flat:?}"
+                );
+                assert_eq!(tile[0] as usize, *m, "{tile:?}");
+                checked += usize::from(wide);
+            }
+        }
+    }
+    assert!(checked > 0);
+}

@@ -544,6 +544,9 @@ fn shape_entries(
         }
     }
 
+    // A Linear holds a packed copy per variant's packing; a flat step
+    // may run on any of them.
+    let held: Vec<[u32; 3]> = emitted.iter().map(|e| e.3.tile).collect();
     let mut segments = Vec::new();
     for (variant, lo, hi, instance, from_record) in emitted {
         if variant == Variant::FlatGemm && spec.runs_on_cpu() {
@@ -554,6 +557,7 @@ fn shape_entries(
                 from_record,
                 (lo, m2),
                 emitter.row_unit(),
+                &held,
             );
             segments.extend(flat_segments(
                 emitter, spec, format, shape, lo, hi, instance, &steps, notes,

@@ -507,7 +507,7 @@ impl Device {
             plan.flat_steps = if flat_on_gemm {
                 Vec::new()
             } else {
-                self.flat_steps(kernel, None, &plan.variants[1], plan.m1, plan.m2)
+                self.flat_steps(kernel, None, &plan.variants, plan.m1, plan.m2)
             };
         }
         Ok(())
@@ -628,7 +628,7 @@ impl Device {
             Some(s) => (s.m1, s.m2, PlanSource::Record),
             None => (default_m1, default_m2, PlanSource::Defaults { why }),
         };
-        let flat_steps = self.flat_steps(kernel, shape_entry, &plans[1], m1, m2);
+        let flat_steps = self.flat_steps(kernel, shape_entry, &plans, m1, m2);
         let plan = ShapePlan {
             n,
             k,
@@ -646,23 +646,33 @@ impl Device {
         ))
     }
 
-    /// Per-M flat tiles on a host backend ([`flat_steps_for`]); GPU flat
-    /// tiles are not per-M.
+    /// Per-M flat tiles on a host backend ([`flat_steps_for`]: a step may
+    /// pack like any of the three `variants`, whose packed copies a
+    /// `Linear` holds); GPU flat tiles are not per-M.
     fn flat_steps(
         &self,
         kernel: &Kernel,
         shape_entry: Option<&crate::record::ShapeEntry>,
-        flat: &VariantPlan,
+        variants: &[VariantPlan],
         m1: usize,
         m2: usize,
     ) -> Vec<FlatStep> {
         if self.is_gpu() {
             return Vec::new();
         }
+        let flat = &variants[crate::dispatch::variant_index(Variant::FlatGemm)];
+        let held: Vec<[u32; 3]> = variants.iter().map(|v| v.tile).collect();
         let unit = self.row_unit(kernel);
-        let mut steps = flat_steps_for(shape_entry, flat.tile, flat.from_record, (m1, m2), unit);
+        let mut steps = flat_steps_for(
+            shape_entry,
+            flat.tile,
+            flat.from_record,
+            (m1, m2),
+            unit,
+            &held,
+        );
         // A prebuilt set serves only the steps it holds: a missing step
-        // runs the set's smallest tile of the same packing with at least
+        // runs the set's smallest tile of the step's packing with at least
         // its rows, else the flat tile.
         // (Without `jit`, prebuilt is the only host engine.)
         #[allow(irrefutable_let_patterns)]
@@ -672,9 +682,7 @@ impl Device {
                 if !tiles.contains(&s.tile) {
                     s.tile = tiles
                         .iter()
-                        .filter(|t| {
-                            t[1..] == flat.tile[1..] && (s.tile[0]..=flat.tile[0]).contains(&t[0])
-                        })
+                        .filter(|t| t[1..] == s.tile[1..] && t[0] >= s.tile[0])
                         .min_by_key(|t| t[0])
                         .copied()
                         .unwrap_or(flat.tile);

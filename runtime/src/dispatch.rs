@@ -114,36 +114,48 @@ pub fn default_flat_steps(base: [u32; 3], m1: usize, m2: usize, row_unit: u32) -
 
 /// The flat steps of a shape's flat range `m1..m2` on a host backend:
 /// the record's steps when its flat tile came from the record
-/// (`flat_from_record`) and the steps share that tile's packing (hp, lp);
-/// none for such a record without steps (its breakpoints were measured
-/// with the one flat tile); else [`default_flat_steps`]. One rule for the
-/// runtime and for the generator's prebuilt sets, so both ship and pick
-/// the same kernels.
+/// (`flat_from_record`), each packed like the flat tile or like one of
+/// `held` (the other variants' tiles, whose packed copies the caller
+/// holds too: a step of few rows may run faster on the GEMM's wider
+/// packing, at no extra copy); a recorded step of any other packing takes
+/// its M's default step instead. None for such a record without steps
+/// (its breakpoints were measured with the one flat tile); else
+/// [`default_flat_steps`]. One rule for the runtime and for the
+/// generator's prebuilt sets, so both ship and pick the same kernels.
 pub fn flat_steps_for(
     shape_entry: Option<&crate::record::ShapeEntry>,
     flat_tile: [u32; 3],
     flat_from_record: bool,
     (m1, m2): (usize, usize),
     row_unit: u32,
+    held: &[[u32; 3]],
 ) -> Vec<FlatStep> {
     if let Some(s) = shape_entry
         && flat_from_record
     {
-        let steps = s.flat_steps();
-        if steps.iter().all(|(_, w)| w.tile[1..] == flat_tile[1..]) {
-            return steps
-                .into_iter()
-                .map(|(from_m, w)| FlatStep {
+        let packs_held =
+            |t: &[u32; 3]| t[1..] == flat_tile[1..] || held.iter().any(|h| h[1..] == t[1..]);
+        let mut steps: Vec<FlatStep> = Vec::new();
+        for (from_m, w) in s.flat_steps() {
+            let (tile, from_record) = if packs_held(&w.tile) {
+                (w.tile, true)
+            } else {
+                tracing::warn!(
+                    step = ?w.tile,
+                    flat = ?flat_tile,
+                    "a recorded flat step packs like no variant's tile; using the default step"
+                );
+                (flat_tile_for(flat_tile, from_m, row_unit), false)
+            };
+            if steps.last().is_none_or(|l: &FlatStep| l.tile != tile) {
+                steps.push(FlatStep {
                     from_m,
-                    tile: w.tile,
-                    from_record: true,
-                })
-                .collect();
+                    tile,
+                    from_record,
+                });
+            }
         }
-        tracing::warn!(
-            tile = ?flat_tile,
-            "the record's flat steps do not share the flat tile's hp and lp; using the default steps"
-        );
+        return steps;
     }
     default_flat_steps(flat_tile, m1, m2, row_unit)
 }

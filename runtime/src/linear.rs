@@ -142,8 +142,9 @@ enum Imp {
         /// first call at an M the step serves; None: it could not be
         /// prepared and the flat variant's own kernel serves instead.
         flat: Vec<OnceLock<Option<Arc<HostMatmul>>>>,
-        /// Weights packed once per distinct packing (hp, lp; the flat
-        /// steps share the flat variant's).
+        /// Weights packed once per distinct packing (hp, lp; a flat step
+        /// reads the copy of its own packing: the flat variant's, or the
+        /// GEMV's or GEMM's).
         packed: Vec<HostWeights>,
         /// Which `packed` entry each variant (Gemv, FlatGemm, Gemm) uses.
         packed_of: [usize; 3],
@@ -380,7 +381,11 @@ impl Linear {
                 bias,
             } => {
                 let kernel = self.host_kernel(kernels, flat, m);
-                let weights = &packed[packed_of[v]];
+                // A flat step may run on another variant's packing.
+                let weights = packed
+                    .iter()
+                    .find(|p| p.tile.packs_like(&kernel.tile()))
+                    .unwrap_or(&packed[packed_of[v]]);
                 let pool = self.device.pool();
                 let panels = n.div_ceil(weights.tile.hp.max(1));
                 let ranges = split_weighted(panels, &self.plan.core_weights);

@@ -956,6 +956,77 @@ fn records_with_and_without_flat_steps() {
     }
 }
 
+/// A recorded flat step may run on the GEMM's packing (the tuner times the
+/// two at each M of few rows): the Linear reads the GEMM's packed copy for
+/// it, holds no new one, and matches the interpreter; a recorded step of a
+/// packing no variant has takes its M's default step. Every host backend,
+/// a 4-bit format (Q4_0; W4A8 on cranelift, which reads f32 parameters)
+/// and f32.
+#[test]
+fn a_flat_step_may_run_on_the_gemm_packing() {
+    let (n, k, m1, m2) = (72, 96, 2, 12);
+    for backend in host_backends() {
+        let four_bit = match backend {
+            Backend::HostClif => WeightFormat::W4A8,
+            _ => WeightFormat::Q4_0,
+        };
+        for format in [four_bit, WeightFormat::F32] {
+            let probe = device(backend, 1, None);
+            let mut rec = record_for(&probe, format, n, k, m1, m2);
+            let shape = &rec.entries[0].shapes[0];
+            let flat = shape.winner(Variant::FlatGemm).unwrap().tile;
+            let gemm = shape.winner(Variant::Gemm).unwrap().tile;
+            if gemm[1..] == flat[1..] {
+                eprintln!("SKIP {backend:?} {format}: the GEMM packs like the flat tile");
+                continue;
+            }
+            let step = |from_m: usize, tile: [u32; 3]| Winner {
+                variant: Variant::FlatGemm,
+                target: "test".into(),
+                tile,
+                kernel: String::new(),
+                from_m: Some(from_m),
+            };
+            let held: Vec<u32> = shape.winners.iter().map(|w| w.tile[1]).collect();
+            let odd_hp = (2..)
+                .map(|times| flat[1] * times)
+                .find(|hp| !held.contains(hp))
+                .unwrap();
+            let odd = [3, odd_hp, flat[2]];
+            rec.entries[0].shapes[0].winners.extend([
+                step(2, [2, gemm[1], gemm[2]]),
+                step(3, odd),
+                step(4, [4, flat[1], flat[2]]),
+            ]);
+            let dev = device(backend, 2, Some(rec));
+            let mut r = rng(13);
+            let w = randv(&mut r, n * k);
+            let bias = randv(&mut r, n);
+            let lin = Linear::new(&dev, format, Weights::F32(&w), n, k, Some(&bias)).unwrap();
+            let plan = lin.plan().to_string();
+            assert!(lin.packings() <= 3, "{plan}");
+            let wants = [
+                (2, [2, gemm[1], gemm[2]]),
+                (3, [3, flat[1], flat[2]]),
+                (4, [4, flat[1], flat[2]]),
+                (11, [4, flat[1], flat[2]]),
+            ];
+            for (m, want) in wants {
+                assert_eq!(
+                    lin.kernel_tile(m),
+                    Some(want),
+                    "{backend:?} {format} m={m} {plan}"
+                );
+                let x = randv(&mut r, m * k);
+                let y = run_linear(&lin, &x, m);
+                let (err, scale) = max_err(&y, &reference(format, &x, &w, &bias, m, n, k));
+                let tol = tolerance(backend, format, k, scale);
+                assert!(err <= tol, "{backend:?} {format} m={m} err {err} ({plan})");
+            }
+        }
+    }
+}
+
 /// A record whose GEMV and flat winners are zmm tiles (the tuner offers the
 /// AVX-512 kernels' tiles on x86 with AVX-512, in shapes the AVX2 target
 /// has no tile of) runs them on the AVX-512 kernel, flat steps included,
