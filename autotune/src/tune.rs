@@ -883,14 +883,16 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         if want == flat.tile3() {
             return *flat;
         }
-        // A wider target's flat tile steps on that target, and only to a
-        // shape the flat target has no tile of (see `SolverCtx::candidates`).
-        let caps = self.solver.caps_of(Variant::FlatGemm, &flat.tile);
+        // A wider target's flat tile (zmm) steps on that target to a shape
+        // the flat target has no tile of, else to the flat target's tile:
+        // the runtime rebuilds a recorded tile on the first target that
+        // has its shape (see `SolverCtx::candidates`), and both pack alike.
         let (n, k) = (self.shape.n, self.shape.k);
+        let mut caps = self.solver.caps_of(Variant::FlatGemm, &flat.tile);
         if caps.name != self.solver.caps.name
             && self.solver.feasible_on(self.solver.caps, want, m, n, k)
         {
-            return *flat;
+            caps = self.solver.caps;
         }
         let problem = self.solver.problem(m, n, k);
         tile::feasible(caps, &problem)

@@ -576,3 +576,59 @@ fn flat_steps_take_the_gemm_packing_where_it_is_faster() {
     }
     assert!(checked > 0);
 }
+
+/// [`model`] with zmm-wide flat tiles (hp 16, 8 rows or more) twice as
+/// fast at 8 rows, so an AVX-512 GEMM target's flat tile wins there.
+fn zmm_flat_model(variant: Variant, tile: [u32; 3], m: usize) -> f64 {
+    let t = model(variant, tile, m);
+    if variant == Variant::FlatGemm && tile[1] == 16 && tile[0] >= 8 {
+        t / 2.0
+    } else {
+        t
+    }
+}
+
+/// A zmm flat winner steps, at each M of fewer rows, to a tile of M rows:
+/// the AVX2 target's where it has that shape (the runtime rebuilds a
+/// recorded tile on the first target that has it; both pack alike), else
+/// the zmm one, never the winner itself with rows to spare.
+#[test]
+fn a_zmm_flat_winner_steps_to_tiles_of_m_rows() {
+    // Grouped 4-bit weights (Q4_0's problem): the zmm flat candidates
+    // are 8 × 16 and 9 × 16, whose packing the AVX2 target has tiles of.
+    let solver = SolverCtx {
+        gemm_caps: TargetCaps::by_name("x86-avx512").unwrap(),
+        weight_groups: true,
+        nibble_runs: true,
+        ..solver()
+    };
+    let mut sim = Sim::new(zmm_flat_model, 5, 0.0);
+    let out = tune(&mut sim, &solver, &shapes(), &[], &config(1e6), &mut |_| {}).unwrap();
+    let mut checked = 0;
+    for s in &out.shapes {
+        let flat = s.winner(Variant::FlatGemm).unwrap();
+        assert_eq!(flat.target, "x86-avx512", "{s:?}");
+        let stepped: Vec<usize> = s.flat_steps().iter().map(|(m, _)| *m).collect();
+        let below: Vec<usize> = (s.m1..s.m2.min(flat.tile[0] as usize)).collect();
+        assert!(
+            below.iter().all(|m| stepped.contains(m)),
+            "{stepped:?} {below:?}"
+        );
+        for (m, w) in s.flat_steps() {
+            if m >= flat.tile[0] as usize {
+                continue;
+            }
+            assert_eq!(w.tile[0] as usize, m, "{m} {w:?}");
+            assert_eq!(w.tile[1..], flat.tile[1..], "{m} {w:?}");
+            let on_avx2 =
+                tessera_codegen::tile::feasible(solver.caps, &solver.problem(m, s.n, s.k))
+                    .unwrap()
+                    .iter()
+                    .any(|t| [t.ep, t.hp, t.lp] == w.tile);
+            let want = if on_avx2 { "x86-avx2" } else { "x86-avx512" };
+            assert_eq!(w.target, want, "{m} {w:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+}
