@@ -912,7 +912,8 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
     /// The flat candidate timed at `m`, decided once per M and prepared:
     /// the flat packing's step ([`ShapeTuner::flat_packed_step`]), or the
     /// GEMM-packed one ([`ShapeTuner::gemm_packed_step`]) where the two
-    /// timed together say it is faster (a tie keeps the flat packing's).
+    /// timed together say it is faster (a tie goes to the lower
+    /// formula-(2) cost at M, then to the flat packing's).
     /// One the bench cannot build is skipped; a spent budget keeps the
     /// flat packing's step.
     fn flat_at(&mut self, flat: &Candidate, m: usize) -> Candidate {
@@ -922,7 +923,11 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         let own = self.prepared_or(self.flat_packed_step(flat, m), *flat, m);
         let c = match self.gemm_packed_step(flat, m) {
             Some(wide) if self.prepared(&wide, m) => {
-                match self.duel("flat step", &own, &wide, m, false) {
+                // A tie goes by the solver's cost at M, as every tie does.
+                let (n, k) = (self.shape.n, self.shape.k);
+                let cost = |c: &Candidate| self.solver.cost(c.tile3(), m, n, k);
+                let tie_to_wide = cost(&wide) < cost(&own);
+                match self.duel("flat step", &own, &wide, m, tie_to_wide) {
                     Ok(true) => {
                         self.release_step(&own, flat);
                         wide
