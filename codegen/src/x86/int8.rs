@@ -404,7 +404,7 @@ pub(super) struct Int8Regs {
     /// First of the file's reserved registers (None: it has none).
     pub reserved: Option<usize>,
     /// First register of a second set of group sums that a group's odd
-    /// steps add into ([`odd_step_sums`]); None: every step adds into
+    /// steps add into ([`loop_regs`]); None: every step adds into
     /// `sums`.
     pub odd_sums: Option<usize>,
 }
