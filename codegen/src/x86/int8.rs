@@ -442,7 +442,7 @@ impl Int8Regs {
 /// has the registers left, sums a group's odd steps into a second set and
 /// adds it in at the group end: twice the chains for one `vpaddd` per sum
 /// and group.
-pub(super) const VNNI_CHAINS: usize = 8;
+pub const VNNI_CHAINS: usize = 8;
 
 /// The register plan of a loop of `rows` rows: the file's, with the
 /// second set of group sums ([`Int8Regs::odd_sums`]) where `vpdpbusd`
