@@ -199,3 +199,134 @@ fn prebuilt_flat_steps_run_the_next_larger_kernel_the_set_holds() {
         check_f32(&lin, &w, m, n, k);
     }
 }
+
+/// A prebuilt set built from a record whose flat steps run on the GEMM's
+/// packing (the tuner's choice where few rows run faster there): each M
+/// runs the recorded step, or the set's smallest kernel of that step's
+/// packing with at least M rows, reading the GEMM's packed copy; every
+/// result is right and no new copy is packed.
+#[test]
+fn prebuilt_flat_steps_on_the_gemm_packing() {
+    use tessera_runtime::record::{
+        DeviceEntry, Limits, RECORD_SCHEMA, ShapeEntry, TuningRecord, Winner,
+    };
+    let clif = ClifBackend::host().unwrap();
+    let kernel = library::get("matmul-f32").unwrap();
+    let caps = clif.caps();
+    let mut problem = tessera_codegen::tile::Problem::from_kernel(caps, &kernel).unwrap();
+    problem.e = 8;
+    let feasible = tessera_codegen::tile::feasible(caps, &problem).unwrap();
+    let has = |ep: u32, hp: u32| feasible.iter().any(|t| [t.ep, t.hp, t.lp] == [ep, hp, 1]);
+    // Flat (and GEMV) 6 rows of one width, GEMM and steps of 2 and 4 rows
+    // of another.
+    let widths = [4u32, 8, 12, 16];
+    let (flat_hp, gemm_hp) = widths
+        .iter()
+        .flat_map(|&a| widths.iter().map(move |&b| (a, b)))
+        .find(|&(a, b)| a != b && has(6, a) && has(6, b) && has(2, b) && has(4, b))
+        .expect("two f32 widths with 6-row tiles and 2-, 4-row tiles of the second");
+    let tiles = [
+        (Variant::Gemv, [6, flat_hp, 1]),
+        (Variant::FlatGemm, [6, flat_hp, 1]),
+        (Variant::FlatGemm, [2, gemm_hp, 1]),
+        (Variant::FlatGemm, [4, gemm_hp, 1]),
+        (Variant::Gemm, [6, gemm_hp, 1]),
+    ];
+    let mut set = PrebuiltSet::new(current_generator());
+    for (variant, tile) in tiles {
+        let t = *feasible
+            .iter()
+            .find(|t| [t.ep, t.hp, t.lp] == tile)
+            .unwrap();
+        let Artifact::Machine(code) = clif.emit_variant(&kernel, &t, variant).unwrap() else {
+            panic!("source")
+        };
+        set.push(PrebuiltKernel::matmul(
+            "matmul-f32",
+            "test",
+            variant,
+            tile,
+            code.arch,
+            code.bytes,
+            None,
+        ));
+    }
+    let (n, k) = (2 * gemm_hp.max(flat_hp) as usize + 3, 37);
+    let winner = |variant, tile: [u32; 3], from_m| Winner {
+        variant,
+        target: "test".into(),
+        tile,
+        kernel: String::new(),
+        from_m,
+    };
+    // Steps: 2 rows and 3 rows (the set lacks 3: it runs 4) on the GEMM's
+    // packing, then the flat tile from 4.
+    let mut winners: Vec<Winner> = tiles
+        .iter()
+        .filter(|(_, tile)| tile[0] == 6)
+        .map(|(v, tile)| winner(*v, *tile, None))
+        .collect();
+    winners.extend([
+        winner(Variant::FlatGemm, [2, gemm_hp, 1], Some(2)),
+        winner(Variant::FlatGemm, [3, gemm_hp, 1], Some(3)),
+        winner(Variant::FlatGemm, [6, flat_hp, 1], Some(4)),
+    ]);
+    let probe = clif_device(PrebuiltSet::new(current_generator()));
+    let record = TuningRecord {
+        schema: RECORD_SCHEMA,
+        entries: vec![DeviceEntry {
+            prefill: None,
+            fingerprint: probe.fingerprint().clone(),
+            generator: current_generator(),
+            backend: probe.backend().record_name().into(),
+            format: "f32".into(),
+            model: "test".into(),
+            threads: 2,
+            partial: false,
+            created_unix: 0,
+            limits: Limits::default(),
+            core_weights: vec![1.0, 1.0],
+            shapes: vec![ShapeEntry {
+                name: "t".into(),
+                n,
+                k,
+                m1: 2,
+                m2: 12,
+                winners,
+                measurements: vec![],
+                notes: Default::default(),
+            }],
+        }],
+    };
+    let dev = Arc::new(
+        Device::open(
+            Backend::HostClif,
+            DeviceOptions {
+                threads: Some(2),
+                prebuilt: Some(set),
+                record: Some(record),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7) % 11) as f32 / 11.0 - 0.5)
+        .collect();
+    let lin = Linear::new(&dev, WeightFormat::F32, Weights::F32(&w), n, k, None).unwrap();
+    assert!(
+        matches!(lin.plan().source, PlanSource::Record),
+        "{}",
+        lin.plan()
+    );
+    assert_eq!(lin.packings(), 2, "{}", lin.plan());
+    for (m, tile) in [
+        (2, [2, gemm_hp, 1]),
+        (3, [4, gemm_hp, 1]),
+        (4, [6, flat_hp, 1]),
+        (9, [6, flat_hp, 1]),
+    ] {
+        assert_eq!(lin.kernel_tile(m), Some(tile), "m={m}: {}", lin.plan());
+        check_f32(&lin, &w, m, n, k);
+    }
+}
