@@ -52,17 +52,48 @@ fn prebuilt_set() -> PrebuiltSet {
 }
 
 fn clif_device(set: PrebuiltSet) -> Arc<Device> {
+    clif_device_with(set, None)
+}
+
+/// Two threads on the cranelift backend with `set` and a tuning record.
+fn clif_device_with(
+    set: PrebuiltSet,
+    record: Option<tessera_runtime::record::TuningRecord>,
+) -> Arc<Device> {
     Arc::new(
         Device::open(
             Backend::HostClif,
             DeviceOptions {
                 threads: Some(2),
                 prebuilt: Some(set),
+                record,
                 ..Default::default()
             },
         )
         .unwrap(),
     )
+}
+
+/// Emit `matmul-f32` at `tile` for `variant` with cranelift into `set`.
+fn push_f32_matmul(
+    set: &mut PrebuiltSet,
+    clif: &ClifBackend,
+    tile: &tessera_codegen::tile::TileConfig,
+    variant: Variant,
+) {
+    let kernel = library::get("matmul-f32").unwrap();
+    let Artifact::Machine(code) = clif.emit_variant(&kernel, tile, variant).unwrap() else {
+        panic!("source")
+    };
+    set.push(PrebuiltKernel::matmul(
+        "matmul-f32",
+        "test",
+        variant,
+        [tile.ep, tile.hp, tile.lp],
+        code.arch,
+        code.bytes,
+        None,
+    ));
 }
 
 /// `lin`'s y for m rows of x against the reference interpreter's
@@ -168,19 +199,7 @@ fn prebuilt_flat_steps_run_the_next_larger_kernel_the_set_holds() {
         (Variant::FlatGemm, 4),
         (Variant::Gemm, 6),
     ] {
-        let tile = find(ep, hp).unwrap();
-        let Artifact::Machine(code) = clif.emit_variant(&kernel, &tile, variant).unwrap() else {
-            panic!("source")
-        };
-        set.push(PrebuiltKernel::matmul(
-            "matmul-f32",
-            "test",
-            variant,
-            [tile.ep, tile.hp, tile.lp],
-            code.arch,
-            code.bytes,
-            None,
-        ));
+        push_f32_matmul(&mut set, &clif, &find(ep, hp).unwrap(), variant);
     }
     let dev = clif_device(set);
     let (n, k) = (2 * hp as usize + 3, 37);
@@ -234,22 +253,11 @@ fn prebuilt_flat_steps_on_the_gemm_packing() {
     ];
     let mut set = PrebuiltSet::new(current_generator());
     for (variant, tile) in tiles {
-        let t = *feasible
+        let t = feasible
             .iter()
             .find(|t| [t.ep, t.hp, t.lp] == tile)
             .unwrap();
-        let Artifact::Machine(code) = clif.emit_variant(&kernel, &t, variant).unwrap() else {
-            panic!("source")
-        };
-        set.push(PrebuiltKernel::matmul(
-            "matmul-f32",
-            "test",
-            variant,
-            tile,
-            code.arch,
-            code.bytes,
-            None,
-        ));
+        push_f32_matmul(&mut set, &clif, t, variant);
     }
     let (n, k) = (2 * gemm_hp.max(flat_hp) as usize + 3, 37);
     let winner = |variant, tile: [u32; 3], from_m| Winner {
@@ -298,18 +306,7 @@ fn prebuilt_flat_steps_on_the_gemm_packing() {
             }],
         }],
     };
-    let dev = Arc::new(
-        Device::open(
-            Backend::HostClif,
-            DeviceOptions {
-                threads: Some(2),
-                prebuilt: Some(set),
-                record: Some(record),
-                ..Default::default()
-            },
-        )
-        .unwrap(),
-    );
+    let dev = clif_device_with(set, Some(record));
     let w: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7) % 11) as f32 / 11.0 - 0.5)
         .collect();
