@@ -21,19 +21,8 @@ fn prebuilt_set() -> PrebuiltSet {
     let kernel = library::get("matmul-f32").unwrap();
     let tile = clif.tiles(&kernel).unwrap()[0];
     let mut set = PrebuiltSet::new(current_generator());
-    let Artifact::Machine(code) = clif.emit(&kernel, &tile).unwrap() else {
-        panic!("source")
-    };
     for variant in Variant::ALL {
-        set.push(PrebuiltKernel::matmul(
-            "matmul-f32",
-            "test",
-            variant,
-            [tile.ep, tile.hp, tile.lp],
-            code.arch,
-            code.bytes.clone(),
-            None,
-        ));
+        push_f32_matmul(&mut set, &clif, &tile, variant);
     }
     let att = library::get("attention-decode-f16").unwrap();
     let Artifact::Machine(code) = clif.emit(&att, &tile).unwrap() else {
@@ -72,6 +61,15 @@ fn clif_device_with(
         )
         .unwrap(),
     )
+}
+
+/// The cranelift backend's feasible `matmul-f32` tiles at 8 rows.
+fn f32_tiles_at_8_rows(clif: &ClifBackend) -> Vec<tessera_codegen::tile::TileConfig> {
+    let kernel = library::get("matmul-f32").unwrap();
+    let caps = clif.caps();
+    let mut problem = tessera_codegen::tile::Problem::from_kernel(caps, &kernel).unwrap();
+    problem.e = 8;
+    tessera_codegen::tile::feasible(caps, &problem).unwrap()
 }
 
 /// Emit `matmul-f32` at `tile` for `variant` with cranelift into `set`.
@@ -175,11 +173,7 @@ fn prebuilt_sets_from_another_generator_are_refused() {
 #[test]
 fn prebuilt_flat_steps_run_the_next_larger_kernel_the_set_holds() {
     let clif = ClifBackend::host().unwrap();
-    let kernel = library::get("matmul-f32").unwrap();
-    let caps = clif.caps();
-    let mut problem = tessera_codegen::tile::Problem::from_kernel(caps, &kernel).unwrap();
-    problem.e = 8;
-    let feasible = tessera_codegen::tile::feasible(caps, &problem).unwrap();
+    let feasible = f32_tiles_at_8_rows(&clif);
     let find = |ep: u32, hp: u32| {
         feasible
             .iter()
@@ -230,11 +224,7 @@ fn prebuilt_flat_steps_on_the_gemm_packing() {
         DeviceEntry, Limits, RECORD_SCHEMA, ShapeEntry, TuningRecord, Winner,
     };
     let clif = ClifBackend::host().unwrap();
-    let kernel = library::get("matmul-f32").unwrap();
-    let caps = clif.caps();
-    let mut problem = tessera_codegen::tile::Problem::from_kernel(caps, &kernel).unwrap();
-    problem.e = 8;
-    let feasible = tessera_codegen::tile::feasible(caps, &problem).unwrap();
+    let feasible = f32_tiles_at_8_rows(&clif);
     let has = |ep: u32, hp: u32| feasible.iter().any(|t| [t.ep, t.hp, t.lp] == [ep, hp, 1]);
     // Flat (and GEMV) 6 rows of one width, GEMM and steps of 2 and 4 rows
     // of another.
