@@ -48,7 +48,7 @@
 //! | zb | Σq of one row as f32 (`u4sym`: 8·Σq as i32); bias under the tail mask in the epilogue |
 //! | then rows·zb | f32 accumulators acc(i,j) |
 //! | then rows·zb | i32 group sums g(i,j) |
-//! | then rows·zb | with fewer than [`super::int8::VNNI_CHAINS`] sums, where they fit: the odd steps' group sums |
+//! | then rows·zb | with fewer sums than [`Dot::chains_in_flight`], where they fit: the odd steps' group sums |
 //!
 //! So a tile needs 2·rows·zb + zb + 1 ≤ 32 zmm: 14 × 16 or 7 × 32.
 //! Opmask k2 = the shifted lanes, k3 = the valid lanes of the column block

@@ -97,7 +97,7 @@
 //! | then 1 | 0x0F mask (reserved) |
 //! | then 1 | shift counts (reserved: in place of a staging register) |
 //! | then 1 | product temp (reserved; int16 ones at a group end) |
-//! | then rows·hb | with `vpdpbusd` and fewer than [`VNNI_CHAINS`] sums, where they fit: the odd steps' group sums |
+//! | then rows·hb | with `vpdpbusd` and fewer sums than [`Dot::chains_in_flight`], where they fit: the odd steps' group sums |
 //!
 //! ymm13-15 serve the shared epilogue after the loops ([`super::common`]).
 //!
@@ -165,6 +165,16 @@ impl Dot {
     /// Whether the k loop sums with `vpdpbusd` (straight into i32).
     pub fn is_vnni(self) -> bool {
         self != Dot::MaddUbsw
+    }
+
+    /// Independent sums this dot product needs in flight to issue every
+    /// cycle it can, where a loop with fewer is bound by their chains:
+    /// `vpdpbusd` adds into its destination, latency 4-5 cycles, two a
+    /// cycle on ymm (measured on Zen 4: 4 cycles, 0.53 cycles apart; zmm
+    /// one a cycle there, two on CPUs with two 512-bit units), so 8.
+    /// None for `vpmaddubsw` + `vpmaddwd`, whose sums take a 1-cycle add.
+    pub fn chains_in_flight(self) -> Option<usize> {
+        self.is_vnni().then_some(8)
     }
 
     fn name(self) -> &'static str {
@@ -434,26 +444,17 @@ impl Int8Regs {
     }
 }
 
-/// `vpdpbusd` sums a group's steps into one register per (row, column
-/// block), each step waiting on the last: a chain of the instruction's
-/// latency (4-5 cycles) per step. Two issue a cycle (ymm; zmm on CPUs
-/// with two 512-bit units) need about 8 chains in flight, which a tile of
-/// 4 × 8 (4 chains) or 2 × 16 does not have. Such a loop, where the file
-/// has the registers left, sums a group's odd steps into a second set and
-/// adds it in at the group end: twice the chains for one `vpaddd` per sum
-/// and group.
-pub const VNNI_CHAINS: usize = 8;
-
 /// The register plan of a loop of `rows` rows: the file's, with the
-/// second set of group sums ([`Int8Regs::odd_sums`]) where `vpdpbusd`
-/// sums the groups, the tile has fewer than [`VNNI_CHAINS`] sums and the
-/// file has a register for each.
+/// second set of group sums ([`Int8Regs::odd_sums`]) where the dot
+/// product's chains want more sums than the tile has
+/// ([`Dot::chains_in_flight`]) and the file has a register for each.
 pub(super) fn loop_regs<V: Int8File>(k: &Int8Spec, rows: usize) -> Int8Regs {
     let grouped = k.group.is_some();
     let mut r = V::regs(rows, k.hb, grouped);
     let sums = rows * k.hb;
     let free = V::first_free(&r);
-    if grouped && k.dot.is_vnni() && sums < VNNI_CHAINS && free + sums <= V::REGISTERS {
+    let short = k.dot.chains_in_flight().is_some_and(|chains| sums < chains);
+    if grouped && short && free + sums <= V::REGISTERS {
         r.odd_sums = Some(free);
     }
     r

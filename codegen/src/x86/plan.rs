@@ -152,7 +152,7 @@ pub fn float_plan(spec: &FloatSpec) -> KernelPlan {
 /// formats count like the solver: accumulators rows·hb (W4A8: the group's
 /// integer sums, its f32 totals live in the stack frame), one renamed A;
 /// grouped `vpdpbusd` loops of few sums add a second set as `extra`
-/// ([`super::int8::VNNI_CHAINS`]).
+/// ([`super::int8::Dot::chains_in_flight`]).
 pub fn int8_plan(spec: &Int8Spec) -> KernelPlan {
     let (ep, hb) = (spec.ep as u32, spec.hb as u32);
     let main = |name, rows: u32| match spec.group {
