@@ -301,10 +301,7 @@ impl TuneBackend for X86Tune {
     ) -> Option<Result<MachineCode, String>> {
         tessera_codegen::x86::missing_features()
             .is_empty()
-            .then(|| {
-                tessera_codegen::x86::attention::emit_with(kernel, blocks)
-                    .map_err(|e| e.to_string())
-            })
+            .then(|| self.0.attention(kernel, blocks).map_err(|e| e.to_string()))
     }
 }
 

@@ -1260,6 +1260,9 @@ type JobSlots<'a> = (usize, Vec<&'a mut [f32]>);
 pub const DECODE_TILE_HEADS: usize = 8;
 /// Keys whose scores a decode tile keeps at once (x86's super-block).
 pub const DECODE_SUPER_BLOCK: usize = 256;
+/// f32 of a decode tile's record in the scratch (x86's cursors and
+/// per-head vectors).
+pub const DECODE_TILE_RECORD: usize = 72;
 
 /// Tiles of a decode call over query heads `head0 .. head0 + heads` with
 /// `group` query heads per KV head: each tile is
@@ -1280,7 +1283,7 @@ pub fn decode_tiles(head0: usize, heads: usize, group: usize) -> usize {
 fn scratch_floats(s: usize, d: usize, tiles: usize) -> Result<usize, AttentionError> {
     let per_tile = d
         .checked_mul(17)
-        .and_then(|a| a.checked_add(64 + 8 * DECODE_SUPER_BLOCK));
+        .and_then(|a| a.checked_add(DECODE_TILE_RECORD + 8 * DECODE_SUPER_BLOCK));
     s.checked_add(24)
         .and_then(|a| d.checked_mul(3).and_then(|b| a.checked_add(b)))
         .zip(per_tile.and_then(|p| p.checked_mul(tiles)))

@@ -6,8 +6,9 @@
 //! line on stderr) where the CPU lacks the features.
 
 use half::f16;
+use tessera_codegen::artifact::PrefillBlocks;
 use tessera_codegen::host_attention::{HostAttention, KvCache};
-use tessera_codegen::x86::attention::{self, HEAD_DIM_MULTIPLE};
+use tessera_codegen::x86::attention::{self, HEAD_DIM_MULTIPLE, KeyDot};
 use tessera_dsl::interp::{self, Bindings, Value};
 
 mod attention_inputs;
@@ -23,10 +24,33 @@ fn runnable() -> bool {
 }
 
 fn compile(kernel: &Kernel) -> HostAttention {
-    let code = attention::emit(kernel).expect("emit");
+    compile_for(kernel, KeyDot::default())
+}
+
+fn compile_for(kernel: &Kernel, dot: KeyDot) -> HostAttention {
+    let code = attention::emit_for(kernel, PrefillBlocks::DEFAULT, dot).expect("emit");
     assert_eq!(code.head_dim_multiple, HEAD_DIM_MULTIPLE);
     // The requirement travels with the code: no caller has to add it.
     HostAttention::new(kernel, &code).expect("map")
+}
+
+/// The kernel's code in every int8-key dot form this CPU runs (plain AVX2,
+/// and each VNNI encoding it has); f16 keys have one form.
+fn every_form(kernel: &Kernel) -> Vec<(KeyDot, HostAttention)> {
+    let int8_keys = kernel.tensor("k").unwrap().format != Format::F16;
+    let mut dots = vec![KeyDot::Maddwd];
+    if int8_keys && tessera_codegen::x86::host_has_avx_vnni() {
+        dots.push(KeyDot::VexVnni);
+    }
+    if int8_keys && tessera_codegen::x86::host_has_avx512_vnni() {
+        dots.push(KeyDot::EvexVnni);
+    }
+    if int8_keys && dots.len() == 1 {
+        eprintln!("SKIP {}: no VNNI here, vpdpwssd untested", kernel.name);
+    }
+    dots.into_iter()
+        .map(|dot| (dot, compile_for(kernel, dot)))
+        .collect()
 }
 
 fn online(mut kernel: Kernel) -> Kernel {
@@ -86,7 +110,13 @@ fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
 }
 
 fn sweep(kernel: &Kernel) {
-    let att = compile(kernel);
+    for (dot, att) in every_form(kernel) {
+        eprintln!("{}: int8-key dot {dot:?}", kernel.name);
+        sweep_one(&att, kernel);
+    }
+}
+
+fn sweep_one(att: &HostAttention, kernel: &Kernel) {
     let mut seed = 11;
     // Past 256 keys the kernel keeps its scores super-block by super-block
     // and rescales what it summed when a head's reference max moves.
@@ -113,7 +143,7 @@ fn sweep(kernel: &Kernel) {
                         chunk: None,
                         seed,
                     };
-                    check(&att, kernel, &c);
+                    check(att, kernel, &c);
                 }
             }
         }
@@ -149,8 +179,10 @@ fn x86_attention_async_recomputes_out_of_range_rows() {
     }
     for name in ["attention-decode-f16", "attention-decode-kv8"] {
         let kernel = library::get(name).unwrap();
-        let att = compile(&kernel);
-        for chunk in [None, Some(64)] {
+        for (att, chunk) in every_form(&kernel)
+            .iter()
+            .flat_map(|(_, att)| [(att, None), (att, Some(64))])
+        {
             // |q| up to 8 over d = 16 puts scores far outside [-16.8, 6.5].
             let c = Case {
                 s: 700,
@@ -162,7 +194,7 @@ fn x86_attention_async_recomputes_out_of_range_rows() {
                 chunk,
                 seed: 99,
             };
-            let r = check(&att, &kernel, &c);
+            let r = check(att, &kernel, &c);
             assert!(r > 0, "{name} {chunk:?}: nothing recomputed");
         }
     }
@@ -176,21 +208,22 @@ fn x86_attention_split_chunks_match_the_interpreter() {
     let mut seed = 500;
     for name in ["attention-decode-f16", "attention-decode-kv8"] {
         let kernel = library::get(name).unwrap();
-        let att = compile(&kernel);
-        for &(s, chunk) in &[(65usize, 1usize), (200, 7), (700, 300)] {
-            for &(hq, kvh) in &[(4usize, 2usize), (6, 1)] {
-                seed += 1;
-                let c = Case {
-                    s,
-                    hq,
-                    kvh,
-                    d: 64,
-                    q_amp: 0.5,
-                    threads: 2,
-                    chunk: Some(chunk),
-                    seed,
-                };
-                check(&att, &kernel, &c);
+        for (_, att) in every_form(&kernel) {
+            for &(s, chunk) in &[(65usize, 1usize), (200, 7), (700, 300)] {
+                for &(hq, kvh) in &[(4usize, 2usize), (6, 1)] {
+                    seed += 1;
+                    let c = Case {
+                        s,
+                        hq,
+                        kvh,
+                        d: 64,
+                        q_amp: 0.5,
+                        threads: 2,
+                        chunk: Some(chunk),
+                        seed,
+                    };
+                    check(&att, &kernel, &c);
+                }
             }
         }
     }

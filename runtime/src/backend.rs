@@ -908,13 +908,12 @@ impl Device {
         }
         let kernel = library::get(name)?;
         #[cfg(feature = "jit")]
-        if x86 {
-            let code =
-                tessera_codegen::x86::attention::emit_with(&kernel, blocks).map_err(|e| {
-                    RuntimeError::NoKernel {
-                        what: name.to_string(),
-                        why: e.to_string(),
-                    }
+        if let (true, Engine::X86(backend)) = (x86, &self.engine) {
+            let code = backend
+                .attention(&kernel, blocks)
+                .map_err(|e| RuntimeError::NoKernel {
+                    what: name.to_string(),
+                    why: e.to_string(),
                 })?;
             let code = Arc::new(HostAttention::new(&kernel, &code)?);
             lock(&self.attentions).insert(key, Arc::clone(&code));

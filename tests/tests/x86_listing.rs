@@ -50,6 +50,7 @@ fn every_instruction_of_the_x86_layer_round_trips_through_llvm_mc() {
     a.vpunpcklbw(Ymm(1), Ymm(2), Ymm(3));
     a.vpunpckhbw(Ymm(1), Ymm(2), Ymm(3));
     a.vpdpbusd(Ymm(9), Ymm(1), Ymm(12));
+    a.vpdpwssd(Ymm(10), Ymm(2), Ymm(13));
     a.vpabsb(Ymm(1), Ymm(2));
     a.vcvtdq2ps(Ymm(1), Ymm(2));
     a.vcvtps2dq(Ymm(1), Ymm(2));
@@ -145,14 +146,22 @@ fn every_x86_attention_listing_matches_its_bytes() {
             a.softmax = SoftmaxMode::Online;
         }
         for k in [kernel, online] {
-            let code = tessera_codegen::x86::attention::emit(&k).unwrap();
-            match check_x86(&code.listing, &code.bytes, "+avx2,+fma,+f16c,+popcnt") {
-                Ok(()) => {}
-                Err(McError::Missing) => {
-                    eprintln!("SKIP: llvm-mc not installed");
-                    return;
+            use tessera_codegen::x86::attention::{self, KeyDot};
+            for dot in [KeyDot::Maddwd, KeyDot::VexVnni, KeyDot::EvexVnni] {
+                let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
+                let code = attention::emit_for(&k, blocks, dot).unwrap();
+                match check_x86(
+                    &code.listing,
+                    &code.bytes,
+                    "+avx2,+fma,+f16c,+popcnt,+avxvnni,+avx512vl,+avx512vnni",
+                ) {
+                    Ok(()) => {}
+                    Err(McError::Missing) => {
+                        eprintln!("SKIP: llvm-mc not installed");
+                        return;
+                    }
+                    Err(McError::Failed(why)) => panic!("{name} {dot:?}: {why}"),
                 }
-                Err(McError::Failed(why)) => panic!("{name}: {why}"),
             }
         }
     }

@@ -386,6 +386,13 @@ impl X86Asm {
         dynasm!(self.ops ; .arch x64 ; cmp Rq(x), DWORD imm);
     }
 
+    /// `test a, imm32` (64-bit): flags of `a & imm` without a register.
+    pub fn test_imm(&mut self, a: Gp, imm: i32) {
+        self.log(format!("test {a}, {imm}"));
+        let x = a.0;
+        dynasm!(self.ops ; .arch x64 ; test Rq(x), DWORD imm);
+    }
+
     /// `cmp a, qword ptr [m]`
     pub fn cmp_mem(&mut self, a: Gp, m: Mem) {
         self.log(format!("cmp {a}, qword ptr {m}"));
@@ -526,13 +533,24 @@ impl X86Asm {
     /// AVX-VNNI `vpdpbusd dst, a, b` (u8·s8 dot of 4, added to i32 lanes),
     /// emitted as raw VEX bytes since dynasm 5.1 lacks it.
     pub fn vpdpbusd(&mut self, dst: Ymm, a: Ymm, b: Ymm) {
-        self.log(format!("{{vex}} vpdpbusd {dst}, {a}, {b}"));
-        // VEX.256.66.0F38.W0 50 /r: C4 [R X B m-mmmm=00010] [W vvvv L=1 pp=01] 50 modrm
+        self.vex_vnni(0x50, "vpdpbusd", dst, a, b);
+    }
+
+    /// AVX-VNNI `vpdpwssd dst, a, b` (i16·i16 dot of 2, added to i32
+    /// lanes), raw VEX bytes like [`Self::vpdpbusd`].
+    pub fn vpdpwssd(&mut self, dst: Ymm, a: Ymm, b: Ymm) {
+        self.vex_vnni(0x52, "vpdpwssd", dst, a, b);
+    }
+
+    /// VEX.256.66.0F38.W0 `opcode` /r with register operands: C4 [R X B
+    /// m-mmmm=00010] [W vvvv L=1 pp=01] opcode modrm.
+    fn vex_vnni(&mut self, opcode: u8, name: &str, dst: Ymm, a: Ymm, b: Ymm) {
+        self.log(format!("{{vex}} {name} {dst}, {a}, {b}"));
         let (d, v, r) = (dst.0 & 15, a.0 & 15, b.0 & 15);
         let byte1 = (((!d >> 3) & 1) << 7) | (1 << 6) | (((!r >> 3) & 1) << 5) | 0b00010;
         let byte2 = (((!v) & 15) << 3) | (1 << 2) | 0b01;
         let modrm = 0b1100_0000 | ((d & 7) << 3) | (r & 7);
-        self.ops.extend([0xC4, byte1, byte2, 0x50, modrm]);
+        self.ops.extend([0xC4, byte1, byte2, opcode, modrm]);
     }
 
     pub fn vpabsb(&mut self, dst: Ymm, src: Ymm) {

@@ -12,22 +12,24 @@
 //!
 //! 1. Per tile, q of each head widened to f32, interleaved by 8-lane chunk
 //!    of d (`qarea[d/8][8 heads][8]`), so a chunk's heads sit at constant
-//!    offsets. int8 keys also need `Σq` per head.
+//!    offsets. For int8 keys q is instead rounded per head to i16 (scale
+//!    `max|q| / 32767`) in chunks of 16 d, with `Σq` per head.
 //! 2. The keys in super-blocks of [`DECODE_SUPER_BLOCK`], each in three
 //!    passes over every tile. Going tile by tile within a block of keys,
 //!    not key by key within a tile, is what reads the cache in token order:
 //!    one KV head's rows are `kvh·d` elements apart, a walk the hardware
 //!    prefetchers follow poorly.
 //!    - Scores in blocks of [`SCORE_BLOCK`] keys: per key, one K row load
-//!      per 8 lanes of d (`vcvtph2ps`, or `vpmovsxbd` + `vcvtdq2ps`) feeds
-//!      an FMA per head; the heads' partial dots are reduced together (a
+//!      per 8 lanes of d (`vcvtph2ps`) feeds an FMA per head, or for int8
+//!      keys per 16 lanes one `vpmovsxbw` an integer dot per head
+//!      ([`KeyDot`]); the heads' partial dots are reduced together (a
 //!      `vhaddps` tree) into one vector of 8 heads' scores, `sarea[j][8]`.
 //!      A tile of one head (multi-head attention) takes the block's 4 keys
 //!      at once instead and keeps its scores side by side; a tile of 5 or
 //!      6 heads (GQA 6) takes keys two at a time, so each q chunk is loaded
-//!      once for both (`key_pairs`). int8 keys:
-//!      `score = scale·(q·c) + offset·Σq`. Each tile keeps per head the
-//!      running max and whether every `score − phi` lay in `[lo, hi]`.
+//!      once for both (`key_pairs`). int8 keys: `score = scale·(q
+//!      scale·(q₁₆·c)) + offset·Σq`. Each tile keeps per head the running
+//!      max and whether every `score − phi` lay in `[lo, hi]`.
 //!    - Per tile, the reference: `phi` while the async softmax's range
 //!      held, else the running max (online kernels: the max). Where it
 //!      moved since the last super-block, `num` and `den` are rescaled by
@@ -39,7 +41,8 @@
 //!      registers) live in registers across the block, in `num[d/8][9][8]`
 //!      between blocks. fp8 e4m3 bytes become f16 bits of 2^-8 of the
 //!      value (sign-extended, shifted, one mask; exact, subnormals
-//!      included) and p is stored × 2^8 for them.
+//!      included; 16 at a time where passes of 1–2 heads leave a register)
+//!      and p is stored × 2^8 for them.
 //! 3. Per tile, `o = num / den` to f16; heads whose range failed count as
 //!    recomputed. The call's first head leaves its softmax state where
 //!    `HostAttention`'s split reads it (`den` at `s`, `num` at `s + d`, the
@@ -81,10 +84,10 @@ pub const HEAD_DIM_MULTIPLE: usize = 8;
 
 /// f32 of scratch one call over `s` keys in `tiles` tiles of query heads
 /// ([`decode_tiles`]) needs: the split state region (`s + 3d + 8`), 16 to
-/// align the tiles, and per tile its record (64), `qarea` `8d`, `num`
+/// align the tiles, and per tile its record (72), `qarea` `8d`, `num`
 /// `72·d/8` and the super-block's scores `8·SUPER`.
 pub fn scratch_floats(s: usize, d: usize, tiles: usize) -> usize {
-    (s + 3 * d + 8) + 16 + tiles * (64 + 8 * d + 9 * d + 8 * DECODE_SUPER_BLOCK)
+    (s + 3 * d + 8) + 16 + tiles * (DECODE_TILE_RECORD + 8 * d + 9 * d + 8 * DECODE_SUPER_BLOCK)
 }
 
 pub(super) const FRAME: i32 = 1408;
@@ -112,6 +115,10 @@ const S_J0: i32 = 584;
 const S_J1: i32 = 592;
 const S_HCUR: i32 = 600;
 const S_HEND: i32 = 608;
+// 4-byte constants of q's i16 form (int8 keys).
+const S_I16_MAX: i32 = 616;
+const S_ABS_MASK: i32 = 620;
+const S_TINY: i32 = 624;
 // 32-byte vector constants and stores.
 pub(super) const V_MIN: i32 = 640;
 const V_MAX: i32 = 672;
@@ -137,7 +144,7 @@ pub(super) const V_NEGINF: i32 = 1344;
 pub(super) const V_ONE: i32 = 1376;
 
 /// Bytes of a tile's record, which precedes its areas in the scratch.
-const REC: i32 = 256;
+const REC: i32 = 4 * DECODE_TILE_RECORD as i32;
 // Record fields: the tile's first query head and head count, its KV
 // head's K / V row at token 0, the score loop's cursors (K row, int8 key
 // scale and offset, score slot), its areas, the P·V chunk group size.
@@ -162,6 +169,8 @@ const R_OK: i32 = 128;
 const R_MVEC: i32 = 160;
 const R_DEN: i32 = 192;
 const R_SUMQ: i32 = 224;
+/// int8 keys: per head lane, the scale of q's i16 form (`max|q| / 32767`).
+const R_QSCALE: i32 = 256;
 
 const POLY: [f32; 7] = [
     1.0 / 720.0,
@@ -183,6 +192,112 @@ pub(super) enum Keys {
 pub(super) enum Values {
     F16,
     E4M3,
+}
+
+/// The instruction that multiplies int8 keys by q in the score loop. q is
+/// rounded per head to i16 (scale `max|q| / 32767`, about 15 bits where
+/// q has f16's 11) and each form computes the same integer dot exactly,
+/// so the choice changes the speed only: per 16 key codes one
+/// `vpmovsxbw` and per head one `vpdpwssd` (or `vpmaddwd` + `vpaddd`),
+/// where widening to f32 took two `vpmovsxbd`, two `vcvtdq2ps` and two
+/// FMAs per head.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeyDot {
+    /// `vpmaddwd` + `vpaddd` (AVX2): runs on every x86 CPU this backend
+    /// does, so [`emit`] uses it and its output is the same everywhere.
+    #[default]
+    Maddwd,
+    /// AVX-VNNI `vpdpwssd` (VEX).
+    VexVnni,
+    /// AVX512-VNNI `vpdpwssd` on ymm (EVEX; needs AVX512VL too): Zen 4
+    /// and Ice Lake have it without AVX-VNNI.
+    EvexVnni,
+}
+
+impl From<super::int8::Dot> for KeyDot {
+    /// The form of the CPU's int8 matmul dot product
+    /// ([`super::X86Backend::int8_dot`]).
+    fn from(dot: super::int8::Dot) -> KeyDot {
+        match dot {
+            super::int8::Dot::MaddUbsw => KeyDot::Maddwd,
+            super::int8::Dot::VexVnni => KeyDot::VexVnni,
+            super::int8::Dot::EvexVnni => KeyDot::EvexVnni,
+        }
+    }
+}
+
+/// `acc.i32 += Σ₂ k.i16 · q.i16` in the form `dot` names (`tmp` is
+/// clobbered by `vpmaddwd` only).
+fn dot_i16(a: &mut X86Asm, dot: KeyDot, acc: Ymm, k: Ymm, q: Ymm, tmp: Ymm) {
+    match dot {
+        KeyDot::Maddwd => {
+            a.vpmaddwd(tmp, k, q);
+            a.vpaddd(acc, acc, tmp);
+        }
+        KeyDot::VexVnni => a.vpdpwssd(acc, k, q),
+        KeyDot::EvexVnni => a.vpdpwssd_ymm_evex(acc, k, q),
+    }
+}
+
+/// Loads the int8 codes of one chunk of a K row at `m` as i16: 16 codes
+/// (a whole chunk), or 8 into the low half (the half chunk that leads when
+/// d/8 is odd).
+fn load_codes_i16(a: &mut X86Asm, dst: Ymm, m: Mem, half: bool) {
+    if half {
+        a.vpmovsxbw_load64(dst, m);
+    } else {
+        a.vpmovsxbw_load(dst, m);
+    }
+}
+
+/// The int8 keys' chunk loop over rcx units of 8 lanes of d (d/8): a half
+/// chunk (8 d) first where rcx is odd, then whole chunks of 16 d. With
+/// two `sets` the wholes alternate between accumulator sets (ymm `i` and
+/// `i + 4`, `i < sums`), a lone whole first, and set 1 is folded into set
+/// 0 and cleared at the end. `step(a, set, at, half)` does chunk `at` of a
+/// trip (its K codes at `16·at` bytes, its q slot at `256·at`);
+/// `advance(a, k_bytes, q_bytes, units)` moves on and counts rcx down by
+/// `units` (its flags end the loop).
+fn i16_chunks(
+    a: &mut X86Asm,
+    sets: usize,
+    sums: usize,
+    step: impl Fn(&mut X86Asm, usize, i32, bool),
+    advance: impl Fn(&mut X86Asm, i32, i32, i32),
+) {
+    let (wholes, done) = (a.new_label(), a.new_label());
+    a.test_imm(RCX, 1);
+    a.jcc(Cond::E, wholes);
+    step(a, 0, 0, true);
+    advance(a, 8, 256, 1);
+    a.bind(wholes);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, done);
+    if sets == 2 {
+        let pairs = a.new_label();
+        a.test_imm(RCX, 2);
+        a.jcc(Cond::E, pairs);
+        step(a, 0, 0, false);
+        advance(a, 16, 256, 2);
+        a.jcc(Cond::E, done);
+        a.bind(pairs);
+        step(a, 0, 0, false);
+        step(a, 1, 1, false);
+        advance(a, 32, 512, 4);
+        a.jcc(Cond::Ne, pairs);
+        a.bind(done);
+        for i in 0..sums as u8 {
+            a.vpaddd(Ymm(i), Ymm(i), Ymm(i + 4));
+            a.vpxor(Ymm(i + 4), Ymm(i + 4), Ymm(i + 4));
+        }
+    } else {
+        let whole = a.new_label();
+        a.bind(whole);
+        step(a, 0, 0, false);
+        advance(a, 16, 256, 2);
+        a.jcc(Cond::Ne, whole);
+        a.bind(done);
+    }
 }
 
 fn unsupported(what: String) -> EmitError {
@@ -207,9 +322,20 @@ pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
     emit_with(kernel, PrefillBlocks::DEFAULT)
 }
 
-/// [`emit`] with a prefill kernel's flash loop in `blocks` (a decode
-/// kernel ignores them): the blocks a device measured best.
+/// [`emit_for`] with the plain AVX2 int8-key dot ([`KeyDot::Maddwd`]).
 pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, EmitError> {
+    emit_for(kernel, blocks, KeyDot::default())
+}
+
+/// [`emit`] with a prefill kernel's flash loop in `blocks` (a decode
+/// kernel ignores them): the blocks a device measured best; and the
+/// decode score loop's int8-key dot in the form `dot` (the caller checks
+/// that the CPU has it: [`KeyDot`]).
+pub fn emit_for(
+    kernel: &Kernel,
+    blocks: PrefillBlocks,
+    dot: KeyDot,
+) -> Result<MachineCode, EmitError> {
     let at = kernel
         .as_attention()
         .ok_or_else(|| unsupported(format!("kernel `{}` (not attention)", kernel.name)))?;
@@ -271,11 +397,17 @@ pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, 
         );
     }
     a.comment(&format!(
-        "{} x86-avx2 attention decode: keys {}, values {}, softmax {:?}",
+        "{} x86-avx2 attention decode: keys {}, values {}, softmax {:?}{}",
         kernel.name,
         fmt(&at.k)?,
         fmt(&at.v)?,
-        softmax
+        softmax,
+        match (keys, dot) {
+            (Keys::F16, _) => "",
+            (Keys::I8Asym, KeyDot::Maddwd) => ", int8 keys by vpmaddwd",
+            (Keys::I8Asym, KeyDot::VexVnni) => ", int8 keys by {vex} vpdpwssd",
+            (Keys::I8Asym, KeyDot::EvexVnni) => ", int8 keys by {evex} vpdpwssd",
+        }
     ));
     common::prologue_framed(&mut a, FRAME);
     constants(&mut a, softmax);
@@ -286,7 +418,7 @@ pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, 
     setup(&mut a, keys, values);
 
     tiles(&mut a, keys, values);
-    super_blocks(&mut a, keys, values, softmax);
+    super_blocks(&mut a, keys, values, softmax, dot);
     each_tile(&mut a, |a| {
         count_recomputed(a, softmax);
         finish_tile(a);
@@ -508,7 +640,7 @@ fn key_blocks(a: &mut X86Asm, size: i32, body: impl FnOnce(&mut X86Asm)) {
 /// [`SCORE_BLOCK`] keys, then per tile its reference max (rescaling what
 /// it has summed where that moved) and exponentials, then P·V of every
 /// tile in blocks of [`PV_BLOCK`] keys.
-fn super_blocks(a: &mut X86Asm, keys: Keys, values: Values, softmax: SoftmaxMode) {
+fn super_blocks(a: &mut X86Asm, keys: Keys, values: Values, softmax: SoftmaxMode, dot: KeyDot) {
     a.comment("super-blocks of keys: scores, reference max and exponentials, P·V");
     let (sb, done) = (a.new_label(), a.new_label());
     a.zero(RAX);
@@ -525,7 +657,7 @@ fn super_blocks(a: &mut X86Asm, keys: Keys, values: Values, softmax: SoftmaxMode
         a.store64(mem(RBX, R_SCUR), RAX);
     });
     key_blocks(a, SCORE_BLOCK, |a| {
-        each_tile(a, |a| scores(a, keys, softmax))
+        each_tile(a, |a| scores(a, keys, softmax, dot))
     });
     each_tile(a, |a| {
         rebase(a, softmax);
@@ -570,12 +702,25 @@ pub(super) fn kv_head_rows(a: &mut X86Asm, keys: Keys, values: Values, slots: [i
 }
 
 /// q rows of the tile (record at rbx) → `qarea[d/8][8][8]` f32 (unused
-/// heads zero), and for int8 keys `Σq` per head in the record.
+/// heads zero); for int8 keys instead q's i16 form, `qarea[⌈d/16⌉][8][16]`
+/// (a half chunk of 8 d first where d/8 is odd), with per head `Σq` and
+/// the form's scale in the record.
 fn widen_q(a: &mut X86Asm, keys: Keys) {
-    a.comment("q → f32, interleaved by chunk: qarea[c][head][8]");
+    let int8 = keys == Keys::I8Asym;
+    a.comment(if int8 {
+        "q → i16 by head scale max|q|/32767, interleaved by chunk: qarea[c][head][16]"
+    } else {
+        "q → f32, interleaved by chunk: qarea[c][head][8]"
+    });
     let zero = Ymm(0);
     a.vxorps(zero, zero, zero);
     a.vmovups_store(mem(RBX, R_SUMQ), zero);
+    if int8 {
+        a.vmovups_store(mem(RBX, R_QSCALE), zero);
+        a.store32_imm(mem(RSP, S_I16_MAX), 32767f32.to_bits() as i32);
+        a.store32_imm(mem(RSP, S_ABS_MASK), 0x7FFF_FFFF);
+        a.store32_imm(mem(RSP, S_TINY), f32::MIN_POSITIVE.to_bits() as i32);
+    }
     // Clear every head slot first (unused heads must read zero).
     a.load64(RSI, mem(RBX, R_QAREA));
     a.load64(RCX, mem(RSP, S_D));
@@ -607,32 +752,103 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
     a.shl_imm(RAX, 5);
     a.add(RDX, RAX);
     a.load64(RCX, mem(RSP, S_D8));
-    let sum = Ymm(1);
+    a.mov(R8, RSI);
+    a.mov(R9, RDX);
+    let (sum, absmax, abs_mask) = (Ymm(1), Ymm(4), Ymm(3));
     a.vxorps(sum, sum, sum);
+    if int8 {
+        a.vxorps(absmax, absmax, absmax);
+        a.vpbroadcastd_load(abs_mask, mem(RSP, S_ABS_MASK));
+    }
     let (chunk, chunks_done) = (a.new_label(), a.new_label());
     a.bind(chunk);
     a.cmp_imm(RCX, 0);
     a.jcc(Cond::Le, chunks_done);
     a.vcvtph2ps_load(Ymm(2), mem(RSI, 0));
-    a.vmovups_store(mem(RDX, 0), Ymm(2));
+    if int8 {
+        a.vandps(Ymm(5), Ymm(2), abs_mask);
+        a.vmaxps(absmax, absmax, Ymm(5));
+    } else {
+        a.vmovups_store(mem(RDX, 0), Ymm(2));
+    }
     a.vaddps(sum, sum, Ymm(2));
     a.add_imm(RSI, 16);
     a.add_imm(RDX, 256);
     a.sub_imm(RCX, 1);
     a.jmp(chunk);
     a.bind(chunks_done);
-    if keys == Keys::I8Asym {
-        // Σq of head i → lane i of the record's Σq.
+    if int8 {
+        // Σq and the i16 form's scale of head i → lane i of the record's.
         hsum(a, sum, Ymm(2));
-        a.lea(RAX, mem(RBX, R_SUMQ));
         a.mov(RCX, R12);
         a.shl_imm(RCX, 2);
+        a.lea(RAX, mem(RBX, R_SUMQ));
         a.add(RAX, RCX);
         a.vmovss_store(mem(RAX, 0), sum);
+        q_to_i16(a, RCX);
     }
     a.add_imm(R12, 1);
     a.jmp(head_loop);
     a.bind(heads_done);
+}
+
+/// After [`widen_q`]'s f32 pass over head r12 (row at r8, its qarea
+/// column at r9, max|q| per lane in ymm4): the scale `m / 32767` (m =
+/// max|q|, at least the least normal f32) into the record's lane at
+/// `rcx` bytes, and q·32767/m rounded to i16 into the head's chunks (a
+/// half chunk of 8 d first where d/8 is odd, its upper 8 lanes zero).
+fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp) {
+    let (m, inv, t) = (Ymm(4), Ymm(6), Ymm(5));
+    a.vextractf128_hi(t, m);
+    a.vmaxps(m, m, t);
+    a.vpermilps_imm(t, m, 0x4e);
+    a.vmaxps(m, m, t);
+    a.vpermilps_imm(t, m, 0xb1u8 as i8);
+    a.vmaxps(m, m, t);
+    a.vpbroadcastd_load(t, mem(RSP, S_TINY));
+    a.vmaxps(m, m, t);
+    a.vbroadcastss_reg(m, m);
+    a.vpbroadcastd_load(t, mem(RSP, S_I16_MAX));
+    a.vdivps(inv, t, m);
+    a.vdivps(m, m, t);
+    a.lea(RAX, mem(RBX, R_QSCALE));
+    a.add(RAX, lane_bytes);
+    a.vmovss_store(mem(RAX, 0), m);
+    a.mov(RSI, R8);
+    a.mov(RDX, R9);
+    a.load64(RCX, mem(RSP, S_D8));
+    // Two vectors of 8 f32 (ymm2, ymm3) → 16 i16 in order at [rdx].
+    let pack_store = |a: &mut X86Asm| {
+        for v in [Ymm(2), Ymm(3)] {
+            a.vmulps(v, v, inv);
+            a.vcvtps2dq(v, v);
+        }
+        a.vperm2f128(Ymm(7), Ymm(2), Ymm(3), 0x20);
+        a.vperm2f128(Ymm(8), Ymm(2), Ymm(3), 0x31);
+        a.vpackssdw(Ymm(7), Ymm(7), Ymm(8));
+        a.vmovups_store(mem(RDX, 0), Ymm(7));
+        a.add_imm(RDX, 256);
+    };
+    let (wholes, done) = (a.new_label(), a.new_label());
+    a.test_imm(RCX, 1);
+    a.jcc(Cond::E, wholes);
+    a.vcvtph2ps_load(Ymm(2), mem(RSI, 0));
+    a.vxorps(Ymm(3), Ymm(3), Ymm(3));
+    pack_store(a);
+    a.add_imm(RSI, 16);
+    a.sub_imm(RCX, 1);
+    a.bind(wholes);
+    let whole = a.new_label();
+    a.bind(whole);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, done);
+    a.vcvtph2ps_load(Ymm(2), mem(RSI, 0));
+    a.vcvtph2ps_load(Ymm(3), mem(RSI, 16));
+    pack_store(a);
+    a.add_imm(RSI, 32);
+    a.sub_imm(RCX, 2);
+    a.jmp(whole);
+    a.bind(done);
 }
 
 /// Lane 0 of `v` = the sum of its 8 lanes (`t` clobbered).
@@ -649,7 +865,7 @@ fn hsum(a: &mut X86Asm, v: Ymm, t: Ymm) {
 /// its `sarea[j][8]` from the record's cursors, with the running max and
 /// the in-range mask per head lane; dispatched on the tile's head count so
 /// each variant's FMAs have constant offsets.
-fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
+fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot) {
     let done = a.new_label();
     let variants: Vec<Label> = (0..MAX_TILE).map(|_| a.new_label()).collect();
     a.load64(RAX, mem(RBX, R_GT));
@@ -668,11 +884,11 @@ fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
             a.sub(RAX, RDX);
             a.cmp_imm(RAX, SCORE_BLOCK);
             a.jcc(Cond::Ne, per_key);
-            score_one_head(a, keys, softmax);
+            score_one_head(a, keys, softmax, dot);
             a.jmp(done);
             a.bind(per_key);
         }
-        score_loop(a, keys, softmax, g + 1);
+        score_loop(a, keys, softmax, dot, g + 1);
         a.jmp(done);
     }
     a.bind(done);
@@ -685,7 +901,7 @@ fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
 /// serves 4 keys. Lanes 0–3 of the result are the keys' scores, stored
 /// side by side (the one-head `sarea` layout); the running max and
 /// in-range mask take all four in every lane (only lane 0 is the tile's).
-fn score_one_head(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
+fn score_one_head(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot) {
     let (maxv, ok, q) = (Ymm(13), Ymm(14), Ymm(12));
     let rows = [RSI, R8, R9, RBP];
     a.vmovups_load(maxv, mem(RBX, R_MAX));
@@ -719,30 +935,48 @@ fn score_one_head(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
     }
     a.load64(RAX, mem(RBX, R_QAREA));
     a.load64(RCX, mem(RSP, S_D8));
-    let step = if keys == Keys::F16 { 16 } else { 8 };
-    // Chunk `at` into accumulator set `set` (ymm key + 4·set).
-    let chunk_step = |a: &mut X86Asm, set: usize, at: i32| {
-        a.vmovups_load(q, mem(RAX, 256 * at));
-        for (i, &row) in rows.iter().enumerate() {
-            let kx = Ymm(8 + i as u8);
-            match keys {
-                Keys::F16 => a.vcvtph2ps_load(kx, mem(row, at * step)),
-                Keys::I8Asym => {
-                    a.vpmovsxbd_load(kx, mem(row, at * step));
-                    a.vcvtdq2ps(kx, kx);
-                }
+    if keys == Keys::I8Asym {
+        // q's i16 chunk against each key's codes as i16, into ymm key +
+        // 4·set; the sums to f32 (exact below 2^24 a lane, and rounded by
+        // at most 2^-24 of the sum above).
+        let step = |a: &mut X86Asm, set: usize, at: i32, half: bool| {
+            a.vmovdqu_load(q, mem(RAX, 256 * at));
+            for (i, &row) in rows.iter().enumerate() {
+                let kx = Ymm(8 + i as u8);
+                load_codes_i16(a, kx, mem(row, 16 * at), half);
+                dot_i16(a, dot, Ymm((i + 4 * set) as u8), kx, q, Ymm(15));
             }
-            a.vfmadd231ps(Ymm((i + 4 * set) as u8), kx, q);
+        };
+        let advance = |a: &mut X86Asm, k_bytes: i32, q_bytes: i32, units: i32| {
+            for &row in &rows {
+                a.add_imm(row, k_bytes);
+            }
+            a.add_imm(RAX, q_bytes);
+            a.sub_imm(RCX, units);
+        };
+        i16_chunks(a, 2, 4, step, advance);
+        for i in 0..4 {
+            a.vcvtdq2ps(Ymm(i), Ymm(i));
         }
-    };
-    let advance = |a: &mut X86Asm, chunks: i32| {
-        for &row in &rows {
-            a.add_imm(row, chunks * step);
-        }
-        a.add_imm(RAX, 256 * chunks);
-        a.sub_imm(RCX, chunks);
-    };
-    even_odd_chunks(a, 4, chunk_step, advance);
+    } else {
+        // Chunk `at` into accumulator set `set` (ymm key + 4·set).
+        let chunk_step = |a: &mut X86Asm, set: usize, at: i32| {
+            a.vmovups_load(q, mem(RAX, 256 * at));
+            for (i, &row) in rows.iter().enumerate() {
+                let kx = Ymm(8 + i as u8);
+                a.vcvtph2ps_load(kx, mem(row, at * 16));
+                a.vfmadd231ps(Ymm((i + 4 * set) as u8), kx, q);
+            }
+        };
+        let advance = |a: &mut X86Asm, chunks: i32| {
+            for &row in &rows {
+                a.add_imm(row, chunks * 16);
+            }
+            a.add_imm(RAX, 256 * chunks);
+            a.sub_imm(RCX, chunks);
+        };
+        even_odd_chunks(a, 4, chunk_step, advance);
+    }
     reduce_lanes(a);
     let score = Ymm(1);
     if keys == Keys::I8Asym {
@@ -760,6 +994,8 @@ fn score_one_head(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode) {
             a.add(RSI, R10);
             a.store64(mem(RBX, cursor), RSI);
         }
+        a.vpbroadcastd_load(Ymm(4), mem(RBX, R_QSCALE));
+        a.vmulps(score, score, Ymm(4));
         a.vmulps(score, score, Ymm(2));
         a.vpbroadcastd_load(Ymm(2), mem(RBX, R_SUMQ));
         a.vfmadd231ps(score, Ymm(3), Ymm(2));
@@ -863,7 +1099,7 @@ fn chunk_cursors(a: &mut X86Asm) {
     a.add(RDX, R13);
 }
 
-fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
+fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, g: usize) {
     let (maxv, ok) = (Ymm(13), Ymm(14));
     a.load64(R13, mem(RBX, R_KCUR));
     a.load64(R14, mem(RSP, S_KSTRIDE));
@@ -880,7 +1116,7 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     a.sub(R12, RAX);
     let keys_done = a.new_label();
     if (MAX_TILE / 2 + 1..=PAIR_HEADS).contains(&g) {
-        key_pairs(a, keys, softmax, g);
+        key_pairs(a, keys, softmax, dot, g);
         a.cmp_imm(R12, 0);
         a.jcc(Cond::E, keys_done);
     }
@@ -892,19 +1128,57 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
         a.vxorps(Ymm(i as u8), Ymm(i as u8), Ymm(i as u8));
     }
     chunk_cursors(a);
-    let kx = Ymm(8);
-    let step = if keys == Keys::F16 { 16 } else { 8 };
+    if keys == Keys::I8Asym {
+        // Heads ≤ 4: two accumulator sets (ymm i, i + 4), so no head's sum
+        // waits on one chain; more heads: one set.
+        let sets = if g <= MAX_TILE / 2 { 2 } else { 1 };
+        let step = |a: &mut X86Asm, set: usize, at: i32, half: bool| {
+            let kx = Ymm(8 + set as u8);
+            a.prefetcht0(mem(RDX, 16 * at));
+            load_codes_i16(a, kx, mem(RSI, 16 * at), half);
+            for i in 0..g {
+                a.vmovdqu_load(Ymm(10), mem(RAX, 256 * at + 32 * i as i32));
+                dot_i16(a, dot, Ymm((i + 4 * set) as u8), kx, Ymm(10), Ymm(11));
+            }
+        };
+        let advance = |a: &mut X86Asm, k_bytes: i32, q_bytes: i32, units: i32| {
+            a.add_imm(RSI, k_bytes);
+            a.add_imm(RDX, k_bytes);
+            a.add_imm(RAX, q_bytes);
+            a.sub_imm(RCX, units);
+        };
+        i16_chunks(a, sets, g, step, advance);
+        for i in 0..g as u8 {
+            a.vcvtdq2ps(Ymm(i), Ymm(i));
+        }
+    } else {
+        f16_key_chunks(a, g);
+    }
+    // Reduce 8 accumulators to one vector of 8 head sums.
+    reduce_lanes(a);
+    key_score(a, keys, softmax, g, maxv, ok);
+    a.sub_imm(R12, 1);
+    a.jcc(Cond::Ne, key_loop);
+    a.vmovups_store(mem(RBX, R_MAX), maxv);
+    a.vmovups_store(mem(RBX, R_OK), ok);
+    a.bind(keys_done);
+    a.store64(mem(RBX, R_KCUR), R13);
+    a.store64(mem(RBX, R_SCUR), R15);
+    if keys == Keys::I8Asym {
+        a.store64(mem(RBX, R_SCCUR), R8);
+        a.store64(mem(RBX, R_OFCUR), R9);
+    }
+}
+
+/// f16 keys: one key's chunk loop for a tile of `g` heads (cursors from
+/// [`chunk_cursors`]) into ymm0–7, lane sums still to reduce.
+fn f16_key_chunks(a: &mut X86Asm, g: usize) {
+    let step = 16;
     // One chunk into accumulator set `set` (ymm i + 4·set for head i).
     let chunk_step = |a: &mut X86Asm, set: usize, at: i32| {
         let kx = Ymm(8 + set as u8);
         a.prefetcht0(mem(RDX, at * step));
-        match keys {
-            Keys::F16 => a.vcvtph2ps_load(kx, mem(RSI, at * step)),
-            Keys::I8Asym => {
-                a.vpmovsxbd_load(kx, mem(RSI, at * step));
-                a.vcvtdq2ps(kx, kx);
-            }
-        }
+        a.vcvtph2ps_load(kx, mem(RSI, at * step));
         for i in 0..g {
             a.vfmadd231ps_mem(
                 Ymm((i + 4 * set) as u8),
@@ -928,13 +1202,7 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
         // trip (a line of f16 keys, one prefetch), then single chunks.
         let quad_step = |a: &mut X86Asm, at: i32| {
             let kx = Ymm(8 + (at % 2) as u8);
-            match keys {
-                Keys::F16 => a.vcvtph2ps_load(kx, mem(RSI, at * step)),
-                Keys::I8Asym => {
-                    a.vpmovsxbd_load(kx, mem(RSI, at * step));
-                    a.vcvtdq2ps(kx, kx);
-                }
-            }
+            a.vcvtph2ps_load(kx, mem(RSI, at * step));
             for i in 0..g {
                 a.vfmadd231ps_mem(Ymm(i as u8), kx, mem(RAX, 256 * at + 32 * i as i32));
             }
@@ -959,21 +1227,6 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
         a.jcc(Cond::Ne, chunk);
         a.bind(chunks_done);
     }
-    let _ = kx;
-    // Reduce 8 accumulators to one vector of 8 head sums.
-    reduce_lanes(a);
-    key_score(a, keys, softmax, g, maxv, ok);
-    a.sub_imm(R12, 1);
-    a.jcc(Cond::Ne, key_loop);
-    a.vmovups_store(mem(RBX, R_MAX), maxv);
-    a.vmovups_store(mem(RBX, R_OK), ok);
-    a.bind(keys_done);
-    a.store64(mem(RBX, R_KCUR), R13);
-    a.store64(mem(RBX, R_SCUR), R15);
-    if keys == Keys::I8Asym {
-        a.store64(mem(RBX, R_SCCUR), R8);
-        a.store64(mem(RBX, R_OFCUR), R9);
-    }
 }
 
 /// After a key's head sums are in ymm1: its scores (int8 keys:
@@ -983,7 +1236,8 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
 fn key_score(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize, maxv: Ymm, ok: Ymm) {
     let score = Ymm(1);
     if keys == Keys::I8Asym {
-        // score = scale·dot + offset·Σq.
+        // score = scale·(q scale·dot) + offset·Σq.
+        a.vmulps_mem(score, score, mem(RBX, R_QSCALE));
         a.vpbroadcastd_load(Ymm(2), mem(R8, 0));
         a.vmulps(score, score, Ymm(2));
         a.vpbroadcastd_load(Ymm(2), mem(R9, 0));
@@ -1027,9 +1281,8 @@ const PAIR_HEADS: usize = 6;
 /// the keys widen into ymm12 and ymm13, q goes in ymm14. The running max
 /// and range flags stay in the tile record (the one-key loop holds them
 /// in ymm13 and ymm14).
-fn key_pairs(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
+fn key_pairs(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, g: usize) {
     let (pairs, done) = (a.new_label(), a.new_label());
-    let step = if keys == Keys::F16 { 16 } else { 8 };
     let (kx0, kx1, q) = (Ymm(12), Ymm(13), Ymm(14));
     let acc = |key: usize, h: usize| Ymm((key * PAIR_HEADS + h) as u8);
     a.bind(pairs);
@@ -1043,32 +1296,55 @@ fn key_pairs(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     chunk_cursors(a);
     a.lea(R11, mem(R13, 0));
     a.add(R11, R14);
-    let chunk = a.new_label();
-    a.bind(chunk);
-    a.prefetcht0(mem(RDX, 0));
-    a.add(RDX, R14);
-    a.prefetcht0(mem(RDX, 0));
-    a.sub(RDX, R14);
-    for (kx, row) in [(kx0, RSI), (kx1, R11)] {
-        match keys {
-            Keys::F16 => a.vcvtph2ps_load(kx, mem(row, 0)),
-            Keys::I8Asym => {
-                a.vpmovsxbd_load(kx, mem(row, 0));
-                a.vcvtdq2ps(kx, kx);
+    let prefetch_both = |a: &mut X86Asm, at: i32| {
+        a.prefetcht0(mem(RDX, at));
+        a.add(RDX, R14);
+        a.prefetcht0(mem(RDX, at));
+        a.sub(RDX, R14);
+    };
+    if keys == Keys::I8Asym {
+        // q's i16 chunks; ymm15 is `vpmaddwd`'s product.
+        let step = |a: &mut X86Asm, _set: usize, at: i32, half: bool| {
+            prefetch_both(a, 16 * at);
+            for (kx, row) in [(kx0, RSI), (kx1, R11)] {
+                load_codes_i16(a, kx, mem(row, 16 * at), half);
             }
+            for h in 0..g {
+                a.vmovdqu_load(q, mem(RAX, 256 * at + 32 * h as i32));
+                dot_i16(a, dot, acc(0, h), kx0, q, Ymm(15));
+                dot_i16(a, dot, acc(1, h), kx1, q, Ymm(15));
+            }
+        };
+        let advance = |a: &mut X86Asm, k_bytes: i32, q_bytes: i32, units: i32| {
+            a.add_imm(RSI, k_bytes);
+            a.add_imm(R11, k_bytes);
+            a.add_imm(RDX, k_bytes);
+            a.add_imm(RAX, q_bytes);
+            a.sub_imm(RCX, units);
+        };
+        i16_chunks(a, 1, g, step, advance);
+        for i in 0..2 * PAIR_HEADS as u8 {
+            a.vcvtdq2ps(Ymm(i), Ymm(i));
         }
+    } else {
+        let chunk = a.new_label();
+        a.bind(chunk);
+        prefetch_both(a, 0);
+        for (kx, row) in [(kx0, RSI), (kx1, R11)] {
+            a.vcvtph2ps_load(kx, mem(row, 0));
+        }
+        for h in 0..g {
+            a.vmovups_load(q, mem(RAX, 32 * h as i32));
+            a.vfmadd231ps(acc(0, h), kx0, q);
+            a.vfmadd231ps(acc(1, h), kx1, q);
+        }
+        a.add_imm(RSI, 16);
+        a.add_imm(R11, 16);
+        a.add_imm(RDX, 16);
+        a.add_imm(RAX, 256);
+        a.sub_imm(RCX, 1);
+        a.jcc(Cond::Ne, chunk);
     }
-    for h in 0..g {
-        a.vmovups_load(q, mem(RAX, 32 * h as i32));
-        a.vfmadd231ps(acc(0, h), kx0, q);
-        a.vfmadd231ps(acc(1, h), kx1, q);
-    }
-    a.add_imm(RSI, step);
-    a.add_imm(R11, step);
-    a.add_imm(RDX, step);
-    a.add_imm(RAX, 256);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, chunk);
     // Per key: the head sums into ymm1 (the unused lanes from a zeroed
     // ymm12), then its score; the max and flags in ymm15 and ymm14.
     let (maxv, ok, zero) = (Ymm(15), Ymm(14), Ymm(12));
@@ -1452,21 +1728,44 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     for h in 0..hs {
         a.vpbroadcastd_load(Ymm((p0 + h) as u8), mem(RSI, 4 * h as i32));
     }
-    for c in 0..nc {
-        match values {
-            Values::F16 => a.vcvtph2ps_load(vx, mem(RAX, 16 * c as i32)),
-            Values::E4M3 => {
-                // e4m3 → f16 bits of 2^-8 of the value (exact, subnormals
-                // included): sign-extended, shifted so the exponent and
-                // mantissa land in f16's, the sign copy at bit 14 cleared.
+    let fmas = |a: &mut X86Asm, c: usize, v: Ymm| {
+        for h in 0..hs {
+            a.vfmadd231ps(acc(h, c), v, Ymm((p0 + h) as u8));
+        }
+    };
+    // e4m3 → f16 bits of 2^-8 of the value (exact, subnormals included):
+    // sign-extended, shifted so the exponent and mantissa land in f16's,
+    // the sign copy at bit 14 cleared. Where a register is left beside the
+    // accumulators (passes of 1–2 heads), two chunks at once: 16 codes
+    // through one extend, shift and mask, the high 8 extracted.
+    let pair_reg = (p0 + hs + 1 < 16).then(|| Ymm((p0 + hs + 1) as u8));
+    let mut c = 0;
+    while c < nc {
+        match (values, pair_reg) {
+            (Values::F16, _) => {
+                a.vcvtph2ps_load(vx, mem(RAX, 16 * c as i32));
+                fmas(a, c, vx);
+                c += 1;
+            }
+            (Values::E4M3, Some(hi)) if c + 1 < nc => {
+                a.vpmovsxbw_load(vx, mem(RAX, 8 * c as i32));
+                a.vpsllw_imm(vx, vx, 7);
+                a.vpand_mem(vx, vx, mem(RSP, V_E4M3_F16));
+                a.vextracti128_hi(hi, vx);
+                a.vcvtph2ps_reg(vx, vx);
+                fmas(a, c, vx);
+                a.vcvtph2ps_reg(hi, hi);
+                fmas(a, c + 1, hi);
+                c += 2;
+            }
+            (Values::E4M3, _) => {
                 a.vpmovsxbw_load64(vx, mem(RAX, 8 * c as i32));
                 a.vpsllw_imm(vx, vx, 7);
                 a.vpand_mem(vx, vx, mem(RSP, V_E4M3_F16));
                 a.vcvtph2ps_reg(vx, vx);
+                fmas(a, c, vx);
+                c += 1;
             }
-        }
-        for h in 0..hs {
-            a.vfmadd231ps(acc(h, c), vx, Ymm((p0 + h) as u8));
         }
     }
     a.add(RSI, R12);

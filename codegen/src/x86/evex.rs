@@ -385,6 +385,15 @@ impl X86Asm {
         self.raw(&bytes, format!("{{evex}} vpdpbusd {dst}, {a}, {b}"));
     }
 
+    /// `{evex} vpdpwssd dst, a, b` on ymm (AVX512-VNNI with AVX512VL):
+    /// dst.i32 += Σ₂ a.i16 · b.i16, the decode attention's int8-key dot
+    /// where the CPU has AVX512-VNNI but not AVX-VNNI.
+    pub fn vpdpwssd_ymm_evex(&mut self, dst: Ymm, a: Ymm, b: Ymm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x52, dst.0, a.0, Rm::Reg(b.0 & 15), 32);
+        let bytes = e.encode_256();
+        self.raw(&bytes, format!("{{evex}} vpdpwssd {dst}, {a}, {b}"));
+    }
+
     /// `vpdpbusd dst, a, dword ptr [m]{1to16}`: b is one dword (4 signed
     /// bytes) from memory in every lane.
     pub fn vpdpbusd_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
@@ -574,6 +583,10 @@ mod tests {
         let (b, l) = bytes_of(|a| a.vpdpbusd_ymm_evex(Ymm(9), Ymm(1), Ymm(12)));
         assert_eq!(b, [0x62, 0x52, 0x75, 0x28, 0x50, 0xCC]);
         assert_eq!(l.trim(), "{evex} vpdpbusd ymm9, ymm1, ymm12");
+        // {evex} vpdpwssd ymm9, ymm1, ymm12 (llvm-mc)
+        let (b, l) = bytes_of(|a| a.vpdpwssd_ymm_evex(Ymm(9), Ymm(1), Ymm(12)));
+        assert_eq!(b, [0x62, 0x52, 0x75, 0x28, 0x52, 0xCC]);
+        assert_eq!(l.trim(), "{evex} vpdpwssd ymm9, ymm1, ymm12");
         // vpsrld zmm1 {k2}, zmm1, 4 (llvm-mc)
         let (b, _) = bytes_of(|a| a.vpsrld_zmm_imm(Zmm(1), Kreg(2), Zmm(1), 4));
         assert_eq!(b, [0x62, 0xF1, 0x75, 0x4A, 0x72, 0xD1, 0x04]);

@@ -42,7 +42,7 @@ mod regfile;
 
 use tessera_dsl::ir::{Format, Group, Kernel, Matmul, ParamType};
 
-use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, Variant};
+use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, PrefillBlocks, Variant};
 use crate::host::{HostError, HostMatmul, HostTile};
 use crate::target::TargetCaps;
 use crate::tile::TileConfig;
@@ -310,6 +310,17 @@ impl X86Backend {
         }
     }
 
+    /// The attention kernel's code with this backend's int8-key dot
+    /// ([`attention::KeyDot`] from [`Self::int8_dot`]): a prefill kernel's
+    /// flash loop in `blocks`.
+    pub fn attention(
+        &self,
+        kernel: &Kernel,
+        blocks: PrefillBlocks,
+    ) -> Result<MachineCode, EmitError> {
+        attention::emit_for(kernel, blocks, self.int8_dot().into())
+    }
+
     /// Emit the matmul machine code (the GEMM variant).
     pub fn emit_code(&self, kernel: &Kernel, tile: &TileConfig) -> Result<MachineCode, EmitError> {
         self.emit_code_variant(kernel, tile, Variant::Gemm)
@@ -325,7 +336,7 @@ impl X86Backend {
         variant: Variant,
     ) -> Result<MachineCode, EmitError> {
         if kernel.as_attention().is_some() {
-            return attention::emit(kernel);
+            return self.attention(kernel, PrefillBlocks::DEFAULT);
         }
         crate::artifact::unsigned_codes_only(kernel, NAME, UNSIGNED_CODES)?;
         if let Some(spec) = self.avx512_spec(kernel, tile)? {
