@@ -8,7 +8,7 @@
 use half::f16;
 use tessera_codegen::artifact::PrefillBlocks;
 use tessera_codegen::host_attention::{HostAttention, KvCache};
-use tessera_codegen::x86::attention::{self, HEAD_DIM_MULTIPLE, KeyDot};
+use tessera_codegen::x86::attention::{self, DecodeIsa, HEAD_DIM_MULTIPLE, KeyDot};
 use tessera_dsl::interp::{self, Bindings, Value};
 
 mod attention_inputs;
@@ -24,32 +24,54 @@ fn runnable() -> bool {
 }
 
 fn compile(kernel: &Kernel) -> HostAttention {
-    compile_for(kernel, KeyDot::default())
+    compile_for(kernel, DecodeIsa::default())
 }
 
-fn compile_for(kernel: &Kernel, dot: KeyDot) -> HostAttention {
-    let code = attention::emit_for(kernel, PrefillBlocks::DEFAULT, dot).expect("emit");
+fn compile_for(kernel: &Kernel, isa: DecodeIsa) -> HostAttention {
+    let code = attention::emit_for(kernel, PrefillBlocks::DEFAULT, isa).expect("emit");
     assert_eq!(code.head_dim_multiple, HEAD_DIM_MULTIPLE);
     // The requirement travels with the code: no caller has to add it.
     HostAttention::new(kernel, &code).expect("map")
 }
 
-/// The kernel's code in every int8-key dot form this CPU runs (plain AVX2,
-/// and each VNNI encoding it has); f16 keys have one form.
-fn every_form(kernel: &Kernel) -> Vec<(KeyDot, HostAttention)> {
+/// The kernel's code in every form this CPU runs: plain AVX2; each VNNI
+/// encoding of the int8-key dot it has (f16 keys have none); and with
+/// AVX512VL the P·V passes in ymm0–31, on the plain and the best dot.
+fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
+    use tessera_codegen::x86::{host_has_avx_vnni, host_has_avx512_vnni};
     let int8_keys = kernel.tensor("k").unwrap().format != Format::F16;
     let mut dots = vec![KeyDot::Maddwd];
-    if int8_keys && tessera_codegen::x86::host_has_avx_vnni() {
+    if int8_keys && host_has_avx_vnni() {
         dots.push(KeyDot::VexVnni);
     }
-    if int8_keys && tessera_codegen::x86::host_has_avx512_vnni() {
+    if int8_keys && host_has_avx512_vnni() {
         dots.push(KeyDot::EvexVnni);
     }
     if int8_keys && dots.len() == 1 {
         eprintln!("SKIP {}: no VNNI here, vpdpwssd untested", kernel.name);
     }
-    dots.into_iter()
-        .map(|dot| (dot, compile_for(kernel, dot)))
+    let mut forms: Vec<DecodeIsa> = dots
+        .iter()
+        .map(|&key_dot| DecodeIsa {
+            key_dot,
+            ymm32: false,
+        })
+        .collect();
+    // host_has_avx512_vnni includes AVX512VL.
+    if host_has_avx512_vnni() {
+        for key_dot in [dots[0], dots[dots.len() - 1]] {
+            forms.push(DecodeIsa {
+                key_dot,
+                ymm32: true,
+            });
+        }
+        forms.dedup();
+    } else {
+        eprintln!("SKIP {}: no AVX512VL here, ymm16-31 untested", kernel.name);
+    }
+    forms
+        .into_iter()
+        .map(|isa| (isa, compile_for(kernel, isa)))
         .collect()
 }
 
@@ -110,8 +132,8 @@ fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
 }
 
 fn sweep(kernel: &Kernel) {
-    for (dot, att) in every_form(kernel) {
-        eprintln!("{}: int8-key dot {dot:?}", kernel.name);
+    for (isa, att) in every_form(kernel) {
+        eprintln!("{}: {isa:?}", kernel.name);
         sweep_one(&att, kernel);
     }
 }

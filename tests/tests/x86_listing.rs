@@ -146,10 +146,16 @@ fn every_x86_attention_listing_matches_its_bytes() {
             a.softmax = SoftmaxMode::Online;
         }
         for k in [kernel, online] {
-            use tessera_codegen::x86::attention::{self, KeyDot};
-            for dot in [KeyDot::Maddwd, KeyDot::VexVnni, KeyDot::EvexVnni] {
+            use tessera_codegen::x86::attention::{self, DecodeIsa, KeyDot};
+            for (key_dot, ymm32) in [
+                (KeyDot::Maddwd, false),
+                (KeyDot::VexVnni, false),
+                (KeyDot::EvexVnni, false),
+                (KeyDot::EvexVnni, true),
+            ] {
                 let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
-                let code = attention::emit_for(&k, blocks, dot).unwrap();
+                let isa = DecodeIsa { key_dot, ymm32 };
+                let code = attention::emit_for(&k, blocks, isa).unwrap();
                 match check_x86(
                     &code.listing,
                     &code.bytes,
@@ -160,7 +166,7 @@ fn every_x86_attention_listing_matches_its_bytes() {
                         eprintln!("SKIP: llvm-mc not installed");
                         return;
                     }
-                    Err(McError::Failed(why)) => panic!("{name} {dot:?}: {why}"),
+                    Err(McError::Failed(why)) => panic!("{name} {isa:?}: {why}"),
                 }
             }
         }

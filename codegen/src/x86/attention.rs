@@ -37,12 +37,13 @@
 //!      polynomial as the cranelift `exp`; 8 heads or, one head, 8 keys a
 //!      vector), `den` summed.
 //!    - P·V in blocks of [`PV_BLOCK`] keys: accumulators of up to 3 heads ×
-//!      a group of 8-lane chunks (8, 6 or 4 as the heads per pass leave
+//!      a group of 8-lane chunks (up to 8, as the heads per pass leave
 //!      registers) live in registers across the block, in `num[d/8][9][8]`
 //!      between blocks. fp8 e4m3 bytes become f16 bits of 2^-8 of the
 //!      value (sign-extended, shifted, one mask; exact, subnormals
-//!      included; 16 at a time where passes of 1–2 heads leave a register)
-//!      and p is stored × 2^8 for them.
+//!      included; 16 at a time where a pass leaves a register) and p is
+//!      stored × 2^8 for them. With AVX512VL ([`DecodeIsa::ymm32`]) a pass
+//!      takes up to 6 heads in ymm0–31.
 //! 3. Per tile, `o = num / den` to f16; heads whose range failed count as
 //!    recomputed. The call's first head leaves its softmax state where
 //!    `HostAttention`'s split reads it (`den` at `s`, `num` at `s + d`, the
@@ -226,6 +227,18 @@ impl From<super::int8::Dot> for KeyDot {
     }
 }
 
+/// What the decode kernel may use beyond AVX2, FMA and F16C.
+/// [`Default`] is plain AVX2: the same code on every host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeIsa {
+    /// How int8 keys meet q.
+    pub key_dot: KeyDot,
+    /// AVX512VL: EVEX names ymm16–31, so a P·V pass holds up to 6 heads'
+    /// accumulators (3 in 16 registers): a GQA tile of 6 heads reads and
+    /// widens each V chunk once per key instead of twice.
+    pub ymm32: bool,
+}
+
 /// `acc.i32 += Σ₂ k.i16 · q.i16` in the form `dot` names (`tmp` is
 /// clobbered by `vpmaddwd` only).
 fn dot_i16(a: &mut X86Asm, dot: KeyDot, acc: Ymm, k: Ymm, q: Ymm, tmp: Ymm) {
@@ -322,20 +335,21 @@ pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {
     emit_with(kernel, PrefillBlocks::DEFAULT)
 }
 
-/// [`emit_for`] with the plain AVX2 int8-key dot ([`KeyDot::Maddwd`]).
+/// [`emit_for`] on plain AVX2 ([`DecodeIsa::default`]).
 pub fn emit_with(kernel: &Kernel, blocks: PrefillBlocks) -> Result<MachineCode, EmitError> {
-    emit_for(kernel, blocks, KeyDot::default())
+    emit_for(kernel, blocks, DecodeIsa::default())
 }
 
 /// [`emit`] with a prefill kernel's flash loop in `blocks` (a decode
 /// kernel ignores them): the blocks a device measured best; and the
-/// decode score loop's int8-key dot in the form `dot` (the caller checks
-/// that the CPU has it: [`KeyDot`]).
+/// decode loop on the instructions `isa` allows (the caller checks that
+/// the CPU has them).
 pub fn emit_for(
     kernel: &Kernel,
     blocks: PrefillBlocks,
-    dot: KeyDot,
+    isa: DecodeIsa,
 ) -> Result<MachineCode, EmitError> {
+    let dot = isa.key_dot;
     let at = kernel
         .as_attention()
         .ok_or_else(|| unsupported(format!("kernel `{}` (not attention)", kernel.name)))?;
@@ -409,6 +423,9 @@ pub fn emit_for(
             (Keys::I8Asym, KeyDot::EvexVnni) => ", int8 keys by {evex} vpdpwssd",
         }
     ));
+    if isa.ymm32 {
+        a.comment("P·V passes of up to 6 heads in ymm0-31 (AVX512VL)");
+    }
     common::prologue_framed(&mut a, FRAME);
     constants(&mut a, softmax);
     if values == Values::E4M3 {
@@ -417,8 +434,9 @@ pub fn emit_for(
     }
     setup(&mut a, keys, values);
 
-    tiles(&mut a, keys, values);
-    super_blocks(&mut a, keys, values, softmax, dot);
+    let regs = PvRegisters(isa.ymm32);
+    tiles(&mut a, keys, values, regs);
+    super_blocks(&mut a, keys, values, softmax, dot, regs);
     each_tile(&mut a, |a| {
         count_recomputed(a, softmax);
         finish_tile(a);
@@ -504,7 +522,7 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
 /// `gt = min(group − h % group, end − h, 8)` heads of one KV head) gets
 /// its record and areas: rows, cursors, q widened, `num` cleared, the
 /// softmax state empty. Leaves `S_TILES_END`.
-fn tiles(a: &mut X86Asm, keys: Keys, values: Values) {
+fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     a.comment("tiles: records, q widened, num cleared, softmax state empty");
     a.load64(RAX, mem(RDI, AT_HEAD0));
     a.store64(mem(RSP, S_HCUR), RAX);
@@ -557,13 +575,12 @@ fn tiles(a: &mut X86Asm, keys: Keys, values: Values) {
     // tile's heads per pass.
     let gs = a.new_label();
     a.load64(RSI, mem(RBX, R_GT));
-    a.mov_imm(RAX, group_chunks(1) as i32);
-    a.cmp_imm(RSI, 1);
-    a.jcc(Cond::E, gs);
-    a.mov_imm(RAX, group_chunks(2) as i32);
-    a.cmp_imm(RSI, 2);
-    a.jcc(Cond::E, gs);
-    a.mov_imm(RAX, group_chunks(3) as i32);
+    for heads in 1..regs.heads() {
+        a.mov_imm(RAX, regs.group_chunks(heads) as i32);
+        a.cmp_imm(RSI, heads as i32);
+        a.jcc(Cond::E, gs);
+    }
+    a.mov_imm(RAX, regs.group_chunks(regs.heads()) as i32);
     a.bind(gs);
     a.store64(mem(RBX, R_GS), RAX);
     let wide = a.new_label();
@@ -640,7 +657,14 @@ fn key_blocks(a: &mut X86Asm, size: i32, body: impl FnOnce(&mut X86Asm)) {
 /// [`SCORE_BLOCK`] keys, then per tile its reference max (rescaling what
 /// it has summed where that moved) and exponentials, then P·V of every
 /// tile in blocks of [`PV_BLOCK`] keys.
-fn super_blocks(a: &mut X86Asm, keys: Keys, values: Values, softmax: SoftmaxMode, dot: KeyDot) {
+fn super_blocks(
+    a: &mut X86Asm,
+    keys: Keys,
+    values: Values,
+    softmax: SoftmaxMode,
+    dot: KeyDot,
+    regs: PvRegisters,
+) {
     a.comment("super-blocks of keys: scores, reference max and exponentials, P·V");
     let (sb, done) = (a.new_label(), a.new_label());
     a.zero(RAX);
@@ -663,7 +687,7 @@ fn super_blocks(a: &mut X86Asm, keys: Keys, values: Values, softmax: SoftmaxMode
         rebase(a, softmax);
         exponentials(a, values);
     });
-    key_blocks(a, PV_BLOCK, |a| each_tile(a, |a| pv(a, values)));
+    key_blocks(a, PV_BLOCK, |a| each_tile(a, |a| pv(a, values, regs)));
     a.load64(RAX, mem(RSP, S_J1));
     a.store64(mem(RSP, S_J0), RAX);
     a.jmp(sb);
@@ -1589,28 +1613,71 @@ pub(super) fn widen_e4m3(a: &mut X86Asm, vx: Ymm, t: Ymm, consts: [Ymm; 3]) {
     a.vmulps(vx, vx, scale);
 }
 
-/// Heads per P·V pass: 12 accumulators, the p broadcasts and the widened
-/// row fill the 16 ymm.
-fn pv_heads() -> usize {
-    3
-}
+/// The P·V pass's register file: ymm0–15, or with AVX512VL ymm0–31
+/// (EVEX forms wherever an operand is past 15). A pass holds the widened
+/// row in ymm0 (and, where one is left, a second half in ymm1), then its
+/// heads' p broadcasts, then their accumulators.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct PvRegisters(bool);
 
-/// Chunks of 8 lanes of d per P·V group for a tile of `heads` heads: as
-/// many accumulators as 16 ymm hold beside each pass's p broadcasts and
-/// the widened row.
-fn group_chunks(heads: usize) -> usize {
-    match heads.min(pv_heads()) {
-        1 => 8,
-        2 => 6,
-        _ => 4,
+impl PvRegisters {
+    fn count(self) -> usize {
+        if self.0 { 32 } else { 16 }
+    }
+
+    /// Heads per pass: 16 registers hold 3 heads' 4 chunks (12
+    /// accumulators, 3 broadcasts, the row); 32 hold 6 heads' 4.
+    fn heads(self) -> usize {
+        if self.0 { 6 } else { 3 }
+    }
+
+    /// Chunks of 8 lanes of d per P·V group for a tile of `heads` heads:
+    /// as many accumulators as the file holds beside each pass's p
+    /// broadcasts and the widened row (at most 8).
+    fn group_chunks(self, heads: usize) -> usize {
+        let heads = heads.min(self.heads());
+        ((self.count() - 1 - heads) / heads).min(8)
+    }
+
+    /// `vfmadd231ps`, VEX or EVEX by the registers.
+    fn fma(self, a: &mut X86Asm, dst: Ymm, x: Ymm, y: Ymm) {
+        if dst.0.max(x.0).max(y.0) < 16 {
+            a.vfmadd231ps(dst, x, y);
+        } else {
+            a.vfmadd231ps_ymm_evex(dst, x, y);
+        }
+    }
+
+    fn load(self, a: &mut X86Asm, dst: Ymm, m: Mem) {
+        if dst.0 < 16 {
+            a.vmovups_load(dst, m);
+        } else {
+            a.vmovups_ymm_evex_load(dst, m);
+        }
+    }
+
+    fn store(self, a: &mut X86Asm, m: Mem, src: Ymm) {
+        if src.0 < 16 {
+            a.vmovups_store(m, src);
+        } else {
+            a.vmovups_ymm_evex_store(m, src);
+        }
+    }
+
+    fn broadcast(self, a: &mut X86Asm, dst: Ymm, m: Mem) {
+        if dst.0 < 16 {
+            a.vpbroadcastd_load(dst, m);
+        } else {
+            a.vbroadcastss_ymm_evex_load(dst, m);
+        }
     }
 }
 
 /// `num[c][head] += Σ_j p[j][head]·v_j[c]` over the block's keys (`S_JB ..
 /// S_JEND`) for the tile at rbx: groups of its chunk group size × passes of
 /// `pv_heads` heads.
-fn pv(a: &mut X86Asm, values: Values) {
-    let hs = pv_heads();
+fn pv(a: &mut X86Asm, values: Values, regs: PvRegisters) {
+    let hs = regs.heads();
     // c0: chunk group start.
     a.zero(RAX);
     a.store64(mem(RSP, S_C0), RAX);
@@ -1645,7 +1712,7 @@ fn pv(a: &mut X86Asm, values: Values) {
     a.jmp(by_heads[hs - 1]);
     for (h, hl) in by_heads.iter().enumerate() {
         a.bind(*hl);
-        let most = group_chunks(h + 1);
+        let most = regs.group_chunks(h + 1);
         let by_chunks: Vec<Label> = (0..most).map(|_| a.new_label()).collect();
         for (i, l) in by_chunks.iter().enumerate().take(most - 1) {
             a.cmp_imm(RAX, i as i32 + 1);
@@ -1654,7 +1721,7 @@ fn pv(a: &mut X86Asm, values: Values) {
         a.jmp(by_chunks[most - 1]);
         for (i, l) in by_chunks.iter().enumerate() {
             a.bind(*l);
-            pv_pass(a, values, h + 1, i + 1);
+            pv_pass(a, values, regs, h + 1, i + 1);
             a.jmp(after);
         }
     }
@@ -1674,10 +1741,14 @@ fn pv(a: &mut X86Asm, values: Values) {
 
 /// One pass over the tile at rbx: `hs` heads from `S_SUB0`, `nc` chunks
 /// from `S_C0`, keys `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
-fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
-    let acc = |h: usize, c: usize| Ymm((h * nc + c) as u8);
-    let p0 = hs * nc;
-    let vx = Ymm((p0 + hs) as u8);
+fn pv_pass(a: &mut X86Asm, values: Values, regs: PvRegisters, hs: usize, nc: usize) {
+    let vx = Ymm(0);
+    // A second row register where the file has one left: two chunks of
+    // fp8 at once.
+    let pair_reg = (2 + hs + hs * nc <= regs.count()).then_some(Ymm(1));
+    let p0 = if pair_reg.is_some() { 2 } else { 1 };
+    let p = |h: usize| Ymm((p0 + h) as u8);
+    let acc = |h: usize, c: usize| Ymm((p0 + hs + h * nc + c) as u8);
     // rdx = num + 32·(9·c0 + sub0).
     a.load64(RAX, mem(RSP, S_C0));
     a.imul_imm(RAX, RAX, 9);
@@ -1688,7 +1759,7 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     a.add(RDX, RAX);
     for h in 0..hs {
         for c in 0..nc {
-            a.vmovups_load(acc(h, c), mem(RDX, 32 * (9 * c + h) as i32));
+            regs.load(a, acc(h, c), mem(RDX, 32 * (9 * c + h) as i32));
         }
     }
     // rsi = p of (jb − j0, sub0), r12 apart; rax = v row jb + chunk c0;
@@ -1726,19 +1797,19 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
         a.prefetcht0(mem(R9, line as i32));
     }
     for h in 0..hs {
-        a.vpbroadcastd_load(Ymm((p0 + h) as u8), mem(RSI, 4 * h as i32));
+        regs.broadcast(a, p(h), mem(RSI, 4 * h as i32));
     }
     let fmas = |a: &mut X86Asm, c: usize, v: Ymm| {
         for h in 0..hs {
-            a.vfmadd231ps(acc(h, c), v, Ymm((p0 + h) as u8));
+            regs.fma(a, acc(h, c), v, p(h));
         }
     };
     // e4m3 → f16 bits of 2^-8 of the value (exact, subnormals included):
     // sign-extended, shifted so the exponent and mantissa land in f16's,
     // the sign copy at bit 14 cleared. Where a register is left beside the
-    // accumulators (passes of 1–2 heads), two chunks at once: 16 codes
-    // through one extend, shift and mask, the high 8 extracted.
-    let pair_reg = (p0 + hs + 1 < 16).then(|| Ymm((p0 + hs + 1) as u8));
+    // accumulators (every pass but 16 registers' 3-head one), two chunks
+    // at once: 16 codes through one extend, shift and mask, the high 8
+    // extracted.
     let mut c = 0;
     while c < nc {
         match (values, pair_reg) {
@@ -1782,7 +1853,7 @@ fn pv_pass(a: &mut X86Asm, values: Values, hs: usize, nc: usize) {
     a.add(RDX, R9);
     for h in 0..hs {
         for c in 0..nc {
-            a.vmovups_store(mem(RDX, 32 * (9 * c + h) as i32), acc(h, c));
+            regs.store(a, mem(RDX, 32 * (9 * c + h) as i32), acc(h, c));
         }
     }
 }

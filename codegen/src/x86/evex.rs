@@ -366,6 +366,48 @@ impl X86Asm {
     }
 }
 
+/// `ymm0`-`ymm31` by number (the VEX [`Ymm`] display names 0-15 only).
+fn ymm_name(r: Ymm) -> String {
+    format!("ymm{}", r.0 & 31)
+}
+
+/// EVEX forms (AVX512VL) of the ymm instructions the decode attention's
+/// P·V pass uses, so its accumulators and broadcasts reach ymm16-31.
+impl X86Asm {
+    /// `vfmadd231ps dst, a, b` on ymm0-31.
+    pub fn vfmadd231ps_ymm_evex(&mut self, dst: Ymm, a: Ymm, b: Ymm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0xB8, dst.0, a.0, Rm::Reg(b.0 & 31), 32);
+        let line = format!(
+            "vfmadd231ps {}, {}, {}",
+            ymm_name(dst),
+            ymm_name(a),
+            ymm_name(b)
+        );
+        self.raw(&e.encode_256(), line);
+    }
+
+    /// `vmovups ymm, ymmword ptr [m]` on ymm0-31.
+    pub fn vmovups_ymm_evex_load(&mut self, dst: Ymm, m: Mem) {
+        let e = Evex::plain(MAP_0F, PP_NONE, 0x10, dst.0, 0, Rm::Mem(m), 32);
+        let line = format!("vmovups {}, ymmword ptr {m}", ymm_name(dst));
+        self.raw(&e.encode_256(), line);
+    }
+
+    /// `vmovups ymmword ptr [m], ymm` on ymm0-31.
+    pub fn vmovups_ymm_evex_store(&mut self, m: Mem, src: Ymm) {
+        let e = Evex::plain(MAP_0F, PP_NONE, 0x11, src.0, 0, Rm::Mem(m), 32);
+        let line = format!("vmovups ymmword ptr {m}, {}", ymm_name(src));
+        self.raw(&e.encode_256(), line);
+    }
+
+    /// `vbroadcastss ymm, dword ptr [m]` on ymm0-31.
+    pub fn vbroadcastss_ymm_evex_load(&mut self, dst: Ymm, m: Mem) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x18, dst.0, 0, Rm::Mem(m), 4);
+        let line = format!("vbroadcastss {}, dword ptr {m}", ymm_name(dst));
+        self.raw(&e.encode_256(), line);
+    }
+}
+
 /// The integer instructions of the AVX-512 int8 GEMM ([`super::avx512_int8`]):
 /// AVX512-VNNI `vpdpbusd`, the int4 unpack (`vpandd`, shifts, lane
 /// shuffles), dword broadcasts and `vcvtdq2ps`.
@@ -587,6 +629,17 @@ mod tests {
         let (b, l) = bytes_of(|a| a.vpdpwssd_ymm_evex(Ymm(9), Ymm(1), Ymm(12)));
         assert_eq!(b, [0x62, 0x52, 0x75, 0x28, 0x52, 0xCC]);
         assert_eq!(l.trim(), "{evex} vpdpwssd ymm9, ymm1, ymm12");
+        // vfmadd231ps ymm17, ymm0, ymm30; vmovups ymm20, [rdx + 64];
+        // vmovups [rdx + 32], ymm31; vbroadcastss ymm18, [rsi + 8] (llvm-mc)
+        let (b, l) = bytes_of(|a| a.vfmadd231ps_ymm_evex(Ymm(17), Ymm(0), Ymm(30)));
+        assert_eq!(b, [0x62, 0x82, 0x7D, 0x28, 0xB8, 0xCE]);
+        assert_eq!(l.trim(), "vfmadd231ps ymm17, ymm0, ymm30");
+        let (b, _) = bytes_of(|a| a.vmovups_ymm_evex_load(Ymm(20), mem(RDX, 64)));
+        assert_eq!(b, [0x62, 0xE1, 0x7C, 0x28, 0x10, 0x62, 0x02]);
+        let (b, _) = bytes_of(|a| a.vmovups_ymm_evex_store(mem(RDX, 32), Ymm(31)));
+        assert_eq!(b, [0x62, 0x61, 0x7C, 0x28, 0x11, 0x7A, 0x01]);
+        let (b, _) = bytes_of(|a| a.vbroadcastss_ymm_evex_load(Ymm(18), mem(RSI, 8)));
+        assert_eq!(b, [0x62, 0xE2, 0x7D, 0x28, 0x18, 0x56, 0x02]);
         // vpsrld zmm1 {k2}, zmm1, 4 (llvm-mc)
         let (b, _) = bytes_of(|a| a.vpsrld_zmm_imm(Zmm(1), Kreg(2), Zmm(1), 4));
         assert_eq!(b, [0x62, 0xF1, 0x75, 0x4A, 0x72, 0xD1, 0x04]);

@@ -310,15 +310,20 @@ impl X86Backend {
         }
     }
 
-    /// The attention kernel's code with this backend's int8-key dot
-    /// ([`attention::KeyDot`] from [`Self::int8_dot`]): a prefill kernel's
-    /// flash loop in `blocks`.
+    /// The attention kernel's code on this backend's instructions: the
+    /// int8-key dot of [`Self::int8_dot`], and with `avx512_vnni` (which
+    /// comes with AVX512VL) ymm16–31 for P·V; a prefill kernel's flash loop
+    /// in `blocks`.
     pub fn attention(
         &self,
         kernel: &Kernel,
         blocks: PrefillBlocks,
     ) -> Result<MachineCode, EmitError> {
-        attention::emit_for(kernel, blocks, self.int8_dot().into())
+        let isa = attention::DecodeIsa {
+            key_dot: self.int8_dot().into(),
+            ymm32: self.avx512_vnni,
+        };
+        attention::emit_for(kernel, blocks, isa)
     }
 
     /// Emit the matmul machine code (the GEMM variant).
