@@ -823,12 +823,7 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
 /// half chunk of 8 d first where d/8 is odd, its upper 8 lanes zero).
 fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp) {
     let (m, inv, t) = (Ymm(4), Ymm(6), Ymm(5));
-    a.vextractf128_hi(t, m);
-    a.vmaxps(m, m, t);
-    a.vpermilps_imm(t, m, 0x4e);
-    a.vmaxps(m, m, t);
-    a.vpermilps_imm(t, m, 0xb1u8 as i8);
-    a.vmaxps(m, m, t);
+    horizontal(a, m, t, X86Asm::vmaxps);
     a.vpbroadcastd_load(t, mem(RSP, S_TINY));
     a.vmaxps(m, m, t);
     a.vbroadcastss_reg(m, m);
@@ -877,12 +872,17 @@ fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp) {
 
 /// Lane 0 of `v` = the sum of its 8 lanes (`t` clobbered).
 fn hsum(a: &mut X86Asm, v: Ymm, t: Ymm) {
+    horizontal(a, v, t, X86Asm::vaddps);
+}
+
+/// Lane 0 of `v` = `op` over its 8 lanes (`t` clobbered).
+fn horizontal(a: &mut X86Asm, v: Ymm, t: Ymm, op: fn(&mut X86Asm, Ymm, Ymm, Ymm)) {
     a.vextractf128_hi(t, v);
-    a.vaddps(v, v, t);
+    op(a, v, v, t);
     a.vpermilps_imm(t, v, 0x4e);
-    a.vaddps(v, v, t);
+    op(a, v, v, t);
     a.vpermilps_imm(t, v, 0xb1u8 as i8);
-    a.vaddps(v, v, t);
+    op(a, v, v, t);
 }
 
 /// Scores of the block's keys (`S_JB .. S_JEND`) for the tile at rbx into
