@@ -195,6 +195,33 @@ fn x86_attention_online_modes() {
 }
 
 #[test]
+fn x86_attention_kv8_head_dims_past_512() {
+    // Past d = 512 the i16 form of q takes a smaller code range, computed
+    // in the kernel from d, so that d products of |c| ≤ 128 stay below
+    // 2^31 (an arithmetic bound; these random inputs do not reach it);
+    // d = 1032 also has the leading half chunk.
+    if !runnable() {
+        return;
+    }
+    let kernel = library::get("attention-decode-kv8").unwrap();
+    for (_, att) in every_form(&kernel) {
+        for &(d, seed) in &[(520usize, 71u64), (1032, 72)] {
+            let c = Case {
+                s: 70,
+                hq: 4,
+                kvh: 2,
+                d,
+                q_amp: 0.5,
+                threads: 1,
+                chunk: None,
+                seed,
+            };
+            check(&att, &kernel, &c);
+        }
+    }
+}
+
+#[test]
 fn x86_attention_async_recomputes_out_of_range_rows() {
     if !runnable() {
         return;

@@ -170,7 +170,8 @@ const R_OK: i32 = 128;
 const R_MVEC: i32 = 160;
 const R_DEN: i32 = 192;
 const R_SUMQ: i32 = 224;
-/// int8 keys: per head lane, the scale of q's i16 form (`max|q| / 32767`).
+/// int8 keys: per head lane, the scale of q's i16 form (`max|q| / 32767`;
+/// past d = 512 a smaller code range, see [`widen_q`]).
 const R_QSCALE: i32 = 256;
 
 const POLY: [f32; 7] = [
@@ -741,7 +742,22 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
     a.vmovups_store(mem(RBX, R_SUMQ), zero);
     if int8 {
         a.vmovups_store(mem(RBX, R_QSCALE), zero);
-        a.store32_imm(mem(RSP, S_I16_MAX), 32767f32.to_bits() as i32);
+        // The i16 form's largest code: 32767, or (2^24 − 1)/d where that
+        // is smaller, so a head's integer dot (d terms of |c| ≤ 128)
+        // stays below 2^31 for any d (32767 holds up to d = 512).
+        let d_ok = a.new_label();
+        a.load64(RCX, mem(RSP, S_D));
+        a.cmp_imm(RCX, 0);
+        a.jcc(Cond::Ne, d_ok);
+        a.mov_imm(RCX, 1);
+        a.bind(d_ok);
+        a.mov_imm(RAX, (1 << 24) - 1);
+        a.zero(RDX);
+        a.div(RCX);
+        a.mov_imm(RDX, 32767);
+        common::min_reg(a, RAX, RDX);
+        a.vcvtsi2ss(Ymm(2), RAX);
+        a.vmovss_store(mem(RSP, S_I16_MAX), Ymm(2));
         a.store32_imm(mem(RSP, S_ABS_MASK), 0x7FFF_FFFF);
         a.store32_imm(mem(RSP, S_TINY), f32::MIN_POSITIVE.to_bits() as i32);
     }
@@ -817,10 +833,11 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
 }
 
 /// After [`widen_q`]'s f32 pass over head r12 (row at r8, its qarea
-/// column at r9, max|q| per lane in ymm4): the scale `m / 32767` (m =
-/// max|q|, at least the least normal f32) into the record's lane at
-/// `rcx` bytes, and q·32767/m rounded to i16 into the head's chunks (a
-/// half chunk of 8 d first where d/8 is odd, its upper 8 lanes zero).
+/// column at r9, max|q| per lane in ymm4): the scale `m / C` (m = max|q|,
+/// at least the least normal f32; C the code range at `S_I16_MAX`, 32767
+/// up to d = 512) into the record's lane at `rcx` bytes, and q·C/m
+/// rounded to i16 into the head's chunks (a half chunk of 8 d first where
+/// d/8 is odd, its upper 8 lanes zero).
 fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp) {
     let (m, inv, t) = (Ymm(4), Ymm(6), Ymm(5));
     horizontal(a, m, t, X86Asm::vmaxps);
