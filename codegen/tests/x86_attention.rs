@@ -151,6 +151,8 @@ fn sweep_one(att: &HostAttention, kernel: &Kernel) {
             (9, 1),
             (16, 2),
             (8, 8),
+            // Multi-head attention with more heads than one ymm's lanes.
+            (12, 12),
         ] {
             for &d in &[8usize, 40, 64, 80, 128] {
                 for threads in [1, 2] {
@@ -245,6 +247,19 @@ fn x86_attention_async_recomputes_out_of_range_rows() {
             };
             let r = check(att, &kernel, &c);
             assert!(r > 0, "{name} {chunk:?}: nothing recomputed");
+            // And multi-head attention (a tile per head).
+            let c = Case {
+                s: 700,
+                hq: 10,
+                kvh: 10,
+                d: 16,
+                q_amp: 8.0,
+                threads: 2,
+                chunk,
+                seed: 99,
+            };
+            let r = check(att, &kernel, &c);
+            assert!(r > 0, "{name} {chunk:?}: nothing recomputed");
         }
     }
 }
@@ -259,7 +274,7 @@ fn x86_attention_split_chunks_match_the_interpreter() {
         let kernel = library::get(name).unwrap();
         for (_, att) in every_form(&kernel) {
             for &(s, chunk) in &[(65usize, 1usize), (200, 7), (700, 300)] {
-                for &(hq, kvh) in &[(4usize, 2usize), (6, 1)] {
+                for &(hq, kvh) in &[(4usize, 2usize), (6, 1), (9, 9)] {
                     seed += 1;
                     let c = Case {
                         s,
