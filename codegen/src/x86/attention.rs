@@ -1638,14 +1638,23 @@ pub(super) fn widen_e4m3(a: &mut X86Asm, vx: Ymm, t: Ymm, consts: [Ymm; 3]) {
 struct PvRegisters(bool);
 
 impl PvRegisters {
+    /// The vector registers of the target the pass runs on (`x86-avx2`,
+    /// or `x86-avx512` whose EVEX names 32).
     fn count(self) -> usize {
-        if self.0 { 32 } else { 16 }
+        let name = if self.0 {
+            super::AVX512_NAME
+        } else {
+            super::NAME
+        };
+        crate::target::TargetCaps::by_name(name)
+            .expect("x86 targets are built in")
+            .registers as usize
     }
 
-    /// Heads per pass: 16 registers hold 3 heads' 4 chunks (12
-    /// accumulators, 3 broadcasts, the row); 32 hold 6 heads' 4.
+    /// Heads per pass: the most whose accumulators for 4 chunks, their
+    /// broadcasts and the widened row fit (16 registers: 3, 32: 6).
     fn heads(self) -> usize {
-        if self.0 { 6 } else { 3 }
+        (self.count() - 1) / 5
     }
 
     /// Chunks of 8 lanes of d per P·V group for a tile of `heads` heads:
