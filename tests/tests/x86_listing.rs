@@ -3,6 +3,20 @@
 use tessera_codegen::x86::asm::*;
 use tessera_tests::llvm_mc::{McError, check_x86};
 
+/// llvm-mc's bytes for `listing` under `features` equal `bytes`: true when
+/// they do, false when llvm-mc is not installed (the caller skips the
+/// rest), a panic naming `what` when they differ.
+fn agrees_with_llvm_mc(listing: &str, bytes: &[u8], features: &str, what: &str) -> bool {
+    match check_x86(listing, bytes, features) {
+        Ok(()) => true,
+        Err(McError::Missing) => {
+            eprintln!("SKIP: llvm-mc not installed (scripts/test.sh installs it)");
+            false
+        }
+        Err(McError::Failed(why)) => panic!("{what}: {why}\nlisting:\n{listing}"),
+    }
+}
+
 #[test]
 fn every_instruction_of_the_x86_layer_round_trips_through_llvm_mc() {
     let mut a = X86Asm::new();
@@ -113,13 +127,12 @@ fn every_instruction_of_the_x86_layer_round_trips_through_llvm_mc() {
     a.vzeroupper();
     a.ret();
     let (bytes, listing) = a.finish().expect("assembles");
-    match check_x86(&listing, &bytes, "+avx2,+fma,+f16c,+avxvnni") {
-        Ok(()) => {}
-        Err(McError::Missing) => {
-            eprintln!("SKIP: llvm-mc not installed (scripts/test.sh installs it)")
-        }
-        Err(McError::Failed(why)) => panic!("{why}\nlisting:\n{listing}"),
-    }
+    agrees_with_llvm_mc(
+        &listing,
+        &bytes,
+        "+avx2,+fma,+f16c,+avxvnni",
+        "the x86 layer",
+    );
 }
 
 #[test]
@@ -156,17 +169,13 @@ fn every_x86_attention_listing_matches_its_bytes() {
                 let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
                 let isa = DecodeIsa { key_dot, ymm32 };
                 let code = attention::emit_for(&k, blocks, isa).unwrap();
-                match check_x86(
+                if !agrees_with_llvm_mc(
                     &code.listing,
                     &code.bytes,
                     "+avx2,+fma,+f16c,+popcnt,+avxvnni,+avx512vl,+avx512vnni",
+                    &format!("{name} {isa:?}"),
                 ) {
-                    Ok(()) => {}
-                    Err(McError::Missing) => {
-                        eprintln!("SKIP: llvm-mc not installed");
-                        return;
-                    }
-                    Err(McError::Failed(why)) => panic!("{name} {isa:?}: {why}"),
+                    return;
                 }
             }
         }
@@ -206,19 +215,13 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                 let mut codes = vec![code];
                 codes.extend(backend.emit_quantizer(&kernel, &tile).unwrap());
                 for code in codes {
-                    match check_x86(
+                    if !agrees_with_llvm_mc(
                         &code.listing,
                         &code.bytes,
                         "+avx2,+fma,+f16c,+avxvnni,+avx512vl,+avx512bw,+avx512vnni",
+                        &format!("{name} {}", tile.summary()),
                     ) {
-                        Ok(()) => {}
-                        Err(McError::Missing) => {
-                            eprintln!("SKIP: llvm-mc not installed");
-                            return;
-                        }
-                        Err(McError::Failed(why)) => {
-                            panic!("{name} {}: {why}", tile.summary())
-                        }
+                        return;
                     }
                 }
             }
