@@ -111,6 +111,23 @@ fn tolerance(backend: Backend, format: WeightFormat, k: usize, scale: f32) -> f3
     }
 }
 
+/// `lin` on x (m rows) against the interpreter, within `backend`'s
+/// tolerance for the Linear's format; `what` names the case on failure.
+fn assert_matches_reference(
+    lin: &Linear,
+    backend: Backend,
+    x: &[f32],
+    (w, bias): (&[f32], &[f32]),
+    m: usize,
+    what: &str,
+) {
+    let (format, n, k) = (lin.format(), lin.n(), lin.k());
+    let y = run_linear(lin, x, m);
+    let (err, scale) = max_err(&y, &reference(format, x, w, bias, m, n, k));
+    let tol = tolerance(backend, format, k, scale);
+    assert!(err <= tol, "{what}: err {err} > {tol}");
+}
+
 fn run_linear(lin: &Linear, x: &[f32], m: usize) -> Vec<f32> {
     match lin.format() {
         WeightFormat::F16 => {
@@ -888,10 +905,8 @@ fn the_flat_range_runs_a_tile_of_the_real_m() {
                     "{backend:?} {format} m={m}"
                 );
                 let x = randv(&mut r, m * k);
-                let y = run_linear(&lin, &x, m);
-                let (err, scale) = max_err(&y, &reference(format, &x, &w, &bias, m, n, k));
-                let tol = tolerance(backend, format, k, scale);
-                assert!(err <= tol, "{backend:?} {format} m={m} err {err} ({plan})");
+                let what = format!("{backend:?} {format} m={m} ({plan})");
+                assert_matches_reference(&lin, backend, &x, (&w, &bias), m, &what);
             }
             let steps_below_ep = plan.flat_steps.iter().filter(|s| s.tile != flat).count();
             assert!(dev.prepared_kernels() >= before + steps_below_ep.min(1));
@@ -1021,10 +1036,8 @@ fn a_flat_step_may_run_on_the_gemm_packing() {
                     "{backend:?} {format} m={m}: {got:?}, want {want:?} ({plan})"
                 );
                 let x = randv(&mut r, m * k);
-                let y = run_linear(&lin, &x, m);
-                let (err, scale) = max_err(&y, &reference(format, &x, &w, &bias, m, n, k));
-                let tol = tolerance(backend, format, k, scale);
-                assert!(err <= tol, "{backend:?} {format} m={m} err {err} ({plan})");
+                let what = format!("{backend:?} {format} m={m} ({plan})");
+                assert_matches_reference(&lin, backend, &x, (&w, &bias), m, &what);
             }
         }
     }
@@ -1190,15 +1203,8 @@ fn one_weight_copy_packs_once_and_matches_the_interpreter() {
             assert_eq!(lin.packings(), 1, "{backend:?} {format}: {}", lin.plan());
             for m in [1usize, 2, 3, 5, 15, 16, 17, 33] {
                 let x = randv(&mut r, m * k);
-                let y = run_linear(&lin, &x, m);
-                let want = reference(format, &x, &w, &bias, m, n, k);
-                let (err, scale) = max_err(&y, &want);
-                let tol = tolerance(backend, format, k, scale);
-                assert!(
-                    err <= tol,
-                    "{backend:?} {format} m={m} ({}): err {err} > {tol}",
-                    lin.plan()
-                );
+                let what = format!("{backend:?} {format} m={m} ({})", lin.plan());
+                assert_matches_reference(&lin, backend, &x, (&w, &bias), m, &what);
             }
         }
     }
