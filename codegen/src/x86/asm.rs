@@ -599,7 +599,14 @@ impl X86Asm {
         dynasm!(self.ops ; .arch x64 ; vextractf128 Rx(d), Ry(s), 1);
     }
 
-    /// `prefetcht0 byte ptr [m]`
+    /// `prefetcht1 byte ptr [m]`: into L2 (and L3), not L1.
+    pub fn prefetcht1(&mut self, m: Mem) {
+        self.log(format!("prefetcht1 byte ptr {m}"));
+        let (b, o) = (m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; prefetcht1 [Rq(b) + o]);
+    }
+
+    /// `prefetcht0 byte ptr [m]`: into every level.
     pub fn prefetcht0(&mut self, m: Mem) {
         self.log(format!("prefetcht0 byte ptr {m}"));
         let (b, o) = (m.base.0, m.disp);
