@@ -76,22 +76,51 @@ pub const PV_BLOCK: i32 = 8;
 /// head, and a reference that moves between super-blocks rescales `num`
 /// and `den` (by exactly 1 where it did not move).
 const SUPER: i32 = DECODE_SUPER_BLOCK as i32;
-/// How many keys ahead the score loop prefetches K rows.
-///
-/// Every prefetch of the decode kernel is `prefetcht1`, into L2 only: one
-/// KV head's rows lie `kvh·d` elements apart, for multi-head attention a
-/// multiple of 4 KB, so a block of rows and the rows prefetched ahead all
-/// fall in the same L1 set (64 sets of 8 ways on Zen 4) and evict each
-/// other before use. Into L2 the prefetched lines stay, and the demand
-/// loads hit L2. Measured on Zen 4 against `prefetcht0` (medians of 4
-/// alternating runs, ctx 4096): Llama2 MHA 14–23% faster at one thread,
-/// 18–25% at two; Qwen2 GQA f16 10% and 8%; Qwen2 kv8 5% slower at one
-/// thread (compute-bound, L2 latency now on its loads) and faster at two.
+/// How many keys ahead the score loop prefetches K rows (see [`Prefetch`]).
 const SCORE_AHEAD: i32 = 8;
-/// How many keys ahead the P·V loop prefetches V rows (into L2, as above).
+/// How many keys ahead the P·V loop prefetches V rows (see [`Prefetch`]).
 const PV_AHEAD: i32 = 8;
 /// The head dimension must be a multiple of this.
 pub const HEAD_DIM_MULTIPLE: usize = 8;
+
+/// The cache the score and P·V loops prefetch K and V rows into, chosen
+/// per loop variant by its key format and heads.
+///
+/// One KV head's rows lie `kvh·d` elements apart; for multi-head attention
+/// that is a multiple of 4 KB, so a block of rows and the rows prefetched
+/// ahead all fall in one L1 set (64 sets of 8 ways on Zen 4) and evict
+/// each other before use. Prefetched into L2 (`prefetcht1`) they stay, and
+/// the demand loads hit L2. A loop with int8 keys over 4 or more heads is
+/// bound by its arithmetic instead, and there the L2 latency on every load
+/// costs more than the conflicts: it prefetches into L1 (`prefetcht0`).
+/// Measured on Zen 4 against `prefetcht0` everywhere (ctx 4096, one
+/// thread, medians of 3 alternating runs): MHA and 2-head groups 13–28%
+/// faster, f16 groups of 4–8 heads 5–31%; int8 keys in groups of 4, 6 and
+/// 8 within −3% and +6% either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prefetch {
+    L1,
+    L2,
+}
+
+impl Prefetch {
+    /// The level for a loop over `heads` query heads with `keys`.
+    fn for_loop(keys: Keys, heads: usize) -> Prefetch {
+        if keys == Keys::I8Asym && heads >= 4 {
+            Prefetch::L1
+        } else {
+            Prefetch::L2
+        }
+    }
+
+    /// Prefetch the line at `m`.
+    fn line(self, a: &mut X86Asm, m: Mem) {
+        match self {
+            Prefetch::L1 => a.prefetcht0(m),
+            Prefetch::L2 => a.prefetcht1(m),
+        }
+    }
+}
 
 /// f32 of scratch one call over `s` keys in `tiles` tiles of query heads
 /// ([`decode_tiles`]) needs: the split state region (`s + 3d + 8`), 16 to
@@ -698,7 +727,7 @@ fn super_blocks(
         rebase(a, softmax);
         exponentials(a, values);
     });
-    key_blocks(a, PV_BLOCK, |a| each_tile(a, |a| pv(a, values, regs)));
+    key_blocks(a, PV_BLOCK, |a| each_tile(a, |a| pv(a, keys, values, regs)));
     a.load64(RAX, mem(RSP, S_J1));
     a.store64(mem(RSP, S_J0), RAX);
     a.jmp(sb);
@@ -970,7 +999,7 @@ fn score_one_head(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot)
         a.imul_imm(RCX, RCX, row_bytes);
         let line = a.new_label();
         a.bind(line);
-        a.prefetcht1(mem(RSI, 0));
+        Prefetch::for_loop(keys, 1).line(a, mem(RSI, 0));
         a.add_imm(RSI, 64);
         a.sub_imm(RCX, 64);
         a.jcc(Cond::G, line);
@@ -1185,7 +1214,7 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, g: 
         let sets = if g <= MAX_TILE / 2 { 2 } else { 1 };
         let step = |a: &mut X86Asm, set: usize, at: i32, half: bool| {
             let kx = Ymm(8 + set as u8);
-            a.prefetcht1(mem(RDX, 16 * at));
+            Prefetch::for_loop(keys, g).line(a, mem(RDX, 16 * at));
             load_codes_i16(a, kx, mem(RSI, 16 * at), half);
             for i in 0..g {
                 a.vmovdqu_load(Ymm(10), mem(RAX, 256 * at + 32 * i as i32));
@@ -1228,7 +1257,7 @@ fn f16_key_chunks(a: &mut X86Asm, g: usize) {
     // One chunk into accumulator set `set` (ymm i + 4·set for head i).
     let chunk_step = |a: &mut X86Asm, set: usize, at: i32| {
         let kx = Ymm(8 + set as u8);
-        a.prefetcht1(mem(RDX, at * step));
+        Prefetch::for_loop(Keys::F16, g).line(a, mem(RDX, at * step));
         a.vcvtph2ps_load(kx, mem(RSI, at * step));
         for i in 0..g {
             a.vfmadd231ps_mem(
@@ -1263,7 +1292,7 @@ fn f16_key_chunks(a: &mut X86Asm, g: usize) {
         a.bind(quads);
         a.cmp_imm(RCX, 4);
         a.jcc(Cond::L, single);
-        a.prefetcht1(mem(RDX, 0));
+        Prefetch::for_loop(Keys::F16, g).line(a, mem(RDX, 0));
         for at in 0..4 {
             quad_step(a, at);
         }
@@ -1347,10 +1376,11 @@ fn key_pairs(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, g: u
     chunk_cursors(a);
     a.lea(R11, mem(R13, 0));
     a.add(R11, R14);
+    let prefetch = Prefetch::for_loop(keys, g);
     let prefetch_both = |a: &mut X86Asm, at: i32| {
-        a.prefetcht1(mem(RDX, at));
+        prefetch.line(a, mem(RDX, at));
         a.add(RDX, R14);
-        a.prefetcht1(mem(RDX, at));
+        prefetch.line(a, mem(RDX, at));
         a.sub(RDX, R14);
     };
     if keys == Keys::I8Asym {
@@ -1712,7 +1742,7 @@ impl PvRegisters {
 /// `num[c][head] += Σ_j p[j][head]·v_j[c]` over the block's keys (`S_JB ..
 /// S_JEND`) for the tile at rbx: groups of its chunk group size × passes of
 /// `pv_heads` heads.
-fn pv(a: &mut X86Asm, values: Values, regs: PvRegisters) {
+fn pv(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     let hs = regs.heads();
     // c0: chunk group start.
     a.zero(RAX);
@@ -1757,7 +1787,7 @@ fn pv(a: &mut X86Asm, values: Values, regs: PvRegisters) {
         a.jmp(by_chunks[most - 1]);
         for (i, l) in by_chunks.iter().enumerate() {
             a.bind(*l);
-            pv_pass(a, values, regs, h + 1, i + 1);
+            pv_pass(a, keys, values, regs, h + 1, i + 1);
             a.jmp(after);
         }
     }
@@ -1777,7 +1807,7 @@ fn pv(a: &mut X86Asm, values: Values, regs: PvRegisters) {
 
 /// One pass over the tile at rbx: `hs` heads from `S_SUB0`, `nc` chunks
 /// from `S_C0`, keys `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
-fn pv_pass(a: &mut X86Asm, values: Values, regs: PvRegisters, hs: usize, nc: usize) {
+fn pv_pass(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, hs: usize, nc: usize) {
     let vx = Ymm(0);
     // A second row register where the file has one left: two chunks of
     // fp8 at once.
@@ -1830,7 +1860,7 @@ fn pv_pass(a: &mut X86Asm, values: Values, regs: PvRegisters, hs: usize, nc: usi
     a.add(R9, R10);
     let vb = vb as usize;
     for line in (0..nc * vb).step_by(64) {
-        a.prefetcht1(mem(R9, line as i32));
+        Prefetch::for_loop(keys, hs).line(a, mem(R9, line as i32));
     }
     for h in 0..hs {
         regs.broadcast(a, p(h), mem(RSI, 4 * h as i32));
