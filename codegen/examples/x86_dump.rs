@@ -1,5 +1,5 @@
 //! Print an x86 kernel's listing: `cargo run -p tessera-codegen --example x86_dump -- matmul-w4a8 [quant]`;
-//! for a decode attention kernel (`attention-decode-kv8`) the form this CPU runs.
+//! for an attention kernel (`attention-decode-kv8`, `attention-prefill-f16`) the form this CPU runs.
 use tessera_codegen::tile::{Problem, solve};
 use tessera_codegen::x86::{X86Backend, plan};
 
