@@ -84,6 +84,7 @@ fn unsigned_code_backends_refuse_signed_codes() {
             vnni: true,
             avx512: true,
             avx512_vnni: true,
+            avx512_bf16: false,
         },
     ] {
         for variant in Variant::ALL {

@@ -12,6 +12,8 @@ use tessera_codegen::x86::attention::{self, DecodeIsa, HEAD_DIM_MULTIPLE, KeyDot
 use tessera_dsl::interp::{self, Bindings, Value};
 
 mod attention_inputs;
+mod guarded;
+use guarded::Guarded;
 use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};
 use tessera_dsl::library;
 
@@ -38,7 +40,7 @@ fn compile_for(kernel: &Kernel, isa: DecodeIsa) -> HostAttention {
 /// encoding of the int8-key dot it has (f16 keys have none); and with
 /// AVX512VL the P·V passes in ymm0–31, on the plain and the best dot.
 fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
-    use tessera_codegen::x86::{host_has_avx_vnni, host_has_avx512_vnni};
+    use tessera_codegen::x86::{host_has_avx_vnni, host_has_avx512_bf16, host_has_avx512_vnni};
     let int8_keys = kernel.tensor("k").unwrap().format != Format::F16;
     let mut dots = vec![KeyDot::Maddwd];
     if int8_keys && host_has_avx_vnni() {
@@ -55,6 +57,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
         .map(|&key_dot| DecodeIsa {
             key_dot,
             ymm32: false,
+            bf16_values: false,
         })
         .collect();
     // host_has_avx512_vnni includes AVX512VL.
@@ -63,11 +66,25 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             forms.push(DecodeIsa {
                 key_dot,
                 ymm32: true,
+                bf16_values: false,
             });
         }
         forms.dedup();
     } else {
         eprintln!("SKIP {}: no AVX512VL here, ymm16-31 untested", kernel.name);
+    }
+    let fp8_values = kernel.tensor("v").unwrap().format == Format::Fp8E4M3;
+    if fp8_values && host_has_avx512_vnni() && host_has_avx512_bf16() {
+        forms.push(DecodeIsa {
+            key_dot: dots[dots.len() - 1],
+            ymm32: true,
+            bf16_values: true,
+        });
+    } else if fp8_values {
+        eprintln!(
+            "SKIP {}: no AVX512_BF16/VBMI here, the bf16 P·V untested",
+            kernel.name
+        );
     }
     forms
         .into_iter()
@@ -94,6 +111,21 @@ struct Case {
     seed: u64,
 }
 
+/// `side` as the kernels read it, its codes or halves in `g`.
+fn guarded_cache<'a>(side: &'a attention_inputs::Side, g: &'a Guarded) -> KvCache<'a> {
+    match &side.quant {
+        Some(t) => KvCache::QuantRows {
+            format: t.format,
+            rows: t.rows,
+            cols: t.cols,
+            codes: g.bytes(),
+            scales: &t.scales,
+            offsets: &t.offsets,
+        },
+        None => KvCache::F16(g.halves()),
+    }
+}
+
 /// Run one case against the interpreter; returns the recomputed rows.
 fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
     let (s, hq, kvh, d) = (c.s, c.hq, c.kvh, c.d);
@@ -108,7 +140,13 @@ fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
     let out = interp::run(kernel, &bindings).expect("interp");
     let want = out.get("o").unwrap();
     let stats = out.softmax.unwrap();
-    let (kc, vc) = (inp.k.cache(), inp.v.cache());
+    // K and V each end at an inaccessible page: a read past either faults.
+    let guard = |side: &attention_inputs::Side| match &side.quant {
+        Some(t) => Guarded::new(&t.codes),
+        None => Guarded::from_halves(&side.half),
+    };
+    let (kg, vg) = (guard(&inp.k), guard(&inp.v));
+    let (kc, vc) = (guarded_cache(&inp.k, &kg), guarded_cache(&inp.v, &vg));
     let mut o = vec![f16::ZERO; hq * d];
     let recomputed = match c.chunk {
         None => att.run(qv, kc, vc, s, hq, kvh, d, &mut o, c.threads),

@@ -1032,6 +1032,7 @@ fn jit_engine(backend: Backend, x86_avx2_only: bool) -> Result<Engine, RuntimeEr
                 Engine::X86(X86Backend {
                     avx512: b.avx512 && !x86_avx2_only,
                     avx512_vnni: b.avx512_vnni && !x86_avx2_only,
+                    avx512_bf16: b.avx512_bf16 && !x86_avx2_only,
                     ..b
                 })
             })

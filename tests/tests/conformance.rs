@@ -724,6 +724,7 @@ fn emit(be: Be, kernel: &Kernel, d: &Desc) -> Result<Emitted, String> {
                     vnni: false,
                     avx512: true,
                     avx512_vnni: true,
+                    avx512_bf16: false,
                 }
             };
             let ts = tiles(x.target(kernel, v), kernel, v)?;

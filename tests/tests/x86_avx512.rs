@@ -133,6 +133,7 @@ fn solver_tiles_match_the_avx512_plan() {
         vnni: false,
         avx512: true,
         avx512_vnni: false,
+        avx512_bf16: false,
     };
     let p = Problem::from_kernel(caps, &kernel).unwrap();
     let mut emitted = 0;
@@ -165,12 +166,14 @@ fn solver_tiles_match_the_avx512_plan() {
         vnni: true,
         avx512: true,
         avx512_vnni: true,
+        avx512_bf16: false,
     };
     assert_eq!(vnni.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     let zen4 = X86Backend {
         vnni: false,
         avx512: true,
         avx512_vnni: true,
+        avx512_bf16: false,
     };
     assert_eq!(zen4.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(
@@ -197,6 +200,7 @@ fn bad_tiles_are_named() {
         vnni: false,
         avx512: true,
         avx512_vnni: false,
+        avx512_bf16: false,
     };
     let mut t = tile_at(&kernel, 5, 80);
     t.hp = 72;
@@ -217,6 +221,7 @@ fn avx512_kernel_listings_match_their_bytes() {
         vnni: false,
         avx512: true,
         avx512_vnni: false,
+        avx512_bf16: false,
     };
     for (ep, hp) in [(5, 80), (8, 48), (14, 32), (1, 16)] {
         let tile = tile_at(&kernel, ep, hp);
@@ -249,6 +254,7 @@ fn avx512_listing_snapshot() {
         vnni: false,
         avx512: true,
         avx512_vnni: false,
+        avx512_bf16: false,
     };
     let code = backend.emit_code(&kernel, &tile).unwrap();
     assert_eq!(code, backend.emit_code(&kernel, &tile).unwrap());

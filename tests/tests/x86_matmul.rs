@@ -22,6 +22,7 @@ fn backends() -> Vec<X86Backend> {
                 vnni: false,
                 avx512: false,
                 avx512_vnni: false,
+                avx512_bf16: false,
             };
             let mut all = vec![plain];
             if b.vnni {

@@ -21,6 +21,7 @@ fn x86_canonical_listings() {
             vnni: false,
             avx512: false,
             avx512_vnni: false,
+            avx512_bf16: false,
         };
         let code = plain.emit_code(&kernel, &tile).unwrap();
         insta::assert_snapshot!(tag.clone(), code.listing);
@@ -30,6 +31,7 @@ fn x86_canonical_listings() {
                 vnni: true,
                 avx512: false,
                 avx512_vnni: false,
+                avx512_bf16: false,
             }
             .emit_code(&kernel, &tile)
             .unwrap();
@@ -40,6 +42,7 @@ fn x86_canonical_listings() {
                 vnni: false,
                 avx512: false,
                 avx512_vnni: true,
+                avx512_bf16: false,
             }
             .emit_code(&kernel, &tile)
             .unwrap();
@@ -65,6 +68,7 @@ fn x86_variant_listings() {
                 vnni: false,
                 avx512: false,
                 avx512_vnni: false,
+                avx512_bf16: false,
             }
             .emit_code_variant(&kernel, &tile, v)
             .unwrap();

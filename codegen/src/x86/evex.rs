@@ -141,6 +141,13 @@ impl Evex {
         out
     }
 
+    /// The same instruction with EVEX.W = 1 (64-bit elements).
+    fn encode_w1(&self) -> Vec<u8> {
+        let mut out = self.encode();
+        out[2] |= 0x80;
+        out
+    }
+
     /// The same instruction on 256 bits (L'L = 01, AVX512VL): ymm0-15 name
     /// the same registers as zmm0-15's low halves.
     fn encode_256(&self) -> Vec<u8> {
@@ -583,6 +590,167 @@ impl X86Asm {
     }
 }
 
+/// The decode attention's P·V of fp8 values by bf16 dot products
+/// (AVX512_BF16), its e4m3 → bf16 byte lookups (AVX512_VBMI) and masked
+/// row loads (AVX512BW).
+impl X86Asm {
+    /// `vpermb dst, idx, src`: dst.byte[i] = src.byte[idx.byte[i] & 63].
+    pub fn vpermb_zmm(&mut self, dst: Zmm, idx: Zmm, src: Zmm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x8D, dst.0, idx.0, Rm::Reg(src.0 & 31), 64);
+        self.evex(e, format!("vpermb {dst}, {idx}, {src}"));
+    }
+
+    /// `vmovdqa64 dst, src`: a register copy.
+    pub fn vmovdqa64_zmm(&mut self, dst: Zmm, src: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0x6F, dst.0, 0, Rm::Reg(src.0 & 31), 64);
+        self.raw(&e.encode_w1(), format!("vmovdqa64 {dst}, {src}"));
+    }
+
+    /// `vpermi2b idx, t0, zmmword ptr [m]`: each byte of `idx` replaced by
+    /// entry `idx & 127` of the 128-byte table `t0 ‖ [m]`.
+    pub fn vpermi2b_zmm_mem(&mut self, idx: Zmm, t0: Zmm, m: Mem) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x75, idx.0, t0.0, Rm::Mem(m), 64);
+        self.evex(e, format!("vpermi2b {idx}, {t0}, zmmword ptr {m}"));
+    }
+
+    /// `vpternlogd dst, b, dword ptr [m]{1to16}, imm`: the bitwise function
+    /// `imm` of (dst, b, the broadcast dword).
+    pub fn vpternlogd_zmm_bcst(&mut self, dst: Zmm, b: Zmm, m: Mem, imm: u8) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F3A, PP_66, 0x25, dst.0, b.0, Rm::Mem(m), 4)
+        };
+        let mut bytes = e.encode();
+        bytes.push(imm);
+        self.raw(
+            &bytes,
+            format!("vpternlogd {dst}, {b}, dword ptr {m}{{1to16}}, {imm}"),
+        );
+    }
+
+    /// `vpunpcklbw dst, a, b`: per 128-bit lane, the low 8 bytes of a and b
+    /// interleaved (a's first).
+    pub fn vpunpcklbw_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0x60, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vpunpcklbw {dst}, {a}, {b}"));
+    }
+
+    /// `vpunpckhbw dst, a, b`: likewise the high 8 bytes of each lane.
+    pub fn vpunpckhbw_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0x68, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vpunpckhbw {dst}, {a}, {b}"));
+    }
+
+    /// `vdpbf16ps dst, a, dword ptr [m]{1to16}`: per f32 lane, dst += the
+    /// two bf16 products of a's pair and the broadcast pair (denormal
+    /// inputs read as zero).
+    pub fn vdpbf16ps_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F38, PP_F3, 0x52, dst.0, a.0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vdpbf16ps {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+
+    /// `vmovdqu8 dst {k} [{z}], zmmword ptr [m]`: the bytes set in `k`
+    /// loaded (masked-off bytes never fault), the others zeroed or kept.
+    pub fn vmovdqu8_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, zeroing: bool, m: Mem) {
+        let e = Evex {
+            mask: k.0 & 7,
+            zeroing,
+            ..Evex::plain(MAP_0F, PP_F2, 0x6F, dst.0, 0, Rm::Mem(m), 64)
+        };
+        self.evex(
+            e,
+            format!("vmovdqu8 {dst}{}, zmmword ptr {m}", mask_suffix(k, zeroing)),
+        );
+    }
+
+    /// `kmovq k, r64`: a 64-lane byte mask from a register (VEX.W1).
+    pub fn kmovq_from_gp(&mut self, k: Kreg, src: Gp) {
+        let (kk, s) = (k.0 & 7, src.0 & 15);
+        // C4 [R̄=1 X̄=1 B̄ m=00001] [W=1 v̄v̄v̄v̄=1111 L=0 pp=F2]
+        let b_bar = u8::from(s < 8) << 5;
+        let bytes = vec![0xC4, 0xC1 | b_bar, 0xFB, 0x92, 0xC0 | (kk << 3) | (s & 7)];
+        self.raw(&bytes, format!("kmovq {k}, {}", gp64_name(src)));
+    }
+
+    /// `vinsertf64x4 dst, src, ymmword ptr [m], 1`: dst = src with its high
+    /// 256 bits from memory.
+    pub fn vinsertf64x4_hi_mem(&mut self, dst: Zmm, src: Zmm, m: Mem) {
+        let e = Evex::plain(MAP_0F3A, PP_66, 0x1A, dst.0, src.0, Rm::Mem(m), 32);
+        let mut bytes = e.encode_w1();
+        bytes.push(1);
+        self.raw(
+            &bytes,
+            format!("vinsertf64x4 {dst}, {src}, ymmword ptr {m}, 1"),
+        );
+    }
+
+    /// `vextractf64x4 ymmword ptr [m], src, 1`: src's high 256 bits stored.
+    pub fn vextractf64x4_hi_store(&mut self, m: Mem, src: Zmm) {
+        let e = Evex::plain(MAP_0F3A, PP_66, 0x1B, src.0, 0, Rm::Mem(m), 32);
+        let mut bytes = e.encode_w1();
+        bytes.push(1);
+        self.raw(&bytes, format!("vextractf64x4 ymmword ptr {m}, {src}, 1"));
+    }
+
+    /// `vcvtne2ps2bf16 dst, hi, lo` on ymm: words 0-7 the bf16 of lo's f32
+    /// (round to nearest even), 8-15 of hi's.
+    pub fn vcvtne2ps2bf16_ymm(&mut self, dst: Ymm, hi: Ymm, lo: Ymm) {
+        let e = Evex::plain(MAP_0F38, PP_F2, 0x72, dst.0, hi.0, Rm::Reg(lo.0 & 31), 32);
+        let line = format!(
+            "vcvtne2ps2bf16 {}, {}, {}",
+            ymm_name(dst),
+            ymm_name(hi),
+            ymm_name(lo)
+        );
+        self.raw(&e.encode_256(), line);
+    }
+
+    /// `vpermw dst, idx, src` on ymm (AVX512BW with AVX512VL).
+    pub fn vpermw_ymm(&mut self, dst: Ymm, idx: Ymm, src: Ymm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x8D, dst.0, idx.0, Rm::Reg(src.0 & 31), 32);
+        let mut bytes = e.encode_256();
+        bytes[2] |= 0x80;
+        let line = format!(
+            "vpermw {}, {}, {}",
+            ymm_name(dst),
+            ymm_name(idx),
+            ymm_name(src)
+        );
+        self.raw(&bytes, line);
+    }
+
+    /// `vcvtneps2bf16 dst, src`: 16 f32 to 16 bf16 (round to nearest
+    /// even) in a ymm.
+    pub fn vcvtneps2bf16_zmm(&mut self, dst: Ymm, src: Zmm) {
+        let e = Evex::plain(MAP_0F38, PP_F3, 0x72, dst.0, 0, Rm::Reg(src.0 & 31), 64);
+        self.evex(e, format!("vcvtneps2bf16 {}, {src}", ymm_name(dst)));
+    }
+
+    /// `vpermt2d t0, idx, t1`: each dword of t0 replaced by entry `idx & 31`
+    /// of the 32-dword table `t0 ‖ t1`.
+    pub fn vpermt2d_zmm(&mut self, t0: Zmm, idx: Zmm, t1: Zmm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x7E, t0.0, idx.0, Rm::Reg(t1.0 & 31), 64);
+        self.evex(e, format!("vpermt2d {t0}, {idx}, {t1}"));
+    }
+
+    /// `vsubps dst, a, b`
+    pub fn vsubps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        self.evex(ps_rrr(0x5C, dst, a, b), format!("vsubps {dst}, {a}, {b}"));
+    }
+}
+
+/// The 64-bit name of a general-purpose register.
+fn gp64_name(r: Gp) -> String {
+    const N: [&str; 8] = ["rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi"];
+    match r.0 & 15 {
+        n @ 0..8 => N[usize::from(n)].to_string(),
+        n => format!("r{n}"),
+    }
+}
+
 /// The 32-bit name of a general-purpose register (`eax`, `r8d`).
 fn gp32_name(r: Gp) -> String {
     const N: [&str; 8] = ["eax", "ecx", "edx", "ebx", "esp", "ebp", "esi", "edi"];
@@ -643,6 +811,32 @@ mod tests {
         // vpsrld zmm1 {k2}, zmm1, 4 (llvm-mc)
         let (b, _) = bytes_of(|a| a.vpsrld_zmm_imm(Zmm(1), Kreg(2), Zmm(1), 4));
         assert_eq!(b, [0x62, 0xF1, 0x75, 0x4A, 0x72, 0xD1, 0x04]);
+    }
+
+    /// The bf16 P·V's instructions, bytes from llvm-mc 19.
+    #[test]
+    fn bf16_pv_encodings() {
+        let (b, l) = bytes_of(|a| a.vdpbf16ps_zmm_bcst(Zmm(8), Zmm(3), mem(RSI, 4)));
+        assert_eq!(b, [0x62, 0x72, 0x66, 0x58, 0x52, 0x46, 0x01]);
+        assert_eq!(l.trim(), "vdpbf16ps zmm8, zmm3, dword ptr [rsi + 4]{1to16}");
+        let (b, _) = bytes_of(|a| a.vpermi2b_zmm_mem(Zmm(1), Zmm(6), mem(RSP, 1536)));
+        assert_eq!(b, [0x62, 0xF2, 0x4D, 0x48, 0x75, 0x4C, 0x24, 0x18]);
+        let (b, _) = bytes_of(|a| a.kmovq_from_gp(Kreg(1), RAX));
+        assert_eq!(b, [0xC4, 0xE1, 0xFB, 0x92, 0xC8]);
+        let (b, _) = bytes_of(|a| a.kmovq_from_gp(Kreg(4), R11));
+        assert_eq!(b, [0xC4, 0xC1, 0xFB, 0x92, 0xE3]);
+        let (b, _) = bytes_of(|a| a.vinsertf64x4_hi_mem(Zmm(8), Zmm(8), mem(RDX, 288)));
+        assert_eq!(b, [0x62, 0x73, 0xBD, 0x48, 0x1A, 0x42, 0x09, 0x01]);
+        let (b, _) = bytes_of(|a| a.vextractf64x4_hi_store(mem(RDX, 320), Zmm(20)));
+        assert_eq!(b, [0x62, 0xE3, 0xFD, 0x48, 0x1B, 0x62, 0x0A, 0x01]);
+        let (b, _) = bytes_of(|a| a.vpermw_ymm(Ymm(2), Ymm(15), Ymm(2)));
+        assert_eq!(b, [0x62, 0xF2, 0x85, 0x28, 0x8D, 0xD2]);
+        let (b, l) = bytes_of(|a| a.vmovdqu8_zmm_load_masked(Zmm(0), Kreg(3), true, mem(RAX, 32)));
+        assert_eq!(
+            b,
+            [0x62, 0xF1, 0x7F, 0xCB, 0x6F, 0x80, 0x20, 0x00, 0x00, 0x00]
+        );
+        assert_eq!(l.trim(), "vmovdqu8 zmm0 {k3} {z}, zmmword ptr [rax + 32]");
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub struct X86Backend {
     /// GEMM, and on ymm for the AVX2 int8 kernels when `vnni` is off: Zen 4
     /// and Ice Lake have it without AVX-VNNI.
     pub avx512_vnni: bool,
+    /// AVX512_BF16 with AVX512_VBMI (and BW/VL): the decode attention's P·V
+    /// of fp8 values by `vdpbf16ps` (Zen 4, Sapphire Rapids; not Ice Lake
+    /// or Zen 3).
+    pub avx512_bf16: bool,
 }
 
 /// Why x86 code cannot run here.
@@ -134,6 +138,24 @@ pub fn host_has_avx512() -> bool {
     }
 }
 
+/// Whether this host runs the decode attention's bf16 P·V of fp8 values:
+/// AVX512_BF16 `vdpbf16ps`, AVX512_VBMI `vpermb`/`vpermi2b`, AVX512BW
+/// byte-masked loads, and AVX512VL for the rest of the kernel.
+pub fn host_has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether this host runs the AVX-512 int8 kernel ([`avx512_int8`]):
 /// AVX512-VNNI `vpdpbusd` on zmm, with AVX512F/BW; and the AVX2 int8
 /// kernels' EVEX `vpdpbusd` on ymm, which needs AVX512VL too.
@@ -166,6 +188,7 @@ impl X86Backend {
             vnni: host_has_avx_vnni(),
             avx512: host_has_avx512(),
             avx512_vnni: host_has_avx512_vnni(),
+            avx512_bf16: host_has_avx512_bf16(),
         })
     }
 
@@ -322,6 +345,7 @@ impl X86Backend {
         let isa = attention::DecodeIsa {
             key_dot: self.int8_dot().into(),
             ymm32: self.avx512_vnni,
+            bf16_values: self.avx512_vnni && self.avx512_bf16,
         };
         attention::emit_for(kernel, blocks, isa)
     }
@@ -765,6 +789,7 @@ mod tests {
             vnni: false,
             avx512: true,
             avx512_vnni: true,
+            avx512_bf16: false,
         };
         for (name, want) in [
             ("matmul-w4a8", AVX512_NAME),
@@ -789,6 +814,7 @@ mod tests {
         assert_eq!(be.target(&f16_y, Variant::Gemm).name, NAME);
         let no_vnni = X86Backend {
             avx512_vnni: false,
+            avx512_bf16: false,
             ..be
         };
         let w4a8 = library::get("matmul-w4a8").unwrap();
@@ -805,6 +831,7 @@ mod tests {
             vnni: false,
             avx512: false,
             avx512_vnni: true,
+            avx512_bf16: false,
         };
         let vex = X86Backend { vnni: true, ..evex };
         let caps = super::plan::target();

@@ -16,8 +16,8 @@ use tessera_dsl::quant::{self, QuantTensor};
 pub struct Side {
     /// As the interpreter binds it.
     pub value: Value,
-    quant: Option<QuantTensor>,
-    half: Vec<f16>,
+    pub quant: Option<QuantTensor>,
+    pub half: Vec<f16>,
 }
 
 impl Side {
