@@ -47,7 +47,7 @@
 //!      takes up to 6 heads in ymm0–31. With AVX512_BF16 and AVX512_VBMI
 //!      ([`DecodeIsa::bf16_values`]) fp8 values go by `vdpbf16ps` on key
 //!      pairs instead, looked up as bf16 by `vpermi2b`, p split into two
-//!      bf16 parts ([`pv_pass_bf16`]).
+//!      bf16 parts (`pv_pass_bf16`).
 //! 3. Per tile, `o = num / den` to f16; heads whose range failed count as
 //!    recomputed. The call's first head leaves its softmax state where
 //!    `HostAttention`'s split reads it (`den` at `s`, `num` at `s + d`, the
@@ -302,7 +302,7 @@ pub struct DecodeIsa {
     /// widens each V chunk once per key instead of twice.
     pub ymm32: bool,
     /// AVX512_BF16 with AVX512_VBMI and AVX512BW (and `ymm32`): P·V of fp8
-    /// values by `vdpbf16ps` on key pairs ([`pv_pass_bf16`]). Ignored for
+    /// values by `vdpbf16ps` on key pairs (`pv_pass_bf16`). Ignored for
     /// f16 values.
     pub bf16_values: bool,
 }
