@@ -301,9 +301,10 @@ pub struct DecodeIsa {
     /// accumulators (3 in 16 registers): a GQA tile of 6 heads reads and
     /// widens each V chunk once per key instead of twice.
     pub ymm32: bool,
-    /// AVX512_BF16 with AVX512_VBMI and AVX512BW (and `ymm32`): P·V of fp8
-    /// values by `vdpbf16ps` on key pairs (`pv_pass_bf16`). Ignored for
-    /// f16 values.
+    /// AVX512_BF16 with AVX512_VBMI and AVX512BW: P·V of fp8 values by
+    /// `vdpbf16ps` on key pairs (`pv_pass_bf16`). It needs `ymm32` (its
+    /// zmm accumulators take the whole file) and has no effect without it
+    /// or for f16 values.
     pub bf16_values: bool,
 }
 
@@ -497,7 +498,7 @@ pub fn emit_for(
     let bf16 = isa.bf16_values && isa.ymm32 && values == Values::E4M3;
     if bf16 {
         a.comment(
-            "P·V of fp8 values by vdpbf16ps on key pairs: e4m3 → bf16 by vpermi2b lookups, p rounded to bf16 (AVX512_BF16, AVX512_VBMI)",
+            "P·V of fp8 values by vdpbf16ps on key pairs: e4m3 → bf16 by vpermi2b lookups, p as two bf16 parts (AVX512_BF16, AVX512_VBMI)",
         );
     }
     let frame = if bf16 { FRAME_BF16 } else { FRAME };
