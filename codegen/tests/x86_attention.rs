@@ -12,6 +12,7 @@ use tessera_codegen::x86::attention::{self, DecodeIsa, HEAD_DIM_MULTIPLE, KeyDot
 use tessera_dsl::interp::{self, Bindings, Value};
 
 mod attention_inputs;
+#[path = "../../tests/src/guarded.rs"]
 mod guarded;
 use guarded::Guarded;
 use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};

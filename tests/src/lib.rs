@@ -2,6 +2,7 @@
 //! toolchain cross-checks, the interpreter check and kernel edits that
 //! more than one backend's tests use.
 
+pub mod guarded;
 pub mod kernels;
 pub mod llvm_mc;
 pub mod reference;

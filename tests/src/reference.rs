@@ -2,6 +2,7 @@
 //! (tails included), the reference interpreter's answer, and a tolerance
 //! scaled by the output format.
 
+use crate::guarded::Guarded;
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -68,11 +69,17 @@ pub fn check_host_matmul(
             Some(q) => hm.pack_weights(n, k, WeightsIn::Quant(q)).unwrap(),
             None => hm.pack_weights(n, k, WeightsIn::F32(&w)).unwrap(),
         };
+        // x ends at an inaccessible page: a read past it faults.
         let xh: Vec<f16> = x.iter().map(|v| f16::from_f32(*v)).collect();
-        let input = if xf == Format::F16 {
-            HostInput::F16(&xh)
+        let xg = if xf == Format::F16 {
+            Guarded::from_halves(&xh)
         } else {
-            HostInput::F32(&x)
+            Guarded::from_floats(&x)
+        };
+        let input = if xf == Format::F16 {
+            HostInput::F16(xg.halves())
+        } else {
+            HostInput::F32(xg.floats())
         };
         for threads in [1, 2] {
             let got: Vec<f32> = if yf == Format::F16 {

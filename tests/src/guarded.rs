@@ -1,6 +1,7 @@
 //! Test data that ends where an inaccessible page begins: a kernel that
 //! reads one byte past it faults (and fails the test) instead of quietly
-//! reading a neighbour's memory.
+//! reading a neighbour's memory. (The codegen crate's tests include this
+//! file by path.)
 
 use half::f16;
 
@@ -51,9 +52,25 @@ impl Guarded {
         Guarded::new(&bytes)
     }
 
+    /// f32 values, likewise guarded.
+    pub fn from_floats(values: &[f32]) -> Guarded {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Guarded::new(&bytes)
+    }
+
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: the mapping lives as long as self and holds these bytes.
         unsafe { std::slice::from_raw_parts(self.base.add(self.offset), self.len) }
+    }
+
+    pub fn floats(&self) -> &[f32] {
+        assert!(
+            self.offset.is_multiple_of(4) && self.len.is_multiple_of(4),
+            "not f32 data"
+        );
+        // SAFETY: as `bytes`; the start is 4-aligned (a page less a
+        // multiple of 4) and every bit pattern is an f32.
+        unsafe { std::slice::from_raw_parts(self.base.add(self.offset).cast(), self.len / 4) }
     }
 
     pub fn halves(&self) -> &[f16] {
