@@ -112,18 +112,44 @@ struct Case {
     seed: u64,
 }
 
-/// `side` as the kernels read it, its codes or halves in `g`.
-fn guarded_cache<'a>(side: &'a attention_inputs::Side, g: &'a Guarded) -> KvCache<'a> {
-    match &side.quant {
-        Some(t) => KvCache::QuantRows {
-            format: t.format,
-            rows: t.rows,
-            cols: t.cols,
-            codes: g.bytes(),
-            scales: &t.scales,
-            offsets: &t.offsets,
-        },
-        None => KvCache::F16(g.halves()),
+/// One side of the cache (K or V) in guarded memory: its codes (or
+/// halves), and for quantized rows their scales and offsets, each ending
+/// at an inaccessible page.
+struct GuardedSide {
+    data: Guarded,
+    scales: Guarded,
+    offsets: Guarded,
+}
+
+impl GuardedSide {
+    fn new(side: &attention_inputs::Side) -> GuardedSide {
+        match &side.quant {
+            Some(t) => GuardedSide {
+                data: Guarded::new(&t.codes),
+                scales: Guarded::from_floats(&t.scales),
+                offsets: Guarded::from_floats(&t.offsets),
+            },
+            None => GuardedSide {
+                data: Guarded::from_halves(&side.half),
+                scales: Guarded::from_floats(&[]),
+                offsets: Guarded::from_floats(&[]),
+            },
+        }
+    }
+
+    /// `side` as the kernels read it, from this memory.
+    fn cache<'a>(&'a self, side: &attention_inputs::Side) -> KvCache<'a> {
+        match &side.quant {
+            Some(t) => KvCache::QuantRows {
+                format: t.format,
+                rows: t.rows,
+                cols: t.cols,
+                codes: self.data.bytes(),
+                scales: self.scales.floats(),
+                offsets: self.offsets.floats(),
+            },
+            None => KvCache::F16(self.data.halves()),
+        }
     }
 }
 
@@ -142,12 +168,8 @@ fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
     let want = out.get("o").unwrap();
     let stats = out.softmax.unwrap();
     // K and V each end at an inaccessible page: a read past either faults.
-    let guard = |side: &attention_inputs::Side| match &side.quant {
-        Some(t) => Guarded::new(&t.codes),
-        None => Guarded::from_halves(&side.half),
-    };
-    let (kg, vg) = (guard(&inp.k), guard(&inp.v));
-    let (kc, vc) = (guarded_cache(&inp.k, &kg), guarded_cache(&inp.v, &vg));
+    let (kg, vg) = (GuardedSide::new(&inp.k), GuardedSide::new(&inp.v));
+    let (kc, vc) = (kg.cache(&inp.k), vg.cache(&inp.v));
     let mut o = vec![f16::ZERO; hq * d];
     let recomputed = match c.chunk {
         None => att.run(qv, kc, vc, s, hq, kvh, d, &mut o, c.threads),
