@@ -12,9 +12,6 @@ use tessera_codegen::x86::attention::{self, DecodeIsa, HEAD_DIM_MULTIPLE, KeyDot
 use tessera_dsl::interp::{self, Bindings, Value};
 
 mod attention_inputs;
-#[path = "../../tests/src/guarded.rs"]
-mod guarded;
-use guarded::Guarded;
 use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};
 use tessera_dsl::library;
 
@@ -112,47 +109,6 @@ struct Case {
     seed: u64,
 }
 
-/// One side of the cache (K or V) in guarded memory: its codes (or
-/// halves), and for quantized rows their scales and offsets, each ending
-/// at an inaccessible page.
-struct GuardedSide {
-    data: Guarded,
-    scales: Guarded,
-    offsets: Guarded,
-}
-
-impl GuardedSide {
-    fn new(side: &attention_inputs::Side) -> GuardedSide {
-        match &side.quant {
-            Some(t) => GuardedSide {
-                data: Guarded::new(&t.codes),
-                scales: Guarded::from_floats(&t.scales),
-                offsets: Guarded::from_floats(&t.offsets),
-            },
-            None => GuardedSide {
-                data: Guarded::from_halves(&side.half),
-                scales: Guarded::from_floats(&[]),
-                offsets: Guarded::from_floats(&[]),
-            },
-        }
-    }
-
-    /// `side` as the kernels read it, from this memory.
-    fn cache<'a>(&'a self, side: &attention_inputs::Side) -> KvCache<'a> {
-        match &side.quant {
-            Some(t) => KvCache::QuantRows {
-                format: t.format,
-                rows: t.rows,
-                cols: t.cols,
-                codes: self.data.bytes(),
-                scales: self.scales.floats(),
-                offsets: self.offsets.floats(),
-            },
-            None => KvCache::F16(self.data.halves()),
-        }
-    }
-}
-
 /// Run one case against the interpreter; returns the recomputed rows.
 fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
     let (s, hq, kvh, d) = (c.s, c.hq, c.kvh, c.d);
@@ -168,8 +124,8 @@ fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
     let want = out.get("o").unwrap();
     let stats = out.softmax.unwrap();
     // K and V each end at an inaccessible page: a read past either faults.
-    let (kg, vg) = (GuardedSide::new(&inp.k), GuardedSide::new(&inp.v));
-    let (kc, vc) = (kg.cache(&inp.k), vg.cache(&inp.v));
+    let (kg, vg) = (inp.k.guarded(), inp.v.guarded());
+    let (kc, vc) = (kg.cache(), vg.cache());
     let mut o = vec![f16::ZERO; hq * d];
     let recomputed = match c.chunk {
         None => att.run(qv, kc, vc, s, hq, kvh, d, &mut o, c.threads),

@@ -4,6 +4,9 @@
 //! file by path.)
 
 use half::f16;
+use tessera_codegen::host_attention::KvCache;
+use tessera_dsl::ir::Format;
+use tessera_dsl::quant::QuantTensor;
 
 pub struct Guarded {
     base: *mut u8,
@@ -89,5 +92,50 @@ impl Drop for Guarded {
         // SAFETY: unmaps exactly the mapping `new` made; no slice of it
         // outlives self.
         unsafe { libc::munmap(self.base.cast(), self.mapped) };
+    }
+}
+
+/// A K or V cache in guarded memory: f16 values, or quantized rows' codes,
+/// scales and offsets each apart, so a kernel that reads past any of them
+/// faults.
+pub struct GuardedCache {
+    quant: Option<(Format, usize, usize)>,
+    data: Guarded,
+    scales: Guarded,
+    offsets: Guarded,
+}
+
+impl GuardedCache {
+    pub fn quant(t: &QuantTensor) -> GuardedCache {
+        GuardedCache {
+            quant: Some((t.format, t.rows, t.cols)),
+            data: Guarded::new(&t.codes),
+            scales: Guarded::from_floats(&t.scales),
+            offsets: Guarded::from_floats(&t.offsets),
+        }
+    }
+
+    pub fn halves(values: &[f16]) -> GuardedCache {
+        GuardedCache {
+            quant: None,
+            data: Guarded::from_halves(values),
+            scales: Guarded::from_floats(&[]),
+            offsets: Guarded::from_floats(&[]),
+        }
+    }
+
+    /// As the host kernels read it.
+    pub fn cache(&self) -> KvCache<'_> {
+        match self.quant {
+            Some((format, rows, cols)) => KvCache::QuantRows {
+                format,
+                rows,
+                cols,
+                codes: self.data.bytes(),
+                scales: self.scales.floats(),
+                offsets: self.offsets.floats(),
+            },
+            None => KvCache::F16(self.data.halves()),
+        }
     }
 }

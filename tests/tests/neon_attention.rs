@@ -191,9 +191,10 @@ mod run {
     use half::f16;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
-    use tessera_codegen::host_attention::{HostAttention, KvCache};
+    use tessera_codegen::host_attention::HostAttention;
     use tessera_dsl::interp::{self, Bindings, Value};
     use tessera_dsl::quant::{self, QuantTensor};
+    use tessera_tests::guarded::GuardedCache;
 
     /// Targets this CPU runs: the fp16 path if it has FEAT_FP16, and plain
     /// NEON always.
@@ -228,11 +229,12 @@ mod run {
         }
     }
 
-    /// A cache as the kernel reads it: quantized rows, or f16.
-    fn cache_view((q, h): &(Option<QuantTensor>, Vec<f16>)) -> KvCache<'_> {
+    /// A cache as the kernel reads it, quantized rows or f16, in memory
+    /// that ends at an inaccessible page (a read past it faults).
+    fn guarded((q, h): &(Option<QuantTensor>, Vec<f16>)) -> GuardedCache {
         match q {
-            Some(q) => KvCache::Quant(q),
-            None => KvCache::F16(h),
+            Some(q) => GuardedCache::quant(q),
+            None => GuardedCache::halves(h),
         }
     }
 
@@ -278,8 +280,9 @@ mod run {
         }
 
         /// The caches as the kernel reads them.
-        fn views(&self) -> (KvCache<'_>, KvCache<'_>) {
-            (cache_view(&self.k), cache_view(&self.v))
+        /// K and V in guarded memory ([`GuardedCache::cache`] reads them).
+        fn guarded(&self) -> (GuardedCache, GuardedCache) {
+            (guarded(&self.k), guarded(&self.v))
         }
 
         /// `o` against the interpreter. f16 accumulation of QK on fp16
@@ -326,7 +329,8 @@ mod run {
             seed,
         } = *c;
         let p = Decode::new(kernel, (s, hq, kvh, d), q_amp, seed);
-        let (kc, vc) = p.views();
+        let (kg, vg) = p.guarded();
+        let (kc, vc) = (kg.cache(), vg.cache());
         let mut o = vec![f16::ZERO; hq * d];
         let recomputed = att
             .run(&p.q, kc, vc, s, hq, kvh, d, &mut o, threads)
@@ -626,7 +630,8 @@ mod run {
                 ] {
                     let split = compile(target, &k);
                     let p = Decode::new(&k, (s, hq, kvh, d), amp, 700 + i as u64);
-                    let (kc, vc) = p.views();
+                    let (kg, vg) = p.guarded();
+                    let (kc, vc) = (kg.cache(), vg.cache());
                     let mut o = vec![f16::ZERO; hq * d];
                     let r = split
                         .run_chunked(&p.q, kc, vc, s, hq, kvh, d, &mut o, 2, chunk)

@@ -12,12 +12,16 @@ use tessera_dsl::interp::Value;
 use tessera_dsl::ir::{Format, Kernel};
 use tessera_dsl::quant::{self, QuantTensor};
 
+#[path = "../../../tests/src/guarded.rs"]
+mod guarded;
+use guarded::GuardedCache;
+
 /// One cache (K or V) of `rows` rows of `d`.
 pub struct Side {
     /// As the interpreter binds it.
     pub value: Value,
-    pub quant: Option<QuantTensor>,
-    pub half: Vec<f16>,
+    quant: Option<QuantTensor>,
+    half: Vec<f16>,
 }
 
 impl Side {
@@ -92,5 +96,16 @@ pub fn inputs(
         k: side(kf, &kd),
         v: side(vf, &vd),
         q,
+    }
+}
+
+impl Side {
+    /// This side in memory that ends at an inaccessible page (a read past
+    /// it faults).
+    pub fn guarded(&self) -> GuardedCache {
+        match &self.quant {
+            Some(t) => GuardedCache::quant(t),
+            None => GuardedCache::halves(&self.half),
+        }
     }
 }
