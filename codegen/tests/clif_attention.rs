@@ -13,6 +13,10 @@ use tessera_codegen::host_attention::{HostAttention, KvCache, scoped_threads};
 use tessera_codegen::tile::TileConfig;
 use tessera_dsl::interp::{self, Bindings, Value};
 use tessera_dsl::ir::{Format, Kernel, Op, SoftmaxMode};
+
+#[path = "../../tests/src/guarded.rs"]
+mod guarded;
+use guarded::GuardedCache;
 use tessera_dsl::{library, quant};
 
 fn any_tile() -> TileConfig {
@@ -102,14 +106,13 @@ fn check(
     let out = interp::run(kernel, &bindings).expect("interp");
     let want = out.get("o").unwrap();
     let stats = out.softmax.unwrap();
-    let kc = match &kq {
-        Some(q) => KvCache::Quant(q),
-        None => KvCache::F16(&k16),
+    // K and V end at inaccessible pages: a read past either faults.
+    let guarded = |q: &Option<quant::QuantTensor>, h: &[f16]| match q {
+        Some(q) => GuardedCache::quant(q),
+        None => GuardedCache::halves(h),
     };
-    let vc = match &vq {
-        Some(q) => KvCache::Quant(q),
-        None => KvCache::F16(&v16),
-    };
+    let (kg, vg) = (guarded(&kq, &k16), guarded(&vq, &v16));
+    let (kc, vc) = (kg.cache(), vg.cache());
     let mut o = vec![f16::ZERO; hq * d];
     let recomputed = match how {
         How::Whole => att.run(&qv, kc, vc, s, hq, kvh, d, &mut o, threads),
