@@ -1862,6 +1862,18 @@ fn pv(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     a.bind(groups_done);
 }
 
+/// rdx = the pass's first accumulator in `num`, `num + 32·(9·c0 + sub0)`
+/// (chunk c of head h 32·(9c + h) on). Clobbers rax and r11.
+fn num_cursor(a: &mut X86Asm) {
+    a.load64(RAX, mem(RSP, S_C0));
+    a.imul_imm(RAX, RAX, 9);
+    a.load64(R11, mem(RSP, S_SUB0));
+    a.add(RAX, R11);
+    a.shl_imm(RAX, 5);
+    a.load64(RDX, mem(RBX, R_NUM));
+    a.add(RDX, RAX);
+}
+
 /// One pass over the tile at rbx: `hs` heads from `S_SUB0`, `nc` chunks
 /// from `S_C0`, keys `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
 fn pv_pass(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, hs: usize, nc: usize) {
@@ -1875,14 +1887,7 @@ fn pv_pass(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, hs: us
     let p0 = if pair_reg.is_some() { 2 } else { 1 };
     let p = |h: usize| Ymm((p0 + h) as u8);
     let acc = |h: usize, c: usize| Ymm((p0 + hs + h * nc + c) as u8);
-    // rdx = num + 32·(9·c0 + sub0).
-    a.load64(RAX, mem(RSP, S_C0));
-    a.imul_imm(RAX, RAX, 9);
-    a.load64(R11, mem(RSP, S_SUB0));
-    a.add(RAX, R11);
-    a.shl_imm(RAX, 5);
-    a.load64(RDX, mem(RBX, R_NUM));
-    a.add(RDX, RAX);
+    num_cursor(a);
     for h in 0..hs {
         for c in 0..nc {
             regs.load(a, acc(h, c), mem(RDX, 32 * (9 * c + h) as i32));
@@ -1969,14 +1974,7 @@ fn pv_pass(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, hs: us
     a.add(RAX, RCX);
     a.sub_imm(R8, 1);
     a.jcc(Cond::Ne, top);
-    // Store back: rdx = num + 32·(9·c0 + sub0) again.
-    a.load64(R9, mem(RSP, S_C0));
-    a.imul_imm(R9, R9, 9);
-    a.load64(R10, mem(RSP, S_SUB0));
-    a.add(R9, R10);
-    a.shl_imm(R9, 5);
-    a.load64(RDX, mem(RBX, R_NUM));
-    a.add(RDX, R9);
+    num_cursor(a);
     for h in 0..hs {
         for c in 0..nc {
             regs.store(a, mem(RDX, 32 * (9 * c + h) as i32), acc(h, c));
@@ -2133,17 +2131,7 @@ fn pv_pass_bf16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: us
     let acc = |h: usize, cp: usize| Zmm((BF16_FIXED + h * pairs + cp) as u8);
     let low = |z: Zmm| Ymm(z.0);
     let num_at = |c: usize, h: usize| 32 * (9 * c + h) as i32;
-    // rdx = num + 32·(9·c0 + sub0).
-    let num_base = |a: &mut X86Asm| {
-        a.load64(RAX, mem(RSP, S_C0));
-        a.imul_imm(RAX, RAX, 9);
-        a.load64(R11, mem(RSP, S_SUB0));
-        a.add(RAX, R11);
-        a.shl_imm(RAX, 5);
-        a.load64(RDX, mem(RBX, R_NUM));
-        a.add(RDX, RAX);
-    };
-    num_base(a);
+    num_cursor(a);
     for h in 0..hs {
         for cp in 0..pairs {
             regs.load(a, low(acc(h, cp)), mem(RDX, num_at(2 * cp, h)));
@@ -2253,7 +2241,7 @@ fn pv_pass_bf16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: us
     a.add(RAX, RCX);
     a.sub_imm(R8, 2);
     a.jcc(Cond::G, top);
-    num_base(a);
+    num_cursor(a);
     for h in 0..hs {
         for cp in 0..pairs {
             regs.store(a, mem(RDX, num_at(2 * cp, h)), low(acc(h, cp)));
