@@ -1874,6 +1874,35 @@ fn num_cursor(a: &mut X86Asm) {
     a.add(RDX, RAX);
 }
 
+/// A P·V pass's cursors at key jb: rsi = p of (jb − j0, head sub0), r12
+/// (`R_PSTRIDE`) a key; rax = V row jb at chunk c0 (`value_bytes` a
+/// chunk), rcx a row; r8 = keys left; r10 = PV_AHEAD rows (the lines the
+/// pass prefetches). Clobbers r9 and r11.
+fn pv_cursors(a: &mut X86Asm, value_bytes: i32) {
+    a.load64(R12, mem(RBX, R_PSTRIDE));
+    a.load64(RAX, mem(RSP, S_JB));
+    a.mov(RSI, RAX);
+    a.load64(R11, mem(RSP, S_J0));
+    a.sub(RSI, R11);
+    a.imul(RSI, R12);
+    a.load64(R11, mem(RBX, R_SAREA));
+    a.add(RSI, R11);
+    a.load64(R9, mem(RSP, S_SUB0));
+    a.shl_imm(R9, 2);
+    a.add(RSI, R9);
+    a.load64(RCX, mem(RSP, S_VSTRIDE));
+    a.imul(RAX, RCX);
+    a.load64(R11, mem(RBX, R_VROW0));
+    a.add(RAX, R11);
+    a.load64(R9, mem(RSP, S_C0));
+    a.imul_imm(R9, R9, value_bytes);
+    a.add(RAX, R9);
+    a.load64(R8, mem(RSP, S_JEND));
+    a.load64(R11, mem(RSP, S_JB));
+    a.sub(R8, R11);
+    a.imul_imm(R10, RCX, PV_AHEAD);
+}
+
 /// One pass over the tile at rbx: `hs` heads from `S_SUB0`, `nc` chunks
 /// from `S_C0`, keys `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
 fn pv_pass(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, hs: usize, nc: usize) {
@@ -1893,32 +1922,8 @@ fn pv_pass(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, hs: us
             regs.load(a, acc(h, c), mem(RDX, 32 * (9 * c + h) as i32));
         }
     }
-    // rsi = p of (jb − j0, sub0), r12 apart; rax = v row jb + chunk c0;
-    // r8 = keys left.
-    a.load64(R12, mem(RBX, R_PSTRIDE));
-    a.load64(RAX, mem(RSP, S_JB));
-    a.mov(RSI, RAX);
-    a.load64(R11, mem(RSP, S_J0));
-    a.sub(RSI, R11);
-    a.imul(RSI, R12);
-    a.load64(R11, mem(RBX, R_SAREA));
-    a.add(RSI, R11);
-    a.load64(R9, mem(RSP, S_SUB0));
-    a.shl_imm(R9, 2);
-    a.add(RSI, R9);
-    a.load64(RCX, mem(RSP, S_VSTRIDE));
-    a.imul(RAX, RCX);
-    a.load64(R11, mem(RBX, R_VROW0));
-    a.add(RAX, R11);
     let vb = if values == Values::F16 { 16 } else { 8 };
-    a.load64(R9, mem(RSP, S_C0));
-    a.imul_imm(R9, R9, vb);
-    a.add(RAX, R9);
-    a.load64(R8, mem(RSP, S_JEND));
-    a.load64(R11, mem(RSP, S_JB));
-    a.sub(R8, R11);
-    // r10 = PV_AHEAD rows on (their lines are prefetched here).
-    a.imul_imm(R10, RCX, PV_AHEAD);
+    pv_cursors(a, vb);
     let top = a.new_label();
     a.bind(top);
     a.mov(R9, RAX);
@@ -2159,32 +2164,10 @@ fn pv_pass_bf16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: us
         a.kmovq_from_gp(Kreg(4), RAX);
     }
     // rsi / r9 = the hi / lo p pair of keys (jb, jb + 1) for head sub0
-    // (key jb's and jb + 1's slots, r12 each); rax = v row jb + chunk c0,
-    // rcx apart; r8 = keys left; r10 = PV_AHEAD rows on.
-    a.load64(R12, mem(RBX, R_PSTRIDE));
-    a.load64(RSI, mem(RSP, S_JB));
-    a.load64(R11, mem(RSP, S_J0));
-    a.sub(RSI, R11);
-    a.imul(RSI, R12);
-    a.load64(R11, mem(RBX, R_SAREA));
-    a.add(RSI, R11);
-    a.load64(R9, mem(RSP, S_SUB0));
-    a.shl_imm(R9, 2);
-    a.add(RSI, R9);
+    // (key jb's and jb + 1's slots, r12 each).
+    pv_cursors(a, 8);
     a.lea(R9, mem(RSI, 0));
     a.add(R9, R12);
-    a.load64(RAX, mem(RSP, S_JB));
-    a.load64(RCX, mem(RSP, S_VSTRIDE));
-    a.imul(RAX, RCX);
-    a.load64(R11, mem(RBX, R_VROW0));
-    a.add(RAX, R11);
-    a.load64(RDX, mem(RSP, S_C0));
-    a.shl_imm(RDX, 3);
-    a.add(RAX, RDX);
-    a.load64(R8, mem(RSP, S_JEND));
-    a.load64(R11, mem(RSP, S_JB));
-    a.sub(R8, R11);
-    a.imul_imm(R10, RCX, PV_AHEAD);
     let (top, paired) = (a.new_label(), a.new_label());
     a.bind(top);
     // r11 = key 1's row: the next, or for an odd last key its own.
