@@ -334,9 +334,10 @@ impl X86Backend {
     }
 
     /// The attention kernel's code on this backend's instructions: the
-    /// int8-key dot of [`Self::int8_dot`], and with `avx512_vnni` (which
-    /// comes with AVX512VL) ymm16–31 for P·V; a prefill kernel's flash loop
-    /// in `blocks`.
+    /// int8-key dot of [`Self::int8_dot`], with `avx512_vnni` (which
+    /// comes with AVX512VL) ymm16–31 for P·V, and with that and
+    /// `avx512_bf16` fp8 values' P·V by bf16 dots; a prefill kernel's flash
+    /// loop in `blocks`.
     pub fn attention(
         &self,
         kernel: &Kernel,
@@ -345,7 +346,7 @@ impl X86Backend {
         let isa = attention::DecodeIsa {
             key_dot: self.int8_dot().into(),
             ymm32: self.avx512_vnni,
-            bf16_values: self.avx512_vnni && self.avx512_bf16,
+            bf16_values: self.avx512_bf16,
         };
         attention::emit_for(kernel, blocks, isa)
     }
