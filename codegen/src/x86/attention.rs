@@ -2040,6 +2040,12 @@ fn bf16_constants(a: &mut X86Asm) {
     a.store32_imm(mem(RSP, V_BYTE_SIGN), 0x8080_8080u32 as i32);
 }
 
+// The pairs start at the super-block's first key and every P·V block
+// starts on a pair (even block sizes); an odd count's zero partner slot
+// (key n < SUPER) and the one-head pass's 16-key reads stay inside `sarea`
+// (8·SUPER floats).
+const _: () = assert!(PV_BLOCK % 2 == 0 && SUPER % 2 == 0 && SUPER + 16 <= 8 * SUPER);
+
 /// After the exponentials: the super-block's p of the tile at rbx as bf16
 /// pairs in place. p = hi + lo, hi its truncation to bf16 and lo the rest
 /// rounded to bf16 (together about 16 significant bits: bf16 alone, 8,
