@@ -4,8 +4,11 @@
 //!
 //! `cargo run --release -p tessera-codegen --example x86_timing`
 //!
-//! Environment (all optional): `FORMATS=f32,f16,w8a8,w4a8`,
+//! Environment (all optional): `FORMATS=f32,f16,w8a8,w4a8` (also `q4_0`,
+//! `q4_1`, `q8_0`: the library's ggml kernels),
 //! `MS=1,2,4,8,16,64,512`, `THREADS=1,2`, `N=4096`, `K=4096`,
+//! `ROTATE_KIB=262144` (weight copies rotated; 1 keeps two copies, hot in
+//! L2 when they fit),
 //! `TILES=all` (also time the solver's neighbour tiles at M ≥ 64),
 //! `TILE=14x8,6x16` (time exactly these feasible tiles, ep×hp, instead),
 //! `VARIANT=gemv|flat-gemm|gemm` (one variant for every M),
@@ -323,7 +326,8 @@ fn time_one(
         };
         hm.run(input, m, w, Some(&bias), out, threads).unwrap();
     });
-    let bytes = (w0.codes.len() + 4 * w0.params.len()) as f64;
+    // Parameters are stored in the format's own precision (f16 for Q4_0).
+    let bytes = (w0.codes.len() + w0.params.len()) as f64;
     Row {
         format: label.into(),
         m,
@@ -403,7 +407,8 @@ fn main() {
             let variant = variant_for(m);
             let mut runs: Vec<(String, TileConfig, HostMatmul)> = Vec::new();
             for &zmm in &engines {
-                if zmm && format != "f32" && format != "w4a8" {
+                let int8_family = matches!(format.as_str(), "w4a8" | "q4_0" | "q4_1" | "q8_0");
+                if zmm && format != "f32" && !int8_family {
                     continue;
                 }
                 let (caps, tile_env) = if zmm {
@@ -412,7 +417,7 @@ fn main() {
                     (plan::target(), "TILE")
                 };
                 for tile in tiles_for(caps, tile_env, &kernel, m, n, k, all_tiles && m >= 64) {
-                    if zmm && format == "w4a8" {
+                    if zmm && int8_family {
                         // The AVX-512 int8 kernel, through the backend's routing.
                         if !tessera_codegen::x86::host_has_avx512_vnni()
                             || backend.emit_code_variant(&kernel, &tile, variant).is_err()
@@ -448,8 +453,9 @@ fn main() {
             for (label, tile, hm) in &runs {
                 let tile = *tile;
                 let first = hm.pack_weights(n, k, WeightsIn::F32(&w)).unwrap();
-                let bytes = first.codes.len() + 4 * first.params.len();
-                let count = ROTATE_BYTES.div_ceil(bytes).max(2);
+                let bytes = first.codes.len() + first.params.len();
+                let rotate = env_usize("ROTATE_KIB", ROTATE_BYTES >> 10) << 10;
+                let count = rotate.div_ceil(bytes).max(2);
                 let copies: Vec<HostWeights> = (0..count).map(|_| first.clone()).collect();
                 for (ti, &t) in threads.iter().enumerate() {
                     std::thread::sleep(Duration::from_millis(150));
