@@ -553,21 +553,20 @@ impl Device {
         let mut shape_entry = None;
         let why = match &self.record {
             None => "no tuning record was given".to_string(),
-            Some(record) => match record.select(
+            Some(record) => match record.select_shape(
                 &self.fingerprint,
                 &self.generator,
                 self.backend.record_name(),
                 format.name(),
+                n,
+                k,
             ) {
                 Err(e) => e.to_string(),
-                Ok(entry) => match entry.shape(n, k) {
-                    Some(s) if s.m1 <= s.m2 => {
-                        shape_entry = Some(s);
-                        String::new()
-                    }
-                    Some(s) => format!("its breakpoints m1={} > m2={}", s.m1, s.m2),
-                    None => format!("the record has no shape [{n}, {k}]"),
-                },
+                Ok(s) if s.m1 <= s.m2 => {
+                    shape_entry = Some(s);
+                    String::new()
+                }
+                Ok(s) => format!("its breakpoints m1={} > m2={}", s.m1, s.m2),
             },
         };
         let (default_m1, default_m2) = match self.backend {

@@ -319,6 +319,8 @@ pub enum RecordError {
     },
     #[error("the record is stale for this device: {why}")]
     Stale { why: String },
+    #[error("the record has no shape [{n}, {k}] (its entries for this device are for: {models})")]
+    NoShape { n: usize, k: usize, models: String },
     #[error("{path}: {entry}: `{field}` {why}")]
     Invalid {
         path: String,
@@ -502,6 +504,8 @@ impl TuningRecord {
             .map(|(_, p)| p.blocks)
     }
 
+    /// The first entry for this device, generator, backend and format, or
+    /// why none fits.
     pub fn select(
         &self,
         device: &Fingerprint,
@@ -509,6 +513,47 @@ impl TuningRecord {
         backend: &str,
         format: &str,
     ) -> Result<&DeviceEntry, RecordError> {
+        self.select_all(device, generator, backend, format)
+            .map(|entries| entries[0])
+    }
+
+    /// The shape [n, k] from any entry that fits this device, generator,
+    /// backend and format (a record tuned for several models holds one
+    /// entry per model, and a model's shapes are only in its own), or why
+    /// none has it.
+    pub fn select_shape(
+        &self,
+        device: &Fingerprint,
+        generator: &GeneratorId,
+        backend: &str,
+        format: &str,
+        n: usize,
+        k: usize,
+    ) -> Result<&ShapeEntry, RecordError> {
+        let entries = self.select_all(device, generator, backend, format)?;
+        entries
+            .iter()
+            .find_map(|e| e.shape(n, k))
+            .ok_or_else(|| RecordError::NoShape {
+                n,
+                k,
+                models: entries
+                    .iter()
+                    .map(|e| e.model.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// Every entry for this device, generator, backend and format, in
+    /// record order (at least one), or why none fits.
+    fn select_all(
+        &self,
+        device: &Fingerprint,
+        generator: &GeneratorId,
+        backend: &str,
+        format: &str,
+    ) -> Result<Vec<&DeviceEntry>, RecordError> {
         let candidates: Vec<&DeviceEntry> = self
             .entries
             .iter()
@@ -531,7 +576,8 @@ impl TuningRecord {
             });
         }
         let mut why = String::new();
-        for entry in &candidates {
+        let mut fitting = Vec::new();
+        for entry in candidates {
             match entry.fingerprint.mismatch(device) {
                 Some(reason) => why = reason,
                 None if entry.generator != *generator => {
@@ -543,10 +589,13 @@ impl TuningRecord {
                         generator.template_hash
                     );
                 }
-                None => return Ok(entry),
+                None => fitting.push(entry),
             }
         }
-        Err(RecordError::Stale { why })
+        if fitting.is_empty() {
+            return Err(RecordError::Stale { why });
+        }
+        Ok(fitting)
     }
 }
 
@@ -696,6 +745,37 @@ mod tests {
         assert!(err.to_string().contains("features differ"), "{err}");
         let err = rec.select(&here, &gen_aa, "neon", "w4a8").unwrap_err();
         assert!(err.to_string().contains("host/w4a8"), "{err}");
+    }
+
+    /// A record tuned for two models holds an entry per model: each
+    /// model's shapes are found, whichever entry comes first.
+    #[test]
+    fn select_shape_searches_every_model_of_this_device() {
+        let mut llama = entry("llama2-7b", "avx2 fma", "aa");
+        llama.shapes[0].n = 4096;
+        llama.shapes[0].k = 11008;
+        llama.shapes[0].m1 = 3;
+        let rec = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![entry("qwen2-1.5b", "avx2 fma", "aa"), llama],
+        };
+        let here = rec.entries[0].fingerprint.clone();
+        let generator = rec.entries[0].generator.clone();
+        let find = |n, k| rec.select_shape(&here, &generator, "host", "w4a8", n, k);
+        assert_eq!(find(1536, 1536).unwrap().m1, 2);
+        assert_eq!(find(4096, 11008).unwrap().m1, 3);
+        let err = find(4096, 4096).unwrap_err();
+        assert!(
+            err.to_string().contains("[4096, 4096]")
+                && err.to_string().contains("qwen2-1.5b, llama2-7b"),
+            "{err}"
+        );
+        let mut other = here.clone();
+        other.features = vec!["avx2".into()];
+        let err = rec
+            .select_shape(&other, &generator, "host", "w4a8", 1536, 1536)
+            .unwrap_err();
+        assert!(err.to_string().contains("features differ"), "{err}");
     }
 
     #[test]
