@@ -166,6 +166,7 @@ fn sweep_one(att: &HostAttention, kernel: &Kernel) {
             (12, 2),
             (10, 2),
             (9, 1),
+            (7, 1),
             (16, 2),
             (8, 8),
             // Multi-head attention with more heads than one ymm's lanes.

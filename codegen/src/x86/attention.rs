@@ -492,10 +492,13 @@ pub fn emit_for(
             (Keys::I8Asym, KeyDot::EvexVnni) => ", int8 keys by {evex} vpdpwssd",
         }
     ));
-    if isa.ymm32 {
-        a.comment("P·V passes of up to 6 heads in ymm0-31 (AVX512VL)");
-    }
     let bf16 = isa.bf16_values && isa.ymm32 && values == Values::E4M3;
+    if isa.ymm32 {
+        let heads = PvRegisters { ymm32: true, bf16 }.heads();
+        a.comment(&format!(
+            "P·V passes of up to {heads} heads in ymm0-31 (AVX512VL)"
+        ));
+    }
     if bf16 {
         a.comment(
             "P·V of fp8 values by vdpbf16ps on key pairs: e4m3 → bf16 by vpermi2b lookups, p as two bf16 parts (AVX512_BF16, AVX512_VBMI)",
@@ -1741,8 +1744,14 @@ impl PvRegisters {
     }
 
     /// Heads per pass: the most whose accumulators for 4 chunks, their
-    /// broadcasts and the widened row fit (16 registers: 3, 32: 6).
+    /// broadcasts and the widened row fit (16 registers: 3, 32: 6). The
+    /// bf16 pass broadcasts p from memory and sums 2 chunks per zmm, so a
+    /// whole tile fits ([`MAX_TILE`]: 8 heads at 6 chunks) and a GQA-7 or
+    /// GQA-8 tile converts each key's values once, not twice.
     fn heads(self) -> usize {
+        if self.bf16 {
+            return ((self.count() - BF16_FIXED) / 2).min(MAX_TILE);
+        }
         (self.count() - 1) / 5
     }
 
