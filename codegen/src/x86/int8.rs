@@ -246,8 +246,10 @@ impl ZeroPoint {
 }
 
 /// How far ahead of the weight stream the GEMV and flat-GEMM loops
-/// prefetch, in bytes: 4 KiB measured 3–25% faster than 2 KiB at M = 1–4
-/// on Zen 4 (1 KiB slower again; 8 KiB the same as 4).
+/// prefetch, in bytes. On Zen 4, 4 KiB against 2 KiB: M = 4 on one thread
+/// up to 1.25× faster on the Llama2 shapes, 3% on the geometric mean of
+/// M = 1–8 at 1 and 2 threads (single rows 0.8–1.25×, the noise of two
+/// runs); 1 KiB was slower, 8 KiB the same as 4.
 pub const PREFETCH: i32 = 4096;
 
 /// Emit the kernel: the GEMM variant (with the one-row loop for m = 1).
