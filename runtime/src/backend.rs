@@ -30,7 +30,7 @@ use crate::error::RuntimeError;
 use crate::format::WeightFormat;
 use crate::pool::ThreadPool;
 use crate::prebuilt::PrebuiltSet;
-use crate::record::{GeneratorId, TuningRecord};
+use crate::record::{GeneratorId, RecordError, TuningRecord};
 
 /// Where kernels run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -551,23 +551,45 @@ impl Device {
         }
         let core_weights = self.core_weights.clone();
         let mut shape_entry = None;
+        let mut stand_in = false;
         let why = match &self.record {
             None => "no tuning record was given".to_string(),
-            Some(record) => match record.select_shape(
-                &self.fingerprint,
-                &self.generator,
-                self.backend.record_name(),
-                format.name(),
-                n,
-                k,
-            ) {
-                Err(e) => e.to_string(),
-                Ok(s) if s.m1 <= s.m2 => {
-                    shape_entry = Some(s);
-                    String::new()
+            Some(record) => {
+                let (backend, format) = (self.backend.record_name(), format.name());
+                let found = match record.select_shape(
+                    &self.fingerprint,
+                    &self.generator,
+                    backend,
+                    format,
+                    n,
+                    k,
+                ) {
+                    Err(e @ RecordError::NoShape { .. }) => record
+                        .nearest_shape(&self.fingerprint, &self.generator, backend, format, n, k)
+                        .inspect(|s| {
+                            stand_in = true;
+                            tracing::info!(
+                                backend,
+                                format,
+                                n,
+                                k,
+                                "{e}; using the plan measured at [{}, {}]",
+                                s.n,
+                                s.k
+                            );
+                        })
+                        .ok_or(e),
+                    other => other,
+                };
+                match found {
+                    Err(e) => e.to_string(),
+                    Ok(s) if s.m1 <= s.m2 => {
+                        shape_entry = Some(s);
+                        String::new()
+                    }
+                    Ok(s) => format!("its breakpoints m1={} > m2={}", s.m1, s.m2),
                 }
-                Ok(s) => format!("its breakpoints m1={} > m2={}", s.m1, s.m2),
-            },
+            }
         };
         let (default_m1, default_m2) = match self.backend {
             Backend::Cuda => CUDA_DEFAULT_BREAKPOINTS,
@@ -624,6 +646,11 @@ impl Device {
             kernels.push(code);
         }
         let (m1, m2, source) = match shape_entry {
+            Some(s) if stand_in => (
+                s.m1,
+                s.m2,
+                PlanSource::NearestRecordShape { n: s.n, k: s.k },
+            ),
             Some(s) => (s.m1, s.m2, PlanSource::Record),
             None => (default_m1, default_m2, PlanSource::Defaults { why }),
         };

@@ -46,6 +46,9 @@ pub fn representative_m(variant: Variant) -> usize {
 pub enum PlanSource {
     /// The tuning record's breakpoints and winners.
     Record,
+    /// The record has no entry for this shape; the breakpoints and winners
+    /// of its shape [n, k] (same k, the nearest n) stand in.
+    NearestRecordShape { n: usize, k: usize },
     /// Solver defaults; `why` says why the record was not used.
     Defaults { why: String },
 }
@@ -254,6 +257,9 @@ impl fmt::Display for ShapePlan {
         }
         match &self.source {
             PlanSource::Record => write!(f, " (record)"),
+            PlanSource::NearestRecordShape { n, k } => {
+                write!(f, " (record, measured at [{n}, {k}])")
+            }
             PlanSource::Defaults { why } => write!(f, " (defaults: {why})"),
         }
     }

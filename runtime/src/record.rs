@@ -331,6 +331,11 @@ pub enum RecordError {
     },
 }
 
+/// How far apart (as a ratio of n) a measured shape may be from one the
+/// record lacks and still lend it its plan: a fused gate and up is twice
+/// either half.
+pub const NEAREST_SHAPE_MAX_N_RATIO: f64 = 2.0;
+
 /// The largest ratio between two cores' weights a record may carry: no
 /// real core is a thousand times another, and larger ratios (or huge
 /// values) overflow the work split.
@@ -543,6 +548,31 @@ impl TuningRecord {
                     .collect::<Vec<_>>()
                     .join(", "),
             })
+    }
+
+    /// For a shape the record lacks: the measured shape with the same k
+    /// and the nearest n, no more than [`NEAREST_SHAPE_MAX_N_RATIO`] apart,
+    /// from any entry that fits. A layer the tuner did not see (a model's
+    /// gate and up run unfused; another model with a near width) then runs
+    /// the tiles and breakpoints measured on this device for the same
+    /// reduction, which decide the inner loops, rather than the solver's
+    /// guesses; n only changes how many column panels there are.
+    pub fn nearest_shape(
+        &self,
+        device: &Fingerprint,
+        generator: &GeneratorId,
+        backend: &str,
+        format: &str,
+        n: usize,
+        k: usize,
+    ) -> Option<&ShapeEntry> {
+        let entries = self.select_all(device, generator, backend, format).ok()?;
+        let ratio = |s: &ShapeEntry| s.n.max(n) as f64 / s.n.min(n).max(1) as f64;
+        entries
+            .iter()
+            .flat_map(|e| e.shapes.iter())
+            .filter(|s| s.k == k && s.n > 0 && ratio(s) <= NEAREST_SHAPE_MAX_N_RATIO)
+            .min_by(|a, b| ratio(a).total_cmp(&ratio(b)).then(b.n.cmp(&a.n)))
     }
 
     /// Every entry for this device, generator, backend and format, in
@@ -776,6 +806,46 @@ mod tests {
             .select_shape(&other, &generator, "host", "w4a8", 1536, 1536)
             .unwrap_err();
         assert!(err.to_string().contains("features differ"), "{err}");
+    }
+
+    #[test]
+    fn nearest_shape_lends_a_plan_of_the_same_k_within_twice_n() {
+        let mut llama = entry("llama2-7b", "avx2 fma", "aa");
+        let shape = llama.shapes[0].clone();
+        llama.shapes = [(22016, 4096, 4), (4096, 4096, 5), (11008, 2048, 6)]
+            .into_iter()
+            .map(|(n, k, m1)| ShapeEntry {
+                n,
+                k,
+                m1,
+                ..shape.clone()
+            })
+            .collect();
+        let rec = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![entry("qwen2-1.5b", "avx2 fma", "aa"), llama],
+        };
+        let here = rec.entries[0].fingerprint.clone();
+        let generator = rec.entries[0].generator.clone();
+        let near = |n, k| {
+            rec.nearest_shape(&here, &generator, "host", "w4a8", n, k)
+                .map(|s| (s.n, s.k))
+        };
+        // Gate and up unfused: half the fused shape, same k.
+        assert_eq!(near(11008, 4096), Some((22016, 4096)));
+        // The nearer n wins.
+        assert_eq!(near(6000, 4096), Some((4096, 4096)));
+        // Another entry's shapes count too (qwen2's [1536, 1536]).
+        assert_eq!(near(3072, 1536), Some((1536, 1536)));
+        // More than twice n apart, or another k: nothing.
+        assert_eq!(near(2000, 4096), None);
+        assert_eq!(near(11008, 4000), None);
+        let mut other = here.clone();
+        other.features = vec!["avx2".into()];
+        assert!(
+            rec.nearest_shape(&other, &generator, "host", "w4a8", 11008, 4096)
+                .is_none()
+        );
     }
 
     #[test]

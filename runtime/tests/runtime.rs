@@ -436,9 +436,29 @@ fn refused_records_fall_back_to_defaults_and_say_why() {
         PlanSource::Defaults { why } => assert!(why.contains("generator"), "{why}"),
         s => panic!("record accepted: {s:?}"),
     }
-    // A record without this shape.
+    // A record without this shape, and none of its k within twice its n.
     let other_shape = record_for(&probe, WeightFormat::F32, n, k, 5, 9);
     let dev = device(backend, 1, Some(other_shape));
+    let lin = Linear::new(
+        &dev,
+        WeightFormat::F32,
+        Weights::F32(&vec![0.5; 7 * k]),
+        7,
+        k,
+        None,
+    )
+    .unwrap();
+    match &lin.plan().source {
+        PlanSource::Defaults { why } => assert!(why.contains("no shape [7, 32]"), "{why}"),
+        s => panic!("record accepted: {s:?}"),
+    }
+    // Still computes correctly.
+    let x = vec![1.0; 2 * k];
+    let mut y = vec![0.0; 2 * 7];
+    lin.forward_f32(&x, 2, &mut y).unwrap();
+    assert!(y.iter().all(|&v| (v - 16.0).abs() < 1e-4), "{y:?}");
+    // Half the record's n (gate or up alone where the tuner saw them
+    // fused): the record's plan for [16, 32] stands in, and computes.
     let lin = Linear::new(
         &dev,
         WeightFormat::F32,
@@ -448,15 +468,20 @@ fn refused_records_fall_back_to_defaults_and_say_why() {
         None,
     )
     .unwrap();
-    match &lin.plan().source {
-        PlanSource::Defaults { why } => assert!(why.contains("no shape [8, 32]"), "{why}"),
-        s => panic!("record accepted: {s:?}"),
+    assert_eq!(
+        lin.plan().source,
+        PlanSource::NearestRecordShape { n, k },
+        "{}",
+        lin.plan()
+    );
+    assert_eq!((lin.plan().m1, lin.plan().m2), (5, 9));
+    assert!(lin.plan().variants.iter().all(|v| v.from_record));
+    for m in [2, 5, 9] {
+        let x = vec![1.0; m * k];
+        let mut y = vec![0.0; m * 8];
+        lin.forward_f32(&x, m, &mut y).unwrap();
+        assert!(y.iter().all(|&v| (v - 16.0).abs() < 1e-4), "m={m} {y:?}");
     }
-    // Still computes correctly.
-    let x = vec![1.0; 2 * k];
-    let mut y = vec![0.0; 2 * 8];
-    lin.forward_f32(&x, 2, &mut y).unwrap();
-    assert!(y.iter().all(|&v| (v - 16.0).abs() < 1e-4), "{y:?}");
 }
 
 #[test]

@@ -15,7 +15,9 @@
 use std::sync::Arc;
 
 use tessera_runtime::record::TuningRecord;
-use tessera_runtime::{Backend, Device, DeviceOptions, Linear, WeightFormat as RtFormat, Weights};
+use tessera_runtime::{
+    Backend, Device, DeviceOptions, Linear, PlanSource, WeightFormat as RtFormat, Weights,
+};
 
 use super::{MatmulImpl, check_len};
 use crate::error::BenchError;
@@ -116,15 +118,18 @@ impl TesseraLinear {
                 None,
             )
             .map_err(|e| self.err(e))?;
-            if self.record.is_some()
-                && self.linears.is_empty()
-                && let tessera_runtime::dispatch::PlanSource::Defaults { why } =
-                    &linear.plan().source
-            {
-                eprintln!(
-                    "  {} [{}, {}]: not using --record ({why}); solver defaults",
-                    self.name, self.n, self.k
-                );
+            if self.record.is_some() && self.linears.is_empty() {
+                match &linear.plan().source {
+                    PlanSource::Defaults { why } => eprintln!(
+                        "  {} [{}, {}]: not using --record ({why}); solver defaults",
+                        self.name, self.n, self.k
+                    ),
+                    PlanSource::NearestRecordShape { n, k } => eprintln!(
+                        "  {} [{}, {}]: not in --record; its plan for [{n}, {k}] stands in",
+                        self.name, self.n, self.k
+                    ),
+                    PlanSource::Record => {}
+                }
             }
             self.linears.push(linear);
         }
