@@ -1554,6 +1554,7 @@ fn rebase(a: &mut X86Asm, softmax: SoftmaxMode) {
     a.vmulps_mem(Ymm(3), Ymm(2), mem(RBX, R_DEN));
     a.vmovups_store(mem(RBX, R_DEN), Ymm(3));
     // num[c][i] ·= α_i.
+    num_chunk_stride(a, R11);
     a.zero(R12);
     let (head, heads_done) = (a.new_label(), a.new_label());
     a.bind(head);
@@ -1573,7 +1574,7 @@ fn rebase(a: &mut X86Asm, softmax: SoftmaxMode) {
     a.bind(chunk);
     a.vmulps_mem(Ymm(0), Ymm(1), mem(RDX, 0));
     a.vmovups_store(mem(RDX, 0), Ymm(0));
-    a.add_imm(RDX, 288);
+    a.add(RDX, R11);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, chunk);
     a.add_imm(R12, 1);
@@ -1719,7 +1720,7 @@ pub(super) fn exp_ps(a: &mut X86Asm, x: Ymm, n: Ymm, f: Ymm, p: Ymm, k127: Ymm) 
 /// One output row: `d/8` chunks (their count at `d8`) of the numerator at
 /// rdx, `stride` bytes apart, over the denominator in ymm1, to f16 at rsi.
 /// Clobbers rcx, rdx, rsi, ymm0.
-pub(super) fn store_normalized_row(a: &mut X86Asm, d8: Mem, stride: i32) {
+pub(super) fn store_normalized_row(a: &mut X86Asm, d8: Mem, stride: Stride) {
     a.load64(RCX, d8);
     let chunk = a.new_label();
     a.bind(chunk);
@@ -1727,9 +1728,26 @@ pub(super) fn store_normalized_row(a: &mut X86Asm, d8: Mem, stride: i32) {
     a.vdivps(Ymm(0), Ymm(0), Ymm(1));
     a.vcvtps2ph_store(mem(RSI, 0), Ymm(0), 0);
     a.add_imm(RSI, 16);
-    a.add_imm(RDX, stride);
+    stride.advance(a, RDX);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, chunk);
+}
+
+/// How far a loop's cursor moves per chunk: a constant, or a register's
+/// value (a stride known only at run time).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Stride {
+    Bytes(i32),
+    Reg(Gp),
+}
+
+impl Stride {
+    fn advance(self, a: &mut X86Asm, cursor: Gp) {
+        match self {
+            Stride::Bytes(n) => a.add_imm(cursor, n),
+            Stride::Reg(r) => a.add(cursor, r),
+        }
+    }
 }
 
 /// 8 fp8 e4m3 codes (zero-extended to dwords in `vx`) → f32 in `vx`,
@@ -1872,18 +1890,17 @@ fn pv(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     a.jmp(by_heads[hs - 1]);
     for (h, hl) in by_heads.iter().enumerate() {
         a.bind(*hl);
-        let most = regs.group_chunks(h + 1);
-        let by_chunks: Vec<Label> = (0..most).map(|_| a.new_label()).collect();
-        for (i, l) in by_chunks.iter().enumerate().take(most - 1) {
-            a.cmp_imm(RAX, i as i32 + 1);
-            a.jcc(Cond::E, *l);
+        // A pass of one head is a one-head tile's (its own `num` layout)
+        // or the last head of a larger tile's.
+        if h == 0 {
+            let interleaved = a.new_label();
+            a.load64(R11, mem(RBX, R_GT));
+            a.cmp_imm(R11, 1);
+            a.jcc(Cond::Ne, interleaved);
+            pv_passes(a, keys, values, regs, NumLayout::OneHead, 1, after);
+            a.bind(interleaved);
         }
-        a.jmp(by_chunks[most - 1]);
-        for (i, l) in by_chunks.iter().enumerate() {
-            a.bind(*l);
-            pv_pass(a, keys, values, regs, h + 1, i + 1);
-            a.jmp(after);
-        }
+        pv_passes(a, keys, values, regs, NumLayout::Interleaved, h + 1, after);
     }
     a.bind(after);
     a.load64(RAX, mem(RSP, S_SUB0));
@@ -1899,16 +1916,79 @@ fn pv(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     a.bind(groups_done);
 }
 
+/// The passes of `heads` heads by the chunks left in the group (rax,
+/// 1 ..= the group size), each jumping to `after`.
+fn pv_passes(
+    a: &mut X86Asm,
+    keys: Keys,
+    values: Values,
+    regs: PvRegisters,
+    layout: NumLayout,
+    heads: usize,
+    after: Label,
+) {
+    let most = regs.group_chunks(heads);
+    let by_chunks: Vec<Label> = (0..most).map(|_| a.new_label()).collect();
+    for (i, l) in by_chunks.iter().enumerate().take(most - 1) {
+        a.cmp_imm(RAX, i as i32 + 1);
+        a.jcc(Cond::E, *l);
+    }
+    a.jmp(by_chunks[most - 1]);
+    for (i, l) in by_chunks.iter().enumerate() {
+        a.bind(*l);
+        pv_pass(a, keys, values, regs, layout, heads, i + 1);
+        a.jmp(after);
+    }
+}
+
 /// rdx = the pass's first accumulator in `num`, `num + 32·(9·c0 + sub0)`
-/// (chunk c of head h 32·(9c + h) on). Clobbers rax and r11.
-fn num_cursor(a: &mut X86Asm) {
+/// (chunk c of head h 32·(9c + h) on), or in a one-head tile's
+/// ([`NumLayout::OneHead`]) `num + 32·c0`. Clobbers rax and r11.
+fn num_cursor(a: &mut X86Asm, layout: NumLayout) {
     a.load64(RAX, mem(RSP, S_C0));
-    a.imul_imm(RAX, RAX, 9);
-    a.load64(R11, mem(RSP, S_SUB0));
-    a.add(RAX, R11);
+    if layout == NumLayout::Interleaved {
+        a.imul_imm(RAX, RAX, 9);
+        a.load64(R11, mem(RSP, S_SUB0));
+        a.add(RAX, R11);
+    }
     a.shl_imm(RAX, 5);
     a.load64(RDX, mem(RBX, R_NUM));
     a.add(RDX, RAX);
+}
+
+/// Where a tile keeps its P·V sums `num`. A tile of several heads
+/// interleaves them, 9 slots of 32 bytes a chunk (8 heads and a pad), so a
+/// pass finds each head's chunk at a fixed offset. A tile of one head
+/// (multi-head attention) keeps its chunks side by side: interleaved, each
+/// 8-key block loaded and stored 16 lines per head at d = 128 where 8 hold
+/// them, and a 32-head call's sums filled the L1 that the V rows stream
+/// through (as with q: [`q_chunk_bytes`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum NumLayout {
+    Interleaved,
+    OneHead,
+}
+
+impl NumLayout {
+    /// Byte offset of chunk `c` of head `h` (from the tile's `num`).
+    fn at(self, c: usize, h: usize) -> i32 {
+        match self {
+            NumLayout::Interleaved => 32 * (9 * c + h) as i32,
+            NumLayout::OneHead => 32 * c as i32,
+        }
+    }
+}
+
+/// `reg` = the chunk stride of the tile at rbx's `num` (288 bytes, or 32
+/// in a one-head tile).
+fn num_chunk_stride(a: &mut X86Asm, reg: Gp) {
+    let done = a.new_label();
+    a.load64(reg, mem(RBX, R_GT));
+    a.cmp_imm(reg, 1);
+    a.mov_imm(reg, NumLayout::OneHead.at(1, 0));
+    a.jcc(Cond::E, done);
+    a.mov_imm(reg, NumLayout::Interleaved.at(1, 0));
+    a.bind(done);
 }
 
 /// A P·V pass's cursors at key jb: rsi = p of (jb − j0, head sub0), r12
@@ -1942,9 +2022,17 @@ fn pv_cursors(a: &mut X86Asm, value_bytes: i32) {
 
 /// One pass over the tile at rbx: `hs` heads from `S_SUB0`, `nc` chunks
 /// from `S_C0`, keys `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
-fn pv_pass(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, hs: usize, nc: usize) {
+fn pv_pass(
+    a: &mut X86Asm,
+    keys: Keys,
+    values: Values,
+    regs: PvRegisters,
+    layout: NumLayout,
+    hs: usize,
+    nc: usize,
+) {
     if regs.bf16 {
-        return pv_pass_bf16(a, keys, regs, hs, nc);
+        return pv_pass_bf16(a, keys, regs, layout, hs, nc);
     }
     let vx = Ymm(0);
     // A second row register where the file has one left: two chunks of
@@ -1953,10 +2041,10 @@ fn pv_pass(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, hs: us
     let p0 = if pair_reg.is_some() { 2 } else { 1 };
     let p = |h: usize| Ymm((p0 + h) as u8);
     let acc = |h: usize, c: usize| Ymm((p0 + hs + h * nc + c) as u8);
-    num_cursor(a);
+    num_cursor(a, layout);
     for h in 0..hs {
         for c in 0..nc {
-            regs.load(a, acc(h, c), mem(RDX, 32 * (9 * c + h) as i32));
+            regs.load(a, acc(h, c), mem(RDX, layout.at(c, h)));
         }
     }
     let vb = if values == Values::F16 { 16 } else { 8 };
@@ -2016,10 +2104,10 @@ fn pv_pass(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, hs: us
     a.add(RAX, RCX);
     a.sub_imm(R8, 1);
     a.jcc(Cond::Ne, top);
-    num_cursor(a);
+    num_cursor(a, layout);
     for h in 0..hs {
         for c in 0..nc {
-            regs.store(a, mem(RDX, 32 * (9 * c + h) as i32), acc(h, c));
+            regs.store(a, mem(RDX, layout.at(c, h)), acc(h, c));
         }
     }
 }
@@ -2168,7 +2256,14 @@ fn bf16_pairs(a: &mut X86Asm) {
 /// `vcvtph2ps` per 8 values); the two dots per pair do the f32 FMAs' work.
 /// A C loop of this body (L1-resident, Zen 4) took 13.6 ns a key and KV
 /// head for 6 heads against 17.5 for the f16 route's.
-fn pv_pass_bf16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: usize) {
+fn pv_pass_bf16(
+    a: &mut X86Asm,
+    keys: Keys,
+    regs: PvRegisters,
+    layout: NumLayout,
+    hs: usize,
+    nc: usize,
+) {
     let (codes, lo, hi, w0, w1) = (Zmm(0), Zmm(1), Zmm(2), Zmm(3), Zmm(4));
     let (order, tlo, thi) = (Zmm(5), Zmm(6), Zmm(7));
     let pairs = nc.div_ceil(2);
@@ -2178,8 +2273,8 @@ fn pv_pass_bf16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: us
     );
     let acc = |h: usize, cp: usize| Zmm((BF16_FIXED + h * pairs + cp) as u8);
     let low = |z: Zmm| Ymm(z.0);
-    let num_at = |c: usize, h: usize| 32 * (9 * c + h) as i32;
-    num_cursor(a);
+    let num_at = |c: usize, h: usize| layout.at(c, h);
+    num_cursor(a, layout);
     for h in 0..hs {
         for cp in 0..pairs {
             regs.load(a, low(acc(h, cp)), mem(RDX, num_at(2 * cp, h)));
@@ -2267,7 +2362,7 @@ fn pv_pass_bf16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: us
     a.add(RAX, RCX);
     a.sub_imm(R8, 2);
     a.jcc(Cond::G, top);
-    num_cursor(a);
+    num_cursor(a, layout);
     for h in 0..hs {
         for cp in 0..pairs {
             regs.store(a, mem(RDX, num_at(2 * cp, h)), low(acc(h, cp)));
@@ -2281,6 +2376,7 @@ fn pv_pass_bf16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: us
 /// `o = num / den` to f16 for each head of the tile at rbx; the first
 /// tile's head 0 leaves its softmax state in the split region.
 fn finish_tile(a: &mut X86Asm) {
+    num_chunk_stride(a, R11);
     a.zero(R12);
     let (head, heads_done) = (a.new_label(), a.new_label());
     a.bind(head);
@@ -2292,7 +2388,7 @@ fn finish_tile(a: &mut X86Asm) {
     a.shl_imm(RCX, 2);
     a.add(RAX, RCX);
     a.vpbroadcastd_load(Ymm(1), mem(RAX, 0));
-    // o row (h + i), num slot of head i (chunk stride 288 bytes).
+    // o row (h + i), num slot of head i (chunk stride r11).
     a.load64(RSI, mem(RBX, R_HEAD));
     a.add(RSI, R12);
     a.load64(RCX, mem(RSP, S_D));
@@ -2304,7 +2400,7 @@ fn finish_tile(a: &mut X86Asm) {
     a.shl_imm(RDX, 5);
     a.load64(RCX, mem(RBX, R_NUM));
     a.add(RDX, RCX);
-    store_normalized_row(a, mem(RSP, S_D8), 288);
+    store_normalized_row(a, mem(RSP, S_D8), Stride::Reg(R11));
     a.add_imm(R12, 1);
     a.jmp(head);
     a.bind(heads_done);
@@ -2342,6 +2438,7 @@ fn every_head_state(a: &mut X86Asm) {
     a.vmovups_load(Ymm(1), mem(RSP, V_ONE));
     a.vandnps(Ymm(0), Ymm(0), Ymm(1));
     a.vmovups_store(mem(RSP, V_ALPHA), Ymm(0));
+    num_chunk_stride(a, R11);
     a.zero(R12);
     let head = a.new_label();
     a.bind(head);
@@ -2357,7 +2454,7 @@ fn every_head_state(a: &mut X86Asm) {
     a.shl_imm(RSI, 2);
     a.load64(RAX, mem(RDI, AT_STATES));
     a.add(RSI, RAX);
-    // num: chunk c of head i at num + 288·c + 32·i.
+    // num: chunk c of head i at num + r11·c + 32·i.
     a.mov(RDX, R12);
     a.shl_imm(RDX, 5);
     a.load64(RCX, mem(RBX, R_NUM));
@@ -2380,7 +2477,7 @@ fn every_head_state(a: &mut X86Asm) {
     a.bind(done);
 }
 
-/// One head's `num` (its slot at rdx, chunks 288 bytes apart) to `d`
+/// One head's `num` (its slot at rdx, chunks r11 bytes apart) to `d`
 /// contiguous f32 at rsi; leaves rsi past them. Clobbers rcx, rdx, ymm0.
 fn copy_num_row(a: &mut X86Asm) {
     a.load64(RCX, mem(RSP, S_D8));
@@ -2389,7 +2486,7 @@ fn copy_num_row(a: &mut X86Asm) {
     a.vmovups_load(Ymm(0), mem(RDX, 0));
     a.vmovups_store(mem(RSI, 0), Ymm(0));
     a.add_imm(RSI, 32);
-    a.add_imm(RDX, 288);
+    a.add(RDX, R11);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, chunk);
 }

@@ -922,7 +922,7 @@ fn finish_rows(a: &mut X86Asm, g: Geometry) {
     a.shl_imm(RDX, 5);
     a.load64(RCX, mem(RSP, P_O));
     a.add(RDX, RCX);
-    attention::store_normalized_row(a, mem(RSP, P_D8), g.qs());
+    attention::store_normalized_row(a, mem(RSP, P_D8), attention::Stride::Bytes(g.qs()));
     a.add_imm(R12, 1);
     a.jmp(row);
     a.bind(rows_done);
