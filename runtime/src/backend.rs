@@ -30,7 +30,7 @@ use crate::error::RuntimeError;
 use crate::format::WeightFormat;
 use crate::pool::ThreadPool;
 use crate::prebuilt::PrebuiltSet;
-use crate::record::{GeneratorId, RecordError, TuningRecord};
+use crate::record::{GeneratorId, TuningRecord};
 
 /// Where kernels run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -554,42 +554,31 @@ impl Device {
         let mut stand_in = false;
         let why = match &self.record {
             None => "no tuning record was given".to_string(),
-            Some(record) => {
-                let (backend, format) = (self.backend.record_name(), format.name());
-                let found = match record.select_shape(
-                    &self.fingerprint,
-                    &self.generator,
-                    backend,
-                    format,
-                    n,
-                    k,
-                ) {
-                    Err(e @ RecordError::NoShape { .. }) => record
-                        .nearest_shape(&self.fingerprint, &self.generator, backend, format, n, k)
-                        .inspect(|s| {
-                            stand_in = true;
-                            tracing::info!(
-                                backend,
-                                format,
-                                n,
-                                k,
-                                "{e}; using the plan measured at [{}, {}]",
-                                s.n,
-                                s.k
-                            );
-                        })
-                        .ok_or(e),
-                    other => other,
-                };
-                match found {
-                    Err(e) => e.to_string(),
-                    Ok(s) if s.m1 <= s.m2 => {
-                        shape_entry = Some(s);
-                        String::new()
+            Some(record) => match record.select_shape(
+                &self.fingerprint,
+                &self.generator,
+                self.backend.record_name(),
+                format.name(),
+                n,
+                k,
+            ) {
+                Err(e) => e.to_string(),
+                Ok(m) if m.entry.m1 <= m.entry.m2 => {
+                    if !m.exact {
+                        tracing::info!(
+                            backend = %self.backend,
+                            format = %format,
+                            n, k,
+                            "the record has no shape [{n}, {k}]; using the plan measured at [{}, {}]",
+                            m.entry.n, m.entry.k
+                        );
                     }
-                    Ok(s) => format!("its breakpoints m1={} > m2={}", s.m1, s.m2),
+                    shape_entry = Some(m.entry);
+                    stand_in = !m.exact;
+                    String::new()
                 }
-            }
+                Ok(m) => format!("its breakpoints m1={} > m2={}", m.entry.m1, m.entry.m2),
+            },
         };
         let (default_m1, default_m2) = match self.backend {
             Backend::Cuda => CUDA_DEFAULT_BREAKPOINTS,

@@ -336,6 +336,14 @@ pub enum RecordError {
 /// either half.
 pub const NEAREST_SHAPE_MAX_N_RATIO: f64 = 2.0;
 
+/// A record's plan for a weight shape ([`TuningRecord::select_shape`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ShapeMatch<'a> {
+    pub entry: &'a ShapeEntry,
+    /// Whether `entry` is the shape asked for, or the nearest stand-in.
+    pub exact: bool,
+}
+
 /// The largest ratio between two cores' weights a record may carry: no
 /// real core is a thousand times another, and larger ratios (or huge
 /// values) overflow the work split.
@@ -522,10 +530,18 @@ impl TuningRecord {
             .map(|entries| entries[0])
     }
 
-    /// The shape [n, k] from any entry that fits this device, generator,
-    /// backend and format (a record tuned for several models holds one
-    /// entry per model, and a model's shapes are only in its own), or why
-    /// none has it.
+    /// The plan for shape [n, k] from any entry that fits this device,
+    /// generator, backend and format (a record tuned for several models
+    /// holds one entry per model, and a model's shapes are only in its
+    /// own), or why none has one.
+    ///
+    /// A shape no entry has borrows the measured shape with the same k and
+    /// the nearest n, no more than [`NEAREST_SHAPE_MAX_N_RATIO`] apart
+    /// ([`ShapeMatch::exact`] false). A layer the tuner did not see (a
+    /// model's gate and up run unfused; another model with a near width)
+    /// then runs the tiles and breakpoints measured on this device for the
+    /// same reduction, which decide the inner loops, rather than the
+    /// solver's guesses; n only changes how many column panels there are.
     pub fn select_shape(
         &self,
         device: &Fingerprint,
@@ -534,11 +550,20 @@ impl TuningRecord {
         format: &str,
         n: usize,
         k: usize,
-    ) -> Result<&ShapeEntry, RecordError> {
+    ) -> Result<ShapeMatch<'_>, RecordError> {
         let entries = self.select_all(device, generator, backend, format)?;
-        entries
-            .iter()
-            .find_map(|e| e.shape(n, k))
+        let shapes = || entries.iter().flat_map(|e| e.shapes.iter());
+        if let Some(entry) = shapes().find(|s| s.n == n && s.k == k) {
+            return Ok(ShapeMatch { entry, exact: true });
+        }
+        let ratio = |s: &ShapeEntry| s.n.max(n) as f64 / s.n.min(n).max(1) as f64;
+        shapes()
+            .filter(|s| s.k == k && s.n > 0 && ratio(s) <= NEAREST_SHAPE_MAX_N_RATIO)
+            .min_by(|a, b| ratio(a).total_cmp(&ratio(b)).then(b.n.cmp(&a.n)))
+            .map(|entry| ShapeMatch {
+                entry,
+                exact: false,
+            })
             .ok_or_else(|| RecordError::NoShape {
                 n,
                 k,
@@ -548,31 +573,6 @@ impl TuningRecord {
                     .collect::<Vec<_>>()
                     .join(", "),
             })
-    }
-
-    /// For a shape the record lacks: the measured shape with the same k
-    /// and the nearest n, no more than [`NEAREST_SHAPE_MAX_N_RATIO`] apart,
-    /// from any entry that fits. A layer the tuner did not see (a model's
-    /// gate and up run unfused; another model with a near width) then runs
-    /// the tiles and breakpoints measured on this device for the same
-    /// reduction, which decide the inner loops, rather than the solver's
-    /// guesses; n only changes how many column panels there are.
-    pub fn nearest_shape(
-        &self,
-        device: &Fingerprint,
-        generator: &GeneratorId,
-        backend: &str,
-        format: &str,
-        n: usize,
-        k: usize,
-    ) -> Option<&ShapeEntry> {
-        let entries = self.select_all(device, generator, backend, format).ok()?;
-        let ratio = |s: &ShapeEntry| s.n.max(n) as f64 / s.n.min(n).max(1) as f64;
-        entries
-            .iter()
-            .flat_map(|e| e.shapes.iter())
-            .filter(|s| s.k == k && s.n > 0 && ratio(s) <= NEAREST_SHAPE_MAX_N_RATIO)
-            .min_by(|a, b| ratio(a).total_cmp(&ratio(b)).then(b.n.cmp(&a.n)))
     }
 
     /// Every entry for this device, generator, backend and format, in
@@ -791,7 +791,10 @@ mod tests {
         };
         let here = rec.entries[0].fingerprint.clone();
         let generator = rec.entries[0].generator.clone();
-        let find = |n, k| rec.select_shape(&here, &generator, "host", "w4a8", n, k);
+        let find = |n, k| {
+            rec.select_shape(&here, &generator, "host", "w4a8", n, k)
+                .map(|m| m.entry)
+        };
         assert_eq!(find(1536, 1536).unwrap().m1, 2);
         assert_eq!(find(4096, 11008).unwrap().m1, 3);
         let err = find(4096, 4096).unwrap_err();
@@ -828,24 +831,26 @@ mod tests {
         let here = rec.entries[0].fingerprint.clone();
         let generator = rec.entries[0].generator.clone();
         let near = |n, k| {
-            rec.nearest_shape(&here, &generator, "host", "w4a8", n, k)
-                .map(|s| (s.n, s.k))
+            rec.select_shape(&here, &generator, "host", "w4a8", n, k)
+                .ok()
+                .map(|m| (m.entry.n, m.entry.k, m.exact))
         };
         // Gate and up unfused: half the fused shape, same k.
-        assert_eq!(near(11008, 4096), Some((22016, 4096)));
-        // The nearer n wins.
-        assert_eq!(near(6000, 4096), Some((4096, 4096)));
+        assert_eq!(near(11008, 4096), Some((22016, 4096, false)));
+        // The nearer n wins; a shape the record has is exact.
+        assert_eq!(near(6000, 4096), Some((4096, 4096, false)));
+        assert_eq!(near(4096, 4096), Some((4096, 4096, true)));
         // Another entry's shapes count too (qwen2's [1536, 1536]).
-        assert_eq!(near(3072, 1536), Some((1536, 1536)));
+        assert_eq!(near(3072, 1536), Some((1536, 1536, false)));
         // More than twice n apart, or another k: nothing.
         assert_eq!(near(2000, 4096), None);
         assert_eq!(near(11008, 4000), None);
         let mut other = here.clone();
         other.features = vec!["avx2".into()];
-        assert!(
-            rec.nearest_shape(&other, &generator, "host", "w4a8", 11008, 4096)
-                .is_none()
-        );
+        let err = rec
+            .select_shape(&other, &generator, "host", "w4a8", 11008, 4096)
+            .unwrap_err();
+        assert!(err.to_string().contains("features differ"), "{err}");
     }
 
     #[test]

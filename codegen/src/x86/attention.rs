@@ -1882,12 +1882,7 @@ fn pv(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     a.load64(R11, mem(RSP, S_SUB0));
     a.sub(RDX, R11);
     let after = a.new_label();
-    let by_heads: Vec<Label> = (0..hs).map(|_| a.new_label()).collect();
-    for (h, l) in by_heads.iter().enumerate().take(hs - 1) {
-        a.cmp_imm(RDX, h as i32 + 1);
-        a.jcc(Cond::E, *l);
-    }
-    a.jmp(by_heads[hs - 1]);
+    let by_heads = dispatch(a, RDX, hs);
     for (h, hl) in by_heads.iter().enumerate() {
         a.bind(*hl);
         // A pass of one head is a one-head tile's (its own `num` layout)
@@ -1916,6 +1911,18 @@ fn pv(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     a.bind(groups_done);
 }
 
+/// `cases` new labels, and a jump to label `n − 1` for `n` (1 ..= cases)
+/// in `reg`, the last taking any larger value; the caller binds them.
+fn dispatch(a: &mut X86Asm, reg: Gp, cases: usize) -> Vec<Label> {
+    let labels: Vec<Label> = (0..cases).map(|_| a.new_label()).collect();
+    for (i, l) in labels.iter().enumerate().take(cases - 1) {
+        a.cmp_imm(reg, i as i32 + 1);
+        a.jcc(Cond::E, *l);
+    }
+    a.jmp(labels[cases - 1]);
+    labels
+}
+
 /// The passes of `heads` heads by the chunks left in the group (rax,
 /// 1 ..= the group size), each jumping to `after`.
 fn pv_passes(
@@ -1927,13 +1934,7 @@ fn pv_passes(
     heads: usize,
     after: Label,
 ) {
-    let most = regs.group_chunks(heads);
-    let by_chunks: Vec<Label> = (0..most).map(|_| a.new_label()).collect();
-    for (i, l) in by_chunks.iter().enumerate().take(most - 1) {
-        a.cmp_imm(RAX, i as i32 + 1);
-        a.jcc(Cond::E, *l);
-    }
-    a.jmp(by_chunks[most - 1]);
+    let by_chunks = dispatch(a, RAX, regs.group_chunks(heads));
     for (i, l) in by_chunks.iter().enumerate() {
         a.bind(*l);
         pv_pass(a, keys, values, regs, layout, heads, i + 1);
