@@ -876,13 +876,7 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
     a.jmp(clr);
     a.bind(clr_done);
     // r10 = the chunk stride (`q_chunk_bytes` of the tile's heads).
-    let one_head = a.new_label();
-    a.mov_imm(R10, q_chunk_bytes(1));
-    a.load64(R11, mem(RBX, R_GT));
-    a.cmp_imm(R11, 1);
-    a.jcc(Cond::E, one_head);
-    a.mov_imm(R10, q_chunk_bytes(MAX_TILE));
-    a.bind(one_head);
+    by_tile_heads(a, R10, q_chunk_bytes(1), q_chunk_bytes(MAX_TILE));
     // For head i of the tile: q row (h + i).
     a.zero(R12);
     let (head_loop, heads_done) = (a.new_label(), a.new_label());
@@ -1983,12 +1977,19 @@ impl NumLayout {
 /// `reg` = the chunk stride of the tile at rbx's `num` (288 bytes, or 32
 /// in a one-head tile).
 fn num_chunk_stride(a: &mut X86Asm, reg: Gp) {
+    let [one, several] = [NumLayout::OneHead, NumLayout::Interleaved].map(|l| l.at(1, 0));
+    by_tile_heads(a, reg, one, several);
+}
+
+/// `reg` = `one` if the tile at rbx has one head, else `several` (the
+/// layouts of one-head tiles differ: [`q_chunk_bytes`], [`NumLayout`]).
+fn by_tile_heads(a: &mut X86Asm, reg: Gp, one: i32, several: i32) {
     let done = a.new_label();
     a.load64(reg, mem(RBX, R_GT));
     a.cmp_imm(reg, 1);
-    a.mov_imm(reg, NumLayout::OneHead.at(1, 0));
+    a.mov_imm(reg, one);
     a.jcc(Cond::E, done);
-    a.mov_imm(reg, NumLayout::Interleaved.at(1, 0));
+    a.mov_imm(reg, several);
     a.bind(done);
 }
 
