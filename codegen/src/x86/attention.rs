@@ -67,6 +67,9 @@ use crate::host_attention::*;
 
 /// Query heads one pass over K and V serves (lanes of a ymm).
 pub const MAX_TILE: usize = DECODE_TILE_HEADS;
+/// 32-byte slots per chunk of a several-head tile's `num`: one per head
+/// and a pad ([`NumLayout::Interleaved`]).
+const NUM_SLOTS: usize = MAX_TILE + 1;
 /// Keys every tile of a call scores before any tile scores the next ones:
 /// the K rows of all the call's KV heads are then read in token order. The
 /// walk of one KV head alone, rows `kvh·d` elements apart, is what the
@@ -132,7 +135,9 @@ impl Prefetch {
 /// align the tiles, and per tile its record (72), `qarea` `8d`, `num`
 /// `72·d/8` and the super-block's scores `8·SUPER`.
 pub fn scratch_floats(s: usize, d: usize, tiles: usize) -> usize {
-    (s + 3 * d + 8) + 16 + tiles * (DECODE_TILE_RECORD + 8 * d + 9 * d + 8 * DECODE_SUPER_BLOCK)
+    (s + 3 * d + 8)
+        + 16
+        + tiles * (DECODE_TILE_RECORD + 8 * d + NUM_SLOTS * d + 8 * DECODE_SUPER_BLOCK)
 }
 
 pub(super) const FRAME: i32 = 1408;
@@ -394,7 +399,7 @@ fn i16_chunks(
 /// Llama2 f16 cache (Zen 4, one thread, cold) read 18.6 GB/s with the
 /// interleaved q and 24.9 with it side by side.
 fn q_chunk_bytes(heads: usize) -> i32 {
-    if heads == 1 { 32 } else { 256 }
+    if heads == 1 { 32 } else { 32 * MAX_TILE as i32 }
 }
 
 fn unsupported(what: String) -> EmitError {
@@ -668,7 +673,7 @@ fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     a.add(RAX, RCX);
     a.store64(mem(RBX, R_NUM), RAX);
     a.load64(RCX, mem(RSP, S_D));
-    a.imul_imm(RCX, RCX, 36);
+    a.imul_imm(RCX, RCX, 4 * NUM_SLOTS as i32);
     a.add(RAX, RCX);
     a.store64(mem(RBX, R_SAREA), RAX);
     // P·V chunk group: as many chunks as the registers hold for the
@@ -700,7 +705,7 @@ fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     a.vmovups_store(mem(RBX, R_DEN), Ymm(0));
     a.load64(RSI, mem(RBX, R_NUM));
     a.load64(RCX, mem(RSP, S_D8));
-    a.imul_imm(RCX, RCX, 9);
+    a.imul_imm(RCX, RCX, NUM_SLOTS as i32);
     let clr = a.new_label();
     a.bind(clr);
     a.vmovups_store(mem(RSI, 0), Ymm(0));
@@ -1942,7 +1947,7 @@ fn pv_passes(
 fn num_cursor(a: &mut X86Asm, layout: NumLayout) {
     a.load64(RAX, mem(RSP, S_C0));
     if layout == NumLayout::Interleaved {
-        a.imul_imm(RAX, RAX, 9);
+        a.imul_imm(RAX, RAX, NUM_SLOTS as i32);
         a.load64(R11, mem(RSP, S_SUB0));
         a.add(RAX, R11);
     }
@@ -1968,7 +1973,7 @@ impl NumLayout {
     /// Byte offset of chunk `c` of head `h` (from the tile's `num`).
     fn at(self, c: usize, h: usize) -> i32 {
         match self {
-            NumLayout::Interleaved => 32 * (9 * c + h) as i32,
+            NumLayout::Interleaved => 32 * (NUM_SLOTS * c + h) as i32,
             NumLayout::OneHead => 32 * c as i32,
         }
     }
