@@ -206,6 +206,17 @@ pub trait TuneBackend {
         let _ = (kernel, blocks);
         None
     }
+    /// The decode attention `kernel` with fp8 values by bf16 dots
+    /// (`fp8_values_by_bf16`) or f32 FMAs, where this backend has both
+    /// forms and this CPU runs them (None: one form only).
+    fn decode_attention(
+        &self,
+        kernel: &Kernel,
+        fp8_values_by_bf16: bool,
+    ) -> Option<Result<MachineCode, String>> {
+        let _ = (kernel, fp8_values_by_bf16);
+        None
+    }
 }
 
 /// The backend for `kind`, or why it is unavailable (naming those that are).
@@ -302,6 +313,21 @@ impl TuneBackend for X86Tune {
         tessera_codegen::x86::missing_features()
             .is_empty()
             .then(|| self.0.attention(kernel, blocks).map_err(|e| e.to_string()))
+    }
+    fn decode_attention(
+        &self,
+        kernel: &Kernel,
+        fp8_values_by_bf16: bool,
+    ) -> Option<Result<MachineCode, String>> {
+        let backend = X86Backend {
+            avx512_bf16: fp8_values_by_bf16,
+            ..self.0
+        };
+        (self.0.avx512_bf16 && tessera_codegen::x86::missing_features().is_empty()).then(|| {
+            backend
+                .attention(kernel, PrefillBlocks::DEFAULT)
+                .map_err(|e| e.to_string())
+        })
     }
 }
 

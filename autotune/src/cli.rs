@@ -24,6 +24,7 @@ use tessera_codegen::tile::TileConfig;
 
 use crate::backend::{self, BackendKind, TuneBackend};
 use crate::bench::HostBench;
+use crate::decode;
 use crate::limits::{self, MacPath};
 use crate::model_source::{AttentionHeads, TunePlan};
 use crate::opencl::ClTarget;
@@ -38,6 +39,8 @@ pub const MIN_BUDGET_SECS: f64 = 2.0;
 const RESERVE: Duration = Duration::from_millis(400);
 /// Time per prefill-block candidate (nine of them, the best re-measured).
 const PREFILL_SLICE: Duration = Duration::from_millis(150);
+/// Time per decode form (two of them, re-measured when FMAs win).
+const DECODE_SLICE: Duration = Duration::from_millis(200);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -780,6 +783,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         core_weights: core_weights.clone(),
         shapes,
         prefill: None,
+        decode: None,
     };
     let save = |entry: DeviceEntry| -> Result<(), CliError> {
         let base = existing.clone().unwrap_or_default();
@@ -852,6 +856,13 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
             PREFILL_SLICE,
         )
         .map_err(CliError::Usage)?;
+        entry.decode = decode::tune(
+            &|k, by_bf16| b.decode_attention(k, by_bf16),
+            heads,
+            threads,
+            DECODE_SLICE,
+        )
+        .map_err(CliError::Usage)?;
     }
     save(entry.clone())?;
 
@@ -884,6 +895,35 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
                     p.default[1],
                     ms(p.default)
                 )
+            }
+        );
+    }
+    if let Some(p) = &entry.decode {
+        let us = |by_bf16: bool| {
+            p.measurements
+                .iter()
+                .find(|m| m.fp8_values_by_bf16 == by_bf16)
+                .map_or(f64::NAN, |m| m.us)
+        };
+        let name = |by_bf16: bool| if by_bf16 { "bf16 dots" } else { "f32 FMAs" };
+        println!(
+            "decode fp8 values ({} / {} heads × {}, {} keys): {} ({} {:.0} µs, {} {:.0} µs{})",
+            p.heads,
+            p.kv_heads,
+            p.head_dim,
+            p.ctx,
+            name(p.fp8_values_by_bf16),
+            name(true),
+            us(true),
+            name(false),
+            us(false),
+            if p.fp8_values_by_bf16 {
+                format!(
+                    "; FMAs need {:.0}% twice to switch",
+                    (decode::MARGIN - 1.0) * 100.0
+                )
+            } else {
+                String::new()
             }
         );
     }

@@ -28,6 +28,7 @@ pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod decide;
+pub mod decode;
 pub mod limits;
 pub mod model_source;
 pub mod opencl;

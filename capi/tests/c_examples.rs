@@ -194,6 +194,7 @@ fn write_records(dir: &Path) {
         schema: RECORD_SCHEMA,
         entries: vec![DeviceEntry {
             prefill: None,
+            decode: None,
             fingerprint,
             generator: current_generator(),
             // The backend the examples open (the best host backend), so

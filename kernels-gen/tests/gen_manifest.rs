@@ -268,6 +268,7 @@ fn record_with(generator: GeneratorId) -> TuningRecord {
         schema: RECORD_SCHEMA,
         entries: vec![DeviceEntry {
             prefill: None,
+            decode: None,
             fingerprint: fp,
             generator,
             backend: "neon".into(),

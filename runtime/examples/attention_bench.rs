@@ -4,13 +4,17 @@
 //!
 //! `cargo run --release -p tessera-runtime --example attention_bench --
 //! [--backend x86|host|neon] [--threads 1,2] [--ctx 4096,32768]
-//! [--model llama2-7b|qwen2-1.5b] [--heads HQ/KVH] [--format f16|kv8] [--hot]`
+//! [--model llama2-7b|qwen2-1.5b] [--heads HQ/KVH] [--format f16|kv8] [--hot]
+//! [--record FILE]`
 //!
 //! Heads: Llama2-7B (32 query / 32 KV heads × 128) and Qwen2-1.5B (12 / 2 ×
 //! 128); caches f16 and kv8 (int8 keys, fp8 values). Each line: µs per
 //! decode step (median of blocks), GB/s of KV bytes read, and that as a
 //! share of a plain multi-threaded f32 read loop over 1 GiB measured just
 //! before. Enough cache copies are rotated that every step reads DRAM.
+//! With `--record` (a `tessera-autotune` record of this machine), kv8
+//! lines run the fp8 values' P·V form it measured faster for the heads,
+//! and say which: `bf16` dots or `fma`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -94,6 +98,9 @@ fn main() -> Result<(), Error> {
         let (hq, kvh) = h.split_once('/').ok_or("--heads takes HQ/KVH")?;
         heads = vec![("custom", hq.parse()?, kvh.parse()?)];
     }
+    let record = only("--record")
+        .map(|path| tessera_runtime::record::TuningRecord::load(std::path::Path::new(&path)))
+        .transpose()?;
     let d = 128;
     // One cache, read again every step: the kernel's speed with the KV in
     // the caches, what the DRAM-bound figure is set against.
@@ -105,6 +112,7 @@ fn main() -> Result<(), Error> {
             backend,
             DeviceOptions {
                 threads: Some(t),
+                record: record.clone(),
                 ..Default::default()
             },
         )?);
@@ -150,8 +158,13 @@ fn main() -> Result<(), Error> {
                     blocks.sort_by(f64::total_cmp);
                     let step = blocks[blocks.len() / 2];
                     let gbs = bytes as f64 / step / 1e9;
+                    let pv = match format {
+                        KvFormat::Kv8 if dev.fp8_values_by_bf16(hq, kvh, d) => "  (bf16)",
+                        KvFormat::Kv8 => "  (fma)",
+                        _ => "",
+                    };
                     println!(
-                        "  {name:<10} {format:?} ctx {s:>6}: {:>9.1} µs  {gbs:>5.1} GB/s  {:>3.0}% of read",
+                        "  {name:<10} {format:?} ctx {s:>6}: {:>9.1} µs  {gbs:>5.1} GB/s  {:>3.0}% of read{pv}",
                         step * 1e6,
                         100.0 * gbs / bw
                     );

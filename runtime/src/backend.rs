@@ -890,16 +890,64 @@ impl Device {
         name: &str,
         d: usize,
     ) -> Result<Arc<HostAttention>, RuntimeError> {
-        self.attention_in(name, d, PrefillBlocks::DEFAULT)
+        self.attention_in(name, d, PrefillBlocks::DEFAULT, false)
+    }
+
+    /// [`Device::attention`] for `hq` query heads over `kvh` KV heads: fp8
+    /// values by f32 FMAs where the record measured that faster than bf16
+    /// dots for this grouping ([`Device::fp8_values_by_bf16`]).
+    pub(crate) fn decode_attention(
+        &self,
+        name: &str,
+        hq: usize,
+        kvh: usize,
+        d: usize,
+    ) -> Result<Arc<HostAttention>, RuntimeError> {
+        let by_fma = self.x86_has_bf16_values() && !self.fp8_values_by_bf16(hq, kvh, d);
+        self.attention_in(name, d, PrefillBlocks::DEFAULT, by_fma)
+    }
+
+    /// Whether this device's decode attention multiplies fp8 values by
+    /// bf16 dot products for `hq` query heads over `kvh` KV heads of `d`:
+    /// on the x86 JIT device with AVX512_BF16, unless the record measured
+    /// f32 FMAs faster here; never elsewhere.
+    pub fn fp8_values_by_bf16(&self, hq: usize, kvh: usize, d: usize) -> bool {
+        self.x86_has_bf16_values()
+            && self
+                .record
+                .as_ref()
+                .and_then(|r| {
+                    r.fp8_values_by_bf16(
+                        &self.fingerprint,
+                        &self.generator,
+                        self.backend.record_name(),
+                        hq,
+                        kvh,
+                        d,
+                    )
+                })
+                .unwrap_or(true)
+    }
+
+    /// The x86 JIT device on a CPU whose decode attention may take fp8
+    /// values by bf16 dots.
+    fn x86_has_bf16_values(&self) -> bool {
+        #[cfg(feature = "jit")]
+        if let Engine::X86(b) = &self.engine {
+            return b.avx512_bf16;
+        }
+        false
     }
 
     /// [`Device::attention`] with a prefill kernel's flash loop in `blocks`
-    /// (JIT devices; a prebuilt set's code has its own).
+    /// (JIT devices; a prebuilt set's code has its own) and, on x86, fp8
+    /// values by f32 FMAs where `fp8_values_by_fma` (not bf16 dots).
     fn attention_in(
         &self,
         name: &str,
         d: usize,
         blocks: PrefillBlocks,
+        fp8_values_by_fma: bool,
     ) -> Result<Arc<HostAttention>, RuntimeError> {
         self.host_only("a host attention kernel")?;
         #[cfg(feature = "jit")]
@@ -918,12 +966,19 @@ impl Device {
         if blocks != PrefillBlocks::DEFAULT {
             key = format!("{key} {blocks}");
         }
+        if fp8_values_by_fma {
+            key = format!("{key} fp8-values-by-fma");
+        }
         if let Some(code) = lock(&self.attentions).get(&key) {
             return Ok(Arc::clone(code));
         }
         let kernel = library::get(name)?;
         #[cfg(feature = "jit")]
         if let (true, Engine::X86(backend)) = (x86, &self.engine) {
+            let backend = tessera_codegen::x86::X86Backend {
+                avx512_bf16: backend.avx512_bf16 && !fp8_values_by_fma,
+                ..*backend
+            };
             let code = backend
                 .attention(&kernel, blocks)
                 .map_err(|e| RuntimeError::NoKernel {
@@ -973,7 +1028,7 @@ impl Device {
             Engine::Prebuilt(set) if set.attention(name).is_some() => self.attention(name, d)?,
             #[cfg(feature = "jit")]
             Engine::X86(_) | Engine::Neon(_) => {
-                self.attention_in(name, d, self.prefill_blocks(d))?
+                self.attention_in(name, d, self.prefill_blocks(d), false)?
             }
             _ => return Ok(None),
         };

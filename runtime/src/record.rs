@@ -232,6 +232,10 @@ pub struct DeviceEntry {
     /// backends with a whole-prefill kernel); absent in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill: Option<PrefillEntry>,
+    /// How the decode attention multiplies fp8 values, measured for the
+    /// model's heads (x86 hosts with AVX512_BF16); absent in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<DecodeEntry>,
 }
 
 /// The prefill blocks (query rows × keys) measured on a device for one
@@ -258,6 +262,33 @@ pub struct PrefillEntry {
 pub struct PrefillMeasurement {
     pub blocks: [u32; 2],
     pub ms: f64,
+}
+
+/// The decode attention's P·V of fp8 values measured on a device for one
+/// head layout: by bf16 dot products (`vdpbf16ps`, the default where the
+/// CPU has AVX512_BF16) or by f32 FMAs. Which is faster depends on the
+/// core, not the feature bit: `vdpbf16ps` issues at 2 per cycle on Zen 4
+/// but about 0.5 on Sapphire Rapids (`docs/PERFORMANCE.md`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DecodeEntry {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// The context length timed, and the KV format.
+    pub ctx: usize,
+    pub kv: String,
+    /// The form the runtime emits: bf16 dots unless the FMA form beat
+    /// them by the tuner's margin in two separate measurements.
+    pub fp8_values_by_bf16: bool,
+    /// Median µs per call of each form (bf16 dots first).
+    pub measurements: Vec<DecodeMeasurement>,
+}
+
+/// One decode form's time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DecodeMeasurement {
+    pub fp8_values_by_bf16: bool,
+    pub us: f64,
 }
 
 impl DeviceEntry {
@@ -491,9 +522,6 @@ impl TuningRecord {
         self
     }
 
-    /// The entry for this device, generator, backend and format. A record
-    /// measured elsewhere, or by another generator, is refused with the
-    /// reason (the runtime then falls back to solver defaults and says so).
     /// The prefill blocks measured on `device` for `backend` and a head
     /// dim of `head_dim` (any weight format's entry, the newest first), if
     /// a record entry carries them.
@@ -517,8 +545,42 @@ impl TuningRecord {
             .map(|(_, p)| p.blocks)
     }
 
+    /// Whether the decode attention multiplies fp8 values by bf16 dots, as
+    /// measured on `device` for `backend`, head dim `head_dim` and the
+    /// grouping of `heads` query heads over `kv_heads` (the newest entry
+    /// that measured that grouping, any weight format's); None where no
+    /// entry did (the backend's default then).
+    pub fn fp8_values_by_bf16(
+        &self,
+        device: &Fingerprint,
+        generator: &GeneratorId,
+        backend: &str,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Option<bool> {
+        let group = |hq: usize, kvh: usize| hq.checked_div(kvh);
+        self.entries
+            .iter()
+            .filter(|e| {
+                e.backend == backend
+                    && &e.generator == generator
+                    && e.fingerprint.digest() == device.digest()
+            })
+            .filter_map(|e| e.decode.as_ref().map(|p| (e.created_unix, p)))
+            .filter(|(_, p)| {
+                p.head_dim == head_dim
+                    && group(p.heads, p.kv_heads).is_some()
+                    && group(p.heads, p.kv_heads) == group(heads, kv_heads)
+            })
+            .max_by_key(|(t, _)| *t)
+            .map(|(_, p)| p.fp8_values_by_bf16)
+    }
+
     /// The first entry for this device, generator, backend and format, or
-    /// why none fits.
+    /// why none fits: a record measured elsewhere, or by another generator,
+    /// is refused with the reason (the runtime then falls back to solver
+    /// defaults and says so).
     pub fn select(
         &self,
         device: &Fingerprint,
@@ -641,6 +703,7 @@ mod tests {
         fp.arch = "x86_64".into();
         DeviceEntry {
             prefill: None,
+            decode: None,
             fingerprint: fp,
             generator: GeneratorId {
                 version: "0.1.0".into(),

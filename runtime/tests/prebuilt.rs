@@ -274,6 +274,7 @@ fn prebuilt_flat_steps_on_the_gemm_packing() {
         schema: RECORD_SCHEMA,
         entries: vec![DeviceEntry {
             prefill: None,
+            decode: None,
             fingerprint: probe.fingerprint().clone(),
             generator: current_generator(),
             backend: probe.backend().record_name().into(),

@@ -17,7 +17,8 @@ use tessera_dsl::library;
 use tessera_dsl::quant;
 use tessera_runtime::device::Fingerprint;
 use tessera_runtime::record::{
-    DeviceEntry, GeneratorId, Limits, PrefillEntry, RECORD_SCHEMA, ShapeEntry, TuningRecord, Winner,
+    DecodeEntry, DeviceEntry, GeneratorId, Limits, PrefillEntry, RECORD_SCHEMA, ShapeEntry,
+    TuningRecord, Winner,
 };
 use tessera_runtime::{
     Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, PlanSource,
@@ -316,6 +317,7 @@ fn record_for(
         schema: RECORD_SCHEMA,
         entries: vec![DeviceEntry {
             prefill: None,
+            decode: None,
             fingerprint: dev.fingerprint().clone(),
             generator: current_generator(),
             backend: dev.backend().record_name().into(),
@@ -777,6 +779,73 @@ fn prefill_runs_in_the_records_blocks() {
         );
         prefill_is_causal_on(backend, &dev);
     }
+}
+
+/// A record's decode form for fp8 values (measured by the autotuner) is
+/// the one the x86 device emits for that head grouping, and decode still
+/// matches the interpreter; another grouping keeps the default (bf16 dots
+/// where the CPU has AVX512_BF16, FMAs elsewhere).
+#[test]
+fn decode_runs_the_records_fp8_value_form() {
+    if !host_backends().contains(&Backend::HostX86) {
+        return;
+    }
+    let (hq, kvh, d) = (6, 2, 16);
+    let probe = device(Backend::HostX86, 2, None);
+    let default = probe.fp8_values_by_bf16(hq, kvh, d);
+    assert_eq!(
+        default,
+        tessera_codegen::x86::X86Backend::detect().is_ok_and(|b| b.avx512_bf16),
+        "without a record: bf16 dots exactly where the CPU has AVX512_BF16"
+    );
+    let mut record = record_for(&probe, WeightFormat::W4A8, 40, 64, 3, 7);
+    record.entries[0].decode = Some(DecodeEntry {
+        heads: 12,
+        kv_heads: 4,
+        head_dim: d,
+        ctx: 4096,
+        kv: "kv8".into(),
+        fp8_values_by_bf16: false,
+        measurements: vec![],
+    });
+    let dev = device(Backend::HostX86, 2, Some(record));
+    assert!(!dev.fp8_values_by_bf16(hq, kvh, d), "12/4 groups as 6/2");
+    assert_eq!(
+        dev.fp8_values_by_bf16(hq, 1, d),
+        default,
+        "another grouping"
+    );
+    assert_eq!(
+        dev.fp8_values_by_bf16(hq, kvh, 32),
+        default,
+        "another head dim"
+    );
+    let mut r = rng(11);
+    // Where the forms differ, their roundings do: the device must have
+    // emitted the record's form, not merely reported it.
+    let mut outputs: [Vec<u16>; 2] = Default::default();
+    for s in [1, 9, 70] {
+        let (k, v) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
+        let q = randh(&mut r, hq * d, 0.3);
+        for (dev, bits) in [&probe, &dev].into_iter().zip(&mut outputs) {
+            let att = Attention::new(dev, hq, kvh, d, KvFormat::Kv8).unwrap();
+            let mut cache = KvCache::new(KvFormat::Kv8, kvh, d, KvCapacity::Max(s)).unwrap();
+            cache.append(&k, &v, s).unwrap();
+            let mut o = vec![f16::ZERO; hq * d];
+            att.decode(&q, &cache, &mut o).unwrap();
+            let want = reference_attention(KvFormat::Kv8, &q, &k, &v, 1, s, hq, kvh, d);
+            let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
+            let (err, _) = max_err(&got, &want);
+            let by_bf16 = dev.fp8_values_by_bf16(hq, kvh, d);
+            assert!(err <= 4e-3, "s {s}, bf16 {by_bf16}: err {err}");
+            bits.extend(o.iter().map(|x| x.to_bits()));
+        }
+    }
+    assert_eq!(
+        outputs[0] != outputs[1],
+        default,
+        "the two devices' outputs differ exactly where the forms do"
+    );
 }
 
 fn prefill_is_causal_on(backend: Backend, dev: &Arc<Device>) {

@@ -311,6 +311,7 @@ fn record_for(
     TuningRecord {
         entries: vec![DeviceEntry {
             prefill: None,
+            decode: None,
             fingerprint: fp.clone(),
             generator: dev.generator().clone(),
             backend: gpu.record_backend.into(),
