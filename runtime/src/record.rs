@@ -983,4 +983,57 @@ mod tests {
         assert_eq!(s.variant_for(31), Variant::FlatGemm);
         assert_eq!(s.variant_for(32), Variant::Gemm);
     }
+
+    #[test]
+    fn the_decode_form_is_the_newest_measured_for_the_grouping_on_this_device() {
+        let decode = |heads, kv_heads, by_bf16| {
+            Some(DecodeEntry {
+                heads,
+                kv_heads,
+                head_dim: 128,
+                ctx: 4096,
+                kv: "kv8".into(),
+                fp8_values_by_bf16: by_bf16,
+                measurements: vec![],
+            })
+        };
+        let mut older = entry("qwen2-1.5b", "avx2 fma", "aa");
+        older.decode = decode(12, 2, true);
+        older.created_unix = 1;
+        let mut newer = entry("qwen2-1.5b", "avx2 fma", "aa");
+        newer.format = "q8_0".into();
+        newer.decode = decode(12, 2, false);
+        newer.created_unix = 2;
+        let mut mha = entry("llama2-7b", "avx2 fma", "aa");
+        mha.decode = decode(32, 32, true);
+        mha.created_unix = 3;
+        let rec = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![older.clone(), newer, mha],
+        };
+        let (fp, generator) = (&older.fingerprint, &older.generator);
+        let form = |hq, kvh, d| rec.fp8_values_by_bf16(fp, generator, "host", hq, kvh, d);
+        assert_eq!(
+            form(12, 2, 128),
+            Some(false),
+            "the newer of two, any format's"
+        );
+        assert_eq!(form(6, 1, 128), Some(false), "the same grouping");
+        assert_eq!(form(32, 32, 128), Some(true));
+        assert_eq!(form(12, 2, 64), None, "another head dim");
+        assert_eq!(form(8, 2, 128), None, "another grouping");
+        assert_eq!(form(12, 0, 128), None, "no KV heads");
+        let elsewhere = entry("x", "avx2 fma avx512f", "aa");
+        let other_generator = entry("x", "avx2 fma", "bb");
+        for (device, generator, backend) in [
+            (&elsewhere.fingerprint, generator, "host"),
+            (fp, &other_generator.generator, "host"),
+            (fp, generator, "x86"),
+        ] {
+            assert_eq!(
+                rec.fp8_values_by_bf16(device, generator, backend, 12, 2, 128),
+                None
+            );
+        }
+    }
 }
