@@ -7,7 +7,7 @@
 //! The FMA form is taken only when it beats the default by [`MARGIN`] in
 //! two separate measurements, so a noisy run keeps the default.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use half::f16;
 use rand::{Rng, SeedableRng};
@@ -19,6 +19,7 @@ use tessera_dsl::quant::quantize;
 use tessera_runtime::record::{DecodeEntry, DecodeMeasurement};
 
 use crate::model_source::AttentionHeads;
+use crate::stats::median_call_secs;
 
 /// How much faster than bf16 dots the FMA form must be, twice.
 pub const MARGIN: f64 = 1.05;
@@ -93,7 +94,7 @@ pub fn tune(
     let (k, v) = (cache(k_format)?, cache(v_format)?);
     let mut o = vec![f16::ZERO; hq * d];
     let mut time = |att: &HostAttention| -> Result<f64, String> {
-        let mut call = || {
+        let call = || {
             att.run(
                 &q,
                 KvCache::Quant(&k),
@@ -105,17 +106,10 @@ pub fn tune(
                 &mut o,
                 threads,
             )
+            .map(drop)
             .map_err(|e| e.to_string())
         };
-        call()?;
-        let (mut us, start) = (Vec::new(), Instant::now());
-        while us.len() < 5 || (start.elapsed() < slice && us.len() < 200) {
-            let t0 = Instant::now();
-            call()?;
-            us.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
-        us.sort_by(f64::total_cmp);
-        Ok(us[us.len() / 2])
+        Ok(median_call_secs(call, 5, 200, slice)? * 1e6)
     };
     let first = [time(&atts[0])?, time(&atts[1])?];
     let second = if decide(first, Some(first)) {

@@ -7,7 +7,7 @@
 //! noise of the default (`docs/PERFORMANCE.md`, "Prefill blocks on x86"):
 //! the choice matters where caches differ.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use half::f16;
 use rand::{Rng, SeedableRng};
@@ -18,6 +18,7 @@ use tessera_dsl::library;
 use tessera_runtime::record::{PrefillEntry, PrefillMeasurement};
 
 use crate::model_source::AttentionHeads;
+use crate::stats::median_call_secs;
 
 /// How much faster than the default a candidate must be, twice.
 pub const MARGIN: f64 = 1.10;
@@ -113,7 +114,7 @@ pub fn tune(
         .collect();
     let mut o = vec![f16::ZERO; SEQ * hq * d];
     let mut time = |att: &HostAttention| -> Result<f64, String> {
-        let mut call = || {
+        let call = || {
             att.prefill(
                 &q,
                 KvCache::F16(&kv),
@@ -126,17 +127,10 @@ pub fn tune(
                 &mut o,
                 threads,
             )
+            .map(drop)
             .map_err(|e| e.to_string())
         };
-        call()?;
-        let (mut ms, start) = (Vec::new(), Instant::now());
-        while ms.len() < 3 || (start.elapsed() < slice && ms.len() < 50) {
-            let t0 = Instant::now();
-            call()?;
-            ms.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-        ms.sort_by(f64::total_cmp);
-        Ok(ms[ms.len() / 2])
+        Ok(median_call_secs(call, 3, 50, slice)? * 1e3)
     };
     let first = atts
         .iter()

@@ -522,6 +522,21 @@ impl TuningRecord {
         self
     }
 
+    /// The entries measured on `device` by `generator` for `backend`, any
+    /// weight format's: where attention choices are looked up.
+    fn measured_on<'a>(
+        &'a self,
+        device: &'a Fingerprint,
+        generator: &'a GeneratorId,
+        backend: &'a str,
+    ) -> impl Iterator<Item = &'a DeviceEntry> {
+        self.entries.iter().filter(move |e| {
+            e.backend == backend
+                && &e.generator == generator
+                && e.fingerprint.digest() == device.digest()
+        })
+    }
+
     /// The prefill blocks measured on `device` for `backend` and a head
     /// dim of `head_dim` (any weight format's entry, the newest first), if
     /// a record entry carries them.
@@ -532,13 +547,7 @@ impl TuningRecord {
         backend: &str,
         head_dim: usize,
     ) -> Option<[u32; 2]> {
-        self.entries
-            .iter()
-            .filter(|e| {
-                e.backend == backend
-                    && &e.generator == generator
-                    && e.fingerprint.digest() == device.digest()
-            })
+        self.measured_on(device, generator, backend)
             .filter_map(|e| e.prefill.as_ref().map(|p| (e.created_unix, p)))
             .filter(|(_, p)| p.head_dim == head_dim)
             .max_by_key(|(t, _)| *t)
@@ -560,13 +569,7 @@ impl TuningRecord {
         head_dim: usize,
     ) -> Option<bool> {
         let group = |hq: usize, kvh: usize| hq.checked_div(kvh);
-        self.entries
-            .iter()
-            .filter(|e| {
-                e.backend == backend
-                    && &e.generator == generator
-                    && e.fingerprint.digest() == device.digest()
-            })
+        self.measured_on(device, generator, backend)
             .filter_map(|e| e.decode.as_ref().map(|p| (e.created_unix, p)))
             .filter(|(_, p)| {
                 p.head_dim == head_dim
