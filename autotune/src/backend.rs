@@ -319,12 +319,9 @@ impl TuneBackend for X86Tune {
         kernel: &Kernel,
         fp8_values_by_bf16: bool,
     ) -> Option<Result<MachineCode, String>> {
-        let backend = X86Backend {
-            avx512_bf16: fp8_values_by_bf16,
-            ..self.0
-        };
         (self.0.avx512_bf16 && tessera_codegen::x86::missing_features().is_empty()).then(|| {
-            backend
+            self.0
+                .with_fp8_values_by_bf16(fp8_values_by_bf16)
                 .attention(kernel, PrefillBlocks::DEFAULT)
                 .map_err(|e| e.to_string())
         })

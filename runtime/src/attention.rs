@@ -783,9 +783,7 @@ impl Attention {
                     what: "decode attention (this build has no `cuda` feature)".into(),
                 });
             }
-            _ => {
-                AttentionKernel::Host(device.decode_attention(format.kernel_name(), hq, kvh, d)?)
-            }
+            _ => AttentionKernel::Host(device.decode_attention(format, hq, kvh, d)?),
         };
         let (kv_append, prefill) = match kernel {
             AttentionKernel::Host(_) => (

@@ -893,18 +893,21 @@ impl Device {
         self.attention_in(name, d, PrefillBlocks::DEFAULT, false)
     }
 
-    /// [`Device::attention`] for `hq` query heads over `kvh` KV heads: fp8
-    /// values by f32 FMAs where the record measured that faster than bf16
-    /// dots for this grouping ([`Device::fp8_values_by_bf16`]).
+    /// The decode kernel of cache `format` for `hq` query heads over `kvh`
+    /// KV heads of `d` ([`Device::attention`]): fp8 values by f32 FMAs
+    /// where the record measured that faster than bf16 dots for this
+    /// grouping ([`Device::fp8_values_by_bf16`]); f16 values have one form.
     pub(crate) fn decode_attention(
         &self,
-        name: &str,
+        format: crate::attention::KvFormat,
         hq: usize,
         kvh: usize,
         d: usize,
     ) -> Result<Arc<HostAttention>, RuntimeError> {
-        let by_fma = self.x86_has_bf16_values() && !self.fp8_values_by_bf16(hq, kvh, d);
-        self.attention_in(name, d, PrefillBlocks::DEFAULT, by_fma)
+        let fp8_values = format.value_format() == tessera_dsl::ir::Format::Fp8E4M3;
+        let by_fma =
+            fp8_values && self.x86_has_bf16_values() && !self.fp8_values_by_bf16(hq, kvh, d);
+        self.attention_in(format.kernel_name(), d, PrefillBlocks::DEFAULT, by_fma)
     }
 
     /// Whether this device's decode attention multiplies fp8 values by
@@ -975,11 +978,8 @@ impl Device {
         let kernel = library::get(name)?;
         #[cfg(feature = "jit")]
         if let (true, Engine::X86(backend)) = (x86, &self.engine) {
-            let backend = tessera_codegen::x86::X86Backend {
-                avx512_bf16: backend.avx512_bf16 && !fp8_values_by_fma,
-                ..*backend
-            };
             let code = backend
+                .with_fp8_values_by_bf16(!fp8_values_by_fma)
                 .attention(&kernel, blocks)
                 .map_err(|e| RuntimeError::NoKernel {
                     what: name.to_string(),

@@ -174,6 +174,17 @@ pub fn host_has_avx512_vnni() -> bool {
 }
 
 impl X86Backend {
+    /// This backend with the decode attention's fp8 values by bf16 dots
+    /// only where `by_bf16` and the CPU has them (it never enables a
+    /// missing feature): the two forms the autotuner measures and the
+    /// runtime emits from its record.
+    pub fn with_fp8_values_by_bf16(self, by_bf16: bool) -> X86Backend {
+        X86Backend {
+            avx512_bf16: self.avx512_bf16 && by_bf16,
+            ..self
+        }
+    }
+
     /// The backend for this CPU: fails with the missing feature names when
     /// AVX2, FMA or F16C is absent; uses `vpdpbusd` when AVX-VNNI exists
     /// and the AVX-512 f32 kernel when AVX-512F does.
@@ -777,6 +788,28 @@ mod tests {
     use super::{AVX512_NAME, NAME, X86Backend};
     use tessera_dsl::ir::Variant;
     use tessera_dsl::library;
+
+    /// The measured choice of fp8 values' form only ever turns bf16 dots
+    /// off: a record cannot make a CPU without AVX512_BF16 run them.
+    #[test]
+    fn the_fp8_value_form_never_enables_a_missing_feature() {
+        let with = X86Backend {
+            avx512_bf16: true,
+            ..X86Backend::default()
+        };
+        let without = X86Backend::default();
+        assert!(with.with_fp8_values_by_bf16(true).avx512_bf16);
+        assert!(!with.with_fp8_values_by_bf16(false).avx512_bf16);
+        assert!(!without.with_fp8_values_by_bf16(true).avx512_bf16);
+        assert_eq!(
+            X86Backend {
+                avx512_bf16: false,
+                ..with
+            },
+            with.with_fp8_values_by_bf16(false),
+            "nothing else changes"
+        );
+    }
 
     /// With AVX-512 and AVX512-VNNI (Zen 4, Sapphire Rapids), only the
     /// weights the AVX-512 int8 kernel reads get `x86-avx512` GEMM tiles:
