@@ -206,15 +206,22 @@ pub trait TuneBackend {
         let _ = (kernel, blocks);
         None
     }
-    /// The decode attention `kernel` with fp8 values by bf16 dots
-    /// (`fp8_values_by_bf16`) or f32 FMAs, where this backend has both
-    /// forms and this CPU runs them (None: one form only).
+    /// The decode attention `kernel` with fp8 values in the CPU's packed
+    /// form ([`Self::packed_fp8_form`]; `fp8_values_packed`) or by f32
+    /// FMAs, where this backend has both forms and this CPU runs them
+    /// (None: one form only).
     fn decode_attention(
         &self,
         kernel: &Kernel,
-        fp8_values_by_bf16: bool,
+        fp8_values_packed: bool,
     ) -> Option<Result<MachineCode, String>> {
-        let _ = (kernel, fp8_values_by_bf16);
+        let _ = (kernel, fp8_values_packed);
+        None
+    }
+
+    /// The name of the packed form [`Self::decode_attention`] times
+    /// against f32 FMAs (None: it has none).
+    fn packed_fp8_form(&self) -> Option<&'static str> {
         None
     }
 }
@@ -317,14 +324,27 @@ impl TuneBackend for X86Tune {
     fn decode_attention(
         &self,
         kernel: &Kernel,
-        fp8_values_by_bf16: bool,
+        fp8_values_packed: bool,
     ) -> Option<Result<MachineCode, String>> {
-        (self.0.avx512_bf16 && tessera_codegen::x86::missing_features().is_empty()).then(|| {
+        self.packed_fp8_form().map(|_| {
             self.0
-                .with_fp8_values_by_bf16(fp8_values_by_bf16)
+                .with_fp8_values_packed(fp8_values_packed)
                 .attention(kernel, PrefillBlocks::DEFAULT)
                 .map_err(|e| e.to_string())
         })
+    }
+
+    fn packed_fp8_form(&self) -> Option<&'static str> {
+        if !tessera_codegen::x86::missing_features().is_empty() {
+            return None;
+        }
+        if self.0.avx512_fp16 {
+            Some("f16 FMAs")
+        } else if self.0.avx512_bf16 {
+            Some("bf16 dots")
+        } else {
+            None
+        }
     }
 }
 

@@ -857,7 +857,8 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         )
         .map_err(CliError::Usage)?;
         entry.decode = decode::tune(
-            &|k, by_bf16| b.decode_attention(k, by_bf16),
+            &|k, packed| b.decode_attention(k, packed),
+            b.packed_fp8_form().unwrap_or("packed"),
             heads,
             threads,
             DECODE_SLICE,
@@ -899,25 +900,31 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         );
     }
     if let Some(p) = &entry.decode {
-        let us = |by_bf16: bool| {
+        let us = |packed: bool| {
             p.measurements
                 .iter()
-                .find(|m| m.fp8_values_by_bf16 == by_bf16)
+                .find(|m| m.fp8_values_packed == packed)
                 .map_or(f64::NAN, |m| m.us)
         };
-        let name = |by_bf16: bool| if by_bf16 { "bf16 dots" } else { "f32 FMAs" };
+        let name = |packed: bool| {
+            if packed {
+                p.packed.as_str()
+            } else {
+                "f32 FMAs"
+            }
+        };
         println!(
             "decode fp8 values ({} / {} heads × {}, {} keys): {} ({} {:.0} µs, {} {:.0} µs{})",
             p.heads,
             p.kv_heads,
             p.head_dim,
             p.ctx,
-            name(p.fp8_values_by_bf16),
+            name(p.fp8_values_packed),
             name(true),
             us(true),
             name(false),
             us(false),
-            if p.fp8_values_by_bf16 {
+            if p.fp8_values_packed {
                 format!(
                     "; FMAs need {:.0}% twice to switch",
                     (decode::MARGIN - 1.0) * 100.0

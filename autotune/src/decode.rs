@@ -1,11 +1,13 @@
 //! The decode attention's P·V form for fp8 values, measured for a model's
-//! heads where a backend has two: bf16 dot products (`vdpbf16ps`, the
-//! default on x86 hosts with AVX512_BF16) or f32 FMAs. The feature bit
-//! does not say which is faster: `vdpbf16ps` issues at about 2 per cycle
-//! on Zen 4 and about 0.5 on Sapphire Rapids, where the FMA form took
-//! Qwen2-1.5B's kv8 decode from 473 to 317–340 µs (`docs/PERFORMANCE.md`).
-//! The FMA form is taken only when it beats the default by [`MARGIN`] in
-//! two separate measurements, so a noisy run keeps the default.
+//! heads where a backend has two: the CPU's packed form (on x86 f16 FMAs,
+//! `vfmadd231ph`, with AVX512-FP16, else bf16 dot products, `vdpbf16ps`,
+//! with AVX512_BF16) or f32 FMAs. The feature bit does not say which is
+//! faster: `vdpbf16ps` issues at about 2 per cycle on Zen 4 and about 0.5
+//! on Sapphire Rapids, where the FMA form took Qwen2-1.5B's kv8 decode
+//! from 473 to 317–340 µs, and the f16 form to 258–263
+//! (`docs/PERFORMANCE.md`). The FMA form is taken only when it beats the
+//! packed form by [`MARGIN`] in two separate measurements, so a noisy run
+//! keeps the default.
 
 use std::time::Duration;
 
@@ -21,7 +23,7 @@ use tessera_runtime::record::{DecodeEntry, DecodeMeasurement};
 use crate::model_source::AttentionHeads;
 use crate::stats::median_call_secs;
 
-/// How much faster than bf16 dots the FMA form must be, twice.
+/// How much faster than the packed form the FMA form must be, twice.
 pub const MARGIN: f64 = 1.05;
 /// The context length timed.
 pub const CTX: usize = 4096;
@@ -30,26 +32,27 @@ const KV: &str = "kv8";
 /// The library kernel of that format.
 const KERNEL: &str = "attention-decode-kv8";
 
-/// Whether fp8 values stay on bf16 dots, from two rounds of median µs
-/// `[bf16 dots, f32 FMAs]` (`second` only when round one favoured FMAs):
-/// FMAs only when they beat bf16 dots by [`MARGIN`] both times.
+/// Whether fp8 values stay on the packed form, from two rounds of median
+/// µs `[packed, f32 FMAs]` (`second` only when round one favoured FMAs):
+/// FMAs only when they beat the packed form by [`MARGIN`] both times.
 pub fn decide(first: [f64; 2], second: Option<[f64; 2]>) -> bool {
-    let fma_wins = |[bf16, fma]: [f64; 2]| {
-        bf16.is_finite() && fma.is_finite() && fma > 0.0 && bf16 >= MARGIN * fma
+    let fma_wins = |[packed, fma]: [f64; 2]| {
+        packed.is_finite() && fma.is_finite() && fma > 0.0 && packed >= MARGIN * fma
     };
     !(fma_wins(first) && second.is_some_and(fma_wins))
 }
 
-/// A backend's decode attention with fp8 values by bf16 dots (`true`) or
+/// A backend's decode attention with fp8 values in the packed form (`true`) or
 /// f32 FMAs: `None` where it has no such choice.
 pub type EmitDecode<'a> =
     &'a dyn Fn(&tessera_dsl::Kernel, bool) -> Option<Result<MachineCode, String>>;
 
 /// Time both forms `emit` builds for `heads` at [`CTX`] on `threads`
-/// threads, each for about `slice`, and decide. None where the backend
-/// has one form only.
+/// threads, each for about `slice`, and decide; `packed` names the packed
+/// form for the record. None where the backend has one form only.
 pub fn tune(
     emit: EmitDecode<'_>,
+    packed: &str,
     heads: AttentionHeads,
     threads: usize,
     slice: Duration,
@@ -71,8 +74,8 @@ pub fn tune(
         head_dim: d,
     } = heads;
     let mut atts = Vec::new();
-    for by_bf16 in [true, false] {
-        let Some(code) = emit(&kernel, by_bf16) else {
+    for packed in [true, false] {
+        let Some(code) = emit(&kernel, packed) else {
             return Ok(None);
         };
         let code = code?;
@@ -123,12 +126,13 @@ pub fn tune(
         head_dim: d,
         ctx: CTX,
         kv: KV.to_string(),
-        fp8_values_by_bf16: decide(first, second),
+        fp8_values_packed: decide(first, second),
+        packed: packed.to_string(),
         measurements: [true, false]
             .into_iter()
             .zip(first)
-            .map(|(fp8_values_by_bf16, us)| DecodeMeasurement {
-                fp8_values_by_bf16,
+            .map(|(fp8_values_packed, us)| DecodeMeasurement {
+                fp8_values_packed,
                 us,
             })
             .collect(),
@@ -144,10 +148,10 @@ mod tests {
     fn fma_only_when_it_wins_by_the_margin_twice() {
         let (fast, slow) = (100.0, 100.0 * MARGIN * 1.01);
         assert!(!decide([slow, fast], Some([slow, fast])));
-        // Once is not enough; a second round lost or missing keeps bf16.
+        // Once is not enough; a second round lost or missing keeps packed.
         assert!(decide([slow, fast], Some([fast, fast])));
         assert!(decide([slow, fast], None));
-        // Within the margin, or bf16 faster, keeps bf16.
+        // Within the margin, or packed faster, keeps packed.
         assert!(decide([fast * 1.02, fast], Some([fast * 1.02, fast])));
         assert!(decide([fast, slow], Some([fast, slow])));
         // A failed timing never switches.
@@ -174,8 +178,10 @@ mod tests {
             }
             let b = backend::open(kind).unwrap();
             let two = kind == BackendKind::X86
-                && tessera_codegen::x86::X86Backend::detect().is_ok_and(|x| x.avx512_bf16);
-            let entry = tune(&|k, by| b.decode_attention(k, by), heads, 2, slice).unwrap();
+                && tessera_codegen::x86::X86Backend::detect()
+                    .is_ok_and(|x| x.has_packed_fp8_values());
+            let packed = b.packed_fp8_form().unwrap_or("packed");
+            let entry = tune(&|k, by| b.decode_attention(k, by), packed, heads, 2, slice).unwrap();
             let Some(entry) = entry else {
                 assert!(!two, "{kind:?}: no entry");
                 continue;
@@ -188,7 +194,7 @@ mod tests {
             let forms: Vec<bool> = entry
                 .measurements
                 .iter()
-                .map(|m| m.fp8_values_by_bf16)
+                .map(|m| m.fp8_values_packed)
                 .collect();
             assert_eq!(forms, [true, false]);
             assert!(

@@ -1262,7 +1262,7 @@ pub const DECODE_TILE_HEADS: usize = 8;
 pub const DECODE_SUPER_BLOCK: usize = 256;
 /// f32 of a decode tile's record in the scratch (x86's cursors and
 /// per-head vectors).
-pub const DECODE_TILE_RECORD: usize = 72;
+pub const DECODE_TILE_RECORD: usize = 80;
 
 /// Tiles of a decode call over query heads `head0 .. head0 + heads` with
 /// `group` query heads per KV head: each tile is

@@ -85,6 +85,7 @@ fn unsigned_code_backends_refuse_signed_codes() {
             avx512: true,
             avx512_vnni: true,
             avx512_bf16: false,
+            avx512_fp16: false,
         },
     ] {
         for variant in Variant::ALL {

@@ -56,6 +56,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             key_dot,
             ymm32: false,
             bf16_values: false,
+            f16_pv: false,
         })
         .collect();
     // host_has_avx512_vnni includes AVX512VL.
@@ -65,6 +66,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
                 key_dot,
                 ymm32: true,
                 bf16_values: false,
+                f16_pv: false,
             });
         }
         forms.dedup();
@@ -77,10 +79,24 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             key_dot: dots[dots.len() - 1],
             ymm32: true,
             bf16_values: true,
+            f16_pv: false,
         });
     } else if fp8_values {
         eprintln!(
             "SKIP {}: no AVX512_BF16/VBMI here, the bf16 P·V untested",
+            kernel.name
+        );
+    }
+    if tessera_codegen::x86::host_has_avx512_fp16() {
+        forms.push(DecodeIsa {
+            key_dot: dots[dots.len() - 1],
+            ymm32: true,
+            bf16_values: false,
+            f16_pv: true,
+        });
+    } else {
+        eprintln!(
+            "SKIP {}: no AVX512-FP16 here, the f16 P·V untested",
             kernel.name
         );
     }

@@ -14,7 +14,8 @@
 //! before. Enough cache copies are rotated that every step reads DRAM.
 //! With `--record` (a `tessera-autotune` record of this machine), kv8
 //! lines run the fp8 values' P·V form it measured faster for the heads,
-//! and say which: `bf16` dots or `fma`.
+//! and say which: the packed form (`f16` FMAs or `bf16` dots, as the CPU
+//! has them) or `fma`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -159,9 +160,11 @@ fn main() -> Result<(), Error> {
                     let step = blocks[blocks.len() / 2];
                     let gbs = bytes as f64 / step / 1e9;
                     let pv = match format {
-                        KvFormat::Kv8 if dev.fp8_values_by_bf16(hq, kvh, d) => "  (bf16)",
-                        KvFormat::Kv8 => "  (fma)",
-                        _ => "",
+                        KvFormat::Kv8 if dev.fp8_values_packed(hq, kvh, d) => {
+                            format!("  ({})", dev.packed_fp8_form().unwrap_or("packed"))
+                        }
+                        KvFormat::Kv8 => "  (fma)".to_string(),
+                        _ => String::new(),
                     };
                     println!(
                         "  {name:<10} {format:?} ctx {s:>6}: {:>9.1} µs  {gbs:>5.1} GB/s  {:>3.0}% of read{pv}",

@@ -895,8 +895,8 @@ impl Device {
 
     /// The decode kernel of cache `format` for `hq` query heads over `kvh`
     /// KV heads of `d` ([`Device::attention`]): fp8 values by f32 FMAs
-    /// where the record measured that faster than bf16 dots for this
-    /// grouping ([`Device::fp8_values_by_bf16`]); f16 values have one form.
+    /// where the record measured that faster than the packed form for this
+    /// grouping ([`Device::fp8_values_packed`]); f16 values have one form.
     pub(crate) fn decode_attention(
         &self,
         format: crate::attention::KvFormat,
@@ -906,21 +906,22 @@ impl Device {
     ) -> Result<Arc<HostAttention>, RuntimeError> {
         let fp8_values = format.value_format() == tessera_dsl::ir::Format::Fp8E4M3;
         let by_fma =
-            fp8_values && self.x86_has_bf16_values() && !self.fp8_values_by_bf16(hq, kvh, d);
+            fp8_values && self.x86_has_packed_fp8_values() && !self.fp8_values_packed(hq, kvh, d);
         self.attention_in(format.kernel_name(), d, PrefillBlocks::DEFAULT, by_fma)
     }
 
-    /// Whether this device's decode attention multiplies fp8 values by
-    /// bf16 dot products for `hq` query heads over `kvh` KV heads of `d`:
-    /// on the x86 JIT device with AVX512_BF16, unless the record measured
-    /// f32 FMAs faster here; never elsewhere.
-    pub fn fp8_values_by_bf16(&self, hq: usize, kvh: usize, d: usize) -> bool {
-        self.x86_has_bf16_values()
+    /// Whether this device's decode attention multiplies fp8 values in the
+    /// CPU's packed form (f16 FMAs with AVX512-FP16, else bf16 dots) for
+    /// `hq` query heads over `kvh` KV heads of `d`: on the x86 JIT device
+    /// with either feature, unless the record measured f32 FMAs faster
+    /// here; never elsewhere.
+    pub fn fp8_values_packed(&self, hq: usize, kvh: usize, d: usize) -> bool {
+        self.x86_has_packed_fp8_values()
             && self
                 .record
                 .as_ref()
                 .and_then(|r| {
-                    r.fp8_values_by_bf16(
+                    r.fp8_values_packed(
                         &self.fingerprint,
                         &self.generator,
                         self.backend.record_name(),
@@ -932,19 +933,35 @@ impl Device {
                 .unwrap_or(true)
     }
 
-    /// The x86 JIT device on a CPU whose decode attention may take fp8
-    /// values by bf16 dots.
-    fn x86_has_bf16_values(&self) -> bool {
+    /// The packed form of fp8 values' P·V this device has, `f16` FMAs
+    /// (AVX512-FP16) or `bf16` dots (AVX512_BF16); None but on the x86 JIT
+    /// device of a CPU with either.
+    pub fn packed_fp8_form(&self) -> Option<&'static str> {
         #[cfg(feature = "jit")]
         if let Engine::X86(b) = &self.engine {
-            return b.avx512_bf16;
+            if b.avx512_fp16 {
+                return Some("f16");
+            }
+            if b.avx512_bf16 {
+                return Some("bf16");
+            }
+        }
+        None
+    }
+
+    /// The x86 JIT device on a CPU whose decode attention may take fp8
+    /// values in a packed form.
+    fn x86_has_packed_fp8_values(&self) -> bool {
+        #[cfg(feature = "jit")]
+        if let Engine::X86(b) = &self.engine {
+            return b.has_packed_fp8_values();
         }
         false
     }
 
     /// [`Device::attention`] with a prefill kernel's flash loop in `blocks`
     /// (JIT devices; a prebuilt set's code has its own) and, on x86, fp8
-    /// values by f32 FMAs where `fp8_values_by_fma` (not bf16 dots).
+    /// values by f32 FMAs where `fp8_values_by_fma` (not the packed form).
     fn attention_in(
         &self,
         name: &str,
@@ -979,7 +996,7 @@ impl Device {
         #[cfg(feature = "jit")]
         if let (true, Engine::X86(backend)) = (x86, &self.engine) {
             let code = backend
-                .with_fp8_values_by_bf16(!fp8_values_by_fma)
+                .with_fp8_values_packed(!fp8_values_by_fma)
                 .attention(&kernel, blocks)
                 .map_err(|e| RuntimeError::NoKernel {
                     what: name.to_string(),
@@ -1103,6 +1120,7 @@ fn jit_engine(backend: Backend, x86_avx2_only: bool) -> Result<Engine, RuntimeEr
                     avx512: b.avx512 && !x86_avx2_only,
                     avx512_vnni: b.avx512_vnni && !x86_avx2_only,
                     avx512_bf16: b.avx512_bf16 && !x86_avx2_only,
+                    avx512_fp16: b.avx512_fp16 && !x86_avx2_only,
                     ..b
                 })
             })

@@ -233,7 +233,8 @@ pub struct DeviceEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill: Option<PrefillEntry>,
     /// How the decode attention multiplies fp8 values, measured for the
-    /// model's heads (x86 hosts with AVX512_BF16); absent in older records.
+    /// model's heads (x86 hosts with AVX512-FP16 or AVX512_BF16); absent in
+    /// older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode: Option<DecodeEntry>,
 }
@@ -265,10 +266,12 @@ pub struct PrefillMeasurement {
 }
 
 /// The decode attention's P·V of fp8 values measured on a device for one
-/// head layout: by bf16 dot products (`vdpbf16ps`, the default where the
-/// CPU has AVX512_BF16) or by f32 FMAs. Which is faster depends on the
-/// core, not the feature bit: `vdpbf16ps` issues at 2 per cycle on Zen 4
-/// but about 0.5 on Sapphire Rapids (`docs/PERFORMANCE.md`).
+/// head layout: in the CPU's packed form (the default: f16 FMAs,
+/// `vfmadd231ph`, where it has AVX512-FP16, else bf16 dot products,
+/// `vdpbf16ps`, where it has AVX512_BF16) or by f32 FMAs. Which is faster
+/// depends on the core, not the feature bit: `vdpbf16ps` issues at 2 per
+/// cycle on Zen 4 but about 0.5 on Sapphire Rapids (`docs/PERFORMANCE.md`).
+/// Records before the f16 form named the field `fp8_values_by_bf16`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DecodeEntry {
     pub heads: usize,
@@ -277,17 +280,28 @@ pub struct DecodeEntry {
     /// The context length timed, and the KV format.
     pub ctx: usize,
     pub kv: String,
-    /// The form the runtime emits: bf16 dots unless the FMA form beat
-    /// them by the tuner's margin in two separate measurements.
-    pub fp8_values_by_bf16: bool,
-    /// Median µs per call of each form (bf16 dots first).
+    /// The form the runtime emits: the packed form unless f32 FMAs beat it
+    /// by the tuner's margin in two separate measurements.
+    #[serde(alias = "fp8_values_by_bf16")]
+    pub fp8_values_packed: bool,
+    /// The packed form timed (`f16 FMAs`, `bf16 dots`); records before the
+    /// f16 form timed bf16 dots.
+    #[serde(default = "bf16_dots")]
+    pub packed: String,
+    /// Median µs per call of each form (the packed form first).
     pub measurements: Vec<DecodeMeasurement>,
+}
+
+/// The packed form of records that predate [`DecodeEntry::packed`].
+fn bf16_dots() -> String {
+    "bf16 dots".to_string()
 }
 
 /// One decode form's time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DecodeMeasurement {
-    pub fp8_values_by_bf16: bool,
+    #[serde(alias = "fp8_values_by_bf16")]
+    pub fp8_values_packed: bool,
     pub us: f64,
 }
 
@@ -554,12 +568,13 @@ impl TuningRecord {
             .map(|(_, p)| p.blocks)
     }
 
-    /// Whether the decode attention multiplies fp8 values by bf16 dots, as
+    /// Whether the decode attention multiplies fp8 values in the packed
+    /// form ([`DecodeEntry`]), as
     /// measured on `device` for `backend`, head dim `head_dim` and the
     /// grouping of `heads` query heads over `kv_heads` (the newest entry
     /// that measured that grouping, any weight format's); None where no
     /// entry did (the backend's default then).
-    pub fn fp8_values_by_bf16(
+    pub fn fp8_values_packed(
         &self,
         device: &Fingerprint,
         generator: &GeneratorId,
@@ -577,7 +592,7 @@ impl TuningRecord {
                     && group(p.heads, p.kv_heads) == group(heads, kv_heads)
             })
             .max_by_key(|(t, _)| *t)
-            .map(|(_, p)| p.fp8_values_by_bf16)
+            .map(|(_, p)| p.fp8_values_packed)
     }
 
     /// The first entry for this device, generator, backend and format, or
@@ -989,14 +1004,15 @@ mod tests {
 
     #[test]
     fn the_decode_form_is_the_newest_measured_for_the_grouping_on_this_device() {
-        let decode = |heads, kv_heads, by_bf16| {
+        let decode = |heads, kv_heads, packed| {
             Some(DecodeEntry {
                 heads,
                 kv_heads,
                 head_dim: 128,
                 ctx: 4096,
                 kv: "kv8".into(),
-                fp8_values_by_bf16: by_bf16,
+                fp8_values_packed: packed,
+                packed: "f16 FMAs".into(),
                 measurements: vec![],
             })
         };
@@ -1015,7 +1031,7 @@ mod tests {
             entries: vec![older.clone(), newer, mha],
         };
         let (fp, generator) = (&older.fingerprint, &older.generator);
-        let form = |hq, kvh, d| rec.fp8_values_by_bf16(fp, generator, "host", hq, kvh, d);
+        let form = |hq, kvh, d| rec.fp8_values_packed(fp, generator, "host", hq, kvh, d);
         assert_eq!(
             form(12, 2, 128),
             Some(false),
@@ -1034,7 +1050,7 @@ mod tests {
             (fp, generator, "x86"),
         ] {
             assert_eq!(
-                rec.fp8_values_by_bf16(device, generator, backend, 12, 2, 128),
+                rec.fp8_values_packed(device, generator, backend, 12, 2, 128),
                 None
             );
         }

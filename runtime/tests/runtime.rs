@@ -783,8 +783,9 @@ fn prefill_runs_in_the_records_blocks() {
 
 /// A record's decode form for fp8 values (measured by the autotuner) is
 /// the one the x86 device emits for that head grouping, and decode still
-/// matches the interpreter; another grouping keeps the default (bf16 dots
-/// where the CPU has AVX512_BF16, FMAs elsewhere).
+/// matches the interpreter; another grouping keeps the default (the packed
+/// form, f16 FMAs or bf16 dots, where the CPU has AVX512-FP16 or
+/// AVX512_BF16, FMAs elsewhere).
 #[test]
 fn decode_runs_the_records_fp8_value_form() {
     if !host_backends().contains(&Backend::HostX86) {
@@ -792,11 +793,11 @@ fn decode_runs_the_records_fp8_value_form() {
     }
     let (hq, kvh, d) = (6, 2, 16);
     let probe = device(Backend::HostX86, 2, None);
-    let default = probe.fp8_values_by_bf16(hq, kvh, d);
+    let default = probe.fp8_values_packed(hq, kvh, d);
     assert_eq!(
         default,
-        tessera_codegen::x86::X86Backend::detect().is_ok_and(|b| b.avx512_bf16),
-        "without a record: bf16 dots exactly where the CPU has AVX512_BF16"
+        tessera_codegen::x86::X86Backend::detect().is_ok_and(|b| b.has_packed_fp8_values()),
+        "without a record: the packed form exactly where the CPU has one"
     );
     let mut record = record_for(&probe, WeightFormat::W4A8, 40, 64, 3, 7);
     record.entries[0].decode = Some(DecodeEntry {
@@ -805,18 +806,15 @@ fn decode_runs_the_records_fp8_value_form() {
         head_dim: d,
         ctx: 4096,
         kv: "kv8".into(),
-        fp8_values_by_bf16: false,
+        fp8_values_packed: false,
+        packed: "f16 FMAs".into(),
         measurements: vec![],
     });
     let dev = device(Backend::HostX86, 2, Some(record));
-    assert!(!dev.fp8_values_by_bf16(hq, kvh, d), "12/4 groups as 6/2");
+    assert!(!dev.fp8_values_packed(hq, kvh, d), "12/4 groups as 6/2");
+    assert_eq!(dev.fp8_values_packed(hq, 1, d), default, "another grouping");
     assert_eq!(
-        dev.fp8_values_by_bf16(hq, 1, d),
-        default,
-        "another grouping"
-    );
-    assert_eq!(
-        dev.fp8_values_by_bf16(hq, kvh, 32),
+        dev.fp8_values_packed(hq, kvh, 32),
         default,
         "another head dim"
     );
@@ -836,8 +834,8 @@ fn decode_runs_the_records_fp8_value_form() {
             let want = reference_attention(KvFormat::Kv8, &q, &k, &v, 1, s, hq, kvh, d);
             let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
             let (err, _) = max_err(&got, &want);
-            let by_bf16 = dev.fp8_values_by_bf16(hq, kvh, d);
-            assert!(err <= 4e-3, "s {s}, bf16 {by_bf16}: err {err}");
+            let packed = dev.fp8_values_packed(hq, kvh, d);
+            assert!(err <= 4e-3, "s {s}, packed {packed}: err {err}");
             bits.extend(o.iter().map(|x| x.to_bits()));
         }
     }

@@ -725,6 +725,7 @@ fn emit(be: Be, kernel: &Kernel, d: &Desc) -> Result<Emitted, String> {
                     avx512: true,
                     avx512_vnni: true,
                     avx512_bf16: false,
+                    avx512_fp16: false,
                 }
             };
             let ts = tiles(x.target(kernel, v), kernel, v)?;

@@ -134,6 +134,7 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512: true,
         avx512_vnni: false,
         avx512_bf16: false,
+        avx512_fp16: false,
     };
     let p = Problem::from_kernel(caps, &kernel).unwrap();
     let mut emitted = 0;
@@ -167,6 +168,7 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512: true,
         avx512_vnni: true,
         avx512_bf16: false,
+        avx512_fp16: false,
     };
     assert_eq!(vnni.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     let zen4 = X86Backend {
@@ -174,6 +176,7 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512: true,
         avx512_vnni: true,
         avx512_bf16: false,
+        avx512_fp16: false,
     };
     assert_eq!(zen4.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(
@@ -201,6 +204,7 @@ fn bad_tiles_are_named() {
         avx512: true,
         avx512_vnni: false,
         avx512_bf16: false,
+        avx512_fp16: false,
     };
     let mut t = tile_at(&kernel, 5, 80);
     t.hp = 72;
@@ -222,6 +226,7 @@ fn avx512_kernel_listings_match_their_bytes() {
         avx512: true,
         avx512_vnni: false,
         avx512_bf16: false,
+        avx512_fp16: false,
     };
     for (ep, hp) in [(5, 80), (8, 48), (14, 32), (1, 16)] {
         let tile = tile_at(&kernel, ep, hp);
@@ -255,6 +260,7 @@ fn avx512_listing_snapshot() {
         avx512: true,
         avx512_vnni: false,
         avx512_bf16: false,
+        avx512_fp16: false,
     };
     let code = backend.emit_code(&kernel, &tile).unwrap();
     assert_eq!(code, backend.emit_code(&kernel, &tile).unwrap());

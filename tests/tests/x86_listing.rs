@@ -160,24 +160,26 @@ fn every_x86_attention_listing_matches_its_bytes() {
         }
         for k in [kernel, online] {
             use tessera_codegen::x86::attention::{self, DecodeIsa, KeyDot};
-            for (key_dot, ymm32, bf16_values) in [
-                (KeyDot::Maddwd, false, false),
-                (KeyDot::VexVnni, false, false),
-                (KeyDot::EvexVnni, false, false),
-                (KeyDot::EvexVnni, true, false),
-                (KeyDot::EvexVnni, true, true),
+            for (key_dot, ymm32, bf16_values, f16_pv) in [
+                (KeyDot::Maddwd, false, false, false),
+                (KeyDot::VexVnni, false, false, false),
+                (KeyDot::EvexVnni, false, false, false),
+                (KeyDot::EvexVnni, true, false, false),
+                (KeyDot::EvexVnni, true, true, false),
+                (KeyDot::EvexVnni, true, false, true),
             ] {
                 let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
                 let isa = DecodeIsa {
                     key_dot,
                     ymm32,
                     bf16_values,
+                    f16_pv,
                 };
                 let code = attention::emit_for(&k, blocks, isa).unwrap();
                 if !agrees_with_llvm_mc(
                     &code.listing,
                     &code.bytes,
-                    "+avx2,+fma,+f16c,+popcnt,+avxvnni,+avx512vl,+avx512vnni,+avx512bw,+avx512vbmi,+avx512bf16",
+                    "+avx2,+fma,+f16c,+popcnt,+avxvnni,+avx512vl,+avx512vnni,+avx512bw,+avx512vbmi,+avx512bf16,+avx512fp16",
                     &format!("{name} {isa:?}"),
                 ) {
                     return;
@@ -202,12 +204,14 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512: false,
                     avx512_vnni: false,
                     avx512_bf16: false,
+                    avx512_fp16: false,
                 },
                 X86Backend {
                     vnni: true,
                     avx512: false,
                     avx512_vnni: false,
                     avx512_bf16: false,
+                    avx512_fp16: false,
                 },
                 // AVX512-VNNI's EVEX vpdpbusd on ymm (Zen 4, Ice Lake).
                 X86Backend {
@@ -215,6 +219,7 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512: false,
                     avx512_vnni: true,
                     avx512_bf16: false,
+                    avx512_fp16: false,
                 },
             ] {
                 let Ok(code) = backend.emit_code(&kernel, &tile) else {

@@ -23,6 +23,7 @@ fn backends() -> Vec<X86Backend> {
                 avx512: false,
                 avx512_vnni: false,
                 avx512_bf16: false,
+                avx512_fp16: false,
             };
             let mut all = vec![plain];
             if b.vnni {

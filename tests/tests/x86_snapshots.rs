@@ -22,6 +22,7 @@ fn x86_canonical_listings() {
             avx512: false,
             avx512_vnni: false,
             avx512_bf16: false,
+            avx512_fp16: false,
         };
         let code = plain.emit_code(&kernel, &tile).unwrap();
         insta::assert_snapshot!(tag.clone(), code.listing);
@@ -32,6 +33,7 @@ fn x86_canonical_listings() {
                 avx512: false,
                 avx512_vnni: false,
                 avx512_bf16: false,
+                avx512_fp16: false,
             }
             .emit_code(&kernel, &tile)
             .unwrap();
@@ -43,6 +45,7 @@ fn x86_canonical_listings() {
                 avx512: false,
                 avx512_vnni: true,
                 avx512_bf16: false,
+                avx512_fp16: false,
             }
             .emit_code(&kernel, &tile)
             .unwrap();
@@ -69,6 +72,7 @@ fn x86_variant_listings() {
                 avx512: false,
                 avx512_vnni: false,
                 avx512_bf16: false,
+                avx512_fp16: false,
             }
             .emit_code_variant(&kernel, &tile, v)
             .unwrap();

@@ -79,6 +79,11 @@ const NUM_SLOTS: usize = MAX_TILE + 1;
 pub const SCORE_BLOCK: i32 = 4;
 /// Keys per P·V block (likewise over V, for every tile of the call).
 pub const PV_BLOCK: i32 = 8;
+/// Keys per P·V block of the f16 P·V ([`pv_pass_f16`]): its f16 sums are
+/// widened and added to `num` once a block, so a longer block pays that
+/// less often; 16 keys keep the sums' bound (16 · 2^8 · 1.75) far from
+/// f16's 65504.
+pub const PV_BLOCK_F16: i32 = 16;
 /// Keys whose scores a tile keeps at once ([`DECODE_SUPER_BLOCK`]): the
 /// exponentials of a super-block are taken against one reference per
 /// head, and a reference that moves between super-blocks rescales `num`
@@ -241,6 +246,11 @@ const R_SUMQ: i32 = 224;
 /// int8 keys: per head lane, the scale of q's i16 form (`max|q| / 32767`;
 /// past d = 512 a smaller code range, see [`widen_q`]).
 const R_QSCALE: i32 = 256;
+/// f16 P·V ([`pv_pass_f16`]): per head lane, `e^(max − reference)`, what
+/// the block's f16 sums are multiplied by into `num` (their p is taken
+/// against the running max and × 2^8, see [`exponentials`]).
+const R_PV_SCALE: i32 = 288;
+const _: () = assert!(R_PV_SCALE + 32 <= REC);
 
 const POLY: [f32; 7] = [
     1.0 / 720.0,
@@ -311,6 +321,16 @@ pub struct DecodeIsa {
     /// zmm accumulators take the whole file) and has no effect without it
     /// or for f16 values.
     pub bf16_values: bool,
+    /// AVX512-FP16 with AVX512VL: P·V of fp8 values for a tile of several
+    /// query heads by `vfmadd231ph` on ymm, 16 f16 lanes an FMA where
+    /// `vfmadd231ps` takes 8 (`pv_pass_f16`). p is taken against the
+    /// running max, so it is at most 1, and rounded to f16; each block of
+    /// [`PV_BLOCK_F16`] keys sums in f16 (at most 16 · 2^8 · 1.75: never
+    /// overflows) before it is added to the f32 `num`. o moves by a few
+    /// f16 ulps of max |v|, far inside what fp8 values carry. It needs
+    /// `ymm32`, takes precedence over `bf16_values`, and has no effect for
+    /// f16 values (whose range has no such bound) or one-head tiles.
+    pub f16_pv: bool,
 }
 
 /// `acc.i32 += Σ₂ k.i16 · q.i16` in the form `dot` names (`tmp` is
@@ -512,12 +532,23 @@ pub fn emit_for(
             (Keys::I8Asym, KeyDot::EvexVnni) => ", int8 keys by {evex} vpdpwssd",
         }
     ));
-    let bf16 = isa.bf16_values && isa.ymm32 && values == Values::E4M3;
+    let f16 = isa.f16_pv && isa.ymm32 && values == Values::E4M3;
+    let bf16 = isa.bf16_values && isa.ymm32 && values == Values::E4M3 && !f16;
     if isa.ymm32 {
-        let heads = PvRegisters { ymm32: true, bf16 }.heads();
+        let heads = PvRegisters {
+            ymm32: true,
+            bf16,
+            f16,
+        }
+        .heads();
         a.comment(&format!(
             "P·V passes of up to {heads} heads in ymm0-31 (AVX512VL)"
         ));
+    }
+    if f16 {
+        a.comment(
+            "P·V of fp8 values for several-head tiles by vfmadd231ph: p against the running max in f16, sums in f16 per block of 16 keys, added to f32 num (AVX512-FP16)",
+        );
     }
     if bf16 {
         a.comment(
@@ -539,6 +570,7 @@ pub fn emit_for(
     let regs = PvRegisters {
         ymm32: isa.ymm32,
         bf16,
+        f16,
     };
     tiles(&mut a, keys, values, regs);
     super_blocks(&mut a, keys, values, softmax, dot, regs);
@@ -790,12 +822,13 @@ fn super_blocks(
     });
     each_tile(a, |a| {
         rebase(a, softmax);
-        exponentials(a, values);
+        exponentials(a, values, regs.f16);
         if regs.bf16 {
             bf16_pairs(a);
         }
     });
-    key_blocks(a, PV_BLOCK, |a| each_tile(a, |a| pv(a, keys, values, regs)));
+    let block = if regs.f16 { PV_BLOCK_F16 } else { PV_BLOCK };
+    key_blocks(a, block, |a| each_tile(a, |a| pv(a, keys, values, regs)));
     a.load64(RAX, mem(RSP, S_J1));
     a.store64(mem(RSP, S_J0), RAX);
     a.jmp(sb);
@@ -1615,15 +1648,32 @@ fn count_recomputed(a: &mut X86Asm, softmax: SoftmaxMode) {
 /// tile at rbx, summed into its `den`; for fp8 values p is stored × 2^8
 /// (their f16 form in P·V is 2^-8 of the value; both exact). A one-head
 /// tile takes 8 keys a vector (its scores side by side), the last vector
-/// masked to the keys there are.
-fn exponentials(a: &mut X86Asm, values: Values) {
+/// masked to the keys there are. With `f16_p` ([`pv_pass_f16`]) a tile
+/// of several heads stores instead `2^8 · e^(score − max)` as f16, the 8
+/// heads in the first 16 bytes of each key's 32 (at most 2^8 whatever the
+/// reference; den still sums p), and `e^(max − reference)` per head in
+/// `R_PV_SCALE`.
+fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool) {
     let (x, n, p, den) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
     let (reference, k127) = (Ymm(6), Ymm(4));
-    let store_p = |a: &mut X86Asm| {
+    // f16 p: p · g, g = 2^8 · e^(reference − max).
+    let g = Ymm(7);
+    let scale = |a: &mut X86Asm| {
         if values == Values::E4M3 {
             a.vmulps_mem(p, p, mem(RSP, V_P_SCALE));
         }
+    };
+    let store_p = |a: &mut X86Asm| {
+        scale(a);
         a.vmovups_store(mem(R15, 0), p);
+    };
+    let store_heads_p = |a: &mut X86Asm| {
+        if f16_p {
+            a.vmulps(p, p, g);
+            a.vcvtps2ph_store(mem(R15, 0), p, 0);
+        } else {
+            store_p(a);
+        }
     };
     a.vmovups_load(k127, mem(RSP, V_127));
     a.load64(R15, mem(RBX, R_SAREA));
@@ -1635,15 +1685,25 @@ fn exponentials(a: &mut X86Asm, values: Values) {
     a.cmp_imm(RAX, 1);
     a.jcc(Cond::E, one_head);
     // Heads in lanes: one vector per key.
-    a.vmovups_load(den, mem(RBX, R_DEN));
     a.vmovups_load(reference, mem(RBX, R_MVEC));
+    if f16_p {
+        // max ≥ every score so far; a lane past the tile's heads may hold
+        // −inf or NaN, which exp_ps clamps (finite, never read).
+        a.vsubps_mem(x, reference, mem(RBX, R_MAX));
+        exp_ps(a, x, n, Ymm(5), p, k127);
+        a.vmovups_load(x, mem(RSP, V_ONE));
+        a.vdivps(x, x, p);
+        a.vmovups_store(mem(RBX, R_PV_SCALE), x);
+        a.vmulps_mem(g, p, mem(RSP, V_P_SCALE));
+    }
+    a.vmovups_load(den, mem(RBX, R_DEN));
     let top = a.new_label();
     a.bind(top);
     a.vmovups_load(x, mem(R15, 0));
     a.vsubps(x, x, reference);
     exp_ps(a, x, n, Ymm(5), p, k127);
     a.vaddps(den, den, p);
-    store_p(a);
+    store_heads_p(a);
     a.add_imm(R15, 32);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, top);
@@ -1772,6 +1832,9 @@ struct PvRegisters {
     ymm32: bool,
     /// fp8 values by bf16 dots ([`pv_pass_bf16`]): zmm accumulators.
     bf16: bool,
+    /// Several-head tiles by f16 FMAs ([`pv_pass_f16`]): accumulators of
+    /// 16 lanes (two chunks), p broadcast from memory.
+    f16: bool,
 }
 
 impl PvRegisters {
@@ -1794,6 +1857,9 @@ impl PvRegisters {
     /// whole tile fits ([`MAX_TILE`]: 8 heads at 6 chunks) and a GQA-7 or
     /// GQA-8 tile converts each key's values once, not twice.
     fn heads(self) -> usize {
+        if self.f16 {
+            return MAX_TILE;
+        }
         if self.bf16 {
             return ((self.count() - BF16_FIXED) / 2).min(MAX_TILE);
         }
@@ -1808,6 +1874,10 @@ impl PvRegisters {
     /// faster on Zen 4, cold within noise).
     fn group_chunks(self, heads: usize) -> usize {
         let heads = heads.min(self.heads());
+        if self.f16 {
+            // 16-lane accumulators beside the row and the flush's scale.
+            return (2 * ((self.count() - 2) / heads)).min(16);
+        }
         if self.bf16 {
             // zmm accumulators of 2 chunks beside the pass's 8 others.
             return (2 * ((self.count() - BF16_FIXED) / heads)).min(16);
@@ -2041,6 +2111,9 @@ fn pv_pass(
     if regs.bf16 {
         return pv_pass_bf16(a, keys, regs, layout, hs, nc);
     }
+    if regs.f16 && layout == NumLayout::Interleaved {
+        return pv_pass_f16(a, keys, regs, hs, nc);
+    }
     let vx = Ymm(0);
     // A second row register where the file has one left: two chunks of
     // fp8 at once.
@@ -2115,6 +2188,89 @@ fn pv_pass(
     for h in 0..hs {
         for c in 0..nc {
             regs.store(a, mem(RDX, layout.at(c, h)), acc(h, c));
+        }
+    }
+}
+
+/// [`pv_pass`] of fp8 values for a tile of several heads by AVX512-FP16
+/// FMAs: per key and pair of chunks (16 lanes of d) one row load widened
+/// to f16 bits feeds one `vfmadd231ph` per head, whose p ([`exponentials`]:
+/// f16, against the running max) is broadcast from memory. Accumulators
+/// are f16, zeroed at the block's start; at its end each is widened to f32
+/// and added to `num` times its head's `R_PV_SCALE`. Half the FMAs of the
+/// f32 pass and no `vcvtph2ps` per key: the f32 pass of a GQA-6 tile was
+/// bound by ports 0 and 1 on a Sapphire Rapids-class Xeon (llvm-mca 19:
+/// 16.7 cycles per key and pass of 4 chunks). A tile has at most
+/// [`MAX_TILE`] heads, one pass here, so its heads start at 0 (p of head h
+/// at byte 2h of a key's slot).
+fn pv_pass_f16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: usize) {
+    let (v, scale) = (Ymm(0), Ymm(1));
+    let pairs = nc.div_ceil(2);
+    assert!(2 + hs * pairs <= regs.count(), "f16 P·V registers");
+    let acc = |h: usize, cp: usize| Ymm((2 + h * pairs + cp) as u8);
+    for h in 0..hs {
+        for cp in 0..pairs {
+            let r = acc(h, cp);
+            if r.0 < 16 {
+                a.vpxor(r, r, r);
+            } else {
+                a.vpxord_ymm(r, r, r);
+            }
+        }
+    }
+    pv_cursors(a, 8);
+    let top = a.new_label();
+    a.bind(top);
+    a.mov(R9, RAX);
+    a.add(R9, R10);
+    for line in (0..nc * 8).step_by(64) {
+        Prefetch::for_loop(keys, hs).line(a, mem(R9, line as i32));
+    }
+    for cp in 0..pairs {
+        // e4m3 → f16 bits of 2^-8 of the value, as the f32 pass.
+        if 2 * cp + 1 == nc {
+            a.vpmovsxbw_load64(v, mem(RAX, 16 * cp as i32));
+        } else {
+            a.vpmovsxbw_load(v, mem(RAX, 16 * cp as i32));
+        }
+        a.vpsllw_imm(v, v, 7);
+        a.vpand_mem(v, v, mem(RSP, V_E4M3_F16));
+        for h in 0..hs {
+            a.vfmadd231ph_ymm_bcst(acc(h, cp), v, mem(RSI, 2 * h as i32));
+        }
+    }
+    a.add(RSI, R12);
+    a.add(RAX, RCX);
+    a.sub_imm(R8, 1);
+    a.jcc(Cond::Ne, top);
+    // num += scale · the block's sums, widened: chunk 2cp from the low
+    // half, 2cp + 1 from the high.
+    num_cursor(a, NumLayout::Interleaved);
+    for h in 0..hs {
+        a.vpbroadcastd_load(scale, mem(RBX, R_PV_SCALE + 4 * h as i32));
+        for cp in 0..pairs {
+            let r = acc(h, cp);
+            for half in 0..2 {
+                let c = 2 * cp + half;
+                if c >= nc {
+                    break;
+                }
+                match (half, r.0 < 16) {
+                    (0, true) => a.vcvtph2ps_reg(v, r),
+                    (0, false) => a.vcvtph2ps_ymm_evex(v, r),
+                    (_, true) => {
+                        a.vextracti128_hi(v, r);
+                        a.vcvtph2ps_reg(v, v);
+                    }
+                    (_, false) => {
+                        a.vextracti32x4_hi_ymm(v, r);
+                        a.vcvtph2ps_reg(v, v);
+                    }
+                }
+                let at = mem(RDX, NumLayout::Interleaved.at(c, h));
+                a.vfmadd213ps_mem(v, scale, at);
+                a.vmovups_store(at, v);
+            }
         }
     }
 }

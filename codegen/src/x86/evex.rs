@@ -7,7 +7,7 @@
 //! Encoding (Intel SDM vol. 2, 2.7): `62 P0 P1 P2 opcode modrm [sib]
 //! [disp]` with
 //!
-//! - P0 = `R̄ X̄ B̄ R̄' 0 0 m m` (R, R' = bits 3, 4 of the ModRM.reg
+//! - P0 = `R̄ X̄ B̄ R̄' 0 m m m` (R, R' = bits 3, 4 of the ModRM.reg
 //!   register; B, X = bits 3, 4 of a ModRM.rm register, or B = bit 3 of the
 //!   base register and X̄ = 1 without an index),
 //! - P1 = `W v̄v̄v̄v̄ 1 p p`, P2 = `z L'L b V̄' a a a` (L'L = 10: 512 bits;
@@ -53,6 +53,8 @@ enum Rm {
 const MAP_0F: u8 = 1;
 const MAP_0F38: u8 = 2;
 const MAP_0F3A: u8 = 3;
+/// Map 6 (AVX512-FP16's FMAs; P0.mmm = 110).
+const MAP_6: u8 = 6;
 /// Implied prefix (P1.pp).
 const PP_NONE: u8 = 0;
 const PP_66: u8 = 1;
@@ -742,6 +744,50 @@ impl X86Asm {
     }
 }
 
+/// The AVX512-FP16 P·V of the decode attention ([`super::attention`]):
+/// f16 FMAs on ymm with p broadcast from memory, and the EVEX forms of
+/// what widens their f16 sums to f32 out of ymm16-31.
+impl X86Asm {
+    /// `vfmadd231ph dst, a, word ptr [m]{1to16}`: 16 f16 lanes of dst +=
+    /// a · the f16 at m (AVX512-FP16 with AVX512VL).
+    pub fn vfmadd231ph_ymm_bcst(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_6, PP_66, 0xB8, dst.0, a.0, Rm::Mem(m), 2)
+        };
+        let line = format!(
+            "vfmadd231ph {}, {}, word ptr {m}{{1to16}}",
+            ymm_name(dst),
+            ymm_name(a)
+        );
+        self.raw(&e.encode_256(), line);
+    }
+
+    /// `vcvtph2ps dst, src.xmm` on ymm0-31: the 8 f16 of src's low half
+    /// to f32.
+    pub fn vcvtph2ps_ymm_evex(&mut self, dst: Ymm, src: Ymm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x13, dst.0, 0, Rm::Reg(src.0 & 31), 32);
+        let line = format!("vcvtph2ps {}, xmm{}", ymm_name(dst), src.0 & 31);
+        self.raw(&e.encode_256(), line);
+    }
+
+    /// `vextracti32x4 dst.xmm, src, 1` on ymm0-31: src's high 128 bits.
+    pub fn vextracti32x4_hi_ymm(&mut self, dst: Ymm, src: Ymm) {
+        let e = Evex::plain(MAP_0F3A, PP_66, 0x39, src.0, 0, Rm::Reg(dst.0 & 31), 32);
+        let mut bytes = e.encode_256();
+        bytes.push(1);
+        let line = format!("vextracti32x4 xmm{}, {}, 1", dst.0 & 31, ymm_name(src));
+        self.raw(&bytes, line);
+    }
+
+    /// `vpxord dst, a, b` on ymm0-31.
+    pub fn vpxord_ymm(&mut self, dst: Ymm, a: Ymm, b: Ymm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0xEF, dst.0, a.0, Rm::Reg(b.0 & 31), 32);
+        let line = format!("vpxord {}, {}, {}", ymm_name(dst), ymm_name(a), ymm_name(b));
+        self.raw(&e.encode_256(), line);
+    }
+}
+
 /// The 64-bit name of a general-purpose register.
 fn gp64_name(r: Gp) -> String {
     const N: [&str; 8] = ["rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi"];
@@ -837,6 +883,27 @@ mod tests {
             [0x62, 0xF1, 0x7F, 0xCB, 0x6F, 0x80, 0x20, 0x00, 0x00, 0x00]
         );
         assert_eq!(l.trim(), "vmovdqu8 zmm0 {k3} {z}, zmmword ptr [rax + 32]");
+    }
+
+    /// The f16 P·V's instructions, bytes from llvm-mc 14 and 19.
+    #[test]
+    fn f16_pv_encodings() {
+        let (b, l) = bytes_of(|a| a.vfmadd231ph_ymm_bcst(Ymm(17), Ymm(0), mem(RSI, 4)));
+        assert_eq!(b, [0x62, 0xE6, 0x7D, 0x38, 0xB8, 0x4E, 0x02]);
+        assert_eq!(
+            l.trim(),
+            "vfmadd231ph ymm17, ymm0, word ptr [rsi + 4]{1to16}"
+        );
+        let (b, _) = bytes_of(|a| a.vfmadd231ph_ymm_bcst(Ymm(1), Ymm(0), mem(RSI, 0)));
+        assert_eq!(b, [0x62, 0xF6, 0x7D, 0x38, 0xB8, 0x0E]);
+        let (b, l) = bytes_of(|a| a.vcvtph2ps_ymm_evex(Ymm(0), Ymm(17)));
+        assert_eq!(b, [0x62, 0xB2, 0x7D, 0x28, 0x13, 0xC1]);
+        assert_eq!(l.trim(), "vcvtph2ps ymm0, xmm17");
+        let (b, l) = bytes_of(|a| a.vextracti32x4_hi_ymm(Ymm(0), Ymm(17)));
+        assert_eq!(b, [0x62, 0xE3, 0x7D, 0x28, 0x39, 0xC8, 0x01]);
+        assert_eq!(l.trim(), "vextracti32x4 xmm0, ymm17, 1");
+        let (b, _) = bytes_of(|a| a.vpxord_ymm(Ymm(17), Ymm(17), Ymm(17)));
+        assert_eq!(b, [0x62, 0xA1, 0x75, 0x20, 0xEF, 0xC9]);
     }
 
     #[test]

@@ -75,6 +75,11 @@ pub struct X86Backend {
     /// of fp8 values by `vdpbf16ps` (Zen 4, Sapphire Rapids; not Ice Lake
     /// or Zen 3).
     pub avx512_bf16: bool,
+    /// AVX512-FP16 (with BW/VL): the decode attention's P·V of fp8 values
+    /// by `vfmadd231ph` (Sapphire Rapids and later Intel Xeons; not Zen 4).
+    /// It takes precedence over `avx512_bf16`: on the CPUs that have both,
+    /// `vdpbf16ps` issues at about a quarter of the FMA rate.
+    pub avx512_fp16: bool,
 }
 
 /// Why x86 code cannot run here.
@@ -156,6 +161,23 @@ pub fn host_has_avx512_bf16() -> bool {
     }
 }
 
+/// Whether this host runs the decode attention's f16 P·V: AVX512-FP16
+/// `vfmadd231ph` on ymm (AVX512VL), with AVX512F/BW for the rest of the
+/// kernel's EVEX forms.
+pub fn host_has_avx512_fp16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512fp16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether this host runs the AVX-512 int8 kernel ([`avx512_int8`]):
 /// AVX512-VNNI `vpdpbusd` on zmm, with AVX512F/BW; and the AVX2 int8
 /// kernels' EVEX `vpdpbusd` on ymm, which needs AVX512VL too.
@@ -174,15 +196,23 @@ pub fn host_has_avx512_vnni() -> bool {
 }
 
 impl X86Backend {
-    /// This backend with the decode attention's fp8 values by bf16 dots
-    /// only where `by_bf16` and the CPU has them (it never enables a
-    /// missing feature): the two forms the autotuner measures and the
-    /// runtime emits from its record.
-    pub fn with_fp8_values_by_bf16(self, by_bf16: bool) -> X86Backend {
+    /// This backend with the decode attention's fp8 values by the CPU's
+    /// packed form (f16 FMAs with AVX512-FP16, else bf16 dots with
+    /// AVX512_BF16) only where `packed`, else by f32 FMAs; it never
+    /// enables a missing feature. The two forms the autotuner measures and
+    /// the runtime emits from its record.
+    pub fn with_fp8_values_packed(self, packed: bool) -> X86Backend {
         X86Backend {
-            avx512_bf16: self.avx512_bf16 && by_bf16,
+            avx512_bf16: self.avx512_bf16 && packed,
+            avx512_fp16: self.avx512_fp16 && packed,
             ..self
         }
+    }
+
+    /// Whether this backend has a packed form for fp8 values' P·V
+    /// ([`Self::with_fp8_values_packed`]).
+    pub fn has_packed_fp8_values(&self) -> bool {
+        self.avx512_bf16 || self.avx512_fp16
     }
 
     /// The backend for this CPU: fails with the missing feature names when
@@ -200,6 +230,7 @@ impl X86Backend {
             avx512: host_has_avx512(),
             avx512_vnni: host_has_avx512_vnni(),
             avx512_bf16: host_has_avx512_bf16(),
+            avx512_fp16: host_has_avx512_fp16(),
         })
     }
 
@@ -346,9 +377,9 @@ impl X86Backend {
 
     /// The attention kernel's code on this backend's instructions: the
     /// int8-key dot of [`Self::int8_dot`], with `avx512_vnni` (which
-    /// comes with AVX512VL) ymm16–31 for P·V, and with that and
-    /// `avx512_bf16` fp8 values' P·V by bf16 dots; a prefill kernel's flash
-    /// loop in `blocks`.
+    /// comes with AVX512VL) ymm16–31 for P·V, and with that fp8 values'
+    /// P·V by f16 FMAs (`avx512_fp16`) or else bf16 dots (`avx512_bf16`);
+    /// a prefill kernel's flash loop in `blocks`.
     pub fn attention(
         &self,
         kernel: &Kernel,
@@ -358,6 +389,7 @@ impl X86Backend {
             key_dot: self.int8_dot().into(),
             ymm32: self.avx512_vnni,
             bf16_values: self.avx512_bf16,
+            f16_pv: self.avx512_fp16,
         };
         attention::emit_for(kernel, blocks, isa)
     }
@@ -789,24 +821,30 @@ mod tests {
     use tessera_dsl::ir::Variant;
     use tessera_dsl::library;
 
-    /// The measured choice of fp8 values' form only ever turns bf16 dots
-    /// off: a record cannot make a CPU without AVX512_BF16 run them.
+    /// The measured choice of fp8 values' form only ever turns the packed
+    /// forms off: a record cannot make a CPU without AVX512_BF16 or
+    /// AVX512-FP16 run them.
     #[test]
     fn the_fp8_value_form_never_enables_a_missing_feature() {
         let with = X86Backend {
             avx512_bf16: true,
+            avx512_fp16: true,
             ..X86Backend::default()
         };
         let without = X86Backend::default();
-        assert!(with.with_fp8_values_by_bf16(true).avx512_bf16);
-        assert!(!with.with_fp8_values_by_bf16(false).avx512_bf16);
-        assert!(!without.with_fp8_values_by_bf16(true).avx512_bf16);
+        assert!(with.with_fp8_values_packed(true).avx512_bf16);
+        assert!(!with.with_fp8_values_packed(false).avx512_bf16);
+        assert!(!without.with_fp8_values_packed(true).avx512_bf16);
+        assert!(with.with_fp8_values_packed(true).avx512_fp16);
+        assert!(!with.with_fp8_values_packed(false).avx512_fp16);
+        assert!(!without.with_fp8_values_packed(true).avx512_fp16);
         assert_eq!(
             X86Backend {
                 avx512_bf16: false,
+                avx512_fp16: false,
                 ..with
             },
-            with.with_fp8_values_by_bf16(false),
+            with.with_fp8_values_packed(false),
             "nothing else changes"
         );
     }
@@ -824,6 +862,7 @@ mod tests {
             avx512: true,
             avx512_vnni: true,
             avx512_bf16: false,
+            avx512_fp16: false,
         };
         for (name, want) in [
             ("matmul-w4a8", AVX512_NAME),
@@ -849,6 +888,7 @@ mod tests {
         let no_vnni = X86Backend {
             avx512_vnni: false,
             avx512_bf16: false,
+            avx512_fp16: false,
             ..be
         };
         let w4a8 = library::get("matmul-w4a8").unwrap();
@@ -866,6 +906,7 @@ mod tests {
             avx512: false,
             avx512_vnni: true,
             avx512_bf16: false,
+            avx512_fp16: false,
         };
         let vex = X86Backend { vnni: true, ..evex };
         let caps = super::plan::target();
