@@ -81,8 +81,8 @@ pub const SCORE_BLOCK: i32 = 4;
 pub const PV_BLOCK: i32 = 8;
 /// Keys per P·V block of the f16 P·V ([`pv_pass_f16`]): its f16 sums are
 /// widened and added to `num` once a block, so a longer block pays that
-/// less often; 16 keys keep the sums' bound (16 · 2^8 · 1.75) far from
-/// f16's 65504.
+/// less often; 16 keys keep the sums' bound under f16's 65504 (16 · 65504
+/// · 2^-8 for f16 values).
 pub const PV_BLOCK_F16: i32 = 16;
 /// Keys whose scores a tile keeps at once ([`DECODE_SUPER_BLOCK`]): the
 /// exponentials of a super-block are taken against one reference per
@@ -216,6 +216,11 @@ const V_DWORD_PAIRS: i32 = FRAME + 384;
 const V_BYTE_SIGN: i32 = FRAME + 448;
 /// The decode frame with the bf16 P·V's constants.
 const FRAME_BF16: i32 = FRAME + 512;
+// The f16 P·V's constant ([`pv_pass_f16`]), past the shared frame.
+/// 2^-8 as f16 (broadcast): f16 values are scaled by it before their FMAs.
+const V_F16_DOWN: i32 = FRAME;
+/// The decode frame with the f16 P·V's constant.
+const FRAME_F16: i32 = FRAME + 32;
 
 /// Bytes of a tile's record, which precedes its areas in the scratch.
 const REC: i32 = 4 * DECODE_TILE_RECORD as i32;
@@ -246,9 +251,9 @@ const R_SUMQ: i32 = 224;
 /// int8 keys: per head lane, the scale of q's i16 form (`max|q| / 32767`;
 /// past d = 512 a smaller code range, see [`widen_q`]).
 const R_QSCALE: i32 = 256;
-/// f16 P·V ([`pv_pass_f16`]): per head lane, `e^(max − reference)`, what
-/// the block's f16 sums are multiplied by into `num` (their p is taken
-/// against the running max and × 2^8, see [`exponentials`]).
+/// f16 P·V ([`pv_pass_f16`]): per head lane, what the block's f16 sums
+/// are multiplied by into `num` (their p is taken against the running
+/// max, see [`exponentials`]).
 const R_PV_SCALE: i32 = 288;
 const _: () = assert!(R_PV_SCALE + 32 <= REC);
 
@@ -321,15 +326,16 @@ pub struct DecodeIsa {
     /// zmm accumulators take the whole file) and has no effect without it
     /// or for f16 values.
     pub bf16_values: bool,
-    /// AVX512-FP16 with AVX512VL: P·V of fp8 values for a tile of several
-    /// query heads by `vfmadd231ph` on ymm, 16 f16 lanes an FMA where
-    /// `vfmadd231ps` takes 8 (`pv_pass_f16`). p is taken against the
-    /// running max, so it is at most 1, and rounded to f16; each block of
-    /// [`PV_BLOCK_F16`] keys sums in f16 (at most 16 · 2^8 · 1.75: never
-    /// overflows) before it is added to the f32 `num`. o moves by a few
-    /// f16 ulps of max |v|, far inside what fp8 values carry. It needs
-    /// `ymm32`, takes precedence over `bf16_values`, and has no effect for
-    /// f16 values (whose range has no such bound) or one-head tiles.
+    /// AVX512-FP16 with AVX512VL: P·V of a tile of several query heads by
+    /// `vfmadd231ph` on ymm, 16 f16 lanes an FMA where `vfmadd231ps` takes
+    /// 8 (`pv_pass_f16`). p is taken against the running max, so it is at
+    /// most 1, and rounded to f16; f16 values are scaled by 2^-8 (fp8
+    /// values' f16 form is 2^-8 of theirs already, p × 2^8 for them); each
+    /// block of [`PV_BLOCK_F16`] keys sums in f16 before it is added to the
+    /// f32 `num`. The sums are bounded (16 · 65504 · 2^-8, or 16 · 2^8 ·
+    /// 1.75), so they never overflow; o moves by a few f16 ulps of the
+    /// block sums. It needs `ymm32` and takes precedence over
+    /// `bf16_values`; one-head tiles keep the f32 FMAs.
     pub f16_pv: bool,
 }
 
@@ -532,7 +538,7 @@ pub fn emit_for(
             (Keys::I8Asym, KeyDot::EvexVnni) => ", int8 keys by {evex} vpdpwssd",
         }
     ));
-    let f16 = isa.f16_pv && isa.ymm32 && values == Values::E4M3;
+    let f16 = isa.f16_pv && isa.ymm32;
     let bf16 = isa.bf16_values && isa.ymm32 && values == Values::E4M3 && !f16;
     if isa.ymm32 {
         let heads = PvRegisters {
@@ -547,7 +553,7 @@ pub fn emit_for(
     }
     if f16 {
         a.comment(
-            "P·V of fp8 values for several-head tiles by vfmadd231ph: p against the running max in f16, sums in f16 per block of 16 keys, added to f32 num (AVX512-FP16)",
+            "P·V of several-head tiles by vfmadd231ph: p against the running max in f16, f16 values × 2^-8, sums in f16 per block of 16 keys, added to f32 num (AVX512-FP16)",
         );
     }
     if bf16 {
@@ -555,12 +561,23 @@ pub fn emit_for(
             "P·V of fp8 values by vdpbf16ps on key pairs: e4m3 → bf16 by vpermi2b lookups, p as two bf16 parts (AVX512_BF16, AVX512_VBMI)",
         );
     }
-    let frame = if bf16 { FRAME_BF16 } else { FRAME };
+    let frame = if bf16 {
+        FRAME_BF16
+    } else if f16 {
+        FRAME_F16
+    } else {
+        FRAME
+    };
     common::prologue_framed(&mut a, frame);
     constants(&mut a, softmax);
     if values == Values::E4M3 {
         splat(&mut a, V_E4M3_F16, 0xBFFF_BFFF);
+    }
+    if values == Values::E4M3 || f16 {
         splat(&mut a, V_P_SCALE, 256f32.to_bits());
+    }
+    if f16 {
+        splat(&mut a, V_F16_DOWN, 0x1C00_1C00);
     }
     if bf16 {
         bf16_constants(&mut a);
@@ -1649,10 +1666,12 @@ fn count_recomputed(a: &mut X86Asm, softmax: SoftmaxMode) {
 /// (their f16 form in P·V is 2^-8 of the value; both exact). A one-head
 /// tile takes 8 keys a vector (its scores side by side), the last vector
 /// masked to the keys there are. With `f16_p` ([`pv_pass_f16`]) a tile
-/// of several heads stores instead `2^8 · e^(score − max)` as f16, the 8
-/// heads in the first 16 bytes of each key's 32 (at most 2^8 whatever the
-/// reference; den still sums p), and `e^(max − reference)` per head in
-/// `R_PV_SCALE`.
+/// of several heads stores instead `e^(score − max)` as f16 (× 2^8 for fp8
+/// values), the 8 heads in the first 16 bytes of each key's 32 (at most
+/// 1, or 2^8, whatever the reference; den still sums p), and per head in
+/// `R_PV_SCALE` what P·V's f16 sums are multiplied by into `num`:
+/// `e^(max − reference)` (× 2^8 for f16 values, which P·V scales by
+/// 2^-8).
 fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool) {
     let (x, n, p, den) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
     let (reference, k127) = (Ymm(6), Ymm(4));
@@ -1687,14 +1706,21 @@ fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool) {
     // Heads in lanes: one vector per key.
     a.vmovups_load(reference, mem(RBX, R_MVEC));
     if f16_p {
-        // max ≥ every score so far; a lane past the tile's heads may hold
-        // −inf or NaN, which exp_ps clamps (finite, never read).
+        // e = e^(reference − max): max ≥ every score so far; a lane past
+        // the tile's heads may hold −inf or NaN, which exp_ps clamps
+        // (finite, never read). fp8 values (2^-8 of the value): g = 2^8·e,
+        // scale 1/e; f16 values (× 2^-8 in P·V): g = e, scale 2^8/e.
         a.vsubps_mem(x, reference, mem(RBX, R_MAX));
         exp_ps(a, x, n, Ymm(5), p, k127);
-        a.vmovups_load(x, mem(RSP, V_ONE));
+        if values == Values::E4M3 {
+            a.vmovups_load(x, mem(RSP, V_ONE));
+            a.vmulps_mem(g, p, mem(RSP, V_P_SCALE));
+        } else {
+            a.vmovups_load(x, mem(RSP, V_P_SCALE));
+            a.vandps(g, p, p);
+        }
         a.vdivps(x, x, p);
         a.vmovups_store(mem(RBX, R_PV_SCALE), x);
-        a.vmulps_mem(g, p, mem(RSP, V_P_SCALE));
     }
     a.vmovups_load(den, mem(RBX, R_DEN));
     let top = a.new_label();
@@ -2112,7 +2138,7 @@ fn pv_pass(
         return pv_pass_bf16(a, keys, regs, layout, hs, nc);
     }
     if regs.f16 && layout == NumLayout::Interleaved {
-        return pv_pass_f16(a, keys, regs, hs, nc);
+        return pv_pass_f16(a, keys, values, regs, hs, nc);
     }
     let vx = Ymm(0);
     // A second row register where the file has one left: two chunks of
@@ -2192,18 +2218,26 @@ fn pv_pass(
     }
 }
 
-/// [`pv_pass`] of fp8 values for a tile of several heads by AVX512-FP16
-/// FMAs: per key and pair of chunks (16 lanes of d) one row load widened
-/// to f16 bits feeds one `vfmadd231ph` per head, whose p ([`exponentials`]:
-/// f16, against the running max) is broadcast from memory. Accumulators
-/// are f16, zeroed at the block's start; at its end each is widened to f32
-/// and added to `num` times its head's `R_PV_SCALE`. Half the FMAs of the
-/// f32 pass and no `vcvtph2ps` per key: the f32 pass of a GQA-6 tile was
-/// bound by ports 0 and 1 on a Sapphire Rapids-class Xeon (llvm-mca 19:
-/// 16.7 cycles per key and pass of 4 chunks). A tile has at most
-/// [`MAX_TILE`] heads, one pass here, so its heads start at 0 (p of head h
-/// at byte 2h of a key's slot).
-fn pv_pass_f16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: usize) {
+/// [`pv_pass`] for a tile of several heads by AVX512-FP16 FMAs: per key
+/// and pair of chunks (16 lanes of d) one row load, f16 values scaled by
+/// 2^-8 and fp8 values widened to f16 bits (2^-8 of the value), feeds one
+/// `vfmadd231ph` per head, whose p ([`exponentials`]: f16, against the
+/// running max) is broadcast from memory. Accumulators are f16, zeroed at
+/// the block's start; at its end each is widened to f32 and added to
+/// `num` times its head's `R_PV_SCALE`. Half the FMAs of the f32 pass and
+/// no `vcvtph2ps` per key: the f32 pass of a GQA-6 tile was bound by ports
+/// 0 and 1 on a Sapphire Rapids-class Xeon (llvm-mca 19: 16.7 cycles per
+/// key and pass of 4 chunks). A tile has at most [`MAX_TILE`] heads, one
+/// pass here, so its heads start at 0 (p of head h at byte 2h of a key's
+/// slot).
+fn pv_pass_f16(
+    a: &mut X86Asm,
+    keys: Keys,
+    values: Values,
+    regs: PvRegisters,
+    hs: usize,
+    nc: usize,
+) {
     let (v, scale) = (Ymm(0), Ymm(1));
     let pairs = nc.div_ceil(2);
     assert!(2 + hs * pairs <= regs.count(), "f16 P·V registers");
@@ -2218,23 +2252,38 @@ fn pv_pass_f16(a: &mut X86Asm, keys: Keys, regs: PvRegisters, hs: usize, nc: usi
             }
         }
     }
-    pv_cursors(a, 8);
+    let vb = if values == Values::F16 { 16 } else { 8 };
+    pv_cursors(a, vb);
     let top = a.new_label();
     a.bind(top);
     a.mov(R9, RAX);
     a.add(R9, R10);
-    for line in (0..nc * 8).step_by(64) {
+    for line in (0..nc * vb as usize).step_by(64) {
         Prefetch::for_loop(keys, hs).line(a, mem(R9, line as i32));
     }
     for cp in 0..pairs {
-        // e4m3 → f16 bits of 2^-8 of the value, as the f32 pass.
-        if 2 * cp + 1 == nc {
-            a.vpmovsxbw_load64(v, mem(RAX, 16 * cp as i32));
-        } else {
-            a.vpmovsxbw_load(v, mem(RAX, 16 * cp as i32));
+        let half = 2 * cp + 1 == nc;
+        let at = 2 * vb * cp as i32;
+        match values {
+            Values::F16 => {
+                if half {
+                    a.vmovdqu_load128(v, mem(RAX, at));
+                } else {
+                    a.vmovdqu_load(v, mem(RAX, at));
+                }
+                a.vmulph_ymm_bcst(v, v, mem(RSP, V_F16_DOWN));
+            }
+            Values::E4M3 => {
+                // e4m3 → f16 bits of 2^-8 of the value, as the f32 pass.
+                if half {
+                    a.vpmovsxbw_load64(v, mem(RAX, at));
+                } else {
+                    a.vpmovsxbw_load(v, mem(RAX, at));
+                }
+                a.vpsllw_imm(v, v, 7);
+                a.vpand_mem(v, v, mem(RSP, V_E4M3_F16));
+            }
         }
-        a.vpsllw_imm(v, v, 7);
-        a.vpand_mem(v, v, mem(RSP, V_E4M3_F16));
         for h in 0..hs {
             a.vfmadd231ph_ymm_bcst(acc(h, cp), v, mem(RSI, 2 * h as i32));
         }

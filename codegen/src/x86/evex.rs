@@ -53,7 +53,8 @@ enum Rm {
 const MAP_0F: u8 = 1;
 const MAP_0F38: u8 = 2;
 const MAP_0F3A: u8 = 3;
-/// Map 6 (AVX512-FP16's FMAs; P0.mmm = 110).
+/// Maps 5 and 6 (AVX512-FP16's arithmetic and FMAs; P0.mmm = 101, 110).
+const MAP_5: u8 = 5;
 const MAP_6: u8 = 6;
 /// Implied prefix (P1.pp).
 const PP_NONE: u8 = 0;
@@ -763,6 +764,21 @@ impl X86Asm {
         self.raw(&e.encode_256(), line);
     }
 
+    /// `vmulph dst, a, word ptr [m]{1to16}`: 16 f16 lanes of a times the f16
+    /// at m (AVX512-FP16 with AVX512VL).
+    pub fn vmulph_ymm_bcst(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_5, PP_NONE, 0x59, dst.0, a.0, Rm::Mem(m), 2)
+        };
+        let line = format!(
+            "vmulph {}, {}, word ptr {m}{{1to16}}",
+            ymm_name(dst),
+            ymm_name(a)
+        );
+        self.raw(&e.encode_256(), line);
+    }
+
     /// `vcvtph2ps dst, src.xmm` on ymm0-31: the 8 f16 of src's low half
     /// to f32.
     pub fn vcvtph2ps_ymm_evex(&mut self, dst: Ymm, src: Ymm) {
@@ -896,6 +912,9 @@ mod tests {
         );
         let (b, _) = bytes_of(|a| a.vfmadd231ph_ymm_bcst(Ymm(1), Ymm(0), mem(RSI, 0)));
         assert_eq!(b, [0x62, 0xF6, 0x7D, 0x38, 0xB8, 0x0E]);
+        let (b, l) = bytes_of(|a| a.vmulph_ymm_bcst(Ymm(0), Ymm(0), mem(RSP, 2)));
+        assert_eq!(b, [0x62, 0xF5, 0x7C, 0x38, 0x59, 0x44, 0x24, 0x01]);
+        assert_eq!(l.trim(), "vmulph ymm0, ymm0, word ptr [rsp + 2]{1to16}");
         let (b, l) = bytes_of(|a| a.vcvtph2ps_ymm_evex(Ymm(0), Ymm(17)));
         assert_eq!(b, [0x62, 0xB2, 0x7D, 0x28, 0x13, 0xC1]);
         assert_eq!(l.trim(), "vcvtph2ps ymm0, xmm17");

@@ -66,6 +66,19 @@ pub fn inputs(
     q_amp: f32,
     seed: u64,
 ) -> Inputs {
+    inputs_with_values(kernel, q_elems, rows, d, q_amp, 1.0, seed)
+}
+
+/// [`inputs`] with V uniform in ±`v_amp`.
+pub fn inputs_with_values(
+    kernel: &Kernel,
+    q_elems: usize,
+    rows: usize,
+    d: usize,
+    q_amp: f32,
+    v_amp: f32,
+    seed: u64,
+) -> Inputs {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let a = kernel.as_attention().expect("an attention kernel");
     let kf = kernel.tensor(&a.k).expect("k").format;
@@ -74,7 +87,9 @@ pub fn inputs(
         .map(|_| f16::from_f32(rng.gen_range(-q_amp..q_amp)))
         .collect();
     let kd: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let vd: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let vd: Vec<f32> = (0..rows * d)
+        .map(|_| rng.gen_range(-v_amp..v_amp))
+        .collect();
     let side = |f: Format, data: &[f32]| {
         if f == Format::F16 {
             let half: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
