@@ -788,7 +788,7 @@ impl Attention {
         let (kv_append, prefill) = match kernel {
             AttentionKernel::Host(_) => (
                 device.kv_append(format.kernel_name())?,
-                device.prefill_attention(format.prefill_kernel_name(), d)?,
+                device.prefill_attention(format.prefill_kernel_name(), hq, kvh, d)?,
             ),
             #[allow(unreachable_patterns)]
             _ => (None, None),

@@ -1028,7 +1028,8 @@ impl Device {
     }
 
     /// The whole-prefill kernel `name` (`attention-prefill-f16`,
-    /// `attention-prefill-kv8`) for head dim `d`, mapped once, where this
+    /// `attention-prefill-kv8`) for `hq` query heads over `kvh` KV heads of
+    /// head dim `d` (the record's blocks for them), mapped once, where this
     /// device has one: the x86 JIT device with `d` a multiple of 8, the
     /// NEON JIT device with `d` a multiple of 4, a prebuilt set that ships
     /// one (`tessera-kernels-gen` does for x86 and NEON) for a `d` its code
@@ -1037,6 +1038,8 @@ impl Device {
     pub(crate) fn prefill_attention(
         &self,
         name: &str,
+        hq: usize,
+        kvh: usize,
         d: usize,
     ) -> Result<Option<Arc<HostAttention>>, RuntimeError> {
         // The engines that can have one; the code itself says whether it
@@ -1045,18 +1048,19 @@ impl Device {
             Engine::Prebuilt(set) if set.attention(name).is_some() => self.attention(name, d)?,
             #[cfg(feature = "jit")]
             Engine::X86(_) | Engine::Neon(_) => {
-                self.attention_in(name, d, self.prefill_blocks(d), false)?
+                self.attention_in(name, d, self.prefill_blocks(hq, kvh, d), false)?
             }
             _ => return Ok(None),
         };
         Ok((code.whole_prefill() && code.takes_head_dim(d)).then_some(code))
     }
 
-    /// The blocks a JIT device emits its prefill in for head dim `d`: the
-    /// record's, measured on this device by the autotuner, else the
+    /// The blocks a JIT device emits its prefill in for `hq` query heads
+    /// over `kvh` KV heads of head dim `d`: the record's, measured on this
+    /// device by the autotuner ([`TuningRecord::prefill_blocks`]), else the
     /// default.
     #[cfg(feature = "jit")]
-    fn prefill_blocks(&self, d: usize) -> PrefillBlocks {
+    fn prefill_blocks(&self, hq: usize, kvh: usize, d: usize) -> PrefillBlocks {
         self.record
             .as_ref()
             .and_then(|r| {
@@ -1064,6 +1068,8 @@ impl Device {
                     &self.fingerprint,
                     &self.generator,
                     self.backend.record_name(),
+                    hq,
+                    kvh,
                     d,
                 )
             })

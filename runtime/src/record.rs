@@ -552,19 +552,30 @@ impl TuningRecord {
     }
 
     /// The prefill blocks measured on `device` for `backend` and a head
-    /// dim of `head_dim` (any weight format's entry, the newest first), if
-    /// a record entry carries them.
+    /// dim of `head_dim` (any weight format's entry), if a record entry
+    /// carries them: the newest that measured the grouping of `heads`
+    /// query heads over `kv_heads`, else the newest for that head dim. The
+    /// blocks that win depend on the grouping too (a record of two models
+    /// with head dim 128, Llama2-7B's 32/32 and Qwen2-1.5B's 12/2, gave
+    /// either model the other's when it was newer).
     pub fn prefill_blocks(
         &self,
         device: &Fingerprint,
         generator: &GeneratorId,
         backend: &str,
+        heads: usize,
+        kv_heads: usize,
         head_dim: usize,
     ) -> Option<[u32; 2]> {
+        let group = |hq: usize, kvh: usize| hq.checked_div(kvh);
         self.measured_on(device, generator, backend)
             .filter_map(|e| e.prefill.as_ref().map(|p| (e.created_unix, p)))
             .filter(|(_, p)| p.head_dim == head_dim)
-            .max_by_key(|(t, _)| *t)
+            .max_by_key(|(t, p)| {
+                let same = group(p.heads, p.kv_heads).is_some()
+                    && group(p.heads, p.kv_heads) == group(heads, kv_heads);
+                (same, *t)
+            })
             .map(|(_, p)| p.blocks)
     }
 
@@ -1054,5 +1065,55 @@ mod tests {
                 None
             );
         }
+    }
+
+    #[test]
+    fn prefill_blocks_prefer_the_grouping_then_the_newest_for_the_head_dim() {
+        let prefill = |heads, kv_heads, head_dim, blocks| {
+            Some(PrefillEntry {
+                heads,
+                kv_heads,
+                head_dim,
+                seq: 512,
+                kv: "f16".into(),
+                blocks,
+                default: [96, 128],
+                measurements: vec![],
+            })
+        };
+        let mut gqa = entry("qwen2-1.5b", "avx2 fma", "aa");
+        gqa.prefill = prefill(12, 2, 128, [48, 128]);
+        gqa.created_unix = 1;
+        let mut mha = entry("llama2-7b", "avx2 fma", "aa");
+        mha.prefill = prefill(32, 32, 128, [96, 64]);
+        mha.created_unix = 2;
+        let mut small = entry("x", "avx2 fma", "aa");
+        small.prefill = prefill(12, 2, 64, [32, 32]);
+        small.created_unix = 3;
+        let rec = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![gqa.clone(), mha, small],
+        };
+        let (fp, generator) = (&gqa.fingerprint, &gqa.generator);
+        let blocks = |hq, kvh, d| rec.prefill_blocks(fp, generator, "host", hq, kvh, d);
+        assert_eq!(
+            blocks(12, 2, 128),
+            Some([48, 128]),
+            "its grouping, though older"
+        );
+        assert_eq!(blocks(6, 1, 128), Some([48, 128]), "the same grouping");
+        assert_eq!(blocks(32, 32, 128), Some([96, 64]));
+        assert_eq!(
+            blocks(8, 2, 128),
+            Some([96, 64]),
+            "no such grouping: the newest"
+        );
+        assert_eq!(blocks(12, 2, 64), Some([32, 32]));
+        assert_eq!(blocks(12, 2, 80), None, "another head dim");
+        assert_eq!(
+            blocks(12, 0, 128),
+            Some([96, 64]),
+            "no KV heads: the newest"
+        );
     }
 }
