@@ -2147,6 +2147,23 @@ fn pv_cursors(a: &mut X86Asm, value_bytes: i32) {
     a.load64(R10, mem(RSP, S_VAHEAD));
 }
 
+/// The key loop of a P·V pass of `hs` heads and `nc` chunks: its cursors
+/// ([`pv_cursors`]), then, bound, the loop's top and the prefetch of the
+/// chunks' V lines `S_VAHEAD` bytes on. Returns the top and the bytes of
+/// V a chunk (8 values) takes.
+fn pv_loop_top(a: &mut X86Asm, keys: Keys, values: Values, hs: usize, nc: usize) -> (Label, i32) {
+    let vb = if values == Values::F16 { 16 } else { 8 };
+    pv_cursors(a, vb);
+    let top = a.new_label();
+    a.bind(top);
+    a.mov(R9, RAX);
+    a.add(R9, R10);
+    for line in (0..nc * vb as usize).step_by(64) {
+        Prefetch::for_loop(keys, hs).line(a, mem(R9, line as i32));
+    }
+    (top, vb)
+}
+
 /// One pass over the tile at rbx: `hs` heads from `S_SUB0`, `nc` chunks
 /// from `S_C0`, keys `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
 fn pv_pass(
@@ -2177,16 +2194,7 @@ fn pv_pass(
             regs.load(a, acc(h, c), mem(RDX, layout.at(c, h)));
         }
     }
-    let vb = if values == Values::F16 { 16 } else { 8 };
-    pv_cursors(a, vb);
-    let top = a.new_label();
-    a.bind(top);
-    a.mov(R9, RAX);
-    a.add(R9, R10);
-    let vb = vb as usize;
-    for line in (0..nc * vb).step_by(64) {
-        Prefetch::for_loop(keys, hs).line(a, mem(R9, line as i32));
-    }
+    let (top, _) = pv_loop_top(a, keys, values, hs, nc);
     for h in 0..hs {
         regs.broadcast(a, p(h), mem(RSI, 4 * h as i32));
     }
@@ -2276,15 +2284,7 @@ fn pv_pass_f16(
             }
         }
     }
-    let vb = if values == Values::F16 { 16 } else { 8 };
-    pv_cursors(a, vb);
-    let top = a.new_label();
-    a.bind(top);
-    a.mov(R9, RAX);
-    a.add(R9, R10);
-    for line in (0..nc * vb as usize).step_by(64) {
-        Prefetch::for_loop(keys, hs).line(a, mem(R9, line as i32));
-    }
+    let (top, vb) = pv_loop_top(a, keys, values, hs, nc);
     for cp in 0..pairs {
         let half = 2 * cp + 1 == nc;
         let at = 2 * vb * cp as i32;
