@@ -47,7 +47,10 @@
 //!      takes up to 6 heads in ymm0–31. With AVX512_BF16 and AVX512_VBMI
 //!      ([`DecodeIsa::bf16_values`]) fp8 values go by `vdpbf16ps` on key
 //!      pairs instead, looked up as bf16 by `vpermi2b`, p split into two
-//!      bf16 parts (`pv_pass_bf16`).
+//!      bf16 parts (`pv_pass_bf16`). With AVX512-FP16
+//!      ([`DecodeIsa::f16_pv`]) a tile of several heads takes f16 FMAs
+//!      instead, 16 lanes of d each, p against the running max as f16 and
+//!      f16 sums per [`PV_BLOCK_F16`] keys (`pv_pass_f16`).
 //! 3. Per tile, `o = num / den` to f16; heads whose range failed count as
 //!    recomputed. The call's first head leaves its softmax state where
 //!    `HostAttention`'s split reads it (`den` at `s`, `num` at `s + d`, the
@@ -1699,7 +1702,7 @@ fn count_recomputed(a: &mut X86Asm, softmax: SoftmaxMode) {
 fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool) {
     let (x, n, p, den) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
     let (reference, k127) = (Ymm(6), Ymm(4));
-    // f16 p: p · g, g = 2^8 · e^(reference − max).
+    // f16 p: p · g, g = e^(reference − max) (× 2^8 for fp8 values).
     let g = Ymm(7);
     let scale = |a: &mut X86Asm| {
         if values == Values::E4M3 {
