@@ -1042,6 +1042,9 @@ impl Device {
         kvh: usize,
         d: usize,
     ) -> Result<Option<Arc<HostAttention>>, RuntimeError> {
+        // Only a JIT device picks blocks by the heads.
+        #[cfg(not(feature = "jit"))]
+        let _ = (hq, kvh);
         // The engines that can have one; the code itself says whether it
         // is a whole prefill and which head dims it takes.
         let code = match &self.engine {
