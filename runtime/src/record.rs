@@ -292,6 +292,14 @@ pub struct DecodeEntry {
     pub measurements: Vec<DecodeMeasurement>,
 }
 
+/// Whether two `[query heads, KV heads]` layouts group the same number of
+/// query heads on each KV head (12/4 as 6/2); never where either has no
+/// KV heads.
+fn same_grouping([hq_a, kvh_a]: [usize; 2], [hq_b, kvh_b]: [usize; 2]) -> bool {
+    let group = |hq: usize, kvh: usize| hq.checked_div(kvh);
+    group(hq_a, kvh_a).is_some() && group(hq_a, kvh_a) == group(hq_b, kvh_b)
+}
+
 /// The packed form of records that predate [`DecodeEntry::packed`].
 fn bf16_dots() -> String {
     "bf16 dots".to_string()
@@ -567,15 +575,10 @@ impl TuningRecord {
         kv_heads: usize,
         head_dim: usize,
     ) -> Option<[u32; 2]> {
-        let group = |hq: usize, kvh: usize| hq.checked_div(kvh);
         self.measured_on(device, generator, backend)
             .filter_map(|e| e.prefill.as_ref().map(|p| (e.created_unix, p)))
             .filter(|(_, p)| p.head_dim == head_dim)
-            .max_by_key(|(t, p)| {
-                let same = group(p.heads, p.kv_heads).is_some()
-                    && group(p.heads, p.kv_heads) == group(heads, kv_heads);
-                (same, *t)
-            })
+            .max_by_key(|(t, p)| (same_grouping([p.heads, p.kv_heads], [heads, kv_heads]), *t))
             .map(|(_, p)| p.blocks)
     }
 
@@ -594,13 +597,10 @@ impl TuningRecord {
         kv_heads: usize,
         head_dim: usize,
     ) -> Option<bool> {
-        let group = |hq: usize, kvh: usize| hq.checked_div(kvh);
         self.measured_on(device, generator, backend)
             .filter_map(|e| e.decode.as_ref().map(|p| (e.created_unix, p)))
             .filter(|(_, p)| {
-                p.head_dim == head_dim
-                    && group(p.heads, p.kv_heads).is_some()
-                    && group(p.heads, p.kv_heads) == group(heads, kv_heads)
+                p.head_dim == head_dim && same_grouping([p.heads, p.kv_heads], [heads, kv_heads])
             })
             .max_by_key(|(t, _)| *t)
             .map(|(_, p)| p.fp8_values_packed)
