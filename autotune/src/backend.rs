@@ -338,13 +338,7 @@ impl TuneBackend for X86Tune {
         if !tessera_codegen::x86::missing_features().is_empty() {
             return None;
         }
-        if self.0.avx512_fp16 {
-            Some("f16 FMAs")
-        } else if self.0.avx512_bf16 {
-            Some("bf16 dots")
-        } else {
-            None
-        }
+        self.0.packed_fp8_form()
     }
 }
 

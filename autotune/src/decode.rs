@@ -179,7 +179,7 @@ mod tests {
             let b = backend::open(kind).unwrap();
             let two = kind == BackendKind::X86
                 && tessera_codegen::x86::X86Backend::detect()
-                    .is_ok_and(|x| x.has_packed_fp8_values());
+                    .is_ok_and(|x| x.packed_fp8_form().is_some());
             let packed = b.packed_fp8_form().unwrap_or("packed");
             let entry = tune(&|k, by| b.decode_attention(k, by), packed, heads, 2, slice).unwrap();
             let Some(entry) = entry else {

@@ -933,18 +933,14 @@ impl Device {
                 .unwrap_or(true)
     }
 
-    /// The packed form of fp8 values' P·V this device has, `f16` FMAs
-    /// (AVX512-FP16) or `bf16` dots (AVX512_BF16); None but on the x86 JIT
-    /// device of a CPU with either.
+    /// The packed form of fp8 values' P·V this device has
+    /// ([`tessera_codegen::x86::X86Backend::packed_fp8_form`]): `f16 FMAs`
+    /// or `bf16 dots` on the x86 JIT device of a CPU with AVX512-FP16 or
+    /// AVX512_BF16; None elsewhere.
     pub fn packed_fp8_form(&self) -> Option<&'static str> {
         #[cfg(feature = "jit")]
         if let Engine::X86(b) = &self.engine {
-            if b.avx512_fp16 {
-                return Some("f16");
-            }
-            if b.avx512_bf16 {
-                return Some("bf16");
-            }
+            return b.packed_fp8_form();
         }
         None
     }
@@ -952,11 +948,7 @@ impl Device {
     /// The x86 JIT device on a CPU whose decode attention may take fp8
     /// values in a packed form.
     fn x86_has_packed_fp8_values(&self) -> bool {
-        #[cfg(feature = "jit")]
-        if let Engine::X86(b) = &self.engine {
-            return b.has_packed_fp8_values();
-        }
-        false
+        self.packed_fp8_form().is_some()
     }
 
     /// [`Device::attention`] with a prefill kernel's flash loop in `blocks`

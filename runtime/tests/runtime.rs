@@ -796,7 +796,7 @@ fn decode_runs_the_records_fp8_value_form() {
     let default = probe.fp8_values_packed(hq, kvh, d);
     assert_eq!(
         default,
-        tessera_codegen::x86::X86Backend::detect().is_ok_and(|b| b.has_packed_fp8_values()),
+        tessera_codegen::x86::X86Backend::detect().is_ok_and(|b| b.packed_fp8_form().is_some()),
         "without a record: the packed form exactly where the CPU has one"
     );
     let mut record = record_for(&probe, WeightFormat::W4A8, 40, 64, 3, 7);

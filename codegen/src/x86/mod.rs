@@ -209,10 +209,19 @@ impl X86Backend {
         }
     }
 
-    /// Whether this backend has a packed form for fp8 values' P·V
-    /// ([`Self::with_fp8_values_packed`]).
-    pub fn has_packed_fp8_values(&self) -> bool {
-        self.avx512_bf16 || self.avx512_fp16
+    /// The packed form this backend's decode attention multiplies fp8
+    /// values in ([`Self::with_fp8_values_packed`]), named for records and
+    /// reports: `f16 FMAs` with AVX512-FP16, which takes precedence (as in
+    /// [`attention::emit_for`]), else `bf16 dots` with AVX512_BF16; None
+    /// where it has neither (f32 FMAs only).
+    pub fn packed_fp8_form(&self) -> Option<&'static str> {
+        if self.avx512_fp16 {
+            Some("f16 FMAs")
+        } else if self.avx512_bf16 {
+            Some("bf16 dots")
+        } else {
+            None
+        }
     }
 
     /// The backend for this CPU: fails with the missing feature names when
@@ -838,6 +847,15 @@ mod tests {
         assert!(with.with_fp8_values_packed(true).avx512_fp16);
         assert!(!with.with_fp8_values_packed(false).avx512_fp16);
         assert!(!without.with_fp8_values_packed(true).avx512_fp16);
+        // f16 FMAs take precedence; the FMA form has no packed form.
+        assert_eq!(with.packed_fp8_form(), Some("f16 FMAs"));
+        let bf16_only = X86Backend {
+            avx512_fp16: false,
+            ..with
+        };
+        assert_eq!(bf16_only.packed_fp8_form(), Some("bf16 dots"));
+        assert_eq!(with.with_fp8_values_packed(false).packed_fp8_form(), None);
+        assert_eq!(without.packed_fp8_form(), None);
         assert_eq!(
             X86Backend {
                 avx512_bf16: false,
