@@ -665,10 +665,10 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
     let vb = if values == Values::F16 { 2 } else { 1 };
     a.imul_imm(RDX, RAX, kb);
     a.store64(mem(RSP, S_KSTRIDE), RDX);
-    prefetch_distance(&mut *a, S_KAHEAD);
+    prefetch_distance(a, S_KAHEAD);
     a.imul_imm(RDX, RAX, vb);
     a.store64(mem(RSP, S_VSTRIDE), RDX);
-    prefetch_distance(&mut *a, S_VAHEAD);
+    prefetch_distance(a, S_VAHEAD);
     // The tiles start at scratch + 4·(s + 3d + 8), rounded up to a cache
     // line; each takes REC + 4·(8d + 9d + 8·SUPER) bytes.
     a.load64(RAX, mem(RDI, AT_SCRATCH));

@@ -752,27 +752,24 @@ impl X86Asm {
     /// `vfmadd231ph dst, a, word ptr [m]{1to16}`: 16 f16 lanes of dst +=
     /// a · the f16 at m (AVX512-FP16 with AVX512VL).
     pub fn vfmadd231ph_ymm_bcst(&mut self, dst: Ymm, a: Ymm, m: Mem) {
-        let e = Evex {
-            broadcast: true,
-            ..Evex::plain(MAP_6, PP_66, 0xB8, dst.0, a.0, Rm::Mem(m), 2)
-        };
-        let line = format!(
-            "vfmadd231ph {}, {}, word ptr {m}{{1to16}}",
-            ymm_name(dst),
-            ymm_name(a)
-        );
-        self.raw(&e.encode_256(), line);
+        self.ph_ymm_bcst("vfmadd231ph", (MAP_6, PP_66, 0xB8), dst, a, m);
     }
 
     /// `vmulph dst, a, word ptr [m]{1to16}`: 16 f16 lanes of a times the f16
     /// at m (AVX512-FP16 with AVX512VL).
     pub fn vmulph_ymm_bcst(&mut self, dst: Ymm, a: Ymm, m: Mem) {
+        self.ph_ymm_bcst("vmulph", (MAP_5, PP_NONE, 0x59), dst, a, m);
+    }
+
+    /// `op dst, a, word ptr [m]{1to16}` on ymm0-31 for the f16 instruction
+    /// `op` at (map, prefix, opcode).
+    fn ph_ymm_bcst(&mut self, op: &str, (map, pp, opcode): (u8, u8, u8), dst: Ymm, a: Ymm, m: Mem) {
         let e = Evex {
             broadcast: true,
-            ..Evex::plain(MAP_5, PP_NONE, 0x59, dst.0, a.0, Rm::Mem(m), 2)
+            ..Evex::plain(map, pp, opcode, dst.0, a.0, Rm::Mem(m), 2)
         };
         let line = format!(
-            "vmulph {}, {}, word ptr {m}{{1to16}}",
+            "{op} {}, {}, word ptr {m}{{1to16}}",
             ymm_name(dst),
             ymm_name(a)
         );
