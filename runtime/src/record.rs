@@ -1013,6 +1013,15 @@ mod tests {
         assert_eq!(s.variant_for(32), Variant::Gemm);
     }
 
+    /// An entry of `model` on the same device and generator, made at
+    /// `created_unix` (the lookups take the newest).
+    fn dated(model: &str, created_unix: u64) -> DeviceEntry {
+        DeviceEntry {
+            created_unix,
+            ..entry(model, "avx2 fma", "aa")
+        }
+    }
+
     #[test]
     fn the_decode_form_is_the_newest_measured_for_the_grouping_on_this_device() {
         let decode = |heads, kv_heads, packed| {
@@ -1027,16 +1036,13 @@ mod tests {
                 measurements: vec![],
             })
         };
-        let mut older = entry("qwen2-1.5b", "avx2 fma", "aa");
+        let mut older = dated("qwen2-1.5b", 1);
         older.decode = decode(12, 2, true);
-        older.created_unix = 1;
-        let mut newer = entry("qwen2-1.5b", "avx2 fma", "aa");
+        let mut newer = dated("qwen2-1.5b", 2);
         newer.format = "q8_0".into();
         newer.decode = decode(12, 2, false);
-        newer.created_unix = 2;
-        let mut mha = entry("llama2-7b", "avx2 fma", "aa");
+        let mut mha = dated("llama2-7b", 3);
         mha.decode = decode(32, 32, true);
-        mha.created_unix = 3;
         let rec = TuningRecord {
             schema: RECORD_SCHEMA,
             entries: vec![older.clone(), newer, mha],
@@ -1081,15 +1087,12 @@ mod tests {
                 measurements: vec![],
             })
         };
-        let mut gqa = entry("qwen2-1.5b", "avx2 fma", "aa");
+        let mut gqa = dated("qwen2-1.5b", 1);
         gqa.prefill = prefill(12, 2, 128, [48, 128]);
-        gqa.created_unix = 1;
-        let mut mha = entry("llama2-7b", "avx2 fma", "aa");
+        let mut mha = dated("llama2-7b", 2);
         mha.prefill = prefill(32, 32, 128, [96, 64]);
-        mha.created_unix = 2;
-        let mut small = entry("x", "avx2 fma", "aa");
+        let mut small = dated("x", 3);
         small.prefill = prefill(12, 2, 64, [32, 32]);
-        small.created_unix = 3;
         let rec = TuningRecord {
             schema: RECORD_SCHEMA,
             entries: vec![gqa.clone(), mha, small],
