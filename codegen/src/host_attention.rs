@@ -1263,6 +1263,10 @@ pub const DECODE_SUPER_BLOCK: usize = 256;
 /// f32 of a decode tile's record in the scratch (x86's cursors and
 /// per-head vectors).
 pub const DECODE_TILE_RECORD: usize = 80;
+/// f32 after a decode tile's widened q: x86's zmm score loop lays q out
+/// in 32-d chunks of 8 head slots (512 bytes), so a short head dim's q
+/// (d = 8) takes more than its `8·d` f32.
+pub const DECODE_Q_PAD: usize = 64;
 
 /// Tiles of a decode call over query heads `head0 .. head0 + heads` with
 /// `group` query heads per KV head: each tile is
@@ -1283,7 +1287,7 @@ pub fn decode_tiles(head0: usize, heads: usize, group: usize) -> usize {
 fn scratch_floats(s: usize, d: usize, tiles: usize) -> Result<usize, AttentionError> {
     let per_tile = d
         .checked_mul(17)
-        .and_then(|a| a.checked_add(DECODE_TILE_RECORD + 8 * DECODE_SUPER_BLOCK));
+        .and_then(|a| a.checked_add(DECODE_TILE_RECORD + DECODE_Q_PAD + 8 * DECODE_SUPER_BLOCK));
     s.checked_add(24)
         .and_then(|a| d.checked_mul(3).and_then(|b| a.checked_add(b)))
         .zip(per_tile.and_then(|p| p.checked_mul(tiles)))

@@ -57,6 +57,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             ymm32: false,
             bf16_values: false,
             f16_pv: false,
+            zmm_scores: false,
         })
         .collect();
     // host_has_avx512_vnni includes AVX512VL.
@@ -67,6 +68,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
                 ymm32: true,
                 bf16_values: false,
                 f16_pv: false,
+                zmm_scores: false,
             });
         }
         forms.dedup();
@@ -80,6 +82,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             ymm32: true,
             bf16_values: true,
             f16_pv: false,
+            zmm_scores: false,
         });
     } else if fp8_values {
         eprintln!(
@@ -87,12 +90,22 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             kernel.name
         );
     }
+    if int8_keys && host_has_avx512_vnni() {
+        forms.push(DecodeIsa {
+            key_dot: dots[dots.len() - 1],
+            ymm32: true,
+            bf16_values: false,
+            f16_pv: false,
+            zmm_scores: true,
+        });
+    }
     if tessera_codegen::x86::host_has_avx512_fp16() {
         forms.push(DecodeIsa {
             key_dot: dots[dots.len() - 1],
             ymm32: true,
             bf16_values: false,
             f16_pv: true,
+            zmm_scores: int8_keys,
         });
     } else {
         eprintln!(

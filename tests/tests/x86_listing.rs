@@ -168,21 +168,24 @@ fn every_x86_attention_listing_matches_its_bytes() {
                 (KeyDot::EvexVnni, true, true, false),
                 (KeyDot::EvexVnni, true, false, true),
             ] {
-                let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
-                let isa = DecodeIsa {
-                    key_dot,
-                    ymm32,
-                    bf16_values,
-                    f16_pv,
-                };
-                let code = attention::emit_for(&k, blocks, isa).unwrap();
-                if !agrees_with_llvm_mc(
-                    &code.listing,
-                    &code.bytes,
-                    "+avx2,+fma,+f16c,+popcnt,+avxvnni,+avx512vl,+avx512vnni,+avx512bw,+avx512vbmi,+avx512bf16,+avx512fp16",
-                    &format!("{name} {isa:?}"),
-                ) {
-                    return;
+                for zmm_scores in [false, true] {
+                    let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
+                    let isa = DecodeIsa {
+                        key_dot,
+                        ymm32,
+                        bf16_values,
+                        f16_pv,
+                        zmm_scores,
+                    };
+                    let code = attention::emit_for(&k, blocks, isa).unwrap();
+                    if !agrees_with_llvm_mc(
+                        &code.listing,
+                        &code.bytes,
+                        "+avx2,+fma,+f16c,+popcnt,+avxvnni,+avx512vl,+avx512vnni,+avx512bw,+avx512vbmi,+avx512bf16,+avx512fp16",
+                        &format!("{name} {isa:?}"),
+                    ) {
+                        return;
+                    }
                 }
             }
         }

@@ -367,6 +367,13 @@ impl X86Asm {
         dynasm!(self.ops ; .arch x64 ; shl Rq(d), imm);
     }
 
+    /// Shift left by cl.
+    pub fn shl_cl(&mut self, dst: Gp) {
+        self.log(format!("shl {dst}, cl"));
+        let d = dst.0;
+        dynasm!(self.ops ; .arch x64 ; shl Rq(d), cl);
+    }
+
     /// Logical right shift.
     pub fn shr_imm(&mut self, dst: Gp, imm: i8) {
         self.log(format!("shr {dst}, {imm}"));
@@ -692,6 +699,12 @@ impl X86Asm {
     }
 
     /// In-lane f32 shuffle by immediate.
+    pub fn vmovaps_reg(&mut self, dst: Ymm, src: Ymm) {
+        self.log(format!("vmovaps {dst}, {src}"));
+        let (d, s) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; vmovaps Ry(d), Ry(s));
+    }
+
     pub fn vpermilps_imm(&mut self, dst: Ymm, src: Ymm, imm: i8) {
         self.log(format!("vpermilps {dst}, {src}, {}", imm as u8));
         let (d, s) = (dst.0, src.0);

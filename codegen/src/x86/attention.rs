@@ -13,7 +13,8 @@
 //! 1. Per tile, q of each head widened to f32, interleaved by 8-lane chunk
 //!    of d (`qarea[d/8][8 heads][8]`), so a chunk's heads sit at constant
 //!    offsets. For int8 keys q is instead rounded per head to i16 (scale
-//!    `max|q| / 32767`) in chunks of 16 d, with `Σq` per head.
+//!    `max|q| / 32767`) in chunks of 16 d, with `Σq` per head; for the
+//!    zmm score loop in chunks of 32 d (`qarea[⌈d/32⌉][8 heads][32]`).
 //! 2. The keys in super-blocks of [`DECODE_SUPER_BLOCK`], each in three
 //!    passes over every tile. Going tile by tile within a block of keys,
 //!    not key by key within a tile, is what reads the cache in token order:
@@ -27,7 +28,11 @@
 //!      A tile of one head (multi-head attention) takes the block's 4 keys
 //!      at once instead and keeps its scores side by side; a tile of 5 or
 //!      6 heads (GQA 6) takes keys two at a time, so each q chunk is loaded
-//!      once for both (`key_pairs`). int8 keys: `score = scale·(q
+//!      once for both (`key_pairs`). With AVX512-VNNI
+//!      ([`DecodeIsa::zmm_scores`]) a tile of several heads takes int8 keys
+//!      two at a time on zmm instead, 32 lanes of d a `vpdpwssd`, the 16
+//!      sums reduced in i32 by one shuffle tree (`key_pairs_zmm`). int8
+//!      keys: `score = scale·(q
 //!      scale·(q₁₆·c)) + offset·Σq`. Each tile keeps per head the running
 //!      max and whether every `score − phi` lay in `[lo, hi]`.
 //!    - Per tile, the reference: `phi` while the async softmax's range
@@ -49,8 +54,8 @@
 //!      pairs instead, looked up as bf16 by `vpermi2b`, p split into two
 //!      bf16 parts (`pv_pass_bf16`). With AVX512-FP16
 //!      ([`DecodeIsa::f16_pv`]) a tile of several heads takes f16 FMAs
-//!      instead, 16 lanes of d each, p against the running max as f16 and
-//!      f16 sums per [`PV_BLOCK_F16`] keys (`pv_pass_f16`).
+//!      instead, 32 lanes of d each on zmm, p against the running max as
+//!      f16 and f16 sums per [`pv_block_f16`] keys (`pv_pass_f16`).
 //! 3. Per tile, `o = num / den` to f16; heads whose range failed count as
 //!    recomputed. The call's first head leaves its softmax state where
 //!    `HostAttention`'s split reads it (`den` at `s`, `num` at `s + d`, the
@@ -82,11 +87,19 @@ const NUM_SLOTS: usize = MAX_TILE + 1;
 pub const SCORE_BLOCK: i32 = 4;
 /// Keys per P·V block (likewise over V, for every tile of the call).
 pub const PV_BLOCK: i32 = 8;
-/// Keys per P·V block of the f16 P·V ([`pv_pass_f16`]): its f16 sums are
-/// widened and added to `num` once a block, so a longer block pays that
-/// less often; 16 keys keep the sums' bound under f16's 65504 (16 · 65504
-/// · 2^-8 for f16 values).
-pub const PV_BLOCK_F16: i32 = 16;
+/// Keys per P·V block of the f16 P·V ([`pv_pass_f16`]) for `values`: its
+/// f16 sums are widened and added to `num` once a block, so a longer block
+/// pays that less often (a quarter of a GQA-6 tile's P·V µops at 16 keys).
+/// f16 values: 16 keys, whose sums' rounding (at most 16 f16 ulps of the
+/// block sum) stays near the values' own, bounded by 16 · 65504 · 2^-8.
+/// fp8 values carry 3 mantissa bits, so 64 keys' f16 rounding is still
+/// far under theirs; bounded by 64 · 2^8 · 1.75 = 28672.
+fn pv_block_f16(values: Values) -> i32 {
+    match values {
+        Values::F16 => 16,
+        Values::E4M3 => 64,
+    }
+}
 /// Keys whose scores a tile keeps at once ([`DECODE_SUPER_BLOCK`]): the
 /// exponentials of a super-block are taken against one reference per
 /// head, and a reference that moves between super-blocks rescales `num`
@@ -151,7 +164,8 @@ impl Prefetch {
 pub fn scratch_floats(s: usize, d: usize, tiles: usize) -> usize {
     (s + 3 * d + 8)
         + 16
-        + tiles * (DECODE_TILE_RECORD + 8 * d + NUM_SLOTS * d + 8 * DECODE_SUPER_BLOCK)
+        + tiles
+            * (DECODE_TILE_RECORD + 8 * d + DECODE_Q_PAD + NUM_SLOTS * d + 8 * DECODE_SUPER_BLOCK)
 }
 
 pub(super) const FRAME: i32 = 1408;
@@ -237,6 +251,8 @@ const FRAME_F16: i32 = FRAME + 32;
 
 /// Bytes of a tile's record, which precedes its areas in the scratch.
 const REC: i32 = 4 * DECODE_TILE_RECORD as i32;
+/// Bytes after a tile's `qarea` ([`DECODE_Q_PAD`]).
+const Q_PAD: i32 = 4 * DECODE_Q_PAD as i32;
 // Record fields: the tile's first query head and head count, its KV
 // head's K / V row at token 0, the score loop's cursors (K row, int8 key
 // scale and offset, score slot), its areas, the P·V chunk group size.
@@ -344,12 +360,17 @@ pub struct DecodeIsa {
     /// 8 (`pv_pass_f16`). p is taken against the running max, so it is at
     /// most 1, and rounded to f16; f16 values are scaled by 2^-8 (fp8
     /// values' f16 form is 2^-8 of theirs already, p × 2^8 for them); each
-    /// block of [`PV_BLOCK_F16`] keys sums in f16 before it is added to the
-    /// f32 `num`. The sums are bounded (16 · 65504 · 2^-8, or 16 · 2^8 ·
+    /// block of [`pv_block_f16`] keys sums in f16 before it is added to the
+    /// f32 `num`. The sums are bounded (16 · 65504 · 2^-8, or 64 · 2^8 ·
     /// 1.75), so they never overflow; o moves by a few f16 ulps of the
     /// block sums. It needs `ymm32` and takes precedence over
     /// `bf16_values`; one-head tiles keep the f32 FMAs.
     pub f16_pv: bool,
+    /// AVX512-VNNI with AVX512BW: a tile of several heads scores int8 keys
+    /// two at a time by `vpdpwssd` on zmm (32 lanes of d where the ymm
+    /// loop takes 16), its q in 32-d chunks, the 16 sums reduced in i32
+    /// (`key_pairs_zmm`).
+    pub zmm_scores: bool,
 }
 
 /// `acc.i32 += Σ₂ k.i16 · q.i16` in the form `dot` names (`tmp` is
@@ -602,8 +623,9 @@ pub fn emit_for(
         bf16,
         f16,
     };
-    tiles(&mut a, keys, values, regs);
-    super_blocks(&mut a, keys, values, softmax, dot, regs);
+    let zmm = isa.zmm_scores && keys == Keys::I8Asym;
+    tiles(&mut a, keys, values, regs, zmm);
+    super_blocks(&mut a, keys, values, softmax, (dot, zmm), regs);
     each_tile(&mut a, |a| {
         count_recomputed(a, softmax);
         finish_tile(a);
@@ -681,7 +703,7 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
     a.and_imm(RAX, -64);
     a.store64(mem(RSP, S_TILES0), RAX);
     a.imul_imm(RDX, R13, 68);
-    a.add_imm(RDX, REC + 32 * SUPER);
+    a.add_imm(RDX, REC + Q_PAD + 32 * SUPER);
     a.store64(mem(RSP, S_TILEBYTES), RDX);
     a.mov_imm(RAX, 0);
     a.store64(mem(RSP, S_RECOMP), RAX);
@@ -691,7 +713,7 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
 /// `gt = min(group − h % group, end − h, 8)` heads of one KV head) gets
 /// its record and areas: rows, cursors, q widened, `num` cleared, the
 /// softmax state empty. Leaves `S_TILES_END`.
-fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
+fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, zmm: bool) {
     a.comment("tiles: records, q widened, num cleared, softmax state empty");
     a.load64(RAX, mem(RDI, AT_HEAD0));
     a.store64(mem(RSP, S_HCUR), RAX);
@@ -729,12 +751,13 @@ fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
             a.store64(mem(RBX, to), RCX);
         }
     }
-    // Areas: qarea (8d f32), num (9d), sarea (8·SUPER).
+    // Areas: qarea (8d f32 and the pad), num (9d), sarea (8·SUPER).
     a.lea(RAX, mem(RBX, REC));
     a.store64(mem(RBX, R_QAREA), RAX);
     a.load64(RCX, mem(RSP, S_D));
     a.shl_imm(RCX, 5);
     a.add(RAX, RCX);
+    a.add_imm(RAX, Q_PAD);
     a.store64(mem(RBX, R_NUM), RAX);
     a.load64(RCX, mem(RSP, S_D));
     a.imul_imm(RCX, RCX, 4 * NUM_SLOTS as i32);
@@ -776,7 +799,7 @@ fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters) {
     a.add_imm(RSI, 32);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, clr);
-    widen_q(a, keys);
+    widen_q(a, keys, zmm);
     a.load64(RAX, mem(RBX, R_GT));
     a.load64(RCX, mem(RSP, S_HCUR));
     a.add(RCX, RAX);
@@ -831,7 +854,7 @@ fn super_blocks(
     keys: Keys,
     values: Values,
     softmax: SoftmaxMode,
-    dot: KeyDot,
+    (dot, zmm): (KeyDot, bool),
     regs: PvRegisters,
 ) {
     a.comment("super-blocks of keys: scores, reference max and exponentials, P·V");
@@ -850,7 +873,7 @@ fn super_blocks(
         a.store64(mem(RBX, R_SCUR), RAX);
     });
     key_blocks(a, SCORE_BLOCK, |a| {
-        each_tile(a, |a| scores(a, keys, softmax, dot))
+        each_tile(a, |a| scores(a, keys, softmax, dot, zmm))
     });
     each_tile(a, |a| {
         rebase(a, softmax);
@@ -859,7 +882,11 @@ fn super_blocks(
             bf16_pairs(a);
         }
     });
-    let block = if regs.f16 { PV_BLOCK_F16 } else { PV_BLOCK };
+    let block = if regs.f16 {
+        pv_block_f16(values)
+    } else {
+        PV_BLOCK
+    };
     key_blocks(a, block, |a| each_tile(a, |a| pv(a, keys, values, regs)));
     a.load64(RAX, mem(RSP, S_J1));
     a.store64(mem(RSP, S_J0), RAX);
@@ -916,7 +943,7 @@ pub(super) fn kv_head_rows(a: &mut X86Asm, keys: Keys, values: Values, slots: [i
 /// heads zero); for int8 keys instead q's i16 form, `qarea[⌈d/16⌉][8][16]`
 /// (a half chunk of 8 d first where d/8 is odd), with per head `Σq` and
 /// the form's scale in the record.
-fn widen_q(a: &mut X86Asm, keys: Keys) {
+fn widen_q(a: &mut X86Asm, keys: Keys, zmm: bool) {
     let int8 = keys == Keys::I8Asym;
     a.comment(if int8 {
         "q → i16 by head scale max|q|/32767, interleaved by chunk: qarea[c][head][16]"
@@ -947,9 +974,11 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
         a.store32_imm(mem(RSP, S_ABS_MASK), 0x7FFF_FFFF);
         a.store32_imm(mem(RSP, S_TINY), f32::MIN_POSITIVE.to_bits() as i32);
     }
-    // Clear every head slot first (unused heads must read zero).
+    // Clear every head slot first (unused heads must read zero), the pad
+    // too.
     a.load64(RSI, mem(RBX, R_QAREA));
     a.load64(RCX, mem(RSP, S_D));
+    a.add_imm(RCX, Q_PAD / 32);
     let (clr, clr_done) = (a.new_label(), a.new_label());
     a.bind(clr);
     a.cmp_imm(RCX, 0);
@@ -1013,7 +1042,20 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
         a.lea(RAX, mem(RBX, R_SUMQ));
         a.add(RAX, RCX);
         a.vmovss_store(mem(RAX, 0), sum);
-        q_to_i16(a, RCX);
+        if zmm {
+            // Several heads: the zmm score loop's layout.
+            let (one, packed) = (a.new_label(), a.new_label());
+            a.load64(RAX, mem(RBX, R_GT));
+            a.cmp_imm(RAX, 1);
+            a.jcc(Cond::E, one);
+            q_to_i16(a, RCX, true);
+            a.jmp(packed);
+            a.bind(one);
+            q_to_i16(a, RCX, false);
+            a.bind(packed);
+        } else {
+            q_to_i16(a, RCX, false);
+        }
     }
     a.add_imm(R12, 1);
     a.jmp(head_loop);
@@ -1026,7 +1068,7 @@ fn widen_q(a: &mut X86Asm, keys: Keys) {
 /// up to d = 512) into the record's lane at `rcx` bytes, and q·C/m
 /// rounded to i16 into the head's chunks (a half chunk of 8 d first where
 /// d/8 is odd, its upper 8 lanes zero).
-fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp) {
+fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp, zmm: bool) {
     let (m, inv, t) = (Ymm(4), Ymm(6), Ymm(5));
     horizontal(a, m, t, X86Asm::vmaxps);
     a.vpbroadcastd_load(t, mem(RSP, S_TINY));
@@ -1041,8 +1083,8 @@ fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp) {
     a.mov(RSI, R8);
     a.mov(RDX, R9);
     a.load64(RCX, mem(RSP, S_D8));
-    // Two vectors of 8 f32 (ymm2, ymm3) → 16 i16 in order at [rdx].
-    let pack_store = |a: &mut X86Asm| {
+    // Two vectors of 8 f32 (ymm2, ymm3) → 16 i16 in order at [rdx + at].
+    let pack_store_at = |a: &mut X86Asm, at: i32| {
         for v in [Ymm(2), Ymm(3)] {
             a.vmulps(v, v, inv);
             a.vcvtps2dq(v, v);
@@ -1050,7 +1092,13 @@ fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp) {
         a.vperm2f128(Ymm(7), Ymm(2), Ymm(3), 0x20);
         a.vperm2f128(Ymm(8), Ymm(2), Ymm(3), 0x31);
         a.vpackssdw(Ymm(7), Ymm(7), Ymm(8));
-        a.vmovups_store(mem(RDX, 0), Ymm(7));
+        a.vmovups_store(mem(RDX, at), Ymm(7));
+    };
+    if zmm {
+        return q_to_i16_zmm(a, pack_store_at);
+    }
+    let pack_store = |a: &mut X86Asm| {
+        pack_store_at(a, 0);
         a.add(RDX, R10);
     };
     let (wholes, done) = (a.new_label(), a.new_label());
@@ -1075,6 +1123,45 @@ fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp) {
     a.bind(done);
 }
 
+/// [`q_to_i16`]'s codes in the zmm score loop's layout ([`key_pairs_zmm`]):
+/// 32 d of head r12 at `qarea + 512·z + 64·r12` for chunk z, the last
+/// chunk's lanes past d zero (rsi at q's row, rcx = d/8).
+fn q_to_i16_zmm(a: &mut X86Asm, pack_store_at: impl Fn(&mut X86Asm, i32)) {
+    a.load64(RDX, mem(RBX, R_QAREA));
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 6);
+    a.add(RDX, RAX);
+    let (whole, rest, half, done) = (a.new_label(), a.new_label(), a.new_label(), a.new_label());
+    a.bind(whole);
+    a.cmp_imm(RCX, 4);
+    a.jcc(Cond::L, rest);
+    for at in 0..2 {
+        a.vcvtph2ps_load(Ymm(2), mem(RSI, 32 * at));
+        a.vcvtph2ps_load(Ymm(3), mem(RSI, 32 * at + 16));
+        pack_store_at(a, 32 * at);
+    }
+    a.add_imm(RSI, 64);
+    a.add_imm(RDX, 512);
+    a.sub_imm(RCX, 4);
+    a.jmp(whole);
+    a.bind(rest);
+    a.cmp_imm(RCX, 2);
+    a.jcc(Cond::L, half);
+    a.vcvtph2ps_load(Ymm(2), mem(RSI, 0));
+    a.vcvtph2ps_load(Ymm(3), mem(RSI, 16));
+    pack_store_at(a, 0);
+    a.add_imm(RSI, 32);
+    a.add_imm(RDX, 32);
+    a.sub_imm(RCX, 2);
+    a.bind(half);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, done);
+    a.vcvtph2ps_load(Ymm(2), mem(RSI, 0));
+    a.vxorps(Ymm(3), Ymm(3), Ymm(3));
+    pack_store_at(a, 0);
+    a.bind(done);
+}
+
 /// Lane 0 of `v` = the sum of its 8 lanes (`t` clobbered).
 fn hsum(a: &mut X86Asm, v: Ymm, t: Ymm) {
     horizontal(a, v, t, X86Asm::vaddps);
@@ -1094,7 +1181,7 @@ fn horizontal(a: &mut X86Asm, v: Ymm, t: Ymm, op: fn(&mut X86Asm, Ymm, Ymm, Ymm)
 /// its `sarea[j][8]` from the record's cursors, with the running max and
 /// the in-range mask per head lane; dispatched on the tile's head count so
 /// each variant's FMAs have constant offsets.
-fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot) {
+fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, zmm: bool) {
     let done = a.new_label();
     let variants: Vec<Label> = (0..MAX_TILE).map(|_| a.new_label()).collect();
     a.load64(RAX, mem(RBX, R_GT));
@@ -1117,7 +1204,7 @@ fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot) {
             a.jmp(done);
             a.bind(per_key);
         }
-        score_loop(a, keys, softmax, dot, g + 1);
+        score_loop(a, keys, softmax, dot, zmm, g + 1);
         a.jmp(done);
     }
     a.bind(done);
@@ -1328,7 +1415,7 @@ fn chunk_cursors(a: &mut X86Asm) {
     a.add(RDX, R13);
 }
 
-fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, g: usize) {
+fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, zmm: bool, g: usize) {
     let (maxv, ok) = (Ymm(13), Ymm(14));
     a.load64(R13, mem(RBX, R_KCUR));
     a.load64(R14, mem(RSP, S_KSTRIDE));
@@ -1344,6 +1431,10 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, g: 
     a.load64(RAX, mem(RSP, S_JB));
     a.sub(R12, RAX);
     let keys_done = a.new_label();
+    if zmm && keys == Keys::I8Asym && g > 1 {
+        key_pairs_zmm(a, softmax, g);
+        a.jmp(keys_done);
+    }
     if (MAX_TILE / 2 + 1..=PAIR_HEADS).contains(&g) {
         key_pairs(a, keys, softmax, dot, g);
         a.cmp_imm(R12, 0);
@@ -1597,6 +1688,137 @@ fn key_pairs(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, g: u
     a.sub_imm(R12, 2);
     a.jmp(pairs);
     a.bind(done);
+}
+
+/// The accumulator of key k's head h in [`key_pairs_zmm`]: [`sum_tree`]
+/// leaves the sum of zmm `PAIR_SLOTS[i]` in lane i, so lanes 0–7 are key
+/// 0's heads and 8–15 key 1's.
+const PAIR_SLOTS: [u8; 16] = [0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15];
+
+/// zmm0 lane i = the i32 sum of zmm `PAIR_SLOTS[i]`'s 16 lanes (zmm0–15
+/// and `t` clobbered): 15 pairs, each two lane shuffles and an add, halving
+/// the lanes per sum while doubling the sums per register (512 → 256 →
+/// 128 bits by `vshufi32x4`, 64 by `vpunpck{l,h}qdq`, 32 by `vshufps`).
+fn sum_tree(a: &mut X86Asm, t: Zmm) {
+    let fold =
+        |a: &mut X86Asm, x: u8, y: u8, shuffle: &dyn Fn(&mut X86Asm, Zmm, Zmm, Zmm, bool)| {
+            shuffle(a, t, Zmm(x), Zmm(y), false);
+            shuffle(a, Zmm(y), Zmm(x), Zmm(y), true);
+            a.vpaddd_zmm(Zmm(x), t, Zmm(y));
+        };
+    let lanes = |imm_lo: u8, imm_hi: u8| {
+        move |a: &mut X86Asm, d: Zmm, x: Zmm, y: Zmm, hi: bool| {
+            a.vshufi32x4_zmm(d, x, y, if hi { imm_hi } else { imm_lo })
+        }
+    };
+    for i in 0..8 {
+        fold(a, i, i + 8, &lanes(0x44, 0xEE));
+    }
+    for i in 0..4 {
+        fold(a, i, i + 4, &lanes(0x88, 0xDD));
+    }
+    let qwords = |a: &mut X86Asm, d: Zmm, x: Zmm, y: Zmm, hi: bool| {
+        if hi {
+            a.vpunpckhqdq_zmm(d, x, y)
+        } else {
+            a.vpunpcklqdq_zmm(d, x, y)
+        }
+    };
+    for i in 0..2 {
+        fold(a, i, i + 2, &qwords);
+    }
+    let dwords = |a: &mut X86Asm, d: Zmm, x: Zmm, y: Zmm, hi: bool| {
+        a.vshufps_zmm(d, x, y, if hi { 0xDD } else { 0x88 })
+    };
+    fold(a, 0, 1, &dwords);
+}
+
+/// Int8 keys for a tile of several heads on zmm (AVX512-VNNI), two keys at
+/// a time while r12 ≥ 2 (then one, paired with itself): per 32 d of each
+/// K row one `vpmovsxbw` (the last chunk under k2 where d % 32 ≠ 0) and
+/// per head one q load and a `vpdpwssd` per key, where the ymm loop takes
+/// two of each per 32 d; the 16 sums (2 keys × 8 head slots) reduce in
+/// i32 through one tree ([`sum_tree`]) and convert once. The keys widen
+/// into zmm16 and zmm17, q goes in zmm18, zmm19 is the tree's.
+fn key_pairs_zmm(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
+    let (kx0, kx1, q) = (Zmm(16), Zmm(17), Zmm(18));
+    let acc = |key: usize, h: usize| Zmm(PAIR_SLOTS[8 * key + h]);
+    // k2 = the words of a last chunk of d % 32 lanes.
+    a.load64(RCX, mem(RSP, S_D));
+    a.and_imm(RCX, 31);
+    a.mov_imm(RAX, 1);
+    a.shl_cl(RAX);
+    a.sub_imm(RAX, 1);
+    a.kmovd_from_gp(Kreg(2), RAX);
+    let (pair, chunk, tail, reduce) = (a.new_label(), a.new_label(), a.new_label(), a.new_label());
+    a.bind(pair);
+    for i in 0..16 {
+        a.vpxord_zmm(Zmm(i), Zmm(i), Zmm(i));
+    }
+    // rsi, r11 = the two keys' rows (the same where one key is left),
+    // rdx = the first's `S_KAHEAD` bytes on, rax = q, rcx = whole chunks.
+    a.mov(RSI, R13);
+    a.mov(R11, R13);
+    let single = a.new_label();
+    a.cmp_imm(R12, 2);
+    a.jcc(Cond::L, single);
+    a.add(R11, R14);
+    a.bind(single);
+    a.load64(RDX, mem(RSP, S_KAHEAD));
+    a.add(RDX, R13);
+    a.load64(RAX, mem(RBX, R_QAREA));
+    a.load64(RCX, mem(RSP, S_D));
+    a.shr_imm(RCX, 5);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, tail);
+    let step = |a: &mut X86Asm, k: Kreg| {
+        a.vpmovsxbw_zmm_load_masked(kx0, k, mem(RSI, 0));
+        a.vpmovsxbw_zmm_load_masked(kx1, k, mem(R11, 0));
+        for h in 0..g {
+            a.vmovdqu32_zmm_load(q, mem(RAX, 64 * h as i32));
+            a.vpdpwssd_zmm(acc(0, h), kx0, q);
+            a.vpdpwssd_zmm(acc(1, h), kx1, q);
+        }
+    };
+    a.bind(chunk);
+    let prefetch = Prefetch::for_loop(Keys::I8Asym, g);
+    prefetch.line(a, mem(RDX, 0));
+    a.add(RDX, R14);
+    prefetch.line(a, mem(RDX, 0));
+    a.sub(RDX, R14);
+    step(a, Kreg(0));
+    a.add_imm(RSI, 32);
+    a.add_imm(R11, 32);
+    a.add_imm(RDX, 32);
+    a.add_imm(RAX, 512);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    a.bind(tail);
+    a.load64(RCX, mem(RSP, S_D));
+    a.test_imm(RCX, 31);
+    a.jcc(Cond::E, reduce);
+    step(a, Kreg(2));
+    a.bind(reduce);
+    sum_tree(a, Zmm(19));
+    a.vcvtdq2ps_zmm(Zmm(0), Zmm(0));
+    // Key 1's head sums in ymm6 (key_score keeps ymm6), key 0's in ymm1.
+    a.vextracti64x4_hi(Ymm(6), Zmm(0));
+    a.vmovaps_reg(Ymm(1), Ymm(0));
+    let (maxv, ok) = (Ymm(15), Ymm(14));
+    a.vmovups_load(maxv, mem(RBX, R_MAX));
+    a.vmovups_load(ok, mem(RBX, R_OK));
+    key_score(a, Keys::I8Asym, softmax, g, maxv, ok);
+    let one = a.new_label();
+    a.sub_imm(R12, 1);
+    a.jcc(Cond::E, one);
+    a.vmovaps_reg(Ymm(1), Ymm(6));
+    key_score(a, Keys::I8Asym, softmax, g, maxv, ok);
+    a.sub_imm(R12, 1);
+    a.bind(one);
+    a.vmovups_store(mem(RBX, R_MAX), maxv);
+    a.vmovups_store(mem(RBX, R_OK), ok);
+    a.cmp_imm(R12, 0);
+    a.jcc(Cond::Ne, pair);
 }
 
 /// Per head lane of the tile at rbx, the reference the exponentials are
@@ -1928,8 +2150,9 @@ impl PvRegisters {
     fn group_chunks(self, heads: usize) -> usize {
         let heads = heads.min(self.heads());
         if self.f16 {
-            // 16-lane accumulators beside the row and the flush's scale.
-            return (2 * ((self.count() - 2) / heads)).min(16);
+            // 32-lane accumulators (4 chunks) beside the row and the
+            // flush's scale.
+            return (4 * ((self.count() - 2) / heads)).min(16);
         }
         if self.bf16 {
             // zmm accumulators of 2 chunks beside the pass's 8 others.
@@ -2253,18 +2476,21 @@ fn pv_pass(
     }
 }
 
-/// [`pv_pass`] for a tile of several heads by AVX512-FP16 FMAs: per key
-/// and pair of chunks (16 lanes of d) one row load, f16 values scaled by
+/// [`pv_pass`] for a tile of several heads by AVX512-FP16 FMAs on zmm: per
+/// key and 4 chunks (32 lanes of d) one row load, f16 values scaled by
 /// 2^-8 and fp8 values widened to f16 bits (2^-8 of the value), feeds one
 /// `vfmadd231ph` per head, whose p ([`exponentials`]: f16, against the
-/// running max) is broadcast from memory. Accumulators are f16, zeroed at
-/// the block's start; at its end each is widened to f32 and added to
-/// `num` times its head's `R_PV_SCALE`. Half the FMAs of the f32 pass and
-/// no `vcvtph2ps` per key: the f32 pass of a GQA-6 tile was bound by ports
-/// 0 and 1 on a Sapphire Rapids-class Xeon (llvm-mca 19: 16.7 cycles per
-/// key and pass of 4 chunks). A tile has at most [`MAX_TILE`] heads, one
-/// pass here, so its heads start at 0 (p of head h at byte 2h of a key's
-/// slot).
+/// running max) is broadcast from memory; the last 4 chunks of a group
+/// that is not a multiple of 4 load under k1. Accumulators are f16, zeroed
+/// at the block's start; at its end each chunk (128-bit lane) is widened to
+/// f32 and added to `num` times its head's `R_PV_SCALE`. A quarter of the
+/// FMAs of the f32 pass and no `vcvtph2ps` per key: the f32 pass of a
+/// GQA-6 tile was bound by ports 0 and 1 on a Sapphire Rapids-class Xeon
+/// (llvm-mca 19: 16.7 cycles per key and pass of 4 chunks), and the same
+/// pass on ymm (16 lanes an FMA, two passes of a 128-wide GQA-6 tile)
+/// took 8% longer than this one (ctx 1024 in cache). A tile has at most
+/// [`MAX_TILE`] heads, one pass here, so its heads start at 0 (p of head h
+/// at byte 2h of a key's slot).
 fn pv_pass_f16(
     a: &mut X86Asm,
     keys: Keys,
@@ -2273,79 +2499,64 @@ fn pv_pass_f16(
     hs: usize,
     nc: usize,
 ) {
-    let (v, scale) = (Ymm(0), Ymm(1));
-    let pairs = nc.div_ceil(2);
-    assert!(2 + hs * pairs <= regs.count(), "f16 P·V registers");
-    let acc = |h: usize, cp: usize| Ymm((2 + h * pairs + cp) as u8);
+    let (v, scale) = (Zmm(0), Ymm(1));
+    let quads = nc.div_ceil(4);
+    assert!(2 + hs * quads <= regs.count(), "f16 P·V registers");
+    let acc = |h: usize, q: usize| Zmm((2 + h * quads + q) as u8);
     for h in 0..hs {
-        for cp in 0..pairs {
-            let r = acc(h, cp);
-            if r.0 < 16 {
-                a.vpxor(r, r, r);
-            } else {
-                a.vpxord_ymm(r, r, r);
-            }
+        for q in 0..quads {
+            a.vpxord_zmm(acc(h, q), acc(h, q), acc(h, q));
         }
     }
+    let tail = nc % 4;
+    if tail != 0 {
+        a.mov_imm(R9, ((1u64 << (8 * tail)) - 1) as i32);
+        a.kmovd_from_gp(Kreg(1), R9);
+    }
     let (top, vb) = pv_loop_top(a, keys, values, hs, nc);
-    for cp in 0..pairs {
-        let half = 2 * cp + 1 == nc;
-        let at = 2 * vb * cp as i32;
+    for q in 0..quads {
+        let k = if 4 * q + 4 > nc { Kreg(1) } else { Kreg(0) };
+        let at = 4 * vb * q as i32;
         match values {
             Values::F16 => {
-                if half {
-                    a.vmovdqu_load128(v, mem(RAX, at));
-                } else {
-                    a.vmovdqu_load(v, mem(RAX, at));
-                }
-                a.vmulph_ymm_bcst(v, v, mem(RSP, V_F16_DOWN));
+                a.vmovdqu16_zmm_load_masked(v, k, mem(RAX, at));
+                a.vmulph_zmm_bcst(v, v, mem(RSP, V_F16_DOWN));
             }
             Values::E4M3 => {
-                // e4m3 → f16 bits of 2^-8 of the value, as the f32 pass.
-                if half {
-                    a.vpmovsxbw_load64(v, mem(RAX, at));
-                } else {
-                    a.vpmovsxbw_load(v, mem(RAX, at));
-                }
-                a.vpsllw_imm(v, v, 7);
-                a.vpand_mem(v, v, mem(RSP, V_E4M3_F16));
+                a.vpmovsxbw_zmm_load_masked(v, k, mem(RAX, at));
+                a.vpsllw_zmm_imm(v, v, 7);
+                a.vpandd_zmm_bcst(v, v, mem(RSP, V_E4M3_F16));
             }
         }
         for h in 0..hs {
-            a.vfmadd231ph_ymm_bcst(acc(h, cp), v, mem(RSI, 2 * h as i32));
+            a.vfmadd231ph_zmm_bcst(acc(h, q), v, mem(RSI, 2 * h as i32));
         }
     }
     a.add(RSI, R12);
     a.add(RAX, RCX);
     a.sub_imm(R8, 1);
     a.jcc(Cond::Ne, top);
-    // num += scale · the block's sums, widened: chunk 2cp from the low
-    // half, 2cp + 1 from the high.
+    // num += scale · the block's sums, widened a chunk at a time.
+    let w = Ymm(0);
     num_cursor(a, NumLayout::Interleaved);
     for h in 0..hs {
         a.vpbroadcastd_load(scale, mem(RBX, R_PV_SCALE + 4 * h as i32));
-        for cp in 0..pairs {
-            let r = acc(h, cp);
-            for half in 0..2 {
-                let c = 2 * cp + half;
+        for q in 0..quads {
+            let r = acc(h, q);
+            for lane in 0..4 {
+                let c = 4 * q + lane;
                 if c >= nc {
                     break;
                 }
-                match (half, r.0 < 16) {
-                    (0, true) => a.vcvtph2ps_reg(v, r),
-                    (0, false) => a.vcvtph2ps_ymm_evex(v, r),
-                    (_, true) => {
-                        a.vextracti128_hi(v, r);
-                        a.vcvtph2ps_reg(v, v);
-                    }
-                    (_, false) => {
-                        a.vextracti32x4_hi_ymm(v, r);
-                        a.vcvtph2ps_reg(v, v);
-                    }
+                if lane == 0 {
+                    a.vcvtph2ps_ymm_evex(w, Ymm(r.0));
+                } else {
+                    a.vextracti32x4_zmm(w, r, lane as u8);
+                    a.vcvtph2ps_reg(w, w);
                 }
                 let at = mem(RDX, NumLayout::Interleaved.at(c, h));
-                a.vfmadd213ps_mem(v, scale, at);
-                a.vmovups_store(at, v);
+                a.vfmadd213ps_mem(w, scale, at);
+                a.vmovups_store(at, w);
             }
         }
     }

@@ -456,6 +456,42 @@ impl X86Asm {
         self.evex(e, format!("vpdpbusd {dst}, {a}, dword ptr {m}{{1to16}}"));
     }
 
+    /// `vpdpwssd dst, a, b`: dst.i32 += Σ₂ a.i16 · b.i16 (AVX512-VNNI).
+    pub fn vpdpwssd_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x52, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vpdpwssd {dst}, {a}, {b}"));
+    }
+
+    /// `vpunpcklqdq dst, a, b`: per 128-bit lane, a's low qword then b's.
+    pub fn vpunpcklqdq_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0x6C, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.raw(&e.encode_w1(), format!("vpunpcklqdq {dst}, {a}, {b}"));
+    }
+
+    /// `vpunpckhqdq dst, a, b`: per 128-bit lane, a's high qword then b's.
+    pub fn vpunpckhqdq_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0x6D, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.raw(&e.encode_w1(), format!("vpunpckhqdq {dst}, {a}, {b}"));
+    }
+
+    /// `vshufps dst, a, b, imm`: per 128-bit lane, two dwords of a then two
+    /// of b, two bits of `imm` each.
+    pub fn vshufps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm, imm: u8) {
+        let e = Evex::plain(MAP_0F, PP_NONE, 0xC6, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        let mut bytes = e.encode();
+        bytes.push(imm);
+        self.raw(&bytes, format!("vshufps {dst}, {a}, {b}, {imm}"));
+    }
+
+    /// `vextracti64x4 dst, src, 1`: src's high 256 bits.
+    pub fn vextracti64x4_hi(&mut self, dst: Ymm, src: Zmm) {
+        let e = Evex::plain(MAP_0F3A, PP_66, 0x3B, src.0, 0, Rm::Reg(dst.0 & 31), 32);
+        let mut bytes = e.encode_w1();
+        bytes.push(1);
+        let line = format!("vextracti64x4 {}, {src}, 1", ymm_name(dst));
+        self.raw(&bytes, line);
+    }
+
     /// `vpbroadcastd zmm, dword ptr [m]`
     pub fn vpbroadcastd_zmm_load(&mut self, dst: Zmm, m: Mem) {
         let e = Evex::plain(MAP_0F38, PP_66, 0x58, dst.0, 0, Rm::Mem(m), 4);
@@ -746,36 +782,9 @@ impl X86Asm {
 }
 
 /// The AVX512-FP16 P·V of the decode attention ([`super::attention`]):
-/// f16 FMAs on ymm with p broadcast from memory, and the EVEX forms of
-/// what widens their f16 sums to f32 out of ymm16-31.
+/// f16 FMAs on zmm with p broadcast from memory, its masked row loads,
+/// and what widens the f16 sums to f32 a 128-bit lane at a time.
 impl X86Asm {
-    /// `vfmadd231ph dst, a, word ptr [m]{1to16}`: 16 f16 lanes of dst +=
-    /// a · the f16 at m (AVX512-FP16 with AVX512VL).
-    pub fn vfmadd231ph_ymm_bcst(&mut self, dst: Ymm, a: Ymm, m: Mem) {
-        self.ph_ymm_bcst("vfmadd231ph", (MAP_6, PP_66, 0xB8), dst, a, m);
-    }
-
-    /// `vmulph dst, a, word ptr [m]{1to16}`: 16 f16 lanes of a times the f16
-    /// at m (AVX512-FP16 with AVX512VL).
-    pub fn vmulph_ymm_bcst(&mut self, dst: Ymm, a: Ymm, m: Mem) {
-        self.ph_ymm_bcst("vmulph", (MAP_5, PP_NONE, 0x59), dst, a, m);
-    }
-
-    /// `op dst, a, word ptr [m]{1to16}` on ymm0-31 for the f16 instruction
-    /// `op` at (map, prefix, opcode).
-    fn ph_ymm_bcst(&mut self, op: &str, (map, pp, opcode): (u8, u8, u8), dst: Ymm, a: Ymm, m: Mem) {
-        let e = Evex {
-            broadcast: true,
-            ..Evex::plain(map, pp, opcode, dst.0, a.0, Rm::Mem(m), 2)
-        };
-        let line = format!(
-            "{op} {}, {}, word ptr {m}{{1to16}}",
-            ymm_name(dst),
-            ymm_name(a)
-        );
-        self.raw(&e.encode_256(), line);
-    }
-
     /// `vcvtph2ps dst, src.xmm` on ymm0-31: the 8 f16 of src's low half
     /// to f32.
     pub fn vcvtph2ps_ymm_evex(&mut self, dst: Ymm, src: Ymm) {
@@ -784,20 +793,81 @@ impl X86Asm {
         self.raw(&e.encode_256(), line);
     }
 
-    /// `vextracti32x4 dst.xmm, src, 1` on ymm0-31: src's high 128 bits.
-    pub fn vextracti32x4_hi_ymm(&mut self, dst: Ymm, src: Ymm) {
-        let e = Evex::plain(MAP_0F3A, PP_66, 0x39, src.0, 0, Rm::Reg(dst.0 & 31), 32);
-        let mut bytes = e.encode_256();
-        bytes.push(1);
-        let line = format!("vextracti32x4 xmm{}, {}, 1", dst.0 & 31, ymm_name(src));
+    /// `vfmadd231ph dst, a, word ptr [m]{1to32}`: 32 f16 lanes of dst +=
+    /// a · the f16 at m (AVX512-FP16).
+    pub fn vfmadd231ph_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        self.ph_zmm_bcst("vfmadd231ph", (MAP_6, PP_66, 0xB8), dst, a, m);
+    }
+
+    /// `vmulph dst, a, word ptr [m]{1to32}` (AVX512-FP16).
+    pub fn vmulph_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        self.ph_zmm_bcst("vmulph", (MAP_5, PP_NONE, 0x59), dst, a, m);
+    }
+
+    fn ph_zmm_bcst(&mut self, op: &str, (map, pp, opcode): (u8, u8, u8), dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(map, pp, opcode, dst.0, a.0, Rm::Mem(m), 2)
+        };
+        self.evex(e, format!("{op} {dst}, {a}, word ptr {m}{{1to32}}"));
+    }
+
+    /// `vpmovsxbw dst {k} {z}, ymmword ptr [m]`: 32 signed bytes to words,
+    /// the lanes not in `k` zeroed and not read (k0: all 32).
+    pub fn vpmovsxbw_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, m: Mem) {
+        let masked = k.0 & 7 != 0;
+        let e = Evex {
+            mask: k.0 & 7,
+            zeroing: masked,
+            ..Evex::plain(MAP_0F38, PP_66, 0x20, dst.0, 0, Rm::Mem(m), 32)
+        };
+        let line = format!("vpmovsxbw {dst}{}, ymmword ptr {m}", mask_suffix(k, masked));
+        self.evex(e, line);
+    }
+
+    /// `vmovdqu16 dst {k} {z}, zmmword ptr [m]`: 32 words, the lanes not in
+    /// `k` zeroed and not read (k0: all 32).
+    pub fn vmovdqu16_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, m: Mem) {
+        let masked = k.0 & 7 != 0;
+        let e = Evex {
+            mask: k.0 & 7,
+            zeroing: masked,
+            ..Evex::plain(MAP_0F, PP_F2, 0x6F, dst.0, 0, Rm::Mem(m), 64)
+        };
+        let line = format!("vmovdqu16 {dst}{}, zmmword ptr {m}", mask_suffix(k, masked));
+        self.raw(&e.encode_w1(), line);
+    }
+
+    /// `vpsllw dst, src, imm` on 32 words.
+    pub fn vpsllw_zmm_imm(&mut self, dst: Zmm, src: Zmm, imm: u8) {
+        // Group 12 (66 0F 71 /6 ib).
+        let e = Evex::plain(MAP_0F, PP_66, 0x71, 6, dst.0, Rm::Reg(src.0 & 31), 64);
+        let mut bytes = e.encode();
+        bytes.push(imm);
+        self.raw(&bytes, format!("vpsllw {dst}, {src}, {imm}"));
+    }
+
+    /// `vextracti32x4 dst.xmm, src, lane`: 128-bit lane `lane` (0-3) of src.
+    pub fn vextracti32x4_zmm(&mut self, dst: Ymm, src: Zmm, lane: u8) {
+        let e = Evex::plain(MAP_0F3A, PP_66, 0x39, src.0, 0, Rm::Reg(dst.0 & 31), 64);
+        let mut bytes = e.encode();
+        bytes.push(lane & 3);
+        let line = format!("vextracti32x4 xmm{}, {src}, {}", dst.0 & 31, lane & 3);
         self.raw(&bytes, line);
     }
 
-    /// `vpxord dst, a, b` on ymm0-31.
-    pub fn vpxord_ymm(&mut self, dst: Ymm, a: Ymm, b: Ymm) {
-        let e = Evex::plain(MAP_0F, PP_66, 0xEF, dst.0, a.0, Rm::Reg(b.0 & 31), 32);
-        let line = format!("vpxord {}, {}, {}", ymm_name(dst), ymm_name(a), ymm_name(b));
-        self.raw(&e.encode_256(), line);
+    /// `kmovd k, r32`: a 32-lane mask from a register (VEX.W0, F2).
+    pub fn kmovd_from_gp(&mut self, k: Kreg, src: Gp) {
+        let (kk, s) = (k.0 & 7, src.0 & 15);
+        let modrm = 0xC0 | (kk << 3) | (s & 7);
+        let bytes = if s < 8 {
+            // C5 [R̄=1 v̄v̄v̄v̄=1111 L=0 pp=F2], as llvm-mc encodes it.
+            vec![0xC5, 0xFB, 0x92, modrm]
+        } else {
+            // C4 [R̄=1 X̄=1 B̄=0 m=00001] [W=0 v̄v̄v̄v̄=1111 L=0 pp=F2]
+            vec![0xC4, 0xC1, 0x7B, 0x92, modrm]
+        };
+        self.raw(&bytes, format!("kmovd {k}, {}", gp32_name(src)));
     }
 }
 
@@ -901,25 +971,55 @@ mod tests {
     /// The f16 P·V's instructions, bytes from llvm-mc 14 and 19.
     #[test]
     fn f16_pv_encodings() {
-        let (b, l) = bytes_of(|a| a.vfmadd231ph_ymm_bcst(Ymm(17), Ymm(0), mem(RSI, 4)));
-        assert_eq!(b, [0x62, 0xE6, 0x7D, 0x38, 0xB8, 0x4E, 0x02]);
-        assert_eq!(
-            l.trim(),
-            "vfmadd231ph ymm17, ymm0, word ptr [rsi + 4]{1to16}"
-        );
-        let (b, _) = bytes_of(|a| a.vfmadd231ph_ymm_bcst(Ymm(1), Ymm(0), mem(RSI, 0)));
-        assert_eq!(b, [0x62, 0xF6, 0x7D, 0x38, 0xB8, 0x0E]);
-        let (b, l) = bytes_of(|a| a.vmulph_ymm_bcst(Ymm(0), Ymm(0), mem(RSP, 2)));
-        assert_eq!(b, [0x62, 0xF5, 0x7C, 0x38, 0x59, 0x44, 0x24, 0x01]);
-        assert_eq!(l.trim(), "vmulph ymm0, ymm0, word ptr [rsp + 2]{1to16}");
         let (b, l) = bytes_of(|a| a.vcvtph2ps_ymm_evex(Ymm(0), Ymm(17)));
         assert_eq!(b, [0x62, 0xB2, 0x7D, 0x28, 0x13, 0xC1]);
         assert_eq!(l.trim(), "vcvtph2ps ymm0, xmm17");
-        let (b, l) = bytes_of(|a| a.vextracti32x4_hi_ymm(Ymm(0), Ymm(17)));
-        assert_eq!(b, [0x62, 0xE3, 0x7D, 0x28, 0x39, 0xC8, 0x01]);
-        assert_eq!(l.trim(), "vextracti32x4 xmm0, ymm17, 1");
-        let (b, _) = bytes_of(|a| a.vpxord_ymm(Ymm(17), Ymm(17), Ymm(17)));
-        assert_eq!(b, [0x62, 0xA1, 0x75, 0x20, 0xEF, 0xC9]);
+        let (b, l) = bytes_of(|a| a.vfmadd231ph_zmm_bcst(Zmm(17), Zmm(0), mem(RSI, 4)));
+        assert_eq!(b, [0x62, 0xE6, 0x7D, 0x58, 0xB8, 0x4E, 0x02]);
+        assert_eq!(
+            l.trim(),
+            "vfmadd231ph zmm17, zmm0, word ptr [rsi + 4]{1to32}"
+        );
+        let (b, _) = bytes_of(|a| a.vmulph_zmm_bcst(Zmm(0), Zmm(0), mem(RSP, 2)));
+        assert_eq!(b, [0x62, 0xF5, 0x7C, 0x58, 0x59, 0x44, 0x24, 0x01]);
+        let (b, l) = bytes_of(|a| a.vpmovsxbw_zmm_load_masked(Zmm(0), Kreg(1), mem(RAX, 32)));
+        assert_eq!(b, [0x62, 0xF2, 0x7D, 0xC9, 0x20, 0x40, 0x01]);
+        assert_eq!(l.trim(), "vpmovsxbw zmm0 {k1} {z}, ymmword ptr [rax + 32]");
+        let (b, _) = bytes_of(|a| a.vpmovsxbw_zmm_load_masked(Zmm(0), Kreg(0), mem(RAX, 64)));
+        assert_eq!(b, [0x62, 0xF2, 0x7D, 0x48, 0x20, 0x40, 0x02]);
+        let (b, _) = bytes_of(|a| a.vmovdqu16_zmm_load_masked(Zmm(0), Kreg(1), mem(RAX, 128)));
+        assert_eq!(b, [0x62, 0xF1, 0xFF, 0xC9, 0x6F, 0x40, 0x02]);
+        let (b, _) = bytes_of(|a| a.vmovdqu16_zmm_load_masked(Zmm(0), Kreg(0), mem(RAX, 64)));
+        assert_eq!(b, [0x62, 0xF1, 0xFF, 0x48, 0x6F, 0x40, 0x01]);
+        let (b, _) = bytes_of(|a| a.vpsllw_zmm_imm(Zmm(0), Zmm(0), 7));
+        assert_eq!(b, [0x62, 0xF1, 0x7D, 0x48, 0x71, 0xF0, 0x07]);
+        let (b, l) = bytes_of(|a| a.vextracti32x4_zmm(Ymm(0), Zmm(17), 3));
+        assert_eq!(b, [0x62, 0xE3, 0x7D, 0x48, 0x39, 0xC8, 0x03]);
+        assert_eq!(l.trim(), "vextracti32x4 xmm0, zmm17, 3");
+        let (b, _) = bytes_of(|a| a.vextracti32x4_zmm(Ymm(0), Zmm(5), 1));
+        assert_eq!(b, [0x62, 0xF3, 0x7D, 0x48, 0x39, 0xE8, 0x01]);
+        let (b, _) = bytes_of(|a| a.kmovd_from_gp(Kreg(1), RAX));
+        assert_eq!(b, [0xC5, 0xFB, 0x92, 0xC8]);
+        let (b, _) = bytes_of(|a| a.kmovd_from_gp(Kreg(1), R11));
+        assert_eq!(b, [0xC4, 0xC1, 0x7B, 0x92, 0xCB]);
+    }
+
+    /// The zmm score loop's instructions, bytes from llvm-mc 19.
+    #[test]
+    fn zmm_score_encodings() {
+        let (b, l) = bytes_of(|a| a.vpdpwssd_zmm(Zmm(3), Zmm(16), Zmm(18)));
+        assert_eq!(b, [0x62, 0xB2, 0x7D, 0x40, 0x52, 0xDA]);
+        assert_eq!(l.trim(), "vpdpwssd zmm3, zmm16, zmm18");
+        let (b, _) = bytes_of(|a| a.vpunpcklqdq_zmm(Zmm(19), Zmm(0), Zmm(2)));
+        assert_eq!(b, [0x62, 0xE1, 0xFD, 0x48, 0x6C, 0xDA]);
+        let (b, _) = bytes_of(|a| a.vpunpckhqdq_zmm(Zmm(2), Zmm(0), Zmm(2)));
+        assert_eq!(b, [0x62, 0xF1, 0xFD, 0x48, 0x6D, 0xD2]);
+        let (b, l) = bytes_of(|a| a.vshufps_zmm(Zmm(19), Zmm(0), Zmm(1), 0x88));
+        assert_eq!(b, [0x62, 0xE1, 0x7C, 0x48, 0xC6, 0xD9, 0x88]);
+        assert_eq!(l.trim(), "vshufps zmm19, zmm0, zmm1, 136");
+        let (b, l) = bytes_of(|a| a.vextracti64x4_hi(Ymm(6), Zmm(0)));
+        assert_eq!(b, [0x62, 0xF3, 0xFD, 0x48, 0x3B, 0xC6, 0x01]);
+        assert_eq!(l.trim(), "vextracti64x4 ymm6, zmm0, 1");
     }
 
     #[test]

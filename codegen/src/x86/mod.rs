@@ -399,6 +399,7 @@ impl X86Backend {
             ymm32: self.avx512_vnni,
             bf16_values: self.avx512_bf16,
             f16_pv: self.avx512_fp16,
+            zmm_scores: self.avx512_vnni,
         };
         attention::emit_for(kernel, blocks, isa)
     }
