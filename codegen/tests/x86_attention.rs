@@ -195,6 +195,8 @@ fn sweep_one(att: &HostAttention, kernel: &Kernel) {
         for &(hq, kvh) in &[
             (4usize, 2usize),
             (3, 3),
+            (6, 2),
+            (8, 2),
             (12, 2),
             (10, 2),
             (9, 1),
