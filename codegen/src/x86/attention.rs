@@ -100,6 +100,36 @@ fn pv_block_f16(values: Values) -> i32 {
         Values::E4M3 => 64,
     }
 }
+
+/// How many keys a [`key_blocks`] block takes: a constant, or the 8-byte
+/// stack slot that holds the call's.
+#[derive(Clone, Copy)]
+enum BlockSize {
+    Keys(i32),
+    Slot(i32),
+}
+
+/// `S_PV_BLOCK` = the call's P·V block: [`pv_block_f16`] where the f16
+/// P·V serves several heads a tile (group ≥ 2), else [`PV_BLOCK`], or 16
+/// keys for one-head tiles beside the f16 P·V. A multi-head cache's rows
+/// are `kvh·d` apart, and 64 of them a block, read tile by tile, took a
+/// Llama2 kv8 call 1.5–2× the time of 16 (Sapphire Rapids-class Xeon):
+/// the block's V rows of every head no longer stay in cache between the
+/// passes. Clobbers rax and rdx.
+fn pv_block(a: &mut X86Asm, values: Values, f16: bool) {
+    let done = a.new_label();
+    let one_head = if f16 { 16 } else { PV_BLOCK };
+    a.mov_imm(RAX, one_head);
+    a.store64(mem(RSP, S_PV_BLOCK), RAX);
+    if f16 {
+        a.load64(RDX, mem(RSP, S_GROUP));
+        a.cmp_imm(RDX, 1);
+        a.jcc(Cond::E, done);
+        a.mov_imm(RAX, pv_block_f16(values));
+        a.store64(mem(RSP, S_PV_BLOCK), RAX);
+    }
+    a.bind(done);
+}
 /// Keys whose scores a tile keeps at once ([`DECODE_SUPER_BLOCK`]): the
 /// exponentials of a super-block are taken against one reference per
 /// head, and a reference that moves between super-blocks rescales `num`
@@ -174,6 +204,8 @@ const S_GROUP: i32 = 400;
 const S_S: i32 = 408;
 const S_D: i32 = 416;
 const S_KVH: i32 = 424;
+/// Keys per P·V block of this call ([`pv_block`]).
+const S_PV_BLOCK: i32 = 432;
 const S_TILES0: i32 = 448;
 const S_TILES_END: i32 = 456;
 const S_TILEBYTES: i32 = 464;
@@ -617,6 +649,7 @@ pub fn emit_for(
         bf16_constants(&mut a);
     }
     setup(&mut a, keys, values);
+    pv_block(&mut a, values, f16);
 
     let regs = PvRegisters {
         ymm32: isa.ymm32,
@@ -827,7 +860,7 @@ fn each_tile(a: &mut X86Asm, body: impl FnOnce(&mut X86Asm)) {
 
 /// `body` once per block of `size` keys of the super-block (`S_JB ..
 /// S_JEND`).
-fn key_blocks(a: &mut X86Asm, size: i32, body: impl FnOnce(&mut X86Asm)) {
+fn key_blocks(a: &mut X86Asm, size: BlockSize, body: impl FnOnce(&mut X86Asm)) {
     let (block, done) = (a.new_label(), a.new_label());
     a.load64(RAX, mem(RSP, S_J0));
     a.store64(mem(RSP, S_JB), RAX);
@@ -835,7 +868,13 @@ fn key_blocks(a: &mut X86Asm, size: i32, body: impl FnOnce(&mut X86Asm)) {
     a.load64(RAX, mem(RSP, S_JB));
     a.cmp_mem(RAX, mem(RSP, S_J1));
     a.jcc(Cond::Ge, done);
-    a.lea(RDX, mem(RAX, size));
+    match size {
+        BlockSize::Keys(n) => a.lea(RDX, mem(RAX, n)),
+        BlockSize::Slot(slot) => {
+            a.load64(RDX, mem(RSP, slot));
+            a.add(RDX, RAX);
+        }
+    }
     common::min_mem(a, RDX, mem(RSP, S_J1));
     a.store64(mem(RSP, S_JEND), RDX);
     body(a);
@@ -872,7 +911,7 @@ fn super_blocks(
         a.load64(RAX, mem(RBX, R_SAREA));
         a.store64(mem(RBX, R_SCUR), RAX);
     });
-    key_blocks(a, SCORE_BLOCK, |a| {
+    key_blocks(a, BlockSize::Keys(SCORE_BLOCK), |a| {
         each_tile(a, |a| scores(a, keys, softmax, dot, zmm))
     });
     each_tile(a, |a| {
@@ -882,12 +921,9 @@ fn super_blocks(
             bf16_pairs(a);
         }
     });
-    let block = if regs.f16 {
-        pv_block_f16(values)
-    } else {
-        PV_BLOCK
-    };
-    key_blocks(a, block, |a| each_tile(a, |a| pv(a, keys, values, regs)));
+    key_blocks(a, BlockSize::Slot(S_PV_BLOCK), |a| {
+        each_tile(a, |a| pv(a, keys, values, regs))
+    });
     a.load64(RAX, mem(RSP, S_J1));
     a.store64(mem(RSP, S_J0), RAX);
     a.jmp(sb);
