@@ -117,6 +117,9 @@ struct Stats {
     matmul_rel: f32,
     attention_abs: f32,
     runtime: Duration,
+    /// The part of `runtime` in attention calls (the rest is the matmuls
+    /// and the cache append), so a slower step names its cause.
+    attention: Duration,
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -201,6 +204,7 @@ fn attend(
         att.prefill(q, t, cache, &mut o)?;
     }
     stats.runtime += start.elapsed();
+    stats.attention += start.elapsed();
     let s = cache.len();
     let name = if t == 1 {
         "attention-decode-f16"
@@ -380,9 +384,10 @@ fn main() -> Result<(), Error> {
         prompt as f64 / prefill_time.as_secs_f64()
     );
     println!(
-        "decode:  {DECODE_STEPS} steps in {:.2?} = {:.1} tokens/s (runtime time only)",
+        "decode:  {DECODE_STEPS} steps in {:.2?} = {:.1} tokens/s (runtime time only; attention {:.2?})",
         decode.runtime,
-        DECODE_STEPS as f64 / decode.runtime.as_secs_f64()
+        DECODE_STEPS as f64 / decode.runtime.as_secs_f64(),
+        decode.attention
     );
     println!(
         "max error vs interpreter: matmul {:.2e} (relative, tolerance {:.0e}), attention {:.2e} (absolute, tolerance {ATTENTION_TOL:.0e})",
