@@ -360,19 +360,24 @@ impl X86Asm {
         self.evex(ps_rrr(0x5F, dst, a, b), format!("vmaxps {dst}, {a}, {b}"));
     }
 
-    /// `kmovw k, r32`: the low 16 bits of `src` into an opmask (a VEX
-    /// instruction, 2-byte form when `src` < r8, as llvm-mc encodes it).
+    /// `kmovw k, r32`: the low 16 bits of `src` into an opmask.
     pub fn kmovw_from_gp(&mut self, k: Kreg, src: Gp) {
+        self.kmov_from_gp32("kmovw", PP_NONE, k, src);
+    }
+
+    /// `op k, r32` (VEX.L0.W0 92 with prefix `pp`: kmovw, kmovd): the
+    /// 2-byte VEX form when `src` < r8, as llvm-mc encodes it.
+    fn kmov_from_gp32(&mut self, op: &str, pp: u8, k: Kreg, src: Gp) {
         let (kk, s) = (k.0 & 7, src.0 & 15);
         let modrm = 0xC0 | (kk << 3) | (s & 7);
         let bytes = if s < 8 {
-            // C5 [R̄=1 v̄v̄v̄v̄=1111 L=0 pp=00]
-            vec![0xC5, 0xF8, 0x92, modrm]
+            // C5 [R̄=1 v̄v̄v̄v̄=1111 L=0 pp]
+            vec![0xC5, 0xF8 | pp, 0x92, modrm]
         } else {
-            // C4 [R̄=1 X̄=1 B̄=0 m=00001] [W=0 v̄v̄v̄v̄=1111 L=0 pp=00]
-            vec![0xC4, 0xC1, 0x78, 0x92, modrm]
+            // C4 [R̄=1 X̄=1 B̄=0 m=00001] [W=0 v̄v̄v̄v̄=1111 L=0 pp]
+            vec![0xC4, 0xC1, 0x78 | pp, 0x92, modrm]
         };
-        self.raw(&bytes, format!("kmovw {k}, {}", gp32_name(src)));
+        self.raw(&bytes, format!("{op} {k}, {}", gp32_name(src)));
     }
 }
 
@@ -858,16 +863,7 @@ impl X86Asm {
 
     /// `kmovd k, r32`: a 32-lane mask from a register (VEX.W0, F2).
     pub fn kmovd_from_gp(&mut self, k: Kreg, src: Gp) {
-        let (kk, s) = (k.0 & 7, src.0 & 15);
-        let modrm = 0xC0 | (kk << 3) | (s & 7);
-        let bytes = if s < 8 {
-            // C5 [R̄=1 v̄v̄v̄v̄=1111 L=0 pp=F2], as llvm-mc encodes it.
-            vec![0xC5, 0xFB, 0x92, modrm]
-        } else {
-            // C4 [R̄=1 X̄=1 B̄=0 m=00001] [W=0 v̄v̄v̄v̄=1111 L=0 pp=F2]
-            vec![0xC4, 0xC1, 0x7B, 0x92, modrm]
-        };
-        self.raw(&bytes, format!("kmovd {k}, {}", gp32_name(src)));
+        self.kmov_from_gp32("kmovd", PP_F2, k, src);
     }
 }
 
