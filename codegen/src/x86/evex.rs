@@ -144,6 +144,16 @@ impl Evex {
         out
     }
 
+    /// The same instruction under opmask `k`, the lanes not in it zeroed
+    /// (and, for a load, not read); k0: unmasked.
+    fn zero_masked(self, k: Kreg) -> Evex {
+        Evex {
+            mask: k.0 & 7,
+            zeroing: k.0 & 7 != 0,
+            ..self
+        }
+    }
+
     /// The same instruction with EVEX.W = 1 (64-bit elements).
     fn encode_w1(&self) -> Vec<u8> {
         let mut out = self.encode();
@@ -158,6 +168,12 @@ impl Evex {
         out[3] = (out[3] & !0x60) | 0x20;
         out
     }
+}
+
+/// `{k} {z}` after a destination under [`Evex::zero_masked`], nothing for
+/// k0.
+fn zero_mask_suffix(k: Kreg) -> String {
+    mask_suffix(k, k.0 & 7 != 0)
 }
 
 /// `{k1}` / `{k1} {z}` after a destination, nothing for k0.
@@ -189,6 +205,13 @@ fn ps_rrr(opcode: u8, dst: Zmm, a: Zmm, b: Zmm) -> Evex {
 impl X86Asm {
     fn evex(&mut self, e: Evex, line: String) {
         let bytes = e.encode();
+        self.raw(&bytes, line);
+    }
+
+    /// [`Self::evex`] with an immediate byte after the operands.
+    fn evex_ib(&mut self, e: Evex, imm: u8, line: String) {
+        let mut bytes = e.encode();
+        bytes.push(imm);
         self.raw(&bytes, line);
     }
 
@@ -483,9 +506,7 @@ impl X86Asm {
     /// of b, two bits of `imm` each.
     pub fn vshufps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm, imm: u8) {
         let e = Evex::plain(MAP_0F, PP_NONE, 0xC6, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
-        let mut bytes = e.encode();
-        bytes.push(imm);
-        self.raw(&bytes, format!("vshufps {dst}, {a}, {b}, {imm}"));
+        self.evex_ib(e, imm, format!("vshufps {dst}, {a}, {b}, {imm}"));
     }
 
     /// `vextracti64x4 dst, src, 1`: src's high 256 bits.
@@ -553,21 +574,15 @@ impl X86Asm {
             mask: k.0 & 7,
             ..Evex::plain(MAP_0F, PP_66, 0x72, 2, dst.0, Rm::Reg(src.0 & 31), 64)
         };
-        let mut bytes = e.encode();
-        bytes.push(imm);
-        self.raw(
-            &bytes,
-            format!("vpsrld {dst}{}, {src}, {imm}", mask_suffix(k, false)),
-        );
+        let line = format!("vpsrld {dst}{}, {src}, {imm}", mask_suffix(k, false));
+        self.evex_ib(e, imm, line);
     }
 
     /// `vpslld dst, src, imm`: dwords shifted left.
     pub fn vpslld_zmm_imm(&mut self, dst: Zmm, src: Zmm, imm: u8) {
         // Group 13 (66 0F 72 /6 ib): ModRM.reg = 6, the destination in vvvv.
         let e = Evex::plain(MAP_0F, PP_66, 0x72, 6, dst.0, Rm::Reg(src.0 & 31), 64);
-        let mut bytes = e.encode();
-        bytes.push(imm);
-        self.raw(&bytes, format!("vpslld {dst}, {src}, {imm}"));
+        self.evex_ib(e, imm, format!("vpslld {dst}, {src}, {imm}"));
     }
 
     /// `vpaddd dst, a, b`: i32 a + b.
@@ -594,18 +609,14 @@ impl X86Asm {
     pub fn vpsrlw_zmm_imm(&mut self, dst: Zmm, src: Zmm, imm: u8) {
         // Group 12 (66 0F 71 /2 ib).
         let e = Evex::plain(MAP_0F, PP_66, 0x71, 2, dst.0, Rm::Reg(src.0 & 31), 64);
-        let mut bytes = e.encode();
-        bytes.push(imm);
-        self.raw(&bytes, format!("vpsrlw {dst}, {src}, {imm}"));
+        self.evex_ib(e, imm, format!("vpsrlw {dst}, {src}, {imm}"));
     }
 
     /// `vshufi32x4 dst, a, b, imm`: lanes 0-1 of dst from a, 2-3 from b,
     /// two bits of `imm` per lane choosing the 128-bit source lane.
     pub fn vshufi32x4_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm, imm: u8) {
         let e = Evex::plain(MAP_0F3A, PP_66, 0x43, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
-        let mut bytes = e.encode();
-        bytes.push(imm);
-        self.raw(&bytes, format!("vshufi32x4 {dst}, {a}, {b}, {imm}"));
+        self.evex_ib(e, imm, format!("vshufi32x4 {dst}, {a}, {b}, {imm}"));
     }
 
     /// `vcvtdq2ps dst, src`: i32 → f32.
@@ -664,10 +675,9 @@ impl X86Asm {
             broadcast: true,
             ..Evex::plain(MAP_0F3A, PP_66, 0x25, dst.0, b.0, Rm::Mem(m), 4)
         };
-        let mut bytes = e.encode();
-        bytes.push(imm);
-        self.raw(
-            &bytes,
+        self.evex_ib(
+            e,
+            imm,
             format!("vpternlogd {dst}, {b}, dword ptr {m}{{1to16}}, {imm}"),
         );
     }
@@ -820,26 +830,16 @@ impl X86Asm {
     /// `vpmovsxbw dst {k} {z}, ymmword ptr [m]`: 32 signed bytes to words,
     /// the lanes not in `k` zeroed and not read (k0: all 32).
     pub fn vpmovsxbw_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, m: Mem) {
-        let masked = k.0 & 7 != 0;
-        let e = Evex {
-            mask: k.0 & 7,
-            zeroing: masked,
-            ..Evex::plain(MAP_0F38, PP_66, 0x20, dst.0, 0, Rm::Mem(m), 32)
-        };
-        let line = format!("vpmovsxbw {dst}{}, ymmword ptr {m}", mask_suffix(k, masked));
+        let e = Evex::plain(MAP_0F38, PP_66, 0x20, dst.0, 0, Rm::Mem(m), 32).zero_masked(k);
+        let line = format!("vpmovsxbw {dst}{}, ymmword ptr {m}", zero_mask_suffix(k));
         self.evex(e, line);
     }
 
     /// `vmovdqu16 dst {k} {z}, zmmword ptr [m]`: 32 words, the lanes not in
     /// `k` zeroed and not read (k0: all 32).
     pub fn vmovdqu16_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, m: Mem) {
-        let masked = k.0 & 7 != 0;
-        let e = Evex {
-            mask: k.0 & 7,
-            zeroing: masked,
-            ..Evex::plain(MAP_0F, PP_F2, 0x6F, dst.0, 0, Rm::Mem(m), 64)
-        };
-        let line = format!("vmovdqu16 {dst}{}, zmmword ptr {m}", mask_suffix(k, masked));
+        let e = Evex::plain(MAP_0F, PP_F2, 0x6F, dst.0, 0, Rm::Mem(m), 64).zero_masked(k);
+        let line = format!("vmovdqu16 {dst}{}, zmmword ptr {m}", zero_mask_suffix(k));
         self.raw(&e.encode_w1(), line);
     }
 
@@ -847,18 +847,14 @@ impl X86Asm {
     pub fn vpsllw_zmm_imm(&mut self, dst: Zmm, src: Zmm, imm: u8) {
         // Group 12 (66 0F 71 /6 ib).
         let e = Evex::plain(MAP_0F, PP_66, 0x71, 6, dst.0, Rm::Reg(src.0 & 31), 64);
-        let mut bytes = e.encode();
-        bytes.push(imm);
-        self.raw(&bytes, format!("vpsllw {dst}, {src}, {imm}"));
+        self.evex_ib(e, imm, format!("vpsllw {dst}, {src}, {imm}"));
     }
 
     /// `vextracti32x4 dst.xmm, src, lane`: 128-bit lane `lane` (0-3) of src.
     pub fn vextracti32x4_zmm(&mut self, dst: Ymm, src: Zmm, lane: u8) {
         let e = Evex::plain(MAP_0F3A, PP_66, 0x39, src.0, 0, Rm::Reg(dst.0 & 31), 64);
-        let mut bytes = e.encode();
-        bytes.push(lane & 3);
         let line = format!("vextracti32x4 xmm{}, {src}, {}", dst.0 & 31, lane & 3);
-        self.raw(&bytes, line);
+        self.evex_ib(e, lane & 3, line);
     }
 
     /// `kmovd k, r32`: a 32-lane mask from a register (VEX.W0, F2).
