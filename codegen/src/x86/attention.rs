@@ -1730,6 +1730,7 @@ fn key_pairs(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, g: u
 /// leaves the sum of zmm `PAIR_SLOTS[i]` in lane i, so lanes 0–7 are key
 /// 0's heads and 8–15 key 1's.
 const PAIR_SLOTS: [u8; 16] = [0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15];
+const _: () = assert!(PAIR_SLOTS.len() == 2 * MAX_TILE);
 
 /// zmm0 lane i = the i32 sum of zmm `PAIR_SLOTS[i]`'s 16 lanes for the
 /// slots of heads below `g` (the others read as zero, whatever their
