@@ -1833,33 +1833,53 @@ fn key_pairs_zmm(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
     a.shr_imm(RCX, 5);
     a.cmp_imm(RCX, 0);
     a.jcc(Cond::E, tail);
-    let step = |a: &mut X86Asm, k: Kreg| {
-        a.vpmovsxbw_zmm_load_masked(kx0, k, mem(RSI, 0));
-        a.vpmovsxbw_zmm_load_masked(kx1, k, mem(R11, 0));
+    // Chunk `at` of a trip.
+    let step = |a: &mut X86Asm, k: Kreg, at: i32| {
+        a.vpmovsxbw_zmm_load_masked(kx0, k, mem(RSI, 32 * at));
+        a.vpmovsxbw_zmm_load_masked(kx1, k, mem(R11, 32 * at));
         for h in 0..g {
-            a.vmovdqu32_zmm_load(q, mem(RAX, 64 * h as i32));
+            a.vmovdqu32_zmm_load(q, mem(RAX, 512 * at + 64 * h as i32));
             a.vpdpwssd_zmm(acc(0, h), kx0, q);
             a.vpdpwssd_zmm(acc(1, h), kx1, q);
         }
     };
-    a.bind(chunk);
     let prefetch = Prefetch::for_loop(Keys::I8Asym, g);
-    prefetch.line(a, mem(RDX, 0));
-    a.add(RDX, R14);
-    prefetch.line(a, mem(RDX, 0));
-    a.sub(RDX, R14);
-    step(a, Kreg(0));
-    a.add_imm(RSI, 32);
-    a.add_imm(R11, 32);
-    a.add_imm(RDX, 32);
-    a.add_imm(RAX, 512);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, chunk);
+    let prefetch_both = |a: &mut X86Asm| {
+        prefetch.line(a, mem(RDX, 0));
+        a.add(RDX, R14);
+        prefetch.line(a, mem(RDX, 0));
+        a.sub(RDX, R14);
+    };
+    let advance = |a: &mut X86Asm, chunks: i32| {
+        a.add_imm(RSI, 32 * chunks);
+        a.add_imm(R11, 32 * chunks);
+        a.add_imm(RDX, 32 * chunks);
+        a.add_imm(RAX, 512 * chunks);
+        a.sub_imm(RCX, chunks);
+    };
+    // Two chunks (a line of each row, one prefetch each) a trip, then a
+    // lone one.
+    let (lone, chunks_done) = (a.new_label(), a.new_label());
+    a.bind(chunk);
+    a.cmp_imm(RCX, 2);
+    a.jcc(Cond::L, lone);
+    prefetch_both(a);
+    step(a, Kreg(0), 0);
+    step(a, Kreg(0), 1);
+    advance(a, 2);
+    a.jmp(chunk);
+    a.bind(lone);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, chunks_done);
+    prefetch_both(a);
+    step(a, Kreg(0), 0);
+    advance(a, 1);
+    a.bind(chunks_done);
     a.bind(tail);
     a.load64(RCX, mem(RSP, S_D));
     a.test_imm(RCX, 31);
     a.jcc(Cond::E, reduce);
-    step(a, Kreg(2));
+    step(a, Kreg(2), 0);
     a.bind(reduce);
     sum_tree(a, Zmm(19), zero, g);
     a.vcvtdq2ps_zmm(Zmm(0), Zmm(0));
