@@ -55,7 +55,7 @@
 //!      bf16 parts (`pv_pass_bf16`). With AVX512-FP16
 //!      ([`DecodeIsa::f16_pv`]) a tile of several heads takes f16 FMAs
 //!      instead, 32 lanes of d each on zmm, p against the running max as
-//!      f16 and f16 sums per [`pv_block_f16`] keys (`pv_pass_f16`).
+//!      f16 and f16 sums per `pv_block_f16` keys (`pv_pass_f16`).
 //! 3. Per tile, `o = num / den` to f16; heads whose range failed count as
 //!    recomputed. The call's first head leaves its softmax state where
 //!    `HostAttention`'s split reads it (`den` at `s`, `num` at `s + d`, the
@@ -189,8 +189,9 @@ impl Prefetch {
 
 /// f32 of scratch one call over `s` keys in `tiles` tiles of query heads
 /// ([`decode_tiles`]) needs: the split state region (`s + 3d + 8`), 16 to
-/// align the tiles, and per tile its record (72), `qarea` `8d`, `num`
-/// `72·d/8` and the super-block's scores `8·SUPER`.
+/// align the tiles, and per tile its record ([`DECODE_TILE_RECORD`]),
+/// `qarea` `8d` and its pad ([`DECODE_Q_PAD`]), `num` `72·d/8` and the
+/// super-block's scores `8·SUPER`.
 pub fn scratch_floats(s: usize, d: usize, tiles: usize) -> usize {
     (s + 3 * d + 8)
         + 16
@@ -392,7 +393,7 @@ pub struct DecodeIsa {
     /// 8 (`pv_pass_f16`). p is taken against the running max, so it is at
     /// most 1, and rounded to f16; f16 values are scaled by 2^-8 (fp8
     /// values' f16 form is 2^-8 of theirs already, p × 2^8 for them); each
-    /// block of [`pv_block_f16`] keys sums in f16 before it is added to the
+    /// block of `pv_block_f16` keys sums in f16 before it is added to the
     /// f32 `num`. The sums are bounded (16 · 65504 · 2^-8, or 64 · 2^8 ·
     /// 1.75), so they never overflow; o moves by a few f16 ulps of the
     /// block sums. It needs `ymm32` and takes precedence over
@@ -725,7 +726,7 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
     a.store64(mem(RSP, S_VSTRIDE), RDX);
     prefetch_distance(a, S_VAHEAD);
     // The tiles start at scratch + 4·(s + 3d + 8), rounded up to a cache
-    // line; each takes REC + 4·(8d + 9d + 8·SUPER) bytes.
+    // line; each takes REC + Q_PAD + 4·(8d + 9d + 8·SUPER) bytes.
     a.load64(RAX, mem(RDI, AT_SCRATCH));
     a.lea(RDX, mem(R12, 8 + 16));
     a.add(RDX, R13);
@@ -977,8 +978,9 @@ pub(super) fn kv_head_rows(a: &mut X86Asm, keys: Keys, values: Values, slots: [i
 
 /// q rows of the tile (record at rbx) → `qarea[d/8][8][8]` f32 (unused
 /// heads zero); for int8 keys instead q's i16 form, `qarea[⌈d/16⌉][8][16]`
-/// (a half chunk of 8 d first where d/8 is odd), with per head `Σq` and
-/// the form's scale in the record.
+/// (a half chunk of 8 d first where d/8 is odd), or with `zmm` for tiles
+/// of several heads `qarea[⌈d/32⌉][8][32]` ([`q_to_i16_zmm`]), with per
+/// head `Σq` and the form's scale in the record.
 fn widen_q(a: &mut X86Asm, keys: Keys, zmm: bool) {
     let int8 = keys == Keys::I8Asym;
     a.comment(if int8 {
@@ -1795,7 +1797,8 @@ fn sum_tree(a: &mut X86Asm, t: Zmm, zero: Zmm, g: usize) {
 /// a time while r12 ≥ 2 (then one, paired with itself): per 32 d of each
 /// K row one `vpmovsxbw` (the last chunk under k2 where d % 32 ≠ 0) and
 /// per head one q load and a `vpdpwssd` per key, where the ymm loop takes
-/// two of each per 32 d; the 16 sums (2 keys × 8 head slots) reduce in
+/// two of each per 32 d, and two chunks (a line of each row, one prefetch
+/// each) a trip; the 16 sums (2 keys × 8 head slots) reduce in
 /// i32 through one tree ([`sum_tree`]) and convert once. The keys widen
 /// into zmm16 and zmm17, q goes in zmm18, zmm19 is the tree's, zmm20 zero.
 fn key_pairs_zmm(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
