@@ -27,6 +27,7 @@
 //! [`X86Backend::load`] refuses to map code the CPU cannot run (SSE-only
 //! hosts use the cranelift backend).
 
+pub mod amx;
 pub mod asm;
 pub mod attention;
 mod attention_prefill;
