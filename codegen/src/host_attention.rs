@@ -1264,9 +1264,11 @@ pub const DECODE_SUPER_BLOCK: usize = 256;
 /// per-head vectors).
 pub const DECODE_TILE_RECORD: usize = 80;
 /// f32 after a decode tile's widened q: x86's zmm score loop lays q out
-/// in 32-d chunks of 8 head slots (512 bytes), so a short head dim's q
-/// (d = 8) takes more than its `8·d` f32.
-pub const DECODE_Q_PAD: usize = 64;
+/// in 32-d chunks of 8 head slots (512 bytes), and its AMX score loop
+/// adds q's two int8 parts in 64-d chunks of 16 columns (1 KiB) after
+/// them, so a short or odd head dim's q (d = 8, 72) takes more than its
+/// `8·d` f32: at most `16·(d + 24) + 16·(d + 56)` bytes.
+pub const DECODE_Q_PAD: usize = 320;
 
 /// Tiles of a decode call over query heads `head0 .. head0 + heads` with
 /// `group` query heads per KV head: each tile is

@@ -86,6 +86,7 @@ fn unsigned_code_backends_refuse_signed_codes() {
             avx512_vnni: true,
             avx512_bf16: false,
             avx512_fp16: false,
+            amx: false,
         },
     ] {
         for variant in Variant::ALL {

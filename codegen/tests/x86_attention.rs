@@ -58,6 +58,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             bf16_values: false,
             f16_pv: false,
             zmm_scores: false,
+            amx_scores: false,
         })
         .collect();
     // host_has_avx512_vnni includes AVX512VL.
@@ -69,6 +70,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
                 bf16_values: false,
                 f16_pv: false,
                 zmm_scores: false,
+                amx_scores: false,
             });
         }
         forms.dedup();
@@ -83,6 +85,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             bf16_values: true,
             f16_pv: false,
             zmm_scores: false,
+            amx_scores: false,
         });
     } else if fp8_values {
         eprintln!(
@@ -97,6 +100,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             bf16_values: false,
             f16_pv: false,
             zmm_scores: true,
+            amx_scores: false,
         });
     }
     if tessera_codegen::x86::host_has_avx512_fp16() {
@@ -106,6 +110,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             bf16_values: false,
             f16_pv: true,
             zmm_scores: int8_keys,
+            amx_scores: false,
         });
     } else {
         eprintln!(
@@ -113,10 +118,31 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             kernel.name
         );
     }
+    if int8_keys && host_has_avx512_vnni() && tessera_codegen::x86::amx::request_tile_data() {
+        forms.push(amx_form());
+    } else if int8_keys {
+        eprintln!(
+            "SKIP {}: no AMX-INT8 here, the AMX scores untested",
+            kernel.name
+        );
+    }
     forms
         .into_iter()
         .map(|isa| (isa, compile_for(kernel, isa)))
         .collect()
+}
+
+/// The AMX score loop beside the CPU's best P·V (f16 FMAs where it has
+/// AVX512-FP16, else f32 in ymm0–31).
+fn amx_form() -> DecodeIsa {
+    DecodeIsa {
+        key_dot: KeyDot::EvexVnni,
+        ymm32: true,
+        bf16_values: false,
+        f16_pv: tessera_codegen::x86::host_has_avx512_fp16(),
+        zmm_scores: true,
+        amx_scores: true,
+    }
 }
 
 fn online(mut kernel: Kernel) -> Kernel {
@@ -423,4 +449,63 @@ fn x86_attention_refusals_name_the_reason() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("multiple of 8"), "{e}");
+}
+
+/// The AMX score loop computes the zmm loop's integer dots exactly (q's
+/// codes split into `256·hi + lo`), so with the same P·V the two forms'
+/// outputs are equal bit for bit: GQA 4 and 6, head dims with and without
+/// a partial 64-byte chunk, keys in 32- and 16-key trips and the zmm
+/// loop's rest, one and two threads.
+#[test]
+fn x86_attention_amx_scores_equal_the_zmm_loops_bit_for_bit() {
+    if !runnable() {
+        return;
+    }
+    if !(tessera_codegen::x86::host_has_avx512_vnni()
+        && tessera_codegen::x86::amx::request_tile_data())
+    {
+        eprintln!("SKIP: no AMX-INT8 here");
+        return;
+    }
+    let kernel = library::get("attention-decode-kv8").unwrap();
+    let amx = compile_for(&kernel, amx_form());
+    let zmm = compile_for(
+        &kernel,
+        DecodeIsa {
+            amx_scores: false,
+            ..amx_form()
+        },
+    );
+    let mut seed = 500;
+    for s in [16usize, 95, 333, 1000] {
+        for (hq, kvh) in [(8usize, 2usize), (12, 2), (6, 1)] {
+            for d in [64usize, 72, 128, 200] {
+                for threads in [1, 2] {
+                    seed += 1;
+                    let inp = attention_inputs::inputs_with_values(
+                        &kernel,
+                        hq * d,
+                        s * kvh,
+                        d,
+                        0.5,
+                        1.0,
+                        seed,
+                    );
+                    let (kg, vg) = (inp.k.guarded(), inp.v.guarded());
+                    let (kc, vc) = (kg.cache(), vg.cache());
+                    let run = |att: &HostAttention| {
+                        let mut o = vec![f16::ZERO; hq * d];
+                        att.run(&inp.q, kc, vc, s, hq, kvh, d, &mut o, threads)
+                            .expect("run");
+                        o.iter().map(|x| x.to_bits()).collect::<Vec<u16>>()
+                    };
+                    assert_eq!(
+                        run(&amx),
+                        run(&zmm),
+                        "s={s} hq={hq} kvh={kvh} d={d} threads={threads}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -1122,6 +1122,7 @@ fn jit_engine(backend: Backend, x86_avx2_only: bool) -> Result<Engine, RuntimeEr
                     avx512_vnni: b.avx512_vnni && !x86_avx2_only,
                     avx512_bf16: b.avx512_bf16 && !x86_avx2_only,
                     avx512_fp16: b.avx512_fp16 && !x86_avx2_only,
+                    amx: b.amx && !x86_avx2_only,
                     ..b
                 })
             })

@@ -726,6 +726,7 @@ fn emit(be: Be, kernel: &Kernel, d: &Desc) -> Result<Emitted, String> {
                     avx512_vnni: true,
                     avx512_bf16: false,
                     avx512_fp16: false,
+                    amx: false,
                 }
             };
             let ts = tiles(x.target(kernel, v), kernel, v)?;

@@ -167,6 +167,7 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512_vnni: false,
         avx512_bf16: false,
         avx512_fp16: false,
+        amx: false,
     };
     let p = Problem::from_kernel(caps, &kernel).unwrap();
     let mut emitted = 0;
@@ -201,6 +202,7 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512_vnni: true,
         avx512_bf16: false,
         avx512_fp16: false,
+        amx: false,
     };
     assert_eq!(vnni.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     let zen4 = X86Backend {
@@ -209,6 +211,7 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512_vnni: true,
         avx512_bf16: false,
         avx512_fp16: false,
+        amx: false,
     };
     assert_eq!(zen4.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(
@@ -237,6 +240,7 @@ fn bad_tiles_are_named() {
         avx512_vnni: false,
         avx512_bf16: false,
         avx512_fp16: false,
+        amx: false,
     };
     let mut t = tile_at(&kernel, 5, 80);
     t.hp = 72;
@@ -259,6 +263,7 @@ fn avx512_kernel_listings_match_their_bytes() {
         avx512_vnni: false,
         avx512_bf16: false,
         avx512_fp16: false,
+        amx: false,
     };
     for (ep, hp) in [(5, 80), (8, 48), (14, 32), (1, 16)] {
         let tile = tile_at(&kernel, ep, hp);
@@ -293,6 +298,7 @@ fn avx512_listing_snapshot() {
         avx512_vnni: false,
         avx512_bf16: false,
         avx512_fp16: false,
+        amx: false,
     };
     let code = backend.emit_code(&kernel, &tile).unwrap();
     assert_eq!(code, backend.emit_code(&kernel, &tile).unwrap());

@@ -141,6 +141,7 @@ const AVX512: X86Backend = X86Backend {
     avx512_vnni: false,
     avx512_bf16: false,
     avx512_fp16: false,
+    amx: false,
 };
 
 #[test]
@@ -169,6 +170,7 @@ fn w4a8_routes_to_the_avx512_int8_kernel_on_avx512_tiles() {
         avx512_vnni: true,
         avx512_bf16: false,
         avx512_fp16: false,
+        amx: false,
     };
     assert_eq!(both.target(&kernel, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(AVX512.target(&kernel, Variant::Gemm).name, "x86-avx2");
@@ -228,6 +230,7 @@ fn bad_specs_are_named() {
         avx512_vnni: true,
         avx512_bf16: false,
         avx512_fp16: false,
+        amx: false,
     };
     let w8a8 = library::get("matmul-w8a8").unwrap();
     assert_eq!(both.target(&w8a8, Variant::Gemm).name, "x86-avx2");
@@ -400,6 +403,7 @@ fn library_ggml_formats_on_avx512_tiles() {
             avx512_vnni: true,
             avx512_bf16: false,
             avx512_fp16: false,
+            amx: false,
         };
         assert_eq!(both.target(&kernel, Variant::Gemm).name, AVX512_NAME);
         let tile = best(&kernel);

@@ -168,7 +168,7 @@ fn every_x86_attention_listing_matches_its_bytes() {
                 (KeyDot::EvexVnni, true, true, false),
                 (KeyDot::EvexVnni, true, false, true),
             ] {
-                for zmm_scores in [false, true] {
+                for (zmm_scores, amx_scores) in [(false, false), (true, false), (true, true)] {
                     let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
                     let isa = DecodeIsa {
                         key_dot,
@@ -176,12 +176,13 @@ fn every_x86_attention_listing_matches_its_bytes() {
                         bf16_values,
                         f16_pv,
                         zmm_scores,
+                        amx_scores,
                     };
                     let code = attention::emit_for(&k, blocks, isa).unwrap();
                     if !agrees_with_llvm_mc(
                         &code.listing,
                         &code.bytes,
-                        "+avx2,+fma,+f16c,+popcnt,+avxvnni,+avx512vl,+avx512vnni,+avx512bw,+avx512vbmi,+avx512bf16,+avx512fp16",
+                        "+avx2,+fma,+f16c,+popcnt,+avxvnni,+avx512vl,+avx512vnni,+avx512bw,+avx512vbmi,+avx512bf16,+avx512fp16,+amx-tile,+amx-int8",
                         &format!("{name} {isa:?}"),
                     ) {
                         return;
@@ -208,6 +209,7 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512_vnni: false,
                     avx512_bf16: false,
                     avx512_fp16: false,
+                    amx: false,
                 },
                 X86Backend {
                     vnni: true,
@@ -215,6 +217,7 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512_vnni: false,
                     avx512_bf16: false,
                     avx512_fp16: false,
+                    amx: false,
                 },
                 // AVX512-VNNI's EVEX vpdpbusd on ymm (Zen 4, Ice Lake).
                 X86Backend {
@@ -223,6 +226,7 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512_vnni: true,
                     avx512_bf16: false,
                     avx512_fp16: false,
+                    amx: false,
                 },
             ] {
                 let Ok(code) = backend.emit_code(&kernel, &tile) else {

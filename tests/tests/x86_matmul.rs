@@ -24,6 +24,7 @@ fn backends() -> Vec<X86Backend> {
                 avx512_vnni: false,
                 avx512_bf16: false,
                 avx512_fp16: false,
+                amx: false,
             };
             let mut all = vec![plain];
             if b.vnni {

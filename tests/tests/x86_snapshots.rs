@@ -23,6 +23,7 @@ fn x86_canonical_listings() {
             avx512_vnni: false,
             avx512_bf16: false,
             avx512_fp16: false,
+            amx: false,
         };
         let code = plain.emit_code(&kernel, &tile).unwrap();
         insta::assert_snapshot!(tag.clone(), code.listing);
@@ -34,6 +35,7 @@ fn x86_canonical_listings() {
                 avx512_vnni: false,
                 avx512_bf16: false,
                 avx512_fp16: false,
+                amx: false,
             }
             .emit_code(&kernel, &tile)
             .unwrap();
@@ -46,6 +48,7 @@ fn x86_canonical_listings() {
                 avx512_vnni: true,
                 avx512_bf16: false,
                 avx512_fp16: false,
+                amx: false,
             }
             .emit_code(&kernel, &tile)
             .unwrap();
@@ -73,6 +76,7 @@ fn x86_variant_listings() {
                 avx512_vnni: false,
                 avx512_bf16: false,
                 avx512_fp16: false,
+                amx: false,
             }
             .emit_code_variant(&kernel, &tile, v)
             .unwrap();

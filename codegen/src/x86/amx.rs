@@ -101,19 +101,34 @@ impl X86Asm {
     pub fn ldtilecfg(&mut self, base: Gp, disp: i32) {
         let m = super::asm::mem(base, disp);
         let prefix = vex(0, 0, base.0 >> 3, 0, PP_NONE);
-        self.amx(prefix, 0x49, &address(0, base, None, disp), format!("ldtilecfg {m}"));
+        self.amx(
+            prefix,
+            0x49,
+            &address(0, base, None, disp),
+            format!("ldtilecfg {m}"),
+        );
     }
 
     /// `tilerelease`: every tile back to its initial state, so the thread
     /// leaves AMX unused (and its state out of context switches).
     pub fn tilerelease(&mut self) {
-        self.amx(vex(0, 0, 0, 0, PP_NONE), 0x49, &[0xC0], "tilerelease".into());
+        self.amx(
+            vex(0, 0, 0, 0, PP_NONE),
+            0x49,
+            &[0xC0],
+            "tilerelease".into(),
+        );
     }
 
     /// `tilezero dst`.
     pub fn tilezero(&mut self, dst: Tmm) {
         let modrm = 0xC0 | ((dst.0 & 7) << 3);
-        self.amx(vex(0, 0, 0, 0, PP_F2), 0x49, &[modrm], format!("tilezero {dst}"));
+        self.amx(
+            vex(0, 0, 0, 0, PP_F2),
+            0x49,
+            &[modrm],
+            format!("tilezero {dst}"),
+        );
     }
 
     /// `tileloadd dst, [m]`: the configured rows of `dst`, row r from
@@ -159,7 +174,11 @@ pub fn request_tile_data() -> bool {
             // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM takes two integer
             // arguments and only changes this process's permitted xstate.
             let r = unsafe {
-                libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
             };
             r == 0
         }
@@ -187,7 +206,10 @@ mod tests {
     fn known_encodings() {
         let tm = |base, stride, disp| TileMem { base, stride, disp };
         let cases: [(Vec<u8>, &[u8]); 8] = [
-            (bytes_of(|a| a.tileloadd(Tmm(4), tm(RSI, R14, 0))).0, &[0xC4, 0xA2, 0x7B, 0x4B, 0x24, 0x36]),
+            (
+                bytes_of(|a| a.tileloadd(Tmm(4), tm(RSI, R14, 0))).0,
+                &[0xC4, 0xA2, 0x7B, 0x4B, 0x24, 0x36],
+            ),
             (
                 bytes_of(|a| a.tileloadd(Tmm(7), tm(R13, R11, 64))).0,
                 &[0xC4, 0x82, 0x7B, 0x4B, 0x7C, 0x1D, 0x40],
@@ -196,7 +218,10 @@ mod tests {
                 bytes_of(|a| a.tileloadd(Tmm(0), tm(RSP, RAX, 4096))).0,
                 &[0xC4, 0xE2, 0x7B, 0x4B, 0x84, 0x04, 0x00, 0x10, 0x00, 0x00],
             ),
-            (bytes_of(|a| a.tdpbssd(Tmm(0), Tmm(4), Tmm(5))).0, &[0xC4, 0xE2, 0x53, 0x5E, 0xC4]),
+            (
+                bytes_of(|a| a.tdpbssd(Tmm(0), Tmm(4), Tmm(5))).0,
+                &[0xC4, 0xE2, 0x53, 0x5E, 0xC4],
+            ),
             (
                 bytes_of(|a| a.tilestored(tm(RSP, R11, 1600), Tmm(2))).0,
                 &[0xC4, 0xA2, 0x7A, 0x4B, 0x94, 0x1C, 0x40, 0x06, 0x00, 0x00],
@@ -205,8 +230,14 @@ mod tests {
                 bytes_of(|a| a.ldtilecfg(RSP, 5504)).0,
                 &[0xC4, 0xE2, 0x78, 0x49, 0x84, 0x24, 0x80, 0x15, 0x00, 0x00],
             ),
-            (bytes_of(|a| a.tilezero(Tmm(3))).0, &[0xC4, 0xE2, 0x7B, 0x49, 0xD8]),
-            (bytes_of(|a| a.tilerelease()).0, &[0xC4, 0xE2, 0x78, 0x49, 0xC0]),
+            (
+                bytes_of(|a| a.tilezero(Tmm(3))).0,
+                &[0xC4, 0xE2, 0x7B, 0x49, 0xD8],
+            ),
+            (
+                bytes_of(|a| a.tilerelease()).0,
+                &[0xC4, 0xE2, 0x78, 0x49, 0xC0],
+            ),
         ];
         for (ours, theirs) in cases {
             assert_eq!(ours, theirs);

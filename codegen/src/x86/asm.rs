@@ -509,6 +509,21 @@ impl X86Asm {
         dynasm!(self.ops ; .arch x64 ; vpmovsxbw Rx(d), QWORD [Rq(b) + o]);
     }
 
+    /// i16 lanes shifted right by `imm`, the sign shifted in.
+    pub fn vpsraw_imm(&mut self, dst: Ymm, src: Ymm, imm: i8) {
+        self.log(format!("vpsraw {dst}, {src}, {imm}"));
+        let (d, s) = (dst.0, src.0);
+        dynasm!(self.ops ; .arch x64 ; vpsraw Ry(d), Ry(s), imm);
+    }
+
+    /// `vpextrd dword ptr [m], xmm, lane`: i32 lane `lane` (0–3) of `src`'s
+    /// low 128 bits.
+    pub fn vpextrd_store(&mut self, m: Mem, src: Ymm, lane: i8) {
+        self.log(format!("vpextrd dword ptr {m}, {}, {lane}", src.xmm()));
+        let (s, b, o) = (src.0, m.base.0, m.disp);
+        dynasm!(self.ops ; .arch x64 ; vpextrd DWORD [Rq(b) + o], Rx(s), lane);
+    }
+
     /// i16 lanes shifted left by `imm`.
     pub fn vpsllw_imm(&mut self, dst: Ymm, src: Ymm, imm: i8) {
         self.log(format!("vpsllw {dst}, {src}, {imm}"));
@@ -579,7 +594,7 @@ impl X86Asm {
         dynasm!(self.ops ; .arch x64 ; vcvtps2dq Ry(d), Ry(s));
     }
 
-    /// Logical right shift of each 16-bit lane.
+    /// i32 lanes shifted left by `imm`.
     pub fn vpslld_imm(&mut self, dst: Ymm, src: Ymm, imm: i8) {
         self.log(format!("vpslld {dst}, {src}, {imm}"));
         let (d, s) = (dst.0, src.0);
@@ -611,6 +626,20 @@ impl X86Asm {
         self.log(format!("prefetcht1 byte ptr {m}"));
         let (b, o) = (m.base.0, m.disp);
         dynasm!(self.ops ; .arch x64 ; prefetcht1 [Rq(b) + o]);
+    }
+
+    /// `prefetcht1 byte ptr [base + index]`.
+    pub fn prefetcht1_indexed(&mut self, base: Gp, index: Gp) {
+        self.log(format!("prefetcht1 byte ptr [{base} + {index}]"));
+        let (b, i) = (base.0, index.0);
+        dynasm!(self.ops ; .arch x64 ; prefetcht1 [Rq(b) + Rq(i)]);
+    }
+
+    /// `prefetcht0 byte ptr [base + index]`.
+    pub fn prefetcht0_indexed(&mut self, base: Gp, index: Gp) {
+        self.log(format!("prefetcht0 byte ptr [{base} + {index}]"));
+        let (b, i) = (base.0, index.0);
+        dynasm!(self.ops ; .arch x64 ; prefetcht0 [Rq(b) + Rq(i)]);
     }
 
     /// `prefetcht0 byte ptr [m]`: into every level.

@@ -31,9 +31,11 @@
 //!      once for both (`key_pairs`). With AVX512-VNNI
 //!      ([`DecodeIsa::zmm_scores`]) a tile of several heads takes int8 keys
 //!      two at a time on zmm instead, 32 lanes of d a `vpdpwssd`, the 16
-//!      sums reduced in i32 by one shuffle tree (`key_pairs_zmm`). int8
-//!      keys: `score = scale·(q
-//!      scale·(q₁₆·c)) + offset·Σq`. Each tile keeps per head the running
+//!      sums reduced in i32 by one shuffle tree (`key_pairs_zmm`); with
+//!      AMX-INT8 too ([`DecodeIsa::amx_scores`]) 32 at a time by tile
+//!      products, q's codes in two int8 parts (`amx_scores`). int8
+//!      keys: `score = scale·(q scale·(q₁₆·c)) + offset·Σq`. Each tile
+//!      keeps per head the running
 //!      max and whether every `score − phi` lay in `[lo, hi]`.
 //!    - Per tile, the reference: `phi` while the async softmax's range
 //!      held, else the running max (online kernels: the max). Where it
@@ -72,6 +74,8 @@ use super::common;
 use super::evex::{Kreg, Zmm};
 use crate::artifact::{EmitError, MachineCode, PrefillBlocks};
 use crate::host_attention::*;
+
+mod amx_scores;
 
 /// Query heads one pass over K and V serves (lanes of a ymm).
 pub const MAX_TILE: usize = DECODE_TILE_HEADS;
@@ -183,6 +187,14 @@ impl Prefetch {
         match self {
             Prefetch::L1 => a.prefetcht0(m),
             Prefetch::L2 => a.prefetcht1(m),
+        }
+    }
+
+    /// Prefetch the line at `base + index`.
+    fn line_indexed(self, a: &mut X86Asm, base: Gp, index: Gp) {
+        match self {
+            Prefetch::L1 => a.prefetcht0_indexed(base, index),
+            Prefetch::L2 => a.prefetcht1_indexed(base, index),
         }
     }
 }
@@ -404,6 +416,23 @@ pub struct DecodeIsa {
     /// loop takes 16), its q in 32-d chunks, the 16 sums reduced in i32
     /// (`key_pairs_zmm`).
     pub zmm_scores: bool,
+    /// AMX-INT8 (with the OS's permission, [`super::amx::request_tile_data`])
+    /// and `zmm_scores`: a tile of several heads scores int8 keys 32 at a
+    /// time by `tdpbssd`, q's i16 codes split into two int8 parts
+    /// (`256·hi + lo`), so the integer dots equal the zmm loop's exactly
+    /// (`amx_scores::key_tiles`); fewer than 16 keys left go by the zmm
+    /// loop.
+    pub amx_scores: bool,
+}
+
+/// How a call's int8 keys are scored ([`DecodeIsa`]'s `key_dot`, and for
+/// tiles of several heads `zmm_scores` and `amx_scores`; both off for f16
+/// keys).
+#[derive(Clone, Copy, Debug)]
+struct ScoreForm {
+    dot: KeyDot,
+    zmm: bool,
+    amx: bool,
 }
 
 /// `acc.i32 += Σ₂ k.i16 · q.i16` in the form `dot` names (`tmp` is
@@ -628,7 +657,20 @@ pub fn emit_for(
             "P·V of fp8 values by vdpbf16ps on key pairs: e4m3 → bf16 by vpermi2b lookups, p as two bf16 parts (AVX512_BF16, AVX512_VBMI)",
         );
     }
-    let frame = if bf16 {
+    let zmm = isa.zmm_scores && keys == Keys::I8Asym;
+    let form = ScoreForm {
+        dot,
+        zmm,
+        amx: zmm && isa.amx_scores,
+    };
+    if form.amx {
+        a.comment(
+            "int8 keys of several-head tiles by AMX tdpbssd, 32 keys a trip; q's i16 codes as two int8 parts, 256·hi + lo (AMX-INT8)",
+        );
+    }
+    let frame = if form.amx {
+        amx_scores::FRAME_AMX
+    } else if bf16 {
         FRAME_BF16
     } else if f16 {
         FRAME_F16
@@ -657,13 +699,18 @@ pub fn emit_for(
         bf16,
         f16,
     };
-    let zmm = isa.zmm_scores && keys == Keys::I8Asym;
-    tiles(&mut a, keys, values, regs, zmm);
-    super_blocks(&mut a, keys, values, softmax, (dot, zmm), regs);
+    if form.amx {
+        amx_scores::config(&mut a);
+    }
+    tiles(&mut a, keys, values, regs, form);
+    super_blocks(&mut a, keys, values, softmax, form, regs);
     each_tile(&mut a, |a| {
         count_recomputed(a, softmax);
         finish_tile(a);
     });
+    if form.amx {
+        a.tilerelease();
+    }
     common::epilogue_framed(&mut a, frame);
     let (bytes, listing) = a.finish().map_err(EmitError::Assembler)?;
     Ok(MachineCode {
@@ -747,7 +794,7 @@ fn setup(a: &mut X86Asm, keys: Keys, values: Values) {
 /// `gt = min(group − h % group, end − h, 8)` heads of one KV head) gets
 /// its record and areas: rows, cursors, q widened, `num` cleared, the
 /// softmax state empty. Leaves `S_TILES_END`.
-fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, zmm: bool) {
+fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, form: ScoreForm) {
     a.comment("tiles: records, q widened, num cleared, softmax state empty");
     a.load64(RAX, mem(RDI, AT_HEAD0));
     a.store64(mem(RSP, S_HCUR), RAX);
@@ -833,7 +880,7 @@ fn tiles(a: &mut X86Asm, keys: Keys, values: Values, regs: PvRegisters, zmm: boo
     a.add_imm(RSI, 32);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, clr);
-    widen_q(a, keys, zmm);
+    widen_q(a, keys, form);
     a.load64(RAX, mem(RBX, R_GT));
     a.load64(RCX, mem(RSP, S_HCUR));
     a.add(RCX, RAX);
@@ -894,7 +941,7 @@ fn super_blocks(
     keys: Keys,
     values: Values,
     softmax: SoftmaxMode,
-    (dot, zmm): (KeyDot, bool),
+    form: ScoreForm,
     regs: PvRegisters,
 ) {
     a.comment("super-blocks of keys: scores, reference max and exponentials, P·V");
@@ -912,8 +959,13 @@ fn super_blocks(
         a.load64(RAX, mem(RBX, R_SAREA));
         a.store64(mem(RBX, R_SCUR), RAX);
     });
-    key_blocks(a, BlockSize::Keys(SCORE_BLOCK), |a| {
-        each_tile(a, |a| scores(a, keys, softmax, dot, zmm))
+    let score_block = if form.amx {
+        BlockSize::Slot(amx_scores::S_SCORE_BLOCK)
+    } else {
+        BlockSize::Keys(SCORE_BLOCK)
+    };
+    key_blocks(a, score_block, |a| {
+        each_tile(a, |a| scores(a, keys, softmax, form))
     });
     each_tile(a, |a| {
         rebase(a, softmax);
@@ -981,7 +1033,8 @@ pub(super) fn kv_head_rows(a: &mut X86Asm, keys: Keys, values: Values, slots: [i
 /// (a half chunk of 8 d first where d/8 is odd), or with `zmm` for tiles
 /// of several heads `qarea[⌈d/32⌉][8][32]` ([`q_to_i16_zmm`]), with per
 /// head `Σq` and the form's scale in the record.
-fn widen_q(a: &mut X86Asm, keys: Keys, zmm: bool) {
+fn widen_q(a: &mut X86Asm, keys: Keys, form: ScoreForm) {
+    let zmm = form.zmm;
     let int8 = keys == Keys::I8Asym;
     a.comment(if int8 {
         "q → i16 by head scale max|q|/32767, interleaved by chunk: qarea[c][head][16]"
@@ -1005,7 +1058,10 @@ fn widen_q(a: &mut X86Asm, keys: Keys, zmm: bool) {
         a.mov_imm(RAX, (1 << 24) - 1);
         a.zero(RDX);
         a.div(RCX);
-        a.mov_imm(RDX, 32767);
+        // The zmm forms take 32639 = 127·257: its codes split into two
+        // int8 parts for AMX (`256·hi + lo`, hi = (c + 128) >> 8 ≤ 127),
+        // and the zmm and AMX scores stay equal bit for bit.
+        a.mov_imm(RDX, if zmm { 32639 } else { 32767 });
         common::min_reg(a, RAX, RDX);
         a.vcvtsi2ss(Ymm(2), RAX);
         a.vmovss_store(mem(RSP, S_I16_MAX), Ymm(2));
@@ -1087,6 +1143,9 @@ fn widen_q(a: &mut X86Asm, keys: Keys, zmm: bool) {
             a.cmp_imm(RAX, 1);
             a.jcc(Cond::E, one);
             q_to_i16(a, RCX, true);
+            if form.amx {
+                amx_scores::q_int8_parts(a);
+            }
             a.jmp(packed);
             a.bind(one);
             q_to_i16(a, RCX, false);
@@ -1219,7 +1278,8 @@ fn horizontal(a: &mut X86Asm, v: Ymm, t: Ymm, op: fn(&mut X86Asm, Ymm, Ymm, Ymm)
 /// its `sarea[j][8]` from the record's cursors, with the running max and
 /// the in-range mask per head lane; dispatched on the tile's head count so
 /// each variant's FMAs have constant offsets.
-fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, zmm: bool) {
+fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, form: ScoreForm) {
+    let dot = form.dot;
     let done = a.new_label();
     let variants: Vec<Label> = (0..MAX_TILE).map(|_| a.new_label()).collect();
     a.load64(RAX, mem(RBX, R_GT));
@@ -1242,7 +1302,7 @@ fn scores(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, zmm: bo
             a.jmp(done);
             a.bind(per_key);
         }
-        score_loop(a, keys, softmax, dot, zmm, g + 1);
+        score_loop(a, keys, softmax, form, g + 1);
         a.jmp(done);
     }
     a.bind(done);
@@ -1453,7 +1513,8 @@ fn chunk_cursors(a: &mut X86Asm) {
     a.add(RDX, R13);
 }
 
-fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, zmm: bool, g: usize) {
+fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, form: ScoreForm, g: usize) {
+    let (dot, zmm) = (form.dot, form.zmm);
     let (maxv, ok) = (Ymm(13), Ymm(14));
     a.load64(R13, mem(RBX, R_KCUR));
     a.load64(R14, mem(RSP, S_KSTRIDE));
@@ -1470,6 +1531,11 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, zmm
     a.sub(R12, RAX);
     let keys_done = a.new_label();
     if zmm && keys == Keys::I8Asym && g > 1 {
+        if form.amx {
+            amx_scores::key_tiles(a, softmax, g);
+            a.cmp_imm(R12, 0);
+            a.jcc(Cond::E, keys_done);
+        }
         key_pairs_zmm(a, softmax, g);
         a.jmp(keys_done);
     }

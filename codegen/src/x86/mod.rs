@@ -81,6 +81,11 @@ pub struct X86Backend {
     /// It takes precedence over `avx512_bf16`: on the CPUs that have both,
     /// `vdpbf16ps` issues at about a quarter of the FMA rate.
     pub avx512_fp16: bool,
+    /// AMX-INT8, with Linux's permission to use the tile state
+    /// ([`amx::request_tile_data`]): the decode attention scores int8 keys
+    /// of several-head tiles by tile products (Sapphire Rapids and later
+    /// Intel Xeons; not Zen 4). It needs `avx512_vnni` too.
+    pub amx: bool,
 }
 
 /// Why x86 code cannot run here.
@@ -241,6 +246,7 @@ impl X86Backend {
             avx512_vnni: host_has_avx512_vnni(),
             avx512_bf16: host_has_avx512_bf16(),
             avx512_fp16: host_has_avx512_fp16(),
+            amx: amx::request_tile_data(),
         })
     }
 
@@ -402,6 +408,7 @@ impl X86Backend {
             bf16_values: self.avx512_bf16,
             f16_pv: self.avx512_fp16,
             zmm_scores: self.avx512_vnni,
+            amx_scores: self.amx && self.avx512_vnni,
         };
         attention::emit_for(kernel, blocks, isa)
     }
@@ -841,6 +848,7 @@ mod tests {
         let with = X86Backend {
             avx512_bf16: true,
             avx512_fp16: true,
+            amx: false,
             ..X86Backend::default()
         };
         let without = X86Backend::default();
@@ -854,6 +862,7 @@ mod tests {
         assert_eq!(with.packed_fp8_form(), Some("f16 FMAs"));
         let bf16_only = X86Backend {
             avx512_fp16: false,
+            amx: false,
             ..with
         };
         assert_eq!(bf16_only.packed_fp8_form(), Some("bf16 dots"));
@@ -863,6 +872,7 @@ mod tests {
             X86Backend {
                 avx512_bf16: false,
                 avx512_fp16: false,
+                amx: false,
                 ..with
             },
             with.with_fp8_values_packed(false),
@@ -884,6 +894,7 @@ mod tests {
             avx512_vnni: true,
             avx512_bf16: false,
             avx512_fp16: false,
+            amx: false,
         };
         for (name, want) in [
             ("matmul-w4a8", AVX512_NAME),
@@ -910,6 +921,7 @@ mod tests {
             avx512_vnni: false,
             avx512_bf16: false,
             avx512_fp16: false,
+            amx: false,
             ..be
         };
         let w4a8 = library::get("matmul-w4a8").unwrap();
@@ -928,6 +940,7 @@ mod tests {
             avx512_vnni: true,
             avx512_bf16: false,
             avx512_fp16: false,
+            amx: false,
         };
         let vex = X86Backend { vnni: true, ..evex };
         let caps = super::plan::target();
