@@ -15,7 +15,8 @@
 //! With `--record` (a `tessera-autotune` record of this machine), kv8
 //! lines run the fp8 values' P·V form it measured faster for the heads,
 //! and say which: the packed form (`f16` FMAs or `bf16` dots, as the CPU
-//! has them) or `fma`.
+//! has them) or `fma`; on x86, grouped-query kv8 lines also name how the
+//! int8 keys are scored (`AMX tdpbssd`, `zmm vpdpwssd`, ...).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -159,11 +160,16 @@ fn main() -> Result<(), Error> {
                     blocks.sort_by(f64::total_cmp);
                     let step = blocks[blocks.len() / 2];
                     let gbs = bytes as f64 / step / 1e9;
+                    let keys = match dev.int8_key_form() {
+                        Some(form) if hq > kvh => format!("; keys by {form}"),
+                        _ => String::new(),
+                    };
                     let pv = match format {
                         KvFormat::Kv8 if dev.fp8_values_packed(hq, kvh, d) => {
-                            format!("  ({})", dev.packed_fp8_form().unwrap_or("packed"))
+                            let packed = dev.packed_fp8_form().unwrap_or("packed");
+                            format!("  ({packed}{keys})")
                         }
-                        KvFormat::Kv8 => "  (fma)".to_string(),
+                        KvFormat::Kv8 => format!("  (fma{keys})"),
                         _ => String::new(),
                     };
                     println!(

@@ -945,6 +945,17 @@ impl Device {
         None
     }
 
+    /// How the decode attention scores int8 keys of several-head tiles on
+    /// the x86 JIT device ([`tessera_codegen::x86::X86Backend::int8_key_form`]:
+    /// `AMX tdpbssd`, `zmm vpdpwssd`, ...); None elsewhere.
+    pub fn int8_key_form(&self) -> Option<&'static str> {
+        #[cfg(feature = "jit")]
+        if let Engine::X86(b) = &self.engine {
+            return Some(b.int8_key_form());
+        }
+        None
+    }
+
     /// The x86 JIT device on a CPU whose decode attention may take fp8
     /// values in a packed form.
     fn x86_has_packed_fp8_values(&self) -> bool {

@@ -230,6 +230,18 @@ impl X86Backend {
         }
     }
 
+    /// How this backend's decode attention scores the int8 keys of a tile
+    /// of several query heads, named for reports: AMX tile products, the
+    /// zmm `vpdpwssd` loop (AVX512-VNNI), or a ymm integer dot.
+    pub fn int8_key_form(&self) -> &'static str {
+        match (self.avx512_vnni, self.amx, self.int8_dot()) {
+            (true, true, _) => "AMX tdpbssd",
+            (true, false, _) => "zmm vpdpwssd",
+            (false, _, int8::Dot::VexVnni) => "ymm vpdpwssd",
+            (false, _, _) => "ymm vpmaddwd",
+        }
+    }
+
     /// The backend for this CPU: fails with the missing feature names when
     /// AVX2, FMA or F16C is absent; uses `vpdpbusd` when AVX-VNNI exists
     /// and the AVX-512 f32 kernel when AVX-512F does.
