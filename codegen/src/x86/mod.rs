@@ -407,13 +407,19 @@ impl X86Backend {
     /// int8-key dot of [`Self::int8_dot`], with `avx512_vnni` (which
     /// comes with AVX512VL and AVX512BW) ymm16–31 for P·V and the zmm score
     /// loop for int8 keys of several-head tiles, and with that fp8 values'
-    /// P·V by f16 FMAs (`avx512_fp16`) or else bf16 dots (`avx512_bf16`);
-    /// a prefill kernel's flash loop in `blocks`.
+    /// P·V by f16 FMAs (`avx512_fp16`) or else bf16 dots (`avx512_bf16`),
+    /// and with `amx` too the AMX score loop; a prefill kernel's flash loop
+    /// in `blocks`. With `amx` it asks Linux for the tile state first
+    /// ([`amx::request_tile_data`], once a process), so code emitted here
+    /// runs here even when the backend was not made by [`Self::detect`].
     pub fn attention(
         &self,
         kernel: &Kernel,
         blocks: PrefillBlocks,
     ) -> Result<MachineCode, EmitError> {
+        if self.amx {
+            amx::request_tile_data();
+        }
         let isa = attention::DecodeIsa {
             key_dot: self.int8_dot().into(),
             ymm32: self.avx512_vnni,
