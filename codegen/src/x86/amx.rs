@@ -194,12 +194,6 @@ mod tests {
     use super::super::asm::*;
     use super::*;
 
-    fn bytes_of(f: impl FnOnce(&mut X86Asm)) -> (Vec<u8>, String) {
-        let mut a = X86Asm::new();
-        f(&mut a);
-        a.finish().unwrap()
-    }
-
     /// The score loop's tile instructions, bytes from llvm-mc 19 (the
     /// sweep over registers and addresses is in the tests crate).
     #[test]

@@ -922,6 +922,14 @@ impl X86Asm {
     }
 }
 
+/// The bytes and listing `emit` writes: the encoder unit tests' view.
+#[cfg(test)]
+pub(crate) fn bytes_of(emit: impl FnOnce(&mut X86Asm)) -> (Vec<u8>, String) {
+    let mut a = X86Asm::new();
+    emit(&mut a);
+    a.finish().unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

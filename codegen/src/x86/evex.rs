@@ -886,12 +886,6 @@ mod tests {
     use super::super::asm::*;
     use super::*;
 
-    fn bytes_of(f: impl FnOnce(&mut X86Asm)) -> (Vec<u8>, String) {
-        let mut a = X86Asm::new();
-        f(&mut a);
-        a.finish().unwrap()
-    }
-
     /// Encodings from the Intel SDM / llvm-mc, written down by hand.
     #[test]
     fn known_encodings() {
