@@ -13,7 +13,8 @@
 //! 1. Per tile, q of each head widened to f32, interleaved by 8-lane chunk
 //!    of d (`qarea[d/8][8 heads][8]`), so a chunk's heads sit at constant
 //!    offsets. For int8 keys q is instead rounded per head to i16 (scale
-//!    `max|q| / 32767`) in chunks of 16 d, with `Σq` per head; for the
+//!    `max|q| / 32767`, 32639 in the zmm forms) in chunks of 16 d, with
+//!    `Σq` per head; for the
 //!    zmm score loop in chunks of 32 d (`qarea[⌈d/32⌉][8 heads][32]`).
 //! 2. The keys in super-blocks of [`DECODE_SUPER_BLOCK`], each in three
 //!    passes over every tile. Going tile by tile within a block of keys,
@@ -322,8 +323,9 @@ const R_OK: i32 = 128;
 const R_MVEC: i32 = 160;
 const R_DEN: i32 = 192;
 const R_SUMQ: i32 = 224;
-/// int8 keys: per head lane, the scale of q's i16 form (`max|q| / 32767`;
-/// past d = 512 a smaller code range, see [`widen_q`]).
+/// int8 keys: per head lane, the scale of q's i16 form (`max|q| / 32767`,
+/// 32639 in the zmm forms; past d = 512 a smaller code range, see
+/// [`widen_q`]).
 const R_QSCALE: i32 = 256;
 /// f16 P·V ([`pv_pass_f16`]): per head lane, what the block's f16 sums
 /// are multiplied by into `num` (their p is taken against the running
@@ -1037,7 +1039,7 @@ fn widen_q(a: &mut X86Asm, keys: Keys, form: ScoreForm) {
     let zmm = form.zmm;
     let int8 = keys == Keys::I8Asym;
     a.comment(if int8 {
-        "q → i16 by head scale max|q|/32767, interleaved by chunk: qarea[c][head][16]"
+        "q → i16 by head scale max|q|/C (C = 32767, 32639 in the zmm forms), interleaved by chunk: qarea[c][head][16]"
     } else {
         "q → f32, interleaved by chunk: qarea[c][head][8]"
     });
@@ -1162,7 +1164,8 @@ fn widen_q(a: &mut X86Asm, keys: Keys, form: ScoreForm) {
 /// After [`widen_q`]'s f32 pass over head r12 (row at r8, its qarea
 /// column at r9, max|q| per lane in ymm4): the scale `m / C` (m = max|q|,
 /// at least the least normal f32; C the code range at `S_I16_MAX`, 32767
-/// up to d = 512) into the record's lane at `rcx` bytes, and q·C/m
+/// or 32639 in the zmm forms up to d = 512) into the record's lane at
+/// `rcx` bytes, and q·C/m
 /// rounded to i16 into the head's chunks (a half chunk of 8 d first where
 /// d/8 is odd, its upper 8 lanes zero).
 fn q_to_i16(a: &mut X86Asm, lane_bytes: Gp, zmm: bool) {
