@@ -22,6 +22,9 @@
 //! Workers therefore spin for [`SPIN`] after their last job before they
 //! sleep on the condition variable, and the caller spins as long for the
 //! workers to finish; a pool used back to back never enters the kernel.
+//! A wait that passes [`YIELD_AFTER`] yields the CPU every few spins, so a
+//! thread it waits for that shares its CPU (the machine's other cores
+//! busy) runs instead of waiting out the spin.
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -33,6 +36,11 @@ use std::time::{Duration, Instant};
 /// it sleeps: longer than the gap between a decode step's matmuls, short
 /// enough that an idle pool stops burning its cores at once.
 pub const SPIN: Duration = Duration::from_micros(200);
+/// How long a spin wait spins before it starts to yield ([`spin_or_yield`]):
+/// past the wait of back-to-back calls on idle cores.
+const YIELD_AFTER: Duration = Duration::from_micros(20);
+/// Spin-wait steps between yields once it does.
+const YIELD_EVERY: u32 = 16;
 
 /// The job of one [`ThreadPool::run`] call with its borrow lifetime erased.
 /// Only dereferenced while `run` blocks the caller (see the SAFETY notes).
@@ -240,7 +248,7 @@ impl ThreadPool {
         let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
         let start = Instant::now();
         while shared.pending.load(Ordering::Acquire) > 0 && start.elapsed() < SPIN {
-            std::hint::spin_loop();
+            spin_or_yield(start);
         }
         let mut s = lock(&shared.state);
         while shared.pending.load(Ordering::Acquire) > 0 {
@@ -260,12 +268,33 @@ impl ThreadPool {
     }
 }
 
+/// One step of a spin wait begun at `start`, which gives the CPU away now
+/// and then once it has lasted [`YIELD_AFTER`]: where the thread it waits
+/// for shares this CPU (another process holds the other cores), pure
+/// spinning kept it off for the whole [`SPIN`] on every call, and a
+/// two-thread decode attention call took 3–5× its one-thread time
+/// (`docs/PERFORMANCE.md`). `sched_yield` returns at once when nothing
+/// else is runnable here.
+fn spin_or_yield(start: Instant) {
+    thread_local!(static SPINS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
+    let n = SPINS.with(|c| {
+        let n = c.get().wrapping_add(1);
+        c.set(n);
+        n
+    });
+    if n.is_multiple_of(YIELD_EVERY) && start.elapsed() > YIELD_AFTER {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
 fn worker(shared: &Shared, index: usize) {
     let mut seen = 0u64;
     loop {
         let start = Instant::now();
         while shared.generation.load(Ordering::Acquire) == seen && start.elapsed() < SPIN {
-            std::hint::spin_loop();
+            spin_or_yield(start);
         }
         let job = {
             let mut s = lock(&shared.state);
