@@ -21,8 +21,8 @@
 //! with blocks of 16, 32 or 64; cold, 64-key blocks took 278 µs against
 //! 267 for 16 and the zmm loop's 266 (one KV head's rows read 64 at a
 //! time stream worse), so 32 (269 cold, equal within the noise). Cold
-//! calls are bound by the cache read, which the tile products do not
-//! change.
+//! calls are bound by how the loads of K and V overlap the rest of the
+//! arithmetic, which the tile products do not change.
 
 use super::*;
 use crate::x86::amx::{TileMem, Tmm};
@@ -35,8 +35,8 @@ const V_AMX_CFG: i32 = V_AMX_C + 64 * AMX_BLOCK;
 /// The decode frame with the AMX score loop's areas.
 pub(super) const FRAME_AMX: i32 = V_AMX_CFG + 64;
 const _: () = assert!(V_AMX_C % 64 == 0 && FRAME_AMX >= FRAME_F16);
-/// Keys per score block of this call: [`AMX_BLOCK`] for several heads a
-/// tile, else [`SCORE_BLOCK`] (the one-head loop's block).
+/// Keys per score block of this call: [`AMX_BLOCK`] where the group has
+/// several query heads, else [`SCORE_BLOCK`] (the one-head loop's block).
 pub(super) const S_SCORE_BLOCK: i32 = 440;
 /// Bytes from a tile's `qarea` to q's int8 parts: the zmm codes' size,
 /// `⌈d/32⌉·512`.
