@@ -11,10 +11,14 @@
 //! The calling thread (the engine's) is never pinned; it may run anywhere
 //! and is given the smallest weight (see `Device::open`).
 //!
-//! [`ThreadPool::run`] calls one closure per worker (the calling thread is
-//! worker 0) and returns only when every worker is done, so the closure may
-//! borrow from the caller's stack. Workers live as long as the pool: no
-//! thread is spawned per call.
+//! [`ThreadPool::run`] calls one closure per share (the calling thread's
+//! is share 0, worker i's share i) and returns only when every share is
+//! done, so the closure may borrow from the caller's stack. Workers live as
+//! long as the pool: no thread is spawned per call. A share its worker has
+//! not taken [`STEAL_AFTER`] into the call, when the caller is done with
+//! its own, runs on the caller instead (the worker is asleep, or waits for
+//! a CPU other work holds): the call then takes about the one-thread time,
+//! not the worker's wake-up.
 //!
 //! Decode runs one small matmul after another (a Qwen2-1.5B GEMV reads
 //! 1–9 MB, 50–400 µs), so waking a sleeping worker through the OS (a futex
@@ -27,7 +31,7 @@
 //! busy) runs instead of waiting out the spin.
 
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -39,6 +43,11 @@ pub const SPIN: Duration = Duration::from_micros(200);
 /// How long a spin wait spins before it starts to yield ([`spin_or_yield`]):
 /// past the wait of back-to-back calls on idle cores.
 const YIELD_AFTER: Duration = Duration::from_micros(20);
+/// How long after publishing a call the caller, done with its own share,
+/// runs the shares no worker has taken yet ([`steal_unclaimed`]): longer
+/// than a spinning worker takes to see the call, about a sleeping one's
+/// wake-up on a VM.
+const STEAL_AFTER: Duration = Duration::from_micros(20);
 /// Spin-wait steps between yields once it does.
 const YIELD_EVERY: u32 = 16;
 
@@ -69,6 +78,12 @@ struct Shared {
     generation: AtomicU64,
     /// Workers (excluding the caller) still running the current job.
     pending: AtomicUsize,
+    /// Per share (index 0, the caller's, unused): taken for this call,
+    /// by its worker or by the caller ([`STEAL_AFTER`]). Cleared under
+    /// the lock before each call is published; a worker takes its share
+    /// under the lock in the step that reads the job, so it never runs a
+    /// job of another call.
+    claimed: Vec<AtomicBool>,
     work: Condvar,
     done: Condvar,
 }
@@ -174,6 +189,7 @@ impl ThreadPool {
             pins: Mutex::new(vec![None; threads]),
             generation: AtomicU64::new(0),
             pending: AtomicUsize::new(0),
+            claimed: (0..threads).map(|_| AtomicBool::new(false)).collect(),
             work: Condvar::new(),
             done: Condvar::new(),
         });
@@ -239,13 +255,18 @@ impl ThreadPool {
             let mut s = lock(&shared.state);
             s.job = Some(erased);
             s.panicked = false;
+            for c in &shared.claimed {
+                c.store(false, Ordering::Relaxed);
+            }
             shared.pending.store(self.workers.len(), Ordering::Release);
             shared.generation.fetch_add(1, Ordering::AcqRel);
             if s.sleepers > 0 {
                 shared.work.notify_all();
             }
         }
+        let published = Instant::now();
         let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+        let stolen = steal_unclaimed(shared, job, published);
         let start = Instant::now();
         while shared.pending.load(Ordering::Acquire) > 0 && start.elapsed() < SPIN {
             spin_or_yield(start);
@@ -259,7 +280,7 @@ impl ThreadPool {
         s.job = None;
         let worker_panicked = s.panicked;
         drop(s);
-        if let Err(payload) = mine {
+        if let Err(payload) = mine.and(stolen) {
             resume_unwind(payload);
         }
         if worker_panicked {
@@ -289,6 +310,38 @@ fn spin_or_yield(start: Instant) {
     }
 }
 
+/// After the caller's own share: once [`STEAL_AFTER`] has passed since the
+/// call was published, the shares no worker has taken yet run here, one
+/// after another (a worker that is asleep, or waits for a CPU the machine's
+/// other work holds, would otherwise hold up the call). Waits for that
+/// moment while some share is untaken and some worker still runs. Returns
+/// the first panic of a share it ran.
+fn steal_unclaimed(
+    shared: &Shared,
+    job: &(dyn Fn(usize) + Sync),
+    published: Instant,
+) -> std::thread::Result<()> {
+    let untaken = || {
+        shared.claimed[1..]
+            .iter()
+            .any(|c| !c.load(Ordering::Acquire))
+    };
+    while untaken() && published.elapsed() < STEAL_AFTER {
+        spin_or_yield(published);
+    }
+    let mut result = Ok(());
+    for (index, c) in shared.claimed.iter().enumerate().skip(1) {
+        if !c.swap(true, Ordering::AcqRel) {
+            let r = catch_unwind(AssertUnwindSafe(|| job(index)));
+            if result.is_ok() {
+                result = r;
+            }
+            shared.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    result
+}
+
 fn worker(shared: &Shared, index: usize) {
     let mut seen = 0u64;
     loop {
@@ -307,12 +360,17 @@ fn worker(shared: &Shared, index: usize) {
                     && let Some(job) = s.job
                 {
                     seen = generation;
-                    break job;
+                    // The caller may have run this share already.
+                    let mine = !shared.claimed[index].swap(true, Ordering::AcqRel);
+                    break mine.then_some(job);
                 }
                 s.sleepers += 1;
                 s = shared.work.wait(s).unwrap_or_else(|e| e.into_inner());
                 s.sleepers -= 1;
             }
+        };
+        let Some(job) = job else {
+            continue;
         };
         // SAFETY: `run` keeps the job alive until `pending` reaches 0, which
         // happens only after this call returns (below).
@@ -439,16 +497,19 @@ mod tests {
             let seen = Mutex::new(Vec::new());
             for _ in 0..20 {
                 pool.run(&|w| {
-                    if w == 1 {
+                    // The caller's share outlasts the steal delay, so the
+                    // worker takes its own; only its runs are recorded.
+                    if w == 0 {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    if w == 1 && std::thread::current().name() == Some("tessera-1") {
                         lock_vec(&seen).push(current_cpu());
                     }
                 });
             }
-            assert!(
-                lock_vec(&seen).iter().all(|c| *c == Some(1)),
-                "{:?}",
-                lock_vec(&seen)
-            );
+            let seen = lock_vec(&seen);
+            assert!(!seen.is_empty(), "worker 1 never ran its share");
+            assert!(seen.iter().all(|c| *c == Some(1)), "{seen:?}");
         }
         // An unpinned pool reports no pins.
         assert!(ThreadPool::new(2).worker_cpus().iter().all(Option::is_none));
@@ -479,6 +540,37 @@ mod tests {
         for h in &hits {
             assert_eq!(h.load(Ordering::Relaxed), 100);
         }
+    }
+
+    /// Calls whose workers are asleep (each after more than the spin) are
+    /// where the caller takes shares: every share still runs exactly once
+    /// a call, whoever runs it, and on its own index.
+    #[test]
+    fn every_share_runs_once_when_the_caller_takes_some() {
+        let pool = ThreadPool::new(3);
+        let by_caller = AtomicUsize::new(0);
+        for call in 0..200 {
+            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|w| {
+                hits[w].fetch_add(1, Ordering::Relaxed);
+                let on_worker = std::thread::current()
+                    .name()
+                    .is_some_and(|n| n.starts_with("tessera-"));
+                if w > 0 && !on_worker {
+                    by_caller.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            for h in &hits {
+                assert_eq!(h.load(Ordering::Relaxed), 1, "call {call}");
+            }
+            if call % 4 == 0 {
+                std::thread::sleep(SPIN * 2);
+            }
+        }
+        eprintln!(
+            "{} of 400 worker shares ran on the caller",
+            by_caller.load(Ordering::Relaxed)
+        );
     }
 
     #[test]
