@@ -15,7 +15,7 @@
 //! is share 0, worker i's share i) and returns only when every share is
 //! done, so the closure may borrow from the caller's stack. Workers live as
 //! long as the pool: no thread is spawned per call. A share its worker has
-//! not taken [`STEAL_AFTER`] into the call, when the caller is done with
+//! not taken 20 µs into the call (`STEAL_AFTER`), when the caller is done with
 //! its own, runs on the caller instead (the worker is asleep, or waits for
 //! a CPU other work holds): the call then takes about the one-thread time,
 //! not the worker's wake-up.
@@ -26,7 +26,7 @@
 //! Workers therefore spin for [`SPIN`] after their last job before they
 //! sleep on the condition variable, and the caller spins as long for the
 //! workers to finish; a pool used back to back never enters the kernel.
-//! A wait that passes [`YIELD_AFTER`] yields the CPU every few spins, so a
+//! A wait that passes 20 µs (`YIELD_AFTER`) yields the CPU every few spins, so a
 //! thread it waits for that shares its CPU (the machine's other cores
 //! busy) runs instead of waiting out the spin.
 
