@@ -55,36 +55,11 @@ fn vex(r: u8, x: u8, b: u8, vvvv: u8, pp: u8) -> [u8; 3] {
     [0xC4, byte1, byte2]
 }
 
-/// ModRM, SIB and displacement of `[base + index + disp]` (index None: no
-/// index) with `reg` in ModRM.reg, as llvm-mc encodes them: no SIB without
-/// an index unless the base is rsp or r12, disp8 where it fits, and a zero
-/// disp8 for an rbp or r13 base.
+/// ModRM, SIB and displacement of `[base + index + disp]` with `reg` in
+/// ModRM.reg (VEX has no compressed displacement).
 fn address(reg: u8, base: Gp, index: Option<Gp>, disp: i32) -> Vec<u8> {
-    let b = base.0 & 7;
-    let md = if disp == 0 && b != 5 {
-        0b00
-    } else if i8::try_from(disp).is_ok() {
-        0b01
-    } else {
-        0b10
-    };
     let mut out = Vec::with_capacity(7);
-    match index {
-        Some(i) => {
-            out.push((md << 6) | ((reg & 7) << 3) | 0b100);
-            out.push(((i.0 & 7) << 3) | b);
-        }
-        None if b == 4 => {
-            out.push((md << 6) | ((reg & 7) << 3) | 0b100);
-            out.push(0x24);
-        }
-        None => out.push((md << 6) | ((reg & 7) << 3) | b),
-    }
-    match md {
-        0b01 => out.push(disp as u8),
-        0b10 => out.extend(disp.to_le_bytes()),
-        _ => {}
-    }
+    super::evex::modrm_address(&mut out, reg, base, index, disp, 1);
     out
 }
 

@@ -103,21 +103,44 @@ impl Evex {
 /// ModRM (+ SIB + displacement) for `reg` and a memory operand, with
 /// displacements compressed by `n` when they fit.
 fn modrm_mem(out: &mut Vec<u8>, reg: u8, m: Mem, n: i32) {
-    let base = m.base.0 & 7;
-    let d = m.disp;
-    let (md, disp): (u8, Vec<u8>) = if d == 0 && base != 5 {
+    modrm_address(out, reg, m.base, None, m.disp, n);
+}
+
+/// ModRM, SIB and displacement for `reg` and `[base + index + disp]`
+/// (index None: no index, scale 1), as llvm-mc encodes them: a SIB byte
+/// with an index or an rsp/r12 base, no displacement unless the base is
+/// rbp/r13 (mod 00 would mean RIP-relative or no base), disp8 where `disp`
+/// is a multiple of `n` whose quotient fits (EVEX's disp8·N; 1 elsewhere).
+pub(super) fn modrm_address(
+    out: &mut Vec<u8>,
+    reg: u8,
+    base: Gp,
+    index: Option<Gp>,
+    disp: i32,
+    n: i32,
+) {
+    let b = base.0 & 7;
+    let (md, bytes): (u8, Vec<u8>) = if disp == 0 && b != 5 {
         (0, vec![])
-    } else if d % n == 0 && i8::try_from(d / n).is_ok() {
-        (1, vec![(d / n) as i8 as u8])
+    } else if disp % n == 0 && i8::try_from(disp / n).is_ok() {
+        (1, vec![(disp / n) as i8 as u8])
     } else {
-        (2, d.to_le_bytes().to_vec())
+        (2, disp.to_le_bytes().to_vec())
     };
-    out.push((md << 6) | ((reg & 7) << 3) | base);
-    if base == 4 {
-        // SIB: no index (100), base rsp/r12.
-        out.push(0x24);
+    match index {
+        Some(i) => {
+            out.push((md << 6) | ((reg & 7) << 3) | 0b100);
+            out.push(((i.0 & 7) << 3) | b);
+        }
+        None => {
+            out.push((md << 6) | ((reg & 7) << 3) | b);
+            if b == 4 {
+                // SIB: no index (100), base rsp/r12.
+                out.push(0x24);
+            }
+        }
     }
-    out.extend(disp);
+    out.extend(bytes);
 }
 
 impl Evex {
