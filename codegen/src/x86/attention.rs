@@ -220,6 +220,8 @@ const S_D: i32 = 416;
 const S_KVH: i32 = 424;
 /// Keys per P·V block of this call ([`pv_block`]).
 const S_PV_BLOCK: i32 = 432;
+/// AMX score loop: keys per score block of this call (`amx_scores`).
+const S_SCORE_BLOCK: i32 = 440;
 const S_TILES0: i32 = 448;
 const S_TILES_END: i32 = 456;
 const S_TILEBYTES: i32 = 464;
@@ -247,6 +249,12 @@ const S_HEND: i32 = 608;
 const S_I16_MAX: i32 = 616;
 const S_ABS_MASK: i32 = 620;
 const S_TINY: i32 = 624;
+/// AMX score loop: 0x0080 in both i16 halves (`c + 128` for q's high
+/// int8 part).
+const S_W128: i32 = 628;
+/// AMX score loop: bytes from a tile's `qarea` to q's int8 parts (the zmm
+/// codes' size, `⌈d/32⌉·512`).
+const S_QPARTS: i32 = 632;
 // 32-byte vector constants and stores.
 pub(super) const V_MIN: i32 = 640;
 const V_MAX: i32 = 672;
@@ -962,7 +970,7 @@ fn super_blocks(
         a.store64(mem(RBX, R_SCUR), RAX);
     });
     let score_block = if form.amx {
-        BlockSize::Slot(amx_scores::S_SCORE_BLOCK)
+        BlockSize::Slot(S_SCORE_BLOCK)
     } else {
         BlockSize::Keys(SCORE_BLOCK)
     };

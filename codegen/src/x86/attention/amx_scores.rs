@@ -35,19 +35,22 @@ const V_AMX_CFG: i32 = V_AMX_C + 64 * AMX_BLOCK;
 /// The decode frame with the AMX score loop's areas.
 pub(super) const FRAME_AMX: i32 = V_AMX_CFG + 64;
 const _: () = assert!(V_AMX_C % 64 == 0 && FRAME_AMX >= FRAME_F16);
-/// Keys per score block of this call: [`AMX_BLOCK`] where the group has
-/// several query heads, else [`SCORE_BLOCK`] (the one-head loop's block).
-pub(super) const S_SCORE_BLOCK: i32 = 440;
-/// Bytes from a tile's `qarea` to q's int8 parts: the zmm codes' size,
-/// `⌈d/32⌉·512`.
-const S_QPARTS: i32 = 632;
-/// 0x0080 in both i16 halves: `c + 128` for the high part.
-const S_W128: i32 = 628;
 
 /// 16-key groups (C tiles) a trip takes.
 const GROUPS: usize = 2;
-/// Keys a trip takes.
+/// Keys a trip takes, and the score block of a call whose group has
+/// several query heads (`S_SCORE_BLOCK`).
 const AMX_BLOCK: i32 = 16 * GROUPS as i32;
+/// q's zmm codes (`⌈d/32⌉·512` bytes) and its int8 parts (`⌈d/64⌉·1024`)
+/// fit in a tile's q area and pad for every head dim (multiples of 8).
+const _: () = {
+    let mut d: usize = 8;
+    while d <= 1 << 16 {
+        let bytes = d.div_ceil(32) * 512 + d.div_ceil(64) * 1024;
+        assert!(bytes <= 32 * d + Q_PAD as usize);
+        d += 8;
+    }
+};
 /// tmm0 and tmm1 the C tiles, tmm2 and tmm3 A (K rows) and B (q) of a
 /// whole 64-byte chunk of d, tmm4 and tmm5 of the last `d % 64` bytes.
 const C_TILES: [Tmm; GROUPS] = [Tmm(0), Tmm(1)];
