@@ -14,6 +14,7 @@ use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::target::TargetCaps;
 use tessera_codegen::tile::TileConfig;
 use tessera_codegen::x86::X86Backend;
+use tessera_codegen::x86::int8::PrefetchDistance;
 use tessera_dsl::ir::{Format, Kernel};
 
 /// A backend name the CLI accepts.
@@ -224,6 +225,23 @@ pub trait TuneBackend {
     fn packed_fp8_form(&self) -> Option<&'static str> {
         None
     }
+
+    /// The weight prefetch distances (bytes, the default first) this
+    /// backend can emit `kernel`'s GEMV and flat loops with and this CPU
+    /// runs; empty where it has no such choice.
+    fn weight_prefetch_choices(&self, kernel: &Kernel) -> Vec<u32> {
+        let _ = kernel;
+        Vec::new()
+    }
+
+    /// This backend with the weight stream prefetched `bytes` ahead (one of
+    /// [`Self::weight_prefetch_choices`]).
+    fn with_weight_prefetch(&self, bytes: u32) -> Result<Box<dyn TuneBackend>, String> {
+        Err(format!(
+            "backend `{}` has no weight prefetch distance to set ({bytes} bytes asked)",
+            self.kind()
+        ))
+    }
 }
 
 /// The backend for `kind`, or why it is unavailable (naming those that are).
@@ -339,6 +357,25 @@ impl TuneBackend for X86Tune {
             return None;
         }
         self.0.packed_fp8_form()
+    }
+
+    fn weight_prefetch_choices(&self, kernel: &Kernel) -> Vec<u32> {
+        if !tessera_codegen::x86::missing_features().is_empty()
+            || !X86Backend::streams_int8_weights(kernel)
+        {
+            return Vec::new();
+        }
+        PrefetchDistance::CHOICES
+            .iter()
+            .map(|d| d.bytes())
+            .collect()
+    }
+
+    fn with_weight_prefetch(&self, bytes: u32) -> Result<Box<dyn TuneBackend>, String> {
+        Ok(Box::new(X86Tune(X86Backend {
+            int8_prefetch: PrefetchDistance::new(bytes)?,
+            ..self.0
+        })))
     }
 }
 

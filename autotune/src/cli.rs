@@ -28,6 +28,7 @@ use crate::decode;
 use crate::limits::{self, MacPath};
 use crate::model_source::{AttentionHeads, TunePlan};
 use crate::opencl::ClTarget;
+use crate::prefetch;
 use crate::prefill;
 use crate::report;
 use crate::tune::{self, Bench, Event, ShapeSpec, SolverCtx, Stop, Traffic, TuneConfig};
@@ -753,10 +754,36 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         nibble_runs: problem.nibble_runs,
         accept: &accept,
     };
+    // The weight stream's prefetch distance first (x86 int8 kernels), so
+    // the shapes' tiles are timed as the runtime will emit them.
+    let weight_prefetch = match (&target, shapes.iter().max_by_key(|s| s.n * s.k)) {
+        (Target::Host(b), Some(largest)) if !b.weight_prefetch_choices(&kernel).is_empty() => {
+            prefetch::tune(
+                b.as_ref(),
+                &prefetch::Setup {
+                    kernel: &kernel,
+                    solver: &solver,
+                    shape: largest,
+                    threads,
+                    llc_bytes: llc,
+                    start,
+                    stop: stop.clone(),
+                },
+            )
+            .map_err(CliError::Usage)?
+        }
+        _ => None,
+    };
+    let prefetching: Option<Box<dyn backend::TuneBackend>> = match (&target, &weight_prefetch) {
+        (Target::Host(b), Some(p)) => {
+            Some(b.with_weight_prefetch(p.bytes).map_err(CliError::Usage)?)
+        }
+        _ => None,
+    };
     let mut bench: Box<dyn Bench + '_> = match &target {
         Target::Host(b) => Box::new(
             HostBench::new(
-                b.as_ref(),
+                prefetching.as_deref().unwrap_or(b.as_ref()),
                 kernel.clone(),
                 threads,
                 llc,
@@ -784,6 +811,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         shapes,
         prefill: None,
         decode: None,
+        weight_prefetch: weight_prefetch.clone(),
     };
     let save = |entry: DeviceEntry| -> Result<(), CliError> {
         let base = existing.clone().unwrap_or_default();
@@ -897,6 +925,37 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
                     ms(p.default)
                 )
             }
+        );
+    }
+    if let Some(p) = &entry.weight_prefetch {
+        let us = |bytes: u32| {
+            p.measurements
+                .iter()
+                .find(|m| m.bytes == bytes)
+                .map_or(f64::NAN, |m| m.us)
+        };
+        let alternatives: Vec<String> = p
+            .measurements
+            .iter()
+            .filter(|m| m.bytes != p.bytes)
+            .map(|m| format!("{} B {:.0} µs", m.bytes, m.us))
+            .collect();
+        println!(
+            "weight prefetch ([{}, {}], M = {:?}): {} B ahead at {:.0} µs{} ({})",
+            p.shape[0],
+            p.shape[1],
+            p.m,
+            p.bytes,
+            us(p.bytes),
+            if p.bytes == p.default {
+                format!(
+                    ", the default; no distance beat it by {:.0}% twice",
+                    (prefetch::MARGIN - 1.0) * 100.0
+                )
+            } else {
+                String::new()
+            },
+            alternatives.join(", ")
         );
     }
     if let Some(p) = &entry.decode {

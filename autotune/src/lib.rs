@@ -19,6 +19,7 @@
 //! - [`backend`]: the backends that can tune here;
 //! - [`opencl`]: tuning on an OpenCL device (its bench and limits);
 //! - [`limits`]: read bandwidth, peak MAC rate, core weights;
+//! - [`prefetch`]: the int8 weight stream's prefetch distance;
 //! - [`model_source`]: what `--model` names (embedded model, config.json,
 //!   GGUF file, shape list) as shapes and their formats;
 //! - [`report`]: summary tables and SVG plots;
@@ -32,6 +33,7 @@ pub mod decode;
 pub mod limits;
 pub mod model_source;
 pub mod opencl;
+pub mod prefetch;
 pub mod prefill;
 pub mod remote;
 pub mod report;

@@ -195,6 +195,7 @@ fn write_records(dir: &Path) {
         entries: vec![DeviceEntry {
             prefill: None,
             decode: None,
+            weight_prefetch: None,
             fingerprint,
             generator: current_generator(),
             // The backend the examples open (the best host backend), so

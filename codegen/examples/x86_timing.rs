@@ -37,6 +37,7 @@ use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWei
 use tessera_codegen::target::TargetCaps;
 use tessera_codegen::tile::{Problem, TileConfig, neighbours, solve};
 use tessera_codegen::x86::avx512::{self, Avx512Spec};
+use tessera_codegen::x86::int8::PrefetchDistance;
 use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512, plan};
 
 const ROTATE_BYTES: usize = 256 << 20;
@@ -340,7 +341,11 @@ fn time_one(
 }
 
 fn main() {
-    let backend = X86Backend::detect().expect("this example needs AVX2, FMA and F16C");
+    let mut backend = X86Backend::detect().expect("this example needs AVX2, FMA and F16C");
+    if let Ok(bytes) = std::env::var("INT8_PREFETCH") {
+        let bytes = bytes.parse().expect("INT8_PREFETCH: bytes");
+        backend.int8_prefetch = PrefetchDistance::new(bytes).expect("INT8_PREFETCH");
+    }
     let formats = env_list("FORMATS", "f32,f16,w8a8,w4a8");
     let ms: Vec<usize> = env_list("MS", "1,2,4,8,16,64,512")
         .iter()

@@ -182,6 +182,7 @@ pub fn run(req: EmitRequest<'_>) -> Result<Emitted, String> {
                 avx512_bf16: false,
                 avx512_fp16: false,
                 amx: false,
+                ..X86Backend::default()
             };
             if target == "x86-avx512"
                 && (!is_matmul || x86_backend.target(&kernel, Variant::Gemm).name != target)

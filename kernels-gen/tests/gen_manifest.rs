@@ -269,6 +269,7 @@ fn record_with(generator: GeneratorId) -> TuningRecord {
         entries: vec![DeviceEntry {
             prefill: None,
             decode: None,
+            weight_prefetch: None,
             fingerprint: fp,
             generator,
             backend: "neon".into(),

@@ -316,6 +316,14 @@ impl Device {
                 None => fp,
             }
         });
+        #[cfg(feature = "jit")]
+        let engine = with_recorded_prefetch(
+            engine,
+            options.record.as_ref(),
+            &fingerprint,
+            &generator,
+            backend,
+        );
         let (pool, core_weights) = pool_for(
             options.record.as_ref(),
             &fingerprint,
@@ -910,6 +918,17 @@ impl Device {
         self.attention_in(format.kernel_name(), d, PrefillBlocks::DEFAULT, by_fma)
     }
 
+    /// How far ahead, in bytes, this device's int8 matmuls prefetch their
+    /// weight stream: on the x86 JIT device, the record's measurement or
+    /// the default; None elsewhere (no such choice).
+    pub fn int8_weight_prefetch(&self) -> Option<u32> {
+        match &self.engine {
+            #[cfg(feature = "jit")]
+            Engine::X86(b) => Some(b.int8_prefetch.bytes()),
+            _ => None,
+        }
+    }
+
     /// Whether this device's decode attention multiplies fp8 values in the
     /// CPU's packed form (f16 FMAs with AVX512-FP16, else bf16 dots) for
     /// `hq` query heads over `kvh` KV heads of `d`: on the x86 JIT device
@@ -1119,6 +1138,38 @@ fn jit_engine(backend: Backend, _x86_avx2_only: bool) -> Result<Engine, RuntimeE
         backend,
         "this build has no JIT (the `jit` feature); open it with prebuilt kernels",
     ))
+}
+
+/// The x86 JIT engine with the int8 weight stream prefetched as far ahead
+/// as `record` measured fastest on this device
+/// ([`TuningRecord::weight_prefetch`]); other engines, or no measurement,
+/// unchanged.
+#[cfg(feature = "jit")]
+fn with_recorded_prefetch(
+    engine: Engine,
+    record: Option<&TuningRecord>,
+    fingerprint: &Fingerprint,
+    generator: &GeneratorId,
+    backend: Backend,
+) -> Engine {
+    let Engine::X86(x86) = engine else {
+        return engine;
+    };
+    let Some(bytes) =
+        record.and_then(|r| r.weight_prefetch(fingerprint, generator, backend.record_name()))
+    else {
+        return Engine::X86(x86);
+    };
+    match tessera_codegen::x86::int8::PrefetchDistance::new(bytes) {
+        Ok(int8_prefetch) => Engine::X86(tessera_codegen::x86::X86Backend {
+            int8_prefetch,
+            ..x86
+        }),
+        Err(why) => {
+            tracing::warn!("not using the record's weight prefetch ({why}); using the default");
+            Engine::X86(x86)
+        }
+    }
 }
 
 #[cfg(feature = "jit")]

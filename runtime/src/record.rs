@@ -237,7 +237,43 @@ pub struct DeviceEntry {
     /// older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode: Option<DecodeEntry>,
+    /// How far ahead the int8 GEMV and flat loops prefetch the weight
+    /// stream, measured on this device (x86 JIT); absent in older records
+    /// and for other backends and formats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_prefetch: Option<PrefetchEntry>,
 }
+
+/// The weight stream's software prefetch distance measured on a device:
+/// each candidate's time at a few batch sizes on one of the model's
+/// shapes, and the distance the runtime emits. The best distance is a fact
+/// of the memory system: 4 KiB on Zen 4, 2 KiB on a Sapphire Rapids-class
+/// Xeon (`docs/PERFORMANCE.md`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefetchEntry {
+    /// Bytes ahead the runtime prefetches: a candidate that beat the
+    /// default by the tuner's margin in two separate measurements, else
+    /// the default.
+    pub bytes: u32,
+    pub default: u32,
+    /// The weight shape `[n, k]` timed, and the batch sizes whose times
+    /// are summed.
+    pub shape: [usize; 2],
+    pub m: Vec<usize>,
+    /// Summed median µs of each candidate (the default first).
+    pub measurements: Vec<PrefetchMeasurement>,
+}
+
+/// One prefetch distance's time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefetchMeasurement {
+    pub bytes: u32,
+    pub us: f64,
+}
+
+/// The longest weight prefetch distance a record may name (the x86
+/// emitter's limit).
+pub const MAX_PREFETCH_BYTES: u32 = 64 << 10;
 
 /// The prefill blocks (query rows × keys) measured on a device for one
 /// head layout: every candidate's time and the one the runtime uses.
@@ -445,6 +481,15 @@ impl DeviceEntry {
                 format!("range {lo}..{hi} exceeds a ratio of {MAX_CORE_WEIGHT_RATIO}"),
             ));
         }
+        if let Some(p) = &self.weight_prefetch {
+            let bytes = p.bytes;
+            if bytes == 0 || !bytes.is_multiple_of(64) || bytes > MAX_PREFETCH_BYTES {
+                return Some((
+                    "weight_prefetch.bytes".into(),
+                    format!("is {bytes} (a positive multiple of 64, at most {MAX_PREFETCH_BYTES})"),
+                ));
+            }
+        }
         for s in &self.shapes {
             let at = |field: &str| format!("shapes[{}, {}].{field}", s.n, s.k);
             if s.n == 0 || s.k == 0 {
@@ -606,6 +651,26 @@ impl TuningRecord {
             .map(|(_, p)| p.fp8_values_packed)
     }
 
+    /// How far ahead the int8 weight stream is prefetched, as measured on
+    /// `device` for `backend` (the newest entry that measured it, any
+    /// weight format's: the distance is the memory system's); None where
+    /// no entry did (the backend's default then).
+    pub fn weight_prefetch(
+        &self,
+        device: &Fingerprint,
+        generator: &GeneratorId,
+        backend: &str,
+    ) -> Option<u32> {
+        self.measured_on(device, generator, backend)
+            .filter_map(|e| {
+                e.weight_prefetch
+                    .as_ref()
+                    .map(|p| (e.created_unix, p.bytes))
+            })
+            .max_by_key(|(t, _)| *t)
+            .map(|(_, bytes)| bytes)
+    }
+
     /// The first entry for this device, generator, backend and format, or
     /// why none fits: a record measured elsewhere, or by another generator,
     /// is refused with the reason (the runtime then falls back to solver
@@ -733,6 +798,7 @@ mod tests {
         DeviceEntry {
             prefill: None,
             decode: None,
+            weight_prefetch: None,
             fingerprint: fp,
             generator: GeneratorId {
                 version: "0.1.0".into(),
@@ -797,6 +863,18 @@ mod tests {
                     e.threads = 2;
                     e.core_weights = vec![1.0, 1e300];
                 }),
+            ),
+            (
+                "weight_prefetch.bytes",
+                Box::new(|e| e.weight_prefetch = prefetch(0)),
+            ),
+            (
+                "weight_prefetch.bytes",
+                Box::new(|e| e.weight_prefetch = prefetch(100)),
+            ),
+            (
+                "weight_prefetch.bytes",
+                Box::new(|e| e.weight_prefetch = prefetch(MAX_PREFETCH_BYTES + 64)),
             ),
             ("m1, m2", Box::new(|e| e.shapes[0].m1 = 0)),
             ("m1, m2", Box::new(|e| e.shapes[0].m2 = 1)),
@@ -1071,6 +1149,57 @@ mod tests {
                 None
             );
         }
+    }
+
+    /// A measured prefetch distance of `bytes` (default 4096).
+    fn prefetch(bytes: u32) -> Option<PrefetchEntry> {
+        Some(PrefetchEntry {
+            bytes,
+            default: 4096,
+            shape: [4096, 4096],
+            m: vec![1, 4],
+            measurements: vec![],
+        })
+    }
+
+    #[test]
+    fn the_weight_prefetch_is_the_newest_measured_on_this_device() {
+        let mut older = dated("qwen2-1.5b", 1);
+        older.weight_prefetch = prefetch(4096);
+        let mut newer = dated("llama2-7b", 2);
+        newer.format = "q8_0".into();
+        newer.weight_prefetch = prefetch(2048);
+        let unmeasured = dated("x", 3);
+        let rec = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![older.clone(), newer, unmeasured],
+        };
+        let (fp, generator) = (&older.fingerprint, &older.generator);
+        assert_eq!(
+            rec.weight_prefetch(fp, generator, "host"),
+            Some(2048),
+            "the newest that measured one, any format's"
+        );
+        let back = TuningRecord::from_json(&rec.to_json(), "mem").unwrap();
+        assert_eq!(back, rec, "round trip");
+        let elsewhere = entry("x", "avx2 fma avx512f", "aa");
+        let other_generator = entry("x", "avx2 fma", "bb");
+        for (device, generator, backend) in [
+            (&elsewhere.fingerprint, generator, "host"),
+            (fp, &other_generator.generator, "host"),
+            (fp, generator, "x86"),
+        ] {
+            assert_eq!(rec.weight_prefetch(device, generator, backend), None);
+        }
+        let none = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![dated("x", 1)],
+        };
+        assert_eq!(none.weight_prefetch(fp, generator, "host"), None);
+        assert!(
+            !none.to_json().contains("weight_prefetch"),
+            "absent, not null"
+        );
     }
 
     #[test]

@@ -275,6 +275,7 @@ fn prebuilt_flat_steps_on_the_gemm_packing() {
         entries: vec![DeviceEntry {
             prefill: None,
             decode: None,
+            weight_prefetch: None,
             fingerprint: probe.fingerprint().clone(),
             generator: current_generator(),
             backend: probe.backend().record_name().into(),

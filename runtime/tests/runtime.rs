@@ -17,8 +17,8 @@ use tessera_dsl::library;
 use tessera_dsl::quant;
 use tessera_runtime::device::Fingerprint;
 use tessera_runtime::record::{
-    DecodeEntry, DeviceEntry, GeneratorId, Limits, PrefillEntry, RECORD_SCHEMA, ShapeEntry,
-    TuningRecord, Winner,
+    DecodeEntry, DeviceEntry, GeneratorId, Limits, PrefetchEntry, PrefillEntry, RECORD_SCHEMA,
+    ShapeEntry, TuningRecord, Winner,
 };
 use tessera_runtime::{
     Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat, Linear, PlanSource,
@@ -318,6 +318,7 @@ fn record_for(
         entries: vec![DeviceEntry {
             prefill: None,
             decode: None,
+            weight_prefetch: None,
             fingerprint: dev.fingerprint().clone(),
             generator: current_generator(),
             backend: dev.backend().record_name().into(),
@@ -844,6 +845,47 @@ fn decode_runs_the_records_fp8_value_form() {
         default,
         "the two devices' outputs differ exactly where the forms do"
     );
+}
+
+/// A record's weight prefetch distance (measured by the autotuner) is the
+/// one the x86 device emits its int8 matmuls with, and they still match
+/// the interpreter; without a record the default stays, and an entry on
+/// another device is ignored.
+#[test]
+fn int8_matmuls_prefetch_as_the_record_measured() {
+    if !host_backends().contains(&Backend::HostX86) {
+        return;
+    }
+    let default = tessera_codegen::x86::int8::PrefetchDistance::DEFAULT.bytes();
+    let probe = device(Backend::HostX86, 2, None);
+    assert_eq!(probe.int8_weight_prefetch(), Some(default));
+    let (n, k) = (40, 96);
+    let mut record = record_for(&probe, WeightFormat::Q4_0, n, k, 3, 7);
+    record.entries[0].weight_prefetch = Some(PrefetchEntry {
+        bytes: 2048,
+        default,
+        shape: [n, k],
+        m: vec![1, 8],
+        measurements: vec![],
+    });
+    let mut elsewhere = record.clone();
+    elsewhere.entries[0].fingerprint = Fingerprint {
+        cpu_model: "another CPU".into(),
+        ..probe.fingerprint().clone()
+    };
+    let dev = device(Backend::HostX86, 2, Some(record));
+    assert_eq!(dev.int8_weight_prefetch(), Some(2048));
+    for format in [WeightFormat::Q4_0, WeightFormat::W4A8, WeightFormat::Q8_0] {
+        check_linear(&dev, format, n, k, &[1, 2, 5, 9]);
+    }
+    let other = device(Backend::HostX86, 2, Some(elsewhere));
+    assert_eq!(other.int8_weight_prefetch(), Some(default));
+    if host_backends().contains(&Backend::HostClif) {
+        assert_eq!(
+            device(Backend::HostClif, 1, None).int8_weight_prefetch(),
+            None
+        );
+    }
 }
 
 fn prefill_is_causal_on(backend: Backend, dev: &Arc<Device>) {

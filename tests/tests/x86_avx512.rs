@@ -168,6 +168,7 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
+        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
     };
     let p = Problem::from_kernel(caps, &kernel).unwrap();
     let mut emitted = 0;
@@ -203,6 +204,7 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
+        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
     };
     assert_eq!(vnni.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     let zen4 = X86Backend {
@@ -212,6 +214,7 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
+        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
     };
     assert_eq!(zen4.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(
@@ -241,6 +244,7 @@ fn bad_tiles_are_named() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
+        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
     };
     let mut t = tile_at(&kernel, 5, 80);
     t.hp = 72;
@@ -264,6 +268,7 @@ fn avx512_kernel_listings_match_their_bytes() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
+        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
     };
     for (ep, hp) in [(5, 80), (8, 48), (14, 32), (1, 16)] {
         let tile = tile_at(&kernel, ep, hp);
@@ -299,6 +304,7 @@ fn avx512_listing_snapshot() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
+        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
     };
     let code = backend.emit_code(&kernel, &tile).unwrap();
     assert_eq!(code, backend.emit_code(&kernel, &tile).unwrap());

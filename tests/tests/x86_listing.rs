@@ -210,6 +210,7 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512_bf16: false,
                     avx512_fp16: false,
                     amx: false,
+                    int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
                 },
                 X86Backend {
                     vnni: true,
@@ -218,6 +219,7 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512_bf16: false,
                     avx512_fp16: false,
                     amx: false,
+                    int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
                 },
                 // AVX512-VNNI's EVEX vpdpbusd on ymm (Zen 4, Ice Lake).
                 X86Backend {
@@ -227,6 +229,7 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512_bf16: false,
                     avx512_fp16: false,
                     amx: false,
+                    int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
                 },
             ] {
                 let Ok(code) = backend.emit_code(&kernel, &tile) else {

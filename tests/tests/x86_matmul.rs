@@ -12,7 +12,8 @@ use tessera_dsl::library;
 use tessera_tests::kernels::set_epilogue as epilogue;
 use tessera_tests::reference::check_host_matmul;
 
-/// Plain AVX2, then one backend per `vpdpbusd` encoding this CPU runs
+/// Plain AVX2 (prefetching the int8 weight stream at the tuner's
+/// alternative distance), then one backend per `vpdpbusd` encoding this CPU runs
 /// (AVX-VNNI's VEX form, AVX512-VNNI's EVEX form on ymm), so each int8
 /// dot product is checked natively where it can be.
 fn backends() -> Vec<X86Backend> {
@@ -25,6 +26,9 @@ fn backends() -> Vec<X86Backend> {
                 avx512_bf16: false,
                 avx512_fp16: false,
                 amx: false,
+                // The autotuner's other weight prefetch distance, so the
+                // sweeps run both natively.
+                int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::CHOICES[1],
             };
             let mut all = vec![plain];
             if b.vnni {

@@ -24,6 +24,7 @@ fn x86_canonical_listings() {
             avx512_bf16: false,
             avx512_fp16: false,
             amx: false,
+            ..X86Backend::default()
         };
         let code = plain.emit_code(&kernel, &tile).unwrap();
         insta::assert_snapshot!(tag.clone(), code.listing);
@@ -36,6 +37,7 @@ fn x86_canonical_listings() {
                 avx512_bf16: false,
                 avx512_fp16: false,
                 amx: false,
+                ..X86Backend::default()
             }
             .emit_code(&kernel, &tile)
             .unwrap();
@@ -49,6 +51,7 @@ fn x86_canonical_listings() {
                 avx512_bf16: false,
                 avx512_fp16: false,
                 amx: false,
+                ..X86Backend::default()
             }
             .emit_code(&kernel, &tile)
             .unwrap();
@@ -77,6 +80,7 @@ fn x86_variant_listings() {
                 avx512_bf16: false,
                 avx512_fp16: false,
                 amx: false,
+                ..X86Backend::default()
             }
             .emit_code_variant(&kernel, &tile, v)
             .unwrap();

@@ -185,6 +185,15 @@ pub fn emit(spec: &Avx512Int8Spec) -> Result<MachineCode, EmitError> {
 /// others run tiles of ep rows (m = 1 always takes the one-row loop).
 /// Every variant keeps all of K in registers per row block.
 pub fn emit_variant(spec: &Avx512Int8Spec, variant: Variant) -> Result<MachineCode, EmitError> {
+    emit_variant_prefetching(spec, variant, int8::PrefetchDistance::DEFAULT)
+}
+
+/// [`emit_variant`] with the weight stream prefetched `distance` ahead.
+pub fn emit_variant_prefetching(
+    spec: &Avx512Int8Spec,
+    variant: Variant,
+    distance: int8::PrefetchDistance,
+) -> Result<MachineCode, EmitError> {
     let bad = |why: String| EmitError::BadTile {
         tile: format!("{}x{}x4", spec.ep, spec.hp()),
         why,
@@ -230,7 +239,7 @@ pub fn emit_variant(spec: &Avx512Int8Spec, variant: Variant) -> Result<MachineCo
                 activation: spec.activation,
                 dot: Dot::EvexVnni,
             },
-            prefetch: Some(int8::PREFETCH),
+            prefetch: Some(distance.bytes() as i32),
         },
         variant,
     )

@@ -252,6 +252,46 @@ impl ZeroPoint {
 /// runs); 1 KiB was slower, 8 KiB the same as 4.
 pub const PREFETCH: i32 = 4096;
 
+/// How far ahead of the weight stream the GEMV and flat-GEMM loops
+/// prefetch, in bytes: [`PREFETCH`] unless the autotuner measured another
+/// distance faster on this CPU. The best distance is a fact of the
+/// memory system: on Zen 4 4 KiB beat 2 KiB, on a Sapphire Rapids-class
+/// Xeon 2 KiB read 4–14% faster at M = 1–8 (`docs/PERFORMANCE.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PrefetchDistance(u32);
+
+impl PrefetchDistance {
+    /// [`PREFETCH`].
+    pub const DEFAULT: PrefetchDistance = PrefetchDistance(PREFETCH as u32);
+    /// The distances the autotuner times, the default first.
+    pub const CHOICES: [PrefetchDistance; 2] = [PrefetchDistance::DEFAULT, PrefetchDistance(2048)];
+    /// The longest distance taken: a prefetch's displacement is an i32,
+    /// and past a few pages ahead the lines are evicted before use.
+    pub const MAX_BYTES: u32 = 64 << 10;
+
+    /// `bytes` ahead: a positive multiple of a 64-byte cache line, at most
+    /// [`Self::MAX_BYTES`].
+    pub fn new(bytes: u32) -> Result<PrefetchDistance, String> {
+        if bytes == 0 || !bytes.is_multiple_of(64) || bytes > Self::MAX_BYTES {
+            return Err(format!(
+                "weight prefetch distance {bytes} bytes: must be a positive multiple of 64, at most {}",
+                Self::MAX_BYTES
+            ));
+        }
+        Ok(PrefetchDistance(bytes))
+    }
+
+    pub fn bytes(self) -> u32 {
+        self.0
+    }
+}
+
+impl Default for PrefetchDistance {
+    fn default() -> PrefetchDistance {
+        PrefetchDistance::DEFAULT
+    }
+}
+
 /// Emit the kernel: the GEMM variant (with the one-row loop for m = 1).
 pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     emit_variant(spec, Variant::Gemm)
@@ -264,6 +304,15 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
 /// prefetch the weight stream [`PREFETCH`] bytes ahead; `Gemm` leaves it to
 /// the hardware prefetcher (compute-bound).
 pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, EmitError> {
+    emit_variant_prefetching(spec, variant, PrefetchDistance::DEFAULT)
+}
+
+/// [`emit_variant`] with the weight stream prefetched `distance` ahead.
+pub fn emit_variant_prefetching(
+    spec: &Int8Spec,
+    variant: Variant,
+    distance: PrefetchDistance,
+) -> Result<MachineCode, EmitError> {
     if spec.ep > MAX_ROWS || spec.ep == 0 || spec.hb == 0 {
         return Err(EmitError::BadTile {
             tile: format!("{}x{}x4", spec.ep, spec.hb * 8),
@@ -280,7 +329,7 @@ pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, Em
     emit_on::<Ymm>(
         &Int8Kernel {
             spec: *spec,
-            prefetch: Some(PREFETCH),
+            prefetch: Some(distance.bytes() as i32),
         },
         variant,
     )

@@ -86,6 +86,9 @@ pub struct X86Backend {
     /// of several-head tiles by tile products (Sapphire Rapids and later
     /// Intel Xeons; not Zen 4). It needs `avx512_vnni` too.
     pub amx: bool,
+    /// How far ahead the int8 kernels' GEMV and flat loops prefetch the
+    /// weight stream: the default, or a tuning record's choice for this CPU.
+    pub int8_prefetch: int8::PrefetchDistance,
 }
 
 /// Why x86 code cannot run here.
@@ -215,6 +218,16 @@ impl X86Backend {
         }
     }
 
+    /// Whether `kernel` is a matmul of quantized activations (i8dyn),
+    /// whose GEMV and flat loops stream int8 weights prefetched
+    /// [`Self::int8_prefetch`] ahead: the kernels that distance changes.
+    pub fn streams_int8_weights(kernel: &Kernel) -> bool {
+        kernel
+            .as_matmul()
+            .and_then(|mm| kernel.tensor(&mm.x))
+            .is_some_and(|x| x.format == Format::I8Dyn)
+    }
+
     /// The packed form this backend's decode attention multiplies fp8
     /// values in ([`Self::with_fp8_values_packed`]), named for records and
     /// reports: `f16 FMAs` with AVX512-FP16, which takes precedence (as in
@@ -259,6 +272,7 @@ impl X86Backend {
             avx512_bf16: host_has_avx512_bf16(),
             avx512_fp16: host_has_avx512_fp16(),
             amx: amx::request_tile_data(),
+            int8_prefetch: int8::PrefetchDistance::DEFAULT,
         })
     }
 
@@ -453,11 +467,15 @@ impl X86Backend {
             return avx512::emit_variant(&spec, variant);
         }
         if let Some(spec) = self.avx512_int8_spec(kernel, tile)? {
-            return avx512_int8::emit_variant(&spec, variant);
+            return avx512_int8::emit_variant_prefetching(&spec, variant, self.int8_prefetch);
         }
         match classify(kernel, tile)? {
             Family::Float(spec) => float::emit_variant(&spec, variant),
-            Family::Int8(spec) => int8::emit_variant(&self.int8_spec(spec, variant), variant),
+            Family::Int8(spec) => int8::emit_variant_prefetching(
+                &self.int8_spec(spec, variant),
+                variant,
+                self.int8_prefetch,
+            ),
         }
     }
 
@@ -913,6 +931,7 @@ mod tests {
             avx512_bf16: false,
             avx512_fp16: false,
             amx: false,
+            int8_prefetch: super::int8::PrefetchDistance::DEFAULT,
         };
         for (name, want) in [
             ("matmul-w4a8", AVX512_NAME),
@@ -959,6 +978,7 @@ mod tests {
             avx512_bf16: false,
             avx512_fp16: false,
             amx: false,
+            int8_prefetch: super::int8::PrefetchDistance::DEFAULT,
         };
         let vex = X86Backend { vnni: true, ..evex };
         let caps = super::plan::target();

@@ -312,6 +312,7 @@ fn record_for(
         entries: vec![DeviceEntry {
             prefill: None,
             decode: None,
+            weight_prefetch: None,
             fingerprint: fp.clone(),
             generator: dev.generator().clone(),
             backend: gpu.record_backend.into(),

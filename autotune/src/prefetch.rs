@@ -1,0 +1,161 @@
+//! How far ahead the int8 kernels' GEMV and flat loops prefetch the weight
+//! stream, measured per device. The best distance is a fact of the memory
+//! system, not of the instruction set: on Zen 4, 4 KiB beat 2 KiB (M = 4 up
+//! to 1.25× faster), while on a Sapphire Rapids-class Xeon 2 KiB read 4–14%
+//! more of the bandwidth at M = 1–8 (`docs/PERFORMANCE.md`). Each distance
+//! times the solver's optimum GEMV at M = 1 and flat GEMM at its
+//! representative M (and, where the GEMM's register file is wider, that
+//! file's tiles too) on one of the model's shapes; the times are summed. An
+//! alternative is taken only when it beats the default by [`MARGIN`] in
+//! two separate measurements, so a noisy run keeps the default.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use tessera_dsl::ir::{Kernel, Variant};
+use tessera_runtime::record::{PrefetchEntry, PrefetchMeasurement};
+
+use crate::backend::TuneBackend;
+use crate::bench::HostBench;
+use crate::tune::{Bench, Candidate, ShapeSpec, SolverCtx, representative_m};
+
+/// How much faster than the default an alternative must be, twice.
+pub const MARGIN: f64 = 1.03;
+/// Timed calls per candidate, distance and round (after one warm-up).
+const CALLS: usize = 15;
+
+/// Whether `alternative` replaces the default, from two rounds of summed
+/// median µs `[default, alternative]` (`second` only when round one
+/// favoured the alternative).
+pub fn decide(first: [f64; 2], second: Option<[f64; 2]>) -> bool {
+    let wins = |[default, alternative]: [f64; 2]| {
+        default.is_finite()
+            && alternative.is_finite()
+            && alternative > 0.0
+            && default >= MARGIN * alternative
+    };
+    wins(first) && second.is_some_and(wins)
+}
+
+/// Where the distances are timed.
+pub struct Setup<'a> {
+    pub kernel: &'a Kernel,
+    pub solver: &'a SolverCtx<'a>,
+    pub shape: &'a ShapeSpec,
+    pub threads: usize,
+    pub llc_bytes: u64,
+    pub start: Instant,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Time `backend`'s weight prefetch distances for `setup.kernel` and
+/// decide; None where the backend has no choice for this kernel.
+pub fn tune(backend: &dyn TuneBackend, setup: &Setup<'_>) -> Result<Option<PrefetchEntry>, String> {
+    let choices = backend.weight_prefetch_choices(setup.kernel);
+    let [default, .., alternative] = choices[..] else {
+        return Ok(None);
+    };
+    let backends = [
+        backend.with_weight_prefetch(default)?,
+        backend.with_weight_prefetch(alternative)?,
+    ];
+    let shape = setup.shape;
+    let mut candidates: Vec<(Candidate, usize)> = Vec::new();
+    for variant in [Variant::Gemv, Variant::FlatGemm] {
+        let m = representative_m(variant);
+        let found = setup
+            .solver
+            .candidates(variant, shape.n, shape.k, 0)
+            .map_err(|e| e.to_string())?;
+        candidates.extend(found.into_iter().map(|c| (c, m)));
+    }
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    let mut benches = backends
+        .iter()
+        .map(|b| {
+            HostBench::new(
+                b.as_ref(),
+                setup.kernel.clone(),
+                setup.threads,
+                setup.llc_bytes,
+                setup.start,
+                setup.stop.clone(),
+            )
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    // Round r's summed µs per distance; each candidate is prepared once in
+    // both benches and its rounds alternate between them.
+    let mut rounds = [[0.0f64; 2]; 2];
+    for (cand, m) in &candidates {
+        for bench in &mut benches {
+            bench.prepare(shape, cand).map_err(|e| e.0)?;
+        }
+        for round in &mut rounds {
+            for (sum, bench) in round.iter_mut().zip(&mut benches) {
+                *sum += median_us(bench, shape, cand, *m)?;
+            }
+        }
+        for bench in &mut benches {
+            bench.release(cand);
+        }
+    }
+    let bytes = if decide(rounds[0], Some(rounds[1])) {
+        alternative
+    } else {
+        default
+    };
+    Ok(Some(PrefetchEntry {
+        bytes,
+        default,
+        shape: [shape.n, shape.k],
+        m: {
+            let mut ms: Vec<usize> = candidates.iter().map(|(_, m)| *m).collect();
+            ms.dedup();
+            ms
+        },
+        measurements: [default, alternative]
+            .into_iter()
+            .enumerate()
+            .map(|(i, bytes)| PrefetchMeasurement {
+                bytes,
+                us: (rounds[0][i] + rounds[1][i]) / 2.0,
+            })
+            .collect(),
+    }))
+}
+
+/// Median µs of [`CALLS`] calls of a prepared candidate, after one warm-up.
+fn median_us(
+    bench: &mut dyn Bench,
+    shape: &ShapeSpec,
+    cand: &Candidate,
+    m: usize,
+) -> Result<f64, String> {
+    bench.call(shape, cand, m).map_err(|e| e.0)?;
+    let mut ns = (0..CALLS)
+        .map(|_| bench.call(shape, cand, m).map_err(|e| e.0))
+        .collect::<Result<Vec<f64>, String>>()?;
+    ns.sort_by(f64::total_cmp);
+    Ok(ns[CALLS / 2] / 1e3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_alternative_needs_the_margin_twice() {
+        assert!(decide([110.0, 100.0], Some([104.0, 100.0])));
+        assert!(!decide([110.0, 100.0], Some([102.0, 100.0])), "once");
+        assert!(!decide([110.0, 100.0], None), "no second round");
+        assert!(
+            !decide([101.0, 100.0], Some([110.0, 100.0])),
+            "not the first"
+        );
+        assert!(!decide([f64::NAN, 100.0], Some([110.0, 100.0])));
+        assert!(!decide([110.0, 0.0], Some([110.0, 0.0])));
+    }
+}
