@@ -14,8 +14,8 @@ use tessera_codegen::neon::NeonBackend;
 use tessera_codegen::target::TargetCaps;
 use tessera_codegen::tile::TileConfig;
 use tessera_codegen::x86::X86Backend;
-use tessera_codegen::x86::int8::PrefetchDistance;
 use tessera_dsl::ir::{Format, Kernel};
+use tessera_runtime::record::PrefetchChoice;
 
 /// A backend name the CLI accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -226,20 +226,30 @@ pub trait TuneBackend {
         None
     }
 
-    /// The weight prefetch distances (bytes, the default first) this
-    /// backend can emit `kernel`'s GEMV and flat loops with and this CPU
-    /// runs; empty where it has no such choice.
-    fn weight_prefetch_choices(&self, kernel: &Kernel) -> Vec<u32> {
+    /// The weight stream `kernel`'s GEMV and flat loops prefetch (its
+    /// record name, [`tessera_runtime::record::PREFETCH_STREAMS`]) and the
+    /// prefetches this backend can emit them with and this CPU runs, the
+    /// default first; None where it has no such choice.
+    fn weight_prefetch_choices(
+        &self,
+        kernel: &Kernel,
+    ) -> Option<(&'static str, Vec<PrefetchChoice>)> {
         let _ = kernel;
-        Vec::new()
+        None
     }
 
-    /// This backend with the weight stream prefetched `bytes` ahead (one of
-    /// [`Self::weight_prefetch_choices`]).
-    fn with_weight_prefetch(&self, bytes: u32) -> Result<Box<dyn TuneBackend>, String> {
+    /// This backend with `kernel`'s weight stream prefetched by `choice`
+    /// (one of [`Self::weight_prefetch_choices`]).
+    fn with_weight_prefetch(
+        &self,
+        kernel: &Kernel,
+        choice: PrefetchChoice,
+    ) -> Result<Box<dyn TuneBackend>, String> {
+        let _ = choice;
         Err(format!(
-            "backend `{}` has no weight prefetch distance to set ({bytes} bytes asked)",
-            self.kind()
+            "backend `{}` has no weight prefetch to set for {}",
+            self.kind(),
+            kernel.name
         ))
     }
 }
@@ -359,23 +369,28 @@ impl TuneBackend for X86Tune {
         self.0.packed_fp8_form()
     }
 
-    fn weight_prefetch_choices(&self, kernel: &Kernel) -> Vec<u32> {
-        if !tessera_codegen::x86::missing_features().is_empty()
-            || !X86Backend::streams_int8_weights(kernel)
-        {
-            return Vec::new();
+    fn weight_prefetch_choices(
+        &self,
+        kernel: &Kernel,
+    ) -> Option<(&'static str, Vec<PrefetchChoice>)> {
+        if !tessera_codegen::x86::missing_features().is_empty() {
+            return None;
         }
-        PrefetchDistance::CHOICES
-            .iter()
-            .map(|d| d.bytes())
-            .collect()
+        let stream = X86Backend::weight_stream(kernel)?;
+        let choices = stream.choices().into_iter().map(PrefetchChoice::from_x86);
+        Some((stream.name(), choices.collect()))
     }
 
-    fn with_weight_prefetch(&self, bytes: u32) -> Result<Box<dyn TuneBackend>, String> {
-        Ok(Box::new(X86Tune(X86Backend {
-            int8_prefetch: PrefetchDistance::new(bytes)?,
-            ..self.0
-        })))
+    fn with_weight_prefetch(
+        &self,
+        kernel: &Kernel,
+        choice: PrefetchChoice,
+    ) -> Result<Box<dyn TuneBackend>, String> {
+        let stream = X86Backend::weight_stream(kernel)
+            .ok_or_else(|| format!("{} streams no weights", kernel.name))?;
+        Ok(Box::new(X86Tune(
+            self.0.with_weight_prefetch(stream, choice.to_x86()?),
+        )))
     }
 }
 

@@ -18,7 +18,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tessera_codegen::target::{MacClass, mac_class};
 use tessera_dsl::models::{DEFAULT_MODEL, ModelError};
 use tessera_runtime::device::Fingerprint;
-use tessera_runtime::record::{DeviceEntry, GeneratorId, RecordError, ShapeEntry, TuningRecord};
+use tessera_runtime::record::{
+    CacheLevel, DeviceEntry, GeneratorId, PrefetchChoice, RecordError, ShapeEntry, TuningRecord,
+};
 
 use tessera_codegen::tile::TileConfig;
 
@@ -757,7 +759,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
     // The weight stream's prefetch distance first (x86 int8 kernels), so
     // the shapes' tiles are timed as the runtime will emit them.
     let weight_prefetch = match (&target, shapes.iter().max_by_key(|s| s.n * s.k)) {
-        (Target::Host(b), Some(largest)) if !b.weight_prefetch_choices(&kernel).is_empty() => {
+        (Target::Host(b), Some(largest)) if b.weight_prefetch_choices(&kernel).is_some() => {
             prefetch::tune(
                 b.as_ref(),
                 &prefetch::Setup {
@@ -775,9 +777,10 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         _ => None,
     };
     let prefetching: Option<Box<dyn backend::TuneBackend>> = match (&target, &weight_prefetch) {
-        (Target::Host(b), Some(p)) => {
-            Some(b.with_weight_prefetch(p.bytes).map_err(CliError::Usage)?)
-        }
+        (Target::Host(b), Some(p)) => Some(
+            b.with_weight_prefetch(&kernel, p.chosen)
+                .map_err(CliError::Usage)?,
+        ),
         _ => None,
     };
     let mut bench: Box<dyn Bench + '_> = match &target {
@@ -928,34 +931,42 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         );
     }
     if let Some(p) = &entry.weight_prefetch {
-        let us = |bytes: u32| {
+        let name = |c: PrefetchChoice| {
+            let level = match c.level {
+                CacheLevel::L1 => "L1",
+                CacheLevel::L2 => "L2",
+            };
+            format!("{} B ahead into {level}", c.bytes)
+        };
+        let us = |c: PrefetchChoice| {
             p.measurements
                 .iter()
-                .find(|m| m.bytes == bytes)
+                .find(|m| m.choice == c)
                 .map_or(f64::NAN, |m| m.us)
         };
-        let alternatives: Vec<String> = p
+        let others: Vec<String> = p
             .measurements
             .iter()
-            .filter(|m| m.bytes != p.bytes)
-            .map(|m| format!("{} B {:.0} µs", m.bytes, m.us))
+            .filter(|m| m.choice != p.chosen)
+            .map(|m| format!("{} {:.0} µs", name(m.choice), m.us))
             .collect();
         println!(
-            "weight prefetch ([{}, {}], M = {:?}): {} B ahead at {:.0} µs{} ({})",
+            "{} weight prefetch ([{}, {}], M = {:?}): {} at {:.0} µs{} ({})",
+            p.stream,
             p.shape[0],
             p.shape[1],
             p.m,
-            p.bytes,
-            us(p.bytes),
-            if p.bytes == p.default {
+            name(p.chosen),
+            us(p.chosen),
+            if p.chosen == p.default {
                 format!(
-                    ", the default; no distance beat it by {:.0}% twice",
+                    ", the default; no other beat it by {:.0}% twice",
                     (prefetch::MARGIN - 1.0) * 100.0
                 )
             } else {
                 String::new()
             },
-            alternatives.join(", ")
+            others.join(", ")
         );
     }
     if let Some(p) = &entry.decode {

@@ -1,9 +1,10 @@
-//! How far ahead the int8 kernels' GEMV and flat loops prefetch the weight
-//! stream, measured per device. The best distance is a fact of the memory
-//! system, not of the instruction set: on Zen 4, 4 KiB beat 2 KiB (M = 4 up
-//! to 1.25× faster), while on a Sapphire Rapids-class Xeon 2 KiB read 4–14%
-//! more of the bandwidth at M = 1–8 (`docs/PERFORMANCE.md`). Each distance
-//! times the solver's optimum GEMV at M = 1 and flat GEMM at its
+//! How the GEMV and flat loops prefetch their weight stream, measured per
+//! device. Distance and cache level are facts of the memory system, not of
+//! the instruction set: on Zen 4 the int8 loops read fastest 4 KiB ahead
+//! (M = 4 up to 1.25× faster than 2 KiB), while on a Sapphire Rapids-class
+//! Xeon 2 KiB ahead read 5–20% more of the bandwidth at M = 1–8, and the
+//! float loops 4 KiB ahead into L2 about 1.2× more (`docs/PERFORMANCE.md`).
+//! Each candidate times the solver's optimum GEMV at M = 1 and flat GEMM at its
 //! representative M (and, where the GEMM's register file is wider, that
 //! file's tiles too) on one of the model's shapes; the times are summed. An
 //! alternative is taken only when it beats the default by [`MARGIN`] in
@@ -14,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use tessera_dsl::ir::{Kernel, Variant};
-use tessera_runtime::record::{PrefetchEntry, PrefetchMeasurement};
+use tessera_runtime::record::{PrefetchChoice, PrefetchEntry, PrefetchMeasurement};
 
 use crate::backend::TuneBackend;
 use crate::bench::HostBench;
@@ -49,16 +50,18 @@ pub struct Setup<'a> {
     pub stop: Arc<AtomicBool>,
 }
 
-/// Time `backend`'s weight prefetch distances for `setup.kernel` and
-/// decide; None where the backend has no choice for this kernel.
+/// Time `backend`'s weight prefetches for `setup.kernel` and decide; None
+/// where the backend has no choice for this kernel.
 pub fn tune(backend: &dyn TuneBackend, setup: &Setup<'_>) -> Result<Option<PrefetchEntry>, String> {
-    let choices = backend.weight_prefetch_choices(setup.kernel);
-    let [default, .., alternative] = choices[..] else {
+    let Some((stream, choices)) = backend.weight_prefetch_choices(setup.kernel) else {
+        return Ok(None);
+    };
+    let [default, .., alternative]: [PrefetchChoice] = choices[..] else {
         return Ok(None);
     };
     let backends = [
-        backend.with_weight_prefetch(default)?,
-        backend.with_weight_prefetch(alternative)?,
+        backend.with_weight_prefetch(setup.kernel, default)?,
+        backend.with_weight_prefetch(setup.kernel, alternative)?,
     ];
     let shape = setup.shape;
     let mut candidates: Vec<(Candidate, usize)> = Vec::new();
@@ -102,13 +105,14 @@ pub fn tune(backend: &dyn TuneBackend, setup: &Setup<'_>) -> Result<Option<Prefe
             bench.release(cand);
         }
     }
-    let bytes = if decide(rounds[0], Some(rounds[1])) {
+    let chosen = if decide(rounds[0], Some(rounds[1])) {
         alternative
     } else {
         default
     };
     Ok(Some(PrefetchEntry {
-        bytes,
+        stream: stream.to_string(),
+        chosen,
         default,
         shape: [shape.n, shape.k],
         m: {
@@ -119,8 +123,8 @@ pub fn tune(backend: &dyn TuneBackend, setup: &Setup<'_>) -> Result<Option<Prefe
         measurements: [default, alternative]
             .into_iter()
             .enumerate()
-            .map(|(i, bytes)| PrefetchMeasurement {
-                bytes,
+            .map(|(i, choice)| PrefetchMeasurement {
+                choice,
                 us: (rounds[0][i] + rounds[1][i]) / 2.0,
             })
             .collect(),

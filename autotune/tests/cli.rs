@@ -84,17 +84,25 @@ fn tiny_model_tunes_loads_and_is_selected_here() {
         );
     }
     assert!(entry.limits.read_gbps > 0.0 && entry.limits.mac_gops > 0.0);
-    // The x86 int8 kernels' weight prefetch distance, timed first; other
-    // backends have no such choice.
+    // The x86 int8 kernels' weight prefetch, timed first; other backends
+    // have no such choice.
     match &entry.weight_prefetch {
         Some(p) => {
+            use tessera_runtime::record::{CacheLevel, PrefetchChoice};
             assert_eq!(backend, "x86", "{p:?}");
-            let choices = [4096, 2048];
-            assert!(choices.contains(&p.bytes) && p.default == 4096, "{p:?}");
-            let timed: Vec<u32> = p.measurements.iter().map(|m| m.bytes).collect();
+            assert_eq!(p.stream, "int8");
+            let choices = [4096, 2048].map(|bytes| PrefetchChoice {
+                bytes,
+                level: CacheLevel::L1,
+            });
+            assert!(
+                choices.contains(&p.chosen) && p.default == choices[0],
+                "{p:?}"
+            );
+            let timed: Vec<PrefetchChoice> = p.measurements.iter().map(|m| m.choice).collect();
             assert_eq!(timed, choices, "{p:?}");
             assert!(p.measurements.iter().all(|m| m.us > 0.0), "{p:?}");
-            assert!(stdout.contains("weight prefetch"), "{stdout}");
+            assert!(stdout.contains("int8 weight prefetch"), "{stdout}");
         }
         None => assert_ne!(backend, "x86", "an x86 q4_0 tuning times the prefetch"),
     }

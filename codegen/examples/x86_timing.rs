@@ -37,8 +37,9 @@ use tessera_codegen::host::{HostInput, HostMatmul, HostOutput, HostTile, HostWei
 use tessera_codegen::target::TargetCaps;
 use tessera_codegen::tile::{Problem, TileConfig, neighbours, solve};
 use tessera_codegen::x86::avx512::{self, Avx512Spec};
-use tessera_codegen::x86::int8::PrefetchDistance;
-use tessera_codegen::x86::{AVX512_NAME, X86Backend, host_has_avx512, plan};
+use tessera_codegen::x86::{
+    AVX512_NAME, PrefetchLevel, WeightPrefetch, WeightStream, X86Backend, host_has_avx512, plan,
+};
 
 const ROTATE_BYTES: usize = 256 << 20;
 
@@ -342,9 +343,24 @@ fn time_one(
 
 fn main() {
     let mut backend = X86Backend::detect().expect("this example needs AVX2, FMA and F16C");
-    if let Ok(bytes) = std::env::var("INT8_PREFETCH") {
-        let bytes = bytes.parse().expect("INT8_PREFETCH: bytes");
-        backend.int8_prefetch = PrefetchDistance::new(bytes).expect("INT8_PREFETCH");
+    for (var, stream) in [
+        ("INT8_PREFETCH", WeightStream::Int8),
+        ("FLOAT_PREFETCH", WeightStream::Float),
+    ] {
+        if let Ok(value) = std::env::var(var) {
+            let (bytes, level) = value.split_once(':').unwrap_or((&value, "l1"));
+            let level = match level {
+                "l1" => PrefetchLevel::L1,
+                "l2" => PrefetchLevel::L2,
+                _ => panic!("{var}: bytes[:l1|l2]"),
+            };
+            let bytes = bytes
+                .parse()
+                .unwrap_or_else(|_| panic!("{var}: bytes[:l1|l2]"));
+            let prefetch =
+                WeightPrefetch::new(bytes, level).unwrap_or_else(|e| panic!("{var}: {e}"));
+            backend = backend.with_weight_prefetch(stream, prefetch);
+        }
     }
     let formats = env_list("FORMATS", "f32,f16,w8a8,w4a8");
     let ms: Vec<usize> = env_list("MS", "1,2,4,8,16,64,512")
@@ -440,7 +456,11 @@ fn main() {
                         );
                         spec.panel_block_bytes = kc_bytes;
                         spec.embedded_broadcast = bcst;
-                        let Ok(code) = avx512::emit_variant(&spec, variant) else {
+                        let Ok(code) = avx512::emit_variant_prefetching(
+                            &spec,
+                            variant,
+                            backend.float_prefetch,
+                        ) else {
                             continue;
                         };
                         let hm =

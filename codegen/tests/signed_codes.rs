@@ -87,7 +87,8 @@ fn unsigned_code_backends_refuse_signed_codes() {
             avx512_bf16: false,
             avx512_fp16: false,
             amx: false,
-            int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+            int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+            float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
         },
     ] {
         for variant in Variant::ALL {

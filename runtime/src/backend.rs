@@ -918,13 +918,16 @@ impl Device {
         self.attention_in(format.kernel_name(), d, PrefillBlocks::DEFAULT, by_fma)
     }
 
-    /// How far ahead, in bytes, this device's int8 matmuls prefetch their
-    /// weight stream: on the x86 JIT device, the record's measurement or
-    /// the default; None elsewhere (no such choice).
-    pub fn int8_weight_prefetch(&self) -> Option<u32> {
+    /// How this device's matmuls of `stream` prefetch their weights: on
+    /// the x86 JIT device, the record's measurement or the default; None
+    /// elsewhere (no such choice).
+    #[cfg(feature = "jit")]
+    pub fn weight_prefetch(
+        &self,
+        stream: tessera_codegen::x86::WeightStream,
+    ) -> Option<tessera_codegen::x86::WeightPrefetch> {
         match &self.engine {
-            #[cfg(feature = "jit")]
-            Engine::X86(b) => Some(b.int8_prefetch.bytes()),
+            Engine::X86(b) => Some(b.weight_prefetch(stream)),
             _ => None,
         }
     }
@@ -1140,10 +1143,9 @@ fn jit_engine(backend: Backend, _x86_avx2_only: bool) -> Result<Engine, RuntimeE
     ))
 }
 
-/// The x86 JIT engine with the int8 weight stream prefetched as far ahead
-/// as `record` measured fastest on this device
-/// ([`TuningRecord::weight_prefetch`]); other engines, or no measurement,
-/// unchanged.
+/// The x86 JIT engine with each weight stream prefetched as `record`
+/// measured fastest on this device ([`TuningRecord::weight_prefetch`]);
+/// other engines, or streams no entry measured, unchanged.
 #[cfg(feature = "jit")]
 fn with_recorded_prefetch(
     engine: Engine,
@@ -1152,24 +1154,26 @@ fn with_recorded_prefetch(
     generator: &GeneratorId,
     backend: Backend,
 ) -> Engine {
-    let Engine::X86(x86) = engine else {
+    use tessera_codegen::x86::WeightStream;
+    let (Engine::X86(x86), Some(record)) = (&engine, record) else {
         return engine;
     };
-    let Some(bytes) =
-        record.and_then(|r| r.weight_prefetch(fingerprint, generator, backend.record_name()))
-    else {
-        return Engine::X86(x86);
-    };
-    match tessera_codegen::x86::int8::PrefetchDistance::new(bytes) {
-        Ok(int8_prefetch) => Engine::X86(tessera_codegen::x86::X86Backend {
-            int8_prefetch,
-            ..x86
-        }),
-        Err(why) => {
-            tracing::warn!("not using the record's weight prefetch ({why}); using the default");
-            Engine::X86(x86)
+    let mut x86 = *x86;
+    for stream in [WeightStream::Int8, WeightStream::Float] {
+        let Some(choice) =
+            record.weight_prefetch(fingerprint, generator, backend.record_name(), stream.name())
+        else {
+            continue;
+        };
+        match choice.to_x86() {
+            Ok(prefetch) => x86 = x86.with_weight_prefetch(stream, prefetch),
+            Err(why) => tracing::warn!(
+                stream = stream.name(),
+                "not using the record's weight prefetch ({why}); using the default"
+            ),
         }
     }
+    Engine::X86(x86)
 }
 
 #[cfg(feature = "jit")]

@@ -244,18 +244,21 @@ pub struct DeviceEntry {
     pub weight_prefetch: Option<PrefetchEntry>,
 }
 
-/// The weight stream's software prefetch distance measured on a device:
-/// each candidate's time at a few batch sizes on one of the model's
-/// shapes, and the distance the runtime emits. The best distance is a fact
-/// of the memory system: 4 KiB on Zen 4, 2 KiB on a Sapphire Rapids-class
-/// Xeon (`docs/PERFORMANCE.md`).
+/// A weight stream's software prefetch measured on a device: each
+/// candidate's time at a few batch sizes on one of the model's shapes, and
+/// the one the runtime emits. Distance and cache level are facts of the
+/// memory system: the int8 loops read fastest 4 KiB ahead into L1 on
+/// Zen 4 but 2 KiB ahead on a Sapphire Rapids-class Xeon, whose float
+/// loops want 4 KiB into L2 (`docs/PERFORMANCE.md`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrefetchEntry {
-    /// Bytes ahead the runtime prefetches: a candidate that beat the
-    /// default by the tuner's margin in two separate measurements, else
-    /// the default.
-    pub bytes: u32,
-    pub default: u32,
+    /// The loops it applies to: [`PREFETCH_STREAMS`] (`int8`: quantized
+    /// activations; `float`: f32 or f16 ones).
+    pub stream: String,
+    /// What the runtime emits: a candidate that beat the default by the
+    /// tuner's margin in two separate measurements, else the default.
+    pub chosen: PrefetchChoice,
+    pub default: PrefetchChoice,
     /// The weight shape `[n, k]` timed, and the batch sizes whose times
     /// are summed.
     pub shape: [usize; 2],
@@ -264,12 +267,56 @@ pub struct PrefetchEntry {
     pub measurements: Vec<PrefetchMeasurement>,
 }
 
-/// One prefetch distance's time.
+/// How far ahead, and into which cache, a stream is prefetched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefetchChoice {
+    pub bytes: u32,
+    pub level: CacheLevel,
+}
+
+/// The cache a software prefetch fills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheLevel {
+    L1,
+    L2,
+}
+
+/// One candidate's time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrefetchMeasurement {
-    pub bytes: u32,
+    #[serde(flatten)]
+    pub choice: PrefetchChoice,
     pub us: f64,
 }
+
+#[cfg(feature = "jit")]
+impl PrefetchChoice {
+    /// The x86 emitter's prefetch, or why it refuses this one.
+    pub fn to_x86(self) -> Result<tessera_codegen::x86::WeightPrefetch, String> {
+        use tessera_codegen::x86::{PrefetchLevel, WeightPrefetch};
+        let level = match self.level {
+            CacheLevel::L1 => PrefetchLevel::L1,
+            CacheLevel::L2 => PrefetchLevel::L2,
+        };
+        WeightPrefetch::new(self.bytes, level)
+    }
+
+    /// The record's form of an x86 prefetch.
+    pub fn from_x86(prefetch: tessera_codegen::x86::WeightPrefetch) -> PrefetchChoice {
+        use tessera_codegen::x86::PrefetchLevel;
+        PrefetchChoice {
+            bytes: prefetch.bytes(),
+            level: match prefetch.level() {
+                PrefetchLevel::L1 => CacheLevel::L1,
+                PrefetchLevel::L2 => CacheLevel::L2,
+            },
+        }
+    }
+}
+
+/// The weight streams a [`PrefetchEntry`] may name.
+pub const PREFETCH_STREAMS: [&str; 2] = ["int8", "float"];
 
 /// The longest weight prefetch distance a record may name (the x86
 /// emitter's limit).
@@ -482,10 +529,16 @@ impl DeviceEntry {
             ));
         }
         if let Some(p) = &self.weight_prefetch {
-            let bytes = p.bytes;
+            if !PREFETCH_STREAMS.contains(&p.stream.as_str()) {
+                return Some((
+                    "weight_prefetch.stream".into(),
+                    format!("is `{}` (one of {PREFETCH_STREAMS:?})", p.stream),
+                ));
+            }
+            let bytes = p.chosen.bytes;
             if bytes == 0 || !bytes.is_multiple_of(64) || bytes > MAX_PREFETCH_BYTES {
                 return Some((
-                    "weight_prefetch.bytes".into(),
+                    "weight_prefetch.chosen.bytes".into(),
                     format!("is {bytes} (a positive multiple of 64, at most {MAX_PREFETCH_BYTES})"),
                 ));
             }
@@ -651,24 +704,22 @@ impl TuningRecord {
             .map(|(_, p)| p.fp8_values_packed)
     }
 
-    /// How far ahead the int8 weight stream is prefetched, as measured on
-    /// `device` for `backend` (the newest entry that measured it, any
-    /// weight format's: the distance is the memory system's); None where
-    /// no entry did (the backend's default then).
+    /// How `stream` (one of [`PREFETCH_STREAMS`]) is prefetched, as
+    /// measured on `device` for `backend`: the newest entry that measured
+    /// that stream, any weight format's (the choice is the memory
+    /// system's); None where no entry did (the backend's default then).
     pub fn weight_prefetch(
         &self,
         device: &Fingerprint,
         generator: &GeneratorId,
         backend: &str,
-    ) -> Option<u32> {
+        stream: &str,
+    ) -> Option<PrefetchChoice> {
         self.measured_on(device, generator, backend)
-            .filter_map(|e| {
-                e.weight_prefetch
-                    .as_ref()
-                    .map(|p| (e.created_unix, p.bytes))
-            })
+            .filter_map(|e| e.weight_prefetch.as_ref().map(|p| (e.created_unix, p)))
+            .filter(|(_, p)| p.stream == stream)
             .max_by_key(|(t, _)| *t)
-            .map(|(_, bytes)| bytes)
+            .map(|(_, p)| p.chosen)
     }
 
     /// The first entry for this device, generator, backend and format, or
@@ -865,16 +916,20 @@ mod tests {
                 }),
             ),
             (
-                "weight_prefetch.bytes",
+                "weight_prefetch.chosen.bytes",
                 Box::new(|e| e.weight_prefetch = prefetch(0)),
             ),
             (
-                "weight_prefetch.bytes",
+                "weight_prefetch.chosen.bytes",
                 Box::new(|e| e.weight_prefetch = prefetch(100)),
             ),
             (
-                "weight_prefetch.bytes",
+                "weight_prefetch.chosen.bytes",
                 Box::new(|e| e.weight_prefetch = prefetch(MAX_PREFETCH_BYTES + 64)),
+            ),
+            (
+                "weight_prefetch.stream",
+                Box::new(|e| e.weight_prefetch = prefetch_of("f64", 4096, CacheLevel::L1)),
             ),
             ("m1, m2", Box::new(|e| e.shapes[0].m1 = 0)),
             ("m1, m2", Box::new(|e| e.shapes[0].m2 = 1)),
@@ -1151,14 +1206,26 @@ mod tests {
         }
     }
 
-    /// A measured prefetch distance of `bytes` (default 4096).
+    /// A measured int8 prefetch of `bytes` into L1.
     fn prefetch(bytes: u32) -> Option<PrefetchEntry> {
+        prefetch_of("int8", bytes, CacheLevel::L1)
+    }
+
+    fn prefetch_of(stream: &str, bytes: u32, level: CacheLevel) -> Option<PrefetchEntry> {
+        let default = PrefetchChoice {
+            bytes: 4096,
+            level: CacheLevel::L1,
+        };
         Some(PrefetchEntry {
-            bytes,
-            default: 4096,
+            stream: stream.into(),
+            chosen: PrefetchChoice { bytes, level },
+            default,
             shape: [4096, 4096],
-            m: vec![1, 4],
-            measurements: vec![],
+            m: vec![1, 8],
+            measurements: vec![PrefetchMeasurement {
+                choice: default,
+                us: 10.0,
+            }],
         })
     }
 
@@ -1170,16 +1237,27 @@ mod tests {
         newer.format = "q8_0".into();
         newer.weight_prefetch = prefetch(2048);
         let unmeasured = dated("x", 3);
+        let mut float = dated("f32", 4);
+        float.format = "f32".into();
+        float.weight_prefetch = prefetch_of("float", 4096, CacheLevel::L2);
         let rec = TuningRecord {
             schema: RECORD_SCHEMA,
-            entries: vec![older.clone(), newer, unmeasured],
+            entries: vec![older.clone(), newer, unmeasured, float],
         };
         let (fp, generator) = (&older.fingerprint, &older.generator);
+        let chosen = |bytes, level| Some(PrefetchChoice { bytes, level });
         assert_eq!(
-            rec.weight_prefetch(fp, generator, "host"),
-            Some(2048),
-            "the newest that measured one, any format's"
+            rec.weight_prefetch(fp, generator, "host", "int8"),
+            chosen(2048, CacheLevel::L1),
+            "the newest that measured the stream, any format's"
         );
+        assert_eq!(
+            rec.weight_prefetch(fp, generator, "host", "float"),
+            chosen(4096, CacheLevel::L2),
+            "each stream its own"
+        );
+        let json = rec.to_json();
+        assert!(json.contains("\"level\": \"l2\""), "{json}");
         let back = TuningRecord::from_json(&rec.to_json(), "mem").unwrap();
         assert_eq!(back, rec, "round trip");
         let elsewhere = entry("x", "avx2 fma avx512f", "aa");
@@ -1189,13 +1267,16 @@ mod tests {
             (fp, &other_generator.generator, "host"),
             (fp, generator, "x86"),
         ] {
-            assert_eq!(rec.weight_prefetch(device, generator, backend), None);
+            assert_eq!(
+                rec.weight_prefetch(device, generator, backend, "int8"),
+                None
+            );
         }
         let none = TuningRecord {
             schema: RECORD_SCHEMA,
             entries: vec![dated("x", 1)],
         };
-        assert_eq!(none.weight_prefetch(fp, generator, "host"), None);
+        assert_eq!(none.weight_prefetch(fp, generator, "host", "int8"), None);
         assert!(
             !none.to_json().contains("weight_prefetch"),
             "absent, not null"

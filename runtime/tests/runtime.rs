@@ -847,44 +847,86 @@ fn decode_runs_the_records_fp8_value_form() {
     );
 }
 
-/// A record's weight prefetch distance (measured by the autotuner) is the
-/// one the x86 device emits its int8 matmuls with, and they still match
-/// the interpreter; without a record the default stays, and an entry on
-/// another device is ignored.
+/// A record's weight prefetches (measured by the autotuner) are the ones
+/// the x86 device emits its int8 and float matmuls with, and they still
+/// match the interpreter; without a record the defaults stay, and entries
+/// on another device are ignored.
 #[test]
-fn int8_matmuls_prefetch_as_the_record_measured() {
+fn matmuls_prefetch_as_the_record_measured() {
+    use tessera_codegen::x86::{WeightPrefetch, WeightStream};
+    use tessera_runtime::record::{CacheLevel, PrefetchChoice};
     if !host_backends().contains(&Backend::HostX86) {
         return;
     }
-    let default = tessera_codegen::x86::int8::PrefetchDistance::DEFAULT.bytes();
     let probe = device(Backend::HostX86, 2, None);
-    assert_eq!(probe.int8_weight_prefetch(), Some(default));
+    assert_eq!(
+        probe.weight_prefetch(WeightStream::Int8),
+        Some(WeightPrefetch::INT8)
+    );
+    assert_eq!(
+        probe.weight_prefetch(WeightStream::Float),
+        Some(WeightPrefetch::FLOAT)
+    );
     let (n, k) = (40, 96);
-    let mut record = record_for(&probe, WeightFormat::Q4_0, n, k, 3, 7);
-    record.entries[0].weight_prefetch = Some(PrefetchEntry {
-        bytes: 2048,
-        default,
-        shape: [n, k],
-        m: vec![1, 8],
-        measurements: vec![],
-    });
-    let mut elsewhere = record.clone();
-    elsewhere.entries[0].fingerprint = Fingerprint {
-        cpu_model: "another CPU".into(),
-        ..probe.fingerprint().clone()
+    let entry = |format, stream: &str, bytes, level| {
+        let mut r = record_for(&probe, format, n, k, 3, 7);
+        let choice = |bytes, level| PrefetchChoice { bytes, level };
+        r.entries[0].weight_prefetch = Some(PrefetchEntry {
+            stream: stream.into(),
+            chosen: choice(bytes, level),
+            default: choice(4096, CacheLevel::L1),
+            shape: [n, k],
+            m: vec![1, 8],
+            measurements: vec![],
+        });
+        r.entries.remove(0)
     };
+    let record = TuningRecord {
+        schema: RECORD_SCHEMA,
+        entries: vec![
+            entry(WeightFormat::Q4_0, "int8", 2048, CacheLevel::L1),
+            entry(WeightFormat::F32, "float", 8192, CacheLevel::L2),
+        ],
+    };
+    let mut elsewhere = record.clone();
+    for e in &mut elsewhere.entries {
+        e.fingerprint = Fingerprint {
+            cpu_model: "another CPU".into(),
+            ..probe.fingerprint().clone()
+        };
+    }
     let dev = device(Backend::HostX86, 2, Some(record));
-    assert_eq!(dev.int8_weight_prefetch(), Some(2048));
-    for format in [WeightFormat::Q4_0, WeightFormat::W4A8, WeightFormat::Q8_0] {
+    let int8 = dev.weight_prefetch(WeightStream::Int8).unwrap();
+    assert_eq!(
+        (int8.bytes(), int8.level()),
+        (2048, tessera_codegen::x86::PrefetchLevel::L1)
+    );
+    let float = dev.weight_prefetch(WeightStream::Float).unwrap();
+    assert_eq!(
+        (float.bytes(), float.level()),
+        (8192, tessera_codegen::x86::PrefetchLevel::L2)
+    );
+    for format in [
+        WeightFormat::Q4_0,
+        WeightFormat::W4A8,
+        WeightFormat::Q8_0,
+        WeightFormat::F32,
+        WeightFormat::F16,
+    ] {
         check_linear(&dev, format, n, k, &[1, 2, 5, 9]);
     }
     let other = device(Backend::HostX86, 2, Some(elsewhere));
-    assert_eq!(other.int8_weight_prefetch(), Some(default));
+    assert_eq!(
+        other.weight_prefetch(WeightStream::Int8),
+        Some(WeightPrefetch::INT8)
+    );
+    assert_eq!(
+        other.weight_prefetch(WeightStream::Float),
+        Some(WeightPrefetch::FLOAT)
+    );
     if host_backends().contains(&Backend::HostClif) {
-        assert_eq!(
-            device(Backend::HostClif, 1, None).int8_weight_prefetch(),
-            None
-        );
+        let clif = device(Backend::HostClif, 1, None);
+        assert_eq!(clif.weight_prefetch(WeightStream::Int8), None);
     }
 }
 

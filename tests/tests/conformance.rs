@@ -727,7 +727,8 @@ fn emit(be: Be, kernel: &Kernel, d: &Desc) -> Result<Emitted, String> {
                     avx512_bf16: false,
                     avx512_fp16: false,
                     amx: false,
-                    int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+                    int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+                    float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
                 }
             };
             let ts = tiles(x.target(kernel, v), kernel, v)?;

@@ -168,7 +168,8 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
-        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
     };
     let p = Problem::from_kernel(caps, &kernel).unwrap();
     let mut emitted = 0;
@@ -204,7 +205,8 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
-        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
     };
     assert_eq!(vnni.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     let zen4 = X86Backend {
@@ -214,7 +216,8 @@ fn solver_tiles_match_the_avx512_plan() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
-        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
     };
     assert_eq!(zen4.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(
@@ -244,7 +247,8 @@ fn bad_tiles_are_named() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
-        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
     };
     let mut t = tile_at(&kernel, 5, 80);
     t.hp = 72;
@@ -268,7 +272,8 @@ fn avx512_kernel_listings_match_their_bytes() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
-        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
     };
     for (ep, hp) in [(5, 80), (8, 48), (14, 32), (1, 16)] {
         let tile = tile_at(&kernel, ep, hp);
@@ -304,7 +309,8 @@ fn avx512_listing_snapshot() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
-        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
     };
     let code = backend.emit_code(&kernel, &tile).unwrap();
     assert_eq!(code, backend.emit_code(&kernel, &tile).unwrap());

@@ -142,7 +142,8 @@ const AVX512: X86Backend = X86Backend {
     avx512_bf16: false,
     avx512_fp16: false,
     amx: false,
-    int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+    int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+    float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
 };
 
 #[test]
@@ -172,7 +173,8 @@ fn w4a8_routes_to_the_avx512_int8_kernel_on_avx512_tiles() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
-        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
     };
     assert_eq!(both.target(&kernel, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(AVX512.target(&kernel, Variant::Gemm).name, "x86-avx2");
@@ -233,7 +235,8 @@ fn bad_specs_are_named() {
         avx512_bf16: false,
         avx512_fp16: false,
         amx: false,
-        int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
     };
     let w8a8 = library::get("matmul-w8a8").unwrap();
     assert_eq!(both.target(&w8a8, Variant::Gemm).name, "x86-avx2");
@@ -407,7 +410,8 @@ fn library_ggml_formats_on_avx512_tiles() {
             avx512_bf16: false,
             avx512_fp16: false,
             amx: false,
-            int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+            int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+            float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
         };
         assert_eq!(both.target(&kernel, Variant::Gemm).name, AVX512_NAME);
         let tile = best(&kernel);
@@ -420,70 +424,4 @@ fn library_ggml_formats_on_avx512_tiles() {
             &[(17, 40, 96), (1, 9, 33), (30, 64, 257)],
         );
     }
-}
-
-/// The weight prefetch distance a tuning record chooses reaches the GEMV
-/// and flat loops of both int8 kernels (ymm and zmm tiles), leaves the
-/// GEMM (compute-bound, no software prefetch) and the f32 kernels alone,
-/// and out-of-range distances are refused.
-#[test]
-fn the_int8_weight_prefetch_distance_reaches_the_streaming_loops() {
-    use tessera_codegen::x86::int8::PrefetchDistance;
-    let near = PrefetchDistance::new(2048).unwrap();
-    let far = PrefetchDistance::new(12288).unwrap();
-    let kernel = library::get("matmul-q4_0").unwrap();
-    let avx2 = tessera_codegen::x86::plan::target();
-    let ymm_tile = solve(avx2, &Problem::from_kernel(avx2, &kernel).unwrap()).unwrap()[0];
-    let zmm_tile = best(&kernel);
-    for (tile, on) in [(ymm_tile, "ymm"), (zmm_tile, "zmm")] {
-        for v in Variant::ALL {
-            for distance in [PrefetchDistance::DEFAULT, near, far] {
-                let backend = X86Backend {
-                    vnni: true,
-                    avx512: true,
-                    avx512_vnni: true,
-                    int8_prefetch: distance,
-                    ..X86Backend::default()
-                };
-                let listing = backend
-                    .emit_code_variant(&kernel, &tile, v)
-                    .unwrap()
-                    .listing;
-                let want = format!("prefetcht0 byte ptr [rsi + {}]", distance.bytes());
-                // The GEMV loop serves m = 1 in every variant.
-                assert!(
-                    listing.contains(&want),
-                    "{on} {v} {}: {listing}",
-                    distance.bytes()
-                );
-                for other in [PrefetchDistance::DEFAULT, near, far] {
-                    if other != distance {
-                        let not = format!("[rsi + {}]", other.bytes());
-                        assert!(!listing.contains(&not), "{on} {v}: {not} in {listing}");
-                    }
-                }
-            }
-        }
-    }
-    let f32_kernel = library::get("matmul-f32").unwrap();
-    let t = solve(avx2, &Problem::from_kernel(avx2, &f32_kernel).unwrap()).unwrap()[0];
-    let at = |d| {
-        X86Backend {
-            int8_prefetch: d,
-            ..X86Backend::default()
-        }
-        .emit_code_variant(&f32_kernel, &t, Variant::FlatGemm)
-        .unwrap()
-        .listing
-    };
-    assert_eq!(
-        at(near),
-        at(PrefetchDistance::DEFAULT),
-        "f32 streams keep their own distance"
-    );
-    for bad in [0, 100, PrefetchDistance::MAX_BYTES + 64] {
-        let e = PrefetchDistance::new(bad).unwrap_err();
-        assert!(e.contains("multiple of 64"), "{e}");
-    }
-    assert_eq!(PrefetchDistance::CHOICES[0], PrefetchDistance::default());
 }

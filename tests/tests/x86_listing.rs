@@ -210,7 +210,8 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512_bf16: false,
                     avx512_fp16: false,
                     amx: false,
-                    int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+                    int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+                    float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
                 },
                 X86Backend {
                     vnni: true,
@@ -219,7 +220,8 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512_bf16: false,
                     avx512_fp16: false,
                     amx: false,
-                    int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+                    int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+                    float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
                 },
                 // AVX512-VNNI's EVEX vpdpbusd on ymm (Zen 4, Ice Lake).
                 X86Backend {
@@ -229,7 +231,8 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
                     avx512_bf16: false,
                     avx512_fp16: false,
                     amx: false,
-                    int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::DEFAULT,
+                    int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
+                    float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
                 },
             ] {
                 let Ok(code) = backend.emit_code(&kernel, &tile) else {

@@ -12,8 +12,8 @@ use tessera_dsl::library;
 use tessera_tests::kernels::set_epilogue as epilogue;
 use tessera_tests::reference::check_host_matmul;
 
-/// Plain AVX2 (prefetching the int8 weight stream at the tuner's
-/// alternative distance), then one backend per `vpdpbusd` encoding this CPU runs
+/// Plain AVX2 (prefetching the weight streams as the tuner's alternatives
+/// do), then one backend per `vpdpbusd` encoding this CPU runs
 /// (AVX-VNNI's VEX form, AVX512-VNNI's EVEX form on ymm), so each int8
 /// dot product is checked natively where it can be.
 fn backends() -> Vec<X86Backend> {
@@ -26,9 +26,10 @@ fn backends() -> Vec<X86Backend> {
                 avx512_bf16: false,
                 avx512_fp16: false,
                 amx: false,
-                // The autotuner's other weight prefetch distance, so the
-                // sweeps run both natively.
-                int8_prefetch: tessera_codegen::x86::int8::PrefetchDistance::CHOICES[1],
+                // The autotuner's other weight prefetches, so the sweeps
+                // run both natively.
+                int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8_CHOICES[1],
+                float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT_CHOICES[1],
             };
             let mut all = vec![plain];
             if b.vnni {
@@ -503,4 +504,73 @@ fn unsupported_kernels_are_named_errors() {
     let w8 = library::get("matmul-w8a8").unwrap();
     let err = b.emit_code(&w8, &f32_tile).unwrap_err();
     assert!(matches!(err, EmitError::BadTile { .. }), "{err}");
+}
+
+/// A weight prefetch reaches the GEMV and flat loops of its stream's
+/// kernels, ymm and zmm (the GEMV loop serves m = 1 in every variant, so
+/// every variant's listing carries it), at its distance and cache level,
+/// and leaves the other stream's kernels alone.
+#[test]
+fn a_weight_prefetch_reaches_its_streams_loops() {
+    use tessera_codegen::target::TargetCaps;
+    use tessera_codegen::x86::{AVX512_NAME, PrefetchLevel, WeightPrefetch, WeightStream};
+    let avx2 = plan::target();
+    let zmm = TargetCaps::by_name(AVX512_NAME).unwrap();
+    let best = |caps, kernel: &Kernel| {
+        solve(caps, &Problem::from_kernel(caps, kernel).unwrap()).unwrap()[0]
+    };
+    let odd = [
+        WeightPrefetch::new(12288, PrefetchLevel::L1).unwrap(),
+        WeightPrefetch::new(640, PrefetchLevel::L2).unwrap(),
+    ];
+    let line = |p: WeightPrefetch| {
+        let op = match p.level() {
+            PrefetchLevel::L1 => "prefetcht0",
+            PrefetchLevel::L2 => "prefetcht1",
+        };
+        format!("{op} byte ptr [rsi + {}]", p.bytes())
+    };
+    for (name, stream) in [
+        ("matmul-q4_0", WeightStream::Int8),
+        ("matmul-f32", WeightStream::Float),
+    ] {
+        let kernel = library::get(name).unwrap();
+        let other = match stream {
+            WeightStream::Int8 => WeightStream::Float,
+            WeightStream::Float => WeightStream::Int8,
+        };
+        let mut all = stream.choices().to_vec();
+        all.extend(odd);
+        for tile in [best(avx2, &kernel), best(zmm, &kernel)] {
+            for v in Variant::ALL {
+                for &p in &all {
+                    let backend = X86Backend {
+                        vnni: true,
+                        avx512: true,
+                        avx512_vnni: true,
+                        ..X86Backend::default()
+                    }
+                    .with_weight_prefetch(stream, p)
+                    .with_weight_prefetch(other, odd[0]);
+                    let listing = backend
+                        .emit_code_variant(&kernel, &tile, v)
+                        .unwrap()
+                        .listing;
+                    let tag = format!("{name} {} {v} {p}", tile.summary());
+                    assert!(listing.contains(&line(p)), "{tag}: {listing}");
+                    for &q in all.iter().filter(|&&q| q != p) {
+                        assert!(!listing.contains(&line(q)), "{tag}: {} too", line(q));
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        WeightStream::Int8.choices()[0],
+        X86Backend::default().int8_prefetch
+    );
+    assert_eq!(
+        WeightStream::Float.choices()[0],
+        X86Backend::default().float_prefetch
+    );
 }

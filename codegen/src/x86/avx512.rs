@@ -12,6 +12,7 @@ use tessera_dsl::ir::{Activation, Format};
 
 use super::evex::Zmm;
 use super::float::{self, FloatKernel};
+use super::prefetch::WeightPrefetch;
 use super::regfile::RegisterFile;
 use crate::artifact::{EmitError, MachineCode, Variant};
 use crate::tile::TileConfig;
@@ -26,7 +27,7 @@ pub const ZMM_REGS: u32 = <Zmm as RegisterFile>::REGISTERS as u32;
 /// three same-run comparisons (CPU-time figures, loaded machine): fewer
 /// passes of partial sums through y, as on AVX2.
 pub const PANEL_BLOCK_BYTES: i32 = 384 * 1024;
-pub use super::float::{MAX_ROWS, PREFETCH};
+pub use super::float::MAX_ROWS;
 
 /// What the AVX-512 f32 kernel computes, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,6 +126,15 @@ pub fn emit(spec: &Avx512Spec) -> Result<MachineCode, EmitError> {
 
 /// Emit one variant (see [`super::float`]'s module doc).
 pub fn emit_variant(spec: &Avx512Spec, variant: Variant) -> Result<MachineCode, EmitError> {
+    emit_variant_prefetching(spec, variant, WeightPrefetch::FLOAT)
+}
+
+/// [`emit_variant`] with the weight stream prefetched by `prefetch`.
+pub fn emit_variant_prefetching(
+    spec: &Avx512Spec,
+    variant: Variant,
+    prefetch: WeightPrefetch,
+) -> Result<MachineCode, EmitError> {
     let bad = |why: String| EmitError::BadTile {
         tile: format!("{}x{}x1", spec.ep, spec.hp()),
         why,
@@ -164,6 +174,7 @@ pub fn emit_variant(spec: &Avx512Spec, variant: Variant) -> Result<MachineCode, 
             kc: kc(spec),
             gemm_sets: gemm_sets(spec),
             gemv_sets: gemv_sets(spec),
+            prefetch,
         },
         variant,
     )

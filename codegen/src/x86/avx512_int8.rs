@@ -62,7 +62,7 @@
 //! loop: the buffer's extra pass halved its speed on Zen 4.
 //!
 //! **Prefetch.** The flat and one-row loops prefetch the weight stream
-//! [`int8::PREFETCH`] bytes ahead, as the ymm kernel does: without it the
+//! as the ymm kernel does ([`WeightPrefetch`]): without it the
 //! flat 8 × 16 tile read 7.8 GB/s of Q4_0 at M = 8 on Zen 4, with it 11.7.
 //!
 //! General-purpose registers: rdi = args, rsi = weights (bias in the
@@ -82,6 +82,7 @@ use super::int8::{
     self, Dot, Int8File, Int8Frame, Int8Kernel, Int8Regs, Operand, ZeroPoint, first_column,
     packed_panel_ptr,
 };
+use super::prefetch::WeightPrefetch;
 use super::regfile::RegisterFile;
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
@@ -185,14 +186,14 @@ pub fn emit(spec: &Avx512Int8Spec) -> Result<MachineCode, EmitError> {
 /// others run tiles of ep rows (m = 1 always takes the one-row loop).
 /// Every variant keeps all of K in registers per row block.
 pub fn emit_variant(spec: &Avx512Int8Spec, variant: Variant) -> Result<MachineCode, EmitError> {
-    emit_variant_prefetching(spec, variant, int8::PrefetchDistance::DEFAULT)
+    emit_variant_prefetching(spec, variant, WeightPrefetch::INT8)
 }
 
-/// [`emit_variant`] with the weight stream prefetched `distance` ahead.
+/// [`emit_variant`] with the weight stream prefetched by `prefetch`.
 pub fn emit_variant_prefetching(
     spec: &Avx512Int8Spec,
     variant: Variant,
-    distance: int8::PrefetchDistance,
+    prefetch: WeightPrefetch,
 ) -> Result<MachineCode, EmitError> {
     let bad = |why: String| EmitError::BadTile {
         tile: format!("{}x{}x4", spec.ep, spec.hp()),
@@ -239,7 +240,7 @@ pub fn emit_variant_prefetching(
                 activation: spec.activation,
                 dot: Dot::EvexVnni,
             },
-            prefetch: Some(distance.bytes() as i32),
+            prefetch: Some(prefetch),
         },
         variant,
     )

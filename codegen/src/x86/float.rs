@@ -48,7 +48,7 @@
 //! straight from memory for f32 weights (no B registers), through
 //! `vcvtph2ps` into hb registers for f16; 1 A register; the sets are
 //! summed before the epilogue. The weight stream is prefetched
-//! [`PREFETCH`] bytes ahead.
+//! as the backend says ([`super::WeightPrefetch::FLOAT`] by default).
 //!
 //! General-purpose registers: rdi = args, rsi = weight pointer (bias in the
 //! epilogue), rcx = valid columns in the epilogue, r8..r13 = x row pointers
@@ -61,8 +61,8 @@
 //!
 //! Variants ([`emit_variant`], [`super::avx512::emit_variant`]): `Gemm` as
 //! below; `FlatGemm` is the same nest without K blocks (panels → row
-//! blocks of ep rows → all of k, the weight stream prefetched [`PREFETCH`]
-//! bytes ahead), so for m ≤ ep every weight byte is read once per call and
+//! blocks of ep rows → all of k, the weight stream prefetched as for the
+//! GEMV), so for m ≤ ep every weight byte is read once per call and
 //! each row block past the first re-reads its panel (hp·K elements) from
 //! L2; `Gemv` is the one-row loop for every row. Every variant sends m = 1
 //! to the one-row loop.
@@ -81,6 +81,7 @@ use tessera_dsl::ir::{Activation, Format};
 
 use super::asm::*;
 use super::common::{self, Store, nest};
+use super::prefetch::WeightPrefetch;
 use super::regfile::RegisterFile;
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
@@ -109,9 +110,6 @@ pub(super) fn k_block(panel_block_bytes: i32, hp: usize, w_bytes: i32) -> i32 {
     (panel_block_bytes / per_k).max(UNROLL as i32) / UNROLL as i32 * UNROLL as i32
 }
 
-/// How far ahead of the weight stream the flat and GEMV loops prefetch,
-/// in bytes.
-pub const PREFETCH: i32 = 1024;
 /// k steps per unrolled iteration.
 const UNROLL: usize = 8;
 
@@ -219,6 +217,15 @@ pub fn emit(spec: &FloatSpec) -> Result<MachineCode, EmitError> {
 /// `Gemm` blocks K by [`kc`] (f32 output) so a panel's K block stays in L2
 /// across row blocks. Both multi-row variants send m = 1 to the GEMV loop.
 pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, EmitError> {
+    emit_variant_prefetching(spec, variant, WeightPrefetch::FLOAT)
+}
+
+/// [`emit_variant`] with the weight stream prefetched by `prefetch`.
+pub fn emit_variant_prefetching(
+    spec: &FloatSpec,
+    variant: Variant,
+    prefetch: WeightPrefetch,
+) -> Result<MachineCode, EmitError> {
     if spec.ep > MAX_ROWS || spec.ep == 0 || spec.hb == 0 {
         return Err(EmitError::BadTile {
             tile: format!("{}x{}x1", spec.ep, spec.hb * 8),
@@ -232,6 +239,7 @@ pub fn emit_variant(spec: &FloatSpec, variant: Variant) -> Result<MachineCode, E
             kc: kc(spec),
             gemm_sets: gemm_sets(spec),
             gemv_sets: gemv_sets(spec),
+            prefetch,
         },
         variant,
     )
@@ -252,6 +260,8 @@ pub(super) struct FloatKernel {
     pub kc: i32,
     pub gemm_sets: usize,
     pub gemv_sets: usize,
+    /// How the flat and one-row loops prefetch the weight stream.
+    pub prefetch: WeightPrefetch,
 }
 
 /// The kernel reads as its spec (`k.ep`, `k.x`, …).
@@ -269,8 +279,8 @@ struct Loop {
     sets: usize,
     /// K block length (partial sums through y), or all of K at once.
     kc: Option<i32>,
-    /// Prefetch the weight stream this many bytes ahead.
-    prefetch: Option<i32>,
+    /// How the weight stream is prefetched; None: not at all.
+    prefetch: Option<WeightPrefetch>,
 }
 
 /// Emit one variant of `k` on register file `V` (see the module doc).
@@ -300,7 +310,7 @@ pub(super) fn emit_on<V: RegisterFile>(
         rows: 1,
         sets: k.gemv_sets,
         kc: None,
-        prefetch: Some(PREFETCH),
+        prefetch: Some(k.prefetch),
     };
     let multi = match variant {
         Variant::Gemv => None,
@@ -308,7 +318,7 @@ pub(super) fn emit_on<V: RegisterFile>(
             rows: k.ep,
             sets: k.gemm_sets,
             kc: None,
-            prefetch: Some(PREFETCH),
+            prefetch: Some(k.prefetch),
         }),
         Variant::Gemm => Some(Loop {
             rows: k.ep,
@@ -565,11 +575,8 @@ fn nest<V: RegisterFile>(a: &mut X86Asm, k: &FloatKernel, l: Loop) {
         }
         step(a, u, u % sets, x_widened);
     }
-    if let Some(distance) = prefetch {
-        let bytes = UNROLL as i32 * wstep;
-        for c in (0..bytes).step_by(64) {
-            a.prefetcht0(mem(RSI, distance + c));
-        }
+    if let Some(prefetch) = prefetch {
+        prefetch.emit(a, RSI, UNROLL as i32 * wstep);
     }
     for &xr in xrows {
         a.add_imm(xr, UNROLL as i32 * xs);

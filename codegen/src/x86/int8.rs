@@ -56,7 +56,7 @@
 //! | Σq registers (base, stride, walker) | r13, r14, rax | r11, r12, r13 |
 //! | the one-row loop | steps rbp | walks r14 within blocks of ep rows |
 //! | store | [`common::store_tile`], eight rows at a time | per column block under opmask k3, one y pointer per row |
-//! | weight prefetch (flat, one row) | [`PREFETCH`] bytes ahead | the same |
+//! | weight prefetch (flat, one row) | [`WeightPrefetch`] (the backend's) | the same |
 //!
 //! # Register plans (ymm)
 //!
@@ -112,6 +112,7 @@ use tessera_dsl::ir::{Activation, Format, ParamType};
 
 use super::asm::*;
 use super::common::{self, LOCAL0, LOCAL1, LOCAL2, NIBBLE, ONES16, SHIFTS, Store, nest};
+use super::prefetch::WeightPrefetch;
 use super::regfile::RegisterFile;
 use crate::abi::*;
 use crate::artifact::{EmitError, MachineCode, Variant};
@@ -245,53 +246,6 @@ impl ZeroPoint {
     }
 }
 
-/// How far ahead of the weight stream the GEMV and flat-GEMM loops
-/// prefetch, in bytes. On Zen 4, 4 KiB against 2 KiB: M = 4 on one thread
-/// up to 1.25× faster on the Llama2 shapes, 3% on the geometric mean of
-/// M = 1–8 at 1 and 2 threads (single rows 0.8–1.25×, the noise of two
-/// runs); 1 KiB was slower, 8 KiB the same as 4.
-pub const PREFETCH: i32 = 4096;
-
-/// How far ahead of the weight stream the GEMV and flat-GEMM loops
-/// prefetch, in bytes: [`PREFETCH`] unless the autotuner measured another
-/// distance faster on this CPU. The best distance is a fact of the
-/// memory system: on Zen 4 4 KiB beat 2 KiB, on a Sapphire Rapids-class
-/// Xeon 2 KiB read 4–14% faster at M = 1–8 (`docs/PERFORMANCE.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PrefetchDistance(u32);
-
-impl PrefetchDistance {
-    /// [`PREFETCH`].
-    pub const DEFAULT: PrefetchDistance = PrefetchDistance(PREFETCH as u32);
-    /// The distances the autotuner times, the default first.
-    pub const CHOICES: [PrefetchDistance; 2] = [PrefetchDistance::DEFAULT, PrefetchDistance(2048)];
-    /// The longest distance taken: a prefetch's displacement is an i32,
-    /// and past a few pages ahead the lines are evicted before use.
-    pub const MAX_BYTES: u32 = 64 << 10;
-
-    /// `bytes` ahead: a positive multiple of a 64-byte cache line, at most
-    /// [`Self::MAX_BYTES`].
-    pub fn new(bytes: u32) -> Result<PrefetchDistance, String> {
-        if bytes == 0 || !bytes.is_multiple_of(64) || bytes > Self::MAX_BYTES {
-            return Err(format!(
-                "weight prefetch distance {bytes} bytes: must be a positive multiple of 64, at most {}",
-                Self::MAX_BYTES
-            ));
-        }
-        Ok(PrefetchDistance(bytes))
-    }
-
-    pub fn bytes(self) -> u32 {
-        self.0
-    }
-}
-
-impl Default for PrefetchDistance {
-    fn default() -> PrefetchDistance {
-        PrefetchDistance::DEFAULT
-    }
-}
-
 /// Emit the kernel: the GEMM variant (with the one-row loop for m = 1).
 pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     emit_variant(spec, Variant::Gemm)
@@ -301,17 +255,17 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
 /// block (panel → row block → K), so with m ≤ ep each weight byte is read
 /// once per call and larger m re-reads the panel from L2. `Gemv` runs
 /// every row through the one-row loop; `FlatGemm` and the one-row loop
-/// prefetch the weight stream [`PREFETCH`] bytes ahead; `Gemm` leaves it to
+/// prefetch the weight stream ([`WeightPrefetch::INT8`]); `Gemm` leaves it to
 /// the hardware prefetcher (compute-bound).
 pub fn emit_variant(spec: &Int8Spec, variant: Variant) -> Result<MachineCode, EmitError> {
-    emit_variant_prefetching(spec, variant, PrefetchDistance::DEFAULT)
+    emit_variant_prefetching(spec, variant, WeightPrefetch::INT8)
 }
 
-/// [`emit_variant`] with the weight stream prefetched `distance` ahead.
+/// [`emit_variant`] with the weight stream prefetched by `prefetch`.
 pub fn emit_variant_prefetching(
     spec: &Int8Spec,
     variant: Variant,
-    distance: PrefetchDistance,
+    prefetch: WeightPrefetch,
 ) -> Result<MachineCode, EmitError> {
     if spec.ep > MAX_ROWS || spec.ep == 0 || spec.hb == 0 {
         return Err(EmitError::BadTile {
@@ -329,7 +283,7 @@ pub fn emit_variant_prefetching(
     emit_on::<Ymm>(
         &Int8Kernel {
             spec: *spec,
-            prefetch: Some(distance.bytes() as i32),
+            prefetch: Some(prefetch),
         },
         variant,
     )
@@ -347,7 +301,7 @@ pub(super) struct Int8Kernel {
     pub spec: Int8Spec,
     /// How far ahead the flat and one-row loops prefetch the weight
     /// stream; None: never.
-    pub prefetch: Option<i32>,
+    pub prefetch: Option<WeightPrefetch>,
 }
 
 /// The kernel reads as its spec (`k.ep`, `k.group`, …).
@@ -567,7 +521,7 @@ pub(super) trait Int8File: RegisterFile {
         _k: &Int8Kernel,
         _r: &Int8Regs,
         _wstep: i32,
-        _prefetch: Option<i32>,
+        _prefetch: Option<WeightPrefetch>,
     ) {
         unreachable!("no i8sym:row on this register file")
     }
@@ -727,7 +681,7 @@ fn nest<V: Int8File>(
     a: &mut X86Asm,
     k: &Int8Kernel,
     rows: usize,
-    prefetch: Option<i32>,
+    prefetch: Option<WeightPrefetch>,
     prepacked: bool,
 ) {
     let f = V::INT8_FRAME;
@@ -877,7 +831,7 @@ fn grouped_loop<V: Int8File>(
     k: &Int8Kernel,
     r: &Int8Regs,
     wstep: i32,
-    prefetch: Option<i32>,
+    prefetch: Option<WeightPrefetch>,
     prepacked: bool,
 ) {
     let f = V::INT8_FRAME;
@@ -956,10 +910,8 @@ fn grouped_loop<V: Int8File>(
     for u in 0..spg {
         step(a, u);
     }
-    if let Some(distance) = prefetch {
-        for c in (0..spg * wstep).step_by(64) {
-            a.prefetcht0(mem(RSI, distance + c));
-        }
+    if let Some(prefetch) = prefetch {
+        prefetch.emit(a, RSI, spg * wstep);
     }
     a.add_imm(R8, spg * ep * 4);
     a.add_imm(RSI, spg * wstep);
@@ -1183,7 +1135,7 @@ impl Int8File for Ymm {
         k: &Int8Kernel,
         r: &Int8Regs,
         wstep: i32,
-        prefetch: Option<i32>,
+        prefetch: Option<WeightPrefetch>,
     ) {
         row_scaled_loop(a, k, r, wstep, prefetch);
     }
@@ -1330,7 +1282,7 @@ fn row_scaled_loop(
     k: &Int8Kernel,
     r: &Int8Regs,
     wstep: i32,
-    prefetch: Option<i32>,
+    prefetch: Option<WeightPrefetch>,
 ) {
     let ep = k.ep as i32;
     let (raw, t, ones): (Ymm, Ymm, Ymm) =
@@ -1366,10 +1318,8 @@ fn row_scaled_loop(
     for u in 0..UNROLL as i32 {
         step(a, u);
     }
-    if let Some(distance) = prefetch {
-        for c in (0..UNROLL as i32 * wstep).step_by(64) {
-            a.prefetcht0(mem(RSI, distance + c));
-        }
+    if let Some(prefetch) = prefetch {
+        prefetch.emit(a, RSI, UNROLL as i32 * wstep);
     }
     a.add_imm(R8, UNROLL as i32 * ep * 4);
     a.add_imm(RSI, UNROLL as i32 * wstep);

@@ -38,6 +38,7 @@ pub mod evex;
 pub mod float;
 pub mod int8;
 pub mod plan;
+pub mod prefetch;
 pub mod quantize;
 mod regfile;
 
@@ -47,6 +48,7 @@ use crate::artifact::{Arch, Artifact, Backend, EmitError, MachineCode, PrefillBl
 use crate::host::{HostError, HostMatmul, HostTile};
 use crate::target::TargetCaps;
 use crate::tile::TileConfig;
+pub use prefetch::{PrefetchLevel, WeightPrefetch, WeightStream};
 
 /// The backend's target name.
 pub const NAME: &str = "x86-avx2";
@@ -63,7 +65,7 @@ pub const MAX_INT4_GROUP: u32 = 128;
 /// AVX-512 kernel ([`X86Backend::target`] says which target to solve on).
 /// [`X86Backend::default`] emits plain AVX2 so its output is the same on
 /// every host, [`X86Backend::detect`] matches this CPU.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct X86Backend {
     /// AVX-VNNI (VEX `vpdpbusd` on ymm) for the AVX2 int8 kernels.
     pub vnni: bool,
@@ -86,9 +88,29 @@ pub struct X86Backend {
     /// of several-head tiles by tile products (Sapphire Rapids and later
     /// Intel Xeons; not Zen 4). It needs `avx512_vnni` too.
     pub amx: bool,
-    /// How far ahead the int8 kernels' GEMV and flat loops prefetch the
-    /// weight stream: the default, or a tuning record's choice for this CPU.
-    pub int8_prefetch: int8::PrefetchDistance,
+    /// How the int8 kernels' GEMV and flat loops prefetch the weight
+    /// stream: [`WeightPrefetch::INT8`], or a tuning record's choice.
+    pub int8_prefetch: WeightPrefetch,
+    /// The same for the float kernels (f32 and f16 weights, ymm and zmm):
+    /// [`WeightPrefetch::FLOAT`], or a tuning record's choice.
+    pub float_prefetch: WeightPrefetch,
+}
+
+/// Plain AVX2 (no VNNI, no AVX-512), the default prefetches: the same
+/// code on every host.
+impl Default for X86Backend {
+    fn default() -> X86Backend {
+        X86Backend {
+            vnni: false,
+            avx512: false,
+            avx512_vnni: false,
+            avx512_bf16: false,
+            avx512_fp16: false,
+            amx: false,
+            int8_prefetch: WeightPrefetch::INT8,
+            float_prefetch: WeightPrefetch::FLOAT,
+        }
+    }
 }
 
 /// Why x86 code cannot run here.
@@ -218,14 +240,43 @@ impl X86Backend {
         }
     }
 
-    /// Whether `kernel` is a matmul of quantized activations (i8dyn),
-    /// whose GEMV and flat loops stream int8 weights prefetched
-    /// [`Self::int8_prefetch`] ahead: the kernels that distance changes.
-    pub fn streams_int8_weights(kernel: &Kernel) -> bool {
-        kernel
-            .as_matmul()
-            .and_then(|mm| kernel.tensor(&mm.x))
-            .is_some_and(|x| x.format == Format::I8Dyn)
+    /// Which of this backend's prefetches `kernel`'s GEMV and flat loops
+    /// use: [`Self::int8_prefetch`] for quantized activations (i8dyn),
+    /// [`Self::float_prefetch`] for f32 or f16 ones; None for other
+    /// kernels (attention).
+    pub fn weight_stream(kernel: &Kernel) -> Option<WeightStream> {
+        let mm = kernel.as_matmul()?;
+        match kernel.tensor(&mm.x)?.format {
+            Format::I8Dyn => Some(WeightStream::Int8),
+            Format::F32 | Format::F16 => Some(WeightStream::Float),
+            _ => None,
+        }
+    }
+
+    /// This backend with `stream`'s loops prefetching by `prefetch`.
+    pub fn with_weight_prefetch(
+        self,
+        stream: WeightStream,
+        prefetch: WeightPrefetch,
+    ) -> X86Backend {
+        match stream {
+            WeightStream::Int8 => X86Backend {
+                int8_prefetch: prefetch,
+                ..self
+            },
+            WeightStream::Float => X86Backend {
+                float_prefetch: prefetch,
+                ..self
+            },
+        }
+    }
+
+    /// How `stream`'s loops prefetch.
+    pub fn weight_prefetch(&self, stream: WeightStream) -> WeightPrefetch {
+        match stream {
+            WeightStream::Int8 => self.int8_prefetch,
+            WeightStream::Float => self.float_prefetch,
+        }
     }
 
     /// The packed form this backend's decode attention multiplies fp8
@@ -272,7 +323,8 @@ impl X86Backend {
             avx512_bf16: host_has_avx512_bf16(),
             avx512_fp16: host_has_avx512_fp16(),
             amx: amx::request_tile_data(),
-            int8_prefetch: int8::PrefetchDistance::DEFAULT,
+            int8_prefetch: WeightPrefetch::INT8,
+            float_prefetch: WeightPrefetch::FLOAT,
         })
     }
 
@@ -464,13 +516,15 @@ impl X86Backend {
         }
         crate::artifact::unsigned_codes_only(kernel, NAME, UNSIGNED_CODES)?;
         if let Some(spec) = self.avx512_spec(kernel, tile)? {
-            return avx512::emit_variant(&spec, variant);
+            return avx512::emit_variant_prefetching(&spec, variant, self.float_prefetch);
         }
         if let Some(spec) = self.avx512_int8_spec(kernel, tile)? {
             return avx512_int8::emit_variant_prefetching(&spec, variant, self.int8_prefetch);
         }
         match classify(kernel, tile)? {
-            Family::Float(spec) => float::emit_variant(&spec, variant),
+            Family::Float(spec) => {
+                float::emit_variant_prefetching(&spec, variant, self.float_prefetch)
+            }
             Family::Int8(spec) => int8::emit_variant_prefetching(
                 &self.int8_spec(spec, variant),
                 variant,
@@ -931,7 +985,7 @@ mod tests {
             avx512_bf16: false,
             avx512_fp16: false,
             amx: false,
-            int8_prefetch: super::int8::PrefetchDistance::DEFAULT,
+            ..X86Backend::default()
         };
         for (name, want) in [
             ("matmul-w4a8", AVX512_NAME),
@@ -978,7 +1032,7 @@ mod tests {
             avx512_bf16: false,
             avx512_fp16: false,
             amx: false,
-            int8_prefetch: super::int8::PrefetchDistance::DEFAULT,
+            ..X86Backend::default()
         };
         let vex = X86Backend { vnni: true, ..evex };
         let caps = super::plan::target();
