@@ -84,11 +84,7 @@ fn unsigned_code_backends_refuse_signed_codes() {
             vnni: true,
             avx512: true,
             avx512_vnni: true,
-            avx512_bf16: false,
-            avx512_fp16: false,
-            amx: false,
-            int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-            float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+            ..X86Backend::default()
         },
     ] {
         for variant in Variant::ALL {

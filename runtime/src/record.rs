@@ -1146,6 +1146,23 @@ mod tests {
         assert_eq!(s.variant_for(32), Variant::Gemm);
     }
 
+    /// Where a record of `entry(…, "avx2 fma", "aa")` entries must not
+    /// answer: another device, another generator, another backend.
+    fn elsewhere(
+        fp: &Fingerprint,
+        generator: &GeneratorId,
+    ) -> [(Fingerprint, GeneratorId, &'static str); 3] {
+        [
+            (
+                entry("x", "avx2 fma avx512f", "aa").fingerprint,
+                generator.clone(),
+                "host",
+            ),
+            (fp.clone(), entry("x", "avx2 fma", "bb").generator, "host"),
+            (fp.clone(), generator.clone(), "x86"),
+        ]
+    }
+
     /// An entry of `model` on the same device and generator, made at
     /// `created_unix` (the lookups take the newest).
     fn dated(model: &str, created_unix: u64) -> DeviceEntry {
@@ -1192,15 +1209,9 @@ mod tests {
         assert_eq!(form(12, 2, 64), None, "another head dim");
         assert_eq!(form(8, 2, 128), None, "another grouping");
         assert_eq!(form(12, 0, 128), None, "no KV heads");
-        let elsewhere = entry("x", "avx2 fma avx512f", "aa");
-        let other_generator = entry("x", "avx2 fma", "bb");
-        for (device, generator, backend) in [
-            (&elsewhere.fingerprint, generator, "host"),
-            (fp, &other_generator.generator, "host"),
-            (fp, generator, "x86"),
-        ] {
+        for (device, generator, backend) in elsewhere(fp, generator) {
             assert_eq!(
-                rec.fp8_values_packed(device, generator, backend, 12, 2, 128),
+                rec.fp8_values_packed(&device, &generator, backend, 12, 2, 128),
                 None
             );
         }
@@ -1260,15 +1271,9 @@ mod tests {
         assert!(json.contains("\"level\": \"l2\""), "{json}");
         let back = TuningRecord::from_json(&rec.to_json(), "mem").unwrap();
         assert_eq!(back, rec, "round trip");
-        let elsewhere = entry("x", "avx2 fma avx512f", "aa");
-        let other_generator = entry("x", "avx2 fma", "bb");
-        for (device, generator, backend) in [
-            (&elsewhere.fingerprint, generator, "host"),
-            (fp, &other_generator.generator, "host"),
-            (fp, generator, "x86"),
-        ] {
+        for (device, generator, backend) in elsewhere(fp, generator) {
             assert_eq!(
-                rec.weight_prefetch(device, generator, backend, "int8"),
+                rec.weight_prefetch(&device, &generator, backend, "int8"),
                 None
             );
         }

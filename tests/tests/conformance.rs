@@ -721,14 +721,9 @@ fn emit(be: Be, kernel: &Kernel, d: &Desc) -> Result<Emitted, String> {
                 X86Backend::default()
             } else {
                 X86Backend {
-                    vnni: false,
                     avx512: true,
                     avx512_vnni: true,
-                    avx512_bf16: false,
-                    avx512_fp16: false,
-                    amx: false,
-                    int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-                    float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+                    ..X86Backend::default()
                 }
             };
             let ts = tiles(x.target(kernel, v), kernel, v)?;

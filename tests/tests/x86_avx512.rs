@@ -162,14 +162,8 @@ fn solver_tiles_match_the_avx512_plan() {
     );
 
     let backend = X86Backend {
-        vnni: false,
         avx512: true,
-        avx512_vnni: false,
-        avx512_bf16: false,
-        avx512_fp16: false,
-        amx: false,
-        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+        ..X86Backend::default()
     };
     let p = Problem::from_kernel(caps, &kernel).unwrap();
     let mut emitted = 0;
@@ -202,22 +196,13 @@ fn solver_tiles_match_the_avx512_plan() {
         vnni: true,
         avx512: true,
         avx512_vnni: true,
-        avx512_bf16: false,
-        avx512_fp16: false,
-        amx: false,
-        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+        ..X86Backend::default()
     };
     assert_eq!(vnni.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     let zen4 = X86Backend {
-        vnni: false,
         avx512: true,
         avx512_vnni: true,
-        avx512_bf16: false,
-        avx512_fp16: false,
-        amx: false,
-        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+        ..X86Backend::default()
     };
     assert_eq!(zen4.target(&w4a8, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(
@@ -241,14 +226,8 @@ fn solver_tiles_match_the_avx512_plan() {
 fn bad_tiles_are_named() {
     let kernel = f32_kernel(true, Activation::None);
     let backend = X86Backend {
-        vnni: false,
         avx512: true,
-        avx512_vnni: false,
-        avx512_bf16: false,
-        avx512_fp16: false,
-        amx: false,
-        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+        ..X86Backend::default()
     };
     let mut t = tile_at(&kernel, 5, 80);
     t.hp = 72;
@@ -266,14 +245,8 @@ fn bad_tiles_are_named() {
 fn avx512_kernel_listings_match_their_bytes() {
     let kernel = f32_kernel(true, Activation::Relu);
     let backend = X86Backend {
-        vnni: false,
         avx512: true,
-        avx512_vnni: false,
-        avx512_bf16: false,
-        avx512_fp16: false,
-        amx: false,
-        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+        ..X86Backend::default()
     };
     for (ep, hp) in [(5, 80), (8, 48), (14, 32), (1, 16)] {
         let tile = tile_at(&kernel, ep, hp);
@@ -303,14 +276,8 @@ fn avx512_listing_snapshot() {
     let kernel = f32_kernel(true, Activation::Relu);
     let tile = best_at(&kernel, 4096);
     let backend = X86Backend {
-        vnni: false,
         avx512: true,
-        avx512_vnni: false,
-        avx512_bf16: false,
-        avx512_fp16: false,
-        amx: false,
-        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+        ..X86Backend::default()
     };
     let code = backend.emit_code(&kernel, &tile).unwrap();
     assert_eq!(code, backend.emit_code(&kernel, &tile).unwrap());

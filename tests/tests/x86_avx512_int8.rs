@@ -170,11 +170,7 @@ fn w4a8_routes_to_the_avx512_int8_kernel_on_avx512_tiles() {
         vnni: true,
         avx512: true,
         avx512_vnni: true,
-        avx512_bf16: false,
-        avx512_fp16: false,
-        amx: false,
-        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+        ..X86Backend::default()
     };
     assert_eq!(both.target(&kernel, Variant::Gemm).name, AVX512_NAME);
     assert_eq!(AVX512.target(&kernel, Variant::Gemm).name, "x86-avx2");
@@ -229,14 +225,9 @@ fn bad_specs_are_named() {
     assert!(e.contains("i8sym"), "{e}");
     // Per-row W8A8 has no AVX-512 kernel: its GEMM stays on AVX2.
     let both = X86Backend {
-        vnni: false,
         avx512: true,
         avx512_vnni: true,
-        avx512_bf16: false,
-        avx512_fp16: false,
-        amx: false,
-        int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-        float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+        ..X86Backend::default()
     };
     let w8a8 = library::get("matmul-w8a8").unwrap();
     assert_eq!(both.target(&w8a8, Variant::Gemm).name, "x86-avx2");
@@ -404,14 +395,9 @@ fn library_ggml_formats_on_avx512_tiles() {
     for name in ["matmul-q4_0", "matmul-q4_1", "matmul-q8_0"] {
         let kernel = library::get(name).unwrap();
         let both = X86Backend {
-            vnni: false,
             avx512: true,
             avx512_vnni: true,
-            avx512_bf16: false,
-            avx512_fp16: false,
-            amx: false,
-            int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-            float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+            ..X86Backend::default()
         };
         assert_eq!(both.target(&kernel, Variant::Gemm).name, AVX512_NAME);
         let tile = best(&kernel);

@@ -203,36 +203,15 @@ fn every_emitted_x86_kernel_listing_matches_its_bytes() {
         let problem = Problem::from_kernel(caps, &kernel).unwrap();
         for tile in feasible(caps, &problem).unwrap() {
             for backend in [
-                X86Backend {
-                    vnni: false,
-                    avx512: false,
-                    avx512_vnni: false,
-                    avx512_bf16: false,
-                    avx512_fp16: false,
-                    amx: false,
-                    int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-                    float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
-                },
+                X86Backend::default(),
                 X86Backend {
                     vnni: true,
-                    avx512: false,
-                    avx512_vnni: false,
-                    avx512_bf16: false,
-                    avx512_fp16: false,
-                    amx: false,
-                    int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-                    float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+                    ..X86Backend::default()
                 },
                 // AVX512-VNNI's EVEX vpdpbusd on ymm (Zen 4, Ice Lake).
                 X86Backend {
-                    vnni: false,
-                    avx512: false,
                     avx512_vnni: true,
-                    avx512_bf16: false,
-                    avx512_fp16: false,
-                    amx: false,
-                    int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
-                    float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
+                    ..X86Backend::default()
                 },
             ] {
                 let Ok(code) = backend.emit_code(&kernel, &tile) else {

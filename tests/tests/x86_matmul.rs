@@ -19,17 +19,12 @@ use tessera_tests::reference::check_host_matmul;
 fn backends() -> Vec<X86Backend> {
     match X86Backend::detect() {
         Ok(b) => {
+            // The autotuner's other weight prefetches, so the sweeps run
+            // both natively.
             let plain = X86Backend {
-                vnni: false,
-                avx512: false,
-                avx512_vnni: false,
-                avx512_bf16: false,
-                avx512_fp16: false,
-                amx: false,
-                // The autotuner's other weight prefetches, so the sweeps
-                // run both natively.
                 int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8_CHOICES[1],
                 float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT_CHOICES[1],
+                ..X86Backend::default()
             };
             let mut all = vec![plain];
             if b.vnni {

@@ -17,26 +17,13 @@ fn x86_canonical_listings() {
         let kernel = tessera_dsl::library::get(name).unwrap();
         let tile = best(&kernel);
         let tag = format!("{name}_{}x{}x{}", tile.ep, tile.hp, tile.lp);
-        let plain = X86Backend {
-            vnni: false,
-            avx512: false,
-            avx512_vnni: false,
-            avx512_bf16: false,
-            avx512_fp16: false,
-            amx: false,
-            ..X86Backend::default()
-        };
+        let plain = X86Backend::default();
         let code = plain.emit_code(&kernel, &tile).unwrap();
         insta::assert_snapshot!(tag.clone(), code.listing);
         if let Some(q) = plain.emit_quantizer(&kernel, &tile).unwrap() {
             insta::assert_snapshot!(format!("{tag}_quantizer"), q.listing);
             let vnni = X86Backend {
                 vnni: true,
-                avx512: false,
-                avx512_vnni: false,
-                avx512_bf16: false,
-                avx512_fp16: false,
-                amx: false,
                 ..X86Backend::default()
             }
             .emit_code(&kernel, &tile)
@@ -45,12 +32,7 @@ fn x86_canonical_listings() {
             // AVX512-VNNI's form is the same program with each vpdpbusd
             // EVEX-encoded on ymm.
             let evex = X86Backend {
-                vnni: false,
-                avx512: false,
                 avx512_vnni: true,
-                avx512_bf16: false,
-                avx512_fp16: false,
-                amx: false,
                 ..X86Backend::default()
             }
             .emit_code(&kernel, &tile)
@@ -73,17 +55,9 @@ fn x86_variant_listings() {
         let tile = best(&kernel);
         for v in [Variant::FlatGemm, Variant::Gemv] {
             let tag = format!("{name}_{}x{}x{}_{v}", tile.ep, tile.hp, tile.lp);
-            let code = X86Backend {
-                vnni: false,
-                avx512: false,
-                avx512_vnni: false,
-                avx512_bf16: false,
-                avx512_fp16: false,
-                amx: false,
-                ..X86Backend::default()
-            }
-            .emit_code_variant(&kernel, &tile, v)
-            .unwrap();
+            let code = X86Backend::default()
+                .emit_code_variant(&kernel, &tile, v)
+                .unwrap();
             insta::assert_snapshot!(tag, code.listing);
         }
     }

@@ -938,7 +938,6 @@ mod tests {
         let with = X86Backend {
             avx512_bf16: true,
             avx512_fp16: true,
-            amx: false,
             ..X86Backend::default()
         };
         let without = X86Backend::default();
@@ -979,12 +978,8 @@ mod tests {
     #[test]
     fn avx512_gemm_tiles_only_for_weights_the_avx512_kernels_read() {
         let be = X86Backend {
-            vnni: false,
             avx512: true,
             avx512_vnni: true,
-            avx512_bf16: false,
-            avx512_fp16: false,
-            amx: false,
             ..X86Backend::default()
         };
         for (name, want) in [
@@ -1026,12 +1021,7 @@ mod tests {
     fn which_int8_loops_take_vpdpbusd() {
         use crate::tile::{Problem, solve};
         let evex = X86Backend {
-            vnni: false,
-            avx512: false,
             avx512_vnni: true,
-            avx512_bf16: false,
-            avx512_fp16: false,
-            amx: false,
             ..X86Backend::default()
         };
         let vex = X86Backend { vnni: true, ..evex };
