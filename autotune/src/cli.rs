@@ -19,7 +19,7 @@ use tessera_codegen::target::{MacClass, mac_class};
 use tessera_dsl::models::{DEFAULT_MODEL, ModelError};
 use tessera_runtime::device::Fingerprint;
 use tessera_runtime::record::{
-    CacheLevel, DeviceEntry, GeneratorId, PrefetchChoice, RecordError, ShapeEntry, TuningRecord,
+    DeviceEntry, GeneratorId, PrefetchChoice, RecordError, ShapeEntry, TuningRecord,
 };
 
 use tessera_codegen::tile::TileConfig;
@@ -756,8 +756,8 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         nibble_runs: problem.nibble_runs,
         accept: &accept,
     };
-    // The weight stream's prefetch distance first (x86 int8 kernels), so
-    // the shapes' tiles are timed as the runtime will emit them.
+    // The weight stream's prefetch first (x86: distance and cache level),
+    // so the shapes' tiles are timed as the runtime will emit them.
     let weight_prefetch = match (&target, shapes.iter().max_by_key(|s| s.n * s.k)) {
         (Target::Host(b), Some(largest)) if b.weight_prefetch_choices(&kernel).is_some() => {
             prefetch::tune(
@@ -931,13 +931,6 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         );
     }
     if let Some(p) = &entry.weight_prefetch {
-        let name = |c: PrefetchChoice| {
-            let level = match c.level {
-                CacheLevel::L1 => "L1",
-                CacheLevel::L2 => "L2",
-            };
-            format!("{} B ahead into {level}", c.bytes)
-        };
         let us = |c: PrefetchChoice| {
             p.measurements
                 .iter()
@@ -948,7 +941,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
             .measurements
             .iter()
             .filter(|m| m.choice != p.chosen)
-            .map(|m| format!("{} {:.0} µs", name(m.choice), m.us))
+            .map(|m| format!("{} {:.0} µs", m.choice, m.us))
             .collect();
         println!(
             "{} weight prefetch ([{}, {}], M = {:?}): {} at {:.0} µs{} ({})",
@@ -956,7 +949,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
             p.shape[0],
             p.shape[1],
             p.m,
-            name(p.chosen),
+            p.chosen,
             us(p.chosen),
             if p.chosen == p.default {
                 format!(

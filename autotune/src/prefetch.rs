@@ -23,7 +23,7 @@ use crate::tune::{Bench, Candidate, ShapeSpec, SolverCtx, representative_m};
 
 /// How much faster than the default an alternative must be, twice.
 pub const MARGIN: f64 = 1.03;
-/// Timed calls per candidate, distance and round (after one warm-up).
+/// Timed calls per candidate, prefetch and round (after one warm-up).
 const CALLS: usize = 15;
 
 /// Whether `alternative` replaces the default, from two rounds of summed

@@ -282,6 +282,17 @@ pub enum CacheLevel {
     L2,
 }
 
+/// `4096 B ahead into L2`, as reports print it.
+impl std::fmt::Display for PrefetchChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let level = match self.level {
+            CacheLevel::L1 => "L1",
+            CacheLevel::L2 => "L2",
+        };
+        write!(f, "{} B ahead into {level}", self.bytes)
+    }
+}
+
 /// One candidate's time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrefetchMeasurement {
