@@ -71,7 +71,7 @@ pub struct HostBench<'a> {
     y_format: Format,
     threads: usize,
     /// Workers of the timed calls (the runtime's pool: no spawn per call).
-    pool: ThreadPool,
+    pool: Arc<ThreadPool>,
     /// Channels per thread below which no slice goes (whole panels).
     min_rows: usize,
     rotate: usize,
@@ -105,6 +105,22 @@ impl<'a> HostBench<'a> {
         start: Instant,
         stop: Arc<AtomicBool>,
     ) -> Result<HostBench<'a>, String> {
+        let pool = Arc::new(ThreadPool::new(threads.max(1)));
+        Self::with_pool(backend, kernel, llc_bytes, start, stop, pool)
+    }
+
+    /// [`Self::new`] on `pool`'s workers (its thread count): benches timed
+    /// in turn share one pool, so no bench's idle workers spin beside
+    /// another's calls.
+    pub fn with_pool(
+        backend: &'a dyn TuneBackend,
+        kernel: Kernel,
+        llc_bytes: u64,
+        start: Instant,
+        stop: Arc<AtomicBool>,
+        pool: Arc<ThreadPool>,
+    ) -> Result<HostBench<'a>, String> {
+        let threads = pool.threads();
         let mm = kernel
             .as_matmul()
             .ok_or_else(|| format!("kernel `{}` is not a matmul", kernel.name))?;
@@ -122,7 +138,7 @@ impl<'a> HostBench<'a> {
             y_format,
             kernel,
             threads: threads.max(1),
-            pool: ThreadPool::new(threads.max(1)),
+            pool,
             min_rows: 64 * threads.max(1),
             rotate: rotation_bytes(llc_bytes),
             start,

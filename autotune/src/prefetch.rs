@@ -15,6 +15,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use tessera_dsl::ir::{Kernel, Variant};
+use tessera_runtime::pool::ThreadPool;
 use tessera_runtime::record::{PrefetchChoice, PrefetchEntry, PrefetchMeasurement};
 
 use crate::backend::TuneBackend;
@@ -76,29 +77,35 @@ pub fn tune(backend: &dyn TuneBackend, setup: &Setup<'_>) -> Result<Option<Prefe
     if candidates.is_empty() {
         return Ok(None);
     }
+    // One pool for both: a second pool's idle workers would spin beside
+    // the other's calls on the same CPUs (measured: a 30 µs call timed
+    // right after the other bench's ran 1.5–3× slower).
+    let pool = Arc::new(ThreadPool::new(setup.threads.max(1)));
     let mut benches = backends
         .iter()
         .map(|b| {
-            HostBench::new(
+            HostBench::with_pool(
                 b.as_ref(),
                 setup.kernel.clone(),
-                setup.threads,
                 setup.llc_bytes,
                 setup.start,
                 setup.stop.clone(),
+                pool.clone(),
             )
         })
         .collect::<Result<Vec<_>, String>>()?;
-    // Round r's summed µs per distance; each candidate is prepared once in
+    // Round r's summed µs per prefetch; each candidate is prepared once in
     // both benches and its rounds alternate between them.
     let mut rounds = [[0.0f64; 2]; 2];
     for (cand, m) in &candidates {
         for bench in &mut benches {
             bench.prepare(shape, cand).map_err(|e| e.0)?;
         }
-        for round in &mut rounds {
-            for (sum, bench) in round.iter_mut().zip(&mut benches) {
-                *sum += median_us(bench, shape, cand, *m)?;
+        // Round two times the alternative first, so neither prefetch
+        // always runs right after the other's preparation.
+        for (r, round) in rounds.iter_mut().enumerate() {
+            for i in if r == 0 { [0, 1] } else { [1, 0] } {
+                round[i] += median_us(&mut benches[i], shape, cand, *m)?;
             }
         }
         for bench in &mut benches {
