@@ -18,6 +18,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::stats::Timing;
 
+/// Whether an alternative replaces a default, from two rounds of times
+/// `[default, alternative]` (`second` only where round one favoured the
+/// alternative): only when it is faster by `margin` (a ratio, e.g. 1.05)
+/// both times, so a noisy run keeps the default. The rule of the one-off
+/// choices (the decode attention's fp8 form, the weight prefetch).
+pub fn beats_twice(margin: f64, first: [f64; 2], second: Option<[f64; 2]>) -> bool {
+    let wins = |[default, alternative]: [f64; 2]| {
+        default.is_finite()
+            && alternative.is_finite()
+            && alternative > 0.0
+            && default >= margin * alternative
+    };
+    wins(first) && second.is_some_and(wins)
+}
+
 /// The smallest relative margin: differences below it are never trusted,
 /// however quiet the run looked (three blocks can agree by chance). The
 /// previous rule's intervals (± 2% each, tied when they overlap) made 4%

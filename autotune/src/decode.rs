@@ -20,6 +20,7 @@ use tessera_dsl::library;
 use tessera_dsl::quant::quantize;
 use tessera_runtime::record::{DecodeEntry, DecodeMeasurement};
 
+use crate::decide::beats_twice;
 use crate::model_source::AttentionHeads;
 use crate::stats::median_call_secs;
 
@@ -36,10 +37,7 @@ const KERNEL: &str = "attention-decode-kv8";
 /// µs `[packed, f32 FMAs]` (`second` only when round one favoured FMAs):
 /// FMAs only when they beat the packed form by [`MARGIN`] both times.
 pub fn decide(first: [f64; 2], second: Option<[f64; 2]>) -> bool {
-    let fma_wins = |[packed, fma]: [f64; 2]| {
-        packed.is_finite() && fma.is_finite() && fma > 0.0 && packed >= MARGIN * fma
-    };
-    !(fma_wins(first) && second.is_some_and(fma_wins))
+    !beats_twice(MARGIN, first, second)
 }
 
 /// A backend's decode attention with fp8 values in the packed form (`true`) or

@@ -20,6 +20,8 @@ use tessera_runtime::record::{PrefetchChoice, PrefetchEntry, PrefetchMeasurement
 
 use crate::backend::TuneBackend;
 use crate::bench::HostBench;
+use crate::decide::beats_twice;
+use crate::stats::median;
 use crate::tune::{Bench, Candidate, ShapeSpec, SolverCtx, representative_m};
 
 /// How much faster than the default an alternative must be, twice.
@@ -27,20 +29,14 @@ pub const MARGIN: f64 = 1.03;
 /// Timed calls per candidate, prefetch and round (after one warm-up).
 const CALLS: usize = 15;
 
-/// Whether `alternative` replaces the default, from two rounds of summed
-/// median µs `[default, alternative]` (`second` only when round one
-/// favoured the alternative).
+/// Whether the alternative replaces the default, from two rounds of
+/// summed median µs `[default, alternative]`: [`beats_twice`] by
+/// [`MARGIN`].
 pub fn decide(first: [f64; 2], second: Option<[f64; 2]>) -> bool {
-    let wins = |[default, alternative]: [f64; 2]| {
-        default.is_finite()
-            && alternative.is_finite()
-            && alternative > 0.0
-            && default >= MARGIN * alternative
-    };
-    wins(first) && second.is_some_and(wins)
+    beats_twice(MARGIN, first, second)
 }
 
-/// Where the distances are timed.
+/// Where the prefetches are timed.
 pub struct Setup<'a> {
     pub kernel: &'a Kernel,
     pub solver: &'a SolverCtx<'a>,
@@ -146,11 +142,10 @@ fn median_us(
     m: usize,
 ) -> Result<f64, String> {
     bench.call(shape, cand, m).map_err(|e| e.0)?;
-    let mut ns = (0..CALLS)
+    let ns = (0..CALLS)
         .map(|_| bench.call(shape, cand, m).map_err(|e| e.0))
         .collect::<Result<Vec<f64>, String>>()?;
-    ns.sort_by(f64::total_cmp);
-    Ok(ns[CALLS / 2] / 1e3)
+    Ok(median(&ns).unwrap_or(f64::NAN) / 1e3)
 }
 
 #[cfg(test)]

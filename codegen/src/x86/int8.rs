@@ -299,8 +299,8 @@ pub(super) struct Int8Kernel {
     /// What to compute; its hb counts the register file's lanes (16 for
     /// zmm).
     pub spec: Int8Spec,
-    /// How far ahead the flat and one-row loops prefetch the weight
-    /// stream; None: never.
+    /// How the flat and one-row loops prefetch the weight stream (distance
+    /// and cache); None: never.
     pub prefetch: Option<WeightPrefetch>,
 }
 
