@@ -44,6 +44,7 @@ fn int_evex_encodings_match_llvm_mc_byte_for_byte() {
             add(&|a| a.vpsubd_zmm(d, a2, x));
             add(&|a| a.vpaddd_zmm(d, a2, x));
             add(&|a| a.vshufi32x4_zmm(d, a2, y, 0x50));
+            add(&|a| a.vcvtph2ps_zmm(d, Ymm(a2.0)));
             for k in [0, 2, 7] {
                 add(&|a| a.vpsrld_zmm_imm(d, Kreg(k), a2, 4));
             }
@@ -61,6 +62,8 @@ fn int_evex_encodings_match_llvm_mc_byte_for_byte() {
                 add(&|a| a.vmulps_zmm_bcst(d, x, m));
                 add(&|a| a.vcvtph2ps_zmm_load(d, m));
                 add(&|a| a.vpxord_zmm_bcst(d, x, m));
+                add(&|a| a.vshufi32x4_zmm_mem(d, x, m, 0x88));
+                add(&|a| a.vpermq_zmm_mem_imm(d, m, 0xD8));
             }
         }
     }

@@ -24,6 +24,20 @@
 //! activations). The activations need no register: each `vpdpbusd` reads
 //! its row's 4 codes with a `{1to16}` broadcast.
 //!
+//! **Paired blocks.** With hp ≥ 32, column blocks 2p and 2p + 1 are
+//! unpacked together from one 64-byte load (runs 4p..4p + 3): `vpandd`
+//! 0x0F gives block 2p the low nibbles (channels 0-3, 8-11, 16-19, 24-27
+//! of the pair) and `vpsrld` 4 + `vpandd` block 2p + 1 the high ones (4-7,
+//! 12-15, 20-23, 28-31). That is 1.5 instructions per 64 codes instead of
+//! 3 and half the loads, no shuffle: hot in L2, the 1 × 64 GEMV and the
+//! 4 × 32 flat tile of Q4_0 run about 10% faster (Sapphire Rapids). The
+//! dot products do not care about the channel order; the group end loads
+//! the scales (and offsets) into B in the same order (`vshufi32x4` lanes
+//! 0,2 / 1,3 of two f32 vectors, or `vpermq` + `vshufi32x4` of 32 f16
+//! values before widening), and the store puts each pair of totals back
+//! in channel order with four `vshufi32x4`. An odd last block (hp = 48)
+//! unpacks alone.
+//!
 //! **8-bit codes** (`i8sym:gN`) are signed, and `vpdpbusd` multiplies an
 //! unsigned operand by a signed one. A `vmovdqu8` load of the 64 bytes of a
 //! column block and a `vpxord` with 0x80 per byte make them w + 128 as
@@ -336,6 +350,37 @@ impl Int8File for Zmm {
     fn scale_param_index(a: &mut X86Asm, bytes: i32) {
         a.imul_imm(R9, R9, bytes);
     }
+    fn paired_blocks(k: &Int8Kernel) -> bool {
+        k.nibbles() && k.hb >= 2
+    }
+    fn group_params_to_b(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, base: Gp) {
+        let f16 = k.params == ParamType::F16;
+        for j in 0..r.hb {
+            let b: Zmm = r.b(j);
+            match unpacked_as(k, j) {
+                Unpack::Pair => {
+                    let hi: Zmm = r.b(j + 1);
+                    if f16 {
+                        // Qwords (4 halves) 0,2,4,6 to the low 256 bits,
+                        // 1,3,5,7 to the high, then each half widened.
+                        a.vpermq_zmm_mem_imm(b, mem(base, 32 * j as i32), 0xD8);
+                        a.vshufi32x4_zmm(b, b, b, 0xD8);
+                        a.vextracti64x4_hi(Ymm(hi.0), b);
+                        a.vcvtph2ps_zmm(hi, Ymm(hi.0));
+                        a.vcvtph2ps_zmm(b, Ymm(b.0));
+                    } else {
+                        let second = mem(base, 64 * (j + 1) as i32);
+                        a.vmovups_zmm_load(hi, mem(base, 64 * j as i32));
+                        a.vshufi32x4_zmm_mem(b, hi, second, 0x88);
+                        a.vshufi32x4_zmm_mem(hi, hi, second, 0xDD);
+                    }
+                }
+                Unpack::Single if f16 => a.vcvtph2ps_zmm_load(b, mem(base, 32 * j as i32)),
+                Unpack::Single => a.vmovups_zmm_load(b, mem(base, 64 * j as i32)),
+                Unpack::WithItsPair => {}
+            }
+        }
+    }
     /// r13 walks the buffer, 64 bytes per column block and step.
     fn unpack_panel(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, hp: i32) {
         let (unpack_loop, unpacked) = (a.new_label(), a.new_label());
@@ -347,7 +392,9 @@ impl Int8File for Zmm {
         a.jcc(Cond::E, unpacked);
         a.bind(unpack_loop);
         for j in 0..r.hb {
-            unpack(a, r.b(j), mem(RSI, 32 * j as i32));
+            unpack_block(a, k, r, j, mem(RSI, 32 * j as i32));
+        }
+        for j in 0..r.hb {
             a.vmovups_zmm_store(mem(R13, 64 * j as i32), r.b(j));
         }
         a.add_imm(RSI, k.packed_step(hp));
@@ -373,7 +420,7 @@ impl Int8File for Zmm {
         } else if prepacked {
             a.vmovdqu32_zmm_load(b, mem(RSI, at + 64 * j as i32));
         } else {
-            unpack(a, b, mem(RSI, at + 32 * j as i32));
+            unpack_block(a, k, r, j, mem(RSI, at + 32 * j as i32));
         }
     }
     fn dot(
@@ -418,6 +465,19 @@ impl Int8File for Zmm {
     /// bias, activation and the masked store of every row below m, r13 =
     /// the row's y.
     fn store_tile(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, hp: i32) {
+        for j in 0..r.hb {
+            if unpacked_as(k, j) != Unpack::Pair {
+                continue;
+            }
+            for i in 0..r.rows {
+                // (P0, P1) → channels 0-15, 16-31; the group sums are free.
+                let (p0, p1, t): (Zmm, Zmm, Zmm) = (r.total(i, j), r.total(i, j + 1), r.sum(i, j));
+                a.vshufi32x4_zmm(t, p0, p1, 0x44);
+                a.vshufi32x4_zmm(p1, p0, p1, 0xEE);
+                a.vshufi32x4_zmm(p0, t, t, 0xD8);
+                a.vshufi32x4_zmm(p1, p1, p1, 0xD8);
+            }
+        }
         let t = Zmm::reg(r.sigma);
         let zero: Zmm = r.b(0);
         let relu = k.activation == Activation::Relu;
@@ -480,6 +540,44 @@ fn set_tail_mask(a: &mut X86Asm, j: usize) {
     a.add(RDX, R15);
     a.load16(RAX, mem(RDX, KMASKS));
     a.kmovw_from_gp(TAIL, RAX);
+}
+
+/// How column block j's codes are unpacked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unpack {
+    /// With block j + 1, from one 64-byte load: B(j) = the low nibbles
+    /// (channels 0-3, 8-11, 16-19, 24-27 of the pair), B(j + 1) = the high
+    /// ones (4-7, 12-15, 20-23, 28-31).
+    Pair,
+    /// By the pair of block j − 1.
+    WithItsPair,
+    /// Alone, in channel order ([`unpack`]).
+    Single,
+}
+
+fn unpacked_as(k: &Int8Kernel, j: usize) -> Unpack {
+    if !<Zmm as Int8File>::paired_blocks(k) || (j.is_multiple_of(2) && j + 1 == k.hb) {
+        Unpack::Single
+    } else if j.is_multiple_of(2) {
+        Unpack::Pair
+    } else {
+        Unpack::WithItsPair
+    }
+}
+
+/// Block j's codes at `m` into B (a pair's into both of its registers).
+fn unpack_block(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, j: usize, m: Mem) {
+    match unpacked_as(k, j) {
+        Unpack::Pair => {
+            let (lo, hi): (Zmm, Zmm) = (r.b(j), r.b(j + 1));
+            a.vmovdqu32_zmm_load(hi, m);
+            a.vpandd_zmm_bcst(lo, hi, mem(R15, NIBBLE));
+            a.vpsrld_zmm_imm(hi, Kreg(0), hi, 4);
+            a.vpandd_zmm_bcst(hi, hi, mem(R15, NIBBLE));
+        }
+        Unpack::Single => unpack(a, r.b(j), m),
+        Unpack::WithItsPair => {}
+    }
 }
 
 /// B = the 16 channels × 4 codes of two packed runs at `m` (see the

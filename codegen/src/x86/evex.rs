@@ -642,6 +642,32 @@ impl X86Asm {
         self.evex_ib(e, imm, format!("vshufi32x4 {dst}, {a}, {b}, {imm}"));
     }
 
+    /// `vshufi32x4 dst, a, zmmword ptr [m], imm`: lanes 0-1 of dst from
+    /// a, 2-3 from the 64 bytes at m.
+    pub fn vshufi32x4_zmm_mem(&mut self, dst: Zmm, a: Zmm, m: Mem, imm: u8) {
+        let e = Evex::plain(MAP_0F3A, PP_66, 0x43, dst.0, a.0, Rm::Mem(m), 64);
+        self.evex_ib(
+            e,
+            imm,
+            format!("vshufi32x4 {dst}, {a}, zmmword ptr {m}, {imm}"),
+        );
+    }
+
+    /// `vpermq dst, zmmword ptr [m], imm`: within each 256-bit half, qword
+    /// i of dst = qword (imm >> 2i) & 3 of that half.
+    pub fn vpermq_zmm_mem_imm(&mut self, dst: Zmm, m: Mem, imm: u8) {
+        let e = Evex::plain(MAP_0F3A, PP_66, 0x00, dst.0, 0, Rm::Mem(m), 64);
+        let mut bytes = e.encode_w1();
+        bytes.push(imm);
+        self.raw(&bytes, format!("vpermq {dst}, zmmword ptr {m}, {imm}"));
+    }
+
+    /// `vcvtph2ps zmm, ymm`: 16 f16 values in a register widened to f32.
+    pub fn vcvtph2ps_zmm(&mut self, dst: Zmm, src: Ymm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x13, dst.0, 0, Rm::Reg(src.0 & 31), 32);
+        self.evex(e, format!("vcvtph2ps {dst}, {}", ymm_name(src)));
+    }
+
     /// `vcvtdq2ps dst, src`: i32 → f32.
     pub fn vcvtdq2ps_zmm(&mut self, dst: Zmm, src: Zmm) {
         let e = Evex::plain(MAP_0F, PP_NONE, 0x5B, dst.0, 0, Rm::Reg(src.0 & 31), 64);

@@ -51,7 +51,7 @@
 //! | a row's codes, x scales | broadcast into A / ymm13 | `{1to16}` operands |
 //! | f32 totals of grouped weights | a stack area (too few registers) | registers |
 //! | f16 group parameters | widened per use into the shift counts | scales into B once per group, offsets into the folded sums |
-//! | 4-bit unpack | `vbroadcasti128`, `vpsrlvd`, `vpand` | `vshufi32x4`, `vpsrld` under k2, `vpandd`; or a panel unpacked once |
+//! | 4-bit unpack | `vbroadcasti128`, `vpsrlvd`, `vpand` | two blocks per load: `vpandd`; `vpsrld`, `vpandd` (a lone block: `vshufi32x4`, `vpsrld` under k2, `vpandd`); or a panel unpacked once |
 //! | frame | [`super::common`]'s, rsp-based | its own, r15-based, opmask table first |
 //! | Σq registers (base, stride, walker) | r13, r14, rax | r11, r12, r13 |
 //! | the one-row loop | steps rbp | walks r14 within blocks of ep rows |
@@ -527,6 +527,19 @@ pub(super) trait Int8File: RegisterFile {
     }
     /// Loop constants of the grouped loop.
     fn group_constants(_a: &mut X86Asm, _r: &Int8Regs) {}
+    /// Whether column blocks are unpacked two at a time into an order of
+    /// channels of the file's own ([`Int8File::group_params_to_b`] then
+    /// loads the group parameters in that order, and
+    /// [`Int8File::store_tile`] restores the natural one).
+    fn paired_blocks(_k: &Int8Kernel) -> bool {
+        false
+    }
+    /// B(j) = the group parameters at `base` of column block j as f32, in
+    /// the order its codes were unpacked (files with the totals in
+    /// registers).
+    fn group_params_to_b(_a: &mut X86Asm, _k: &Int8Kernel, _r: &Int8Regs, _base: Gp) {
+        unreachable!("group parameters are memory operands on this register file")
+    }
     /// B register of column block j = the codes of step `at` (rsi
     /// relative) as u8 lanes.
     fn load_codes(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, j: usize, at: i32, prepacked: bool);
@@ -986,10 +999,10 @@ fn fold_group<V: Int8File>(
     if narrow {
         V::narrow_setup(a, r, shift);
     }
-    if f16 && in_registers {
-        for j in 0..hb {
-            param(a, R9, j, r.b(j));
-        }
+    let paired = V::paired_blocks(k);
+    let params_in_b = in_registers && (f16 || paired);
+    if params_in_b {
+        V::group_params_to_b(a, k, r, R9);
     }
     if sums {
         a.mov(V::SUMS_WALK, V::SUMS);
@@ -1014,7 +1027,7 @@ fn fold_group<V: Int8File>(
             }
             V::cvt_i32(a, g, g);
             if in_registers {
-                let sw = if f16 {
+                let sw = if params_in_b {
                     Operand::Reg(r.b(j))
                 } else {
                     param(a, R9, j, g)
@@ -1023,7 +1036,7 @@ fn fold_group<V: Int8File>(
             }
         }
         if in_registers {
-            if offset {
+            if offset && !paired {
                 V::cvt_i32_broadcast(a, s, mem(V::SUMS_WALK, 0));
                 for j in 0..hb {
                     let min = param(a, R10, j, r.sum(i, j));
@@ -1048,6 +1061,20 @@ fn fold_group<V: Int8File>(
                     fma(a, total, s, min);
                 }
                 V::store(a, Format::F32, total_at(i, j), total);
+            }
+        }
+    }
+    if in_registers && offset && paired {
+        // The offsets in the unpacked order into B, then min·Σq per row.
+        V::group_params_to_b(a, k, r, R10);
+        a.mov(V::SUMS_WALK, V::SUMS);
+        for i in 0..rows {
+            V::cvt_i32_broadcast(a, s, mem(V::SUMS_WALK, 0));
+            for j in 0..hb {
+                V::fma(a, r.total(i, j), s, r.b(j));
+            }
+            if i + 1 < rows {
+                a.add(V::SUMS_WALK, V::SUMS_STRIDE);
             }
         }
     }
