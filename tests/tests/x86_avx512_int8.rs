@@ -414,3 +414,22 @@ fn library_ggml_formats_on_avx512_tiles() {
         );
     }
 }
+
+/// The zmm GEMVs of Q4_0 and Q4_1 at 1 × 64: two pairs of column blocks
+/// unpacked one 64-byte load each, the f16 scales (and Q4_1's offsets,
+/// in a pass of their own) put in the unpacked order, the totals back in
+/// channel order before the store. Review with `cargo insta review`.
+#[test]
+fn paired_gemv_listings() {
+    for name in ["matmul-q4_0", "matmul-q4_1"] {
+        let kernel = library::get(name).unwrap();
+        let tile = kernel_tiles(&kernel)
+            .into_iter()
+            .find(|t| t.ep == 1 && t.hp == 64)
+            .expect("a 1 × 64 tile");
+        let code = AVX512
+            .emit_code_variant(&kernel, &tile, Variant::Gemv)
+            .unwrap();
+        insta::assert_snapshot!(format!("{name}_avx512_1x64x4_gemv"), code.listing);
+    }
+}
