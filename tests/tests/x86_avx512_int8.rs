@@ -56,6 +56,7 @@ fn int_evex_encodings_match_llvm_mc_byte_for_byte() {
                 add(&|a| a.vpandd_zmm_bcst(d, y, m));
                 add(&|a| a.vpbroadcastd_zmm_load(d, m));
                 add(&|a| a.vbroadcasti32x4_zmm_load(d, m));
+                add(&|a| a.vbroadcasti64x4_zmm_load(d, m));
                 add(&|a| a.vmovdqu8_zmm_load(d, m));
                 add(&|a| a.vmovdqu32_zmm_load(d, m));
                 add(&|a| a.vcvtdq2ps_zmm_bcst(d, m));
@@ -420,7 +421,7 @@ fn library_ggml_formats_on_avx512_tiles() {
 /// in a pass of their own) put in the unpacked order, the totals back in
 /// channel order before the store. Review with `cargo insta review`.
 #[test]
-fn paired_gemv_listings() {
+fn unpack_order_listings() {
     for name in ["matmul-q4_0", "matmul-q4_1"] {
         let kernel = library::get(name).unwrap();
         let tile = kernel_tiles(&kernel)
@@ -432,4 +433,15 @@ fn paired_gemv_listings() {
             .unwrap();
         insta::assert_snapshot!(format!("{name}_avx512_1x64x4_gemv"), code.listing);
     }
+    // A lone block per tile: the flat 8 × 16 of Q4_0, its scales and
+    // totals shuffled by lanes (0, 2, 1, 3).
+    let kernel = library::get("matmul-q4_0").unwrap();
+    let tile = kernel_tiles(&kernel)
+        .into_iter()
+        .find(|t| t.ep == 8 && t.hp == 16)
+        .expect("an 8 × 16 tile");
+    let code = AVX512
+        .emit_code_variant(&kernel, &tile, Variant::FlatGemm)
+        .unwrap();
+    insta::assert_snapshot!("matmul-q4_0_avx512_8x16x4_flat-gemm", code.listing);
 }

@@ -16,27 +16,32 @@
 //!
 //! **Unpack.** A packed step of hp channels is hp/8 pair-transposed runs
 //! of 16 bytes (run r: byte b holds channel 8r + b/4 in its low nibble and
-//! channel 8r + 4 + b/4 in its high one). Column block j is runs 2j, 2j+1:
-//! a VEX `vmovdqu ymm` load (zeroing the upper half), `vshufi32x4` to lanes
-//! (run0, run0, run1, run1), `vpsrld` by 4 under opmask k2 = lanes 1 and 3,
-//! `vpandd` 0x0F: the zmm then holds channels 0-15 in order, dword c =
-//! channel c's 4 codes, as `vpdpbusd` wants (unsigned weights, signed
-//! activations). The activations need no register: each `vpdpbusd` reads
-//! its row's 4 codes with a `{1to16}` broadcast.
+//! channel 8r + 4 + b/4 in its high one). `vpdpbusd` wants dword c of a
+//! register to hold channel c's 4 codes (unsigned weights, signed
+//! activations), and the dot products do not care which channel sits in
+//! which dword, so the unpack leaves them in the order that costs fewest
+//! instructions and the rest of the loop follows it:
 //!
-//! **Paired blocks.** With hp ≥ 32, column blocks 2p and 2p + 1 are
-//! unpacked together from one 64-byte load (runs 4p..4p + 3): `vpandd`
-//! 0x0F gives block 2p the low nibbles (channels 0-3, 8-11, 16-19, 24-27
-//! of the pair) and `vpsrld` 4 + `vpandd` block 2p + 1 the high ones (4-7,
-//! 12-15, 20-23, 28-31). That is 1.5 instructions per 64 codes instead of
-//! 3 and half the loads, no shuffle: hot in L2, the 1 × 64 GEMV and the
-//! 4 × 32 flat tile of Q4_0 run about 10% faster (Sapphire Rapids). The
-//! dot products do not care about the channel order; the group end loads
-//! the scales (and offsets) into B in the same order (`vshufi32x4` lanes
-//! 0,2 / 1,3 of two f32 vectors, or `vpermq` + `vshufi32x4` of 32 f16
-//! values before widening), and the store puts each pair of totals back
-//! in channel order with four `vshufi32x4`. An odd last block (hp = 48)
-//! unpacks alone.
+//! - **Pairs.** Column blocks 2p and 2p + 1 (runs 4p..4p + 3) come from
+//!   one 64-byte load: `vpandd` 0x0F gives block 2p the low nibbles
+//!   (channels 0-3, 8-11, 16-19, 24-27 of the pair), `vpsrld` 4 +
+//!   `vpandd` block 2p + 1 the high ones (4-7, 12-15, 20-23, 28-31): 1.5
+//!   instructions per 64 codes.
+//! - **A lone block** (hp = 16, or the last of hp = 48): `vbroadcasti64x4`
+//!   puts its two runs in both halves (a load alone), `vpsrld` 4 under
+//!   opmask k2 = lanes 2 and 3 and `vpandd` leave channels 0-3, 8-11, 4-7,
+//!   12-15: 2 instructions, where channel order took a `vshufi32x4` more.
+//!
+//! At a group end the scales (and offsets) are loaded into B in the same
+//! order (a pair: `vshufi32x4` lanes 0,2 / 1,3 of two f32 vectors, or
+//! `vpermq` + `vshufi32x4` of 32 f16 values before widening; a lone block:
+//! `vshufi32x4` lanes 0,2,1,3), and before the store each tile's totals go
+//! back to channel order (four `vshufi32x4` a pair and row, one a lone
+//! block and row). Hot in L2 the pairs made the 1 × 64 GEMV and the 4 ×
+//! 32 flat tile of Q4_0 about 10% faster, the lone block's form the 4 × 16
+//! and 8 × 16 flat tiles about 5% (Sapphire Rapids). The activations need
+//! no register: each `vpdpbusd` reads its row's 4 codes with a `{1to16}`
+//! broadcast.
 //!
 //! **8-bit codes** (`i8sym:gN`) are signed, and `vpdpbusd` multiplies an
 //! unsigned operand by a signed one. A `vmovdqu8` load of the 64 bytes of a
@@ -58,7 +63,7 @@
 //!
 //! | zmm | holds |
 //! |---|---|
-//! | 0 .. zb | B: unpacked codes of column block j (below 16: VEX loads); zero for relu in the epilogue |
+//! | 0 .. zb | B: unpacked codes of column block j; zero for relu in the epilogue |
 //! | zb | Σq of one row as f32 (`u4sym`: 8·Σq as i32); bias under the tail mask in the epilogue |
 //! | then rows·zb | f32 accumulators acc(i,j) |
 //! | then rows·zb | i32 group sums g(i,j) |
@@ -71,8 +76,8 @@
 //! **Panel buffer.** With K short enough ([`PANEL_BUFFER_BYTES`]) and m
 //! past one row block, the multi-row loop unpacks each panel once into a
 //! 64-byte-aligned stack buffer below the frame and its row blocks load B
-//! from there (one `vmovdqu32` per column block and step instead of four
-//! instructions). One row block (every flat GEMM at m ≤ ep) unpacks in the
+//! from there (one `vmovdqu32` per column block and step instead of the
+//! unpack). One row block (every flat GEMM at m ≤ ep) unpacks in the
 //! loop: the buffer's extra pass halved its speed on Zen 4.
 //!
 //! **Prefetch.** The flat and one-row loops prefetch the weight stream
@@ -184,9 +189,9 @@ const FRAME: i32 = 112;
 pub const PANEL_BUFFER_BYTES: i32 = 128 * 1024;
 
 const SAVED: [Gp; 6] = [RBX, RBP, R12, R13, R14, R15];
-/// Lanes 1 and 3 (dwords 4-7, 12-15): the high nibbles' lanes.
+/// Lanes 2 and 3 (dwords 8-15): a lone block's high nibbles' lanes.
 const HIGH: Kreg = Kreg(2);
-const HIGH_LANES: i32 = 0xF0F0;
+const HIGH_LANES: i32 = 0xFF00;
 
 /// The valid lanes of the column block being stored.
 const TAIL: Kreg = Kreg(3);
@@ -350,8 +355,8 @@ impl Int8File for Zmm {
     fn scale_param_index(a: &mut X86Asm, bytes: i32) {
         a.imul_imm(R9, R9, bytes);
     }
-    fn paired_blocks(k: &Int8Kernel) -> bool {
-        k.nibbles() && k.hb >= 2
+    fn permuted_channels(k: &Int8Kernel) -> bool {
+        k.nibbles()
     }
     fn group_params_to_b(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, base: Gp) {
         let f16 = k.params == ParamType::F16;
@@ -375,8 +380,16 @@ impl Int8File for Zmm {
                         a.vshufi32x4_zmm_mem(hi, hi, second, 0xDD);
                     }
                 }
-                Unpack::Single if f16 => a.vcvtph2ps_zmm_load(b, mem(base, 32 * j as i32)),
-                Unpack::Single => a.vmovups_zmm_load(b, mem(base, 64 * j as i32)),
+                order @ (Unpack::Single | Unpack::Bytes) => {
+                    if f16 {
+                        a.vcvtph2ps_zmm_load(b, mem(base, 32 * j as i32));
+                    } else {
+                        a.vmovups_zmm_load(b, mem(base, 64 * j as i32));
+                    }
+                    if order == Unpack::Single {
+                        a.vshufi32x4_zmm(b, b, b, SWAP_MIDDLE_LANES);
+                    }
+                }
                 Unpack::WithItsPair => {}
             }
         }
@@ -466,8 +479,16 @@ impl Int8File for Zmm {
     /// the row's y.
     fn store_tile(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, hp: i32) {
         for j in 0..r.hb {
-            if unpacked_as(k, j) != Unpack::Pair {
-                continue;
+            match unpacked_as(k, j) {
+                Unpack::Single => {
+                    for i in 0..r.rows {
+                        let v: Zmm = r.total(i, j);
+                        a.vshufi32x4_zmm(v, v, v, SWAP_MIDDLE_LANES);
+                    }
+                    continue;
+                }
+                Unpack::Pair => {}
+                _ => continue,
             }
             for i in 0..r.rows {
                 // (P0, P1) → channels 0-15, 16-31; the group sums are free.
@@ -542,6 +563,10 @@ fn set_tail_mask(a: &mut X86Asm, j: usize) {
     a.kmovw_from_gp(TAIL, RAX);
 }
 
+/// `vshufi32x4` lanes (0, 2, 1, 3): a lone block's unpacked order to
+/// channel order and back.
+const SWAP_MIDDLE_LANES: u8 = 0xD8;
+
 /// How column block j's codes are unpacked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Unpack {
@@ -551,12 +576,16 @@ enum Unpack {
     Pair,
     /// By the pair of block j − 1.
     WithItsPair,
-    /// Alone, in channel order ([`unpack`]).
+    /// Alone ([`unpack`]): channels 0-3, 8-11, 4-7, 12-15.
     Single,
+    /// 8-bit codes, loaded in channel order.
+    Bytes,
 }
 
 fn unpacked_as(k: &Int8Kernel, j: usize) -> Unpack {
-    if !<Zmm as Int8File>::paired_blocks(k) || (j.is_multiple_of(2) && j + 1 == k.hb) {
+    if !k.nibbles() {
+        Unpack::Bytes
+    } else if j.is_multiple_of(2) && j + 1 == k.hb {
         Unpack::Single
     } else if j.is_multiple_of(2) {
         Unpack::Pair
@@ -577,14 +606,17 @@ fn unpack_block(a: &mut X86Asm, k: &Int8Kernel, r: &Int8Regs, j: usize, m: Mem) 
         }
         Unpack::Single => unpack(a, r.b(j), m),
         Unpack::WithItsPair => {}
+        Unpack::Bytes => unreachable!("8-bit codes load whole (`load_codes`)"),
     }
 }
 
-/// B = the 16 channels × 4 codes of two packed runs at `m` (see the
-/// module doc). `b` must be below zmm16 (a VEX load).
+/// B = the 16 channels × 4 codes of two packed runs at `m`, in the
+/// order (0-3, 8-11, 4-7, 12-15): the runs broadcast to both halves
+/// (lanes run 0, run 1, run 0, run 1), the upper half's high nibbles
+/// shifted down, the nibbles kept. Two vector µops; a shuffle to channel
+/// order would be a third in every step.
 fn unpack(a: &mut X86Asm, b: Zmm, m: Mem) {
-    a.vmovdqu_load(Ymm(b.0), m);
-    a.vshufi32x4_zmm(b, b, b, 0x50);
+    a.vbroadcasti64x4_zmm_load(b, m);
     a.vpsrld_zmm_imm(b, HIGH, b, 4);
     a.vpandd_zmm_bcst(b, b, mem(R15, NIBBLE));
 }

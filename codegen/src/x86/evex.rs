@@ -553,6 +553,16 @@ impl X86Asm {
         self.evex(e, format!("vbroadcasti32x4 {dst}, xmmword ptr {m}"));
     }
 
+    /// `vbroadcasti64x4 zmm, ymmword ptr [m]`: 32 bytes to both halves
+    /// (a load alone, no shuffle µop, on Intel).
+    pub fn vbroadcasti64x4_zmm_load(&mut self, dst: Zmm, m: Mem) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x5B, dst.0, 0, Rm::Mem(m), 32);
+        self.raw(
+            &e.encode_w1(),
+            format!("vbroadcasti64x4 {dst}, ymmword ptr {m}"),
+        );
+    }
+
     /// `vmovdqu8 zmm, zmmword ptr [m]` (AVX512BW)
     pub fn vmovdqu8_zmm_load(&mut self, dst: Zmm, m: Mem) {
         let e = Evex::plain(MAP_0F, PP_F2, 0x6F, dst.0, 0, Rm::Mem(m), 64);

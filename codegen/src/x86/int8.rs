@@ -51,7 +51,7 @@
 //! | a row's codes, x scales | broadcast into A / ymm13 | `{1to16}` operands |
 //! | f32 totals of grouped weights | a stack area (too few registers) | registers |
 //! | f16 group parameters | widened per use into the shift counts | scales into B once per group, offsets into the folded sums |
-//! | 4-bit unpack | `vbroadcasti128`, `vpsrlvd`, `vpand` | two blocks per load: `vpandd`; `vpsrld`, `vpandd` (a lone block: `vshufi32x4`, `vpsrld` under k2, `vpandd`); or a panel unpacked once |
+//! | 4-bit unpack | `vbroadcasti128`, `vpsrlvd`, `vpand` | two blocks per load: `vpandd`; `vpsrld`, `vpandd` (a lone block: `vbroadcasti64x4`, `vpsrld` under k2, `vpandd`), channels in an order of its own; or a panel unpacked once |
 //! | frame | [`super::common`]'s, rsp-based | its own, r15-based, opmask table first |
 //! | Σq registers (base, stride, walker) | r13, r14, rax | r11, r12, r13 |
 //! | the one-row loop | steps rbp | walks r14 within blocks of ep rows |
@@ -527,11 +527,11 @@ pub(super) trait Int8File: RegisterFile {
     }
     /// Loop constants of the grouped loop.
     fn group_constants(_a: &mut X86Asm, _r: &Int8Regs) {}
-    /// Whether column blocks are unpacked two at a time into an order of
-    /// channels of the file's own ([`Int8File::group_params_to_b`] then
-    /// loads the group parameters in that order, and
-    /// [`Int8File::store_tile`] restores the natural one).
-    fn paired_blocks(_k: &Int8Kernel) -> bool {
+    /// Whether the unpack leaves a tile's channels in an order of the
+    /// file's own ([`Int8File::group_params_to_b`] then loads the group
+    /// parameters in that order, and [`Int8File::store_tile`] restores
+    /// the natural one).
+    fn permuted_channels(_k: &Int8Kernel) -> bool {
         false
     }
     /// B(j) = the group parameters at `base` of column block j as f32, in
@@ -999,8 +999,8 @@ fn fold_group<V: Int8File>(
     if narrow {
         V::narrow_setup(a, r, shift);
     }
-    let paired = V::paired_blocks(k);
-    let params_in_b = in_registers && (f16 || paired);
+    let permuted = V::permuted_channels(k);
+    let params_in_b = in_registers && (f16 || permuted);
     if params_in_b {
         V::group_params_to_b(a, k, r, R9);
     }
@@ -1036,7 +1036,7 @@ fn fold_group<V: Int8File>(
             }
         }
         if in_registers {
-            if offset && !paired {
+            if offset && !permuted {
                 V::cvt_i32_broadcast(a, s, mem(V::SUMS_WALK, 0));
                 for j in 0..hb {
                     let min = param(a, R10, j, r.sum(i, j));
@@ -1064,7 +1064,7 @@ fn fold_group<V: Int8File>(
             }
         }
     }
-    if in_registers && offset && paired {
+    if in_registers && offset && permuted {
         // The offsets in the unpacked order into B, then min·Σq per row.
         V::group_params_to_b(a, k, r, R10);
         a.mov(V::SUMS_WALK, V::SUMS);
