@@ -416,32 +416,25 @@ fn library_ggml_formats_on_avx512_tiles() {
     }
 }
 
-/// The zmm GEMVs of Q4_0 and Q4_1 at 1 × 64: two pairs of column blocks
-/// unpacked one 64-byte load each, the f16 scales (and Q4_1's offsets,
-/// in a pass of their own) put in the unpacked order, the totals back in
-/// channel order before the store. Review with `cargo insta review`.
+/// The unpack's channel order in listings (review with `cargo insta
+/// review`): the zmm GEMVs of Q4_0 and Q4_1 at 1 × 64, two pairs of column
+/// blocks from one 64-byte load each, the f16 scales (and Q4_1's offsets,
+/// in a pass of their own) in the unpacked order, the totals back in
+/// channel order before the store; and Q4_0's flat 8 × 16, a lone block
+/// whose scales and totals are shuffled by lanes (0, 2, 1, 3).
 #[test]
 fn unpack_order_listings() {
-    for name in ["matmul-q4_0", "matmul-q4_1"] {
+    for (name, ep, hp, variant) in [
+        ("matmul-q4_0", 1, 64, Variant::Gemv),
+        ("matmul-q4_1", 1, 64, Variant::Gemv),
+        ("matmul-q4_0", 8, 16, Variant::FlatGemm),
+    ] {
         let kernel = library::get(name).unwrap();
         let tile = kernel_tiles(&kernel)
             .into_iter()
-            .find(|t| t.ep == 1 && t.hp == 64)
-            .expect("a 1 × 64 tile");
-        let code = AVX512
-            .emit_code_variant(&kernel, &tile, Variant::Gemv)
-            .unwrap();
-        insta::assert_snapshot!(format!("{name}_avx512_1x64x4_gemv"), code.listing);
+            .find(|t| t.ep == ep && t.hp == hp)
+            .unwrap_or_else(|| panic!("{name}: no {ep} × {hp} tile"));
+        let code = AVX512.emit_code_variant(&kernel, &tile, variant).unwrap();
+        insta::assert_snapshot!(format!("{name}_avx512_{ep}x{hp}x4_{variant}"), code.listing);
     }
-    // A lone block per tile: the flat 8 × 16 of Q4_0, its scales and
-    // totals shuffled by lanes (0, 2, 1, 3).
-    let kernel = library::get("matmul-q4_0").unwrap();
-    let tile = kernel_tiles(&kernel)
-        .into_iter()
-        .find(|t| t.ep == 8 && t.hp == 16)
-        .expect("an 8 × 16 tile");
-    let code = AVX512
-        .emit_code_variant(&kernel, &tile, Variant::FlatGemm)
-        .unwrap();
-    insta::assert_snapshot!("matmul-q4_0_avx512_8x16x4_flat-gemm", code.listing);
 }
