@@ -963,12 +963,16 @@ fn grouped_loop<V: Int8File>(
 }
 
 /// The group end, per row and column block: the group sum to i32 (less
-/// the implied zero point), to f32, then total += sw·that (+ min·Σq). f32
-/// parameters are memory operands; f16 ones widen into a register: with
-/// the totals in registers, the scales into the B registers once per group
-/// and each offset into its group-sum register once that is folded; with
-/// the totals in memory, into [`Int8File::f16_param_reg`] per use (B's
-/// first register then carries each total).
+/// the implied zero point), to f32, then total += sw·that (+ min·Σq).
+/// Where the unpack leaves channels in an order of its own
+/// ([`Int8File::permuted_channels`]) the scales go into the B registers in
+/// that order once per group, and the offsets after them in a second pass
+/// over the rows. Otherwise f32 parameters are memory operands and f16
+/// ones widen into a register: with the totals in registers, the scales
+/// into the B registers once per group and each offset into its group-sum
+/// register once that is folded; with the totals in memory, into
+/// [`Int8File::f16_param_reg`] per use (B's first register then carries
+/// each total).
 fn fold_group<V: Int8File>(
     a: &mut X86Asm,
     k: &Int8Kernel,
