@@ -368,16 +368,16 @@ impl Int8File for Zmm {
                     if f16 {
                         // Qwords (4 halves) 0,2,4,6 to the low 256 bits,
                         // 1,3,5,7 to the high, then each half widened.
-                        a.vpermq_zmm_mem_imm(b, mem(base, 32 * j as i32), 0xD8);
-                        a.vshufi32x4_zmm(b, b, b, 0xD8);
+                        a.vpermq_zmm_mem_imm(b, mem(base, 32 * j as i32), SWAP_MIDDLE_LANES);
+                        a.vshufi32x4_zmm(b, b, b, SWAP_MIDDLE_LANES);
                         a.vextracti64x4_hi(Ymm(hi.0), b);
                         a.vcvtph2ps_zmm(hi, Ymm(hi.0));
                         a.vcvtph2ps_zmm(b, Ymm(b.0));
                     } else {
                         let second = mem(base, 64 * (j + 1) as i32);
                         a.vmovups_zmm_load(hi, mem(base, 64 * j as i32));
-                        a.vshufi32x4_zmm_mem(b, hi, second, 0x88);
-                        a.vshufi32x4_zmm_mem(hi, hi, second, 0xDD);
+                        a.vshufi32x4_zmm_mem(b, hi, second, EVEN_LANES);
+                        a.vshufi32x4_zmm_mem(hi, hi, second, ODD_LANES);
                     }
                 }
                 order @ (Unpack::Single | Unpack::Bytes) => {
@@ -493,10 +493,10 @@ impl Int8File for Zmm {
             for i in 0..r.rows {
                 // (P0, P1) → channels 0-15, 16-31; the group sums are free.
                 let (p0, p1, t): (Zmm, Zmm, Zmm) = (r.total(i, j), r.total(i, j + 1), r.sum(i, j));
-                a.vshufi32x4_zmm(t, p0, p1, 0x44);
-                a.vshufi32x4_zmm(p1, p0, p1, 0xEE);
-                a.vshufi32x4_zmm(p0, t, t, 0xD8);
-                a.vshufi32x4_zmm(p1, p1, p1, 0xD8);
+                a.vshufi32x4_zmm(t, p0, p1, LOW_HALVES);
+                a.vshufi32x4_zmm(p1, p0, p1, HIGH_HALVES);
+                a.vshufi32x4_zmm(p0, t, t, SWAP_MIDDLE_LANES);
+                a.vshufi32x4_zmm(p1, p1, p1, SWAP_MIDDLE_LANES);
             }
         }
         let t = Zmm::reg(r.sigma);
@@ -564,8 +564,15 @@ fn set_tail_mask(a: &mut X86Asm, j: usize) {
 }
 
 /// `vshufi32x4` lanes (0, 2, 1, 3): a lone block's unpacked order to
-/// channel order and back.
+/// channel order and back (also `vpermq`'s qwords 0, 2, 1, 3 per half).
 const SWAP_MIDDLE_LANES: u8 = 0xD8;
+/// `vshufi32x4` of two vectors of 16 channels: lanes 0 and 2 of each (a
+/// pair's low-nibble block), and lanes 1 and 3 of each (its high one).
+const EVEN_LANES: u8 = 0x88;
+const ODD_LANES: u8 = 0xDD;
+/// `vshufi32x4` of two vectors: lanes 0 and 1 of each, and 2 and 3 of each.
+const LOW_HALVES: u8 = 0x44;
+const HIGH_HALVES: u8 = 0xEE;
 
 /// How column block j's codes are unpacked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
