@@ -19,17 +19,31 @@ struct Quantized {
     sums: Vec<i32>,
 }
 
-fn emitted(ep: usize, group: Option<usize>, x: &[f32], m: usize, k: usize) -> Quantized {
+/// The zero point a grouped kernel folds with (what decides how the
+/// quantizer writes Σq); ungrouped kernels have none.
+fn zero_of(group: Option<usize>, zero: ZeroPoint) -> ZeroPoint {
+    if group.is_some() {
+        zero
+    } else {
+        ZeroPoint::None
+    }
+}
+
+fn emitted(
+    ep: usize,
+    group: Option<usize>,
+    zero: ZeroPoint,
+    x: &[f32],
+    m: usize,
+    k: usize,
+) -> Quantized {
+    let zero = zero_of(group, zero);
     let spec = Int8Spec {
         ep,
         hb: 1,
         group,
-        wbits: 4,
-        zero: if group.is_some() {
-            ZeroPoint::Offset
-        } else {
-            ZeroPoint::None
-        },
+        wbits: if zero == ZeroPoint::Implied128 { 8 } else { 4 },
+        zero,
         params: tessera_dsl::ir::ParamType::F32,
         y: Format::F32,
         bias: false,
@@ -68,7 +82,16 @@ fn emitted(ep: usize, group: Option<usize>, x: &[f32], m: usize, k: usize) -> Qu
     q
 }
 
-fn reference(ep: usize, group: Option<usize>, x: &[f32], m: usize, k: usize) -> Quantized {
+/// Σq per row and group, written as −2^s·Σq for an implied zero point 2^s
+/// (the value the kernels' group sums start from).
+fn reference(
+    ep: usize,
+    group: Option<usize>,
+    zero: ZeroPoint,
+    x: &[f32],
+    m: usize,
+    k: usize,
+) -> Quantized {
     let plan = activation_plan(ElemWidth::B8, m, k, ep, 4).unwrap();
     let m_pad = m.div_ceil(ep) * ep;
     let g = group.unwrap_or(k.max(1));
@@ -86,6 +109,9 @@ fn reference(ep: usize, group: Option<usize>, x: &[f32], m: usize, k: usize) -> 
         }
         logical.extend(codes.iter().map(|&q| q as u8));
     }
+    if let Some(bits) = zero_of(group, zero).implied_shift() {
+        sums.iter_mut().for_each(|s| *s = -(*s << bits));
+    }
     Quantized {
         codes: plan.pack(&logical).unwrap(),
         scales,
@@ -102,18 +128,29 @@ fn quantizer_matches_the_reference_byte_for_byte() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for ep in [1, 2, 3, 5] {
         for group in [None, Some(8), Some(32)] {
-            for m in [1, 2, 3, 6, 11] {
-                for k in [0, 1, 3, 4, 5, 7, 8, 9, 31, 32, 33, 100, 257] {
-                    let mut x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-3.0..3.0)).collect();
-                    if m > 1 && k > 0 {
-                        // an all-zero row: scale 0, codes 0
-                        x[k..2 * k].iter_mut().for_each(|v| *v = 0.0);
+            for zero in [
+                ZeroPoint::Offset,
+                ZeroPoint::Implied8,
+                ZeroPoint::Implied128,
+            ] {
+                if group.is_none() && zero != ZeroPoint::Offset {
+                    continue;
+                }
+                for m in [1, 2, 3, 6, 11] {
+                    for k in [0, 1, 3, 4, 5, 7, 8, 9, 31, 32, 33, 100, 257] {
+                        let mut x: Vec<f32> =
+                            (0..m * k).map(|_| rng.gen_range(-3.0..3.0)).collect();
+                        if m > 1 && k > 0 {
+                            // an all-zero row: scale 0, codes 0
+                            x[k..2 * k].iter_mut().for_each(|v| *v = 0.0);
+                        }
+                        let a = emitted(ep, group, zero, &x, m, k);
+                        let b = reference(ep, group, zero, &x, m, k);
+                        let what = format!("ep={ep} group={group:?} zero={zero:?} m={m} k={k}");
+                        assert_eq!(a.scales, b.scales, "scales {what}");
+                        assert_eq!(a.codes, b.codes, "codes {what}");
+                        assert_eq!(a.sums, b.sums, "sums {what}");
                     }
-                    let (a, b) = (emitted(ep, group, &x, m, k), reference(ep, group, &x, m, k));
-                    let what = format!("ep={ep} group={group:?} m={m} k={k}");
-                    assert_eq!(a.scales, b.scales, "scales {what}");
-                    assert_eq!(a.codes, b.codes, "codes {what}");
-                    assert_eq!(a.sums, b.sums, "sums {what}");
                 }
             }
         }

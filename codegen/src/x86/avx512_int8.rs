@@ -453,12 +453,6 @@ impl Int8File for Zmm {
     fn broadcast_i32(a: &mut X86Asm, dst: Zmm, m: Mem) {
         a.vpbroadcastd_zmm_load(dst, m);
     }
-    fn shl_i32(a: &mut X86Asm, dst: Zmm, src: Zmm, bits: u8) {
-        a.vpslld_zmm_imm(dst, src, bits);
-    }
-    fn sub_i32(a: &mut X86Asm, dst: Zmm, x: Zmm, y: Zmm) {
-        a.vpsubd_zmm(dst, x, y);
-    }
     fn cvt_i32(a: &mut X86Asm, dst: Zmm, src: Zmm) {
         a.vcvtdq2ps_zmm(dst, src);
     }

@@ -236,8 +236,12 @@ impl ZeroPoint {
         self != ZeroPoint::None
     }
 
-    /// The power of two (as a shift) of an implied zero point.
-    fn implied_shift(self) -> Option<u8> {
+    /// The power of two (as a shift) of an implied zero point. The
+    /// quantizer writes Σq already times it and negated, −2^shift·Σq
+    /// ([`super::quantize`]), so a group's sums can start from it (no
+    /// zero point left to take off at the fold) or, where they cannot
+    /// (int16 sums), take it off with one add.
+    pub fn implied_shift(self) -> Option<u8> {
         match self {
             ZeroPoint::Implied8 => Some(3),
             ZeroPoint::Implied128 => Some(7),
@@ -576,8 +580,6 @@ pub(super) trait Int8File: RegisterFile {
     }
 
     fn broadcast_i32(a: &mut X86Asm, dst: Self, m: Mem);
-    fn shl_i32(a: &mut X86Asm, dst: Self, src: Self, bits: u8);
-    fn sub_i32(a: &mut X86Asm, dst: Self, x: Self, y: Self);
     fn cvt_i32(a: &mut X86Asm, dst: Self, src: Self);
     /// dst = the i32 at `m`, broadcast and converted to f32.
     fn cvt_i32_broadcast(_a: &mut X86Asm, _dst: Self, _m: Mem) {
@@ -910,12 +912,23 @@ fn grouped_loop<V: Int8File>(
     a.bind(group_loop);
     // rcx = steps in this group, left -= rcx.
     common::next_group(a, left, spg, done);
+    let seeded = seeds_group_sums(k);
+    if seeded {
+        a.mov(V::SUMS_WALK, V::SUMS);
+    }
     for i in 0..rows {
         for j in 0..hb {
-            V::zero(a, r.sum(i, j));
+            if seeded {
+                V::broadcast_i32(a, r.sum(i, j), mem(V::SUMS_WALK, 0));
+            } else {
+                V::zero(a, r.sum(i, j));
+            }
             if r.odd_sums.is_some() {
                 V::zero(a, r.step_sum(i, j, 1));
             }
+        }
+        if seeded && i + 1 < rows {
+            a.add(V::SUMS_WALK, V::SUMS_STRIDE);
         }
     }
     a.cmp_imm(RCX, spg);
@@ -962,8 +975,18 @@ fn grouped_loop<V: Int8File>(
     }
 }
 
+/// Whether a group's i32 sums start from the quantizer's −2^s·Σq (a
+/// broadcast load, no vector ALU µop) instead of zero: an implied zero
+/// point leaves the fold nothing to take off, two µops less per row and
+/// group. int16 sums (`vpmaddubsw` groups) cannot hold it; their fold adds
+/// it after widening.
+fn seeds_group_sums(k: &Int8Kernel) -> bool {
+    k.zero.implied_shift().is_some() && !k.narrow()
+}
+
 /// The group end, per row and column block: the group sum to i32 (less
-/// the implied zero point), to f32, then total += sw·that (+ min·Σq).
+/// the implied zero point where the sums did not start from it), to f32,
+/// then total += sw·that (+ min·Σq).
 /// Where the unpack leaves channels in an order of its own
 /// ([`Int8File::permuted_channels`]) the scales go into the B registers in
 /// that order once per group, and the offsets after them in a second pass
@@ -982,9 +1005,10 @@ fn fold_group<V: Int8File>(
 ) {
     let (rows, hb) = (r.rows, r.hb);
     let f16 = k.f16_params();
-    let implied = k.zero.implied_shift();
+    // −2^s·Σq still to add: the sums did not start from it.
+    let implied = k.zero.implied_shift().is_some() && !seeds_group_sums(k);
     let offset = k.zero == ZeroPoint::Offset;
-    let sums = k.zero.needs_sums();
+    let sums = implied || offset;
     let in_registers = V::TOTALS_IN_REGISTERS;
     let narrow = k.narrow();
     let param = |a: &mut X86Asm, base: Gp, j: usize, tmp: V| -> Operand<V> {
@@ -1013,10 +1037,9 @@ fn fold_group<V: Int8File>(
     }
     let s = V::reg(r.sigma);
     for i in 0..rows {
-        if let Some(bits) = implied {
-            // s = Σq·(8 or 128) as i32.
+        if implied {
+            // s = −Σq·(8 or 128) as i32, as the quantizer wrote it.
             V::broadcast_i32(a, s, mem(V::SUMS_WALK, 0));
-            V::shl_i32(a, s, s, bits);
         } else if offset && !in_registers {
             V::broadcast_i32(a, s, mem(V::SUMS_WALK, 0));
             V::cvt_i32(a, s, s);
@@ -1026,8 +1049,8 @@ fn fold_group<V: Int8File>(
             if narrow {
                 V::widen_narrow(a, r, g);
             }
-            if implied.is_some() {
-                V::sub_i32(a, g, g, s);
+            if implied {
+                V::add_i32(a, g, g, s);
             }
             V::cvt_i32(a, g, g);
             if in_registers {
@@ -1246,12 +1269,6 @@ impl Int8File for Ymm {
     }
     fn broadcast_i32(a: &mut X86Asm, dst: Ymm, m: Mem) {
         a.vpbroadcastd_load(dst, m);
-    }
-    fn shl_i32(a: &mut X86Asm, dst: Ymm, src: Ymm, bits: u8) {
-        a.vpslld_imm(dst, src, bits as i8);
-    }
-    fn sub_i32(a: &mut X86Asm, dst: Ymm, x: Ymm, y: Ymm) {
-        a.vpsubd(dst, x, y);
     }
     fn cvt_i32(a: &mut X86Asm, dst: Ymm, src: Ymm) {
         a.vcvtdq2ps(dst, src);

@@ -15,7 +15,9 @@
 //! the caller zero-fills the buffer, so padded rows and the k padding of the
 //! last step stay zero. Eight elements become two dwords (`vpackssdw`,
 //! `vpacksswb` within lanes). With asymmetric weights, Σq per row and
-//! weight group (`group` a multiple of 8, or k) goes to `out_sums`.
+//! weight group (`group` a multiple of 8, or k) goes to `out_sums`; for an
+//! implied zero point 2^s (`u4sym`'s 8, 8-bit codes read as unsigned, 128)
+//! it goes as −2^s·Σq, the value the kernel's group sums start from.
 //!
 //! Registers: ymm0 absmax / broadcast, ymm1 data, ymm2 scale, ymm3
 //! 127/absmax, ymm4-5 temporaries, ymm6 the group's Σq, ymm7 abs mask,
@@ -34,6 +36,7 @@ use crate::artifact::{EmitError, MachineCode};
 pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     let ep = spec.ep as i32;
     let sums = spec.group.is_some() && spec.zero.needs_sums();
+    let implied = spec.zero.implied_shift();
     let mut a = X86Asm::new();
     a.comment(&format!(
         "quantize i8dyn rows into [e/{ep}, l/4, {ep}, 4]{}",
@@ -122,6 +125,12 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
         a.vpaddd(sum, sum, y5);
         a.vpshufd(y5, sum, 0xB1u8 as i8);
         a.vpaddd(sum, sum, y5);
+        if let Some(bits) = implied {
+            // −2^bits·Σq, what the kernel's group sums start from.
+            a.vpslld_imm(sum, sum, bits as i8);
+            a.vxorps(y5, y5, y5);
+            a.vpsubd(sum, y5, sum);
+        }
         a.vmovd_store(mem(RSI, 0), sum);
         a.add_imm(RSI, 4);
         a.vxorps(sum, sum, sum);
