@@ -46,15 +46,18 @@
 //! **8-bit codes** (`i8sym:gN`) are signed, and `vpdpbusd` multiplies an
 //! unsigned operand by a signed one. A `vmovdqu8` load of the 64 bytes of a
 //! column block and a `vpxord` with 0x80 per byte make them w + 128 as
-//! unsigned bytes; the group fold then subtracts 128·Σq (the quantizer's
-//! row sums), exactly as `u4sym` subtracts 8·Σq ([`ZeroPoint::Implied128`]).
+//! unsigned bytes; the group's sums then start from −128·Σq (the
+//! quantizer's row sums, written so), exactly as `u4sym`'s start from
+//! −8·Σq ([`ZeroPoint::Implied128`]).
 //! One instruction per row and step, where the AVX2 kernel's sign trick
 //! (`vpabsb`, `vpsignb`) spends three. These take no panel buffer.
 //!
 //! **Groups.** A group (g/4 steps, unrolled) sums in i32 (no int16 stage,
 //! so long groups need no widening); then per row and column block
 //! acc += sw_g·dot_g + min_g·Σq_g in f32 (`u4sym`: sw_g·(dot_g − 8·Σq_g),
-//! the zero point folded in integers), and y = acc·sx at the end. f16
+//! the zero point in the sums from the group's start: a broadcast load
+//! of −8·Σq_g instead of a zeroing, so the fold spends no µop on it),
+//! and y = acc·sx at the end. f16
 //! scales are widened once per group into the B registers, which the
 //! group end does not otherwise use; f16 offsets into each group-sum
 //! register once it has been folded.
@@ -64,7 +67,7 @@
 //! | zmm | holds |
 //! |---|---|
 //! | 0 .. zb | B: unpacked codes of column block j; zero for relu in the epilogue |
-//! | zb | Σq of one row as f32 (`u4sym`: 8·Σq as i32); bias under the tail mask in the epilogue |
+//! | zb | Σq of one row as f32 (stored offsets); bias under the tail mask in the epilogue |
 //! | then rows·zb | f32 accumulators acc(i,j) |
 //! | then rows·zb | i32 group sums g(i,j) |
 //! | then rows·zb | with fewer sums than [`Dot::chains_in_flight`], where they fit: the odd steps' group sums |

@@ -29,9 +29,10 @@
 //! `vpmaddwd` widens it and y += sw_g·dot_g + min_g·Σq_g in f32; y·sx at
 //! the end. Longer groups (64, 128, …) would overflow int16, so each step
 //! widens at once (`vpmaddwd` with the ones in the frame, `vpaddd`), as
-//! ggml's AVX2 loop does. `u4sym` has no stored offset: the zero point is
-//! folded in integers at the group end, dot_g − 8·Σq_g (`vpslld`, `vpsubd`),
-//! then y += sw_g·(that) with one FMA. f16 parameters are widened at the
+//! ggml's AVX2 loop does. `u4sym` has no stored offset: the quantizer
+//! writes −8·Σq_g, an i32 group sum starts from it (one broadcast load,
+//! the way the NEON GEMV starts its `sdot` sums), and an int16 one adds it
+//! after widening (`vpaddd`); then y += sw_g·(dot_g − 8·Σq_g) with one FMA. f16 parameters are widened at the
 //! group end with `vcvtph2ps` (F16C) into the shift-count register, which
 //! is reloaded from the frame afterwards.
 //!
@@ -838,7 +839,9 @@ const TOTALS: Gp = R11;
 /// Grouped weights: per group, integer sums (int16, or i32 with
 /// `vpdpbusd`, groups over 32 steps or 8-bit codes) in registers; at the
 /// group end the f32 totals take sw·dot + min·Σq (`u4sym`: sw·(dot −
-/// 8·Σq); `i8sym` read as unsigned: sw·(dot − 128·Σq); `i8sym`: sw·dot).
+/// 8·Σq); `i8sym` read as unsigned: sw·(dot − 128·Σq); `i8sym`: sw·dot),
+/// the implied zero points by starting i32 sums from the quantizer's
+/// −2^s·Σq ([`seeds_group_sums`]).
 /// Leaves the totals in their registers and rsp where it found it.
 /// Expects r9/r10 = the panel's scales/offsets and Σq at [`Int8File::SUMS`].
 fn grouped_loop<V: Int8File>(
