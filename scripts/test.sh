@@ -4,7 +4,8 @@
 # 1. Makes sure what the tests need is installed, idempotently, on a fresh
 #    Debian machine: every `ensure_*` function checks first and installs only
 #    what is missing, so a second run installs nothing.
-# 2. Runs the checks: rustfmt, clippy (warnings are errors), every test.
+# 2. Runs the checks: rustfmt, clippy and rustdoc (warnings are errors),
+#    every test.
 # 3. Prints one summary line per check and a total test count.
 #
 # Later issues add their toolchains by calling the ready `ensure_*` functions
@@ -255,6 +256,8 @@ main() {
     TOTALS="0 passed, 0 failed, 0 skipped"
     check "rustfmt" cargo fmt --all -- --check
     check "clippy" cargo clippy --workspace --all-targets -- -D warnings
+    check "rustdoc (broken and private intra-doc links are errors)" \
+        env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
     check "tests (cargo test --workspace)" run_tests
     check "cuda feature (clippy; tests SKIP without a driver; GPU check build)" run_cuda_feature_checks
     check "prebuilt kernels example (build-time generation, no JIT, on PoCL)" \

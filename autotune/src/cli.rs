@@ -85,7 +85,8 @@ pub struct Args {
     /// the record's winners share one packed copy of the weights.
     #[arg(long)]
     pub one_weight_copy: bool,
-    /// Directory for the SVG plots [default: <out>-plots].
+    /// Directory for the SVG plots (default: the --out path with -plots
+    /// appended).
     #[arg(long)]
     pub plots: Option<PathBuf>,
     /// Write no plots.
@@ -94,7 +95,8 @@ pub struct Args {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
-    /// Tune another device: ssh://user@host[:port], adb[:SERIAL], or
+    /// Tune another device: ssh://user@host or ssh://user@host:port, adb
+    /// or adb:SERIAL, or
     /// run:COMMAND (a runner prefix on this filesystem, e.g. qemu). The
     /// record comes back and is merged into --out.
     #[arg(long, value_name = "TARGET")]

@@ -15,7 +15,7 @@
 //!   neighbours and against never switching;
 //! - [`remote`]: tuning another device (build, copy, run, fetch, merge);
 //! - [`tune`]: the budgeted driver over a [`tune::Bench`];
-//! - [`bench`]: timing real kernels with rotated weight copies;
+//! - [`bench`](mod@bench): timing real kernels with rotated weight copies;
 //! - [`backend`]: the backends that can tune here;
 //! - [`opencl`]: tuning on an OpenCL device (its bench and limits);
 //! - [`limits`]: read bandwidth, peak MAC rate, core weights;

@@ -271,7 +271,7 @@ impl HostAttention {
     /// cache of `s ≥ t` tokens, token i seeing the first `s − t + i + 1`
     /// (the interpreter's rule). Whole-prefill code gives each thread whole
     /// KV heads where they divide evenly, else a run of tokens of equal
-    /// cost ([`prefill_parts`]); decode code is called once per
+    /// cost (`prefill_parts`); decode code is called once per
     /// token over its prefix, read in place, each as [`HostAttention::run`]
     /// with `threads`.
     #[allow(clippy::too_many_arguments)]

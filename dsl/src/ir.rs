@@ -310,8 +310,8 @@ pub enum LayoutDim {
 ///
 /// Tiled dimensions are padded to a whole number of tiles (tails are zero).
 /// `int4_pair_transpose` (seed 000 IV.D) stores every run of 32 consecutive
-/// 4-bit codes (in layout order) as 16 bytes with byte j = code[j] |
-/// code[j+16] << 4, so unpacking is one `and` and one shift, no `zip`.
+/// 4-bit codes (in layout order) as 16 bytes with byte j = `code[j] |
+/// code[j+16] << 4`, so unpacking is one `and` and one shift, no `zip`.
 ///
 /// `int4_signed_codes` stores each code q of a format with the implied zero
 /// point 8 (`u4sym`, ggml's Q4_0) as q XOR 8, i.e. q − 8 in two's

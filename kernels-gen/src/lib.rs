@@ -1,4 +1,4 @@
-//! Tessera's kernel generator as a library, for `build.rs`: [`r#gen`]
+//! Tessera's kernel generator as a library, for `build.rs`: its `gen` module
 //! writes a model's kernels, a manifest and an embeddable `kernels.rs`
 //! (`tessera-kernels-gen gen` does the same from the command line).
 //!

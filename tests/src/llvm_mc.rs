@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 #[derive(Debug)]
 pub enum McError {
     /// llvm-mc is not installed: tests report and skip (fail under CI:
-    /// [`missing`]).
+    /// `missing`).
     Missing,
     Failed(String),
 }

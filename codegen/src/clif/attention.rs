@@ -16,7 +16,7 @@
 //! 3. `o = num / den`, rounded to f16. The head's softmax state stays in
 //!    scratch as on NEON (`den` at `s`, `num` at `s + d`, the max the
 //!    exponentials were taken against at `s + 2d`), so
-//!    [`HostAttention`](crate::host_attention::HostAttention) can split `s`
+//!    [`HostAttention`] can split `s`
 //!    into chunks and combine them.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};

@@ -15,7 +15,7 @@
 //!   epilogue per row < m: ·x scale (int8), + bias, activation, store columns < n0+n
 //! ```
 //!
-//! Every address comes from the kernel's IR layouts ([`super::layout`]): the
+//! Every address comes from the kernel's IR layouts (`super::layout`): the
 //! CPU panels `[h/hp, l/lp, hp, lp]` and the GPU `[l/lp, h, lp]` are the
 //! same code with other strides. Weights whose hp channels are contiguous
 //! for one l load as vectors; others (4-bit codes, strided layouts, the

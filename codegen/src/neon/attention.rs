@@ -31,7 +31,7 @@
 //!    (`split s`) combines chunks of the sequence from it.
 //!
 //! A prefill kernel with the online softmax emits the flash loop of
-//! [`super::attention_prefill`] instead; with the async softmax it emits
+//! `super::attention_prefill` instead; with the async softmax it emits
 //! this same code, which `HostAttention::prefill` runs once per query
 //! token with that token's causal prefix.
 //!
@@ -253,7 +253,7 @@ const FRAME: u32 = 16;
 
 /// Emit the attention kernel `kernel` for `caps`: the decode loop, or for
 /// a prefill kernel with the online softmax the flash loop of
-/// [`super::attention_prefill`] in the default blocks.
+/// `super::attention_prefill` in the default blocks.
 pub fn emit(caps: &TargetCaps, kernel: &Kernel) -> Result<MachineCode, EmitError> {
     emit_with(caps, kernel, PrefillBlocks::DEFAULT)
 }

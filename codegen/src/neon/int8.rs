@@ -115,7 +115,7 @@
 //!
 //! # Group epilogue (registers freed by the reduction: A, B, mask, staging)
 //!
-//! | format | free[0] | free[1] | free[2..] per column block | int32 step |
+//! | format | `free[0]` | `free[1]` | `free[2..]` per column block | int32 step |
 //! |---|---|---|---|---|
 //! | `i8sym` (f32 parameters) | - | partial-sum temporary | scale | - |
 //! | `u4asym`, `i8asym` (f32) | Σqx as f32 | partial-sum temporary | scale, offset | - |

@@ -549,7 +549,7 @@ fn splat(a: &mut X86Asm, at: i32, bits: u32) {
 
 /// Emit the attention of `kernel` (AVX2 + FMA + F16C): this decode loop,
 /// or for a prefill kernel with the online softmax
-/// [`super::attention_prefill`]'s flash loop in the default blocks (with
+/// `super::attention_prefill`'s flash loop in the default blocks (with
 /// the async softmax, this decode loop, which `HostAttention::prefill`
 /// runs once per query token).
 pub fn emit(kernel: &Kernel) -> Result<MachineCode, EmitError> {

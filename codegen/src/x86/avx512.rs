@@ -37,7 +37,7 @@ pub struct Avx512Spec {
     pub hb: usize,
     pub bias: bool,
     pub activation: Activation,
-    /// The FMAs broadcast x[k] from memory themselves (no A register).
+    /// The FMAs broadcast `x[k]` from memory themselves (no A register).
     pub embedded_broadcast: bool,
     /// Bytes of a panel's K block in the GEMM variant (see [`kc`]).
     pub panel_block_bytes: i32,

@@ -6,7 +6,7 @@
 //! × 4 int8 per instruction), for the `x86-avx512` target's int8 tiles. A
 //! ymm kernel is capped at half the 512-bit integer throughput of such
 //! CPUs. This module is its front-end (the spec, its checks against the
-//! solver) and the zmm side of [`super::int8::Int8File`]: frame, unpack,
+//! solver) and the zmm side of `super::int8::Int8File`: frame, unpack,
 //! panel buffer and store.
 //!
 //! Same ABI ([`crate::abi::MatmulArgs`]), activation quantizer output

@@ -708,7 +708,7 @@ impl X86Asm {
 /// (AVX512_BF16), its e4m3 → bf16 byte lookups (AVX512_VBMI) and masked
 /// row loads (AVX512BW).
 impl X86Asm {
-    /// `vpermb dst, idx, src`: dst.byte[i] = src.byte[idx.byte[i] & 63].
+    /// `vpermb dst, idx, src`: `dst.byte[i] = src.byte[idx.byte[i] & 63]`.
     pub fn vpermb_zmm(&mut self, dst: Zmm, idx: Zmm, src: Zmm) {
         let e = Evex::plain(MAP_0F38, PP_66, 0x8D, dst.0, idx.0, Rm::Reg(src.0 & 31), 64);
         self.evex(e, format!("vpermb {dst}, {idx}, {src}"));

@@ -20,7 +20,7 @@
 //! GEMM loop (ep rows, the solver's tile; acc(s,i,j) = set s, row i, column
 //! block j; R = 16 ymm or 32 zmm). S = 2 accumulator sets ([`gemm_sets`])
 //! take alternate k steps when they fit, so S·ep·hb FMA chains are
-//! independent. Each row's x[k] is broadcast (`vpbroadcastd` /
+//! independent. Each row's `x[k]` is broadcast (`vpbroadcastd` /
 //! `vbroadcastss` from memory) into the one A register and consumed by that
 //! row's FMAs at once; renaming gives every broadcast its own physical
 //! register, so one A register serves every row (the solver counts one):
@@ -28,7 +28,7 @@
 //! | register | holds |
 //! |---|---|
 //! | 0 .. S·ep·hb | accumulators acc(s,i,j) = register s·ep·hb + i·hb + j |
-//! | then 1 | A: the current row's x[k] broadcast (none with embedded broadcast) |
+//! | then 1 | A: the current row's `x[k]` broadcast (none with embedded broadcast) |
 //! | then hb | B: the panel's hp weights of step k |
 //! | R - 2 | epilogue: bias under the n-tail mask (after the loop; ep·hb ≤ R - 2) |
 //! | R - 1 | epilogue: ymm: column mask for the n tail; zmm: relu's zero |
@@ -36,10 +36,10 @@
 //! On ymm, relu's zero comes from the frame (the mask table's zero half);
 //! on zmm the n-tail mask is opmask k1 (`regfile` lists what
 //! else differs). With [`super::avx512::Avx512Spec::embedded_broadcast`]
-//! the zmm FMAs read x[k] themselves (`vfmadd231ps zmm, zmm, dword ptr
+//! the zmm FMAs read `x[k]` themselves (`vfmadd231ps zmm, zmm, dword ptr
 //! [x]{1to16}`) and no A register is used. With f16 activations (ymm) every
 //! row's x is widened to f32 four k steps at a time into the frame
-//! ([`X_F32`]) and broadcast from there, instead of widening each
+//! (`X_F32`) and broadcast from there, instead of widening each
 //! broadcast.
 //!
 //! GEMV loop (m = 1, memory-bound): S accumulator sets (S ∈ {4, 2, 1}, the

@@ -40,7 +40,7 @@
 //!
 //! The loop nest (frame counts, the m = 1 dispatch, panels → row blocks →
 //! groups → k steps, the group-end fold, x scales, bias and store) is
-//! written once here, generic over [`Int8File`], a register file's int8
+//! written once here, generic over `Int8File`, a register file's int8
 //! side; this module's [`Int8Spec`] is the ymm front-end and
 //! [`super::avx512_int8::Avx512Int8Spec`] the zmm one (its module doc has
 //! the zmm register plan). What differs is a property of the file:
@@ -53,10 +53,10 @@
 //! | f32 totals of grouped weights | a stack area (too few registers) | registers |
 //! | f16 group parameters | widened per use into the shift counts | scales into B once per group, offsets into the folded sums |
 //! | 4-bit unpack | `vbroadcasti128`, `vpsrlvd`, `vpand` | two blocks per load: `vpandd`; `vpsrld`, `vpandd` (a lone block: `vbroadcasti64x4`, `vpsrld` under k2, `vpandd`), channels in an order of its own; or a panel unpacked once |
-//! | frame | [`super::common`]'s, rsp-based | its own, r15-based, opmask table first |
+//! | frame | `super::common`'s, rsp-based | its own, r15-based, opmask table first |
 //! | Σq registers (base, stride, walker) | r13, r14, rax | r11, r12, r13 |
 //! | the one-row loop | steps rbp | walks r14 within blocks of ep rows |
-//! | store | [`common::store_tile`], eight rows at a time | per column block under opmask k3, one y pointer per row |
+//! | store | `common::store_tile`, eight rows at a time | per column block under opmask k3, one y pointer per row |
 //! | weight prefetch (flat, one row) | [`WeightPrefetch`] (the backend's) | the same |
 //!
 //! # Register plans (ymm)
@@ -100,7 +100,7 @@
 //! | then 1 | product temp (reserved; int16 ones at a group end) |
 //! | then rows·hb | with `vpdpbusd` and fewer sums than [`Dot::chains_in_flight`], where they fit: the odd steps' group sums |
 //!
-//! ymm13-15 serve the shared epilogue after the loops ([`super::common`]).
+//! ymm13-15 serve the shared epilogue after the loops (`super::common`).
 //!
 //! General-purpose registers: rdi = args, rsi = weights (bias in the
 //! epilogue), rcx = step counter (valid columns in the epilogue), r8 = the

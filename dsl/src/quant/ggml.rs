@@ -8,7 +8,7 @@
 //!
 //! | type | bytes | layout |
 //! |---|---|---|
-//! | `Q4_0` | 18 | f16 d, then 16 bytes: byte j = q[j] \| q[j + 16] << 4 |
+//! | `Q4_0` | 18 | f16 d, then 16 bytes: byte j = `q[j] \| q[j + 16] << 4` |
 //! | `Q4_1` | 20 | f16 d, f16 m, then the 16 nibble bytes as `Q4_0` |
 //! | `Q8_0` | 34 | f16 d, then 32 int8 codes |
 
