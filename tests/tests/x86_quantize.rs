@@ -19,29 +19,48 @@ struct Quantized {
     sums: Vec<i32>,
 }
 
-/// The zero point a grouped kernel folds with (what decides how the
-/// quantizer writes Σq); ungrouped kernels have none.
-fn zero_of(group: Option<usize>, zero: ZeroPoint) -> ZeroPoint {
-    if group.is_some() {
-        zero
-    } else {
-        ZeroPoint::None
-    }
-}
-
-fn emitted(
+/// One quantizer call: rows of `ep` interleaved, Σq per group of `group`
+/// (None: no sums), written for kernels that fold with `zero`.
+#[derive(Debug)]
+struct Case {
     ep: usize,
     group: Option<usize>,
     zero: ZeroPoint,
-    x: &[f32],
     m: usize,
     k: usize,
-) -> Quantized {
-    let zero = zero_of(group, zero);
+}
+
+impl Case {
+    /// The zero point the kernel folds with (what decides how the quantizer
+    /// writes Σq); ungrouped kernels have none.
+    fn zero(&self) -> ZeroPoint {
+        if self.group.is_some() {
+            self.zero
+        } else {
+            ZeroPoint::None
+        }
+    }
+
+    /// The group length the quantizer is told (k when ungrouped).
+    fn group_len(&self) -> usize {
+        self.group.unwrap_or(self.k.max(1))
+    }
+
+    /// Rows padded to whole row blocks, and groups per row.
+    fn sizes(&self) -> (usize, usize) {
+        (
+            self.m.div_ceil(self.ep) * self.ep,
+            self.k.div_ceil(self.group_len()),
+        )
+    }
+}
+
+fn emitted(c: &Case, x: &[f32]) -> Quantized {
+    let zero = c.zero();
     let spec = Int8Spec {
-        ep,
+        ep: c.ep,
         hb: 1,
-        group,
+        group: c.group,
         wbits: if zero == ZeroPoint::Implied128 { 8 } else { 4 },
         zero,
         params: tessera_dsl::ir::ParamType::F32,
@@ -51,10 +70,8 @@ fn emitted(
         dot: Default::default(),
     };
     let code = JitCode::map(&quantize::emit(&spec).unwrap()).unwrap();
-    let plan = activation_plan(ElemWidth::B8, m, k, ep, 4).unwrap();
-    let m_pad = m.div_ceil(ep) * ep;
-    let g = group.unwrap_or(k.max(1));
-    let groups = k.div_ceil(g);
+    let plan = activation_plan(ElemWidth::B8, c.m, c.k, c.ep, 4).unwrap();
+    let (m_pad, groups) = c.sizes();
     let mut q = Quantized {
         codes: vec![0; plan.packed_bytes()],
         scales: vec![0.0; m_pad],
@@ -62,17 +79,17 @@ fn emitted(
     };
     let args = QuantizeArgs {
         x: x.as_ptr(),
-        x_stride: k * 4,
+        x_stride: c.k * 4,
         out: q.codes.as_mut_ptr(),
         out_scales: q.scales.as_mut_ptr(),
-        out_sums: if group.is_some() {
+        out_sums: if c.group.is_some() {
             q.sums.as_mut_ptr()
         } else {
             std::ptr::null_mut()
         },
-        m,
-        k,
-        group: g,
+        m: c.m,
+        k: c.k,
+        group: c.group_len(),
     };
     // SAFETY: buffers sized for (m, k, ep) as the quantizer's doc requires.
     unsafe {
@@ -84,32 +101,24 @@ fn emitted(
 
 /// Σq per row and group, written as −2^s·Σq for an implied zero point 2^s
 /// (the value the kernels' group sums start from).
-fn reference(
-    ep: usize,
-    group: Option<usize>,
-    zero: ZeroPoint,
-    x: &[f32],
-    m: usize,
-    k: usize,
-) -> Quantized {
-    let plan = activation_plan(ElemWidth::B8, m, k, ep, 4).unwrap();
-    let m_pad = m.div_ceil(ep) * ep;
-    let g = group.unwrap_or(k.max(1));
-    let groups = k.div_ceil(g);
+fn reference(c: &Case, x: &[f32]) -> Quantized {
+    let (k, g) = (c.k, c.group_len());
+    let plan = activation_plan(ElemWidth::B8, c.m, k, c.ep, 4).unwrap();
+    let (m_pad, groups) = c.sizes();
     let mut logical = Vec::new();
     let mut scales = vec![0.0; m_pad];
     let mut sums = vec![0; m_pad * groups];
-    for r in 0..m {
+    for r in 0..c.m {
         let (codes, s) = quantize_row_i8dyn(&x[r * k..(r + 1) * k]);
         scales[r] = s;
-        if group.is_some() {
-            for (c, &q) in codes.iter().enumerate() {
-                sums[r * groups + c / g] += i32::from(q);
+        if c.group.is_some() {
+            for (i, &q) in codes.iter().enumerate() {
+                sums[r * groups + i / g] += i32::from(q);
             }
         }
         logical.extend(codes.iter().map(|&q| q as u8));
     }
-    if let Some(bits) = zero_of(group, zero).implied_shift() {
+    if let Some(bits) = c.zero().implied_shift() {
         sums.iter_mut().for_each(|s| *s = -(*s << bits));
     }
     Quantized {
@@ -144,9 +153,15 @@ fn quantizer_matches_the_reference_byte_for_byte() {
                             // an all-zero row: scale 0, codes 0
                             x[k..2 * k].iter_mut().for_each(|v| *v = 0.0);
                         }
-                        let a = emitted(ep, group, zero, &x, m, k);
-                        let b = reference(ep, group, zero, &x, m, k);
-                        let what = format!("ep={ep} group={group:?} zero={zero:?} m={m} k={k}");
+                        let case = Case {
+                            ep,
+                            group,
+                            zero,
+                            m,
+                            k,
+                        };
+                        let (a, b) = (emitted(&case, &x), reference(&case, &x));
+                        let what = format!("{case:?}");
                         assert_eq!(a.scales, b.scales, "scales {what}");
                         assert_eq!(a.codes, b.codes, "codes {what}");
                         assert_eq!(a.sums, b.sums, "sums {what}");
