@@ -31,10 +31,11 @@
 //! widens at once (`vpmaddwd` with the ones in the frame, `vpaddd`), as
 //! ggml's AVX2 loop does. `u4sym` has no stored offset: the quantizer
 //! writes −8·Σq_g, an i32 group sum starts from it (one broadcast load,
-//! the way the NEON GEMV starts its `sdot` sums), and an int16 one adds it
-//! after widening (`vpaddd`); then y += sw_g·(dot_g − 8·Σq_g) with one FMA. f16 parameters are widened at the
-//! group end with `vcvtph2ps` (F16C) into the shift-count register, which
-//! is reloaded from the frame afterwards.
+//! the way the NEON GEMV starts its `sdot` sums), and an int16 one adds
+//! it after widening (`vpaddd`); then y += sw_g·(dot_g − 8·Σq_g) with one
+//! FMA. f16 parameters are widened at the group end with `vcvtph2ps`
+//! (F16C) into the shift-count register, which is reloaded from the frame
+//! afterwards.
 //!
 //! # One nest, two register files
 //!
