@@ -16,6 +16,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use tessera_dsl::ir::{AttentionKind, Format, Kernel, Op};
 use tessera_dsl::quant::QuantTensor;
 
@@ -956,7 +957,7 @@ impl HostAttention {
             });
         }
         self.scratch.give(scratch);
-        Ok(combine(&partials, chunks, d, o))
+        Ok(combine(&mut partials, chunks, d, o))
     }
 
     /// Flash-decoding with code that leaves every head's state
@@ -1039,7 +1040,7 @@ impl HostAttention {
             });
         }
         self.scratch.give(scratch);
-        Ok(combine(&partials, chunks, d, o))
+        Ok(combine(&mut partials, chunks, d, o))
     }
 }
 
@@ -1084,23 +1085,45 @@ fn chunk_args(
 /// The split combine, per head of `partials` (`[head][chunk][d + 3]`:
 /// `num[d]`, `den`, max, recomputed flag): `M = max_c m_c`, `o = Σ_c
 /// e^(m_c − M)·num_c / Σ_c e^(m_c − M)·den_c`. Returns the heads that
-/// recomputed in any chunk (the interpreter's rule).
-fn combine(partials: &[f32], chunks: usize, d: usize, o: &mut [f16]) -> u64 {
+/// recomputed in any chunk (the interpreter's rule). Overwrites each
+/// chunk's max with its weight.
+fn combine(partials: &mut [f32], chunks: usize, d: usize, o: &mut [f16]) -> u64 {
+    // d elements a block: the sums stay on the stack and reach `o` by one
+    // slice conversion (F16C where the CPU has it), and each chunk's
+    // weight is taken once. Summing through a Vec of chunk slices with
+    // every element converted alone took 5–8 µs of a two-thread call
+    // (Qwen2-1.5B, 12 heads of 128; Sapphire Rapids-class Xeon).
+    const BLOCK: usize = 64;
     let state = d + 3;
     let mut recomputed = 0;
-    for (h, parts) in partials.chunks(chunks * state).enumerate() {
-        let parts: Vec<&[f32]> = parts.chunks(state).collect();
+    let mut sum = [0f32; BLOCK];
+    for (parts, out) in partials.chunks_mut(chunks * state).zip(o.chunks_mut(d)) {
         let m = parts
-            .iter()
+            .chunks(state)
             .map(|p| p[d + 1])
             .fold(f32::NEG_INFINITY, f32::max);
-        let w: Vec<f32> = parts.iter().map(|p| (p[d + 1] - m).exp()).collect();
-        let den: f32 = parts.iter().zip(&w).map(|(p, w)| p[d] * w).sum();
-        for i in 0..d {
-            let num: f32 = parts.iter().zip(&w).map(|(p, w)| p[i] * w).sum();
-            o[h * d + i] = f16::from_f32(num / den);
+        // Each chunk's max becomes its weight e^(m_c − M), then that over
+        // the denominator.
+        let mut den = 0.0;
+        for p in parts.chunks_mut(state) {
+            p[d + 1] = (p[d + 1] - m).exp();
+            den += p[d] * p[d + 1];
         }
-        recomputed += u64::from(parts.iter().any(|p| p[d + 2] > 0.0));
+        for p in parts.chunks_mut(state) {
+            p[d + 1] /= den;
+        }
+        for (b, out) in out.chunks_mut(BLOCK).enumerate() {
+            let sum = &mut sum[..out.len()];
+            sum.fill(0.0);
+            for p in parts.chunks(state) {
+                let w = p[d + 1];
+                for (s, x) in sum.iter_mut().zip(&p[b * BLOCK..d]) {
+                    *s += w * x;
+                }
+            }
+            out.convert_from_f32_slice(sum);
+        }
+        recomputed += u64::from(parts.chunks(state).any(|p| p[d + 2] > 0.0));
     }
     recomputed
 }
