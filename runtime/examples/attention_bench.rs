@@ -10,8 +10,9 @@
 //! Heads: Llama2-7B (32 query / 32 KV heads × 128) and Qwen2-1.5B (12 / 2 ×
 //! 128); caches f16 and kv8 (int8 keys, fp8 values). Each line: µs per
 //! decode step (median of blocks), GB/s of KV bytes read, and that as a
-//! share of a plain multi-threaded f32 read loop over 1 GiB measured just
-//! before. Enough cache copies are rotated that every step reads DRAM.
+//! share of the read probe over 1 GiB measured just before: the GEMV-like
+//! loop of `tessera_runtime::read_probe`, the one `tessera-bench` divides
+//! by. Enough cache copies are rotated that every step reads DRAM.
 //! With `--record` (a `tessera-autotune` record of this machine), kv8
 //! lines run the fp8 values' P·V form it measured faster for the heads,
 //! and say which: the packed form (`f16` FMAs or `bf16` dots, as the CPU
@@ -24,6 +25,7 @@ use std::time::Instant;
 use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tessera_runtime::read_probe::{BANDWIDTH_ROW, gemv_read};
 use tessera_runtime::{Attention, Backend, Device, DeviceOptions, KvCache, KvCapacity, KvFormat};
 
 type Error = Box<dyn std::error::Error>;
@@ -37,30 +39,14 @@ fn kv_bytes(format: KvFormat, s: usize, kvh: usize, d: usize) -> usize {
     }
 }
 
-/// GB/s of a plain read (sum) over `buf` on `threads` threads, best of 5.
+/// GB/s of the read probe over `buf` (rows of `BANDWIDTH_ROW`) on
+/// `threads` threads, best of 5.
 fn read_bandwidth(buf: &[f32], threads: usize) -> f64 {
+    let x = vec![1.0f32; BANDWIDTH_ROW];
     let mut best = f64::INFINITY;
     for _ in 0..5 {
         let t0 = Instant::now();
-        let per = buf.len().div_ceil(threads);
-        let sums: Vec<f32> = std::thread::scope(|s| {
-            let hs: Vec<_> = buf
-                .chunks(per)
-                .map(|c| {
-                    s.spawn(move || {
-                        let mut acc = [0f32; 16];
-                        for b in c.chunks_exact(16) {
-                            for i in 0..16 {
-                                acc[i] += b[i];
-                            }
-                        }
-                        acc.iter().sum::<f32>()
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap_or(0.0)).collect()
-        });
-        std::hint::black_box(sums);
+        std::hint::black_box(gemv_read(buf, &x, threads));
         best = best.min(t0.elapsed().as_secs_f64());
     }
     (buf.len() * 4) as f64 / best / 1e9
@@ -119,7 +105,7 @@ fn main() -> Result<(), Error> {
             },
         )?);
         let bw = read_bandwidth(&big, t);
-        println!("{backend:?}, {t} thread(s): read loop {bw:.1} GB/s");
+        println!("{backend:?}, {t} thread(s): read probe {bw:.1} GB/s");
         for &(name, hq, kvh) in &heads {
             for format in [KvFormat::F16, KvFormat::Kv8].into_iter().filter(|f| {
                 kv_format
@@ -173,7 +159,7 @@ fn main() -> Result<(), Error> {
                         _ => String::new(),
                     };
                     println!(
-                        "  {name:<10} {format:?} ctx {s:>6}: {:>9.1} µs  {gbs:>5.1} GB/s  {:>3.0}% of read{pv}",
+                        "  {name:<10} {format:?} ctx {s:>6}: {:>9.1} µs  {gbs:>5.1} GB/s  {:>3.0}% of the probe{pv}",
                         step * 1e6,
                         100.0 * gbs / bw
                     );

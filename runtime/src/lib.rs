@@ -43,6 +43,7 @@ pub mod manifest;
 pub mod model_file;
 pub mod pool;
 pub mod prebuilt;
+pub mod read_probe;
 pub mod record;
 
 #[cfg(any(feature = "opencl", feature = "cuda"))]
