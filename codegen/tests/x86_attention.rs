@@ -93,7 +93,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             kernel.name
         );
     }
-    if int8_keys && host_has_avx512_vnni() {
+    if host_has_avx512_vnni() {
         forms.push(DecodeIsa {
             key_dot: dots[dots.len() - 1],
             ymm32: true,
@@ -109,7 +109,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             ymm32: true,
             bf16_values: false,
             f16_pv: true,
-            zmm_scores: int8_keys,
+            zmm_scores: true,
             amx_scores: false,
         });
     } else {

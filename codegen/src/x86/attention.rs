@@ -30,9 +30,11 @@
 //!      at once instead and keeps its scores side by side; a tile of 5 or
 //!      6 heads (GQA 6) takes keys two at a time, so each q chunk is loaded
 //!      once for both (`key_pairs`). With AVX512-VNNI
-//!      ([`DecodeIsa::zmm_scores`]) a tile of several heads takes int8 keys
-//!      two at a time on zmm instead, 32 lanes of d a `vpdpwssd`, the 16
-//!      sums reduced in i32 by one shuffle tree (`key_pairs_zmm`); with
+//!      ([`DecodeIsa::zmm_scores`]) a tile of several heads takes its keys
+//!      two at a time on zmm instead, 32 lanes of d a `vpdpwssd` for int8
+//!      keys or 16 a `vfmadd231ps` for f16 keys (q then in 16-d chunks,
+//!      `qarea[⌈d/16⌉][8 heads][16]`), the 16 sums reduced by one shuffle
+//!      tree (`key_pairs_zmm`); with
 //!      AMX-INT8 too ([`DecodeIsa::amx_scores`]) 32 at a time by tile
 //!      products, q's codes in two int8 parts (`amx_scores`). int8
 //!      keys: `score = scale·(q scale·(q₁₆·c)) + offset·Σq`. Each tile
@@ -421,10 +423,11 @@ pub struct DecodeIsa {
     /// block sums. It needs `ymm32` and takes precedence over
     /// `bf16_values`; one-head tiles keep the f32 FMAs.
     pub f16_pv: bool,
-    /// AVX512-VNNI with AVX512BW: a tile of several heads scores int8 keys
-    /// two at a time by `vpdpwssd` on zmm (32 lanes of d where the ymm
-    /// loop takes 16), its q in 32-d chunks, the 16 sums reduced in i32
-    /// (`key_pairs_zmm`).
+    /// AVX512-VNNI with AVX512BW: a tile of several heads scores its keys
+    /// two at a time on zmm (`key_pairs_zmm`): int8 keys by `vpdpwssd`, 32
+    /// lanes of d where the ymm loop takes 16, q in 32-d chunks, the 16
+    /// sums reduced in i32; f16 keys by `vfmadd231ps`, 16 lanes where the
+    /// ymm loop takes 8, q in 16-d chunks.
     pub zmm_scores: bool,
     /// AMX-INT8 (with the OS's permission, [`super::amx::request_tile_data`])
     /// and `zmm_scores`: a tile of several heads scores int8 keys 32 at a
@@ -435,9 +438,9 @@ pub struct DecodeIsa {
     pub amx_scores: bool,
 }
 
-/// How a call's int8 keys are scored ([`DecodeIsa`]'s `key_dot`, and for
-/// tiles of several heads `zmm_scores` and `amx_scores`; both off for f16
-/// keys).
+/// How a call's keys are scored ([`DecodeIsa`]'s `key_dot` for int8
+/// keys, and for tiles of several heads `zmm_scores` and, int8 keys only,
+/// `amx_scores`).
 #[derive(Clone, Copy, Debug)]
 struct ScoreForm {
     dot: KeyDot,
@@ -667,11 +670,10 @@ pub fn emit_for(
             "P·V of fp8 values by vdpbf16ps on key pairs: e4m3 → bf16 by vpermi2b lookups, p as two bf16 parts (AVX512_BF16, AVX512_VBMI)",
         );
     }
-    let zmm = isa.zmm_scores && keys == Keys::I8Asym;
     let form = ScoreForm {
         dot,
-        zmm,
-        amx: zmm && isa.amx_scores,
+        zmm: isa.zmm_scores,
+        amx: isa.zmm_scores && isa.amx_scores && keys == Keys::I8Asym,
     };
     if form.amx {
         a.comment(
@@ -1048,6 +1050,8 @@ fn widen_q(a: &mut X86Asm, keys: Keys, form: ScoreForm) {
     let int8 = keys == Keys::I8Asym;
     a.comment(if int8 {
         "q → i16 by head scale max|q|/C (C = 32767, 32639 in the zmm forms), interleaved by chunk: qarea[c][head][16]"
+    } else if zmm {
+        "q → f32, interleaved by chunk: qarea[c][head][8], for several heads qarea[c][head][16]"
     } else {
         "q → f32, interleaved by chunk: qarea[c][head][8]"
     });
@@ -1122,6 +1126,36 @@ fn widen_q(a: &mut X86Asm, keys: Keys, form: ScoreForm) {
         a.vpbroadcastd_load(abs_mask, mem(RSP, S_ABS_MASK));
     }
     let (chunk, chunks_done) = (a.new_label(), a.new_label());
+    if !int8 && zmm {
+        // Several heads: the zmm score loop's layout, 16 d a chunk
+        // (`qarea[⌈d/16⌉][8 heads][16]`): dst = qarea + 64·i, each pair of
+        // 8-d chunks side by side.
+        let (narrow, pairs, single) = (a.new_label(), a.new_label(), a.new_label());
+        a.load64(RAX, mem(RBX, R_GT));
+        a.cmp_imm(RAX, 1);
+        a.jcc(Cond::E, narrow);
+        a.mov(RAX, R12);
+        a.shl_imm(RAX, 5);
+        a.add(RDX, RAX);
+        a.bind(pairs);
+        a.cmp_imm(RCX, 2);
+        a.jcc(Cond::L, single);
+        for half in 0..2 {
+            a.vcvtph2ps_load(Ymm(2), mem(RSI, 16 * half));
+            a.vmovups_store(mem(RDX, 32 * half), Ymm(2));
+        }
+        a.add_imm(RSI, 32);
+        a.add_imm(RDX, 512);
+        a.sub_imm(RCX, 2);
+        a.jmp(pairs);
+        a.bind(single);
+        a.cmp_imm(RCX, 0);
+        a.jcc(Cond::E, chunks_done);
+        a.vcvtph2ps_load(Ymm(2), mem(RSI, 0));
+        a.vmovups_store(mem(RDX, 0), Ymm(2));
+        a.jmp(chunks_done);
+        a.bind(narrow);
+    }
     a.bind(chunk);
     a.cmp_imm(RCX, 0);
     a.jcc(Cond::Le, chunks_done);
@@ -1541,13 +1575,13 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, form: ScoreForm,
     a.load64(RAX, mem(RSP, S_JB));
     a.sub(R12, RAX);
     let keys_done = a.new_label();
-    if zmm && keys == Keys::I8Asym && g > 1 {
+    if zmm && g > 1 {
         if form.amx {
             amx_scores::key_tiles(a, softmax, g);
             a.cmp_imm(R12, 0);
             a.jcc(Cond::E, keys_done);
         }
-        key_pairs_zmm(a, softmax, g);
+        key_pairs_zmm(a, keys, softmax, g);
         a.jmp(keys_done);
     }
     if (MAX_TILE / 2 + 1..=PAIR_HEADS).contains(&g) {
@@ -1811,8 +1845,8 @@ fn key_pairs(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, dot: KeyDot, g: u
 const PAIR_SLOTS: [u8; 16] = [0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15];
 const _: () = assert!(PAIR_SLOTS.len() == 2 * MAX_TILE);
 
-/// zmm0 lane i = the i32 sum of zmm `PAIR_SLOTS[i]`'s 16 lanes for the
-/// slots of heads below `g` (the others read as zero, whatever their
+/// zmm0 lane i = the sum (i32 where `int`, else f32) of zmm
+/// `PAIR_SLOTS[i]`'s 16 lanes for the slots of heads below `g` (the others read as zero, whatever their
 /// registers hold; zmm0–15 and `t` clobbered, `zero` read): pairs of two
 /// lane shuffles and an add, halving the lanes per sum while doubling the
 /// sums per register (512 → 256 → 128 bits by `vshufi32x4`, 64 by
@@ -1820,7 +1854,7 @@ const _: () = assert!(PAIR_SLOTS.len() == 2 * MAX_TILE);
 /// skipped; a first-level pair whose upper slot is not live folds its
 /// lower one by an extract and a 256-bit add (which zeroes the upper half):
 /// a GQA-4 tile's tree takes 37 instructions, GQA-6's 41, against 45.
-fn sum_tree(a: &mut X86Asm, t: Zmm, zero: Zmm, g: usize) {
+fn sum_tree(a: &mut X86Asm, t: Zmm, zero: Zmm, g: usize, int: bool) {
     let mut live = [false; 16];
     for key in 0..2 {
         for h in 0..g {
@@ -1834,7 +1868,11 @@ fn sum_tree(a: &mut X86Asm, t: Zmm, zero: Zmm, g: usize) {
         if lx || ly {
             shuffle(a, t, src(x, lx), src(y, ly), false);
             shuffle(a, Zmm(y), src(x, lx), src(y, ly), true);
-            a.vpaddd_zmm(Zmm(x), t, Zmm(y));
+            if int {
+                a.vpaddd_zmm(Zmm(x), t, Zmm(y));
+            } else {
+                a.vaddps_zmm(Zmm(x), t, Zmm(y));
+            }
         }
         live[x as usize] = lx || ly;
     };
@@ -1846,7 +1884,11 @@ fn sum_tree(a: &mut X86Asm, t: Zmm, zero: Zmm, g: usize) {
     for i in 0..8 {
         if live[i as usize] && !live[i as usize + 8] {
             a.vextracti64x4_hi(Ymm(i + 8), Zmm(i));
-            a.vpaddd(Ymm(i), Ymm(i), Ymm(i + 8));
+            if int {
+                a.vpaddd(Ymm(i), Ymm(i), Ymm(i + 8));
+            } else {
+                a.vaddps(Ymm(i), Ymm(i), Ymm(i + 8));
+            }
         } else {
             fold(a, &mut live, i, i + 8, &lanes(0x44, 0xEE));
         }
@@ -1870,20 +1912,27 @@ fn sum_tree(a: &mut X86Asm, t: Zmm, zero: Zmm, g: usize) {
     fold(a, &mut live, 0, 1, &dwords);
 }
 
-/// Int8 keys for a tile of several heads on zmm (AVX512-VNNI), two keys at
-/// a time while r12 ≥ 2 (then one, paired with itself): per 32 d of each
-/// K row one `vpmovsxbw` (the last chunk under k2 where d % 32 ≠ 0) and
-/// per head one q load and a `vpdpwssd` per key, where the ymm loop takes
-/// two of each per 32 d, and two chunks (a line of each row, one prefetch
-/// each) a trip; the 16 sums (2 keys × 8 head slots) reduce in
-/// i32 through one tree ([`sum_tree`]) and convert once. The keys widen
-/// into zmm16 and zmm17, q goes in zmm18, zmm19 is the tree's, zmm20 zero.
-fn key_pairs_zmm(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
+/// Keys for a tile of several heads on zmm, two at a time while r12 ≥ 2
+/// (then one, paired with itself). Per 32 bytes of each K row (a chunk:
+/// 32 lanes of d for int8 keys, by `vpmovsxbw` and AVX512-VNNI
+/// `vpdpwssd`; 16 for f16 keys, by `vcvtph2ps` and `vfmadd231ps`; the last
+/// chunk under k2 where d is not a whole number of them) one widening
+/// load per key and per head one q load and a product per key, where the
+/// ymm loops take two of each; two chunks (a line of each row, one
+/// prefetch each) a trip. The 16 sums (2 keys × 8 head slots) reduce
+/// through one tree ([`sum_tree`], in i32 for int8 keys, converted once).
+/// The keys widen into zmm16 and zmm17, q goes in zmm18, zmm19 is the
+/// tree's, zmm20 zero. f16 keys of Qwen2-1.5B's 6-head tiles took 96 ymm
+/// FMAs a key on the ymm loop, 48 here.
+fn key_pairs_zmm(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, g: usize) {
     let (kx0, kx1, q) = (Zmm(16), Zmm(17), Zmm(18));
     let acc = |key: usize, h: usize| Zmm(PAIR_SLOTS[8 * key + h]);
-    // k2 = the words of a last chunk of d % 32 lanes.
+    // A chunk: 32 bytes of each K row, 32 lanes of d (int8 keys as i16)
+    // or 16 (f16 keys as f32); k2 = the lanes of a last chunk of d % lanes.
+    let int8 = keys == Keys::I8Asym;
+    let lanes: i32 = if int8 { 32 } else { 16 };
     a.load64(RCX, mem(RSP, S_D));
-    a.and_imm(RCX, 31);
+    a.and_imm(RCX, lanes - 1);
     a.mov_imm(RAX, 1);
     a.shl_cl(RAX);
     a.sub_imm(RAX, 1);
@@ -1910,20 +1959,30 @@ fn key_pairs_zmm(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
     a.add(RDX, R13);
     a.load64(RAX, mem(RBX, R_QAREA));
     a.load64(RCX, mem(RSP, S_D));
-    a.shr_imm(RCX, 5);
+    a.shr_imm(RCX, lanes.trailing_zeros() as i8);
     a.cmp_imm(RCX, 0);
     a.jcc(Cond::E, tail);
     // Chunk `at` of a trip.
     let step = |a: &mut X86Asm, k: Kreg, at: i32| {
-        a.vpmovsxbw_zmm_load_masked(kx0, k, mem(RSI, 32 * at));
-        a.vpmovsxbw_zmm_load_masked(kx1, k, mem(R11, 32 * at));
+        for (kx, row) in [(kx0, RSI), (kx1, R11)] {
+            if int8 {
+                a.vpmovsxbw_zmm_load_masked(kx, k, mem(row, 32 * at));
+            } else {
+                a.vcvtph2ps_zmm_load_masked(kx, k, mem(row, 32 * at));
+            }
+        }
         for h in 0..g {
             a.vmovdqu32_zmm_load(q, mem(RAX, 512 * at + 64 * h as i32));
-            a.vpdpwssd_zmm(acc(0, h), kx0, q);
-            a.vpdpwssd_zmm(acc(1, h), kx1, q);
+            for (key, kx) in [kx0, kx1].into_iter().enumerate() {
+                if int8 {
+                    a.vpdpwssd_zmm(acc(key, h), kx, q);
+                } else {
+                    a.vfmadd231ps_zmm(acc(key, h), kx, q);
+                }
+            }
         }
     };
-    let prefetch = Prefetch::for_loop(Keys::I8Asym, g);
+    let prefetch = Prefetch::for_loop(keys, g);
     let prefetch_both = |a: &mut X86Asm| {
         prefetch.line(a, mem(RDX, 0));
         a.add(RDX, R14);
@@ -1957,24 +2016,26 @@ fn key_pairs_zmm(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
     a.bind(chunks_done);
     a.bind(tail);
     a.load64(RCX, mem(RSP, S_D));
-    a.test_imm(RCX, 31);
+    a.test_imm(RCX, lanes - 1);
     a.jcc(Cond::E, reduce);
     step(a, Kreg(2), 0);
     a.bind(reduce);
-    sum_tree(a, Zmm(19), zero, g);
-    a.vcvtdq2ps_zmm(Zmm(0), Zmm(0));
+    sum_tree(a, Zmm(19), zero, g, int8);
+    if int8 {
+        a.vcvtdq2ps_zmm(Zmm(0), Zmm(0));
+    }
     // Key 1's head sums in ymm6 (key_score keeps ymm6), key 0's in ymm1.
     a.vextracti64x4_hi(Ymm(6), Zmm(0));
     a.vmovaps_reg(Ymm(1), Ymm(0));
     let (maxv, ok) = (Ymm(15), Ymm(14));
     a.vmovups_load(maxv, mem(RBX, R_MAX));
     a.vmovups_load(ok, mem(RBX, R_OK));
-    key_score(a, Keys::I8Asym, softmax, g, maxv, ok);
+    key_score(a, keys, softmax, g, maxv, ok);
     let one = a.new_label();
     a.sub_imm(R12, 1);
     a.jcc(Cond::E, one);
     a.vmovaps_reg(Ymm(1), Ymm(6));
-    key_score(a, Keys::I8Asym, softmax, g, maxv, ok);
+    key_score(a, keys, softmax, g, maxv, ok);
     a.sub_imm(R12, 1);
     a.bind(one);
     a.vmovups_store(mem(RBX, R_MAX), maxv);

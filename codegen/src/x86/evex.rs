@@ -638,6 +638,14 @@ impl X86Asm {
         self.evex(e, format!("vcvtph2ps {dst}, ymmword ptr {m}"));
     }
 
+    /// `vcvtph2ps dst {k} {z}, ymmword ptr [m]`: 16 halves to f32, the
+    /// lanes not in `k` zeroed and not read (k0: all 16).
+    pub fn vcvtph2ps_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, m: Mem) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x13, dst.0, 0, Rm::Mem(m), 32).zero_masked(k);
+        let line = format!("vcvtph2ps {dst}{}, ymmword ptr {m}", zero_mask_suffix(k));
+        self.evex(e, line);
+    }
+
     /// `vpsrlw dst, src, imm` (AVX512BW)
     pub fn vpsrlw_zmm_imm(&mut self, dst: Zmm, src: Zmm, imm: u8) {
         // Group 12 (66 0F 71 /2 ib).
@@ -1030,6 +1038,11 @@ mod tests {
         let (b, l) = bytes_of(|a| a.vpmovsxbw_zmm_load_masked(Zmm(0), Kreg(1), mem(RAX, 32)));
         assert_eq!(b, [0x62, 0xF2, 0x7D, 0xC9, 0x20, 0x40, 0x01]);
         assert_eq!(l.trim(), "vpmovsxbw zmm0 {k1} {z}, ymmword ptr [rax + 32]");
+        let (b, _) = bytes_of(|a| a.vpmovsxbw_zmm_load_masked(Zmm(0), Kreg(0), mem(RAX, 64)));
+        assert_eq!(b, [0x62, 0xF2, 0x7D, 0x48, 0x20, 0x40, 0x02]);
+        let (b, l) = bytes_of(|a| a.vcvtph2ps_zmm_load_masked(Zmm(17), Kreg(2), mem(RSI, 32)));
+        assert_eq!(b, [0x62, 0xE2, 0x7D, 0xCA, 0x13, 0x4E, 0x01]);
+        assert_eq!(l.trim(), "vcvtph2ps zmm17 {k2} {z}, ymmword ptr [rsi + 32]");
         let (b, _) = bytes_of(|a| a.vpmovsxbw_zmm_load_masked(Zmm(0), Kreg(0), mem(RAX, 64)));
         assert_eq!(b, [0x62, 0xF2, 0x7D, 0x48, 0x20, 0x40, 0x02]);
         let (b, _) = bytes_of(|a| a.vmovdqu16_zmm_load_masked(Zmm(0), Kreg(1), mem(RAX, 128)));

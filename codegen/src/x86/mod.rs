@@ -472,7 +472,7 @@ impl X86Backend {
     /// The attention kernel's code on this backend's instructions: the
     /// int8-key dot of [`Self::int8_dot`], with `avx512_vnni` (which
     /// comes with AVX512VL and AVX512BW) ymm16–31 for P·V and the zmm score
-    /// loop for int8 keys of several-head tiles, and with that fp8 values'
+    /// loop for the keys of several-head tiles, and with that fp8 values'
     /// P·V by f16 FMAs (`avx512_fp16`) or else bf16 dots (`avx512_bf16`),
     /// and with `amx` too the AMX score loop; a prefill kernel's flash loop
     /// in `blocks`. With `amx` it asks Linux for the tile state first
