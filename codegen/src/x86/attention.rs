@@ -309,6 +309,9 @@ const FRAME_F16: i32 = FRAME + 32;
 const REC: i32 = 4 * DECODE_TILE_RECORD as i32;
 /// Bytes after a tile's `qarea` ([`DECODE_Q_PAD`]).
 const Q_PAD: i32 = 4 * DECODE_Q_PAD as i32;
+/// The zmm score loop's f16-key q layout takes `⌈d/16⌉·512` bytes, at most
+/// `32·d + 256`: the pad holds its last half chunk.
+const _: () = assert!(Q_PAD >= 256);
 // Record fields: the tile's first query head and head count, its KV
 // head's K / V row at token 0, the score loop's cursors (K row, int8 key
 // scale and offset, score slot), its areas, the P·V chunk group size.
@@ -1846,8 +1849,9 @@ const PAIR_SLOTS: [u8; 16] = [0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 
 const _: () = assert!(PAIR_SLOTS.len() == 2 * MAX_TILE);
 
 /// zmm0 lane i = the sum (i32 where `int`, else f32) of zmm
-/// `PAIR_SLOTS[i]`'s 16 lanes for the slots of heads below `g` (the others read as zero, whatever their
-/// registers hold; zmm0–15 and `t` clobbered, `zero` read): pairs of two
+/// `PAIR_SLOTS[i]`'s 16 lanes for the slots of heads below `g` (the others
+/// read as zero, whatever their registers hold; zmm0–15 and `t` clobbered,
+/// `zero` read): pairs of two
 /// lane shuffles and an add, halving the lanes per sum while doubling the
 /// sums per register (512 → 256 → 128 bits by `vshufi32x4`, 64 by
 /// `vpunpck{l,h}qdq`, 32 by `vshufps`). A pair with no live slot is
