@@ -45,7 +45,8 @@
 //!      moved since the last super-block, `num` and `den` are rescaled by
 //!      `e^(old − new)`; then `p = e^(score − reference)` (degree-6
 //!      polynomial as the cranelift `exp`; 8 heads or, one head, 8 keys a
-//!      vector), `den` summed.
+//!      vector; with `zmm_scores`, several heads take two keys a zmm),
+//!      `den` summed.
 //!    - P·V in blocks of [`PV_BLOCK`] keys: accumulators of up to 3 heads ×
 //!      a group of 8-lane chunks (up to 8, as the heads per pass leave
 //!      registers; 16 for one head in ymm0–31) live in registers across
@@ -984,7 +985,7 @@ fn super_blocks(
     });
     each_tile(a, |a| {
         rebase(a, softmax);
-        exponentials(a, values, regs.f16);
+        exponentials(a, values, regs.f16, form.zmm);
         if regs.bf16 {
             bf16_pairs(a);
         }
@@ -2148,7 +2149,7 @@ fn count_recomputed(a: &mut X86Asm, softmax: SoftmaxMode) {
 /// `R_PV_SCALE` what P·V's f16 sums are multiplied by into `num`:
 /// `e^(max − reference)` (× 2^8 for f16 values, which P·V scales by
 /// 2^-8).
-fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool) {
+fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool, zmm: bool) {
     let (x, n, p, den) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
     let (reference, k127) = (Ymm(6), Ymm(4));
     // f16 p: p · g, g = e^(reference − max) (× 2^8 for fp8 values).
@@ -2199,6 +2200,47 @@ fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool) {
         a.vmovups_store(mem(RBX, R_PV_SCALE), x);
     }
     a.vmovups_load(den, mem(RBX, R_DEN));
+    let den_done = a.new_label();
+    if zmm {
+        // Two keys a zmm (AVX-512): the reference and g in both halves,
+        // the pairs' den summed apart and folded in after them; a last
+        // odd key goes by the ymm loop.
+        let [zx, zn, zf, zp, zden, zref, zk127, zg] = [8, 9, 10, 11, 12, 13, 14, 15].map(Zmm);
+        a.vshufi32x4_zmm(zref, Zmm(reference.0), Zmm(reference.0), 0x44);
+        if f16_p {
+            a.vshufi32x4_zmm(zg, Zmm(g.0), Zmm(g.0), 0x44);
+        }
+        a.vpbroadcastd_zmm_load(zk127, mem(RSP, V_127));
+        a.vpxord_zmm(zden, zden, zden);
+        let (pairs, single) = (a.new_label(), a.new_label());
+        a.bind(pairs);
+        a.cmp_imm(RCX, 2);
+        a.jcc(Cond::L, single);
+        a.vmovups_zmm_load(zx, mem(R15, 0));
+        a.vsubps_zmm(zx, zx, zref);
+        exp_ps_zmm(a, zx, zn, zf, zp, zk127);
+        a.vaddps_zmm(zden, zden, zp);
+        if f16_p {
+            a.vmulps_zmm(zp, zp, zg);
+            a.vextracti64x4_hi(Ymm(5), zp);
+            a.vcvtps2ph_store(mem(R15, 0), Ymm(zp.0), 0);
+            a.vcvtps2ph_store(mem(R15, 32), Ymm(5), 0);
+        } else {
+            if values == Values::E4M3 {
+                a.vmulps_zmm_bcst(zp, zp, mem(RSP, V_P_SCALE));
+            }
+            a.vmovups_zmm_store(mem(R15, 0), zp);
+        }
+        a.add_imm(R15, 64);
+        a.sub_imm(RCX, 2);
+        a.jmp(pairs);
+        a.bind(single);
+        a.vextracti64x4_hi(Ymm(5), zden);
+        a.vaddps(den, den, Ymm(zden.0));
+        a.vaddps(den, den, Ymm(5));
+        a.cmp_imm(RCX, 0);
+        a.jcc(Cond::E, den_done);
+    }
     let top = a.new_label();
     a.bind(top);
     a.vmovups_load(x, mem(R15, 0));
@@ -2209,6 +2251,7 @@ fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool) {
     a.add_imm(R15, 32);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, top);
+    a.bind(den_done);
     a.vmovups_store(mem(RBX, R_DEN), den);
     a.jmp(done);
     // One head: keys in lanes, 8 a vector, den summed across them.
@@ -2276,6 +2319,26 @@ pub(super) fn exp_ps(a: &mut X86Asm, x: Ymm, n: Ymm, f: Ymm, p: Ymm, k127: Ymm) 
     a.vpaddd(n, n, k127);
     a.vpslld_imm(n, n, 23);
     a.vmulps(p, p, n);
+}
+
+/// [`exp_ps`] on 16 lanes (AVX-512), the same operations in the same
+/// order, so a lane's result equals the ymm form's bit for bit; the
+/// constants are the frame's splats, read as `{1to16}` broadcasts.
+fn exp_ps_zmm(a: &mut X86Asm, x: Zmm, n: Zmm, f: Zmm, p: Zmm, k127: Zmm) {
+    a.vmaxps_zmm_bcst(x, x, mem(RSP, V_MIN));
+    a.vminps_zmm_bcst(x, x, mem(RSP, V_MAX));
+    a.vmulps_zmm_bcst(n, x, mem(RSP, V_LOG2E));
+    a.vcvtps2dq_zmm(n, n);
+    a.vcvtdq2ps_zmm(f, n);
+    a.vfmadd231ps_zmm_bcst(x, f, mem(RSP, V_NLN2HI));
+    a.vfmadd231ps_zmm_bcst(x, f, mem(RSP, V_NLN2LO));
+    a.vbroadcastss_zmm_load(p, mem(RSP, V_POLY));
+    for k in 1..POLY.len() as i32 {
+        a.vfmadd213ps_zmm_bcst(p, x, mem(RSP, V_POLY + 32 * k));
+    }
+    a.vpaddd_zmm(n, n, k127);
+    a.vpslld_zmm_imm(n, n, 23);
+    a.vmulps_zmm(p, p, n);
 }
 
 /// One output row: `d/8` chunks (their count at `d8`) of the numerator at

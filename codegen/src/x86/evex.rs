@@ -702,6 +702,46 @@ impl X86Asm {
         self.evex(e, format!("vcvtdq2ps {dst}, dword ptr {m}{{1to16}}"));
     }
 
+    /// `vmaxps dst, a, dword ptr [m]{1to16}` (b's one f32 in every lane;
+    /// a NaN lane of a gives the broadcast value, as `vmaxps` returns its
+    /// second source).
+    pub fn vmaxps_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F, PP_NONE, 0x5F, dst.0, a.0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vmaxps {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+
+    /// `vminps dst, a, dword ptr [m]{1to16}`
+    pub fn vminps_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F, PP_NONE, 0x5D, dst.0, a.0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vminps {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+
+    /// `vcvtps2dq dst, src`: f32 to i32, rounded as MXCSR says (nearest).
+    pub fn vcvtps2dq_zmm(&mut self, dst: Zmm, src: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0x5B, dst.0, 0, Rm::Reg(src.0 & 31), 64);
+        self.evex(e, format!("vcvtps2dq {dst}, {src}"));
+    }
+
+    /// `vfmadd213ps dst, a, dword ptr [m]{1to16}`: dst = dst·a + b.
+    pub fn vfmadd213ps_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F38, PP_66, 0xA8, dst.0, a.0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vfmadd213ps {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+
+    /// `vmulps dst, a, b`
+    pub fn vmulps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        self.evex(ps_rrr(0x59, dst, a, b), format!("vmulps {dst}, {a}, {b}"));
+    }
+
     /// `vmulps dst, a, dword ptr [m]{1to16}`
     pub fn vmulps_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
         let e = Evex {
@@ -1040,6 +1080,36 @@ mod tests {
         assert_eq!(l.trim(), "vpmovsxbw zmm0 {k1} {z}, ymmword ptr [rax + 32]");
         let (b, _) = bytes_of(|a| a.vpmovsxbw_zmm_load_masked(Zmm(0), Kreg(0), mem(RAX, 64)));
         assert_eq!(b, [0x62, 0xF2, 0x7D, 0x48, 0x20, 0x40, 0x02]);
+        // The zmm exponentials' instructions (bytes from llvm-mc 19).
+        let (b, l) = bytes_of(|a| a.vmaxps_zmm_bcst(Zmm(17), Zmm(17), mem(RSP, 640)));
+        assert_eq!(
+            b,
+            [
+                0x62, 0xE1, 0x74, 0x50, 0x5F, 0x8C, 0x24, 0x80, 0x02, 0x00, 0x00
+            ]
+        );
+        assert_eq!(
+            l.trim(),
+            "vmaxps zmm17, zmm17, dword ptr [rsp + 640]{1to16}"
+        );
+        let (b, _) = bytes_of(|a| a.vminps_zmm_bcst(Zmm(1), Zmm(2), mem(RSP, 672)));
+        assert_eq!(
+            b,
+            [
+                0x62, 0xF1, 0x6C, 0x58, 0x5D, 0x8C, 0x24, 0xA0, 0x02, 0x00, 0x00
+            ]
+        );
+        let (b, _) = bytes_of(|a| a.vcvtps2dq_zmm(Zmm(18), Zmm(17)));
+        assert_eq!(b, [0x62, 0xA1, 0x7D, 0x48, 0x5B, 0xD1]);
+        let (b, _) = bytes_of(|a| a.vfmadd213ps_zmm_bcst(Zmm(2), Zmm(17), mem(RSP, 832)));
+        assert_eq!(
+            b,
+            [
+                0x62, 0xF2, 0x75, 0x50, 0xA8, 0x94, 0x24, 0x40, 0x03, 0x00, 0x00
+            ]
+        );
+        let (b, _) = bytes_of(|a| a.vmulps_zmm(Zmm(2), Zmm(2), Zmm(18)));
+        assert_eq!(b, [0x62, 0xB1, 0x6C, 0x48, 0x59, 0xD2]);
         let (b, l) = bytes_of(|a| a.vcvtph2ps_zmm_load_masked(Zmm(17), Kreg(2), mem(RSI, 32)));
         assert_eq!(b, [0x62, 0xE2, 0x7D, 0xCA, 0x13, 0x4E, 0x01]);
         assert_eq!(l.trim(), "vcvtph2ps zmm17 {k2} {z}, ymmword ptr [rsi + 32]");
