@@ -2218,7 +2218,7 @@ fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool, zmm: bool) {
         a.jcc(Cond::L, single);
         a.vmovups_zmm_load(zx, mem(R15, 0));
         a.vsubps_zmm(zx, zx, zref);
-        exp_ps_zmm(a, zx, zn, zf, zp, zk127);
+        exp_ps(a, zx, zn, zf, zp, zk127);
         a.vaddps_zmm(zden, zden, zp);
         if f16_p {
             a.vmulps_zmm(zp, zp, zg);
@@ -2299,46 +2299,122 @@ fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool, zmm: bool) {
 /// the caller).
 pub(super) const EXP_REGS: [Ymm; 4] = [Ymm(1), Ymm(5), Ymm(2), Ymm(4)];
 
-/// `p = e^x` for 8 lanes (x clamped to [−87.3, 88.7], clobbered; n, f
-/// clobbered; `k127` holds 127 in every lane): 2^n by the exponent field
-/// times a degree-6 Taylor polynomial of the Cody–Waite remainder, as the
-/// cranelift `exp`. A NaN x becomes the lower clamp (`vmaxps` returns its
-/// second source on NaN).
-pub(super) fn exp_ps(a: &mut X86Asm, x: Ymm, n: Ymm, f: Ymm, p: Ymm, k127: Ymm) {
-    a.vmaxps_mem(x, x, mem(RSP, V_MIN));
-    a.vminps_mem(x, x, mem(RSP, V_MAX));
-    a.vmulps_mem(n, x, mem(RSP, V_LOG2E));
-    a.vcvtps2dq(n, n);
-    a.vcvtdq2ps(f, n);
-    a.vfmadd231ps_mem(x, f, mem(RSP, V_NLN2HI));
-    a.vfmadd231ps_mem(x, f, mem(RSP, V_NLN2LO));
-    a.vmovups_load(p, mem(RSP, V_POLY));
+/// `p = e^x` for the lanes of a register (x clamped to [−87.3, 88.7],
+/// clobbered; n, f clobbered; `k127` holds 127 in every lane): 2^n by the
+/// exponent field times a degree-6 Taylor polynomial of the Cody–Waite
+/// remainder, as the cranelift `exp`. A NaN x becomes the lower clamp
+/// (`vmaxps` returns its second source on NaN). One sequence for both
+/// register files, so a zmm lane equals the ymm form's bit for bit.
+pub(super) fn exp_ps<R: ExpRegister>(a: &mut X86Asm, x: R, n: R, f: R, p: R, k127: R) {
+    R::max_splat(a, x, mem(RSP, V_MIN));
+    R::min_splat(a, x, mem(RSP, V_MAX));
+    R::mul_splat(a, n, x, mem(RSP, V_LOG2E));
+    R::to_i32(a, n);
+    R::to_f32(a, f, n);
+    R::fma231_splat(a, x, f, mem(RSP, V_NLN2HI));
+    R::fma231_splat(a, x, f, mem(RSP, V_NLN2LO));
+    R::load_splat(a, p, mem(RSP, V_POLY));
     for k in 1..POLY.len() as i32 {
-        a.vfmadd213ps_mem(p, x, mem(RSP, V_POLY + 32 * k));
+        R::fma213_splat(a, p, x, mem(RSP, V_POLY + 32 * k));
     }
-    a.vpaddd(n, n, k127);
-    a.vpslld_imm(n, n, 23);
-    a.vmulps(p, p, n);
+    R::add_i32(a, n, k127);
+    R::shift_to_exponent(a, n);
+    R::mul(a, p, n);
 }
 
-/// [`exp_ps`] on 16 lanes (AVX-512), the same operations in the same
-/// order, so a lane's result equals the ymm form's bit for bit; the
-/// constants are the frame's splats, read as `{1to16}` broadcasts.
-fn exp_ps_zmm(a: &mut X86Asm, x: Zmm, n: Zmm, f: Zmm, p: Zmm, k127: Zmm) {
-    a.vmaxps_zmm_bcst(x, x, mem(RSP, V_MIN));
-    a.vminps_zmm_bcst(x, x, mem(RSP, V_MAX));
-    a.vmulps_zmm_bcst(n, x, mem(RSP, V_LOG2E));
-    a.vcvtps2dq_zmm(n, n);
-    a.vcvtdq2ps_zmm(f, n);
-    a.vfmadd231ps_zmm_bcst(x, f, mem(RSP, V_NLN2HI));
-    a.vfmadd231ps_zmm_bcst(x, f, mem(RSP, V_NLN2LO));
-    a.vbroadcastss_zmm_load(p, mem(RSP, V_POLY));
-    for k in 1..POLY.len() as i32 {
-        a.vfmadd213ps_zmm_bcst(p, x, mem(RSP, V_POLY + 32 * k));
+/// The instructions of [`exp_ps`] on one register file: ymm through VEX
+/// (the frame's 32-byte splats as memory operands), zmm through EVEX (the
+/// same splats read as `{1to16}` broadcasts).
+pub(super) trait ExpRegister: Copy {
+    /// `x = max(x, splat)`, NaN lanes of x to the splat.
+    fn max_splat(a: &mut X86Asm, x: Self, m: Mem);
+    fn min_splat(a: &mut X86Asm, x: Self, m: Mem);
+    fn mul_splat(a: &mut X86Asm, dst: Self, x: Self, m: Mem);
+    /// f32 to i32 in place, rounded to nearest.
+    fn to_i32(a: &mut X86Asm, v: Self);
+    fn to_f32(a: &mut X86Asm, dst: Self, v: Self);
+    /// `acc += x · splat`
+    fn fma231_splat(a: &mut X86Asm, acc: Self, x: Self, m: Mem);
+    fn load_splat(a: &mut X86Asm, dst: Self, m: Mem);
+    /// `p = p · x + splat`
+    fn fma213_splat(a: &mut X86Asm, p: Self, x: Self, m: Mem);
+    fn add_i32(a: &mut X86Asm, v: Self, w: Self);
+    /// `v <<= 23` per i32: an exponent field.
+    fn shift_to_exponent(a: &mut X86Asm, v: Self);
+    /// `p *= v`
+    fn mul(a: &mut X86Asm, p: Self, v: Self);
+}
+
+impl ExpRegister for Ymm {
+    fn max_splat(a: &mut X86Asm, x: Ymm, m: Mem) {
+        a.vmaxps_mem(x, x, m);
     }
-    a.vpaddd_zmm(n, n, k127);
-    a.vpslld_zmm_imm(n, n, 23);
-    a.vmulps_zmm(p, p, n);
+    fn min_splat(a: &mut X86Asm, x: Ymm, m: Mem) {
+        a.vminps_mem(x, x, m);
+    }
+    fn mul_splat(a: &mut X86Asm, dst: Ymm, x: Ymm, m: Mem) {
+        a.vmulps_mem(dst, x, m);
+    }
+    fn to_i32(a: &mut X86Asm, v: Ymm) {
+        a.vcvtps2dq(v, v);
+    }
+    fn to_f32(a: &mut X86Asm, dst: Ymm, v: Ymm) {
+        a.vcvtdq2ps(dst, v);
+    }
+    fn fma231_splat(a: &mut X86Asm, acc: Ymm, x: Ymm, m: Mem) {
+        a.vfmadd231ps_mem(acc, x, m);
+    }
+    fn load_splat(a: &mut X86Asm, dst: Ymm, m: Mem) {
+        a.vmovups_load(dst, m);
+    }
+    fn fma213_splat(a: &mut X86Asm, p: Ymm, x: Ymm, m: Mem) {
+        a.vfmadd213ps_mem(p, x, m);
+    }
+    fn add_i32(a: &mut X86Asm, v: Ymm, w: Ymm) {
+        a.vpaddd(v, v, w);
+    }
+    fn shift_to_exponent(a: &mut X86Asm, v: Ymm) {
+        a.vpslld_imm(v, v, 23);
+    }
+    fn mul(a: &mut X86Asm, p: Ymm, v: Ymm) {
+        a.vmulps(p, p, v);
+    }
+}
+
+impl ExpRegister for Zmm {
+    fn max_splat(a: &mut X86Asm, x: Zmm, m: Mem) {
+        a.vmaxps_zmm_bcst(x, x, m);
+    }
+    fn min_splat(a: &mut X86Asm, x: Zmm, m: Mem) {
+        a.vminps_zmm_bcst(x, x, m);
+    }
+    fn mul_splat(a: &mut X86Asm, dst: Zmm, x: Zmm, m: Mem) {
+        a.vmulps_zmm_bcst(dst, x, m);
+    }
+    fn to_i32(a: &mut X86Asm, v: Zmm) {
+        a.vcvtps2dq_zmm(v, v);
+    }
+    fn to_f32(a: &mut X86Asm, dst: Zmm, v: Zmm) {
+        a.vcvtdq2ps_zmm(dst, v);
+    }
+    fn fma231_splat(a: &mut X86Asm, acc: Zmm, x: Zmm, m: Mem) {
+        a.vfmadd231ps_zmm_bcst(acc, x, m);
+    }
+    fn load_splat(a: &mut X86Asm, dst: Zmm, m: Mem) {
+        a.vbroadcastss_zmm_load(dst, m);
+    }
+    fn fma213_splat(a: &mut X86Asm, p: Zmm, x: Zmm, m: Mem) {
+        a.vfmadd213ps_zmm_bcst(p, x, m);
+    }
+    fn add_i32(a: &mut X86Asm, v: Zmm, w: Zmm) {
+        a.vpaddd_zmm(v, v, w);
+    }
+    fn shift_to_exponent(a: &mut X86Asm, v: Zmm) {
+        a.vpslld_zmm_imm(v, v, 23);
+    }
+    fn mul(a: &mut X86Asm, p: Zmm, v: Zmm) {
+        a.vmulps_zmm(p, p, v);
+    }
 }
 
 /// One output row: `d/8` chunks (their count at `d8`) of the numerator at
