@@ -51,7 +51,9 @@
 //!      a group of 8-lane chunks (up to 8, as the heads per pass leave
 //!      registers; 16 for one head in ymm0–31) live in registers across
 //!      the block, in `num[d/8][9][8]`
-//!      between blocks. fp8 e4m3 bytes become f16 bits of 2^-8 of the
+//!      between blocks. fp8 values in ymm0–15 take every head of a tile a
+//!      pass instead, fewer chunks a group, so each key's values are
+//!      widened once (`pv_pass_widened`). fp8 e4m3 bytes become f16 bits of 2^-8 of the
 //!      value (sign-extended, shifted, one mask; exact, subnormals
 //!      included; 16 at a time where a pass leaves a register) and p is
 //!      stored × 2^8 for them. With AVX512VL ([`DecodeIsa::ymm32`]) a pass
@@ -656,6 +658,7 @@ pub fn emit_for(
     if isa.ymm32 {
         let heads = PvRegisters {
             ymm32: true,
+            widen_once: false,
             bf16,
             f16,
         }
@@ -712,6 +715,7 @@ pub fn emit_for(
 
     let regs = PvRegisters {
         ymm32: isa.ymm32,
+        widen_once: !isa.ymm32 && values == Values::E4M3,
         bf16,
         f16,
     };
@@ -2467,10 +2471,22 @@ pub(super) fn widen_e4m3(a: &mut X86Asm, vx: Ymm, t: Ymm, consts: [Ymm; 3]) {
 /// The P·V pass's register file: ymm0–15, or with AVX512VL ymm0–31
 /// (EVEX forms wherever an operand is past 15). A pass holds the widened
 /// row in ymm0 (and, where one is left, a second half in ymm1), then its
-/// heads' p broadcasts, then their accumulators.
+/// heads' p broadcasts, then their accumulators; or, where the broadcasts
+/// do not fit ([`PvRegisters::widen_once`]), the widened chunks, one
+/// broadcast register and the accumulators.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct PvRegisters {
     ymm32: bool,
+    /// fp8 values in ymm0–15: a pass takes every head of a tile, so each
+    /// key's values are widened once, not once per pass of 3 heads, and p
+    /// is broadcast one head at a time into one register. fp8's widening
+    /// (an extend, a shift, a mask and `vcvtph2ps`, 2 µops on Zen 3's one
+    /// conversion pipe) outweighs the broadcasts: 12 FMAs of 6 heads × 2
+    /// chunks took 7.0 TSC ticks against 9.5 for 3 heads × 4 chunks in a
+    /// loop held in L1 (AMD Zen 3). f16 values keep passes of 3 heads:
+    /// there the conversion is one load, and the broadcasts' loads made the
+    /// same 12 FMAs slower (5.5 against 4.7 ticks).
+    widen_once: bool,
     /// fp8 values by bf16 dots ([`pv_pass_bf16`]): zmm accumulators.
     bf16: bool,
     /// Several-head tiles by f16 FMAs ([`pv_pass_f16`]): accumulators of
@@ -2498,7 +2514,7 @@ impl PvRegisters {
     /// whole tile fits ([`MAX_TILE`]: 8 heads at 6 chunks) and a GQA-7 or
     /// GQA-8 tile converts each key's values once, not twice.
     fn heads(self) -> usize {
-        if self.f16 {
+        if self.f16 || self.widen_once {
             return MAX_TILE;
         }
         if self.bf16 {
@@ -2525,6 +2541,11 @@ impl PvRegisters {
             return (2 * ((self.count() - BF16_FIXED) / heads)).min(16);
         }
         let fit = (self.count() - 1 - heads) / heads;
+        if self.widen_once && fit < 4 {
+            // p broadcast one head at a time: the widened chunks and one
+            // broadcast register beside the accumulators.
+            return ((self.count() - 1) / (heads + 1)).min(8);
+        }
         if fit >= 16 { 16 } else { fit.min(8) }
     }
 
@@ -2773,6 +2794,9 @@ fn pv_pass(
     if regs.f16 && layout == NumLayout::Interleaved {
         return pv_pass_f16(a, keys, values, regs, hs, nc);
     }
+    if 1 + hs + hs * nc > regs.count() {
+        return pv_pass_widened(a, keys, values, regs, layout, hs, nc);
+    }
     let vx = Ymm(0);
     // A second row register where the file has one left: two chunks of
     // fp8 at once.
@@ -2795,12 +2819,8 @@ fn pv_pass(
             regs.fma(a, acc(h, c), v, p(h));
         }
     };
-    // e4m3 → f16 bits of 2^-8 of the value (exact, subnormals included):
-    // sign-extended, shifted so the exponent and mantissa land in f16's,
-    // the sign copy at bit 14 cleared. Where a register is left beside the
-    // accumulators (every pass but 16 registers' 3-head one), two chunks
-    // at once: 16 codes through one extend, shift and mask, the high 8
-    // extracted.
+    // fp8: where a register is left beside the accumulators (every pass
+    // but 16 registers' 3-head one), two chunks at once ([`widen_fp8`]).
     let mut c = 0;
     while c < nc {
         match (values, pair_reg) {
@@ -2810,24 +2830,94 @@ fn pv_pass(
                 c += 1;
             }
             (Values::E4M3, Some(hi)) if c + 1 < nc => {
-                a.vpmovsxbw_load(vx, mem(RAX, 8 * c as i32));
-                a.vpsllw_imm(vx, vx, 7);
-                a.vpand_mem(vx, vx, mem(RSP, V_E4M3_F16));
-                a.vextracti128_hi(hi, vx);
-                a.vcvtph2ps_reg(vx, vx);
+                widen_fp8(a, vx, Some(hi), mem(RAX, 8 * c as i32));
                 fmas(a, c, vx);
-                a.vcvtph2ps_reg(hi, hi);
                 fmas(a, c + 1, hi);
                 c += 2;
             }
             (Values::E4M3, _) => {
-                a.vpmovsxbw_load64(vx, mem(RAX, 8 * c as i32));
-                a.vpsllw_imm(vx, vx, 7);
-                a.vpand_mem(vx, vx, mem(RSP, V_E4M3_F16));
-                a.vcvtph2ps_reg(vx, vx);
+                widen_fp8(a, vx, None, mem(RAX, 8 * c as i32));
                 fmas(a, c, vx);
                 c += 1;
             }
+        }
+    }
+    a.add(RSI, R12);
+    a.add(RAX, RCX);
+    a.sub_imm(R8, 1);
+    a.jcc(Cond::Ne, top);
+    num_cursor(a, layout);
+    for h in 0..hs {
+        for c in 0..nc {
+            regs.store(a, mem(RDX, layout.at(c, h)), acc(h, c));
+        }
+    }
+}
+
+/// fp8 e4m3 codes at `m` → f32 (2^-8 of the values) in `lo`, 8 of them,
+/// or with `hi` 16, the second 8 in `hi`: sign-extended, shifted so the
+/// exponent and mantissa land in f16's, the sign copy at bit 14 cleared
+/// (exact, subnormals included), then `vcvtph2ps`.
+fn widen_fp8(a: &mut X86Asm, lo: Ymm, hi: Option<Ymm>, m: Mem) {
+    match hi {
+        Some(_) => a.vpmovsxbw_load(lo, m),
+        None => a.vpmovsxbw_load64(lo, m),
+    }
+    a.vpsllw_imm(lo, lo, 7);
+    a.vpand_mem(lo, lo, mem(RSP, V_E4M3_F16));
+    if let Some(hi) = hi {
+        a.vextracti128_hi(hi, lo);
+        a.vcvtph2ps_reg(hi, hi);
+    }
+    a.vcvtph2ps_reg(lo, lo);
+}
+
+/// [`pv_pass`] where the heads' p broadcasts do not fit beside their
+/// accumulators ([`PvRegisters::widen_once`]): per key the `nc` chunks are
+/// widened first (into ymm0..nc), then each head's p is broadcast into
+/// ymm`nc` and meets every chunk; accumulators from ymm`nc + 1`.
+fn pv_pass_widened(
+    a: &mut X86Asm,
+    keys: Keys,
+    values: Values,
+    regs: PvRegisters,
+    layout: NumLayout,
+    hs: usize,
+    nc: usize,
+) {
+    assert!(nc + 1 + hs * nc <= regs.count(), "P·V registers");
+    let v = |c: usize| Ymm(c as u8);
+    let p = Ymm(nc as u8);
+    let acc = |h: usize, c: usize| Ymm((nc + 1 + h * nc + c) as u8);
+    num_cursor(a, layout);
+    for h in 0..hs {
+        for c in 0..nc {
+            regs.load(a, acc(h, c), mem(RDX, layout.at(c, h)));
+        }
+    }
+    let (top, vb) = pv_loop_top(a, keys, values, hs, nc);
+    let mut c = 0;
+    while c < nc {
+        let at = mem(RAX, vb * c as i32);
+        match values {
+            Values::F16 => {
+                a.vcvtph2ps_load(v(c), at);
+                c += 1;
+            }
+            Values::E4M3 if c + 1 < nc => {
+                widen_fp8(a, v(c), Some(v(c + 1)), at);
+                c += 2;
+            }
+            Values::E4M3 => {
+                widen_fp8(a, v(c), None, at);
+                c += 1;
+            }
+        }
+    }
+    for h in 0..hs {
+        regs.broadcast(a, p, mem(RSI, 4 * h as i32));
+        for c in 0..nc {
+            regs.fma(a, acc(h, c), v(c), p);
         }
     }
     a.add(RSI, R12);
