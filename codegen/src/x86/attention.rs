@@ -53,10 +53,10 @@
 //!      the block, in `num[d/8][9][8]`
 //!      between blocks. fp8 values in ymm0–15 take every head of a tile a
 //!      pass instead, fewer chunks a group, so each key's values are
-//!      widened once (`pv_pass_widened`). fp8 e4m3 bytes become f16 bits of 2^-8 of the
-//!      value (sign-extended, shifted, one mask; exact, subnormals
-//!      included; 16 at a time where a pass leaves a register) and p is
-//!      stored × 2^8 for them. With AVX512VL ([`DecodeIsa::ymm32`]) a pass
+//!      widened once (`pv_pass_widened`). fp8 e4m3 bytes become f16 bits of
+//!      2^-8 of the value (sign-extended, shifted, one mask; exact,
+//!      subnormals included; 16 at a time), stored and converted from
+//!      memory as f16 values are, and p is stored × 2^8 for them. With AVX512VL ([`DecodeIsa::ymm32`]) a pass
 //!      takes up to 6 heads in ymm0–31. With AVX512_BF16 and AVX512_VBMI
 //!      ([`DecodeIsa::bf16_values`]) fp8 values go by `vdpbf16ps` on key
 //!      pairs instead, looked up as bf16 by `vpermi2b`, p split into two
@@ -217,7 +217,7 @@ pub fn scratch_floats(s: usize, d: usize, tiles: usize) -> usize {
             * (DECODE_TILE_RECORD + 8 * d + DECODE_Q_PAD + NUM_SLOTS * d + 8 * DECODE_SUPER_BLOCK)
 }
 
-pub(super) const FRAME: i32 = 1408;
+pub(super) const FRAME: i32 = V_FP8_ROW + 256;
 // 8-byte slots.
 const S_GROUP: i32 = 400;
 const S_S: i32 = 408;
@@ -283,6 +283,9 @@ const V_P_SCALE: i32 = 1312;
 pub(super) const V_NEGINF: i32 = 1344;
 /// 1.0 in every lane (the decode's recomputed flags, the prefill's sums).
 pub(super) const V_ONE: i32 = 1376;
+/// A key's fp8 values of a P·V group as f16 bits ([`fp8_row_to_f16`]):
+/// up to 16 chunks of 8.
+const V_FP8_ROW: i32 = 1408;
 // The bf16 P·V's constants ([`pv_pass_bf16`]), past the shared frame.
 /// `vpermb` index: two keys' 32 codes into the order whose lane-wise
 /// byte unpack gives key pairs per d in order ([`pair_order`]).
@@ -2470,8 +2473,8 @@ pub(super) fn widen_e4m3(a: &mut X86Asm, vx: Ymm, t: Ymm, consts: [Ymm; 3]) {
 
 /// The P·V pass's register file: ymm0–15, or with AVX512VL ymm0–31
 /// (EVEX forms wherever an operand is past 15). A pass holds the widened
-/// row in ymm0 (and, where one is left, a second half in ymm1), then its
-/// heads' p broadcasts, then their accumulators; or, where the broadcasts
+/// row's chunk in ymm0, then its heads' p broadcasts, then their
+/// accumulators; or, where the broadcasts
 /// do not fit ([`PvRegisters::widen_once`]), the widened chunks, one
 /// broadcast register and the accumulators.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -2480,12 +2483,12 @@ struct PvRegisters {
     /// fp8 values in ymm0–15: a pass takes every head of a tile, so each
     /// key's values are widened once, not once per pass of 3 heads, and p
     /// is broadcast one head at a time into one register. fp8's widening
-    /// (an extend, a shift, a mask and `vcvtph2ps`, 2 µops on Zen 3's one
-    /// conversion pipe) outweighs the broadcasts: 12 FMAs of 6 heads × 2
-    /// chunks took 7.0 TSC ticks against 9.5 for 3 heads × 4 chunks in a
-    /// loop held in L1 (AMD Zen 3). f16 values keep passes of 3 heads:
-    /// there the conversion is one load, and the broadcasts' loads made the
-    /// same 12 FMAs slower (5.5 against 4.7 ticks).
+    /// ([`fp8_row_to_f16`]) outweighs the broadcasts: a hot Qwen2-1.5B
+    /// kv8 call (1024 keys, one thread) took 104 µs against 112 with
+    /// passes of 3 heads, best of 5 (AMD Zen 3). f16 values keep passes of
+    /// 3 heads: there the conversion is one load, and the broadcasts'
+    /// loads made 12 FMAs slower in a loop held in L1 (5.5 TSC ticks
+    /// against 4.7).
     widen_once: bool,
     /// fp8 values by bf16 dots ([`pv_pass_bf16`]): zmm accumulators.
     bf16: bool,
@@ -2798,12 +2801,8 @@ fn pv_pass(
         return pv_pass_widened(a, keys, values, regs, layout, hs, nc);
     }
     let vx = Ymm(0);
-    // A second row register where the file has one left: two chunks of
-    // fp8 at once.
-    let pair_reg = (2 + hs + hs * nc <= regs.count()).then_some(Ymm(1));
-    let p0 = if pair_reg.is_some() { 2 } else { 1 };
-    let p = |h: usize| Ymm((p0 + h) as u8);
-    let acc = |h: usize, c: usize| Ymm((p0 + hs + h * nc + c) as u8);
+    let p = |h: usize| Ymm((1 + h) as u8);
+    let acc = |h: usize, c: usize| Ymm((1 + hs + h * nc + c) as u8);
     num_cursor(a, layout);
     for h in 0..hs {
         for c in 0..nc {
@@ -2814,32 +2813,13 @@ fn pv_pass(
     for h in 0..hs {
         regs.broadcast(a, p(h), mem(RSI, 4 * h as i32));
     }
-    let fmas = |a: &mut X86Asm, c: usize, v: Ymm| {
+    if values == Values::E4M3 {
+        fp8_row_to_f16(a, nc, vx);
+    }
+    for c in 0..nc {
+        value_chunk(a, values, vx, c);
         for h in 0..hs {
-            regs.fma(a, acc(h, c), v, p(h));
-        }
-    };
-    // fp8: where a register is left beside the accumulators (every pass
-    // but 16 registers' 3-head one), two chunks at once ([`widen_fp8`]).
-    let mut c = 0;
-    while c < nc {
-        match (values, pair_reg) {
-            (Values::F16, _) => {
-                a.vcvtph2ps_load(vx, mem(RAX, 16 * c as i32));
-                fmas(a, c, vx);
-                c += 1;
-            }
-            (Values::E4M3, Some(hi)) if c + 1 < nc => {
-                widen_fp8(a, vx, Some(hi), mem(RAX, 8 * c as i32));
-                fmas(a, c, vx);
-                fmas(a, c + 1, hi);
-                c += 2;
-            }
-            (Values::E4M3, _) => {
-                widen_fp8(a, vx, None, mem(RAX, 8 * c as i32));
-                fmas(a, c, vx);
-                c += 1;
-            }
+            regs.fma(a, acc(h, c), vx, p(h));
         }
     }
     a.add(RSI, R12);
@@ -2854,22 +2834,41 @@ fn pv_pass(
     }
 }
 
-/// fp8 e4m3 codes at `m` → f32 (2^-8 of the values) in `lo`, 8 of them,
-/// or with `hi` 16, the second 8 in `hi`: sign-extended, shifted so the
-/// exponent and mantissa land in f16's, the sign copy at bit 14 cleared
-/// (exact, subnormals included), then `vcvtph2ps`.
-fn widen_fp8(a: &mut X86Asm, lo: Ymm, hi: Option<Ymm>, m: Mem) {
-    match hi {
-        Some(_) => a.vpmovsxbw_load(lo, m),
-        None => a.vpmovsxbw_load64(lo, m),
+/// A key's `nc` chunks of fp8 e4m3 codes at rax → f16 bits of 2^-8 of the
+/// values at `V_FP8_ROW` (exact, subnormals included): sign-extended,
+/// shifted so the exponent and mantissa land in f16's, the sign copy at
+/// bit 14 cleared; 16 codes a trip through `tmp`. The P·V loop then
+/// converts them from memory, as it does f16 values: `vcvtph2ps` from a
+/// register is the slow form on an AMD Zen 3 (8 of them and 8 FMAs took
+/// 8.9 TSC ticks in a loop held in L1, 8 from memory with their FMAs 3.5),
+/// and a one-head pass of 8 chunks took 7.7 ticks a key this way against
+/// 12.1 converting each pair in registers.
+fn fp8_row_to_f16(a: &mut X86Asm, nc: usize, tmp: Ymm) {
+    for c in (0..nc).step_by(2) {
+        let (from, to) = (mem(RAX, 8 * c as i32), mem(RSP, V_FP8_ROW + 16 * c as i32));
+        if c + 1 < nc {
+            a.vpmovsxbw_load(tmp, from);
+        } else {
+            a.vpmovsxbw_load64(tmp, from);
+        }
+        a.vpsllw_imm(tmp, tmp, 7);
+        a.vpand_mem(tmp, tmp, mem(RSP, V_E4M3_F16));
+        if c + 1 < nc {
+            a.vmovups_store(to, tmp);
+        } else {
+            a.vmovups_store128(to, tmp);
+        }
     }
-    a.vpsllw_imm(lo, lo, 7);
-    a.vpand_mem(lo, lo, mem(RSP, V_E4M3_F16));
-    if let Some(hi) = hi {
-        a.vextracti128_hi(hi, lo);
-        a.vcvtph2ps_reg(hi, hi);
-    }
-    a.vcvtph2ps_reg(lo, lo);
+}
+
+/// Chunk `c` of a key's values (f16 at rax, or fp8 already at
+/// `V_FP8_ROW` as f16 bits) → f32 in `dst`.
+fn value_chunk(a: &mut X86Asm, values: Values, dst: Ymm, c: usize) {
+    let at = match values {
+        Values::F16 => mem(RAX, 16 * c as i32),
+        Values::E4M3 => mem(RSP, V_FP8_ROW + 16 * c as i32),
+    };
+    a.vcvtph2ps_load(dst, at);
 }
 
 /// [`pv_pass`] where the heads' p broadcasts do not fit beside their
@@ -2895,24 +2894,12 @@ fn pv_pass_widened(
             regs.load(a, acc(h, c), mem(RDX, layout.at(c, h)));
         }
     }
-    let (top, vb) = pv_loop_top(a, keys, values, hs, nc);
-    let mut c = 0;
-    while c < nc {
-        let at = mem(RAX, vb * c as i32);
-        match values {
-            Values::F16 => {
-                a.vcvtph2ps_load(v(c), at);
-                c += 1;
-            }
-            Values::E4M3 if c + 1 < nc => {
-                widen_fp8(a, v(c), Some(v(c + 1)), at);
-                c += 2;
-            }
-            Values::E4M3 => {
-                widen_fp8(a, v(c), None, at);
-                c += 1;
-            }
-        }
+    let (top, _) = pv_loop_top(a, keys, values, hs, nc);
+    if values == Values::E4M3 {
+        fp8_row_to_f16(a, nc, v(0));
+    }
+    for c in 0..nc {
+        value_chunk(a, values, v(c), c);
     }
     for h in 0..hs {
         regs.broadcast(a, p, mem(RSI, 4 * h as i32));
