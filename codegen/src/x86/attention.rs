@@ -53,7 +53,7 @@
 //!      the block, in `num[d/8][9][8]`
 //!      between blocks. fp8 values in ymm0–15 take every head of a tile a
 //!      pass instead, fewer chunks a group, so each key's values are
-//!      widened once (`pv_pass_widened`). fp8 e4m3 bytes become f16 bits of
+//!      widened once (`pv_pass`). fp8 e4m3 bytes become f16 bits of
 //!      2^-8 of the value (sign-extended, shifted, one mask; exact,
 //!      subnormals included; 16 at a time), stored and converted from
 //!      memory as f16 values are, and p is stored × 2^8 for them. With AVX512VL ([`DecodeIsa::ymm32`]) a pass
@@ -217,7 +217,10 @@ pub fn scratch_floats(s: usize, d: usize, tiles: usize) -> usize {
             * (DECODE_TILE_RECORD + 8 * d + DECODE_Q_PAD + NUM_SLOTS * d + 8 * DECODE_SUPER_BLOCK)
 }
 
-pub(super) const FRAME: i32 = V_FP8_ROW + 256;
+pub(super) const FRAME: i32 = 1408;
+/// The decode's frame: the shared one and its own [`V_FP8_ROW`] (the
+/// prefill, which shares the rest, has no use for it).
+const DECODE_FRAME: i32 = FRAME + 256;
 // 8-byte slots.
 const S_GROUP: i32 = 400;
 const S_S: i32 = 408;
@@ -285,31 +288,31 @@ pub(super) const V_NEGINF: i32 = 1344;
 pub(super) const V_ONE: i32 = 1376;
 /// A key's fp8 values of a P·V group as f16 bits ([`fp8_row_to_f16`]):
 /// up to 16 chunks of 8.
-const V_FP8_ROW: i32 = 1408;
+const V_FP8_ROW: i32 = FRAME;
 // The bf16 P·V's constants ([`pv_pass_bf16`]), past the shared frame.
 /// `vpermb` index: two keys' 32 codes into the order whose lane-wise
 /// byte unpack gives key pairs per d in order ([`pair_order`]).
-const V_BF16_ORDER: i32 = FRAME;
+const V_BF16_ORDER: i32 = DECODE_FRAME;
 /// The low and high bytes of bf16(2^-8 · e4m3) for the 128 magnitudes.
-const V_BF16_LO: i32 = FRAME + 64;
-const V_BF16_HI: i32 = FRAME + 192;
+const V_BF16_LO: i32 = DECODE_FRAME + 64;
+const V_BF16_HI: i32 = DECODE_FRAME + 192;
 /// `vpermw` index: two keys' 8 bf16 p side by side → (key 0, key 1) per
 /// head.
-const V_WORD_PAIRS: i32 = FRAME + 320;
+const V_WORD_PAIRS: i32 = DECODE_FRAME + 320;
 /// 0xFFFF0000 per f32: p truncated to bf16 (its high half).
-const V_BF16_TRUNC: i32 = FRAME + 352;
+const V_BF16_TRUNC: i32 = DECODE_FRAME + 352;
 /// `vpermt2d` index: 8 dwords of a and 8 of b → a0 b0 a1 b1 … (one head's
 /// high and low pairs side by side).
-const V_DWORD_PAIRS: i32 = FRAME + 384;
+const V_DWORD_PAIRS: i32 = DECODE_FRAME + 384;
 /// 0x80 in every byte: the e4m3 sign.
-const V_BYTE_SIGN: i32 = FRAME + 448;
+const V_BYTE_SIGN: i32 = DECODE_FRAME + 448;
 /// The decode frame with the bf16 P·V's constants.
-const FRAME_BF16: i32 = FRAME + 512;
+const FRAME_BF16: i32 = DECODE_FRAME + 512;
 // The f16 P·V's constant ([`pv_pass_f16`]), past the shared frame.
 /// 2^-8 as f16 (broadcast): f16 values are scaled by it before their FMAs.
-const V_F16_DOWN: i32 = FRAME;
+const V_F16_DOWN: i32 = DECODE_FRAME;
 /// The decode frame with the f16 P·V's constant.
-const FRAME_F16: i32 = FRAME + 32;
+const FRAME_F16: i32 = DECODE_FRAME + 32;
 
 /// Bytes of a tile's record, which precedes its areas in the scratch.
 const REC: i32 = 4 * DECODE_TILE_RECORD as i32;
@@ -697,7 +700,7 @@ pub fn emit_for(
     } else if f16 {
         FRAME_F16
     } else {
-        FRAME
+        DECODE_FRAME
     };
     common::prologue_framed(&mut a, frame);
     constants(&mut a, softmax);
@@ -2797,12 +2800,14 @@ fn pv_pass(
     if regs.f16 && layout == NumLayout::Interleaved {
         return pv_pass_f16(a, keys, values, regs, hs, nc);
     }
-    if 1 + hs + hs * nc > regs.count() {
-        return pv_pass_widened(a, keys, values, regs, layout, hs, nc);
-    }
-    let vx = Ymm(0);
-    let p = |h: usize| Ymm((1 + h) as u8);
-    let acc = |h: usize, c: usize| Ymm((1 + hs + h * nc + c) as u8);
+    // The heads' p broadcasts in registers beside the accumulators, one
+    // row register; or, where they do not fit ([`PvRegisters::widen_once`]),
+    // every chunk of the key widened first into ymm0..nc and each head's p
+    // broadcast in turn into ymm`nc`.
+    let p_in_registers = 1 + hs + hs * nc <= regs.count();
+    let first_acc = if p_in_registers { 1 + hs } else { nc + 1 };
+    assert!(first_acc + hs * nc <= regs.count(), "P·V registers");
+    let acc = |h: usize, c: usize| Ymm((first_acc + h * nc + c) as u8);
     num_cursor(a, layout);
     for h in 0..hs {
         for c in 0..nc {
@@ -2810,16 +2815,33 @@ fn pv_pass(
         }
     }
     let (top, _) = pv_loop_top(a, keys, values, hs, nc);
-    for h in 0..hs {
-        regs.broadcast(a, p(h), mem(RSI, 4 * h as i32));
-    }
-    if values == Values::E4M3 {
-        fp8_row_to_f16(a, nc, vx);
-    }
-    for c in 0..nc {
-        value_chunk(a, values, vx, c);
+    if p_in_registers {
+        let (vx, p) = (Ymm(0), |h: usize| Ymm((1 + h) as u8));
         for h in 0..hs {
-            regs.fma(a, acc(h, c), vx, p(h));
+            regs.broadcast(a, p(h), mem(RSI, 4 * h as i32));
+        }
+        if values == Values::E4M3 {
+            fp8_row_to_f16(a, nc, vx);
+        }
+        for c in 0..nc {
+            value_chunk(a, values, vx, c);
+            for h in 0..hs {
+                regs.fma(a, acc(h, c), vx, p(h));
+            }
+        }
+    } else {
+        let (v, p) = (|c: usize| Ymm(c as u8), Ymm(nc as u8));
+        if values == Values::E4M3 {
+            fp8_row_to_f16(a, nc, v(0));
+        }
+        for c in 0..nc {
+            value_chunk(a, values, v(c), c);
+        }
+        for h in 0..hs {
+            regs.broadcast(a, p, mem(RSI, 4 * h as i32));
+            for c in 0..nc {
+                regs.fma(a, acc(h, c), v(c), p);
+            }
         }
     }
     a.add(RSI, R12);
@@ -2869,54 +2891,6 @@ fn value_chunk(a: &mut X86Asm, values: Values, dst: Ymm, c: usize) {
         Values::E4M3 => mem(RSP, V_FP8_ROW + 16 * c as i32),
     };
     a.vcvtph2ps_load(dst, at);
-}
-
-/// [`pv_pass`] where the heads' p broadcasts do not fit beside their
-/// accumulators ([`PvRegisters::widen_once`]): per key the `nc` chunks are
-/// widened first (into ymm0..nc), then each head's p is broadcast into
-/// ymm`nc` and meets every chunk; accumulators from ymm`nc + 1`.
-fn pv_pass_widened(
-    a: &mut X86Asm,
-    keys: Keys,
-    values: Values,
-    regs: PvRegisters,
-    layout: NumLayout,
-    hs: usize,
-    nc: usize,
-) {
-    assert!(nc + 1 + hs * nc <= regs.count(), "P·V registers");
-    let v = |c: usize| Ymm(c as u8);
-    let p = Ymm(nc as u8);
-    let acc = |h: usize, c: usize| Ymm((nc + 1 + h * nc + c) as u8);
-    num_cursor(a, layout);
-    for h in 0..hs {
-        for c in 0..nc {
-            regs.load(a, acc(h, c), mem(RDX, layout.at(c, h)));
-        }
-    }
-    let (top, _) = pv_loop_top(a, keys, values, hs, nc);
-    if values == Values::E4M3 {
-        fp8_row_to_f16(a, nc, v(0));
-    }
-    for c in 0..nc {
-        value_chunk(a, values, v(c), c);
-    }
-    for h in 0..hs {
-        regs.broadcast(a, p, mem(RSI, 4 * h as i32));
-        for c in 0..nc {
-            regs.fma(a, acc(h, c), v(c), p);
-        }
-    }
-    a.add(RSI, R12);
-    a.add(RAX, RCX);
-    a.sub_imm(R8, 1);
-    a.jcc(Cond::Ne, top);
-    num_cursor(a, layout);
-    for h in 0..hs {
-        for c in 0..nc {
-            regs.store(a, mem(RDX, layout.at(c, h)), acc(h, c));
-        }
-    }
 }
 
 /// [`pv_pass`] for a tile of several heads by AVX512-FP16 FMAs on zmm: per
