@@ -50,13 +50,13 @@
 //!    - P·V in blocks of [`PV_BLOCK`] keys: accumulators of up to 3 heads ×
 //!      a group of 8-lane chunks (up to 8, as the heads per pass leave
 //!      registers; 16 for one head in ymm0–31) live in registers across
-//!      the block, in `num[d/8][9][8]`
-//!      between blocks. fp8 values in ymm0–15 take every head of a tile a
-//!      pass instead, fewer chunks a group, so each key's values are
-//!      widened once (`pv_pass`). fp8 e4m3 bytes become f16 bits of
-//!      2^-8 of the value (sign-extended, shifted, one mask; exact,
-//!      subnormals included; 16 at a time), stored and converted from
-//!      memory as f16 values are, and p is stored × 2^8 for them. With AVX512VL ([`DecodeIsa::ymm32`]) a pass
+//!      the block, in `num[d/8][9][8]` between blocks. fp8 values in
+//!      ymm0–15 take every head of a tile a pass instead, fewer chunks a
+//!      group, so each key's values are widened once (`pv_pass`). fp8
+//!      e4m3 bytes become f16 bits of 2^-8 of the value (sign-extended,
+//!      shifted, one mask; exact, subnormals included; 16 at a time),
+//!      stored and converted from memory as f16 values are, and p is
+//!      stored × 2^8 for them. With AVX512VL ([`DecodeIsa::ymm32`]) a pass
 //!      takes up to 6 heads in ymm0–31. With AVX512_BF16 and AVX512_VBMI
 //!      ([`DecodeIsa::bf16_values`]) fp8 values go by `vdpbf16ps` on key
 //!      pairs instead, looked up as bf16 by `vpermi2b`, p split into two
@@ -2477,9 +2477,9 @@ pub(super) fn widen_e4m3(a: &mut X86Asm, vx: Ymm, t: Ymm, consts: [Ymm; 3]) {
 /// The P·V pass's register file: ymm0–15, or with AVX512VL ymm0–31
 /// (EVEX forms wherever an operand is past 15). A pass holds the widened
 /// row's chunk in ymm0, then its heads' p broadcasts, then their
-/// accumulators; or, where the broadcasts
-/// do not fit ([`PvRegisters::widen_once`]), the widened chunks, one
-/// broadcast register and the accumulators.
+/// accumulators; or, where the broadcasts do not fit
+/// ([`PvRegisters::widen_once`]), the widened chunks, one broadcast
+/// register and the accumulators.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct PvRegisters {
     ymm32: bool,
