@@ -220,7 +220,7 @@ pub fn scratch_floats(s: usize, d: usize, tiles: usize) -> usize {
 pub(super) const FRAME: i32 = 1408;
 /// The decode's frame: the shared one and its own [`V_FP8_ROW`] (the
 /// prefill, which shares the rest, has no use for it).
-const DECODE_FRAME: i32 = FRAME + 256;
+const DECODE_FRAME: i32 = FRAME + FP8_ROW_BYTES;
 // 8-byte slots.
 const S_GROUP: i32 = 400;
 const S_S: i32 = 408;
@@ -289,6 +289,7 @@ pub(super) const V_ONE: i32 = 1376;
 /// A key's fp8 values of a P·V group as f16 bits ([`fp8_row_to_f16`]):
 /// up to 16 chunks of 8.
 const V_FP8_ROW: i32 = FRAME;
+const FP8_ROW_BYTES: i32 = 16 * 16;
 // The bf16 P·V's constants ([`pv_pass_bf16`]), past the shared frame.
 /// `vpermb` index: two keys' 32 codes into the order whose lane-wise
 /// byte unpack gives key pairs per d in order ([`pair_order`]).
@@ -2866,6 +2867,7 @@ fn pv_pass(
 /// and a one-head pass of 8 chunks took 7.7 ticks a key this way against
 /// 12.1 converting each pair in registers.
 fn fp8_row_to_f16(a: &mut X86Asm, nc: usize, tmp: Ymm) {
+    assert!(16 * nc as i32 <= FP8_ROW_BYTES, "fp8 row slot");
     for c in (0..nc).step_by(2) {
         let (from, to) = (mem(RAX, 8 * c as i32), mem(RSP, V_FP8_ROW + 16 * c as i32));
         if c + 1 < nc {
