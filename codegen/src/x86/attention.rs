@@ -2516,8 +2516,9 @@ impl PvRegisters {
     }
 
     /// Heads per pass: the most whose accumulators for 4 chunks, their
-    /// broadcasts and the widened row fit (16 registers: 3, 32: 6). The
-    /// bf16 pass broadcasts p from memory and sums 2 chunks per zmm, so a
+    /// broadcasts and the widened row fit ([`Self::p_in_registers_heads`]).
+    /// With [`Self::widen_once`] a whole tile, its p broadcast a head at a
+    /// time past that many heads. The bf16 pass broadcasts p from memory and sums 2 chunks per zmm, so a
     /// whole tile fits ([`MAX_TILE`]: 8 heads at 6 chunks) and a GQA-7 or
     /// GQA-8 tile converts each key's values once, not twice.
     fn heads(self) -> usize {
@@ -2527,13 +2528,20 @@ impl PvRegisters {
         if self.bf16 {
             return ((self.count() - BF16_FIXED) / 2).min(MAX_TILE);
         }
+        self.p_in_registers_heads()
+    }
+
+    /// Heads whose accumulators for 4 chunks and p broadcasts fit beside
+    /// one row register (16 registers: 3, 32: 6).
+    fn p_in_registers_heads(self) -> usize {
         (self.count() - 1) / 5
     }
 
     /// Chunks of 8 lanes of d per P·V group for a tile of `heads` heads:
     /// as many accumulators as the file holds beside each pass's p
-    /// broadcasts and the widened row, at most 8; or 16 where that many
-    /// fit (one head in ymm0–31), so a 128-wide head takes one group and
+    /// broadcasts and the widened row (with [`Self::widen_once`] past
+    /// [`Self::p_in_registers_heads`]: beside the widened chunks and one
+    /// broadcast register), at most 8; or 16 where that many fit (one head in ymm0–31), so a 128-wide head takes one group and
     /// each key's pass overhead is paid once (Llama2 kv8 hot about 3%
     /// faster on Zen 4, cold within noise).
     fn group_chunks(self, heads: usize) -> usize {
@@ -2547,12 +2555,10 @@ impl PvRegisters {
             // zmm accumulators of 2 chunks beside the pass's 8 others.
             return (2 * ((self.count() - BF16_FIXED) / heads)).min(16);
         }
-        let fit = (self.count() - 1 - heads) / heads;
-        if self.widen_once && fit < 4 {
-            // p broadcast one head at a time: the widened chunks and one
-            // broadcast register beside the accumulators.
+        if self.widen_once && heads > self.p_in_registers_heads() {
             return ((self.count() - 1) / (heads + 1)).min(8);
         }
+        let fit = (self.count() - 1 - heads) / heads;
         if fit >= 16 { 16 } else { fit.min(8) }
     }
 
