@@ -131,6 +131,14 @@ impl ClDevice {
     /// (PoCL's CPU device). The cache directory defaults to
     /// `$TESSERA_OPENCL_CACHE` when set.
     pub fn first() -> Result<ClDevice, ClError> {
+        // PoCL 5's device queries are not safe from two threads at once:
+        // two tests probing for a device at the same time crashed in its
+        // `clGetDeviceInfo` (a strlen on a name being filled in). Device
+        // discovery is rare and cheap, so it takes one lock.
+        static DISCOVERY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = DISCOVERY
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let platforms =
             get_platforms().map_err(|e| ClError::NoDevice(format!("no OpenCL platform ({e})")))?;
         if platforms.is_empty() {
