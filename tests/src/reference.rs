@@ -29,11 +29,28 @@ pub fn check_host_matmul(
     shapes: &[(usize, usize, usize)],
     seed: u64,
 ) {
+    let uniform = |rng: &mut ChaCha8Rng, m: usize, n: usize, k: usize| {
+        let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let w: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        (x, w)
+    };
+    check_host_matmul_on(hm, kernel, what, shapes, seed, uniform);
+}
+
+/// [`check_host_matmul`] on the x [m, k] and w [n, k] that `inputs`
+/// makes for each shape (the bias stays random).
+pub fn check_host_matmul_on(
+    hm: &HostMatmul,
+    kernel: &Kernel,
+    what: &str,
+    shapes: &[(usize, usize, usize)],
+    seed: u64,
+    inputs: impl Fn(&mut ChaCha8Rng, usize, usize, usize) -> (Vec<f32>, Vec<f32>),
+) {
     let (xf, wf, yf) = formats(kernel);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     for &(m, n, k) in shapes {
-        let x: Vec<f32> = (0..m * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let w: Vec<f32> = (0..n * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let (x, w) = inputs(&mut rng, m, n, k);
         let bias: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let has_bias = kernel.as_matmul().unwrap().epilogue.bias.is_some();
         let (w_in, w_val, w_dense) = if wf.is_quantized() {

@@ -10,7 +10,7 @@ use tessera_codegen::x86::{X86Backend, plan};
 use tessera_dsl::ir::{Activation, Format, Group, Kernel, ParamType};
 use tessera_dsl::library;
 use tessera_tests::kernels::set_epilogue as epilogue;
-use tessera_tests::reference::check_host_matmul;
+use tessera_tests::reference::{check_host_matmul, check_host_matmul_on};
 
 /// Plain AVX2 (prefetching the weight streams as the tuner's alternatives
 /// do), then one backend per `vpdpbusd` encoding this CPU runs
@@ -253,13 +253,75 @@ fn flat_gemm_int8_every_m() {
     }
 }
 
-/// The GEMV variant computes any m (one row at a time); every format.
+/// `u4sym` groups of 8 to 32 whose int16 sums start from the quantizer's
+/// two halves of −8·Σq (`vpmaddubsw` lanes k ≡ 0, 1 and k ≡ 2, 3 mod 4),
+/// on inputs at the bounds: x at ±absmax and codes 15 or 0 (w = 7 or −8
+/// per unit scale) in a pattern that changes with k mod 4, the sign of the
+/// pattern flipped for odd rows and columns. Each int16 lane then comes
+/// within 16256 of its limit at some step, and halves seeded into the
+/// wrong lanes would overflow (by up to 46736) where random inputs never
+/// come near.
+#[test]
+fn u4sym_int16_group_sums_at_their_bounds() {
+    let set_w = |k: &mut Kernel, f: Format| {
+        k.tensors.iter_mut().find(|t| t.name == "w").unwrap().format = f;
+    };
+    let kernels = [8, 16, 32].map(|g| {
+        variant("matmul-q4_0", |k| {
+            set_w(k, Format::U4Sym(Group::Size(g), ParamType::F16))
+        })
+    });
+    let low_pair = |l: usize| l % 4 < 2;
+    let inputs =
+        |_: &mut rand_chacha::ChaCha8Rng, m: usize, n: usize, k: usize| -> (Vec<f32>, Vec<f32>) {
+            let x = (0..m * k)
+                .map(|i| {
+                    let (e, l) = (i / k, i % k);
+                    if low_pair(l) == (e % 2 == 0) {
+                        1.0
+                    } else {
+                        -1.0
+                    }
+                })
+                .collect();
+            let w = (0..n * k)
+                .map(|i| {
+                    let (h, l) = (i / k, i % k);
+                    if low_pair(l) == (h % 2 == 0) {
+                        7.0
+                    } else {
+                        -8.0
+                    }
+                })
+                .collect();
+            (x, w)
+        };
+    let shapes = [(1, 16, 64), (4, 24, 96), (8, 9, 100), (3, 40, 33)];
+    for kernel in &kernels {
+        for b in backends() {
+            for m in [1, 4, 8] {
+                let t = tiles_for_m(kernel, m)[0];
+                for v in [Variant::Gemv, Variant::FlatGemm, Variant::Gemm] {
+                    let hm = b.load_variant(kernel, &t, v).unwrap();
+                    let what = format!("{v} tile {}x{} at the int16 bounds", t.ep, t.hp);
+                    check_host_matmul_on(&hm, kernel, &what, &shapes, 5, inputs);
+                }
+            }
+        }
+    }
+}
+
+/// The GEMV variant computes any m (one row at a time); every format, on
+/// one-row tiles and on a tile of several rows (whose x layout interleaves
+/// ep rows per block, which the one-row loop then walks).
 #[test]
 fn gemv_variant_every_format() {
     for name in tessera_tests::kernels::X86_MATMULS {
         let kernel = library::get(name).unwrap();
+        let mut tiles = tiles_for_m(&kernel, 1);
+        tiles.push(tiles_for_m(&kernel, 4)[0]);
         for b in backends() {
-            for t in tiles_for_m(&kernel, 1) {
+            for &t in &tiles {
                 check_variant(&b, &kernel, &t, Variant::Gemv, &some_shapes(), 31);
             }
         }

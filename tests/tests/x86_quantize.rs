@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_codegen::abi::{KernelFn, QuantizeArgs};
 use tessera_codegen::jit::JitCode;
-use tessera_codegen::x86::int8::{Int8Spec, ZeroPoint};
+use tessera_codegen::x86::int8::{Dot, Int8Spec, ZeroPoint};
 use tessera_codegen::x86::{missing_features, quantize};
 use tessera_dsl::ir::{Activation, Format};
 use tessera_dsl::quant::layouts::activation_plan;
@@ -20,12 +20,14 @@ struct Quantized {
 }
 
 /// One quantizer call: rows of `ep` interleaved, Σq per group of `group`
-/// (None: no sums), written for kernels that fold with `zero`.
+/// (None: no sums), written for kernels that fold with `zero` and sum
+/// with `dot`.
 #[derive(Debug)]
 struct Case {
     ep: usize,
     group: Option<usize>,
     zero: ZeroPoint,
+    dot: Dot,
     m: usize,
     k: usize,
 }
@@ -42,6 +44,25 @@ impl Case {
     }
 
     /// The group length the quantizer is told (k when ungrouped).
+    fn spec(&self) -> Int8Spec {
+        Int8Spec {
+            ep: self.ep,
+            hb: 1,
+            group: self.group,
+            wbits: if self.zero == ZeroPoint::Implied128 {
+                8
+            } else {
+                4
+            },
+            zero: self.zero(),
+            params: tessera_dsl::ir::ParamType::F32,
+            y: Format::F32,
+            bias: false,
+            activation: Activation::None,
+            dot: self.dot,
+        }
+    }
+
     fn group_len(&self) -> usize {
         self.group.unwrap_or(self.k.max(1))
     }
@@ -56,19 +77,7 @@ impl Case {
 }
 
 fn emitted(c: &Case, x: &[f32]) -> Quantized {
-    let zero = c.zero();
-    let spec = Int8Spec {
-        ep: c.ep,
-        hb: 1,
-        group: c.group,
-        wbits: if zero == ZeroPoint::Implied128 { 8 } else { 4 },
-        zero,
-        params: tessera_dsl::ir::ParamType::F32,
-        y: Format::F32,
-        bias: false,
-        activation: Activation::None,
-        dot: Default::default(),
-    };
+    let spec = c.spec();
     let code = JitCode::map(&quantize::emit(&spec).unwrap()).unwrap();
     let plan = activation_plan(ElemWidth::B8, c.m, c.k, c.ep, 4).unwrap();
     let (m_pad, groups) = c.sizes();
@@ -121,6 +130,26 @@ fn reference(c: &Case, x: &[f32]) -> Quantized {
     if let Some(bits) = c.zero().implied_shift() {
         sums.iter_mut().for_each(|s| *s = -(*s << bits));
     }
+    if c.spec().sums_in_int16_halves() {
+        // int16 group sums start from two halves: −2^s·Σq over the codes
+        // at k ≡ 0, 1 (mod 4) low, over k ≡ 2, 3 high.
+        let bits = c
+            .zero()
+            .implied_shift()
+            .expect("halves fold an implied zero point");
+        let mut halves = vec![[0i32; 2]; m_pad * groups];
+        for r in 0..c.m {
+            let codes = &logical[r * k..(r + 1) * k];
+            for (i, &q) in codes.iter().enumerate() {
+                halves[r * groups + i / g][(i % 4) / 2] += i32::from(q as i8);
+            }
+        }
+        for (s, [lo, hi]) in sums.iter_mut().zip(halves) {
+            let (lo, hi) = (-(lo << bits), -(hi << bits));
+            let half = |v: i32| i32::from(i16::try_from(v).expect("a half fits i16") as u16);
+            *s = half(lo) | (half(hi) << 16);
+        }
+    }
     Quantized {
         codes: plan.pack(&logical).unwrap(),
         scales,
@@ -137,10 +166,11 @@ fn quantizer_matches_the_reference_byte_for_byte() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for ep in [1, 2, 3, 5] {
         for group in [None, Some(8), Some(32)] {
-            for zero in [
-                ZeroPoint::Offset,
-                ZeroPoint::Implied8,
-                ZeroPoint::Implied128,
+            for (zero, dot) in [
+                (ZeroPoint::Offset, Dot::MaddUbsw),
+                (ZeroPoint::Implied8, Dot::MaddUbsw),
+                (ZeroPoint::Implied8, Dot::VexVnni),
+                (ZeroPoint::Implied128, Dot::VexVnni),
             ] {
                 if group.is_none() && zero != ZeroPoint::Offset {
                     continue;
@@ -157,6 +187,7 @@ fn quantizer_matches_the_reference_byte_for_byte() {
                             ep,
                             group,
                             zero,
+                            dot,
                             m,
                             k,
                         };

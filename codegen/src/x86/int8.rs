@@ -30,12 +30,14 @@
 //! the end. Longer groups (64, 128, …) would overflow int16, so each step
 //! widens at once (`vpmaddwd` with the ones in the frame, `vpaddd`), as
 //! ggml's AVX2 loop does. `u4sym` has no stored offset: the quantizer
-//! writes −8·Σq_g, an i32 group sum starts from it (one broadcast load,
-//! the way the NEON GEMV starts its `sdot` sums), and an int16 one adds
-//! it after widening (`vpaddd`); then y += sw_g·(dot_g − 8·Σq_g) with one
-//! FMA. f16 parameters are widened at the group end with `vcvtph2ps`
-//! (F16C) into the shift-count register, which is reloaded from the frame
-//! afterwards.
+//! writes −8·Σq_g and a group sum starts from it (one broadcast load, the
+//! way the NEON GEMV starts its `sdot` sums): an i32 sum from the whole
+//! value, an int16 one from it split over its two int16 lanes
+//! ([`Int8Spec::sums_in_int16_halves`]); then y += sw_g·(dot_g − 8·Σq_g)
+//! with one FMA. f16 parameters are widened at the group end with
+//! `vcvtph2ps` (F16C): once per group into registers the tile leaves
+//! free, else per use into the shift-count register, which is reloaded
+//! from the frame afterwards.
 //!
 //! # One nest, two register files
 //!
@@ -240,9 +242,8 @@ impl ZeroPoint {
 
     /// The power of two (as a shift) of an implied zero point. The
     /// quantizer writes Σq already times it and negated, −2^shift·Σq
-    /// ([`super::quantize`]), so a group's sums can start from it (no
-    /// zero point left to take off at the fold) or, where they cannot
-    /// (int16 sums), take it off with one add.
+    /// ([`super::quantize`]), so a group's sums start from it (no zero
+    /// point left to take off at the fold; int16 sums from its two halves).
     pub fn implied_shift(self) -> Option<u8> {
         match self {
             ZeroPoint::Implied8 => Some(3),
@@ -318,21 +319,10 @@ impl std::ops::Deref for Int8Kernel {
     }
 }
 
-impl Int8Kernel {
-    fn grouped(&self) -> bool {
-        self.group.is_some()
-    }
-    /// Grouped 4-bit codes (two per byte).
-    pub fn nibbles(&self) -> bool {
-        self.grouped() && self.wbits == 4
-    }
+impl Int8Spec {
     /// 8-bit codes (W8A8's, or grouped).
     pub fn bytes(&self) -> bool {
         self.wbits == 8
-    }
-    /// 8-bit codes read as unsigned w + 128.
-    pub fn flip(&self) -> bool {
-        self.zero == ZeroPoint::Implied128
     }
     /// k steps per group (W8A8: unused).
     fn steps_per_group(&self) -> i32 {
@@ -347,6 +337,30 @@ impl Int8Kernel {
     /// int16 group sums, widened once at the group end.
     fn narrow(&self) -> bool {
         !self.dot.is_vnni() && !self.wide()
+    }
+    /// Whether the quantizer writes a group's −2^s·Σq as two int16 halves
+    /// of one dword, the low one over the codes at k ≡ 0, 1 (mod 4) and
+    /// the high one over k ≡ 2, 3: the two int16 lanes `vpmaddubsw` sums
+    /// each channel's pairs into, so int16 group sums start from it as
+    /// i32 ones do. Exact for `u4sym`: each half is at most 8·16·127 =
+    /// 16256 in magnitude, and so is every partial sum from it, each step
+    /// replacing −8·x by (q − 8)·x with |q − 8| ≤ 8.
+    pub fn sums_in_int16_halves(&self) -> bool {
+        self.narrow() && self.zero.implied_shift().is_some()
+    }
+}
+
+impl Int8Kernel {
+    fn grouped(&self) -> bool {
+        self.group.is_some()
+    }
+    /// Grouped 4-bit codes (two per byte).
+    pub fn nibbles(&self) -> bool {
+        self.grouped() && self.wbits == 4
+    }
+    /// 8-bit codes read as unsigned w + 128.
+    pub fn flip(&self) -> bool {
+        self.zero == ZeroPoint::Implied128
     }
     fn f16_params(&self) -> bool {
         self.params == ParamType::F16
@@ -723,10 +737,28 @@ fn nest<V: Int8File>(
     // r8 = x + rbp·steps·4 (row block rbp/ep: ep rows of 4 bytes per step;
     // + r14·4, the row within it, where the one-row loop walks one).
     a.mov(RAX, RBP);
-    a.load64(RDX, mem(f.base, f.steps));
-    a.imul(RAX, RDX);
-    if V::ROW_WALK {
-        a.add(RAX, R14);
+    if !V::ROW_WALK && rows == 1 && k.ep > 1 {
+        // One row at a time through blocks of ep rows (the GEMV variant of
+        // a tile of several; rbp counts rows): row rbp sits in block
+        // rbp/ep at lane rbp%ep, (rbp − rbp%ep)·steps·4 + (rbp%ep)·4.
+        let first = a.new_label();
+        a.cmp_imm(RBP, 0);
+        a.jcc(Cond::E, first);
+        a.zero(RDX);
+        a.mov_imm(RCX, k.ep as i32);
+        a.div(RCX);
+        a.imul_imm(RAX, RAX, k.ep as i32);
+        a.mov(RCX, RDX);
+        a.load64(RDX, mem(f.base, f.steps));
+        a.imul(RAX, RDX);
+        a.add(RAX, RCX);
+        a.bind(first);
+    } else {
+        a.load64(RDX, mem(f.base, f.steps));
+        a.imul(RAX, RDX);
+        if V::ROW_WALK {
+            a.add(RAX, R14);
+        }
     }
     a.shl_imm(RAX, 2);
     a.load64(RDX, mem(RDI, MM_X));
@@ -979,27 +1011,30 @@ fn grouped_loop<V: Int8File>(
     }
 }
 
-/// Whether a group's i32 sums start from the quantizer's −2^s·Σq (a
+/// Whether a group's sums start from the quantizer's −2^s·Σq (a
 /// broadcast load, no vector ALU µop) instead of zero: an implied zero
 /// point leaves the fold nothing to take off, two µops less per row and
-/// group. int16 sums (`vpmaddubsw` groups) cannot hold it; their fold adds
-/// it after widening.
+/// group. int16 sums (`vpmaddubsw` groups) start from it split into their
+/// two int16 lanes ([`Int8Spec::sums_in_int16_halves`]); on an AMD Zen 3
+/// that and the f16 scales widened once per group ([`fold_group`]) took
+/// a hot 4-row group from 36 to 33 cycles and an 8-row one from 64 to 58.
 fn seeds_group_sums(k: &Int8Kernel) -> bool {
-    k.zero.implied_shift().is_some() && !k.narrow()
+    k.zero.implied_shift().is_some()
 }
 
-/// The group end, per row and column block: the group sum to i32 (less
-/// the implied zero point where the sums did not start from it), to f32,
-/// then total += sw·that (+ min·Σq).
+/// The group end, per row and column block: the group sum to i32, to f32,
+/// then total += sw·that (+ min·Σq). Sums of an implied zero point
+/// started from it ([`seeds_group_sums`]), so nothing is left to take off.
 /// Where the unpack leaves channels in an order of its own
 /// ([`Int8File::permuted_channels`]) the scales go into the B registers in
 /// that order once per group, and the offsets after them in a second pass
 /// over the rows. Otherwise f32 parameters are memory operands and f16
 /// ones widen into a register: with the totals in registers, the scales
 /// into the B registers once per group and each offset into its group-sum
-/// register once that is folded; with the totals in memory, into
-/// [`Int8File::f16_param_reg`] per use (B's first register then carries
-/// each total).
+/// register once that is folded; with the totals in memory (B's first
+/// register then carries each total), once per group into the registers
+/// the tile leaves free ([`widened_params`]), else into
+/// [`Int8File::f16_param_reg`] per use.
 fn fold_group<V: Int8File>(
     a: &mut X86Asm,
     k: &Int8Kernel,
@@ -1009,10 +1044,7 @@ fn fold_group<V: Int8File>(
 ) {
     let (rows, hb) = (r.rows, r.hb);
     let f16 = k.f16_params();
-    // −2^s·Σq still to add: the sums did not start from it.
-    let implied = k.zero.implied_shift().is_some() && !seeds_group_sums(k);
     let offset = k.zero == ZeroPoint::Offset;
-    let sums = implied || offset;
     let in_registers = V::TOTALS_IN_REGISTERS;
     let narrow = k.narrow();
     let param = |a: &mut X86Asm, base: Gp, j: usize, tmp: V| -> Operand<V> {
@@ -1036,15 +1068,26 @@ fn fold_group<V: Int8File>(
     if params_in_b {
         V::group_params_to_b(a, k, r, R9);
     }
-    if sums {
+    // The scales of column block j (and its offsets, hb registers on).
+    let widened = widened_params::<V>(k, r);
+    if let Some(first) = widened {
+        for j in 0..hb {
+            param(a, R9, j, V::reg(first + j));
+            if offset {
+                param(a, R10, j, V::reg(first + hb + j));
+            }
+        }
+    }
+    let memory_param = |a: &mut X86Asm, base: Gp, j: usize| match widened {
+        Some(first) => Operand::Reg(V::reg(first + j + if base == R10 { hb } else { 0 })),
+        None => param(a, base, j, V::f16_param_reg(r)),
+    };
+    if offset {
         a.mov(V::SUMS_WALK, V::SUMS);
     }
     let s = V::reg(r.sigma);
     for i in 0..rows {
-        if implied {
-            // s = −Σq·(8 or 128) as i32, as the quantizer wrote it.
-            V::broadcast_i32(a, s, mem(V::SUMS_WALK, 0));
-        } else if offset && !in_registers {
+        if offset && !in_registers {
             V::broadcast_i32(a, s, mem(V::SUMS_WALK, 0));
             V::cvt_i32(a, s, s);
         }
@@ -1052,9 +1095,6 @@ fn fold_group<V: Int8File>(
             let g = r.sum(i, j);
             if narrow {
                 V::widen_narrow(a, r, g);
-            }
-            if implied {
-                V::add_i32(a, g, g, s);
             }
             V::cvt_i32(a, g, g);
             if in_registers {
@@ -1074,21 +1114,20 @@ fn fold_group<V: Int8File>(
                     fma(a, r.total(i, j), s, min);
                 }
             }
-            if sums && i + 1 < rows {
+            if offset && i + 1 < rows {
                 a.add(V::SUMS_WALK, V::SUMS_STRIDE);
             }
         } else {
-            if sums && i + 1 < rows {
+            if offset && i + 1 < rows {
                 a.add(V::SUMS_WALK, V::SUMS_STRIDE);
             }
-            let tmp = V::f16_param_reg(r);
             for j in 0..hb {
                 let total = r.b(0);
                 V::load(a, Format::F32, total, total_at(i, j));
-                let sw = param(a, R9, j, tmp);
+                let sw = memory_param(a, R9, j);
                 fma(a, total, r.sum(i, j), sw);
                 if offset {
-                    let min = param(a, R10, j, tmp);
+                    let min = memory_param(a, R10, j);
                     fma(a, total, s, min);
                 }
                 V::store(a, Format::F32, total_at(i, j), total);
@@ -1109,9 +1148,26 @@ fn fold_group<V: Int8File>(
             }
         }
     }
-    if f16 && !in_registers {
+    if f16 && !in_registers && widened.is_none() {
         V::restore_f16_param_reg(a, r, shift);
     }
+}
+
+/// With the totals in memory and f16 group parameters, the first of the
+/// registers the group end widens them into once per group (each column
+/// block's scales, then its offsets): the registers past the loop's plan
+/// where enough are free (flat and GEMM tiles of ymm), else None (widened
+/// per row and use). Per row, that was one `vcvtph2ps` per column block and
+/// parameter set of each group.
+fn widened_params<V: Int8File>(k: &Int8Kernel, r: &Int8Regs) -> Option<usize> {
+    if V::TOTALS_IN_REGISTERS || !k.f16_params() {
+        return None;
+    }
+    let first = r
+        .odd_sums
+        .map_or(V::first_free(r), |odd| odd + r.rows * r.hb);
+    let needed = r.hb * k.param_sets() as usize;
+    (first + needed <= V::REGISTERS).then_some(first)
 }
 
 // ---- ymm -----------------------------------------------------------------

@@ -443,7 +443,8 @@ impl X86Backend {
             return Ok(None);
         }
         if let Some(spec) = self.avx512_int8_spec(kernel, tile)? {
-            // The same quantizer output as the AVX2 kernel's, for ep rows.
+            // The AVX2 kernel's quantizer for ep rows, with the i32 Σq of
+            // `vpdpbusd` sums.
             return quantize::emit(&int8::Int8Spec {
                 ep: spec.ep,
                 hb: spec.zb * 2,
@@ -458,7 +459,7 @@ impl X86Backend {
                 y: Format::F32,
                 bias: spec.bias,
                 activation: spec.activation,
-                dot: int8::Dot::MaddUbsw,
+                dot: int8::Dot::EvexVnni,
             })
             .map(Some);
         }

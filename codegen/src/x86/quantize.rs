@@ -17,7 +17,9 @@
 //! `vpacksswb` within lanes). With asymmetric weights, Σq per row and
 //! weight group (`group` a multiple of 8, or k) goes to `out_sums`; for an
 //! implied zero point 2^s (`u4sym`'s 8, 8-bit codes read as unsigned, 128)
-//! it goes as −2^s·Σq, the value the kernel's group sums start from.
+//! it goes as −2^s·Σq, the value the kernel's group sums start from: one
+//! i32, or for int16 group sums two int16 halves, over the codes at
+//! k ≡ 0, 1 and k ≡ 2, 3 (mod 4) ([`Int8Spec::sums_in_int16_halves`]).
 //!
 //! Registers: ymm0 absmax / broadcast, ymm1 data, ymm2 scale, ymm3
 //! 127/absmax, ymm4-5 temporaries, ymm6 the group's Σq, ymm7 abs mask,
@@ -37,6 +39,7 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
     let ep = spec.ep as i32;
     let sums = spec.group.is_some() && spec.zero.needs_sums();
     let implied = spec.zero.implied_shift();
+    let halves = sums && spec.sums_in_int16_halves();
     let mut a = X86Asm::new();
     a.comment(&format!(
         "quantize i8dyn rows into [e/{ep}, l/4, {ep}, 4]{}",
@@ -119,10 +122,14 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
 
     // quantize, 8 elements (two steps of 4) at a time
     let flush = |a: &mut X86Asm| {
+        // Lane l of `sum` holds the codes at k ≡ l (mod 8): fold to k mod 4.
         a.vextracti128_hi(y5, sum);
         a.vpaddd(sum, sum, y5);
-        a.vpshufd(y5, sum, 0x4E);
-        a.vpaddd(sum, sum, y5);
+        if !halves {
+            a.vpshufd(y5, sum, 0x4E);
+            a.vpaddd(sum, sum, y5);
+        }
+        // Lanes 0 and 2: k ≡ 0, 1 and k ≡ 2, 3 (whole: lane 0 all of it).
         a.vpshufd(y5, sum, 0xB1u8 as i8);
         a.vpaddd(sum, sum, y5);
         if let Some(bits) = implied {
@@ -130,6 +137,12 @@ pub fn emit(spec: &Int8Spec) -> Result<MachineCode, EmitError> {
             a.vpslld_imm(sum, sum, bits as i8);
             a.vxorps(y5, y5, y5);
             a.vpsubd(sum, y5, sum);
+        }
+        if halves {
+            // Lanes 0 and 2 as the dword's two int16 halves (|half| ≤
+            // 8·16·127: no saturation).
+            a.vpshufd(sum, sum, 0x08);
+            a.vpackssdw(sum, sum, sum);
         }
         a.vmovd_store(mem(RSI, 0), sum);
         a.add_imm(RSI, 4);
