@@ -271,31 +271,22 @@ fn u4sym_int16_group_sums_at_their_bounds() {
             set_w(k, Format::U4Sym(Group::Size(g), ParamType::F16))
         })
     });
-    let low_pair = |l: usize| l % 4 < 2;
-    let inputs =
-        |_: &mut rand_chacha::ChaCha8Rng, m: usize, n: usize, k: usize| -> (Vec<f32>, Vec<f32>) {
-            let x = (0..m * k)
-                .map(|i| {
-                    let (e, l) = (i / k, i % k);
-                    if low_pair(l) == (e % 2 == 0) {
-                        1.0
-                    } else {
-                        -1.0
-                    }
-                })
-                .collect();
-            let w = (0..n * k)
-                .map(|i| {
-                    let (h, l) = (i / k, i % k);
-                    if low_pair(l) == (h % 2 == 0) {
-                        7.0
-                    } else {
-                        -8.0
-                    }
-                })
-                .collect();
-            (x, w)
-        };
+    // rows × k values: `high` where k mod 4 < 2 on even rows (odd rows the
+    // other way round), else `low`.
+    let pattern = |rows: usize, k: usize, high: f32, low: f32| -> Vec<f32> {
+        (0..rows * k)
+            .map(|i| {
+                if (i % k % 4 < 2) == (i / k).is_multiple_of(2) {
+                    high
+                } else {
+                    low
+                }
+            })
+            .collect()
+    };
+    let inputs = |_: &mut rand_chacha::ChaCha8Rng, m: usize, n: usize, k: usize| {
+        (pattern(m, k, 1.0, -1.0), pattern(n, k, 7.0, -8.0))
+    };
     let shapes = [(1, 16, 64), (4, 24, 96), (8, 9, 100), (3, 40, 33)];
     for kernel in &kernels {
         for b in backends() {
