@@ -54,7 +54,7 @@
 //! | dot products | [`Dot`]: `vpmaddubsw` + `vpmaddwd`, the sign trick, `vpdpbusd` | `vpdpbusd` |
 //! | a row's codes, x scales | broadcast into A / ymm13 | `{1to16}` operands |
 //! | f32 totals of grouped weights | a stack area (too few registers) | registers |
-//! | f16 group parameters | widened per use into the shift counts | scales into B once per group, offsets into the folded sums |
+//! | f16 group parameters | once per group into free registers, else per use into the shift counts | scales into B once per group, offsets into the folded sums |
 //! | 4-bit unpack | `vbroadcasti128`, `vpsrlvd`, `vpand` | two blocks per load: `vpandd`; `vpsrld`, `vpandd` (a lone block: `vbroadcasti64x4`, `vpsrld` under k2, `vpandd`), channels in an order of its own; or a panel unpacked once |
 //! | frame | `super::common`'s, rsp-based | its own, r15-based, opmask table first |
 //! | Σq registers (base, stride, walker) | r13, r14, rax | r11, r12, r13 |
@@ -102,6 +102,7 @@
 //! | then 1 | shift counts (reserved: in place of a staging register) |
 //! | then 1 | product temp (reserved; int16 ones at a group end) |
 //! | then rows·hb | with `vpdpbusd` and fewer sums than [`Dot::chains_in_flight`], where they fit: the odd steps' group sums |
+//! | then hb (·2 with offsets) | f16 group parameters at a group end, where they fit (`widened_params`) |
 //!
 //! ymm13-15 serve the shared epilogue after the loops (`super::common`).
 //!
