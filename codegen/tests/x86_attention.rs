@@ -171,6 +171,17 @@ fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
     let (s, hq, kvh, d) = (c.s, c.hq, c.kvh, c.d);
     let inp =
         attention_inputs::inputs_with_values(kernel, hq * d, s * kvh, d, c.q_amp, c.v_amp, c.seed);
+    check_inputs(att, kernel, c, &inp)
+}
+
+/// [`check`] on given inputs (`c.q_amp` and `c.seed` unused).
+fn check_inputs(
+    att: &HostAttention,
+    kernel: &Kernel,
+    c: &Case,
+    inp: &attention_inputs::Inputs,
+) -> u64 {
+    let (s, hq, kvh, d) = (c.s, c.hq, c.kvh, c.d);
     let qv = &inp.q;
     let bindings = Bindings::decode_attention(
         [hq, kvh, d, s],
@@ -367,6 +378,56 @@ fn x86_attention_large_values_match_the_interpreter() {
                     };
                     check(&att, &kernel, &c);
                 }
+            }
+        }
+    }
+}
+
+/// fp8 values at e4m3's smallest subnormal (2^-9) with every p tiny: the
+/// plain AVX2 P·V widens them to f32 bits of 2^-120 of the value and sums
+/// them × 2^-56 until a tile finishes. Every key's row is the same one
+/// near 1 and q is −0.13, so every score is near −16.6, just inside the
+/// async range, and p ≈ e^-16.6 against phi: each product the same, and o
+/// exactly 2^-9. Sums scaled further down lose it: with p × 2^8 each
+/// product lands on f32's subnormal grid at about 17 steps, rounded the
+/// same way every key (1% off). The online softmax takes p against the
+/// max instead (1).
+#[test]
+fn x86_attention_kv8_subnormal_values_match_the_interpreter() {
+    use rand::{Rng, SeedableRng};
+    if !runnable() {
+        return;
+    }
+    let base = library::get("attention-decode-kv8").unwrap();
+    let d = 128;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1300);
+    let key: Vec<f32> = (0..d).map(|_| rng.gen_range(0.99..1.0)).collect();
+    for kernel in [base.clone(), online(base)] {
+        for (_, att) in every_form(&kernel) {
+            for (hq, kvh, s) in [(8, 8, 70), (6, 2, 300)] {
+                let rows = s * kvh;
+                let q = vec![f16::from_f32(-0.13); hq * d];
+                let kd: Vec<f32> = key.iter().copied().cycle().take(rows * d).collect();
+                let v_amp = 2f32.powi(-9);
+                let vd = vec![v_amp; rows * d];
+                let inp = attention_inputs::inputs_from(&kernel, q, &kd, &vd, rows, d);
+                let c = Case {
+                    s,
+                    hq,
+                    kvh,
+                    d,
+                    q_amp: 0.0,
+                    v_amp,
+                    threads: 2,
+                    chunk: None,
+                    seed: 0,
+                };
+                let recomputed = check_inputs(&att, &kernel, &c, &inp);
+                assert_eq!(
+                    recomputed, 0,
+                    "{}: scores left the async range",
+                    kernel.name
+                );
             }
         }
     }

@@ -50,6 +50,11 @@ fn every_instruction_of_the_x86_layer_round_trips_through_llvm_mc() {
     a.vcvtph2ps_load64(Ymm(9), mem(RSP, 72));
     a.vmovups_store128(mem(RSP, 88), Ymm(12));
     a.vpmovsxbw_load(Ymm(10), mem(RCX, 16));
+    a.vpmovsxbd_load(Ymm(11), mem(R12, 8));
+    a.vpmovsxbd_load(Ymm(2), mem(RAX, 0));
+    a.vpmovsxbd_load(Ymm(3), mem(R13, 0));
+    a.vpmovzxbd_load(Ymm(12), mem(RSP, 1024));
+    a.vpmovzxbd_load(Ymm(4), mem(RBP, -8));
     a.vfmadd231ps_mem(Ymm(11), Ymm(12), mem(RBP, 96));
     a.vfmadd231ps(Ymm(1), Ymm(2), Ymm(3));
     a.vaddps(Ymm(1), Ymm(2), Ymm(3));

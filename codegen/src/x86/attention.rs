@@ -52,11 +52,14 @@
 //!      registers; 16 for one head in ymm0–31) live in registers across
 //!      the block, in `num[d/8][9][8]` between blocks. fp8 values in
 //!      ymm0–15 take every head of a tile a pass instead, fewer chunks a
-//!      group, so each key's values are widened once (`pv_pass`). fp8
-//!      e4m3 bytes become f16 bits of 2^-8 of the value (sign-extended,
-//!      shifted, one mask; exact, subnormals included; 16 at a time),
-//!      stored and converted from memory as f16 values are, and p is
-//!      stored × 2^8 for them. With AVX512VL ([`DecodeIsa::ymm32`]) a pass
+//!      group, so each key's values are widened once (`pv_pass`). There
+//!      fp8 e4m3 bytes become f32 bits of 2^-120 of the value in a
+//!      register (sign-extended, shifted, one mask; exact, subnormals
+//!      included; 8 at a time), p is stored × 2^64 and `num` scaled by
+//!      2^56 where the tile finishes (`PvRegisters::fp8_f32`). In ymm0–31
+//!      they become f16 bits of 2^-8 of the value instead (16 at a time),
+//!      stored and converted from memory as f16 values are, p × 2^8. With
+//!      AVX512VL ([`DecodeIsa::ymm32`]) a pass
 //!      takes up to 6 heads in ymm0–31. With AVX512_BF16 and AVX512_VBMI
 //!      ([`DecodeIsa::bf16_values`]) fp8 values go by `vdpbf16ps` on key
 //!      pairs instead, looked up as bf16 by `vpermi2b`, p split into two
@@ -314,6 +317,22 @@ const FRAME_BF16: i32 = DECODE_FRAME + 512;
 const V_F16_DOWN: i32 = DECODE_FRAME;
 /// The decode frame with the f16 P·V's constant.
 const FRAME_F16: i32 = DECODE_FRAME + 32;
+// The f32 widening's constants ([`PvRegisters::fp8_f32`]), past the
+// shared frame.
+/// fp8 e4m3 → f32 bits of 2^-120 of the value: `(sign-extended code << 20)
+/// & 0x87F00000` per i32.
+const V_E4M3_F32: i32 = DECODE_FRAME;
+/// 2^56 in every lane: `num` × 2^-56 ([`FP8_F32_P_SCALE`] over 2^120) back
+/// to its value once a call, where a tile finishes.
+const V_NUM_UNSCALE: i32 = DECODE_FRAME + 32;
+/// The decode frame with the f32 widening's constants.
+const FRAME_FP8_F32: i32 = DECODE_FRAME + 64;
+// The AMX score loop's areas start at FRAME_BF16: past these too.
+const _: () = assert!(FRAME_FP8_F32 <= FRAME_BF16);
+/// p × 2^64 for fp8 values widened to f32 bits of 2^-120 of the value, so
+/// the P·V sums are 2^-56 of theirs: p (at most e^hi) stays far from f32's
+/// overflow and the sums of the smallest products far from its subnormals.
+const FP8_F32_P_SCALE: f32 = 18_446_744_073_709_551_616.0;
 
 /// Bytes of a tile's record, which precedes its areas in the scratch.
 const REC: i32 = 4 * DECODE_TILE_RECORD as i32;
@@ -666,6 +685,7 @@ pub fn emit_for(
         let heads = PvRegisters {
             ymm32: true,
             widen_once: false,
+            fp8_f32: false,
             bf16,
             f16,
         }
@@ -694,22 +714,42 @@ pub fn emit_for(
             "int8 keys of several-head tiles by AMX tdpbssd, 32 keys a trip; q's i16 codes as two int8 parts, 256·hi + lo (AMX-INT8)",
         );
     }
+    let regs = PvRegisters {
+        ymm32: isa.ymm32,
+        widen_once: !isa.ymm32 && values == Values::E4M3,
+        fp8_f32: !isa.ymm32 && values == Values::E4M3 && fp8_f32_fits(softmax),
+        bf16,
+        f16,
+    };
+    if regs.fp8_f32 {
+        a.comment(
+            "P·V of fp8 values widened to f32 bits of 2^-120 of the value (sign-extended, shifted, one mask), p × 2^64, num × 2^56 where a tile finishes",
+        );
+    }
     let frame = if form.amx {
         amx_scores::FRAME_AMX
     } else if bf16 {
         FRAME_BF16
     } else if f16 {
         FRAME_F16
+    } else if regs.fp8_f32 {
+        FRAME_FP8_F32
     } else {
         DECODE_FRAME
     };
     common::prologue_framed(&mut a, frame);
     constants(&mut a, softmax);
-    if values == Values::E4M3 {
-        splat(&mut a, V_E4M3_F16, 0xBFFF_BFFF);
-    }
-    if values == Values::E4M3 || f16 {
-        splat(&mut a, V_P_SCALE, 256f32.to_bits());
+    if regs.fp8_f32 {
+        splat(&mut a, V_E4M3_F32, 0x87F0_0000);
+        splat(&mut a, V_NUM_UNSCALE, 2f32.powi(56).to_bits());
+        splat(&mut a, V_P_SCALE, FP8_F32_P_SCALE.to_bits());
+    } else {
+        if values == Values::E4M3 {
+            splat(&mut a, V_E4M3_F16, 0xBFFF_BFFF);
+        }
+        if values == Values::E4M3 || f16 {
+            splat(&mut a, V_P_SCALE, 256f32.to_bits());
+        }
     }
     if f16 {
         splat(&mut a, V_F16_DOWN, 0x1C00_1C00);
@@ -720,12 +760,6 @@ pub fn emit_for(
     setup(&mut a, keys, values);
     pv_block(&mut a, values, f16);
 
-    let regs = PvRegisters {
-        ymm32: isa.ymm32,
-        widen_once: !isa.ymm32 && values == Values::E4M3,
-        bf16,
-        f16,
-    };
     if form.amx {
         amx_scores::config(&mut a);
     }
@@ -733,7 +767,7 @@ pub fn emit_for(
     super_blocks(&mut a, keys, values, softmax, form, regs);
     each_tile(&mut a, |a| {
         count_recomputed(a, softmax);
-        finish_tile(a);
+        finish_tile(a, regs.fp8_f32);
     });
     if form.amx {
         a.tilerelease();
@@ -2090,7 +2124,13 @@ fn rebase(a: &mut X86Asm, softmax: SoftmaxMode) {
     a.vmovups_store(mem(RSP, V_ALPHA), Ymm(2));
     a.vmulps_mem(Ymm(3), Ymm(2), mem(RBX, R_DEN));
     a.vmovups_store(mem(RBX, R_DEN), Ymm(3));
-    // num[c][i] ·= α_i.
+    scale_num(a);
+    a.bind(same);
+}
+
+/// `num[c][i] ·= α_i` for each head i of the tile at rbx, α at `V_ALPHA`.
+/// Clobbers rax, rcx, rdx, r11, r12, ymm0 and ymm1.
+fn scale_num(a: &mut X86Asm) {
     num_chunk_stride(a, R11);
     a.zero(R12);
     let (head, heads_done) = (a.new_label(), a.new_label());
@@ -2117,7 +2157,6 @@ fn rebase(a: &mut X86Asm, softmax: SoftmaxMode) {
     a.add_imm(R12, 1);
     a.jmp(head);
     a.bind(heads_done);
-    a.bind(same);
 }
 
 /// Heads of the tile at rbx that fell back to the online softmax (a score
@@ -2494,6 +2533,15 @@ struct PvRegisters {
     /// loads made 12 FMAs slower in a loop held in L1 (5.5 TSC ticks
     /// against 4.7).
     widen_once: bool,
+    /// fp8 values widened straight to f32 bits of 2^-120 of the value, a
+    /// chunk at a time in registers ([`fp8_chunk_to_f32`]), instead of to
+    /// f16 bits in the frame ([`fp8_row_to_f16`]); p is then stored ×
+    /// [`FP8_F32_P_SCALE`] and `num` rescaled where the tile finishes. A
+    /// one-head pass of 8 chunks took 12.9 cycles a key this way against
+    /// 15.3–15.7 by the frame, in a loop held in L1 on an AMD Zen 3 (the
+    /// frame's `vcvtph2ps` waits on the stores it reads). ymm0–15 only: the
+    /// AVX-512 forms keep the path measured there.
+    fp8_f32: bool,
     /// fp8 values by bf16 dots ([`pv_pass_bf16`]): zmm accumulators.
     bf16: bool,
     /// Several-head tiles by f16 FMAs ([`pv_pass_f16`]): accumulators of
@@ -2827,22 +2875,22 @@ fn pv_pass(
         for h in 0..hs {
             regs.broadcast(a, p(h), mem(RSI, 4 * h as i32));
         }
-        if values == Values::E4M3 {
+        if values == Values::E4M3 && !regs.fp8_f32 {
             fp8_row_to_f16(a, nc, vx);
         }
         for c in 0..nc {
-            value_chunk(a, values, vx, c);
+            value_chunk(a, values, regs, vx, c);
             for h in 0..hs {
                 regs.fma(a, acc(h, c), vx, p(h));
             }
         }
     } else {
         let (v, p) = (|c: usize| Ymm(c as u8), Ymm(nc as u8));
-        if values == Values::E4M3 {
+        if values == Values::E4M3 && !regs.fp8_f32 {
             fp8_row_to_f16(a, nc, v(0));
         }
         for c in 0..nc {
-            value_chunk(a, values, v(c), c);
+            value_chunk(a, values, regs, v(c), c);
         }
         for h in 0..hs {
             regs.broadcast(a, p, mem(RSI, 4 * h as i32));
@@ -2871,7 +2919,9 @@ fn pv_pass(
 /// register is the slow form on an AMD Zen 3 (8 of them and 8 FMAs took
 /// 8.9 TSC ticks in a loop held in L1, 8 from memory with their FMAs 3.5),
 /// and a one-head pass of 8 chunks took 7.7 ticks a key this way against
-/// 12.1 converting each pair in registers.
+/// 12.1 converting each pair in registers. The passes in ymm0–15 widen to
+/// f32 instead ([`PvRegisters::fp8_f32`]) unless the async range is too
+/// wide for its scale of p.
 fn fp8_row_to_f16(a: &mut X86Asm, nc: usize, tmp: Ymm) {
     assert!(16 * nc as i32 <= FP8_ROW_BYTES, "fp8 row slot");
     for c in (0..nc).step_by(2) {
@@ -2891,14 +2941,36 @@ fn fp8_row_to_f16(a: &mut X86Asm, nc: usize, tmp: Ymm) {
     }
 }
 
-/// Chunk `c` of a key's values (f16 at rax, or fp8 already at
-/// `V_FP8_ROW` as f16 bits) → f32 in `dst`.
-fn value_chunk(a: &mut X86Asm, values: Values, dst: Ymm, c: usize) {
+/// Chunk `c` of a key's values (f16 at rax, fp8 at rax widened here
+/// ([`PvRegisters::fp8_f32`]), or fp8 already at `V_FP8_ROW` as f16 bits)
+/// → f32 in `dst` (for fp8, 2^-120 or 2^-8 of the values).
+fn value_chunk(a: &mut X86Asm, values: Values, regs: PvRegisters, dst: Ymm, c: usize) {
     let at = match values {
         Values::F16 => mem(RAX, 16 * c as i32),
+        Values::E4M3 if regs.fp8_f32 => return fp8_chunk_to_f32(a, dst, c),
         Values::E4M3 => mem(RSP, V_FP8_ROW + 16 * c as i32),
     };
     a.vcvtph2ps_load(dst, at);
+}
+
+/// Chunk `c` of a key's fp8 e4m3 codes at rax → f32 bits of 2^-120 of the
+/// values in `dst` (exact, subnormals included): sign-extended to i32, the
+/// exponent and mantissa shifted into f32's fields (bit 27 up holds sign
+/// copies), the sign and those fields kept by one mask.
+fn fp8_chunk_to_f32(a: &mut X86Asm, dst: Ymm, c: usize) {
+    a.vpmovsxbd_load(dst, mem(RAX, 8 * c as i32));
+    a.vpslld_imm(dst, dst, 20);
+    a.vpand_mem(dst, dst, mem(RSP, V_E4M3_F32));
+}
+
+/// Whether p × [`FP8_F32_P_SCALE`] stays finite with room: p is at most 1
+/// against the running max, or e^hi against the async softmax's phi (the
+/// library's hi is 6.5; a range past 2^40 keeps the f16 widening).
+fn fp8_f32_fits(softmax: SoftmaxMode) -> bool {
+    match softmax {
+        SoftmaxMode::Online => true,
+        SoftmaxMode::Async { hi, .. } => hi * std::f32::consts::LOG2_E <= 40.0,
+    }
 }
 
 /// [`pv_pass`] for a tile of several heads by AVX512-FP16 FMAs on zmm: per
@@ -3249,8 +3321,14 @@ fn pv_pass_bf16(
 }
 
 /// `o = num / den` to f16 for each head of the tile at rbx; the first
-/// tile's head 0 leaves its softmax state in the split region.
-fn finish_tile(a: &mut X86Asm) {
+/// tile's head 0 leaves its softmax state in the split region. With
+/// `fp8_f32` `num` is first scaled back to its value ([`V_NUM_UNSCALE`]).
+fn finish_tile(a: &mut X86Asm, fp8_f32: bool) {
+    if fp8_f32 {
+        a.vmovups_load(Ymm(0), mem(RSP, V_NUM_UNSCALE));
+        a.vmovups_store(mem(RSP, V_ALPHA), Ymm(0));
+        scale_num(a);
+    }
     num_chunk_stride(a, R11);
     a.zero(R12);
     let (head, heads_done) = (a.new_label(), a.new_label());

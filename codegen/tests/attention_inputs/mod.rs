@@ -80,9 +80,6 @@ pub fn inputs_with_values(
     seed: u64,
 ) -> Inputs {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let a = kernel.as_attention().expect("an attention kernel");
-    let kf = kernel.tensor(&a.k).expect("k").format;
-    let vf = kernel.tensor(&a.v).expect("v").format;
     let q: Vec<f16> = (0..q_elems)
         .map(|_| f16::from_f32(rng.gen_range(-q_amp..q_amp)))
         .collect();
@@ -90,6 +87,22 @@ pub fn inputs_with_values(
     let vd: Vec<f32> = (0..rows * d)
         .map(|_| rng.gen_range(-v_amp..v_amp))
         .collect();
+    inputs_from(kernel, q, &kd, &vd, rows, d)
+}
+
+/// q as given, and K and V from `kd` and `vd` (`rows` rows of `d`) in
+/// `kernel`'s key and value formats.
+pub fn inputs_from(
+    kernel: &Kernel,
+    q: Vec<f16>,
+    kd: &[f32],
+    vd: &[f32],
+    rows: usize,
+    d: usize,
+) -> Inputs {
+    let a = kernel.as_attention().expect("an attention kernel");
+    let kf = kernel.tensor(&a.k).expect("k").format;
+    let vf = kernel.tensor(&a.v).expect("v").format;
     let side = |f: Format, data: &[f32]| {
         if f == Format::F16 {
             let half: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
@@ -108,8 +121,8 @@ pub fn inputs_with_values(
         }
     };
     Inputs {
-        k: side(kf, &kd),
-        v: side(vf, &vd),
+        k: side(kf, kd),
+        v: side(vf, vd),
         q,
     }
 }
