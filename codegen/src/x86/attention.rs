@@ -322,17 +322,22 @@ const FRAME_F16: i32 = DECODE_FRAME + 32;
 /// fp8 e4m3 → f32 bits of 2^-120 of the value: `(sign-extended code << 20)
 /// & 0x87F00000` per i32.
 const V_E4M3_F32: i32 = DECODE_FRAME;
-/// 2^56 in every lane: `num` × 2^-56 ([`FP8_F32_P_SCALE`] over 2^120) back
-/// to its value once a call, where a tile finishes.
+/// [`FP8_F32_NUM_UNSCALE`] in every lane: `num` back to its value once a
+/// call, where a tile finishes.
 const V_NUM_UNSCALE: i32 = DECODE_FRAME + 32;
 /// The decode frame with the f32 widening's constants.
 const FRAME_FP8_F32: i32 = DECODE_FRAME + 64;
+// p's scale times num's is 2^120, the widening's.
+const _: () = assert!((FP8_F32_P_SCALE * FP8_F32_NUM_UNSCALE).to_bits() == (127 + 120) << 23);
 // The AMX score loop's areas start at FRAME_BF16: past these too.
 const _: () = assert!(FRAME_FP8_F32 <= FRAME_BF16);
 /// p × 2^64 for fp8 values widened to f32 bits of 2^-120 of the value, so
 /// the P·V sums are 2^-56 of theirs: p (at most e^hi) stays far from f32's
 /// overflow and the sums of the smallest products far from its subnormals.
-const FP8_F32_P_SCALE: f32 = 18_446_744_073_709_551_616.0;
+const FP8_F32_P_SCALE: f32 = f32::from_bits((127 + 64) << 23);
+/// What `num` is multiplied by where the tile finishes: 2^120 (the
+/// widening's scale) over [`FP8_F32_P_SCALE`].
+const FP8_F32_NUM_UNSCALE: f32 = f32::from_bits((127 + 120 - 64) << 23);
 
 /// Bytes of a tile's record, which precedes its areas in the scratch.
 const REC: i32 = 4 * DECODE_TILE_RECORD as i32;
@@ -741,7 +746,7 @@ pub fn emit_for(
     constants(&mut a, softmax);
     if regs.fp8_f32 {
         splat(&mut a, V_E4M3_F32, 0x87F0_0000);
-        splat(&mut a, V_NUM_UNSCALE, 2f32.powi(56).to_bits());
+        splat(&mut a, V_NUM_UNSCALE, FP8_F32_NUM_UNSCALE.to_bits());
         splat(&mut a, V_P_SCALE, FP8_F32_P_SCALE.to_bits());
     } else {
         if values == Values::E4M3 {
