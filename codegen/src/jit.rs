@@ -61,10 +61,11 @@ impl JitCode {
         let buffer = buffer.make_exec()?;
         dynasmrt::cache_control::prepare_for_execution(&buffer);
         if let Some(mode) = std::env::var_os("TESSERA_PERF_MAP") {
-            let dir = std::env::temp_dir();
+            // perf looks in /tmp whatever TMPDIR says.
+            let dir = std::path::Path::new("/tmp");
             let with_bytes = mode == "code";
             let start = buffer.as_ptr() as usize;
-            if let Err(e) = announce(&dir, std::process::id(), start, code, with_bytes) {
+            if let Err(e) = announce(dir, std::process::id(), start, code, with_bytes) {
                 eprintln!("TESSERA_PERF_MAP: {}: {e}", dir.display());
             }
         }
