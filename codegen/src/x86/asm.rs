@@ -569,7 +569,7 @@ impl X86Asm {
     fn vex_vnni(&mut self, opcode: u8, name: &str, dst: Ymm, a: Ymm, b: Ymm) {
         self.log(format!("{{vex}} {name} {dst}, {a}, {b}"));
         let (d, v, r) = (dst.0 & 15, a.0 & 15, b.0 & 15);
-        let byte1 = (((!d >> 3) & 1) << 7) | (1 << 6) | (((!r >> 3) & 1) << 5) | 0b00010;
+        let byte1 = vex3_byte1(d, r, 0b00010);
         let byte2 = (((!v) & 15) << 3) | (1 << 2) | 0b01;
         let modrm = 0b1100_0000 | ((d & 7) << 3) | (r & 7);
         self.ops.extend([0xC4, byte1, byte2, opcode, modrm]);
@@ -856,7 +856,7 @@ impl X86Asm {
     /// [R X=1 B m-mmmm=00010] [W=0 vvvv=1111 L=1 pp=01] opcode modrm.
     fn vex_0f38_load(&mut self, opcode: u8, name: &str, dst: Ymm, m: Mem) {
         let (d, b) = (dst.0 & 15, m.base.0 & 15);
-        let byte1 = (((!d >> 3) & 1) << 7) | (1 << 6) | (((!b >> 3) & 1) << 5) | 0b00010;
+        let byte1 = vex3_byte1(d, b, 0b00010);
         let mut bytes = vec![0xC4, byte1, 0x7D, opcode];
         super::evex::modrm_address(&mut bytes, d, m.base, None, m.disp, 1);
         self.raw(&bytes, format!("{name} {dst}, qword ptr {m}"));
@@ -875,7 +875,7 @@ impl X86Asm {
         // dynasm 5.1 has no ymm form. VEX.256.0F.WIG 50 /r:
         // C4 [R X B m-mmmm=00001] [W vvvv=1111 L=1 pp=00] 50 modrm.
         let (d, r) = (dst.0 & 15, src.0 & 15);
-        let byte1 = (((!d >> 3) & 1) << 7) | (1 << 6) | (((!r >> 3) & 1) << 5) | 0b00001;
+        let byte1 = vex3_byte1(d, r, 0b00001);
         let byte2 = (0b1111 << 3) | (1 << 2);
         let modrm = 0b1100_0000 | ((d & 7) << 3) | (r & 7);
         self.ops.extend([0xC4, byte1, byte2, 0x50, modrm]);
@@ -934,6 +934,13 @@ pub(crate) fn bytes_of(emit: impl FnOnce(&mut X86Asm)) -> (Vec<u8>, String) {
     let mut a = X86Asm::new();
     emit(&mut a);
     a.finish().unwrap()
+}
+
+/// The second byte of a 3-byte VEX prefix (C4): R̄ from ModRM.reg's
+/// register `reg`, X̄ = 1 (no index), B̄ from ModRM.rm's register or base
+/// `rm`, and the opcode map (`0b00001` 0F, `0b00010` 0F38).
+fn vex3_byte1(reg: u8, rm: u8, map: u8) -> u8 {
+    (((!reg >> 3) & 1) << 7) | (1 << 6) | (((!rm >> 3) & 1) << 5) | map
 }
 
 #[cfg(test)]
