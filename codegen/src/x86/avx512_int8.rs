@@ -76,12 +76,13 @@
 //! Opmask k2 = the shifted lanes, k3 = the valid lanes of the column block
 //! being stored.
 //!
-//! **Panel buffer.** With K short enough ([`PANEL_BUFFER_BYTES`]) and m
-//! past one row block, the multi-row loop unpacks each panel once into a
-//! 64-byte-aligned stack buffer below the frame and its row blocks load B
-//! from there (one `vmovdqu32` per column block and step instead of the
-//! unpack). One row block (every flat GEMM at m ≤ ep) unpacks in the
-//! loop: the buffer's extra pass halved its speed on Zen 4.
+//! **Panel buffer.** In the GEMM, with K short enough
+//! ([`PANEL_BUFFER_BYTES`]) and m past one row block, the multi-row loop
+//! unpacks each panel once into a 64-byte-aligned stack buffer below the
+//! frame and its row blocks load B from there (one `vmovdqu32` per column
+//! block and step instead of the unpack). One row block, and every flat
+//! GEMM, unpacks in the loop: the buffer's extra pass halved a flat GEMM's
+//! speed at one row block on Zen 4 and made it 1.6× slower at two on Zen 5.
 //!
 //! **Prefetch.** The flat and one-row loops prefetch the weight stream
 //! as the ymm kernel does ([`WeightPrefetch`]): without it the

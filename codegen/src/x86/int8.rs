@@ -643,7 +643,16 @@ pub(super) fn emit_on<V: Int8File>(
         None => a.mov_imm(RAX, 1),
     }
     a.store64(mem(f.base, f.groups), RAX);
-    V::open_panel_buffer(&mut a, k);
+    // Only the GEMM unpacks a panel once for all its row blocks. A flat
+    // GEMM's M spans a few row blocks, where the buffer's extra pass (a
+    // store and a reload of every unpacked byte) costs more than the
+    // unpacks it saves: on Zen 5 it made flat M = 9–16 1.6× slower than
+    // unpacking in each row block (Q4_0 4096×4096), and with one row
+    // block it halved a flat GEMM's speed on Zen 4.
+    let buffered = variant == Variant::Gemm && k.nibbles();
+    if buffered {
+        V::open_panel_buffer(&mut a, k);
+    }
     if k.ep > 1 && variant != Variant::Gemv {
         let (one_row, done) = (a.new_label(), a.new_label());
         a.load64(RAX, mem(RDI, MM_M));
@@ -651,13 +660,12 @@ pub(super) fn emit_on<V: Int8File>(
         a.jcc(Cond::E, one_row);
         if let Some(buffer) = f.panel_buffer {
             let direct = a.new_label();
-            if k.nibbles() {
+            if buffered {
                 a.load64(RAX, mem(f.base, buffer));
                 a.cmp_imm(RAX, 0);
                 a.jcc(Cond::E, direct);
-                // One row block reads each panel once: unpacking it into
-                // the buffer first would add a pass and halve a flat
-                // GEMM's speed (measured on Zen 4).
+                // One row block reads each panel once: unpacking in the
+                // loop is the cheaper way to read it.
                 a.load64(RAX, mem(RDI, MM_M));
                 a.cmp_imm(RAX, k.ep as i32);
                 a.jcc(Cond::Be, direct);
