@@ -78,7 +78,7 @@ pub struct HostBench<'a> {
     start: Instant,
     rng: ChaCha8Rng,
     shape: Option<ShapeData>,
-    prepared: BTreeMap<(u8, [u32; 3]), Prepared>,
+    prepared: BTreeMap<(u8, [u32; 3], u32), Prepared>,
     x32: Vec<f32>,
     x16: Vec<f16>,
     y32: Vec<f32>,
@@ -86,13 +86,8 @@ pub struct HostBench<'a> {
     stop: Arc<AtomicBool>,
 }
 
-fn key(c: &Candidate) -> (u8, [u32; 3]) {
-    let v = match c.variant {
-        tessera_dsl::ir::Variant::Gemv => 0,
-        tessera_dsl::ir::Variant::FlatGemm => 1,
-        tessera_dsl::ir::Variant::Gemm => 2,
-    };
-    (v, c.tile3())
+fn key(c: &Candidate) -> (u8, [u32; 3], u32) {
+    c.key()
 }
 
 impl<'a> HostBench<'a> {

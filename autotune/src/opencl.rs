@@ -201,7 +201,7 @@ pub struct ClBench<'a> {
     /// Built programs by source hash (kept across shapes).
     programs: BTreeMap<u64, Arc<ClMatmul>>,
     /// Candidate → its program.
-    prepared: BTreeMap<(u8, [u32; 3]), Arc<ClMatmul>>,
+    prepared: BTreeMap<(u8, [u32; 3], u32), Arc<ClMatmul>>,
     /// Uploaded weights by row count (rotated copies for the full slice).
     weights: BTreeMap<usize, Vec<ClWeights>>,
     next: usize,
@@ -209,13 +209,8 @@ pub struct ClBench<'a> {
     io: Option<(ClIo, usize, usize)>,
 }
 
-fn key(c: &Candidate) -> (u8, [u32; 3]) {
-    let v = match c.variant {
-        Variant::Gemv => 0,
-        Variant::FlatGemm => 1,
-        Variant::Gemm => 2,
-    };
-    (v, c.tile3())
+fn key(c: &Candidate) -> (u8, [u32; 3], u32) {
+    c.key()
 }
 
 impl ClBench<'_> {

@@ -67,8 +67,14 @@ impl Candidate {
         [self.tile.ep, self.tile.hp, self.tile.lp]
     }
 
-    fn key(&self) -> (u8, [u32; 3]) {
-        (variant_index(self.variant), self.tile3())
+    /// Variant, tile shape and register budget: a tile of one shape may
+    /// exist on two targets (x86 ymm and zmm), which are two candidates.
+    pub fn key(&self) -> (u8, [u32; 3], u32) {
+        (
+            variant_index(self.variant),
+            self.tile3(),
+            self.tile.accounting.budget,
+        )
     }
 }
 
@@ -175,10 +181,11 @@ impl SolverCtx<'_> {
         }
     }
 
-    /// Whether `[ep, hp, lp]` is a feasible tile of `caps` at `m` rows:
-    /// the runtime rebuilds a recorded tile on the first target that has
-    /// it, so a flat tile of the wider target is offered only where the
-    /// flat target has no tile of the same shape.
+    /// Whether `[ep, hp, lp]` is a feasible tile of `caps` at `m` rows.
+    /// The variants' candidates of the wider target are only shapes the
+    /// narrower has no tile of (the runtime rebuilds a variant's recorded
+    /// tile on the first target that has it); the flat steps time a shape
+    /// on both ([`ShapeTuner::wider_twin`]) and name the winner's target.
     fn feasible_on(&self, caps: &TargetCaps, tile: [u32; 3], m: usize, n: usize, k: usize) -> bool {
         tile::feasible(caps, &self.problem(m, n, k))
             .is_ok_and(|ts| ts.iter().any(|t| [t.ep, t.hp, t.lp] == tile))
@@ -242,8 +249,8 @@ impl SolverCtx<'_> {
     /// Where the GEMM runs on a wider register file (x86 with AVX-512:
     /// zmm), up to `count` of its target's tiles for the GEMV or flat
     /// GEMM that `keep` takes, best first: only tiles the variant's own
-    /// target has no tile of the same shape for (the record names a tile
-    /// by its shape). Empty elsewhere.
+    /// target has no tile of the same shape for (the record names a
+    /// variant's tile by its shape). Empty elsewhere.
     fn wider_tiles(
         &self,
         variant: Variant,
@@ -536,7 +543,7 @@ pub fn tune<B: Bench + ?Sized>(
 }
 
 /// A candidate's key and the M it was timed at.
-type TimingKey = ((u8, [u32; 3]), usize);
+type TimingKey = ((u8, [u32; 3], u32), usize);
 
 struct ShapeTuner<'a, B: Bench + ?Sized> {
     bench: &'a mut B,
@@ -884,9 +891,9 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             return *flat;
         }
         // A wider target's flat tile (zmm) steps on that target to a shape
-        // the flat target has no tile of, else to the flat target's tile:
-        // the runtime rebuilds a recorded tile on the first target that
-        // has its shape (see `SolverCtx::candidates`), and both pack alike.
+        // the flat target has no tile of, else to the flat target's tile
+        // (both pack alike), which `flat_at` then times against its zmm
+        // twin ([`ShapeTuner::wider_twin`]).
         let (n, k) = (self.shape.n, self.shape.k);
         let mut caps = self.solver.caps_of(Variant::FlatGemm, &flat.tile);
         if caps.name != self.solver.caps.name
@@ -920,7 +927,20 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         if let Some(c) = self.flat_steps.get(&m) {
             return *c;
         }
-        let own = self.prepared_or(self.flat_packed_step(flat, m), *flat, m);
+        let mut own = self.prepared_or(self.flat_packed_step(flat, m), *flat, m);
+        if let Some(twin) = self.wider_twin(&own, m)
+            && self.prepared(&twin, m)
+        {
+            // The same shape and packing on the wider registers: a tie
+            // keeps the narrower (the tile's first target).
+            match self.duel("flat step registers", &own, &twin, m, false) {
+                Ok(true) => {
+                    self.release_step(&own, flat);
+                    own = twin;
+                }
+                _ => self.release_step(&twin, flat),
+            }
+        }
         let c = match self.gemm_packed_step(flat, m) {
             Some(wide) if self.prepared(&wide, m) => {
                 // A tie goes by the solver's cost at M, as every tie does.
@@ -942,6 +962,29 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         };
         self.flat_steps.insert(m, c);
         c
+    }
+
+    /// `step` on the wider GEMM target (x86 zmm) when it is on the flat
+    /// target and the wider one has a tile of the same shape at `m` rows
+    /// (the same packing): the runtime builds a recorded tile on the
+    /// target the record names, so both are candidates. No kernel is
+    /// built.
+    fn wider_twin(&self, step: &Candidate, m: usize) -> Option<Candidate> {
+        let wide = self.solver.caps_for(Variant::Gemm);
+        let own = self.solver.caps_of(Variant::FlatGemm, &step.tile);
+        if !self.solver.wider_gemm() || own.name == wide.name || self.solver.caps.gpu.is_some() {
+            return None;
+        }
+        let problem = self.solver.problem(m, self.shape.n, self.shape.k);
+        tile::feasible(wide, &problem)
+            .ok()?
+            .into_iter()
+            .find(|t| [t.ep, t.hp, t.lp] == step.tile3() && (self.solver.accept)(t))
+            .map(|tile| Candidate {
+                variant: Variant::FlatGemm,
+                tile,
+                order: step.order,
+            })
     }
 
     /// `c` prepared for timing at `m`, or `fallback` when the bench
@@ -1057,6 +1100,16 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         let wins = decide::upper_serves(&v, tie_to_upper);
         let chose = if wins { upper } else { lower };
         self.note(step.to_string(), m, lower, upper, &v, chose);
+        if label(lower) == label(upper) {
+            // One shape on two targets: the labels name them.
+            let on = |c: &Candidate| format!(" on {}", self.target_of(c));
+            let (a, b, c) = (on(lower), on(upper), on(chose));
+            if let Some(d) = self.decisions.last_mut() {
+                d.a += &a;
+                d.b += &b;
+                d.chose += &c;
+            }
+        }
         Ok(wins)
     }
 

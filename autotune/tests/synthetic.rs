@@ -42,6 +42,9 @@ struct Sim {
     calls: usize,
     stop_after: Option<usize>,
     refuse: Option<Variant>,
+    /// Time factor of flat tiles on 32 registers (x86 zmm), whose shapes
+    /// the ymm target may share.
+    zmm_flat: f64,
 }
 
 impl Sim {
@@ -54,6 +57,7 @@ impl Sim {
             calls: 0,
             stop_after: None,
             refuse: None,
+            zmm_flat: 1.0,
         }
     }
 }
@@ -73,7 +77,11 @@ impl Bench for Sim {
         self.calls += 1;
         let scale = (shape.n * shape.k) as f64 / (2048.0 * 1536.0);
         let jitter = 1.0 + self.noise * (self.rng.gen_range(-1.0..1.0));
-        let t = (self.model)(cand.variant, cand.tile3(), m) * scale * jitter;
+        let zmm = cand.variant == Variant::FlatGemm && cand.tile.accounting.budget == 32;
+        let t = (self.model)(cand.variant, cand.tile3(), m)
+            * scale
+            * jitter
+            * if zmm { self.zmm_flat } else { 1.0 };
         self.clock.set(self.clock.get() + t);
         Ok(t)
     }
@@ -631,4 +639,50 @@ fn a_zmm_flat_winner_steps_to_tiles_of_m_rows() {
         }
     }
     assert!(checked > 0);
+}
+
+/// Where a flat step's shape exists on both x86 targets (ymm and zmm pack
+/// a 16-column tile alike) the two are timed against each other and the
+/// record names the faster one's target; a tie keeps the ymm one.
+#[test]
+fn a_flat_step_on_both_register_files_takes_the_faster() {
+    let solver = SolverCtx {
+        gemm_caps: TargetCaps::by_name("x86-avx512").unwrap(),
+        weight_groups: true,
+        nibble_runs: true,
+        ..solver()
+    };
+    for (zmm_flat, want) in [(0.7, "x86-avx512"), (1.3, "x86-avx2"), (1.0, "x86-avx2")] {
+        let mut sim = Sim::new(zmm_flat_model, 5, 0.0);
+        sim.zmm_flat = zmm_flat;
+        let out = tune(&mut sim, &solver, &shapes(), &[], &config(1e6), &mut |_| {}).unwrap();
+        let mut checked = 0;
+        for s in &out.shapes {
+            for (m, w) in s.flat_steps() {
+                let problem = solver.problem(m, s.n, s.k);
+                let on = |caps: &TargetCaps| {
+                    tessera_codegen::tile::feasible(caps, &problem)
+                        .unwrap()
+                        .iter()
+                        .any(|t| [t.ep, t.hp, t.lp] == w.tile)
+                };
+                if !(on(solver.caps) && on(solver.gemm_caps)) {
+                    continue;
+                }
+                assert_eq!(w.target, want, "zmm ×{zmm_flat} at M = {m}: {w:?}");
+                let duel = s
+                    .notes
+                    .decisions
+                    .iter()
+                    .find(|d| d.step == "flat step registers" && d.m == m)
+                    .unwrap_or_else(|| panic!("no duel at M = {m}: {:?}", s.notes.decisions));
+                assert!(duel.chose.ends_with(&format!(" on {want}")), "{duel:?}");
+                checked += 1;
+            }
+        }
+        assert!(
+            checked > 0,
+            "zmm ×{zmm_flat}: no step shared by both targets"
+        );
+    }
 }

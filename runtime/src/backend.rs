@@ -162,7 +162,9 @@ enum Engine {
     Cuda(cuda::CudaEngine),
 }
 
-type MatmulKey = (String, Variant, [u32; 3]);
+/// Kernel name, variant, tile and the target asked for first (None: the
+/// first target that has the tile's shape).
+type MatmulKey = (String, Variant, [u32; 3], Option<String>);
 
 /// An open backend with its pool and prepared kernels.
 pub struct Device {
@@ -528,12 +530,13 @@ impl Device {
         &self,
         format: WeightFormat,
         tile: [u32; 3],
+        target: Option<&str>,
         n: usize,
         k: usize,
     ) -> Result<Arc<HostMatmul>, RuntimeError> {
         self.host_only("a host matmul")?;
         let kernel = self.host_kernel(format)?;
-        self.matmul(&kernel, Variant::FlatGemm, tile, n, k)
+        self.matmul_on(&kernel, Variant::FlatGemm, tile, target, n, k)
     }
 
     /// The dispatch plan of [n, k]: breakpoints and winners from the record
@@ -774,7 +777,8 @@ impl Device {
         Ok(())
     }
 
-    /// The kernel of `variant` at `tile`, prepared once per device.
+    /// The kernel of `variant` at `tile`, prepared once per device, on the
+    /// first target that has a tile of that shape.
     fn matmul(
         &self,
         kernel: &Kernel,
@@ -783,11 +787,30 @@ impl Device {
         n: usize,
         k: usize,
     ) -> Result<Arc<HostMatmul>, RuntimeError> {
-        let key = (kernel.name.clone(), variant, tile);
+        self.matmul_on(kernel, variant, tile, None, n, k)
+    }
+
+    /// [`Self::matmul`] on `target` first where it has the tile (a record
+    /// names the target it timed a tile on).
+    fn matmul_on(
+        &self,
+        kernel: &Kernel,
+        variant: Variant,
+        tile: [u32; 3],
+        target: Option<&str>,
+        n: usize,
+        k: usize,
+    ) -> Result<Arc<HostMatmul>, RuntimeError> {
+        let key = (
+            kernel.name.clone(),
+            variant,
+            tile,
+            target.map(str::to_string),
+        );
         if let Some(code) = lock(&self.matmuls).get(&key) {
             return Ok(Arc::clone(code));
         }
-        let code = Arc::new(self.load_matmul(kernel, variant, tile, n, k)?);
+        let code = Arc::new(self.load_matmul(kernel, variant, tile, target, n, k)?);
         lock(&self.matmuls).insert(key, Arc::clone(&code));
         Ok(code)
     }
@@ -847,11 +870,12 @@ impl Device {
         kernel: &Kernel,
         variant: Variant,
         tile: [u32; 3],
+        target: Option<&str>,
         n: usize,
         k: usize,
     ) -> Result<HostMatmul, RuntimeError> {
         #[cfg(not(feature = "jit"))]
-        let _ = (n, k);
+        let _ = (n, k, target);
         let host_tile = HostTile {
             ep: tile[0] as usize,
             hp: tile[1] as usize,
@@ -878,7 +902,7 @@ impl Device {
             Engine::Cuda(_) => Err(self.not_host()),
             #[cfg(feature = "jit")]
             _ => {
-                let (code, quantizer) = self.emit_matmul(kernel, variant, tile, n, k)?;
+                let (code, quantizer) = self.emit_matmul(kernel, variant, tile, target, n, k)?;
                 Ok(HostMatmul::new(
                     kernel,
                     host_tile,
@@ -1329,6 +1353,7 @@ mod jit {
             kernel: &Kernel,
             variant: Variant,
             tile: [u32; 3],
+            target: Option<&str>,
             n: usize,
             k: usize,
         ) -> Result<TileConfig, RuntimeError> {
@@ -1345,6 +1370,11 @@ mod jit {
                 };
                 if b.avx512 {
                     targets.extend(TargetCaps::by_name(other).ok());
+                }
+                // A recorded target goes first: a 16-column int8 tile of
+                // few rows exists on both, and the tuner timed one.
+                if let Some(first) = targets.iter().position(|c| Some(c.name) == target) {
+                    targets.swap(0, first);
                 }
             }
             // NEON with i8mm solves the GEMV on aarch64-dotprod; a record's
@@ -1378,10 +1408,11 @@ mod jit {
             kernel: &Kernel,
             variant: Variant,
             tile: [u32; 3],
+            target: Option<&str>,
             n: usize,
             k: usize,
         ) -> Result<(MachineCode, Option<MachineCode>), RuntimeError> {
-            let config = self.tile_config(kernel, variant, tile, n, k)?;
+            let config = self.tile_config(kernel, variant, tile, target, n, k)?;
             let what = format!("{} {variant} tile {tile:?}", kernel.name);
             let err = |e: EmitError| emit_err(&what, e);
             let i8dyn = kernel
@@ -1455,7 +1486,12 @@ mod jit {
                     else {
                         continue;
                     };
-                    let key = (kernel.name.clone(), variant, [tile.ep, tile.hp, tile.lp]);
+                    let key = (
+                        kernel.name.clone(),
+                        variant,
+                        [tile.ep, tile.hp, tile.lp],
+                        None,
+                    );
                     let known = lock(&self.matmuls).contains_key(&key)
                         || jobs.iter().any(|j| {
                             j.variant == variant && [j.tile.ep, j.tile.hp, j.tile.lp] == key.2
@@ -1480,6 +1516,7 @@ mod jit {
                         kernel.name.clone(),
                         job.variant,
                         [job.tile.ep, job.tile.hp, job.tile.lp],
+                        None,
                     );
                     lock(&self.matmuls).insert(key, Arc::new(host));
                 }
@@ -1513,6 +1550,43 @@ mod jit {
                 clif.emit(kernel, &tile)
                     .map_err(|e| emit_err(&kernel.name, e))?,
             )
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::super::{Backend, Device, DeviceOptions};
+        use crate::format::WeightFormat;
+        use tessera_dsl::ir::Variant;
+
+        /// A 4-row, 16-column Q4_0 flat tile exists on both x86 targets
+        /// with AVX-512: unnamed it is built on the first (ymm), named it
+        /// is built on the target the record timed. SKIP without
+        /// AVX512-VNNI (the zmm int8 kernel).
+        #[test]
+        fn a_named_target_goes_first() {
+            use tessera_codegen::x86;
+            if !(x86::missing_features().is_empty()
+                && x86::host_has_avx512()
+                && x86::host_has_avx512_vnni())
+            {
+                eprintln!("SKIP: no AVX512-VNNI");
+                return;
+            }
+            let dev = Device::open(Backend::HostX86, DeviceOptions::default()).unwrap();
+            let kernel = dev.host_kernel(WeightFormat::Q4_0).unwrap();
+            let (tile, n, k) = ([4, 16, 4], 64, 256);
+            let budget = |target| {
+                dev.tile_config(&kernel, Variant::FlatGemm, tile, target, n, k)
+                    .unwrap()
+                    .accounting
+                    .budget
+            };
+            assert_eq!(budget(None), 16);
+            assert_eq!(budget(Some(x86::NAME)), 16);
+            assert_eq!(budget(Some(x86::AVX512_NAME)), 32);
+            // A target that has no such tile is passed over, not an error.
+            assert_eq!(budget(Some("aarch64-i8mm")), 16);
         }
     }
 }

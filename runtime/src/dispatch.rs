@@ -73,6 +73,11 @@ pub struct FlatStep {
     pub tile: [u32; 3],
     /// Whether the step came from the record (false: the default rule).
     pub from_record: bool,
+    /// The target the record timed this tile on, where a tile of its shape
+    /// exists on two (x86 with AVX-512: ymm and zmm pack a 16-column tile
+    /// alike, and the tuner times both); None: the first target that has
+    /// the shape.
+    pub target: Option<String>,
 }
 
 /// The flat tile for `m` rows derived from the flat variant's `base` tile:
@@ -109,6 +114,7 @@ pub fn default_flat_steps(base: [u32; 3], m1: usize, m2: usize, row_unit: u32) -
                 from_m: m,
                 tile,
                 from_record: false,
+                target: None,
             });
         }
     }
@@ -140,21 +146,25 @@ pub fn flat_steps_for(
             |t: &[u32; 3]| t[1..] == flat_tile[1..] || held.iter().any(|h| h[1..] == t[1..]);
         let mut steps: Vec<FlatStep> = Vec::new();
         for (from_m, w) in s.flat_steps() {
-            let (tile, from_record) = if packs_held(&w.tile) {
-                (w.tile, true)
+            let (tile, from_record, target) = if packs_held(&w.tile) {
+                (w.tile, true, Some(w.target.clone()))
             } else {
                 tracing::warn!(
                     step = ?w.tile,
                     flat = ?flat_tile,
                     "a recorded flat step packs like no variant's tile; using the default step"
                 );
-                (flat_tile_for(flat_tile, from_m, row_unit), false)
+                (flat_tile_for(flat_tile, from_m, row_unit), false, None)
             };
-            if steps.last().is_none_or(|l: &FlatStep| l.tile != tile) {
+            if steps
+                .last()
+                .is_none_or(|l: &FlatStep| (&l.tile, &l.target) != (&tile, &target))
+            {
                 steps.push(FlatStep {
                     from_m,
                     tile,
                     from_record,
+                    target,
                 });
             }
         }
@@ -253,6 +263,9 @@ impl fmt::Display for ShapePlan {
                     s.tile[2],
                     if s.from_record { "" } else { "*" }
                 )?;
+                if let Some(target) = &s.target {
+                    write!(f, "@{target}")?;
+                }
             }
         }
         match &self.source {

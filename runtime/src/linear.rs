@@ -550,7 +550,7 @@ impl Linear {
         };
         step.and_then(|(i, s)| {
             flat.get(i)?
-                .get_or_init(|| self.flat_step_kernel(s.tile))
+                .get_or_init(|| self.flat_step_kernel(s))
                 .as_ref()
         })
         .unwrap_or(&kernels[variant_index(variant)])
@@ -573,9 +573,12 @@ impl Linear {
 
     /// Prepare one flat step's kernel, or warn and let the flat variant's
     /// kernel serve its M.
-    fn flat_step_kernel(&self, tile: [u32; 3]) -> Option<Arc<HostMatmul>> {
-        let (n, k) = (self.plan.n, self.plan.k);
-        match self.device.flat_step_matmul(self.format, tile, n, k) {
+    fn flat_step_kernel(&self, step: &crate::dispatch::FlatStep) -> Option<Arc<HostMatmul>> {
+        let (n, k, tile) = (self.plan.n, self.plan.k, step.tile);
+        match self
+            .device
+            .flat_step_matmul(self.format, tile, step.target.as_deref(), n, k)
+        {
             Ok(kernel) => Some(kernel),
             Err(e) => {
                 tracing::warn!(

@@ -1272,6 +1272,65 @@ fn zmm_gemv_and_flat_winners_run_on_the_avx512_kernel() {
     }
 }
 
+/// A recorded flat step names the target it was timed on: a Q4_0 tile of
+/// 4 rows and 16 columns exists on both x86 targets with AVX-512 (the
+/// GEMM's packing), and the record's zmm choice and ymm choice each run and
+/// match the interpreter; the plan shows the named targets. SKIP without
+/// AVX512-VNNI.
+#[test]
+fn a_flat_step_runs_on_the_target_its_record_names() {
+    use tessera_codegen::x86;
+    if !(x86::missing_features().is_empty()
+        && x86::host_has_avx512()
+        && x86::host_has_avx512_vnni())
+    {
+        eprintln!("SKIP: no AVX512-VNNI");
+        return;
+    }
+    let (n, k, m1, m2) = (72, 96, 2, 12);
+    let probe = device(Backend::HostX86, 1, None);
+    let rec = record_for(&probe, WeightFormat::Q4_0, n, k, m1, m2);
+    let gemm = rec.entries[0].shapes[0].winner(Variant::Gemm).unwrap().tile;
+    if gemm[1] != 16 {
+        eprintln!("SKIP: the GEMM tile {gemm:?} is not 16 columns wide");
+        return;
+    }
+    let mut r = rng(17);
+    let w = randv(&mut r, n * k);
+    let bias = randv(&mut r, n);
+    for (two, four) in [(x86::NAME, x86::AVX512_NAME), (x86::AVX512_NAME, x86::NAME)] {
+        let mut rec = rec.clone();
+        let step = |from_m: usize, ep: u32, target: &str| Winner {
+            variant: Variant::FlatGemm,
+            target: target.into(),
+            tile: [ep, gemm[1], gemm[2]],
+            kernel: String::new(),
+            from_m: Some(from_m),
+        };
+        rec.entries[0].shapes[0]
+            .winners
+            .extend([step(2, 2, two), step(4, 4, four)]);
+        let dev = device(Backend::HostX86, 2, Some(rec));
+        let lin = Linear::new(
+            &dev,
+            WeightFormat::Q4_0,
+            Weights::F32(&w),
+            n,
+            k,
+            Some(&bias),
+        )
+        .unwrap();
+        let plan = lin.plan().to_string();
+        assert!(plan.contains(&format!("2:2x16x4@{two}")), "{plan}");
+        assert!(plan.contains(&format!("4:4x16x4@{four}")), "{plan}");
+        for m in 2..8 {
+            let x = randv(&mut r, m * k);
+            let what = format!("m={m} ({plan})");
+            assert_matches_reference(&lin, Backend::HostX86, &x, (&w, &bias), m, &what);
+        }
+    }
+}
+
 /// Layers that read one input (Q, K, V; gate, up) through a `SharedInput`:
 /// the result is bit for bit each layer's own `forward`, which matches the
 /// interpreter; layers of one shape share one quantization; layers of
