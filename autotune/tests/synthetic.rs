@@ -596,20 +596,25 @@ fn zmm_flat_model(variant: Variant, tile: [u32; 3], m: usize) -> f64 {
     }
 }
 
-/// A zmm flat winner steps, at each M of fewer rows, to a tile of M rows:
-/// the AVX2 target's where it has that shape (the runtime rebuilds a
-/// recorded tile on the first target that has it; both pack alike), else
-/// the zmm one, never the winner itself with rows to spare.
-#[test]
-fn a_zmm_flat_winner_steps_to_tiles_of_m_rows() {
-    // Grouped 4-bit weights (Q4_0's problem): the zmm flat candidates
-    // are 8 × 16 and 9 × 16, whose packing the AVX2 target has tiles of.
-    let solver = SolverCtx {
+/// Grouped 4-bit weights (Q4_0's problem) with an AVX-512 GEMM: the zmm
+/// flat candidates are 8 × 16 and 9 × 16, whose packing the AVX2 target
+/// has tiles of.
+fn q4_with_a_zmm_gemm() -> SolverCtx<'static> {
+    SolverCtx {
         gemm_caps: TargetCaps::by_name("x86-avx512").unwrap(),
         weight_groups: true,
         nibble_runs: true,
         ..solver()
-    };
+    }
+}
+
+/// A zmm flat winner steps, at each M of fewer rows, to a tile of M rows:
+/// the AVX2 target's where it has that shape (here its zmm twin times the
+/// same, and a tie keeps the AVX2 one; both pack alike), else the zmm one,
+/// never the winner itself with rows to spare.
+#[test]
+fn a_zmm_flat_winner_steps_to_tiles_of_m_rows() {
+    let solver = q4_with_a_zmm_gemm();
     let mut sim = Sim::new(zmm_flat_model, 5, 0.0);
     let out = tune(&mut sim, &solver, &shapes(), &[], &config(1e6), &mut |_| {}).unwrap();
     let mut checked = 0;
@@ -646,12 +651,7 @@ fn a_zmm_flat_winner_steps_to_tiles_of_m_rows() {
 /// record names the faster one's target; a tie keeps the ymm one.
 #[test]
 fn a_flat_step_on_both_register_files_takes_the_faster() {
-    let solver = SolverCtx {
-        gemm_caps: TargetCaps::by_name("x86-avx512").unwrap(),
-        weight_groups: true,
-        nibble_runs: true,
-        ..solver()
-    };
+    let solver = q4_with_a_zmm_gemm();
     for (zmm_flat, want) in [(0.7, "x86-avx512"), (1.3, "x86-avx2"), (1.0, "x86-avx2")] {
         let mut sim = Sim::new(zmm_flat_model, 5, 0.0);
         sim.zmm_flat = zmm_flat;
