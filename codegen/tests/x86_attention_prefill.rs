@@ -28,7 +28,33 @@ fn runnable() -> bool {
 }
 
 fn compile(kernel: &Kernel) -> HostAttention {
-    let code = attention::emit(kernel).expect("emit");
+    compile_for(kernel, attention::DecodeIsa::default())
+}
+
+/// The kernel with its flash loop on zmm (`ymm32`: AVX512F and AVX512VL),
+/// or None (and a SKIP line) where the CPU lacks them.
+fn compile_zmm(kernel: &Kernel) -> Option<HostAttention> {
+    if !tessera_codegen::x86::host_has_avx512_vnni() {
+        eprintln!(
+            "SKIP {}: no AVX512VL here, the zmm flash loop untested",
+            kernel.name
+        );
+        return None;
+    }
+    let isa = attention::DecodeIsa {
+        ymm32: true,
+        ..attention::DecodeIsa::default()
+    };
+    Some(compile_for(kernel, isa))
+}
+
+fn compile_for(kernel: &Kernel, isa: attention::DecodeIsa) -> HostAttention {
+    let code = attention::emit_for(
+        kernel,
+        tessera_codegen::artifact::PrefillBlocks::DEFAULT,
+        isa,
+    )
+    .expect("emit");
     assert!(
         code.whole_prefill.is_some(),
         "{}: whole-prefill code",
@@ -238,5 +264,24 @@ fn x86_prefill_in_other_blocks() {
         let att = HostAttention::new(&kernel, &code).unwrap();
         assert_eq!(att.prefill_blocks(), Some(blocks));
         prefill_harness::spot_checks(&att, &kernel, 1 + i % 2, 40 + i as u64);
+    }
+}
+
+/// The flash loop on zmm (AVX-512: scores of 16 rows a zmm, P·V 16 lanes
+/// of d a zmm): the sweeps, the head dims of the prefill target (d = 8 and
+/// 40 end in an odd 8-lane chunk, which takes the ymm P·V) and far scores.
+#[test]
+fn x86_prefill_zmm_pv() {
+    if !runnable() {
+        return;
+    }
+    for name in ["attention-prefill-f16", "attention-prefill-kv8"] {
+        let kernel = library::get(name).unwrap();
+        let Some(att) = compile_zmm(&kernel) else {
+            return;
+        };
+        sweep(&att, &kernel, &[8, 64, 80, 128], &TS);
+        head_dims_and_long_contexts(&att, &kernel, &[40, 64, 80, 96, 128, 256]);
+        far_scores(&att, &kernel);
     }
 }

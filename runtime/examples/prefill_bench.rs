@@ -18,7 +18,8 @@
 //! heads of Llama2-7B (32 / 32 × 128) and Qwen2-1.5B (12 / 2 × 128). Each
 //! line: ms per call (median of at least 5 and 0.5 s), GFLOP/s of the
 //! causal work (4·hq·d per visible query–key pair: QKᵀ and P·V), that as a
-//! share of an FMA loop on as many threads measured just before, and each
+//! share of the widest FMA loop (zmm with AVX-512) on as many threads
+//! measured just before, and each
 //! per-token path's time and its ratio to the prefill's.
 
 use std::sync::Arc;
@@ -34,9 +35,74 @@ use tessera_runtime::{Attention, Backend, Device, DeviceOptions, KvCache, KvCapa
 
 type Error = Box<dyn std::error::Error>;
 
+/// The machine's FMA peak on `threads` threads, GFLOP/s: the 16-lane
+/// loop's where the CPU has AVX-512 (a zmm FMA is twice a ymm one on Zen 5
+/// and the server Xeons, the same on Zen 4), else the 8-lane loop's; and
+/// the name of the one used.
+fn fma_peak(threads: usize) -> (f64, &'static str) {
+    let ymm = fma_peak_ymm(threads);
+    let zmm = fma_peak_zmm(threads);
+    if zmm > ymm {
+        (zmm, "zmm")
+    } else {
+        (ymm, "ymm")
+    }
+}
+
+/// Runs `chains` (a thread's share) on `threads` threads, best of 5, as
+/// GFLOP/s for `flops` per call.
+fn best_rate(threads: usize, flops: usize, chains: &(dyn Fn() -> f32 + Sync)) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| std::hint::black_box(chains()));
+            }
+        });
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    (threads * flops) as f64 / best / 1e9
+}
+
+/// GFLOP/s of independent 16-lane FMAs (12 chains a thread); 0 without
+/// AVX-512F.
+fn fma_peak_zmm(threads: usize) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return 0.0;
+        }
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chains(iters: usize) -> f32 {
+            let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+            let mut acc = [_mm512_set1_ps(1.0); 12];
+            for _ in 0..iters {
+                for a in acc.iter_mut() {
+                    *a = _mm512_fmadd_ps(*a, m, c);
+                }
+            }
+            let mut t = acc[0];
+            for a in &acc[1..] {
+                t = _mm512_add_ps(t, *a);
+            }
+            _mm512_reduce_add_ps(t)
+        }
+        let iters = 10_000_000;
+        // SAFETY: AVX-512F was detected just above.
+        best_rate(threads, iters * 12 * 32, &|| unsafe { chains(iters) })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = threads;
+        0.0
+    }
+}
+
 /// GFLOP/s of independent 8-lane FMAs on `threads` threads (12 chains
 /// each, enough to cover the FMA latency on every x86 core), best of 5.
-fn fma_peak(threads: usize) -> f64 {
+fn fma_peak_ymm(threads: usize) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::*;
@@ -59,18 +125,8 @@ fn fma_peak(threads: usize) -> f64 {
             s.iter().sum()
         }
         let iters = 20_000_000;
-        let mut best = f64::INFINITY;
-        for _ in 0..5 {
-            let t0 = Instant::now();
-            std::thread::scope(|s| {
-                for _ in 0..threads {
-                    // SAFETY: the caller checked AVX and FMA (main).
-                    s.spawn(move || std::hint::black_box(unsafe { chains(iters) }));
-                }
-            });
-            best = best.min(t0.elapsed().as_secs_f64());
-        }
-        (threads * iters * 12 * 16) as f64 / best / 1e9
+        // SAFETY: the caller checked AVX and FMA (main).
+        best_rate(threads, iters * 12 * 16, &|| unsafe { chains(iters) })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -162,7 +218,7 @@ fn main() -> Result<(), Error> {
         "ratio"
     );
     for &t in &threads {
-        let peak = fma_peak(t);
+        let (peak, width) = fma_peak(t);
         let open = |backend| -> Result<Arc<Device>, Error> {
             let options = DeviceOptions {
                 threads: Some(t),
@@ -171,7 +227,7 @@ fn main() -> Result<(), Error> {
             Ok(Arc::new(Device::open(backend, options)?))
         };
         let (x86, clif) = (open(Backend::HostX86)?, open(Backend::HostClif)?);
-        println!("{t} thread(s): FMA peak {peak:.1} GFLOP/s");
+        println!("{t} thread(s): FMA peak {peak:.1} GFLOP/s ({width})");
         for &(model, hq, kvh) in &models {
             for &format in &formats {
                 // The per-token path on x86: its decode kernel once per token.

@@ -196,6 +196,29 @@ fn every_x86_attention_listing_matches_its_bytes() {
             }
         }
     }
+    // The prefill's flash loop: ymm, and with AVX512VL its zmm scores and
+    // P·V.
+    for name in ["attention-prefill-f16", "attention-prefill-kv8"] {
+        let kernel = tessera_dsl::library::get(name).unwrap();
+        use tessera_codegen::x86::attention::{self, DecodeIsa};
+        for ymm32 in [false, true] {
+            let isa = DecodeIsa {
+                ymm32,
+                ..DecodeIsa::default()
+            };
+            let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
+            let code = attention::emit_for(&kernel, blocks, isa).unwrap();
+            assert!(code.whole_prefill.is_some(), "{name}");
+            if !agrees_with_llvm_mc(
+                &code.listing,
+                &code.bytes,
+                "+avx2,+fma,+f16c,+popcnt,+avx512vl,+avx512f",
+                &format!("{name} {isa:?}"),
+            ) {
+                return;
+            }
+        }
+    }
 }
 
 #[test]

@@ -36,6 +36,13 @@
 //! | scores (24 rows × 4 keys) | accumulators (3 row vectors × 4 keys) | `qt` row vectors | key element broadcast |
 //! | P·V (3 rows × 4 chunks) | accumulators (3 rows × 4 chunks of d) | p broadcasts | V chunk |
 //!
+//! With AVX-512 (the caller's `ymm32`) the two loops widen: a score tile's
+//! rows are one zmm (rows 0–15, zmm0–3 for the 4 keys) and one ymm (rows
+//! 16–23, ymm4–7), q in zmm8 / ymm9, the key element broadcast in zmm10;
+//! the P·V takes 3 rows × up to 8 16-lane chunks of d in zmm0–23, p in
+//! zmm24–26, V in zmm27, each accumulator two of `O`'s 8-lane chunks
+//! (loaded and stored as halves). Memory layouts do not change.
+//!
 //! Scratch: [`crate::host_attention::prefill_scratch_floats`]; `d` a
 //! multiple of 8; q pre-scaled by 1/√d; online softmax only.
 
@@ -45,6 +52,7 @@ use super::attention::{
     exp_ps,
 };
 use super::common;
+use super::evex::Zmm;
 use crate::artifact::{EmitError, MachineCode, PrefillBlocks};
 use crate::host_attention::*;
 
@@ -138,19 +146,24 @@ const PREFILL_FRAME: i32 = FRAME + 320;
 
 /// Emit the causal prefill of `kernel` (formats already checked by
 /// [`attention::emit`]) in `blocks`: rows a multiple of the 24-row score
-/// tile, keys of 4, each from 4 to 4096.
+/// tile, keys of 4, each from 4 to 4096. With `zmm` (AVX512F and
+/// AVX512VL) the scores and the P·V run on zmm ([`scores`], [`pv_zmm`]).
 pub(super) fn emit(
     name: &str,
     keys: Keys,
     values: Values,
     header: &str,
     blocks: PrefillBlocks,
+    zmm: bool,
 ) -> Result<MachineCode, EmitError> {
     let g = geometry(blocks, TILE_ROWS as u32)?;
     let mut a = X86Asm::new();
     a.comment(&format!(
-        "{name} x86-avx2 attention prefill (flash: {}-row × {}-key blocks): {header}",
-        g.r, g.c
+        "{name} x86-{} attention prefill (flash: {}-row × {}-key blocks{}): {header}",
+        if zmm { "avx512" } else { "avx2" },
+        g.r,
+        g.c,
+        if zmm { ", zmm scores and P.V" } else { "" }
     ));
     common::prologue_framed(&mut a, PREFILL_FRAME);
     attention::constants(&mut a, tessera_dsl::ir::SoftmaxMode::Online);
@@ -176,9 +189,13 @@ pub(super) fn emit(
     a.cmp_mem(RAX, mem(RSP, P_KEND));
     a.jcc(Cond::Ge, kb_done);
     pack_kv(&mut a, g, keys, values);
-    scores(&mut a, g);
+    scores(&mut a, g, zmm);
     softmax_rows(&mut a, g);
-    pv(&mut a, g);
+    if zmm {
+        pv_zmm(&mut a, g);
+    } else {
+        pv(&mut a, g);
+    }
     a.load64(RAX, mem(RSP, P_J0));
     a.add_imm(RAX, g.c);
     a.store64(mem(RSP, P_J0), RAX);
@@ -602,8 +619,12 @@ fn pack_kv(a: &mut X86Asm, g: Geometry, keys: Keys, values: Values) {
 /// FMAs, no horizontal reduction. Row tiles outer (a tile's `qt` columns,
 /// 12 KiB at d = 128, stay in L1 across the key quads); a quad past the
 /// tile's last causal limit ends it (rows are in limit order).
-fn scores(a: &mut X86Asm, g: Geometry) {
-    a.comment("scores: 24-row x 4-key tiles (rows in lanes), st[C][R]");
+fn scores(a: &mut X86Asm, g: Geometry, zmm: bool) {
+    a.comment(if zmm {
+        "scores: 24-row x 4-key tiles (rows in lanes: a zmm and a ymm), st[C][R]"
+    } else {
+        "scores: 24-row x 4-key tiles (rows in lanes), st[C][R]"
+    });
     let acc = |v: u8, j: u8| Ymm(v * 4 + j);
     // r14 = tile's first row, r15 = its last row's limit − j0, r12 = quad.
     a.zero(R14);
@@ -625,9 +646,21 @@ fn scores(a: &mut X86Asm, g: Geometry) {
     a.jcc(Cond::Ge, quads_done);
     a.cmp(R12, R15);
     a.jcc(Cond::G, quads_done);
-    for v in 0..3 {
+    // With `zmm` a tile's rows are one zmm (rows 0–15, zmm0–3) and one
+    // ymm (rows 16–23, ymm4–7) a key: 8 FMAs a d-index where three ymm
+    // take 12, and 2 q loads where they take 3.
+    let (zacc, yacc) = (|j: u8| Zmm(j), |j: u8| Ymm(4 + j));
+    let (zq, yq, zk) = (Zmm(8), Ymm(9), Zmm(10));
+    if zmm {
         for j in 0..4 {
-            a.vxorps(acc(v, j), acc(v, j), acc(v, j));
+            a.vpxord_zmm(zacc(j), zacc(j), zacc(j));
+            a.vxorps(yacc(j), yacc(j), yacc(j));
+        }
+    } else {
+        for v in 0..3 {
+            for j in 0..4 {
+                a.vxorps(acc(v, j), acc(v, j), acc(v, j));
+            }
         }
     }
     // rsi = qt + 4·r0; r8..r11 = kp rows j .. j+3; rcx = d/8.
@@ -651,6 +684,17 @@ fn scores(a: &mut X86Asm, g: Geometry) {
     a.bind(step);
     let kx = Ymm(15);
     for k in 0..8 {
+        if zmm {
+            a.vmovups_zmm_load(zq, mem(RSI, k * g.qts()));
+            a.vmovups_load(yq, mem(RSI, k * g.qts() + 64));
+            for (j, base) in [R8, R9, R10, R11].into_iter().enumerate() {
+                // The broadcast's low 8 lanes serve the ymm rows.
+                a.vbroadcastss_zmm_load(zk, mem(base, 4 * k));
+                a.vfmadd231ps_zmm(zacc(j as u8), zq, zk);
+                a.vfmadd231ps(yacc(j as u8), yq, Ymm(zk.0));
+            }
+            continue;
+        }
         for v in 0..3u8 {
             a.vmovups_load(Ymm(12 + v), mem(RSI, k * g.qts() + 32 * v as i32));
         }
@@ -676,6 +720,11 @@ fn scores(a: &mut X86Asm, g: Geometry) {
     a.load64(RCX, mem(RSP, P_S));
     a.add(RAX, RCX);
     for j in 0..4u8 {
+        if zmm {
+            a.vmovups_zmm_store(mem(RAX, g.sts() * j as i32), zacc(j));
+            a.vmovups_store(mem(RAX, g.sts() * j as i32 + 64), yacc(j));
+            continue;
+        }
         for v in 0..3u8 {
             a.vmovups_store(mem(RAX, g.sts() * j as i32 + 32 * v as i32), acc(v, j));
         }
@@ -817,6 +866,135 @@ fn pv(a: &mut X86Asm, g: Geometry) {
     a.store64(mem(RSP, P_C0), RAX);
     a.jmp(group);
     a.bind(groups_done);
+}
+
+/// Most 16-lane chunks one zmm P·V pass holds for three rows: 24
+/// accumulators, 3 p broadcasts and a V chunk in zmm0–27.
+const ZMM_PV_CHUNKS: usize = 8;
+
+/// [`pv`] on zmm: groups of up to [`ZMM_PV_CHUNKS`] 16-lane chunks of d
+/// (each two of `O`'s 8-lane chunks) × row triples, so an FMA takes 16
+/// lanes where the ymm pass takes 8 and each key's p broadcasts serve
+/// twice the lanes. A last odd 8-lane chunk (d an odd multiple of 8)
+/// takes the ymm pass.
+fn pv_zmm(a: &mut X86Asm, g: Geometry) {
+    a.comment("P.V on zmm: up to 8 16-lane chunks x 3-row passes, O = alpha.O + P.V");
+    a.zero(RAX);
+    a.store64(mem(RSP, P_C0), RAX);
+    let (group, groups_done) = (a.new_label(), a.new_label());
+    a.bind(group);
+    a.load64(RAX, mem(RSP, P_C0));
+    a.cmp_mem(RAX, mem(RSP, P_D8));
+    a.jcc(Cond::Ge, groups_done);
+    // rdx = 8-lane chunks left; dispatch on the zmm chunks they make.
+    a.load64(RDX, mem(RSP, P_D8));
+    a.sub(RDX, RAX);
+    let by_chunks: Vec<Label> = (0..ZMM_PV_CHUNKS).map(|_| a.new_label()).collect();
+    let odd = a.new_label();
+    for nz in (1..=ZMM_PV_CHUNKS).rev() {
+        a.cmp_imm(RDX, 2 * nz as i32);
+        a.jcc(Cond::Ge, by_chunks[nz - 1]);
+    }
+    a.jmp(odd);
+    for (i, l) in by_chunks.iter().enumerate() {
+        a.bind(*l);
+        pv_rows_zmm(a, g, i + 1);
+        a.load64(RAX, mem(RSP, P_C0));
+        a.add_imm(RAX, 2 * (i as i32 + 1));
+        a.store64(mem(RSP, P_C0), RAX);
+        a.jmp(group);
+    }
+    a.bind(odd);
+    pv_rows(a, g, 1);
+    a.load64(RAX, mem(RSP, P_C0));
+    a.add_imm(RAX, 1);
+    a.store64(mem(RSP, P_C0), RAX);
+    a.jmp(group);
+    a.bind(groups_done);
+}
+
+/// Every row triple of the block over the 8-lane chunks `c0 .. c0 + 2·nz`
+/// on zmm: accumulator (r, c) holds `O`'s chunks 2c and 2c + 1 of row r,
+/// loaded and stored as two halves.
+fn pv_rows_zmm(a: &mut X86Asm, g: Geometry, nz: usize) {
+    let acc = |r: usize, c: usize| Zmm((r * nz + c) as u8);
+    let p = |r: usize| Zmm((3 * ZMM_PV_CHUNKS + r) as u8);
+    let vx = Zmm(3 * ZMM_PV_CHUNKS as u8 + 3);
+    let half =
+        |c: usize, hi: usize, r: usize| mem(RDX, g.qs() * (2 * c + hi) as i32 + 32 * r as i32);
+    a.zero(R12);
+    let (triple, triples_done) = (a.new_label(), a.new_label());
+    a.bind(triple);
+    a.cmp_mem(R12, mem(RSP, P_RNP));
+    a.jcc(Cond::Ge, triples_done);
+    // r8 = keys this triple sees in the block, as in `pv_rows`.
+    let next_triple = a.new_label();
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 3);
+    a.load64(RCX, mem(RSP, P_LIMI));
+    a.add(RAX, RCX);
+    a.load64(R8, mem(RAX, 16));
+    a.load64(RCX, mem(RSP, P_J0));
+    a.sub(R8, RCX);
+    a.add_imm(R8, 1);
+    a.cmp_imm(R8, 0);
+    a.jcc(Cond::Le, next_triple);
+    common::min_mem(a, R8, mem(RSP, P_CNT));
+    // rdx = O + c0·QS + 32·r.
+    a.load64(RAX, mem(RSP, P_C0));
+    a.imul_imm(RAX, RAX, g.qs());
+    a.mov(RCX, R12);
+    a.shl_imm(RCX, 5);
+    a.add(RAX, RCX);
+    a.load64(RDX, mem(RSP, P_O));
+    a.add(RDX, RAX);
+    // acc = α·O, each from its two 8-lane halves.
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 2);
+    a.load64(RCX, mem(RSP, P_ALPHA));
+    a.add(RAX, RCX);
+    for r in 0..3 {
+        for c in 0..nz {
+            a.vmovups_ymm_evex_load(Ymm(acc(r, c).0), half(c, 0, r));
+            a.vinsertf64x4_hi_mem(acc(r, c), acc(r, c), half(c, 1, r));
+            a.vmulps_zmm_bcst(acc(r, c), acc(r, c), mem(RAX, 4 * r as i32));
+        }
+    }
+    // rsi = p of (key 0, r); rax = vp + 32·c0; rcx = vp row stride.
+    a.mov(RSI, R12);
+    a.shl_imm(RSI, 2);
+    a.load64(RAX, mem(RSP, P_S));
+    a.add(RSI, RAX);
+    a.load64(RAX, mem(RSP, P_C0));
+    a.shl_imm(RAX, 5);
+    a.load64(RCX, mem(RSP, P_VP));
+    a.add(RAX, RCX);
+    a.load64(RCX, mem(RSP, P_VROWB));
+    let top = a.new_label();
+    a.bind(top);
+    for r in 0..3 {
+        a.vbroadcastss_zmm_load(p(r), mem(RSI, 4 * r as i32));
+    }
+    for c in 0..nz {
+        a.vmovups_zmm_load(vx, mem(RAX, 64 * c as i32));
+        for r in 0..3 {
+            a.vfmadd231ps_zmm(acc(r, c), vx, p(r));
+        }
+    }
+    a.add_imm(RSI, g.sts());
+    a.add(RAX, RCX);
+    a.sub_imm(R8, 1);
+    a.jcc(Cond::Ne, top);
+    for r in 0..3 {
+        for c in 0..nz {
+            a.vmovups_ymm_evex_store(half(c, 0, r), Ymm(acc(r, c).0));
+            a.vextractf64x4_hi_store(half(c, 1, r), acc(r, c));
+        }
+    }
+    a.bind(next_triple);
+    a.add_imm(R12, 3);
+    a.jmp(triple);
+    a.bind(triples_done);
 }
 
 /// Every row triple of the block over chunks `c0 .. c0 + nc`.
