@@ -922,12 +922,97 @@ fn pv_rows_zmm(a: &mut X86Asm, g: Geometry, nz: usize) {
     let vx = Zmm(3 * ZMM_PV_CHUNKS as u8 + 3);
     let half =
         |c: usize, hi: usize, r: usize| mem(RDX, g.qs() * (2 * c + hi) as i32 + 32 * r as i32);
+    row_triples(
+        a,
+        |a| {
+            for r in 0..3 {
+                for c in 0..nz {
+                    a.vmovups_ymm_evex_load(Ymm(acc(r, c).0), half(c, 0, r));
+                    a.vinsertf64x4_hi_mem(acc(r, c), acc(r, c), half(c, 1, r));
+                    a.vmulps_zmm_bcst(acc(r, c), acc(r, c), mem(RAX, 4 * r as i32));
+                }
+            }
+        },
+        |a| {
+            for r in 0..3 {
+                a.vbroadcastss_zmm_load(p(r), mem(RSI, 4 * r as i32));
+            }
+            for c in 0..nz {
+                a.vmovups_zmm_load(vx, mem(RAX, 64 * c as i32));
+                for r in 0..3 {
+                    a.vfmadd231ps_zmm(acc(r, c), vx, p(r));
+                }
+            }
+        },
+        |a| {
+            for r in 0..3 {
+                for c in 0..nz {
+                    a.vmovups_ymm_evex_store(half(c, 0, r), Ymm(acc(r, c).0));
+                    a.vextractf64x4_hi_store(half(c, 1, r), acc(r, c));
+                }
+            }
+        },
+        g,
+    );
+}
+
+/// Every row triple of the block over chunks `c0 .. c0 + nc`.
+fn pv_rows(a: &mut X86Asm, g: Geometry, nc: usize) {
+    let acc = |r: usize, c: usize| Ymm((r * nc + c) as u8);
+    let p = |r: usize| Ymm((12 + r) as u8);
+    let vx = Ymm(15);
+    row_triples(
+        a,
+        |a| {
+            for r in 0..3 {
+                a.vpbroadcastd_load(p(r), mem(RAX, 4 * r as i32));
+                for c in 0..nc {
+                    a.vmulps_mem(acc(r, c), p(r), mem(RDX, g.qs() * c as i32 + 32 * r as i32));
+                }
+            }
+        },
+        |a| {
+            for r in 0..3 {
+                a.vpbroadcastd_load(p(r), mem(RSI, 4 * r as i32));
+            }
+            for c in 0..nc {
+                a.vmovups_load(vx, mem(RAX, 32 * c as i32));
+                for r in 0..3 {
+                    a.vfmadd231ps(acc(r, c), vx, p(r));
+                }
+            }
+        },
+        |a| {
+            for r in 0..3 {
+                for c in 0..nc {
+                    a.vmovups_store(mem(RDX, g.qs() * c as i32 + 32 * r as i32), acc(r, c));
+                }
+            }
+        },
+        g,
+    );
+}
+
+/// The row-triple loop of a P·V pass, its register file's parts given:
+/// `scale` sets the accumulators to α·O (rdx = `O + c0·QS + 32·r`, rax =
+/// the triple's α), `key` adds one key's p·V (rsi = its p of row r, rax =
+/// its V row at chunk c0), `store` writes the accumulators back to `O` at
+/// rdx. A triple whose rows see no key of the block is skipped (every p
+/// is 0 and α = e^0 = 1 exactly, so O stays).
+fn row_triples(
+    a: &mut X86Asm,
+    scale: impl Fn(&mut X86Asm),
+    key: impl Fn(&mut X86Asm),
+    store: impl Fn(&mut X86Asm),
+    g: Geometry,
+) {
     a.zero(R12);
     let (triple, triples_done) = (a.new_label(), a.new_label());
     a.bind(triple);
     a.cmp_mem(R12, mem(RSP, P_RNP));
     a.jcc(Cond::Ge, triples_done);
-    // r8 = keys this triple sees in the block, as in `pv_rows`.
+    // r8 = keys this triple sees in the block: min(cnt, lim(r+2) − j0 + 1)
+    // (rows are in limit order; later keys have p = 0 for all three).
     let next_triple = a.new_label();
     a.mov(RAX, R12);
     a.shl_imm(RAX, 3);
@@ -948,99 +1033,12 @@ fn pv_rows_zmm(a: &mut X86Asm, g: Geometry, nz: usize) {
     a.add(RAX, RCX);
     a.load64(RDX, mem(RSP, P_O));
     a.add(RDX, RAX);
-    // acc = α·O, each from its two 8-lane halves.
+    // rax = α of the triple's first row.
     a.mov(RAX, R12);
     a.shl_imm(RAX, 2);
     a.load64(RCX, mem(RSP, P_ALPHA));
     a.add(RAX, RCX);
-    for r in 0..3 {
-        for c in 0..nz {
-            a.vmovups_ymm_evex_load(Ymm(acc(r, c).0), half(c, 0, r));
-            a.vinsertf64x4_hi_mem(acc(r, c), acc(r, c), half(c, 1, r));
-            a.vmulps_zmm_bcst(acc(r, c), acc(r, c), mem(RAX, 4 * r as i32));
-        }
-    }
-    // rsi = p of (key 0, r); rax = vp + 32·c0; rcx = vp row stride.
-    a.mov(RSI, R12);
-    a.shl_imm(RSI, 2);
-    a.load64(RAX, mem(RSP, P_S));
-    a.add(RSI, RAX);
-    a.load64(RAX, mem(RSP, P_C0));
-    a.shl_imm(RAX, 5);
-    a.load64(RCX, mem(RSP, P_VP));
-    a.add(RAX, RCX);
-    a.load64(RCX, mem(RSP, P_VROWB));
-    let top = a.new_label();
-    a.bind(top);
-    for r in 0..3 {
-        a.vbroadcastss_zmm_load(p(r), mem(RSI, 4 * r as i32));
-    }
-    for c in 0..nz {
-        a.vmovups_zmm_load(vx, mem(RAX, 64 * c as i32));
-        for r in 0..3 {
-            a.vfmadd231ps_zmm(acc(r, c), vx, p(r));
-        }
-    }
-    a.add_imm(RSI, g.sts());
-    a.add(RAX, RCX);
-    a.sub_imm(R8, 1);
-    a.jcc(Cond::Ne, top);
-    for r in 0..3 {
-        for c in 0..nz {
-            a.vmovups_ymm_evex_store(half(c, 0, r), Ymm(acc(r, c).0));
-            a.vextractf64x4_hi_store(half(c, 1, r), acc(r, c));
-        }
-    }
-    a.bind(next_triple);
-    a.add_imm(R12, 3);
-    a.jmp(triple);
-    a.bind(triples_done);
-}
-
-/// Every row triple of the block over chunks `c0 .. c0 + nc`.
-fn pv_rows(a: &mut X86Asm, g: Geometry, nc: usize) {
-    let acc = |r: usize, c: usize| Ymm((r * nc + c) as u8);
-    let p = |r: usize| Ymm((12 + r) as u8);
-    let vx = Ymm(15);
-    a.zero(R12);
-    let (triple, triples_done) = (a.new_label(), a.new_label());
-    a.bind(triple);
-    a.cmp_mem(R12, mem(RSP, P_RNP));
-    a.jcc(Cond::Ge, triples_done);
-    // r8 = keys this triple sees in the block: min(cnt, lim(r+2) − j0 + 1)
-    // (rows are in limit order; later keys have p = 0 for all three). None:
-    // skip (every p is 0 and α = e^0 = 1 exactly, so O stays).
-    let next_triple = a.new_label();
-    a.mov(RAX, R12);
-    a.shl_imm(RAX, 3);
-    a.load64(RCX, mem(RSP, P_LIMI));
-    a.add(RAX, RCX);
-    a.load64(R8, mem(RAX, 16));
-    a.load64(RCX, mem(RSP, P_J0));
-    a.sub(R8, RCX);
-    a.add_imm(R8, 1);
-    a.cmp_imm(R8, 0);
-    a.jcc(Cond::Le, next_triple);
-    common::min_mem(a, R8, mem(RSP, P_CNT));
-    // rdx = O + c0·QS + 32·r: acc (r', c') at + c'·QS + 32·r'.
-    a.load64(RAX, mem(RSP, P_C0));
-    a.imul_imm(RAX, RAX, g.qs());
-    a.mov(RCX, R12);
-    a.shl_imm(RCX, 5);
-    a.add(RAX, RCX);
-    a.load64(RDX, mem(RSP, P_O));
-    a.add(RDX, RAX);
-    // α of the three rows; acc = α·O.
-    a.mov(RAX, R12);
-    a.shl_imm(RAX, 2);
-    a.load64(RCX, mem(RSP, P_ALPHA));
-    a.add(RAX, RCX);
-    for r in 0..3 {
-        a.vpbroadcastd_load(p(r), mem(RAX, 4 * r as i32));
-        for c in 0..nc {
-            a.vmulps_mem(acc(r, c), p(r), mem(RDX, g.qs() * c as i32 + 32 * r as i32));
-        }
-    }
+    scale(a);
     // rsi = p of (key 0, r) (key stride STS); rax = vp + 32·c0 (row
     // stride 4·d + VPAD); r8 = keys.
     a.mov(RSI, R12);
@@ -1054,24 +1052,12 @@ fn pv_rows(a: &mut X86Asm, g: Geometry, nc: usize) {
     a.load64(RCX, mem(RSP, P_VROWB));
     let top = a.new_label();
     a.bind(top);
-    for r in 0..3 {
-        a.vpbroadcastd_load(p(r), mem(RSI, 4 * r as i32));
-    }
-    for c in 0..nc {
-        a.vmovups_load(vx, mem(RAX, 32 * c as i32));
-        for r in 0..3 {
-            a.vfmadd231ps(acc(r, c), vx, p(r));
-        }
-    }
+    key(a);
     a.add_imm(RSI, g.sts());
     a.add(RAX, RCX);
     a.sub_imm(R8, 1);
     a.jcc(Cond::Ne, top);
-    for r in 0..3 {
-        for c in 0..nc {
-            a.vmovups_store(mem(RDX, g.qs() * c as i32 + 32 * r as i32), acc(r, c));
-        }
-    }
+    store(a);
     a.bind(next_triple);
     a.add_imm(R12, 3);
     a.jmp(triple);
