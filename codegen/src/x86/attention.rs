@@ -2872,6 +2872,15 @@ fn pv_loop_top(a: &mut X86Asm, keys: Keys, values: Values, hs: usize, nc: usize)
     (top, vb)
 }
 
+/// The end of a P·V pass's key loop: p and the value row one key on, and
+/// back to `top` while keys are left (r8).
+fn pv_next_key(a: &mut X86Asm, top: Label) {
+    a.add(RSI, R12);
+    a.add(RAX, RCX);
+    a.sub_imm(R8, 1);
+    a.jcc(Cond::Ne, top);
+}
+
 /// One pass over the tile at rbx: `hs` heads from `S_SUB0`, `nc` chunks
 /// from `S_C0`, keys `S_JB..S_JEND`, accumulators in ymm0..hs·nc.
 fn pv_pass(
@@ -2936,10 +2945,7 @@ fn pv_pass(
             }
         }
     }
-    a.add(RSI, R12);
-    a.add(RAX, RCX);
-    a.sub_imm(R8, 1);
-    a.jcc(Cond::Ne, top);
+    pv_next_key(a, top);
     num_cursor(a, layout);
     for h in 0..hs {
         for c in 0..nc {
@@ -3066,10 +3072,7 @@ fn pv_pass_f16(
             a.vfmadd231ph_zmm_bcst(acc(h, q), v, mem(RSI, 2 * h as i32));
         }
     }
-    a.add(RSI, R12);
-    a.add(RAX, RCX);
-    a.sub_imm(R8, 1);
-    a.jcc(Cond::Ne, top);
+    pv_next_key(a, top);
     // num += scale · the block's sums, widened a chunk at a time.
     let w = Ymm(0);
     num_cursor(a, NumLayout::Interleaved);
@@ -3144,10 +3147,7 @@ fn pv_pass_zmm(
             a.vfmadd231ps_zmm(acc(h, z), vx, p(h));
         }
     }
-    a.add(RSI, R12);
-    a.add(RAX, RCX);
-    a.sub_imm(R8, 1);
-    a.jcc(Cond::Ne, top);
+    pv_next_key(a, top);
     num_cursor(a, layout);
     for h in 0..hs {
         for z in 0..nz {
