@@ -147,7 +147,7 @@ const PREFILL_FRAME: i32 = FRAME + 320;
 /// Emit the causal prefill of `kernel` (formats already checked by
 /// [`attention::emit`]) in `blocks`: rows a multiple of the 24-row score
 /// tile, keys of 4, each from 4 to 4096. With `zmm` (AVX512F and
-/// AVX512VL) the scores and the P·V run on zmm ([`scores`], [`pv_zmm`]).
+/// AVX512VL) the scores and the P·V run on zmm ([`scores`], [`pv`]).
 pub(super) fn emit(
     name: &str,
     keys: Keys,
@@ -191,11 +191,7 @@ pub(super) fn emit(
     pack_kv(&mut a, g, keys, values);
     scores(&mut a, g, zmm);
     softmax_rows(&mut a, g);
-    if zmm {
-        pv_zmm(&mut a, g);
-    } else {
-        pv(&mut a, g);
-    }
+    pv(&mut a, g, zmm);
     a.load64(RAX, mem(RSP, P_J0));
     a.add_imm(RAX, g.c);
     a.store64(mem(RSP, P_J0), RAX);
@@ -834,10 +830,29 @@ fn softmax_rows(a: &mut X86Asm, g: Geometry) {
     a.bind(vecs_done);
 }
 
-/// `O = α·O + P·V` over the block's `cnt` keys: groups of 4 chunks
-/// (outer: their V columns stay in L1) × row triples.
-fn pv(a: &mut X86Asm, g: Geometry) {
-    a.comment("P.V: 4-chunk groups x 3-row passes, O = alpha.O + P.V");
+/// `O = α·O + P·V` over the block's `cnt` keys: groups of chunks (outer:
+/// their V columns stay in L1) × row triples. On ymm a group is up to 4
+/// 8-lane chunks; with `zmm` up to [`ZMM_PV_CHUNKS`] 16-lane chunks (each
+/// two of `O`'s 8-lane chunks), so an FMA takes 16 lanes and each key's p
+/// broadcasts serve twice the lanes, and a last odd 8-lane chunk (d an
+/// odd multiple of 8) takes the ymm pass.
+fn pv(a: &mut X86Asm, g: Geometry, zmm: bool) {
+    // (8-lane chunks, on zmm) of each pass, widest first: a group takes
+    // the first whose chunks are left.
+    let passes: Vec<(usize, bool)> = if zmm {
+        (1..=ZMM_PV_CHUNKS)
+            .rev()
+            .map(|nz| (2 * nz, true))
+            .chain([(1, false)])
+            .collect()
+    } else {
+        (1..=4).rev().map(|nc| (nc, false)).collect()
+    };
+    a.comment(if zmm {
+        "P.V on zmm: up to 8 16-lane chunks x 3-row passes, O = alpha.O + P.V"
+    } else {
+        "P.V: 4-chunk groups x 3-row passes, O = alpha.O + P.V"
+    });
     a.zero(RAX);
     a.store64(mem(RSP, P_C0), RAX);
     let (group, groups_done) = (a.new_label(), a.new_label());
@@ -845,26 +860,27 @@ fn pv(a: &mut X86Asm, g: Geometry) {
     a.load64(RAX, mem(RSP, P_C0));
     a.cmp_mem(RAX, mem(RSP, P_D8));
     a.jcc(Cond::Ge, groups_done);
-    // Dispatch on the chunks left in this group (1..=4).
+    // rdx = 8-lane chunks left (at least 1).
     a.load64(RDX, mem(RSP, P_D8));
     a.sub(RDX, RAX);
-    let after = a.new_label();
-    let by_chunks: Vec<Label> = (0..4).map(|_| a.new_label()).collect();
-    for (i, l) in by_chunks.iter().enumerate().take(3) {
-        a.cmp_imm(RDX, i as i32 + 1);
-        a.jcc(Cond::E, *l);
+    let labels: Vec<Label> = passes.iter().map(|_| a.new_label()).collect();
+    for (&(chunks, _), l) in passes.iter().zip(&labels).take(passes.len() - 1) {
+        a.cmp_imm(RDX, chunks as i32);
+        a.jcc(Cond::Ge, *l);
     }
-    a.jmp(by_chunks[3]);
-    for (i, l) in by_chunks.iter().enumerate() {
+    a.jmp(labels[passes.len() - 1]);
+    for (&(chunks, on_zmm), l) in passes.iter().zip(&labels) {
         a.bind(*l);
-        pv_rows(a, g, i + 1);
-        a.jmp(after);
+        if on_zmm {
+            pv_rows_zmm(a, g, chunks / 2);
+        } else {
+            pv_rows(a, g, chunks);
+        }
+        a.load64(RAX, mem(RSP, P_C0));
+        a.add_imm(RAX, chunks as i32);
+        a.store64(mem(RSP, P_C0), RAX);
+        a.jmp(group);
     }
-    a.bind(after);
-    a.load64(RAX, mem(RSP, P_C0));
-    a.add_imm(RAX, 4);
-    a.store64(mem(RSP, P_C0), RAX);
-    a.jmp(group);
     a.bind(groups_done);
 }
 
@@ -872,51 +888,14 @@ fn pv(a: &mut X86Asm, g: Geometry) {
 /// accumulators, 3 p broadcasts and a V chunk in zmm0–27.
 const ZMM_PV_CHUNKS: usize = 8;
 
-/// [`pv`] on zmm: groups of up to [`ZMM_PV_CHUNKS`] 16-lane chunks of d
-/// (each two of `O`'s 8-lane chunks) × row triples, so an FMA takes 16
-/// lanes where the ymm pass takes 8 and each key's p broadcasts serve
-/// twice the lanes. A last odd 8-lane chunk (d an odd multiple of 8)
-/// takes the ymm pass.
-fn pv_zmm(a: &mut X86Asm, g: Geometry) {
-    a.comment("P.V on zmm: up to 8 16-lane chunks x 3-row passes, O = alpha.O + P.V");
-    a.zero(RAX);
-    a.store64(mem(RSP, P_C0), RAX);
-    let (group, groups_done) = (a.new_label(), a.new_label());
-    a.bind(group);
-    a.load64(RAX, mem(RSP, P_C0));
-    a.cmp_mem(RAX, mem(RSP, P_D8));
-    a.jcc(Cond::Ge, groups_done);
-    // rdx = 8-lane chunks left; dispatch on the zmm chunks they make.
-    a.load64(RDX, mem(RSP, P_D8));
-    a.sub(RDX, RAX);
-    let by_chunks: Vec<Label> = (0..ZMM_PV_CHUNKS).map(|_| a.new_label()).collect();
-    let odd = a.new_label();
-    for nz in (1..=ZMM_PV_CHUNKS).rev() {
-        a.cmp_imm(RDX, 2 * nz as i32);
-        a.jcc(Cond::Ge, by_chunks[nz - 1]);
-    }
-    a.jmp(odd);
-    for (i, l) in by_chunks.iter().enumerate() {
-        a.bind(*l);
-        pv_rows_zmm(a, g, i + 1);
-        a.load64(RAX, mem(RSP, P_C0));
-        a.add_imm(RAX, 2 * (i as i32 + 1));
-        a.store64(mem(RSP, P_C0), RAX);
-        a.jmp(group);
-    }
-    a.bind(odd);
-    pv_rows(a, g, 1);
-    a.load64(RAX, mem(RSP, P_C0));
-    a.add_imm(RAX, 1);
-    a.store64(mem(RSP, P_C0), RAX);
-    a.jmp(group);
-    a.bind(groups_done);
-}
-
 /// Every row triple of the block over the 8-lane chunks `c0 .. c0 + 2·nz`
 /// on zmm: accumulator (r, c) holds `O`'s chunks 2c and 2c + 1 of row r,
 /// loaded and stored as two halves.
 fn pv_rows_zmm(a: &mut X86Asm, g: Geometry, nz: usize) {
+    let zmm_registers = crate::target::TargetCaps::by_name(super::AVX512_NAME)
+        .expect("x86 targets are built in")
+        .registers as usize;
+    assert!(3 * ZMM_PV_CHUNKS + 4 <= zmm_registers, "zmm P·V registers");
     let acc = |r: usize, c: usize| Zmm((r * nz + c) as u8);
     let p = |r: usize| Zmm((3 * ZMM_PV_CHUNKS + r) as u8);
     let vx = Zmm(3 * ZMM_PV_CHUNKS as u8 + 3);
