@@ -47,29 +47,31 @@
 //!      polynomial as the cranelift `exp`; 8 heads or, one head, 8 keys a
 //!      vector; with `zmm_scores`, several heads take two keys a zmm),
 //!      `den` summed.
-//!    - P·V in blocks of [`PV_BLOCK`] keys: accumulators of up to 3 heads ×
-//!      a group of 8-lane chunks (up to 8, as the heads per pass leave
-//!      registers; 16 for one head in ymm0–31) live in registers across
-//!      the block, in `num[d/8][9][8]` between blocks. fp8 values in
-//!      ymm0–15 take every head of a tile a pass instead, fewer chunks a
-//!      group, so each key's values are widened once (`pv_pass`). There
-//!      fp8 e4m3 bytes become f32 bits of 2^-120 of the value in a
-//!      register (sign-extended, shifted, one mask; exact, subnormals
-//!      included; 8 at a time), p is stored × 2^64 and `num` scaled by
-//!      2^56 where the tile finishes (`PvRegisters::fp8_f32`). In ymm0–31
-//!      they become f16 bits of 2^-8 of the value instead (16 at a time),
-//!      stored and converted from memory as f16 values are, p × 2^8. With
-//!      AVX512VL ([`DecodeIsa::ymm32`]) a pass
-//!      takes up to 6 heads in ymm0–31. With AVX512_BF16 and AVX512_VBMI
-//!      ([`DecodeIsa::bf16_values`]) fp8 values go by `vdpbf16ps` on key
-//!      pairs instead, looked up as bf16 by `vpermi2b`, p split into two
-//!      bf16 parts (`pv_pass_bf16`). With AVX512-FP16
-//!      ([`DecodeIsa::f16_pv`]) a tile of several heads takes f16 FMAs
-//!      instead, 32 lanes of d each on zmm, p against the running max as
-//!      f16 and f16 sums per `pv_block_f16` keys (`pv_pass_f16`); without
-//!      it, f16 values of such a tile go by f32 FMAs on zmm, 16 lanes of d
-//!      each (`pv_pass_zmm`: a hot Qwen2-1.5B f16 call 1.16–1.24× faster
-//!      on Zen 5).
+//!    - P·V in blocks of 8–32 keys (`pv_block`): accumulators of up to
+//!      3 heads × a group of 8-lane chunks (up to 8, as the heads per pass
+//!      leave registers; 16 for one head in ymm0–31) live in registers
+//!      across the block, in `num[d/8][9][8]` between blocks. fp8 values
+//!      in ymm0–15 take every head of a tile a pass instead, fewer chunks a
+//!      group, so each key's values are widened once (`pv_pass`). fp8 e4m3
+//!      bytes become f32 bits of 2^-120 of the value in a register
+//!      (sign-extended, shifted, one mask; exact, subnormals included), p
+//!      is stored × 2^64 and `num` scaled by 2^56 where the tile finishes
+//!      (`PvRegisters::fp8_f32`); where the async range is too wide for
+//!      that scale they become f16 bits of 2^-8 of the value, stored and
+//!      converted from memory as f16 values are, p × 2^8. With AVX512VL
+//!      ([`DecodeIsa::ymm32`]) a pass takes up to 6 heads in ymm0–31, and
+//!      a tile of several heads takes f16 values, or fp8 values widened to
+//!      f32, by f32 FMAs on zmm, 16 lanes of d each (`pv_pass_zmm`: a hot
+//!      Qwen2-1.5B f16 call 1.16–1.24× faster on Zen 5, a kv8 one 1.2×
+//!      against the bf16 dots). Two packed forms replace the f32 FMAs for
+//!      fp8 values where the autotuner measured them faster
+//!      ([`super::X86Backend::with_fp8_values_packed`]): with AVX512_BF16
+//!      and AVX512_VBMI ([`DecodeIsa::bf16_values`]) `vdpbf16ps` on key
+//!      pairs, looked up as bf16 by `vpermi2b`, p split into two bf16
+//!      parts (`pv_pass_bf16`); with AVX512-FP16 ([`DecodeIsa::f16_pv`]),
+//!      for f16 values too, f16 FMAs on a tile of several heads, 32 lanes
+//!      of d each on zmm, p against the running max as f16 and f16 sums per
+//!      `pv_block_f16` keys (`pv_pass_f16`).
 //! 3. Per tile, `o = num / den` to f16; heads whose range failed count as
 //!    recomputed. The call's first head leaves its softmax state where
 //!    `HostAttention`'s split reads it (`den` at `s`, `num` at `s + d`, the
@@ -101,8 +103,22 @@ const NUM_SLOTS: usize = MAX_TILE + 1;
 /// reached 55% of a sequential read on an AMD Zen 3, in blocks of 4
 /// tokens over all heads 100%+).
 pub const SCORE_BLOCK: i32 = 4;
-/// Keys per P·V block (likewise over V, for every tile of the call).
+/// Keys per P·V block (likewise over V, for every tile of the call): at
+/// least this many, more while the block's V rows of all KV heads stay
+/// within `PV_BLOCK_BYTES` (`pv_block`).
 pub const PV_BLOCK: i32 = 8;
+/// The most keys a P·V block takes outside the f16 P·V.
+const PV_BLOCK_MAX: i32 = 32;
+/// The V bytes (rows of every KV head) a P·V block may span. A pass loads
+/// and stores its accumulators once a block, so a grouped-query tile
+/// (Qwen2-1.5B: 6 heads, 24 zmm accumulators a group) paid that every 8
+/// keys; its 256-byte fp8 rows take 32 keys in 8 KiB, and a cold call at
+/// 4096 keys took 147 µs against 174–182 with 8 (one thread, AMD Zen 5).
+/// Longer spans lose: each tile walks the block's rows of its own head,
+/// `kvh·d` elements apart, and 64 keys of Qwen2's kv8 rows took 219–249
+/// µs cold, 16 keys of a 32/8-head f16 cache (32 KiB) 870–886 against
+/// 582–612 with 8.
+const PV_BLOCK_BYTES: i32 = 16 * 1024;
 /// Keys per P·V block of the f16 P·V ([`pv_pass_f16`]) for `values`: its
 /// f16 sums are widened and added to `num` once a block, so a longer block
 /// pays that less often (a quarter of a GQA-6 tile's P·V µops at 16 keys).
@@ -125,27 +141,42 @@ enum BlockSize {
     Slot(i32),
 }
 
-/// `S_PV_BLOCK` = the call's P·V block: [`pv_block_f16`] where the f16
-/// P·V serves several heads a tile (group ≥ 2), else [`PV_BLOCK`], or 16
-/// keys for one-head tiles beside the f16 P·V. A multi-head cache's rows
-/// are `kvh·d` apart, and 64 of them a block, read tile by tile, took a
-/// Llama2 kv8 call 1.5–2× the time of 16 (Sapphire Rapids-class Xeon):
-/// the block's V rows of every head no longer stay in cache between the
-/// passes. Clobbers rax and rdx.
+/// `S_PV_BLOCK` = the call's P·V block. With the f16 P·V:
+/// [`pv_block_f16`] where it serves several heads a tile (group ≥ 2),
+/// else 16 keys. Otherwise the most keys, from [`PV_BLOCK_MAX`] halving to
+/// [`PV_BLOCK`], whose V rows of every KV head (`S_VSTRIDE` bytes a key)
+/// fit [`PV_BLOCK_BYTES`]: a multi-head cache's rows are `kvh·d` apart,
+/// and 64 of them a block, read tile by tile, took a Llama2 kv8 call
+/// 1.5–2× the time of 16 (Sapphire Rapids-class Xeon): the block's V rows
+/// of every head no longer stay in cache between the passes. Clobbers rax
+/// and rdx.
 fn pv_block(a: &mut X86Asm, values: Values, f16: bool) {
     let done = a.new_label();
-    let one_head = if f16 { 16 } else { PV_BLOCK };
-    a.mov_imm(RAX, one_head);
-    a.store64(mem(RSP, S_PV_BLOCK), RAX);
     if f16 {
+        a.mov_imm(RAX, 16);
+        a.store64(mem(RSP, S_PV_BLOCK), RAX);
         a.load64(RDX, mem(RSP, S_GROUP));
         a.cmp_imm(RDX, 1);
         a.jcc(Cond::E, done);
         a.mov_imm(RAX, pv_block_f16(values));
         a.store64(mem(RSP, S_PV_BLOCK), RAX);
+    } else {
+        let halve = a.new_label();
+        a.mov_imm(RAX, PV_BLOCK_MAX);
+        a.bind(halve);
+        a.store64(mem(RSP, S_PV_BLOCK), RAX);
+        a.cmp_imm(RAX, PV_BLOCK);
+        a.jcc(Cond::Le, done);
+        a.load64(RDX, mem(RSP, S_VSTRIDE));
+        a.imul(RDX, RAX);
+        a.cmp_imm(RDX, PV_BLOCK_BYTES);
+        a.jcc(Cond::Le, done);
+        a.shr_imm(RAX, 1);
+        a.jmp(halve);
     }
     a.bind(done);
 }
+
 /// Keys whose scores a tile keeps at once ([`DECODE_SUPER_BLOCK`]): the
 /// exponentials of a super-block are taken against one reference per
 /// head, and a reference that moves between super-blocks rescales `num`
@@ -699,12 +730,13 @@ pub fn emit_for(
     ));
     let f16 = isa.f16_pv && isa.ymm32;
     let bf16 = isa.bf16_values && isa.ymm32 && values == Values::E4M3 && !f16;
-    let zmm_f32_pv = isa.ymm32 && values == Values::F16 && !f16;
+    let fp8_f32 = values == Values::E4M3 && !bf16 && !f16 && fp8_f32_fits(softmax);
+    let zmm_f32_pv = isa.ymm32 && !f16 && (values == Values::F16 || fp8_f32);
     if isa.ymm32 {
         let heads = PvRegisters {
             ymm32: true,
             widen_once: false,
-            fp8_f32: false,
+            fp8_f32,
             bf16,
             f16,
             zmm_f32: zmm_f32_pv,
@@ -740,7 +772,7 @@ pub fn emit_for(
     let regs = PvRegisters {
         ymm32: isa.ymm32,
         widen_once: !isa.ymm32 && values == Values::E4M3,
-        fp8_f32: !isa.ymm32 && values == Values::E4M3 && fp8_f32_fits(softmax),
+        fp8_f32,
         bf16,
         f16,
         zmm_f32: zmm_f32_pv,
@@ -1020,7 +1052,7 @@ fn key_blocks(a: &mut X86Asm, size: BlockSize, body: impl FnOnce(&mut X86Asm)) {
 /// The keys in super-blocks of `SUPER`: scores of every tile in blocks of
 /// [`SCORE_BLOCK`] keys, then per tile its reference max (rescaling what
 /// it has summed where that moved) and exponentials, then P·V of every
-/// tile in blocks of [`PV_BLOCK`] keys.
+/// tile in blocks of `S_PV_BLOCK` keys ([`pv_block`]).
 fn super_blocks(
     a: &mut X86Asm,
     keys: Keys,
@@ -2563,18 +2595,19 @@ struct PvRegisters {
     /// [`FP8_F32_P_SCALE`] and `num` rescaled where the tile finishes. A
     /// one-head pass of 8 chunks took 12.9 cycles a key this way against
     /// 15.3–15.7 by the frame, in a loop held in L1 on an AMD Zen 3 (the
-    /// frame's `vcvtph2ps` waits on the stores it reads). ymm0–15 only: the
-    /// AVX-512 forms keep the path measured there.
+    /// frame's `vcvtph2ps` waits on the stores it reads). With AVX512VL
+    /// the several-head passes widen 16 at a time on zmm ([`pv_pass_zmm`])
+    /// where the packed forms (`bf16`, `f16`) are not taken.
     fp8_f32: bool,
     /// fp8 values by bf16 dots ([`pv_pass_bf16`]): zmm accumulators.
     bf16: bool,
     /// Several-head tiles by f16 FMAs ([`pv_pass_f16`]): accumulators of
     /// 16 lanes (two chunks), p broadcast from memory.
     f16: bool,
-    /// f16 values of several-head tiles by f32 FMAs on zmm
-    /// ([`pv_pass_zmm`]): 16 lanes an FMA where a ymm takes 8, so a pass
-    /// holds 64 lanes of d for 6 heads. Where the CPU has AVX512VL but not
-    /// AVX512-FP16 (`f16` takes precedence).
+    /// Several-head tiles by f32 FMAs on zmm ([`pv_pass_zmm`]): 16 lanes
+    /// an FMA where a ymm takes 8, so a pass holds 64 lanes of d for 6
+    /// heads. f16 values, and fp8 values with `fp8_f32`; where the CPU has
+    /// AVX512VL and the packed forms are not taken.
     zmm_f32: bool,
 }
 
@@ -3099,11 +3132,15 @@ fn pv_pass_f16(
     }
 }
 
-/// [`pv_pass`] of f16 values on zmm ([`PvRegisters::zmm_f32`]): `hs` heads'
-/// p broadcasts in zmm1.., the value chunk in zmm0, accumulator (h, z)
-/// holding `num`'s chunks 2z and 2z + 1 of head h (loaded and stored as
-/// halves); an odd last chunk takes the low half alone, its values loaded
-/// under a mask (no read past the row).
+/// [`pv_pass`] on zmm ([`PvRegisters::zmm_f32`]): `hs` heads' p broadcasts
+/// in zmm1.., the value chunk in zmm0 (f16 values converted, fp8 values
+/// widened to f32 bits of 2^-120 of the value as [`fp8_chunk_to_f32`]
+/// does, 16 at a time), accumulator (h, z) holding `num`'s chunks 2z and
+/// 2z + 1 of head h (loaded and stored as halves); an odd last chunk takes
+/// the low half alone, its values loaded under a mask (no read past the
+/// row). For fp8 values of a GQA-6 tile this body took 26–30 cycles a key
+/// in a loop held in L1 on an AMD Zen 5, against 33 for the bf16 dots'
+/// ([`pv_pass_bf16`]: its lookups and unpacks share the dots' ports).
 fn pv_pass_zmm(
     a: &mut X86Asm,
     keys: Keys,
@@ -3112,7 +3149,10 @@ fn pv_pass_zmm(
     hs: usize,
     nc: usize,
 ) {
-    assert!(values == Values::F16, "zmm f32 P·V: f16 values");
+    assert!(
+        values == Values::F16 || regs.fp8_f32,
+        "zmm f32 P·V: f16 values, or fp8 widened to f32"
+    );
     let nz = nc.div_ceil(2);
     let half_tail = nc % 2 == 1;
     let (vx, p) = (Zmm(0), |h: usize| Zmm((1 + h) as u8));
@@ -3138,10 +3178,13 @@ fn pv_pass_zmm(
         a.vbroadcastss_zmm_load(p(h), mem(RSI, 4 * h as i32));
     }
     for z in 0..nz {
-        if whole(z) {
-            a.vcvtph2ps_zmm_load(vx, mem(RAX, 32 * z as i32));
+        let k = if whole(z) { Kreg(0) } else { Kreg(1) };
+        if values == Values::F16 {
+            a.vcvtph2ps_zmm_load_masked(vx, k, mem(RAX, 32 * z as i32));
         } else {
-            a.vcvtph2ps_zmm_load_masked(vx, Kreg(1), mem(RAX, 32 * z as i32));
+            a.vpmovsxbd_zmm_load_masked(vx, k, mem(RAX, 16 * z as i32));
+            a.vpslld_zmm_imm(vx, vx, 20);
+            a.vpandd_zmm_bcst(vx, vx, mem(RSP, V_E4M3_F32));
         }
         for h in 0..hs {
             a.vfmadd231ps_zmm(acc(h, z), vx, p(h));
@@ -3216,7 +3259,9 @@ fn bf16_constants(a: &mut X86Asm) {
 // starts on a pair (even block sizes); an odd count's zero partner slot
 // (key n < SUPER) and the one-head pass's 16-key reads stay inside `sarea`
 // (8·SUPER floats).
-const _: () = assert!(PV_BLOCK % 2 == 0 && SUPER % 2 == 0 && SUPER + 16 <= 8 * SUPER);
+const _: () = assert!(
+    PV_BLOCK % 2 == 0 && SUPER % PV_BLOCK_MAX == 0 && SUPER % 2 == 0 && SUPER + 16 <= 8 * SUPER
+);
 
 /// After the exponentials: the super-block's p of the tile at rbx as bf16
 /// pairs in place. p = hi + lo, hi its truncation to bf16 and lo the rest

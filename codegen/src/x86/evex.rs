@@ -934,6 +934,14 @@ impl X86Asm {
         self.evex(e, format!("{op} {dst}, {a}, word ptr {m}{{1to32}}"));
     }
 
+    /// `vpmovsxbd dst {k} {z}, xmmword ptr [m]`: 16 signed bytes to dwords,
+    /// the lanes not in `k` zeroed and not read (k0: all 16).
+    pub fn vpmovsxbd_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, m: Mem) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x21, dst.0, 0, Rm::Mem(m), 16).zero_masked(k);
+        let line = format!("vpmovsxbd {dst}{}, xmmword ptr {m}", zero_mask_suffix(k));
+        self.evex(e, line);
+    }
+
     /// `vpmovsxbw dst {k} {z}, ymmword ptr [m]`: 32 signed bytes to words,
     /// the lanes not in `k` zeroed and not read (k0: all 32).
     pub fn vpmovsxbw_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, m: Mem) {
