@@ -2412,8 +2412,14 @@ pub(super) const EXP_REGS: [Ymm; 4] = [Ymm(1), Ymm(5), Ymm(2), Ymm(4)];
 /// (`vmaxps` returns its second source on NaN). One sequence for both
 /// register files, so a zmm lane equals the ymm form's bit for bit.
 pub(super) fn exp_ps<R: ExpRegister>(a: &mut X86Asm, x: R, n: R, f: R, p: R, k127: R) {
-    R::max_splat(a, x, mem(RSP, V_MIN));
-    R::min_splat(a, x, mem(RSP, V_MAX));
+    // The clamps take x as the second source, the one `vmaxps`/`vminps`
+    // return where either is NaN: a NaN score stays NaN (as the
+    // interpreter's e^NaN), where a memory splat second would turn it into
+    // e^-87.3 and a head whose q holds a NaN would give the mean of V.
+    R::load_splat(a, n, mem(RSP, V_MIN));
+    R::max(a, x, n, x);
+    R::load_splat(a, n, mem(RSP, V_MAX));
+    R::min(a, x, n, x);
     R::mul_splat(a, n, x, mem(RSP, V_LOG2E));
     R::to_i32(a, n);
     R::to_f32(a, f, n);
@@ -2432,9 +2438,10 @@ pub(super) fn exp_ps<R: ExpRegister>(a: &mut X86Asm, x: R, n: R, f: R, p: R, k12
 /// (the frame's 32-byte splats as memory operands), zmm through EVEX (the
 /// same splats read as `{1to16}` broadcasts).
 pub(super) trait ExpRegister: Copy {
-    /// `x = max(x, splat)`, NaN lanes of x to the splat.
-    fn max_splat(a: &mut X86Asm, x: Self, m: Mem);
-    fn min_splat(a: &mut X86Asm, x: Self, m: Mem);
+    /// `dst = max(a, b)`, b where either is NaN.
+    fn max(a: &mut X86Asm, dst: Self, x: Self, y: Self);
+    /// `dst = min(a, b)`, b where either is NaN.
+    fn min(a: &mut X86Asm, dst: Self, x: Self, y: Self);
     fn mul_splat(a: &mut X86Asm, dst: Self, x: Self, m: Mem);
     /// f32 to i32 in place, rounded to nearest.
     fn to_i32(a: &mut X86Asm, v: Self);
@@ -2452,11 +2459,11 @@ pub(super) trait ExpRegister: Copy {
 }
 
 impl ExpRegister for Ymm {
-    fn max_splat(a: &mut X86Asm, x: Ymm, m: Mem) {
-        a.vmaxps_mem(x, x, m);
+    fn max(a: &mut X86Asm, dst: Ymm, x: Ymm, y: Ymm) {
+        a.vmaxps(dst, x, y);
     }
-    fn min_splat(a: &mut X86Asm, x: Ymm, m: Mem) {
-        a.vminps_mem(x, x, m);
+    fn min(a: &mut X86Asm, dst: Ymm, x: Ymm, y: Ymm) {
+        a.vminps(dst, x, y);
     }
     fn mul_splat(a: &mut X86Asm, dst: Ymm, x: Ymm, m: Mem) {
         a.vmulps_mem(dst, x, m);
@@ -2488,11 +2495,11 @@ impl ExpRegister for Ymm {
 }
 
 impl ExpRegister for Zmm {
-    fn max_splat(a: &mut X86Asm, x: Zmm, m: Mem) {
-        a.vmaxps_zmm_bcst(x, x, m);
+    fn max(a: &mut X86Asm, dst: Zmm, x: Zmm, y: Zmm) {
+        a.vmaxps_zmm(dst, x, y);
     }
-    fn min_splat(a: &mut X86Asm, x: Zmm, m: Mem) {
-        a.vminps_zmm_bcst(x, x, m);
+    fn min(a: &mut X86Asm, dst: Zmm, x: Zmm, y: Zmm) {
+        a.vminps_zmm(dst, x, y);
     }
     fn mul_splat(a: &mut X86Asm, dst: Zmm, x: Zmm, m: Mem) {
         a.vmulps_zmm_bcst(dst, x, m);

@@ -406,6 +406,11 @@ impl X86Asm {
         self.evex(ps_rrr(0x5F, dst, a, b), format!("vmaxps {dst}, {a}, {b}"));
     }
 
+    /// `vminps dst, a, b`
+    pub fn vminps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        self.evex(ps_rrr(0x5D, dst, a, b), format!("vminps {dst}, {a}, {b}"));
+    }
+
     /// `kmovw k, r32`: the low 16 bits of `src` into an opmask.
     pub fn kmovw_from_gp(&mut self, k: Kreg, src: Gp) {
         self.kmov_from_gp32("kmovw", PP_NONE, k, src);
