@@ -265,6 +265,40 @@ fn x86_prefill_in_other_blocks() {
         assert_eq!(att.prefill_blocks(), Some(blocks));
         prefill_harness::spot_checks(&att, &kernel, 1 + i % 2, 40 + i as u64);
     }
+    // On zmm a block of a multiple of 48 rows takes 48-row score tiles
+    // (three zmm), any other multiple of 24 the 24-row ones (a zmm and a
+    // ymm).
+    if !tessera_codegen::x86::host_has_avx512_vnni() {
+        eprintln!("SKIP: no AVX512VL here, the zmm prefill's blocks untested");
+        return;
+    }
+    let isa = attention::DecodeIsa {
+        ymm32: true,
+        ..attention::DecodeIsa::default()
+    };
+    for (i, (blocks, tile)) in [
+        (PrefillBlocks { rows: 24, keys: 4 }, "24-row"),
+        (PrefillBlocks { rows: 72, keys: 64 }, "24-row"),
+        (PrefillBlocks { rows: 48, keys: 64 }, "48-row"),
+        (
+            PrefillBlocks {
+                rows: 192,
+                keys: 256,
+            },
+            "48-row",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let code = attention::emit_for(&kernel, blocks, isa).unwrap();
+        assert!(
+            code.listing.contains(&format!("scores: {tile}")),
+            "{blocks}"
+        );
+        let att = HostAttention::new(&kernel, &code).unwrap();
+        prefill_harness::spot_checks(&att, &kernel, 1 + i % 2, 50 + i as u64);
+    }
 }
 
 /// The flash loop on zmm (AVX-512: scores of 16 rows a zmm, P·V 16 lanes

@@ -196,24 +196,35 @@ fn every_x86_attention_listing_matches_its_bytes() {
             }
         }
     }
-    // The prefill's flash loop: ymm, and with AVX512VL its zmm scores and
+    // The prefill's flash loop: ymm, and with AVX512VL its zmm scores (48-row
+    // tiles in blocks of a multiple of 48 rows, else a zmm and a ymm) and
     // P·V.
     for name in ["attention-prefill-f16", "attention-prefill-kv8"] {
         let kernel = tessera_dsl::library::get(name).unwrap();
+        use tessera_codegen::artifact::PrefillBlocks;
         use tessera_codegen::x86::attention::{self, DecodeIsa};
-        for ymm32 in [false, true] {
+        for (ymm32, blocks) in [
+            (false, PrefillBlocks::DEFAULT),
+            (true, PrefillBlocks::DEFAULT),
+            (
+                true,
+                PrefillBlocks {
+                    rows: 72,
+                    keys: 128,
+                },
+            ),
+        ] {
             let isa = DecodeIsa {
                 ymm32,
                 ..DecodeIsa::default()
             };
-            let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
             let code = attention::emit_for(&kernel, blocks, isa).unwrap();
             assert!(code.whole_prefill.is_some(), "{name}");
             if !agrees_with_llvm_mc(
                 &code.listing,
                 &code.bytes,
                 "+avx2,+fma,+f16c,+popcnt,+avx512vl,+avx512f",
-                &format!("{name} {isa:?}"),
+                &format!("{name} {blocks} {isa:?}"),
             ) {
                 return;
             }

@@ -8,7 +8,7 @@
 //! so the heads of a GQA group share every K/V block, and a row's causal
 //! limit never falls as its index grows. Per block of up to `R` rows
 //! ([`PrefillBlocks::rows`], 96 by default; the last block padded to a
-//! multiple of 24 with zero q):
+//! multiple of the score tile, 24 or 48 rows, with zero q):
 //!
 //! 1. q rows widened to f32 and transposed, `qt[d][R]` (rows in lanes);
 //!    per row its causal limit (the last key it sees, `s − t + token`) and
@@ -36,12 +36,14 @@
 //! | scores (24 rows × 4 keys) | accumulators (3 row vectors × 4 keys) | `qt` row vectors | key element broadcast |
 //! | P·V (3 rows × 4 chunks) | accumulators (3 rows × 4 chunks of d) | p broadcasts | V chunk |
 //!
-//! With AVX-512 (the caller's `ymm32`) the two loops widen: a score tile's
-//! rows are one zmm (rows 0–15, zmm0–3 for the 4 keys) and one ymm (rows
-//! 16–23, ymm4–7), q in zmm8 / ymm9, the key element broadcast in zmm10;
-//! the P·V takes 3 rows × up to 8 16-lane chunks of d in zmm0–23, p in
-//! zmm24–26, V in zmm27, each accumulator two of `O`'s 8-lane chunks
-//! (loaded and stored as halves). Memory layouts do not change.
+//! With AVX-512 (the caller's `ymm32`) the two loops widen: a score tile
+//! is 48 rows, three zmm of 16 (the same registers as the table's, zmm),
+//! where the block's rows are a multiple of 48 (every candidate the
+//! autotuner times), else 24 rows as one zmm (rows 0–15) and one ymm (rows
+//! 16–23); the P·V takes 3 rows × up to 8 16-lane chunks of d in zmm0–23, p
+//! in zmm24–26, V in zmm27, each accumulator two of `O`'s 8-lane chunks
+//! (loaded and stored as halves). Memory layouts do not change; the last
+//! block's rows are padded to the tile.
 //!
 //! Scratch: [`crate::host_attention::prefill_scratch_floats`]; `d` a
 //! multiple of 8; q pre-scaled by 1/√d; online softmax only.
@@ -59,19 +61,28 @@ use crate::host_attention::*;
 /// The blocks one emitted kernel works in, and the strides they set.
 #[derive(Clone, Copy, Debug)]
 struct Geometry {
-    /// Query rows per block (`R`, a multiple of [`TILE_ROWS`]).
+    /// Query rows per block (`R`, a multiple of `tile`).
     r: i32,
     /// Keys per block (`C`, a multiple of 4).
     c: i32,
+    /// Rows of a score tile: [`TILE_ROWS`], or with zmm [`ZMM_TILE_ROWS`]
+    /// where `R` is a multiple of it.
+    tile: i32,
 }
 
-/// The geometry of `blocks`, or why an emitter with score tiles of
-/// `tile_rows` rows cannot take them.
-fn geometry(blocks: PrefillBlocks, tile_rows: u32) -> Result<Geometry, EmitError> {
-    blocks.check("x86", tile_rows)?;
+/// The geometry of `blocks` for the ymm or (`zmm`) zmm loops, or why the
+/// emitter cannot take them (rows a multiple of [`TILE_ROWS`]).
+fn geometry(blocks: PrefillBlocks, zmm: bool) -> Result<Geometry, EmitError> {
+    blocks.check("x86", TILE_ROWS as u32)?;
+    let r = blocks.rows as i32;
     Ok(Geometry {
-        r: blocks.rows as i32,
+        r,
         c: blocks.keys as i32,
+        tile: if zmm && r % ZMM_TILE_ROWS == 0 {
+            ZMM_TILE_ROWS
+        } else {
+            TILE_ROWS
+        },
     })
 }
 
@@ -95,8 +106,14 @@ impl Geometry {
     }
 }
 
-/// Rows of one score tile: three 8-row vectors.
+/// Rows of one score tile: three 8-row vectors (with zmm, where a block's
+/// rows are not a multiple of [`ZMM_TILE_ROWS`], a zmm and a ymm).
 const TILE_ROWS: i32 = 24;
+/// Rows of a zmm score tile: three 16-row vectors, so every FMA takes 16
+/// lanes where the 24-row tile's ymm third takes 8 (its scores were 39% of
+/// a Llama2-7B f16 prefill's samples at s = 512 on an AMD Zen 5, its P·V,
+/// the same FMAs on 16 lanes, 29%).
+const ZMM_TILE_ROWS: i32 = 48;
 /// Spare bytes after each `kp` / `vp` row (4·d bytes), for the same reason.
 const VPAD: i32 = 64;
 
@@ -156,7 +173,7 @@ pub(super) fn emit(
     blocks: PrefillBlocks,
     zmm: bool,
 ) -> Result<MachineCode, EmitError> {
-    let g = geometry(blocks, TILE_ROWS as u32)?;
+    let g = geometry(blocks, zmm)?;
     let mut a = X86Asm::new();
     a.comment(&format!(
         "{name} x86-{} attention prefill (flash: {}-row × {}-key blocks{}): {header}",
@@ -326,17 +343,17 @@ fn kv_setup(a: &mut X86Asm, keys: Keys, values: Values) {
 /// real row's limit; `P_KEND` = that limit + 1.
 fn pack_q(a: &mut X86Asm, g: Geometry) {
     a.comment("row block: q -> qt[d][R] (transposed), limits, o rows; m = -inf, l = 0, O = 0");
-    // rn = min(R, rows − rb), rnp = rn rounded up to a score tile (24).
+    // rn = min(R, rows − rb), rnp = rn rounded up to a score tile.
     a.load64(RAX, mem(RSP, P_ROWS));
     a.load64(RCX, mem(RSP, P_RB));
     a.sub(RAX, RCX);
     common::min_imm(a, RAX, g.r);
     a.store64(mem(RSP, P_RN), RAX);
-    a.add_imm(RAX, TILE_ROWS - 1);
+    a.add_imm(RAX, g.tile - 1);
     a.zero(RDX);
-    a.mov_imm(RCX, TILE_ROWS);
+    a.mov_imm(RCX, g.tile);
     a.div(RCX);
-    a.imul_imm(RAX, RAX, TILE_ROWS);
+    a.imul_imm(RAX, RAX, g.tile);
     a.store64(mem(RSP, P_RNP), RAX);
     // r13 = token, r14 = head in group of row rb.
     a.load64(RAX, mem(RSP, P_RB));
@@ -610,18 +627,30 @@ fn pack_kv(a: &mut X86Asm, g: Geometry, keys: Keys, values: Values) {
 }
 
 /// `st[j][r] = qt[·][r] · kp_j` for the block's rows (rnp) and keys (cnt
-/// rounded up to 4), in tiles of 24 rows (three 8-row vectors of `qt`) × 4
-/// keys (broadcast from their `kp` rows): 12 accumulators, 7 loads per 12
-/// FMAs, no horizontal reduction. Row tiles outer (a tile's `qt` columns,
-/// 12 KiB at d = 128, stay in L1 across the key quads); a quad past the
-/// tile's last causal limit ends it (rows are in limit order).
+/// rounded up to 4), in tiles of `g.tile` rows (three row vectors of `qt`:
+/// ymm, or with `zmm` zmm where the tile is [`ZMM_TILE_ROWS`], else a zmm
+/// and a ymm) × 4 keys (broadcast from their `kp` rows): 12 accumulators,
+/// 7 loads per 12 FMAs, no horizontal reduction. Row tiles outer (a tile's
+/// `qt` columns, 12 KiB at d = 128 and 24 rows, stay in L1 across the key
+/// quads); a quad past the tile's last causal limit ends it (rows are in
+/// limit order).
 fn scores(a: &mut X86Asm, g: Geometry, zmm: bool) {
-    a.comment(if zmm {
-        "scores: 24-row x 4-key tiles (rows in lanes: a zmm and a ymm), st[C][R]"
+    let form = if !zmm {
+        ScoreTile::Ymm
+    } else if g.tile == ZMM_TILE_ROWS {
+        ScoreTile::Zmm
     } else {
-        "scores: 24-row x 4-key tiles (rows in lanes), st[C][R]"
-    });
-    let acc = |v: u8, j: u8| Ymm(v * 4 + j);
+        ScoreTile::ZmmYmm
+    };
+    a.comment(&format!(
+        "scores: {}-row x 4-key tiles (rows in lanes{}), st[C][R]",
+        g.tile,
+        match form {
+            ScoreTile::Ymm => "",
+            ScoreTile::Zmm => ": three zmm",
+            ScoreTile::ZmmYmm => ": a zmm and a ymm",
+        }
+    ));
     // r14 = tile's first row, r15 = its last row's limit − j0, r12 = quad.
     a.zero(R14);
     let (tile, tiles_done) = (a.new_label(), a.new_label());
@@ -632,7 +661,7 @@ fn scores(a: &mut X86Asm, g: Geometry, zmm: bool) {
     a.shl_imm(RAX, 3);
     a.load64(RCX, mem(RSP, P_LIMI));
     a.add(RAX, RCX);
-    a.load64(R15, mem(RAX, 8 * (TILE_ROWS - 1)));
+    a.load64(R15, mem(RAX, 8 * (g.tile - 1)));
     a.load64(RCX, mem(RSP, P_J0));
     a.sub(R15, RCX);
     a.zero(R12);
@@ -642,21 +671,9 @@ fn scores(a: &mut X86Asm, g: Geometry, zmm: bool) {
     a.jcc(Cond::Ge, quads_done);
     a.cmp(R12, R15);
     a.jcc(Cond::G, quads_done);
-    // With `zmm` a tile's rows are one zmm (rows 0–15, zmm0–3) and one
-    // ymm (rows 16–23, ymm4–7) a key: 8 FMAs a d-index where three ymm
-    // take 12, and 2 q loads where they take 3.
-    let (zacc, yacc) = (|j: u8| Zmm(j), |j: u8| Ymm(4 + j));
-    let (zq, yq, zk) = (Zmm(8), Ymm(9), Zmm(10));
-    if zmm {
+    for v in form.vectors() {
         for j in 0..4 {
-            a.vpxord_zmm(zacc(j), zacc(j), zacc(j));
-            a.vxorps(yacc(j), yacc(j), yacc(j));
-        }
-    } else {
-        for v in 0..3 {
-            for j in 0..4 {
-                a.vxorps(acc(v, j), acc(v, j), acc(v, j));
-            }
+            v.zero(a, form.acc(v.index, j));
         }
     }
     // rsi = qt + 4·r0; r8..r11 = kp rows j .. j+3; rcx = d/8.
@@ -678,26 +695,16 @@ fn scores(a: &mut X86Asm, g: Geometry, zmm: bool) {
     a.load64(RCX, mem(RSP, P_D8));
     let step = a.new_label();
     a.bind(step);
-    let kx = Ymm(15);
+    let (q, kx) = (|v: u8| 12 + v, 15);
     for k in 0..8 {
-        if zmm {
-            a.vmovups_zmm_load(zq, mem(RSI, k * g.qts()));
-            a.vmovups_load(yq, mem(RSI, k * g.qts() + 64));
-            for (j, base) in [R8, R9, R10, R11].into_iter().enumerate() {
-                // The broadcast's low 8 lanes serve the ymm rows.
-                a.vbroadcastss_zmm_load(zk, mem(base, 4 * k));
-                a.vfmadd231ps_zmm(zacc(j as u8), zq, zk);
-                a.vfmadd231ps(yacc(j as u8), yq, Ymm(zk.0));
-            }
-            continue;
-        }
-        for v in 0..3u8 {
-            a.vmovups_load(Ymm(12 + v), mem(RSI, k * g.qts() + 32 * v as i32));
+        for v in form.vectors() {
+            v.load(a, q(v.index), mem(RSI, k * g.qts() + v.offset));
         }
         for (j, base) in [R8, R9, R10, R11].into_iter().enumerate() {
-            a.vpbroadcastd_load(kx, mem(base, 4 * k));
-            for v in 0..3u8 {
-                a.vfmadd231ps(acc(v, j as u8), Ymm(12 + v), kx);
+            // One broadcast a key; its low 8 lanes serve a ymm vector.
+            form.broadcast(a, kx, mem(base, 4 * k));
+            for v in form.vectors() {
+                v.fma(a, form.acc(v.index, j as u8), q(v.index), kx);
             }
         }
     }
@@ -707,7 +714,7 @@ fn scores(a: &mut X86Asm, g: Geometry, zmm: bool) {
     }
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, step);
-    // st + j·STS + 4·r0: key j's rows, vector v at + 32·v.
+    // st + j·STS + 4·r0: key j's rows, each vector at its row offset.
     a.mov(RAX, R12);
     a.imul_imm(RAX, RAX, g.sts());
     a.mov(RCX, R14);
@@ -716,21 +723,113 @@ fn scores(a: &mut X86Asm, g: Geometry, zmm: bool) {
     a.load64(RCX, mem(RSP, P_S));
     a.add(RAX, RCX);
     for j in 0..4u8 {
-        if zmm {
-            a.vmovups_zmm_store(mem(RAX, g.sts() * j as i32), zacc(j));
-            a.vmovups_store(mem(RAX, g.sts() * j as i32 + 64), yacc(j));
-            continue;
-        }
-        for v in 0..3u8 {
-            a.vmovups_store(mem(RAX, g.sts() * j as i32 + 32 * v as i32), acc(v, j));
+        for v in form.vectors() {
+            v.store(
+                a,
+                mem(RAX, g.sts() * j as i32 + v.offset),
+                form.acc(v.index, j),
+            );
         }
     }
     a.add_imm(R12, 4);
     a.jmp(quad);
     a.bind(quads_done);
-    a.add_imm(R14, TILE_ROWS);
+    a.add_imm(R14, g.tile);
     a.jmp(tile);
     a.bind(tiles_done);
+}
+
+/// The register forms of a score tile's row vectors: three ymm (24 rows),
+/// three zmm (48), or a zmm and a ymm (24 rows, 16–23 in the ymm; zmm
+/// blocks whose rows are not a multiple of 48). Accumulator (v, j) of
+/// vector v and key j is register 4v + j, q's vectors 12–14, the broadcast
+/// 15.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ScoreTile {
+    Ymm,
+    Zmm,
+    ZmmYmm,
+}
+
+/// One row vector of a score tile: its register index, width and byte
+/// offset within the tile's rows.
+#[derive(Clone, Copy)]
+struct RowVector {
+    index: u8,
+    wide: bool,
+    offset: i32,
+}
+
+impl ScoreTile {
+    fn vectors(self) -> Vec<RowVector> {
+        let widths = match self {
+            ScoreTile::Ymm => [false; 3].to_vec(),
+            ScoreTile::Zmm => [true; 3].to_vec(),
+            ScoreTile::ZmmYmm => vec![true, false],
+        };
+        let mut offset = 0;
+        widths
+            .into_iter()
+            .enumerate()
+            .map(|(i, wide)| {
+                let v = RowVector {
+                    index: i as u8,
+                    wide,
+                    offset,
+                };
+                offset += if wide { 64 } else { 32 };
+                v
+            })
+            .collect()
+    }
+
+    fn acc(self, v: u8, j: u8) -> u8 {
+        4 * v + j
+    }
+
+    /// Register `r` = the dword at `m` in every lane of the tile's widest
+    /// vector.
+    fn broadcast(self, a: &mut X86Asm, r: u8, m: Mem) {
+        if self == ScoreTile::Ymm {
+            a.vpbroadcastd_load(Ymm(r), m);
+        } else {
+            a.vbroadcastss_zmm_load(Zmm(r), m);
+        }
+    }
+}
+
+impl RowVector {
+    fn zero(self, a: &mut X86Asm, r: u8) {
+        if self.wide {
+            a.vpxord_zmm(Zmm(r), Zmm(r), Zmm(r));
+        } else {
+            a.vxorps(Ymm(r), Ymm(r), Ymm(r));
+        }
+    }
+
+    fn load(self, a: &mut X86Asm, r: u8, m: Mem) {
+        if self.wide {
+            a.vmovups_zmm_load(Zmm(r), m);
+        } else {
+            a.vmovups_load(Ymm(r), m);
+        }
+    }
+
+    fn fma(self, a: &mut X86Asm, acc: u8, x: u8, y: u8) {
+        if self.wide {
+            a.vfmadd231ps_zmm(Zmm(acc), Zmm(x), Zmm(y));
+        } else {
+            a.vfmadd231ps(Ymm(acc), Ymm(x), Ymm(y));
+        }
+    }
+
+    fn store(self, a: &mut X86Asm, m: Mem, r: u8) {
+        if self.wide {
+            a.vmovups_zmm_store(m, Zmm(r));
+        } else {
+            a.vmovups_store(m, Ymm(r));
+        }
+    }
 }
 
 /// Per 8-row vector (rows in lanes, no horizontal work): keys past each
