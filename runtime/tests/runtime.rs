@@ -965,6 +965,48 @@ fn prefill_is_causal_on(backend: Backend, dev: &Arc<Device>) {
     }
 }
 
+/// A NaN in one head's q makes that head's output NaN on every device, as
+/// in the interpreter (e^NaN is NaN), decode and prefill alike; the other
+/// heads match it. A kernel whose exponential clamps NaN to its range's
+/// floor gave the mean of V there instead, a plausible wrong answer.
+#[test]
+fn a_nan_in_q_is_nan_in_its_heads_output_on_every_device() {
+    let (hq, kvh, d, s) = (6, 2, 32, 40);
+    for (format, backend) in [KvFormat::F16, KvFormat::Kv8]
+        .into_iter()
+        .flat_map(|f| host_backends().into_iter().map(move |b| (f, b)))
+    {
+        let dev = device(backend, 2, None);
+        let att = Attention::new(&dev, hq, kvh, d, format).unwrap();
+        let mut cache = KvCache::new(format, kvh, d, KvCapacity::Max(s)).unwrap();
+        let mut r = rng(17);
+        let (ks, vs) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
+        cache.append(&ks, &vs, s).unwrap();
+        for t in [1, 5] {
+            let mut q = randh(&mut r, t * hq * d, 0.3);
+            // Head 1 of the last token (of every token for decode).
+            q[(t - 1) * hq * d + d + 3] = f16::NAN;
+            let mut o = vec![f16::ZERO; t * hq * d];
+            if t == 1 {
+                att.decode(&q, &cache, &mut o).unwrap();
+            } else {
+                att.prefill(&q, t, &cache, &mut o).unwrap();
+            }
+            let want = reference_attention(format, &q, &ks, &vs, t, s, hq, kvh, d);
+            for (i, (g, w)) in o.iter().zip(&want).enumerate() {
+                let (g, what) = (g.to_f32(), format!("{backend:?} {format:?} t={t} o[{i}]"));
+                let nan_row = i / d == (t - 1) * hq + 1;
+                assert_eq!(w.is_nan(), nan_row, "{what}: the interpreter's NaN");
+                if nan_row {
+                    assert!(g.is_nan(), "{what} = {g}, want NaN");
+                } else {
+                    assert!((g - w).abs() <= 4e-3, "{what} = {g}, want {w}");
+                }
+            }
+        }
+    }
+}
+
 /// Appending a prompt and attending to it in one call is the two calls in
 /// order and matches the interpreter; a call refused for q's shape leaves
 /// the cache as it was.

@@ -352,10 +352,13 @@ pub(super) fn exp_constants(a: &mut A64, tmp: X) {
 
 /// `x = e^x` on four lanes (clobbers `t1`, `t2`): clamp to [-87.3, 88.7],
 /// n = round(x·log2 e), r = x − n·ln 2 (two-part), Taylor degree 6 in
-/// Horner form, times 2^n built in the exponent bits.
+/// Horner form, times 2^n built in the exponent bits. The clamps are
+/// `fmax`/`fmin`, which keep a NaN (as the interpreter's e^NaN), where
+/// `fmaxnm` would clamp it to e^-87.3 and a head whose q holds a NaN would
+/// give the mean of V.
 pub(super) fn exp(a: &mut A64, x: V, t1: V, t2: V) {
-    a.fmaxnm_4s(x, x, EXP_LO);
-    a.fminnm_4s(x, x, EXP_HI);
+    a.fmax_4s(x, x, EXP_LO);
+    a.fmin_4s(x, x, EXP_HI);
     a.fmul_4s(t1, x, LOG2E);
     a.fcvtns_4s(t2, t1);
     a.scvtf_4s(t1, t2);

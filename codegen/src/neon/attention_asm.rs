@@ -16,7 +16,10 @@ fn rd_rn(base: u32, d: u8, n: u8) -> u32 {
 
 /// Attention-only instructions on [`A64`].
 pub trait AttentionAsm {
-    fn fminnm_4s(&mut self, d: V, n: V, m: V);
+    /// `fmax vd.4s, vn.4s, vm.4s` (NaN where either lane is NaN)
+    fn fmax_4s(&mut self, d: V, n: V, m: V);
+    /// `fmin vd.4s, vn.4s, vm.4s` (NaN where either lane is NaN)
+    fn fmin_4s(&mut self, d: V, n: V, m: V);
     fn fsub_4s(&mut self, d: V, n: V, m: V);
     fn fdiv_4s(&mut self, d: V, n: V, m: V);
     fn faddp_4s(&mut self, d: V, n: V, m: V);
@@ -94,9 +97,14 @@ pub trait AttentionAsm {
 }
 
 impl AttentionAsm for A64 {
-    fn fminnm_4s(&mut self, d: V, n: V, m: V) {
-        let w = rd_rn_rm(0x4EA0_C400, d, n, m);
-        self.encoded(format!("fminnm {d}.4s, {n}.4s, {m}.4s"), w);
+    fn fmax_4s(&mut self, d: V, n: V, m: V) {
+        let w = rd_rn_rm(0x4E20_F400, d, n, m);
+        self.encoded(format!("fmax {d}.4s, {n}.4s, {m}.4s"), w);
+    }
+
+    fn fmin_4s(&mut self, d: V, n: V, m: V) {
+        let w = rd_rn_rm(0x4EA0_F400, d, n, m);
+        self.encoded(format!("fmin {d}.4s, {n}.4s, {m}.4s"), w);
     }
 
     fn fsub_4s(&mut self, d: V, n: V, m: V) {
