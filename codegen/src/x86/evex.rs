@@ -401,6 +401,24 @@ impl X86Asm {
         self.evex(e, format!("vaddps {dst}, {a}, zmmword ptr {m}"));
     }
 
+    /// `vcmpps k, a, b, pred`: lanes where `a pred b` holds into k.
+    pub fn vcmpps_zmm_k(&mut self, k: Kreg, a: Zmm, b: Zmm, pred: u8) {
+        let e = Evex::plain(MAP_0F, PP_NONE, 0xC2, k.0 & 7, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex_ib(e, pred, format!("vcmpps {k}, {a}, {b}, {pred}"));
+    }
+
+    /// `vmovaps dst {k} ({z}), src`: the lanes in k from src, the others
+    /// kept or (`zeroing`) zeroed; k0 copies every lane.
+    pub fn vmovaps_zmm_masked(&mut self, dst: Zmm, k: Kreg, src: Zmm, zeroing: bool) {
+        let e = Evex {
+            mask: k.0 & 7,
+            zeroing: zeroing && k.0 & 7 != 0,
+            ..Evex::plain(MAP_0F, PP_NONE, 0x28, dst.0, 0, Rm::Reg(src.0 & 31), 64)
+        };
+        let line = format!("vmovaps {dst}{}, {src}", mask_suffix(k, e.zeroing));
+        self.evex(e, line);
+    }
+
     /// `vmaxps dst, a, b`
     pub fn vmaxps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
         self.evex(ps_rrr(0x5F, dst, a, b), format!("vmaxps {dst}, {a}, {b}"));
