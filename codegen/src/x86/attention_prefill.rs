@@ -832,204 +832,284 @@ impl RowVector {
     }
 }
 
-/// Per 8-row vector (rows in lanes, no horizontal work): keys past each
+/// Per row vector (rows in lanes, no horizontal work): keys past each
 /// row's limit → −∞, the block max, the running max `m'`, `α = e^(m −
 /// m')`, `p = e^(S − m')` in place (masked keys exactly 0), `l = α·l + Σp`.
+/// 8 rows a ymm; with `zmm` 16 a zmm while 16 are left, then a last 8-row
+/// half by ymm (the softmax was 12% of a Llama2-7B f16 prefill's samples
+/// on ymm alone).
 fn softmax_rows(a: &mut X86Asm, g: Geometry, zmm: bool) {
     a.comment(if zmm {
         "online softmax, 16 rows a zmm (8 a ymm for a last half): mask, max, alpha, p, l"
     } else {
         "online softmax, 8 rows a vector: mask, max, alpha, p, l"
     });
-    let [n, f, p, k127] = EXP_REGS;
-    let (x, mask, mold, lnew, sum, mnew, kv, mmax, lim, j0v, neginf) = (
-        Ymm(0),
-        Ymm(3),
-        Ymm(6),
-        Ymm(7),
-        Ymm(9),
-        Ymm(10),
-        Ymm(11),
-        Ymm(12),
-        Ymm(13),
-        Ymm(14),
-        Ymm(15),
-    );
-    a.vmovups_load(neginf, mem(RSP, V_NEGINF));
-    a.vmovups_load(k127, mem(RSP, V_127));
+    a.vmovups_load(Ymm(SM_NEGINF), mem(RSP, V_NEGINF));
+    a.vmovups_load(EXP_REGS[3], mem(RSP, V_127));
     a.load64(RAX, mem(RSP, P_J0));
-    a.vcvtsi2ss(j0v, RAX);
-    a.vbroadcastss_reg(j0v, j0v);
-    // r12 = 32·v (the vector's byte offset in the per-row arrays).
+    a.vcvtsi2ss(Ymm(SM_J0), RAX);
+    a.vbroadcastss_reg(Ymm(SM_J0), Ymm(SM_J0));
+    // r12 = the vector's byte offset in the per-row arrays (4 a row).
     a.zero(R12);
     if zmm {
-        softmax_rows_zmm(a, g);
+        softmax_vectors(a, g, RowLanes::Zmm);
     }
-    let (vec, vecs_done) = (a.new_label(), a.new_label());
-    a.bind(vec);
-    a.mov(RAX, R12);
-    a.shr_imm(RAX, 2);
-    a.cmp_mem(RAX, mem(RSP, P_RNP));
-    a.jcc(Cond::Ge, vecs_done);
-    a.load64(RAX, mem(RSP, P_LIM));
-    a.add(RAX, R12);
-    a.vmovups_load(lim, mem(RAX, 0));
-    a.load64(RAX, mem(RSP, P_M));
-    a.add(RAX, R12);
-    a.vmovups_load(mold, mem(RAX, 0));
-    a.vxorps(kv, kv, kv);
-    a.vaddps(kv, kv, j0v);
-    a.vmovups_load(mmax, mem(RSP, V_NEGINF));
-    // Pass 1 over the block's keys: mask, store, max.
-    a.load64(RSI, mem(RSP, P_S));
-    a.add(RSI, R12);
-    a.load64(RCX, mem(RSP, P_CNT));
-    let pass1 = a.new_label();
-    a.bind(pass1);
-    a.vmovups_load(x, mem(RSI, 0));
-    a.vcmpps(mask, kv, lim, 14); // key > limit (ordered)
-    a.vandnps(x, mask, x);
-    a.vandps(Ymm(1), mask, neginf);
-    a.vorps(x, x, Ymm(1));
-    a.vmovups_store(mem(RSI, 0), x);
-    a.vmaxps(mmax, mmax, x);
-    a.vaddps_mem(kv, kv, mem(RSP, V_ONE));
-    a.add_imm(RSI, g.sts());
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, pass1);
-    // m' = max(m, block max); α = e^(m − m'); l·α.
-    a.vmaxps(mnew, mmax, mold);
-    a.load64(RAX, mem(RSP, P_M));
-    a.add(RAX, R12);
-    a.vmovups_store(mem(RAX, 0), mnew);
-    a.vsubps(x, mold, mnew);
-    exp_ps(a, x, n, f, p, k127);
-    a.load64(RAX, mem(RSP, P_ALPHA));
-    a.add(RAX, R12);
-    a.vmovups_store(mem(RAX, 0), p);
-    a.load64(RAX, mem(RSP, P_L));
-    a.add(RAX, R12);
-    a.vmulps_mem(lnew, p, mem(RAX, 0));
-    // Pass 2: p = e^(S − m'), Σp.
-    a.vxorps(sum, sum, sum);
-    a.load64(RSI, mem(RSP, P_S));
-    a.add(RSI, R12);
-    a.load64(RCX, mem(RSP, P_CNT));
-    let pass2 = a.new_label();
-    a.bind(pass2);
-    a.vmovups_load(x, mem(RSI, 0));
-    a.vsubps(x, x, mnew);
-    // Masked keys (−∞ − m' = −∞) and anything below e^-87: exactly 0.
-    a.vmovups_load(Ymm(8), mem(RSP, V_MIN));
-    a.vcmpps(Ymm(8), x, Ymm(8), 1); // x < min (ordered)
-    exp_ps(a, x, n, f, p, k127);
-    a.vandnps(p, Ymm(8), p);
-    a.vaddps(sum, sum, p);
-    a.vmovups_store(mem(RSI, 0), p);
-    a.add_imm(RSI, g.sts());
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, pass2);
-    a.vaddps(lnew, lnew, sum);
-    a.vmovups_store(mem(RAX, 0), lnew);
-    a.add_imm(R12, 32);
-    a.jmp(vec);
-    a.bind(vecs_done);
+    softmax_vectors(a, g, RowLanes::Ymm);
 }
 
-/// [`softmax_rows`] on zmm: the same steps on 16 rows a vector while 16
-/// rows are left (r12 left at the first row it did not take), masks in k
-/// registers. Keeps the constants' registers of the ymm loop (their low
-/// halves unchanged): `j0` in zmm14, −∞ in zmm15, 127 in zmm4. The
-/// softmax was 12% of a Llama2-7B f16 prefill's samples on ymm.
-fn softmax_rows_zmm(a: &mut X86Asm, g: Geometry) {
-    let [n, f, p, k127] = EXP_REGS.map(|r| Zmm(r.0));
-    let (x, mold, lnew, sum, mnew, kv, mmax, lim, j0v, neginf, one, floor) = (
-        Zmm(0),
-        Zmm(6),
-        Zmm(7),
-        Zmm(9),
-        Zmm(10),
-        Zmm(11),
-        Zmm(12),
-        Zmm(13),
-        Zmm(14),
-        Zmm(15),
-        Zmm(16),
-        Zmm(17),
-    );
-    let (masked, kept) = (Kreg(1), Kreg(2));
-    a.vshufi32x4_zmm(j0v, j0v, j0v, 0x44);
-    a.vbroadcastss_zmm_load(neginf, mem(RSP, V_NEGINF));
-    a.vpbroadcastd_zmm_load(k127, mem(RSP, V_127));
-    a.vbroadcastss_zmm_load(one, mem(RSP, V_ONE));
-    a.vbroadcastss_zmm_load(floor, mem(RSP, V_MIN));
+// The softmax's registers (indices; ymm or zmm by [`RowLanes`]); the
+// exponentials take `EXP_REGS`' (1, 2, 4, 5).
+const SM_X: u8 = 0;
+const SM_MOLD: u8 = 6;
+const SM_LNEW: u8 = 7;
+const SM_SUM: u8 = 9;
+const SM_MNEW: u8 = 10;
+const SM_KV: u8 = 11;
+const SM_MMAX: u8 = 12;
+const SM_LIM: u8 = 13;
+const SM_J0: u8 = 14;
+const SM_NEGINF: u8 = 15;
+
+/// The softmax's row vectors while whole ones are left from r12 (left at
+/// the first row not taken): the steps of [`softmax_rows`], their masks
+/// and constants as `lanes` keeps them.
+fn softmax_vectors(a: &mut X86Asm, g: Geometry, lanes: RowLanes) {
+    let [x, mold, lnew, sum, mnew, mmax, lim] =
+        [SM_X, SM_MOLD, SM_LNEW, SM_SUM, SM_MNEW, SM_MMAX, SM_LIM];
+    lanes.prepare(a);
     let row_array = |a: &mut X86Asm, slot: i32| {
         a.load64(RAX, mem(RSP, slot));
         a.add(RAX, R12);
     };
     let (vec, vecs_done) = (a.new_label(), a.new_label());
     a.bind(vec);
-    a.mov(RAX, R12);
-    a.shr_imm(RAX, 2);
-    a.add_imm(RAX, 16);
-    a.cmp_mem(RAX, mem(RSP, P_RNP));
-    a.jcc(Cond::G, vecs_done);
+    lanes.exit_unless_whole(a, vecs_done);
     row_array(a, P_LIM);
-    a.vmovups_zmm_load(lim, mem(RAX, 0));
+    lanes.load(a, lim, mem(RAX, 0));
     row_array(a, P_M);
-    a.vmovups_zmm_load(mold, mem(RAX, 0));
-    a.vmovaps_zmm_masked(kv, Kreg(0), j0v, false);
-    a.vmovaps_zmm_masked(mmax, Kreg(0), neginf, false);
+    lanes.load(a, mold, mem(RAX, 0));
+    lanes.start_keys(a);
     // Pass 1 over the block's keys: mask, store, max.
     a.load64(RSI, mem(RSP, P_S));
     a.add(RSI, R12);
     a.load64(RCX, mem(RSP, P_CNT));
     let pass1 = a.new_label();
     a.bind(pass1);
-    a.vmovups_zmm_load(x, mem(RSI, 0));
-    a.vcmpps_zmm_k(masked, kv, lim, 14); // key > limit (ordered)
-    a.vmovaps_zmm_masked(x, masked, neginf, false);
-    a.vmovups_zmm_store(mem(RSI, 0), x);
-    a.vmaxps_zmm(mmax, mmax, x);
-    a.vaddps_zmm(kv, kv, one);
+    lanes.load(a, x, mem(RSI, 0));
+    lanes.mask_past_limits(a);
+    lanes.store(a, mem(RSI, 0), x);
+    lanes.op(a, Op3::Max, mmax, mmax, x);
+    lanes.next_key(a);
     a.add_imm(RSI, g.sts());
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, pass1);
     // m' = max(m, block max); α = e^(m − m'); l·α.
-    a.vmaxps_zmm(mnew, mmax, mold);
+    lanes.op(a, Op3::Max, mnew, mmax, mold);
     row_array(a, P_M);
-    a.vmovups_zmm_store(mem(RAX, 0), mnew);
-    a.vsubps_zmm(x, mold, mnew);
-    exp_ps(a, x, n, f, p, k127);
+    lanes.store(a, mem(RAX, 0), mnew);
+    lanes.op(a, Op3::Sub, x, mold, mnew);
+    lanes.exp(a);
     row_array(a, P_ALPHA);
-    a.vmovups_zmm_store(mem(RAX, 0), p);
+    lanes.store(a, mem(RAX, 0), EXP_REGS[2].0);
     row_array(a, P_L);
-    a.vmovups_zmm_load(lnew, mem(RAX, 0));
-    a.vmulps_zmm(lnew, p, lnew);
-    // Pass 2: p = e^(S − m'), Σp; masked keys and anything below e^-87
-    // exactly 0 (a NaN kept: "not less than" holds for it).
-    a.vpxord_zmm(sum, sum, sum);
+    lanes.scale_by_mem(a, lnew, EXP_REGS[2].0, mem(RAX, 0));
+    // Pass 2: p = e^(S − m'), Σp; masked keys (−∞ − m' = −∞) and anything
+    // below e^-87 exactly 0, a NaN kept.
+    lanes.zero(a, sum);
     a.load64(RSI, mem(RSP, P_S));
     a.add(RSI, R12);
     a.load64(RCX, mem(RSP, P_CNT));
     let pass2 = a.new_label();
     a.bind(pass2);
-    a.vmovups_zmm_load(x, mem(RSI, 0));
-    a.vsubps_zmm(x, x, mnew);
-    a.vcmpps_zmm_k(kept, x, floor, 5); // not less than (unordered)
-    exp_ps(a, x, n, f, p, k127);
-    a.vmovaps_zmm_masked(p, kept, p, true);
-    a.vaddps_zmm(sum, sum, p);
-    a.vmovups_zmm_store(mem(RSI, 0), p);
+    lanes.load(a, x, mem(RSI, 0));
+    lanes.op(a, Op3::Sub, x, x, mnew);
+    lanes.mark_under_floor(a);
+    lanes.exp(a);
+    lanes.zero_under_floor(a);
+    lanes.op(a, Op3::Add, sum, sum, EXP_REGS[2].0);
+    lanes.store(a, mem(RSI, 0), EXP_REGS[2].0);
     a.add_imm(RSI, g.sts());
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, pass2);
-    a.vaddps_zmm(lnew, lnew, sum);
-    row_array(a, P_L);
-    a.vmovups_zmm_store(mem(RAX, 0), lnew);
-    a.add_imm(R12, 64);
+    lanes.op(a, Op3::Add, lnew, lnew, sum);
+    lanes.store(a, mem(RAX, 0), lnew);
+    a.add_imm(R12, lanes.bytes());
     a.jmp(vec);
     a.bind(vecs_done);
+}
+
+/// The register file of [`softmax_vectors`]: 8 rows a ymm, masks in
+/// vectors (ymm3, the floor's in ymm8) and constants from the frame; or
+/// 16 rows a zmm, masks in k1/k2 and constants in registers (1.0 in zmm16,
+/// the floor in zmm17; −∞, j0 and 127 widened in place, their low halves
+/// unchanged for the ymm vectors after).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RowLanes {
+    Ymm,
+    Zmm,
+}
+
+#[derive(Clone, Copy)]
+enum Op3 {
+    Add,
+    Sub,
+    Max,
+}
+
+const SM_ONE: Zmm = Zmm(16);
+const SM_FLOOR: Zmm = Zmm(17);
+
+impl RowLanes {
+    fn bytes(self) -> i32 {
+        match self {
+            RowLanes::Ymm => 32,
+            RowLanes::Zmm => 64,
+        }
+    }
+
+    fn prepare(self, a: &mut X86Asm) {
+        if self == RowLanes::Zmm {
+            let j0 = Zmm(SM_J0);
+            a.vshufi32x4_zmm(j0, j0, j0, 0x44);
+            a.vbroadcastss_zmm_load(Zmm(SM_NEGINF), mem(RSP, V_NEGINF));
+            a.vpbroadcastd_zmm_load(Zmm(EXP_REGS[3].0), mem(RSP, V_127));
+            a.vbroadcastss_zmm_load(SM_ONE, mem(RSP, V_ONE));
+            a.vbroadcastss_zmm_load(SM_FLOOR, mem(RSP, V_MIN));
+        }
+    }
+
+    /// To `done` unless a whole vector of rows is left from r12.
+    fn exit_unless_whole(self, a: &mut X86Asm, done: Label) {
+        a.mov(RAX, R12);
+        a.shr_imm(RAX, 2);
+        match self {
+            RowLanes::Ymm => {
+                a.cmp_mem(RAX, mem(RSP, P_RNP));
+                a.jcc(Cond::Ge, done);
+            }
+            RowLanes::Zmm => {
+                a.add_imm(RAX, 16);
+                a.cmp_mem(RAX, mem(RSP, P_RNP));
+                a.jcc(Cond::G, done);
+            }
+        }
+    }
+
+    fn load(self, a: &mut X86Asm, r: u8, m: Mem) {
+        match self {
+            RowLanes::Ymm => a.vmovups_load(Ymm(r), m),
+            RowLanes::Zmm => a.vmovups_zmm_load(Zmm(r), m),
+        }
+    }
+
+    fn store(self, a: &mut X86Asm, m: Mem, r: u8) {
+        match self {
+            RowLanes::Ymm => a.vmovups_store(m, Ymm(r)),
+            RowLanes::Zmm => a.vmovups_zmm_store(m, Zmm(r)),
+        }
+    }
+
+    fn zero(self, a: &mut X86Asm, r: u8) {
+        match self {
+            RowLanes::Ymm => a.vxorps(Ymm(r), Ymm(r), Ymm(r)),
+            RowLanes::Zmm => a.vpxord_zmm(Zmm(r), Zmm(r), Zmm(r)),
+        }
+    }
+
+    fn op(self, a: &mut X86Asm, op: Op3, d: u8, x: u8, y: u8) {
+        match (self, op) {
+            (RowLanes::Ymm, Op3::Add) => a.vaddps(Ymm(d), Ymm(x), Ymm(y)),
+            (RowLanes::Ymm, Op3::Sub) => a.vsubps(Ymm(d), Ymm(x), Ymm(y)),
+            (RowLanes::Ymm, Op3::Max) => a.vmaxps(Ymm(d), Ymm(x), Ymm(y)),
+            (RowLanes::Zmm, Op3::Add) => a.vaddps_zmm(Zmm(d), Zmm(x), Zmm(y)),
+            (RowLanes::Zmm, Op3::Sub) => a.vsubps_zmm(Zmm(d), Zmm(x), Zmm(y)),
+            (RowLanes::Zmm, Op3::Max) => a.vmaxps_zmm(Zmm(d), Zmm(x), Zmm(y)),
+        }
+    }
+
+    /// The key index = j0 in every lane, the block max −∞.
+    fn start_keys(self, a: &mut X86Asm) {
+        match self {
+            RowLanes::Ymm => {
+                a.vxorps(Ymm(SM_KV), Ymm(SM_KV), Ymm(SM_KV));
+                a.vaddps(Ymm(SM_KV), Ymm(SM_KV), Ymm(SM_J0));
+                a.vmovups_load(Ymm(SM_MMAX), mem(RSP, V_NEGINF));
+            }
+            RowLanes::Zmm => {
+                a.vmovaps_zmm_masked(Zmm(SM_KV), Kreg(0), Zmm(SM_J0), false);
+                a.vmovaps_zmm_masked(Zmm(SM_MMAX), Kreg(0), Zmm(SM_NEGINF), false);
+            }
+        }
+    }
+
+    fn next_key(self, a: &mut X86Asm) {
+        match self {
+            RowLanes::Ymm => a.vaddps_mem(Ymm(SM_KV), Ymm(SM_KV), mem(RSP, V_ONE)),
+            RowLanes::Zmm => a.vaddps_zmm(Zmm(SM_KV), Zmm(SM_KV), SM_ONE),
+        }
+    }
+
+    /// x = −∞ where the key is past the row's limit (ordered `>`).
+    fn mask_past_limits(self, a: &mut X86Asm) {
+        let (x, kv, lim, neginf) = (SM_X, SM_KV, SM_LIM, SM_NEGINF);
+        match self {
+            RowLanes::Ymm => {
+                let mask = Ymm(3);
+                a.vcmpps(mask, Ymm(kv), Ymm(lim), 14);
+                a.vandnps(Ymm(x), mask, Ymm(x));
+                a.vandps(Ymm(1), mask, Ymm(neginf));
+                a.vorps(Ymm(x), Ymm(x), Ymm(1));
+            }
+            RowLanes::Zmm => {
+                a.vcmpps_zmm_k(Kreg(1), Zmm(kv), Zmm(lim), 14);
+                a.vmovaps_zmm_masked(Zmm(x), Kreg(1), Zmm(neginf), false);
+            }
+        }
+    }
+
+    /// `d = p · [m]`.
+    fn scale_by_mem(self, a: &mut X86Asm, d: u8, p: u8, m: Mem) {
+        match self {
+            RowLanes::Ymm => a.vmulps_mem(Ymm(d), Ymm(p), m),
+            RowLanes::Zmm => {
+                a.vmovups_zmm_load(Zmm(d), m);
+                a.vmulps_zmm(Zmm(d), Zmm(p), Zmm(d));
+            }
+        }
+    }
+
+    /// Before the exponentials: which lanes of x lie under e^-87's
+    /// exponent (ymm8 set there; k2 set where they do not, NaN included).
+    fn mark_under_floor(self, a: &mut X86Asm) {
+        match self {
+            RowLanes::Ymm => {
+                a.vmovups_load(Ymm(8), mem(RSP, V_MIN));
+                a.vcmpps(Ymm(8), Ymm(SM_X), Ymm(8), 1); // x < min (ordered)
+            }
+            RowLanes::Zmm => a.vcmpps_zmm_k(Kreg(2), Zmm(SM_X), SM_FLOOR, 5), // not less (unordered)
+        }
+    }
+
+    /// p = 0 in the lanes [`Self::mark_under_floor`] marked.
+    fn zero_under_floor(self, a: &mut X86Asm) {
+        let p = EXP_REGS[2].0;
+        match self {
+            RowLanes::Ymm => a.vandnps(Ymm(p), Ymm(8), Ymm(p)),
+            RowLanes::Zmm => a.vmovaps_zmm_masked(Zmm(p), Kreg(2), Zmm(p), true),
+        }
+    }
+
+    /// p = e^x (x, and the exponentials' n and f, clobbered).
+    fn exp(self, a: &mut X86Asm) {
+        let [n, f, p, k127] = EXP_REGS;
+        match self {
+            RowLanes::Ymm => exp_ps(a, Ymm(SM_X), n, f, p, k127),
+            RowLanes::Zmm => {
+                let z = |r: Ymm| Zmm(r.0);
+                exp_ps(a, Zmm(SM_X), z(n), z(f), z(p), z(k127));
+            }
+        }
+    }
 }
 
 /// `O = α·O + P·V` over the block's `cnt` keys: groups of chunks (outer:
