@@ -74,6 +74,8 @@ pub struct HostBench<'a> {
     pool: Arc<ThreadPool>,
     /// Channels per thread below which no slice goes (whole panels).
     min_rows: usize,
+    /// At most this many workers per call ([`Bench::limit_workers`]).
+    worker_limit: Option<usize>,
     rotate: usize,
     start: Instant,
     rng: ChaCha8Rng,
@@ -135,6 +137,7 @@ impl<'a> HostBench<'a> {
             threads: threads.max(1),
             pool,
             min_rows: 64 * threads.max(1),
+            worker_limit: None,
             rotate: rotation_bytes(llc_bytes),
             start,
             rng: ChaCha8Rng::seed_from_u64(0x7e55e7a),
@@ -231,6 +234,11 @@ impl<'a> HostBench<'a> {
 impl Bench for HostBench<'_> {
     fn elapsed(&self) -> Duration {
         self.start.elapsed()
+    }
+
+    fn limit_workers(&mut self, workers: Option<usize>) -> bool {
+        self.worker_limit = workers;
+        workers.is_some_and(|w| w < self.threads.min(self.pool.threads()))
     }
 
     fn prepare(&mut self, shape: &ShapeSpec, cand: &Candidate) -> Result<(), BenchError> {
@@ -334,6 +342,7 @@ impl Bench for HostBench<'_> {
         let workers = self
             .threads
             .min(self.pool.threads())
+            .min(self.worker_limit.unwrap_or(usize::MAX))
             .clamp(1, panels.max(1));
         let ranges = split_weighted(panels, &vec![1.0; workers]);
         let pool = &self.pool;

@@ -127,6 +127,14 @@ pub trait Bench {
     fn interrupted(&self) -> bool {
         false
     }
+    /// Run later calls on at most `workers` threads (`None`: all of the
+    /// bench's again). True when calls now run on fewer threads than the
+    /// bench has; false where that changes nothing (a bench of one
+    /// thread, or one that cannot limit them).
+    fn limit_workers(&mut self, workers: Option<usize>) -> bool {
+        let _ = workers;
+        false
+    }
 }
 
 /// The solver's view of the kernel being tuned.
@@ -503,6 +511,7 @@ pub fn tune<B: Bench + ?Sized>(
             seen: std::mem::take(&mut seen),
             drift: 0.0,
             decisions: Vec::new(),
+            one_worker: false,
         };
         let result = tuner.run();
         floor = tuner.floor;
@@ -572,6 +581,10 @@ struct ShapeTuner<'a, B: Bench + ?Sized> {
     /// The GEMV leader's own spread, re-timed later ([`ShapeNotes::drift`]).
     drift: f64,
     decisions: Vec<Decision>,
+    /// Calls run on one worker ([`ShapeTuner::register_duel`]): their
+    /// times decide a duel but are neither kept for reuse nor recorded as
+    /// the shape's measurements, which are at the record's threads.
+    one_worker: bool,
 }
 
 /// A kernel as the record's decisions name it.
@@ -931,9 +944,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         if let Some(twin) = self.wider_twin(&own, m)
             && self.prepared(&twin, m)
         {
-            // The same shape and packing on the wider registers: a tie
-            // keeps the narrower (the tile's first target).
-            match self.duel("flat step registers", &own, &twin, m, false) {
+            match self.register_duel(&own, &twin, m) {
                 Ok(true) => {
                     self.release_step(&own, flat);
                     own = twin;
@@ -962,6 +973,32 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         };
         self.flat_steps.insert(m, c);
         c
+    }
+
+    /// Whether `twin` (the same step, shape and packing on the wider
+    /// registers) serves `m` rather than `own`. Both read the same bytes,
+    /// so at the record's threads the bandwidth can hide what their
+    /// arithmetic costs: on Zen 5 a 4-row Q4_0 step tied at two threads
+    /// and read 82–89% of the one-thread probe on ymm against 103–111% on
+    /// zmm. A tie is therefore timed again on one worker, where a core has
+    /// bandwidth to spare (as when the runtime is called on fewer threads
+    /// than it was tuned for); a tie there too keeps the narrower, the
+    /// tile's first target.
+    fn register_duel(
+        &mut self,
+        own: &Candidate,
+        twin: &Candidate,
+        m: usize,
+    ) -> Result<bool, ShapeFail> {
+        let (wins, verdict) = self.duel_verdict("flat step registers", own, twin, m, false)?;
+        if !verdict.tie() || !self.bench.limit_workers(Some(1)) {
+            return Ok(wins);
+        }
+        self.one_worker = true;
+        let alone = self.duel("flat step registers on one thread", own, twin, m, false);
+        self.one_worker = false;
+        self.bench.limit_workers(None);
+        alone
     }
 
     /// `step` on the wider GEMM target (x86 zmm) when it is on the flat
@@ -1087,6 +1124,18 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         m: usize,
         tie_to_upper: bool,
     ) -> Result<bool, ShapeFail> {
+        Ok(self.duel_verdict(step, lower, upper, m, tie_to_upper)?.0)
+    }
+
+    /// [`ShapeTuner::duel`], with the verdict it settled on.
+    fn duel_verdict(
+        &mut self,
+        step: &str,
+        lower: &Candidate,
+        upper: &Candidate,
+        m: usize,
+        tie_to_upper: bool,
+    ) -> Result<(bool, Verdict), ShapeFail> {
         let blocks = self.measure_group(&[*lower, *upper], m)?;
         let Some(first) = decide::compare(&blocks[0], &blocks[1], self.floor) else {
             return Err(Stop::Budget.into());
@@ -1110,7 +1159,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
                 d.chose += &c;
             }
         }
-        Ok(wins)
+        Ok((wins, v))
     }
 
     /// Time `cands` at `m` together: a warm-up call each (which also
@@ -1124,6 +1173,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             .map(|c| self.timings.get(&(c.key(), m)))
             .collect();
         if let Some(Some((g, _))) = cached.first()
+            && !self.one_worker
             && cached.iter().all(|e| matches!(e, Some((h, _)) if h == g))
         {
             return Ok(cached.into_iter().flatten().map(|e| e.1.clone()).collect());
@@ -1211,9 +1261,11 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
                     .map(|b| b.into_iter().map(|x| x * scale).collect())
                     .collect(),
             );
-            self.timings
-                .insert((c.key(), m), (self.groups, blocks.clone()));
-            self.record(c, m, &blocks);
+            if !self.one_worker {
+                self.timings
+                    .insert((c.key(), m), (self.groups, blocks.clone()));
+                self.record(c, m, &blocks);
+            }
             (self.events)(Event::Measured);
             out.push(blocks);
         }

@@ -45,6 +45,13 @@ struct Sim {
     /// Time factor of flat tiles on 32 registers (x86 zmm), whose shapes
     /// the ymm target may share.
     zmm_flat: f64,
+    /// The same factor on one worker, where the bench can limit them
+    /// (`None`: it cannot).
+    zmm_flat_alone: Option<f64>,
+    /// Calls run on one worker ([`Bench::limit_workers`]).
+    alone: bool,
+    /// Calls made on one worker.
+    calls_alone: usize,
 }
 
 impl Sim {
@@ -58,6 +65,9 @@ impl Sim {
             stop_after: None,
             refuse: None,
             zmm_flat: 1.0,
+            zmm_flat_alone: None,
+            alone: false,
+            calls_alone: 0,
         }
     }
 }
@@ -78,10 +88,15 @@ impl Bench for Sim {
         let scale = (shape.n * shape.k) as f64 / (2048.0 * 1536.0);
         let jitter = 1.0 + self.noise * (self.rng.gen_range(-1.0..1.0));
         let zmm = cand.variant == Variant::FlatGemm && cand.tile.accounting.budget == 32;
+        self.calls_alone += usize::from(self.alone);
+        let zmm_factor = match self.zmm_flat_alone {
+            Some(f) if self.alone => f,
+            _ => self.zmm_flat,
+        };
         let t = (self.model)(cand.variant, cand.tile3(), m)
             * scale
             * jitter
-            * if zmm { self.zmm_flat } else { 1.0 };
+            * if zmm { zmm_factor } else { 1.0 };
         self.clock.set(self.clock.get() + t);
         Ok(t)
     }
@@ -89,6 +104,10 @@ impl Bench for Sim {
     fn release_all(&mut self) {}
     fn interrupted(&self) -> bool {
         self.stop_after.is_some_and(|n| self.calls >= n)
+    }
+    fn limit_workers(&mut self, workers: Option<usize>) -> bool {
+        self.alone = self.zmm_flat_alone.is_some() && workers == Some(1);
+        self.alone
     }
 }
 
@@ -644,6 +663,59 @@ fn a_zmm_flat_winner_steps_to_tiles_of_m_rows() {
         }
     }
     assert!(checked > 0);
+}
+
+/// A register-file duel tied at the record's threads (the bandwidth
+/// hiding the arithmetic) is timed again on one worker, and that verdict
+/// names the step's target; a tie there too keeps the ymm one. The shape's
+/// measurements stay those of all the threads.
+#[test]
+fn a_register_tie_is_timed_again_on_one_thread() {
+    let solver = q4_with_a_zmm_gemm();
+    for (alone, want) in [(0.8, "x86-avx512"), (1.0, "x86-avx2"), (1.25, "x86-avx2")] {
+        let mut sim = Sim::new(zmm_flat_model, 5, 0.0);
+        sim.zmm_flat_alone = Some(alone);
+        let out = tune(&mut sim, &solver, &shapes(), &[], &config(1e6), &mut |_| {}).unwrap();
+        assert!(sim.calls_alone > 0, "×{alone}: nothing timed on one worker");
+        assert!(!sim.alone, "×{alone}: the workers were not given back");
+        let mut checked = 0;
+        for s in &out.shapes {
+            let alone_duels: Vec<_> = s
+                .notes
+                .decisions
+                .iter()
+                .filter(|d| d.step == "flat step registers on one thread")
+                .collect();
+            for d in &alone_duels {
+                let tied = s
+                    .notes
+                    .decisions
+                    .iter()
+                    .find(|e| e.step == "flat step registers" && e.m == d.m)
+                    .unwrap_or_else(|| panic!("no duel on all threads at M = {}", d.m));
+                assert!(tied.tie, "{tied:?}");
+                assert!(d.chose.ends_with(&format!(" on {want}")), "×{alone}: {d:?}");
+                // (A duel at an M the GEMV serves names no step.)
+                let Some((_, step)) = s.flat_steps().into_iter().find(|(m, _)| *m == d.m) else {
+                    continue;
+                };
+                assert_eq!(step.target, want, "×{alone} at M = {}", d.m);
+                // Every measurement is on all threads: the zmm step's time
+                // is the model's, not the one-worker factor's.
+                for x in s.measurements.iter().filter(|x| x.m == d.m) {
+                    assert_eq!(x.threads, 2, "{x:?}");
+                    let scale = (s.n * s.k) as f64 / (2048.0 * 1536.0);
+                    let full = zmm_flat_model(x.variant, x.tile, x.m) * scale;
+                    assert!(
+                        (x.median_ns - full).abs() <= 1e-6 * full,
+                        "×{alone}: {x:?} against {full}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 0, "×{alone}: no duel timed on one worker");
+    }
 }
 
 /// Where a flat step's shape exists on both x86 targets (ymm and zmm pack
