@@ -377,7 +377,11 @@ impl TuneBackend for X86Tune {
             return None;
         }
         let stream = X86Backend::weight_stream(kernel)?;
-        let choices = stream.choices().into_iter().map(PrefetchChoice::from_x86);
+        let choices = stream
+            .choices()
+            .iter()
+            .copied()
+            .map(PrefetchChoice::from_x86);
         Some((stream.name(), choices.collect()))
     }
 

@@ -939,20 +939,28 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
                 .find(|m| m.choice == c)
                 .map_or(f64::NAN, |m| m.us)
         };
+        let alone = |c: PrefetchChoice| {
+            p.measurements
+                .iter()
+                .find(|m| m.choice == c)
+                .and_then(|m| m.us_one_thread)
+                .map_or(String::new(), |t| format!(", one thread {t:.0} µs"))
+        };
         let others: Vec<String> = p
             .measurements
             .iter()
             .filter(|m| m.choice != p.chosen)
-            .map(|m| format!("{} {:.0} µs", m.choice, m.us))
+            .map(|m| format!("{} {:.0} µs{}", m.choice, m.us, alone(m.choice)))
             .collect();
         println!(
-            "{} weight prefetch ([{}, {}], M = {:?}): {} at {:.0} µs{} ({})",
+            "{} weight prefetch ([{}, {}], M = {:?}): {} at {:.0} µs{}{} ({})",
             p.stream,
             p.shape[0],
             p.shape[1],
             p.m,
             p.chosen,
             us(p.chosen),
+            alone(p.chosen),
             if p.chosen == p.default {
                 format!(
                     ", the default; no other beat it by {:.0}% twice",
@@ -961,7 +969,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
             } else {
                 String::new()
             },
-            others.join(", ")
+            others.join("; ")
         );
     }
     if let Some(p) = &entry.decode {

@@ -225,6 +225,41 @@ impl SolverCtx<'_> {
         tile::cost(&self.problem(m, n, k), tile[0], tile[1])
     }
 
+    /// `flat` with ep = m rounded up to the row unit, at most its ep
+    /// ([`flat_tile_for`]), when the solver and backend accept that tile,
+    /// else `flat` itself (always on a GPU, whose flat tiles the runtime
+    /// does not step). No kernel is built.
+    pub fn flat_step(&self, flat: &Candidate, m: usize, n: usize, k: usize) -> Candidate {
+        if self.caps.gpu.is_some() {
+            return *flat;
+        }
+        let want = flat_tile_for(flat.tile3(), m, self.row_unit());
+        if want == flat.tile3() {
+            return *flat;
+        }
+        // A wider target's flat tile (zmm) steps on that target to a shape
+        // the flat target has no tile of, else to the flat target's tile
+        // (both pack alike), which the tuner then times against its zmm
+        // twin.
+        let mut caps = self.caps_of(Variant::FlatGemm, &flat.tile);
+        if caps.name != self.caps.name && self.feasible_on(self.caps, want, m, n, k) {
+            caps = self.caps;
+        }
+        let problem = self.problem(m, n, k);
+        tile::feasible(caps, &problem)
+            .ok()
+            .and_then(|tiles| {
+                tiles
+                    .into_iter()
+                    .find(|t| [t.ep, t.hp, t.lp] == want && (self.accept)(t))
+            })
+            .map_or(*flat, |tile| Candidate {
+                variant: Variant::FlatGemm,
+                tile,
+                order: flat.order,
+            })
+    }
+
     /// The solver's best `count` tiles for `variant` on [n, k] whose
     /// packing (hp, lp) is `packing`'s, on the variant's target and, where
     /// the GEMM's is wider (zmm), on that one: the candidates of a tuning
@@ -896,37 +931,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
     /// else `flat` itself (always on a GPU, whose flat tiles the runtime
     /// does not step). No kernel is built.
     fn flat_packed_step(&self, flat: &Candidate, m: usize) -> Candidate {
-        if self.solver.caps.gpu.is_some() {
-            return *flat;
-        }
-        let want = flat_tile_for(flat.tile3(), m, self.solver.row_unit());
-        if want == flat.tile3() {
-            return *flat;
-        }
-        // A wider target's flat tile (zmm) steps on that target to a shape
-        // the flat target has no tile of, else to the flat target's tile
-        // (both pack alike), which `flat_at` then times against its zmm
-        // twin ([`ShapeTuner::wider_twin`]).
-        let (n, k) = (self.shape.n, self.shape.k);
-        let mut caps = self.solver.caps_of(Variant::FlatGemm, &flat.tile);
-        if caps.name != self.solver.caps.name
-            && self.solver.feasible_on(self.solver.caps, want, m, n, k)
-        {
-            caps = self.solver.caps;
-        }
-        let problem = self.solver.problem(m, n, k);
-        tile::feasible(caps, &problem)
-            .ok()
-            .and_then(|tiles| {
-                tiles
-                    .into_iter()
-                    .find(|t| [t.ep, t.hp, t.lp] == want && (self.solver.accept)(t))
-            })
-            .map_or(*flat, |tile| Candidate {
-                variant: Variant::FlatGemm,
-                tile,
-                order: flat.order,
-            })
+        self.solver.flat_step(flat, m, self.shape.n, self.shape.k)
     }
 
     /// The flat candidate timed at `m`, decided once per M and prepared:

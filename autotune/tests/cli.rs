@@ -91,7 +91,7 @@ fn tiny_model_tunes_loads_and_is_selected_here() {
             use tessera_runtime::record::{CacheLevel, PrefetchChoice};
             assert_eq!(backend, "x86", "{p:?}");
             assert_eq!(p.stream, "int8");
-            let choices = [4096, 2048].map(|bytes| PrefetchChoice {
+            let choices = [4096, 2048, 8192].map(|bytes| PrefetchChoice {
                 bytes,
                 level: CacheLevel::L1,
             });
@@ -102,6 +102,13 @@ fn tiny_model_tunes_loads_and_is_selected_here() {
             let timed: Vec<PrefetchChoice> = p.measurements.iter().map(|m| m.choice).collect();
             assert_eq!(timed, choices, "{p:?}");
             assert!(p.measurements.iter().all(|m| m.us > 0.0), "{p:?}");
+            // On one thread too where the tuning has more.
+            let alone = p.measurements.iter().map(|m| m.us_one_thread);
+            if entry.threads > 1 {
+                assert!(alone.clone().all(|t| t.is_some_and(|t| t > 0.0)), "{p:?}");
+            } else {
+                assert!(alone.clone().all(|t| t.is_none()), "{p:?}");
+            }
             assert!(stdout.contains("int8 weight prefetch"), "{stdout}");
         }
         None => assert_ne!(backend, "x86", "an x86 q4_0 tuning times the prefetch"),

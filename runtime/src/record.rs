@@ -298,7 +298,12 @@ impl std::fmt::Display for PrefetchChoice {
 pub struct PrefetchMeasurement {
     #[serde(flatten)]
     pub choice: PrefetchChoice,
+    /// At the record's threads.
     pub us: f64,
+    /// On one thread, where the record's are more: the bandwidth two
+    /// threads share can hide how far one core's prefetches reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub us_one_thread: Option<f64>,
 }
 
 #[cfg(feature = "jit")]
@@ -1247,6 +1252,7 @@ mod tests {
             measurements: vec![PrefetchMeasurement {
                 choice: default,
                 us: 10.0,
+                us_one_thread: None,
             }],
         })
     }
