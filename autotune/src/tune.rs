@@ -995,8 +995,10 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         twin: &Candidate,
         m: usize,
     ) -> Result<bool, ShapeFail> {
-        let (wins, verdict) = self.duel_verdict("flat step registers", own, twin, m, false)?;
-        if !verdict.tie() || !self.bench.limit_workers(Some(1)) {
+        let wins = self.duel("flat step registers", own, twin, m, false)?;
+        // (A settled duel notes its decision last.)
+        let tied = self.decisions.last().is_some_and(|d| d.tie);
+        if !tied || !self.bench.limit_workers(Some(1)) {
             return Ok(wins);
         }
         self.one_worker = true;
@@ -1129,18 +1131,6 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
         m: usize,
         tie_to_upper: bool,
     ) -> Result<bool, ShapeFail> {
-        Ok(self.duel_verdict(step, lower, upper, m, tie_to_upper)?.0)
-    }
-
-    /// [`ShapeTuner::duel`], with the verdict it settled on.
-    fn duel_verdict(
-        &mut self,
-        step: &str,
-        lower: &Candidate,
-        upper: &Candidate,
-        m: usize,
-        tie_to_upper: bool,
-    ) -> Result<(bool, Verdict), ShapeFail> {
         let blocks = self.measure_group(&[*lower, *upper], m)?;
         let Some(first) = decide::compare(&blocks[0], &blocks[1], self.floor) else {
             return Err(Stop::Budget.into());
@@ -1164,7 +1154,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
                 d.chose += &c;
             }
         }
-        Ok((wins, v))
+        Ok(wins)
     }
 
     /// Time `cands` at `m` together: a warm-up call each (which also
