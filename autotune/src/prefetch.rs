@@ -151,9 +151,14 @@ pub fn tune(backend: &dyn TuneBackend, setup: &Setup<'_>) -> Result<Option<Prefe
     };
     // µs per setting, round, candidate and choice.
     let mut times = vec![[vec![], vec![]]; workers.len()];
+    let mut unbuilt = None;
     for (cand, m) in &candidates {
-        for bench in &mut benches {
-            bench.prepare(shape, cand).map_err(|e| e.0)?;
+        // A candidate some prefetch's backend cannot build is left out
+        // (the others still decide), not the whole tuning.
+        if let Err(e) = benches.iter_mut().try_for_each(|b| b.prepare(shape, cand)) {
+            benches.iter_mut().for_each(|b| b.release(cand));
+            unbuilt = Some(e.0);
+            continue;
         }
         for (setting, &limit) in times.iter_mut().zip(&workers) {
             for bench in &mut benches {
@@ -178,6 +183,12 @@ pub fn tune(backend: &dyn TuneBackend, setup: &Setup<'_>) -> Result<Option<Prefe
             bench.limit_workers(None);
             bench.release(cand);
         }
+    }
+    if times[0][0].is_empty() {
+        return Err(format!(
+            "no candidate could be built to time the weight prefetch: {}",
+            unbuilt.unwrap_or_default()
+        ));
     }
     let settings: Vec<Rounds> = times
         .iter()
