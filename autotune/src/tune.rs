@@ -926,10 +926,7 @@ impl<B: Bench + ?Sized> ShapeTuner<'_, B> {
             })
     }
 
-    /// `flat` with ep = m rounded up to the row unit, at most its ep
-    /// ([`flat_tile_for`]) when the solver and backend accept that tile,
-    /// else `flat` itself (always on a GPU, whose flat tiles the runtime
-    /// does not step). No kernel is built.
+    /// [`SolverCtx::flat_step`] of this shape.
     fn flat_packed_step(&self, flat: &Candidate, m: usize) -> Candidate {
         self.solver.flat_step(flat, m, self.shape.n, self.shape.k)
     }
