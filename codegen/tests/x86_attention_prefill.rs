@@ -81,7 +81,8 @@ fn x86_prefill_kv8() {
     }
 }
 
-/// The head dims, and contexts past several key blocks.
+/// The head dims of the models served (64, 80, 96, 128, 256; 40 for a tail of
+/// lanes), and contexts past several key blocks.
 #[test]
 fn x86_prefill_head_dims_and_long_contexts() {
     if !runnable() {
