@@ -209,15 +209,23 @@ pub trait TuneBackend {
     }
     /// The decode attention `kernel` with fp8 values in the CPU's packed
     /// form ([`Self::packed_fp8_form`]; `fp8_values_packed`) or by f32
-    /// FMAs, where this backend has both forms and this CPU runs them
-    /// (None: one form only).
+    /// FMAs, and int8 keys in lanes ([`Self::has_int8_key_lanes`];
+    /// `int8_keys_in_lanes`) or in pairs, where this backend has two forms
+    /// of either and this CPU runs them (None: one form of each).
     fn decode_attention(
         &self,
         kernel: &Kernel,
         fp8_values_packed: bool,
+        int8_keys_in_lanes: bool,
     ) -> Option<Result<MachineCode, String>> {
-        let _ = (kernel, fp8_values_packed);
+        let _ = (kernel, fp8_values_packed, int8_keys_in_lanes);
         None
+    }
+
+    /// Whether [`Self::decode_attention`] can score int8 keys in lanes as
+    /// well as in pairs.
+    fn has_int8_key_lanes(&self) -> bool {
+        false
     }
 
     /// The name of the packed form [`Self::decode_attention`] times
@@ -353,13 +361,19 @@ impl TuneBackend for X86Tune {
         &self,
         kernel: &Kernel,
         fp8_values_packed: bool,
+        int8_keys_in_lanes: bool,
     ) -> Option<Result<MachineCode, String>> {
-        self.packed_fp8_form().map(|_| {
+        (self.packed_fp8_form().is_some() || self.has_int8_key_lanes()).then(|| {
             self.0
                 .with_fp8_values_packed(fp8_values_packed)
+                .with_int8_keys_in_lanes(int8_keys_in_lanes)
                 .attention(kernel, PrefillBlocks::DEFAULT)
                 .map_err(|e| e.to_string())
         })
+    }
+
+    fn has_int8_key_lanes(&self) -> bool {
+        tessera_codegen::x86::missing_features().is_empty() && self.0.has_int8_key_lanes()
     }
 
     fn packed_fp8_form(&self) -> Option<&'static str> {

@@ -890,8 +890,11 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         )
         .map_err(CliError::Usage)?;
         entry.decode = decode::tune(
-            &|k, packed| b.decode_attention(k, packed),
-            b.packed_fp8_form().unwrap_or("packed"),
+            &|k, packed, lanes| b.decode_attention(k, packed, lanes),
+            decode::DecodeForms {
+                packed: b.packed_fp8_form(),
+                key_lanes: b.has_int8_key_lanes(),
+            },
             heads,
             threads,
             DECODE_SLICE,
@@ -986,26 +989,57 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
                 "f32 FMAs"
             }
         };
-        println!(
-            "decode fp8 values ({} / {} heads × {}, {} keys): {} ({} {:.0} µs, {} {:.0} µs{})",
-            p.heads,
-            p.kv_heads,
-            p.head_dim,
-            p.ctx,
-            name(p.fp8_values_packed),
-            name(true),
-            us(true),
-            name(false),
-            us(false),
-            if p.fp8_values_packed {
-                format!(
-                    "; FMAs need {:.0}% twice to switch",
-                    (decode::MARGIN - 1.0) * 100.0
-                )
-            } else {
-                String::new()
-            }
-        );
+        if !p.measurements.is_empty() {
+            println!(
+                "decode fp8 values ({} / {} heads × {}, {} keys): {} ({} {:.0} µs, {} {:.0} µs{})",
+                p.heads,
+                p.kv_heads,
+                p.head_dim,
+                p.ctx,
+                name(p.fp8_values_packed),
+                name(true),
+                us(true),
+                name(false),
+                us(false),
+                if p.fp8_values_packed {
+                    format!(
+                        "; FMAs need {:.0}% twice to switch",
+                        (decode::MARGIN - 1.0) * 100.0
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+        if let Some(lanes) = p.int8_keys_in_lanes {
+            let us = |in_lanes: bool| {
+                p.key_measurements
+                    .iter()
+                    .find(|m| m.in_lanes == in_lanes)
+                    .map_or(f64::NAN, |m| m.us)
+            };
+            let name = |in_lanes: bool| if in_lanes { "in lanes" } else { "in pairs" };
+            println!(
+                "decode int8 keys ({} / {} heads × {}, {} keys): {} ({} {:.0} µs, {} {:.0} µs{})",
+                p.heads,
+                p.kv_heads,
+                p.head_dim,
+                p.ctx,
+                name(lanes),
+                name(true),
+                us(true),
+                name(false),
+                us(false),
+                if lanes {
+                    format!(
+                        "; pairs need {:.0}% twice to switch",
+                        (decode::MARGIN - 1.0) * 100.0
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
     }
     if !skipped.is_empty() {
         println!("skipped candidates (the backend could not build them):");

@@ -1285,7 +1285,7 @@ pub const DECODE_TILE_HEADS: usize = 8;
 pub const DECODE_SUPER_BLOCK: usize = 256;
 /// f32 of a decode tile's record in the scratch (x86's cursors and
 /// per-head vectors).
-pub const DECODE_TILE_RECORD: usize = 80;
+pub const DECODE_TILE_RECORD: usize = 88;
 /// f32 after a decode tile's widened q: x86's zmm score loop lays q out
 /// in 32-d chunks of 8 head slots (512 bytes), and its AMX score loop
 /// adds q's two int8 parts in 64-d chunks of 16 columns (1 KiB) after

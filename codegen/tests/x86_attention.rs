@@ -59,6 +59,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             f16_pv: false,
             zmm_scores: false,
             amx_scores: false,
+            lane_scores: false,
         })
         .collect();
     // host_has_avx512_vnni includes AVX512VL.
@@ -71,6 +72,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
                 f16_pv: false,
                 zmm_scores: false,
                 amx_scores: false,
+                lane_scores: false,
             });
         }
         forms.dedup();
@@ -86,6 +88,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             f16_pv: false,
             zmm_scores: false,
             amx_scores: false,
+            lane_scores: false,
         });
     } else if fp8_values {
         eprintln!(
@@ -101,7 +104,11 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             f16_pv: false,
             zmm_scores: true,
             amx_scores: false,
+            lane_scores: false,
         });
+        if int8_keys {
+            forms.push(lane_form());
+        }
     }
     if tessera_codegen::x86::host_has_avx512_fp16() {
         forms.push(DecodeIsa {
@@ -111,6 +118,7 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
             f16_pv: true,
             zmm_scores: true,
             amx_scores: false,
+            lane_scores: false,
         });
     } else {
         eprintln!(
@@ -132,6 +140,20 @@ fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
         .collect()
 }
 
+/// The keys-in-lanes score loop with the P·V the runtime runs beside it
+/// on an AVX512-VNNI CPU without AVX512-FP16 (f32 in ymm0–31).
+fn lane_form() -> DecodeIsa {
+    DecodeIsa {
+        key_dot: KeyDot::EvexVnni,
+        ymm32: true,
+        bf16_values: false,
+        f16_pv: false,
+        zmm_scores: true,
+        amx_scores: false,
+        lane_scores: true,
+    }
+}
+
 /// The AMX score loop beside the CPU's best P·V (f16 FMAs where it has
 /// AVX512-FP16, else f32 in ymm0–31).
 fn amx_form() -> DecodeIsa {
@@ -142,6 +164,7 @@ fn amx_form() -> DecodeIsa {
         f16_pv: tessera_codegen::x86::host_has_avx512_fp16(),
         zmm_scores: true,
         amx_scores: true,
+        lane_scores: false,
     }
 }
 
@@ -572,6 +595,65 @@ fn x86_attention_refusals_name_the_reason() {
     assert!(e.contains("multiple of 8"), "{e}");
 }
 
+/// The keys-in-lanes score loop computes the pair loop's integer dots
+/// exactly (unsigned keys, q in two int8 parts, the bias taken back) and
+/// finishes them with the same f32 operations, so with the same P·V the
+/// two forms' outputs are equal bit for bit: tiles of 4–7 heads (and 2, 3
+/// and 8, which stay on the pair loop), head dims with and without a
+/// partial 64-byte chunk, keys in 16-key trips and the pair loop's rest,
+/// one and two threads.
+#[test]
+fn x86_attention_lane_scores_equal_the_pair_loops_bit_for_bit() {
+    if !runnable() {
+        return;
+    }
+    if !tessera_codegen::x86::host_has_avx512_vnni() {
+        eprintln!("SKIP: no AVX512-VNNI here");
+        return;
+    }
+    let kernel = library::get("attention-decode-kv8").unwrap();
+    let lanes = compile_for(&kernel, lane_form());
+    let pairs = compile_for(
+        &kernel,
+        DecodeIsa {
+            lane_scores: false,
+            ..lane_form()
+        },
+    );
+    let mut seed = 700;
+    for s in [16usize, 47, 333, 1000] {
+        for (hq, kvh) in [(8usize, 2usize), (12, 2), (7, 1), (10, 2), (16, 2), (6, 2)] {
+            for d in [64usize, 72, 128, 200] {
+                for threads in [1, 2] {
+                    seed += 1;
+                    let inp = attention_inputs::inputs_with_values(
+                        &kernel,
+                        hq * d,
+                        s * kvh,
+                        d,
+                        0.5,
+                        1.0,
+                        seed,
+                    );
+                    let (kg, vg) = (inp.k.guarded(), inp.v.guarded());
+                    let (kc, vc) = (kg.cache(), vg.cache());
+                    let run = |att: &HostAttention| {
+                        let mut o = vec![f16::ZERO; hq * d];
+                        att.run(&inp.q, kc, vc, s, hq, kvh, d, &mut o, threads)
+                            .expect("run");
+                        o.iter().map(|x| x.to_bits()).collect::<Vec<u16>>()
+                    };
+                    assert_eq!(
+                        run(&lanes),
+                        run(&pairs),
+                        "s={s} hq={hq} kvh={kvh} d={d} threads={threads}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The AMX score loop computes the zmm loop's integer dots exactly (q's
 /// codes split into `256·hi + lo`), so with the same P·V the two forms'
 /// outputs are equal bit for bit: GQA 4 and 6, head dims with and without
@@ -594,6 +676,7 @@ fn x86_attention_amx_scores_equal_the_zmm_loops_bit_for_bit() {
         &kernel,
         DecodeIsa {
             amx_scores: false,
+            lane_scores: false,
             ..amx_form()
         },
     );

@@ -146,7 +146,7 @@ fn main() -> Result<(), Error> {
                     blocks.sort_by(f64::total_cmp);
                     let step = blocks[blocks.len() / 2];
                     let gbs = bytes as f64 / step / 1e9;
-                    let keys = match dev.int8_key_form() {
+                    let keys = match dev.int8_key_form(hq, kvh, d) {
                         Some(form) if hq > kvh => format!("; keys by {form}"),
                         _ => String::new(),
                     };

@@ -922,7 +922,7 @@ impl Device {
         name: &str,
         d: usize,
     ) -> Result<Arc<HostAttention>, RuntimeError> {
-        self.attention_in(name, d, PrefillBlocks::DEFAULT, false)
+        self.attention_in(name, d, PrefillBlocks::DEFAULT, false, false)
     }
 
     /// The decode kernel of cache `format` for `hq` query heads over `kvh`
@@ -939,7 +939,16 @@ impl Device {
         let fp8_values = format.value_format() == tessera_dsl::ir::Format::Fp8E4M3;
         let by_fma =
             fp8_values && self.x86_has_packed_fp8_values() && !self.fp8_values_packed(hq, kvh, d);
-        self.attention_in(format.kernel_name(), d, PrefillBlocks::DEFAULT, by_fma)
+        let int8_keys = format.key_format() != tessera_dsl::ir::Format::F16;
+        let key_pairs =
+            int8_keys && self.x86_has_int8_key_lanes() && !self.int8_keys_in_lanes(hq, kvh, d);
+        self.attention_in(
+            format.kernel_name(),
+            d,
+            PrefillBlocks::DEFAULT,
+            by_fma,
+            key_pairs,
+        )
     }
 
     /// How this device's matmuls of `stream` prefetch their weights: on
@@ -991,15 +1000,58 @@ impl Device {
         None
     }
 
-    /// How the decode attention scores int8 keys of several-head tiles on
-    /// the x86 JIT device ([`tessera_codegen::x86::X86Backend::int8_key_form`]:
-    /// `AMX tdpbssd`, `zmm vpdpwssd`, ...); None elsewhere.
-    pub fn int8_key_form(&self) -> Option<&'static str> {
+    /// How the decode attention scores the int8 keys of `hq` query heads
+    /// over `kvh` KV heads of `d` on the x86 JIT device, the record's form
+    /// ([`tessera_codegen::x86::X86Backend::int8_key_form`]: `AMX
+    /// tdpbssd`, `zmm vpdpbusd, keys in lanes`, `zmm vpdpwssd`, ...); None
+    /// elsewhere.
+    pub fn int8_key_form(&self, hq: usize, kvh: usize, d: usize) -> Option<&'static str> {
         #[cfg(feature = "jit")]
         if let Engine::X86(b) = &self.engine {
-            return Some(b.int8_key_form());
+            let lanes = self.int8_keys_in_lanes(hq, kvh, d);
+            let group = hq.checked_div(kvh).unwrap_or(1);
+            return Some(b.with_int8_keys_in_lanes(lanes).int8_key_form(group));
         }
+        let _ = (hq, kvh, d);
         None
+    }
+
+    /// Whether this device's decode attention scores the int8 keys of
+    /// `hq` query heads over `kvh` KV heads of `d` with a key in each lane
+    /// ([`tessera_codegen::x86::X86Backend::with_int8_keys_in_lanes`]): on
+    /// the x86 JIT device with AVX512-VNNI and no AMX, unless the record
+    /// measured the pair loop faster here; never elsewhere.
+    pub fn int8_keys_in_lanes(&self, hq: usize, kvh: usize, d: usize) -> bool {
+        #[cfg(feature = "jit")]
+        if let Engine::X86(b) = &self.engine {
+            return b.has_int8_key_lanes()
+                && self
+                    .record
+                    .as_ref()
+                    .and_then(|r| {
+                        r.int8_keys_in_lanes(
+                            &self.fingerprint,
+                            &self.generator,
+                            self.backend.record_name(),
+                            hq,
+                            kvh,
+                            d,
+                        )
+                    })
+                    .unwrap_or(true);
+        }
+        let _ = (hq, kvh, d);
+        false
+    }
+
+    /// The x86 JIT device on a CPU whose decode attention may score int8
+    /// keys in lanes.
+    fn x86_has_int8_key_lanes(&self) -> bool {
+        #[cfg(feature = "jit")]
+        if let Engine::X86(b) = &self.engine {
+            return b.has_int8_key_lanes();
+        }
+        false
     }
 
     /// The x86 JIT device on a CPU whose decode attention may take fp8
@@ -1010,13 +1062,16 @@ impl Device {
 
     /// [`Device::attention`] with a prefill kernel's flash loop in `blocks`
     /// (JIT devices; a prebuilt set's code has its own) and, on x86, fp8
-    /// values by f32 FMAs where `fp8_values_by_fma` (not the packed form).
+    /// values by f32 FMAs where `fp8_values_by_fma` (not the packed form)
+    /// and int8 keys two at a time along d where `int8_key_pairs` (not in
+    /// lanes).
     fn attention_in(
         &self,
         name: &str,
         d: usize,
         blocks: PrefillBlocks,
         fp8_values_by_fma: bool,
+        int8_key_pairs: bool,
     ) -> Result<Arc<HostAttention>, RuntimeError> {
         self.host_only("a host attention kernel")?;
         #[cfg(feature = "jit")]
@@ -1038,6 +1093,9 @@ impl Device {
         if fp8_values_by_fma {
             key = format!("{key} fp8-values-by-fma");
         }
+        if int8_key_pairs {
+            key = format!("{key} int8-key-pairs");
+        }
         if let Some(code) = lock(&self.attentions).get(&key) {
             return Ok(Arc::clone(code));
         }
@@ -1046,6 +1104,7 @@ impl Device {
         if let (true, Engine::X86(backend)) = (x86, &self.engine) {
             let code = backend
                 .with_fp8_values_packed(!fp8_values_by_fma)
+                .with_int8_keys_in_lanes(!int8_key_pairs)
                 .attention(&kernel, blocks)
                 .map_err(|e| RuntimeError::NoKernel {
                     what: name.to_string(),
@@ -1100,7 +1159,7 @@ impl Device {
             Engine::Prebuilt(set) if set.attention(name).is_some() => self.attention(name, d)?,
             #[cfg(feature = "jit")]
             Engine::X86(_) | Engine::Neon(_) => {
-                self.attention_in(name, d, self.prefill_blocks(hq, kvh, d), false)?
+                self.attention_in(name, d, self.prefill_blocks(hq, kvh, d), false, false)?
             }
             _ => return Ok(None),
         };

@@ -387,8 +387,27 @@ pub struct DecodeEntry {
     /// f16 form timed bf16 dots.
     #[serde(default = "bf16_dots")]
     pub packed: String,
-    /// Median µs per call of each form (the packed form first).
+    /// Median µs per call of each form (the packed form first); empty
+    /// where the backend has one fp8 form.
     pub measurements: Vec<DecodeMeasurement>,
+    /// How the int8 keys of several-head tiles are scored, where the
+    /// backend has two forms (x86 with AVX512-VNNI and no AMX): a key in
+    /// each lane (`true`, the default) unless the pair loop, two keys
+    /// along d, beat it by the tuner's margin twice. None: not measured
+    /// (the backend's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int8_keys_in_lanes: Option<bool>,
+    /// Median µs per call of each int8 key form (in lanes first), with the
+    /// fp8 values' chosen form.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_measurements: Vec<KeyMeasurement>,
+}
+
+/// One int8 key form's time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyMeasurement {
+    pub in_lanes: bool,
+    pub us: f64,
 }
 
 /// Whether two `[query heads, KV heads]` layouts group the same number of
@@ -718,6 +737,30 @@ impl TuningRecord {
             })
             .max_by_key(|(t, _)| *t)
             .map(|(_, p)| p.fp8_values_packed)
+    }
+
+    /// Whether the decode attention scores int8 keys in lanes
+    /// ([`DecodeEntry::int8_keys_in_lanes`]), as measured on `device` for
+    /// `backend`, head dim `head_dim` and the grouping of `heads` over
+    /// `kv_heads` (the newest entry that measured it); None where none did.
+    pub fn int8_keys_in_lanes(
+        &self,
+        device: &Fingerprint,
+        generator: &GeneratorId,
+        backend: &str,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Option<bool> {
+        self.measured_on(device, generator, backend)
+            .filter_map(|e| e.decode.as_ref().map(|p| (e.created_unix, p)))
+            .filter(|(_, p)| {
+                p.int8_keys_in_lanes.is_some()
+                    && p.head_dim == head_dim
+                    && same_grouping([p.heads, p.kv_heads], [heads, kv_heads])
+            })
+            .max_by_key(|(t, _)| *t)
+            .and_then(|(_, p)| p.int8_keys_in_lanes)
     }
 
     /// How `stream` (one of [`PREFETCH_STREAMS`]) is prefetched, as
@@ -1200,6 +1243,8 @@ mod tests {
                 fp8_values_packed: packed,
                 packed: "f16 FMAs".into(),
                 measurements: vec![],
+                int8_keys_in_lanes: None,
+                key_measurements: vec![],
             })
         };
         let mut older = dated("qwen2-1.5b", 1);
@@ -1231,6 +1276,62 @@ mod tests {
                 None
             );
         }
+    }
+
+    #[test]
+    fn the_int8_key_form_is_the_newest_that_measured_it_for_the_grouping() {
+        let decode = |heads, kv_heads, lanes| {
+            Some(DecodeEntry {
+                heads,
+                kv_heads,
+                head_dim: 128,
+                ctx: 4096,
+                kv: "kv8".into(),
+                fp8_values_packed: true,
+                packed: "bf16 dots".into(),
+                measurements: vec![],
+                int8_keys_in_lanes: lanes,
+                key_measurements: vec![],
+            })
+        };
+        let mut older = dated("qwen2-1.5b", 1);
+        older.decode = decode(12, 2, Some(false));
+        // Newer, but it did not measure the key form (one form there).
+        let mut unmeasured = dated("qwen2-1.5b", 2);
+        unmeasured.format = "q8_0".into();
+        unmeasured.decode = decode(12, 2, None);
+        let mut gqa4 = dated("llama3-8b", 3);
+        gqa4.decode = decode(32, 8, Some(true));
+        let rec = TuningRecord {
+            schema: RECORD_SCHEMA,
+            entries: vec![older.clone(), unmeasured, gqa4],
+        };
+        let (fp, generator) = (&older.fingerprint, &older.generator);
+        let form = |hq, kvh, d| rec.int8_keys_in_lanes(fp, generator, "host", hq, kvh, d);
+        assert_eq!(form(12, 2, 128), Some(false), "the newest that measured it");
+        assert_eq!(form(6, 1, 128), Some(false), "the same grouping");
+        assert_eq!(form(8, 2, 128), Some(true));
+        assert_eq!(form(12, 2, 64), None, "another head dim");
+        assert_eq!(form(16, 2, 128), None, "another grouping");
+        for (device, generator, backend) in elsewhere(fp, generator) {
+            assert_eq!(
+                rec.int8_keys_in_lanes(&device, &generator, backend, 12, 2, 128),
+                None
+            );
+        }
+        // A record from before the key form reads as unmeasured.
+        let json = serde_json::to_string(&rec).unwrap();
+        let mut value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        for e in value["entries"].as_array_mut().unwrap() {
+            let d = e["decode"].as_object_mut().unwrap();
+            d.remove("int8_keys_in_lanes");
+            d.remove("key_measurements");
+        }
+        let old = TuningRecord::from_json(&value.to_string(), "mem").unwrap();
+        assert_eq!(
+            old.int8_keys_in_lanes(fp, generator, "host", 12, 2, 128),
+            None
+        );
     }
 
     /// A measured int8 prefetch of `bytes` into L1.

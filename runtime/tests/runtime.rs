@@ -810,6 +810,8 @@ fn decode_runs_the_records_fp8_value_form() {
         fp8_values_packed: false,
         packed: "f16 FMAs".into(),
         measurements: vec![],
+        int8_keys_in_lanes: None,
+        key_measurements: vec![],
     });
     let dev = device(Backend::HostX86, 2, Some(record));
     assert!(!dev.fp8_values_packed(hq, kvh, d), "12/4 groups as 6/2");
@@ -845,6 +847,78 @@ fn decode_runs_the_records_fp8_value_form() {
         default,
         "the two devices' outputs differ exactly where the forms do"
     );
+}
+
+/// A record's int8 key form (measured by the autotuner) is the one the
+/// x86 device reports and emits for that head grouping, keys in lanes by
+/// default where the CPU has AVX512-VNNI and no AMX; both forms' decode
+/// equals the interpreter's (and each other's, bit for bit: the forms
+/// compute the same integer dots).
+#[test]
+fn decode_runs_the_records_int8_key_form() {
+    if !host_backends().contains(&Backend::HostX86) {
+        return;
+    }
+    let (hq, kvh, d) = (12, 2, 80);
+    let probe = device(Backend::HostX86, 2, None);
+    let lanes = tessera_codegen::x86::X86Backend::detect().is_ok_and(|b| b.has_int8_key_lanes());
+    assert_eq!(
+        probe.int8_keys_in_lanes(hq, kvh, d),
+        lanes,
+        "without a record: in lanes exactly where the CPU has the form"
+    );
+    let mut record = record_for(&probe, WeightFormat::W4A8, 40, 64, 3, 7);
+    record.entries[0].decode = Some(DecodeEntry {
+        heads: 6,
+        kv_heads: 1,
+        head_dim: d,
+        ctx: 4096,
+        kv: "kv8".into(),
+        fp8_values_packed: true,
+        packed: "bf16 dots".into(),
+        measurements: vec![],
+        int8_keys_in_lanes: Some(false),
+        key_measurements: vec![],
+    });
+    let dev = device(Backend::HostX86, 2, Some(record));
+    assert!(!dev.int8_keys_in_lanes(hq, kvh, d), "6/1 groups as 12/2");
+    assert_eq!(dev.int8_keys_in_lanes(8, 2, d), lanes, "another grouping");
+    assert_eq!(
+        dev.int8_keys_in_lanes(hq, kvh, 64),
+        lanes,
+        "another head dim"
+    );
+    if lanes {
+        assert_eq!(
+            probe.int8_key_form(hq, kvh, d),
+            Some("zmm vpdpbusd, keys in lanes")
+        );
+        assert_eq!(dev.int8_key_form(hq, kvh, d), Some("zmm vpdpwssd"));
+        assert_eq!(
+            probe.int8_key_form(16, 2, d),
+            Some("zmm vpdpwssd"),
+            "tiles of 8"
+        );
+    }
+    let mut r = rng(12);
+    let mut outputs: [Vec<u16>; 2] = Default::default();
+    for s in [3, 16, 70] {
+        let (k, v) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
+        let q = randh(&mut r, hq * d, 0.3);
+        for (dev, bits) in [&probe, &dev].into_iter().zip(&mut outputs) {
+            let att = Attention::new(dev, hq, kvh, d, KvFormat::Kv8).unwrap();
+            let mut cache = KvCache::new(KvFormat::Kv8, kvh, d, KvCapacity::Max(s)).unwrap();
+            cache.append(&k, &v, s).unwrap();
+            let mut o = vec![f16::ZERO; hq * d];
+            att.decode(&q, &cache, &mut o).unwrap();
+            let want = reference_attention(KvFormat::Kv8, &q, &k, &v, 1, s, hq, kvh, d);
+            let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
+            let (err, _) = max_err(&got, &want);
+            assert!(err <= 4e-3, "s {s}: err {err}");
+            bits.extend(o.iter().map(|x| x.to_bits()));
+        }
+    }
+    assert_eq!(outputs[0], outputs[1], "the key forms' outputs are equal");
 }
 
 /// A record's weight prefetches (measured by the autotuner) are the ones

@@ -173,7 +173,12 @@ fn every_x86_attention_listing_matches_its_bytes() {
                 (KeyDot::EvexVnni, true, true, false),
                 (KeyDot::EvexVnni, true, false, true),
             ] {
-                for (zmm_scores, amx_scores) in [(false, false), (true, false), (true, true)] {
+                for (zmm_scores, amx_scores, lane_scores) in [
+                    (false, false, false),
+                    (true, false, false),
+                    (true, true, false),
+                    (true, false, true),
+                ] {
                     let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
                     let isa = DecodeIsa {
                         key_dot,
@@ -182,6 +187,7 @@ fn every_x86_attention_listing_matches_its_bytes() {
                         f16_pv,
                         zmm_scores,
                         amx_scores,
+                        lane_scores,
                     };
                     let code = attention::emit_for(&k, blocks, isa).unwrap();
                     if !agrees_with_llvm_mc(

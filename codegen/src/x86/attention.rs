@@ -90,6 +90,7 @@ use crate::artifact::{EmitError, MachineCode, PrefillBlocks};
 use crate::host_attention::*;
 
 mod amx_scores;
+mod lane_scores;
 
 /// Query heads one pass over K and V serves (lanes of a ymm).
 pub const MAX_TILE: usize = DECODE_TILE_HEADS;
@@ -192,6 +193,8 @@ const SUPER: i32 = DECODE_SUPER_BLOCK as i32;
 /// 32-head cache (8 KiB rows) lost 4–10% at 32 keys and keeps 8.
 const AHEAD_KEYS: i32 = 8;
 const AHEAD_BYTES: i32 = 16 * 1024;
+/// The tiles whose int8 keys [`DecodeIsa::lane_scores`] puts in lanes.
+pub const LANE_TILE_HEADS: std::ops::RangeInclusive<usize> = lane_scores::HEADS;
 /// The head dimension must be a multiple of this.
 pub const HEAD_DIM_MULTIPLE: usize = 8;
 
@@ -294,11 +297,11 @@ const S_HEND: i32 = 608;
 const S_I16_MAX: i32 = 616;
 const S_ABS_MASK: i32 = 620;
 const S_TINY: i32 = 624;
-/// AMX score loop: 0x0080 in both i16 halves (`c + 128` for q's high
-/// int8 part).
+/// AMX and keys-in-lanes score loops: 0x0080 in both i16 halves (`c +
+/// 128` for q's high int8 part).
 const S_W128: i32 = 628;
-/// AMX score loop: bytes from a tile's `qarea` to q's int8 parts (the zmm
-/// codes' size, `⌈d/32⌉·512`).
+/// AMX and keys-in-lanes score loops: bytes from a tile's `qarea` to q's
+/// int8 parts (the zmm codes' size, `⌈d/32⌉·512`).
 const S_QPARTS: i32 = 632;
 // 32-byte vector constants and stores.
 pub(super) const V_MIN: i32 = 640;
@@ -412,7 +415,10 @@ const R_QSCALE: i32 = 256;
 /// are multiplied by into `num` (their p is taken against the running
 /// max, see [`exponentials`]).
 const R_PV_SCALE: i32 = 288;
-const _: () = assert!(R_PV_SCALE + 32 <= REC);
+/// Keys in lanes ([`lane_scores`]): per head lane, `128·Σc` over q's i16
+/// codes (what the unsigned keys add to each integer dot).
+const R_CODE_BIAS: i32 = 320;
+const _: () = assert!(R_CODE_BIAS + 32 <= REC);
 
 const POLY: [f32; 7] = [
     1.0 / 720.0,
@@ -510,6 +516,12 @@ pub struct DecodeIsa {
     /// (`amx_scores::key_tiles`); fewer than 16 keys left go by the zmm
     /// loop.
     pub amx_scores: bool,
+    /// `zmm_scores` without `amx_scores`: a tile of 4 to 7 heads scores
+    /// int8 keys 16 at a time with a key in each dword lane (the rows
+    /// transposed in registers, `vpdpbusd` against q's two int8 parts
+    /// broadcast), so no sum runs across lanes and one finish serves 16
+    /// keys (`lane_scores`); the integer dots equal the pair loop's.
+    pub lane_scores: bool,
 }
 
 /// How a call's keys are scored ([`DecodeIsa`]'s `key_dot` for int8
@@ -520,6 +532,7 @@ struct ScoreForm {
     dot: KeyDot,
     zmm: bool,
     amx: bool,
+    lanes: bool,
 }
 
 /// `acc.i32 += Σ₂ k.i16 · q.i16` in the form `dot` names (`tmp` is
@@ -763,7 +776,13 @@ pub fn emit_for(
         dot,
         zmm: isa.zmm_scores,
         amx: isa.zmm_scores && isa.amx_scores && keys == Keys::I8Asym,
+        lanes: isa.zmm_scores && !isa.amx_scores && isa.lane_scores && keys == Keys::I8Asym,
     };
+    if form.lanes {
+        a.comment(
+            "int8 keys of 4-7-head tiles 16 a trip, a key per dword lane: rows transposed in registers, vpdpbusd against q's two int8 parts (AVX512-VNNI)",
+        );
+    }
     if form.amx {
         a.comment(
             "int8 keys of several-head tiles by AMX tdpbssd, 32 keys a trip; q's i16 codes as two int8 parts, 256·hi + lo (AMX-INT8)",
@@ -784,6 +803,8 @@ pub fn emit_for(
     }
     let frame = if form.amx {
         amx_scores::FRAME_AMX
+    } else if form.lanes {
+        lane_scores::FRAME_LANES
     } else if bf16 {
         FRAME_BF16
     } else if f16 {
@@ -818,6 +839,9 @@ pub fn emit_for(
 
     if form.amx {
         amx_scores::config(&mut a);
+    }
+    if form.lanes {
+        lane_scores::config(&mut a);
     }
     tiles(&mut a, keys, values, regs, form);
     super_blocks(&mut a, keys, values, softmax, form, regs);
@@ -1076,7 +1100,7 @@ fn super_blocks(
         a.load64(RAX, mem(RBX, R_SAREA));
         a.store64(mem(RBX, R_SCUR), RAX);
     });
-    let score_block = if form.amx {
+    let score_block = if form.amx || form.lanes {
         BlockSize::Slot(S_SCORE_BLOCK)
     } else {
         BlockSize::Keys(SCORE_BLOCK)
@@ -1292,8 +1316,11 @@ fn widen_q(a: &mut X86Asm, keys: Keys, form: ScoreForm) {
             a.cmp_imm(RAX, 1);
             a.jcc(Cond::E, one);
             q_to_i16(a, RCX, true);
-            if form.amx {
+            if form.amx || form.lanes {
                 amx_scores::q_int8_parts(a);
+            }
+            if form.lanes {
+                lane_scores::q_code_bias(a);
             }
             a.jmp(packed);
             a.bind(one);
@@ -1683,6 +1710,11 @@ fn score_loop(a: &mut X86Asm, keys: Keys, softmax: SoftmaxMode, form: ScoreForm,
     if zmm && g > 1 {
         if form.amx {
             amx_scores::key_tiles(a, softmax, g);
+            a.cmp_imm(R12, 0);
+            a.jcc(Cond::E, keys_done);
+        }
+        if form.lanes && lane_scores::HEADS.contains(&g) {
+            lane_scores::key_trips(a, softmax, g);
             a.cmp_imm(R12, 0);
             a.jcc(Cond::E, keys_done);
         }

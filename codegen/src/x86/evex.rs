@@ -434,6 +434,13 @@ impl X86Asm {
         self.kmov_from_gp32("kmovw", PP_NONE, k, src);
     }
 
+    /// `kandw dst, a, b` (VEX.L1.0F.W0 41): the 16-bit masks' AND.
+    pub fn kandw(&mut self, dst: Kreg, a: Kreg, b: Kreg) {
+        let vex = 0x80 | (((!a.0) & 15) << 3) | 0x04;
+        let modrm = 0xC0 | ((dst.0 & 7) << 3) | (b.0 & 7);
+        self.raw(&[0xC5, vex, 0x41, modrm], format!("kandw {dst}, {a}, {b}"));
+    }
+
     /// `op k, r32` (VEX.L0.W0 92 with prefix `pp`: kmovw, kmovd): the
     /// 2-byte VEX form when `src` < r8, as llvm-mc encodes it.
     fn kmov_from_gp32(&mut self, op: &str, pp: u8, k: Kreg, src: Gp) {
@@ -542,6 +549,20 @@ impl X86Asm {
         self.raw(&e.encode_w1(), format!("vpunpcklqdq {dst}, {a}, {b}"));
     }
 
+    /// `vpunpckldq dst, a, b`: per 128-bit lane, dwords 0 and 1 of a and b
+    /// interleaved (a0 b0 a1 b1).
+    pub fn vpunpckldq_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0x62, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vpunpckldq {dst}, {a}, {b}"));
+    }
+
+    /// `vpunpckhdq dst, a, b`: per 128-bit lane, dwords 2 and 3 of a and b
+    /// interleaved (a2 b2 a3 b3).
+    pub fn vpunpckhdq_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F, PP_66, 0x6A, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vpunpckhdq {dst}, {a}, {b}"));
+    }
+
     /// `vpunpckhqdq dst, a, b`: per 128-bit lane, a's high qword then b's.
     pub fn vpunpckhqdq_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
         let e = Evex::plain(MAP_0F, PP_66, 0x6D, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
@@ -620,6 +641,34 @@ impl X86Asm {
             ..Evex::plain(MAP_0F, PP_66, 0xEF, dst.0, a.0, Rm::Mem(m), 4)
         };
         self.evex(e, format!("vpxord {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+
+    /// `vpxord dst {k}{z}, a, zmmword ptr [m]`: a 64-byte load xored with
+    /// `a`, the dwords not in k zeroed and not read (k0: every dword).
+    pub fn vpxord_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, a: Zmm, m: Mem) {
+        let e = Evex::plain(MAP_0F, PP_66, 0xEF, dst.0, a.0, Rm::Mem(m), 64).zero_masked(k);
+        let line = format!("vpxord {dst}{}, {a}, zmmword ptr {m}", zero_mask_suffix(k));
+        self.evex(e, line);
+    }
+
+    /// `vpsubd dst, a, dword ptr [m]{1to16}`: i32 a minus a dword constant.
+    pub fn vpsubd_zmm_bcst(&mut self, dst: Zmm, a: Zmm, m: Mem) {
+        let e = Evex {
+            broadcast: true,
+            ..Evex::plain(MAP_0F, PP_66, 0xFA, dst.0, a.0, Rm::Mem(m), 4)
+        };
+        self.evex(e, format!("vpsubd {dst}, {a}, dword ptr {m}{{1to16}}"));
+    }
+
+    /// `vcmpps k {mask}, a, b, pred`: lanes where `a pred b` holds and that
+    /// are in `mask` into k (so a chain of them ANDs the conditions).
+    pub fn vcmpps_zmm_k_masked(&mut self, k: Kreg, mask: Kreg, a: Zmm, b: Zmm, pred: u8) {
+        let e = Evex {
+            mask: mask.0 & 7,
+            ..Evex::plain(MAP_0F, PP_NONE, 0xC2, k.0 & 7, a.0, Rm::Reg(b.0 & 31), 64)
+        };
+        let line = format!("vcmpps {k}{}, {a}, {b}, {pred}", mask_suffix(mask, false));
+        self.evex_ib(e, pred, line);
     }
 
     /// `vpsrld dst {k}, src, imm`: dwords shifted right, only the lanes in
@@ -1039,6 +1088,24 @@ mod tests {
         // kmovw k1, eax
         let (b, _) = bytes_of(|a| a.kmovw_from_gp(Kreg(1), RAX));
         assert_eq!(b, [0xC5, 0xF8, 0x92, 0xC8]);
+        // The keys-in-lanes score loop's transpose, load-xor, correction
+        // and range chain (llvm-mc).
+        let (b, _) = bytes_of(|a| a.vpunpckldq_zmm(Zmm(3), Zmm(17), Zmm(30)));
+        assert_eq!(b, [0x62, 0x91, 0x75, 0x40, 0x62, 0xDE]);
+        let (b, _) = bytes_of(|a| a.vpunpckhdq_zmm(Zmm(3), Zmm(17), Zmm(30)));
+        assert_eq!(b, [0x62, 0x91, 0x75, 0x40, 0x6A, 0xDE]);
+        let (b, _) = bytes_of(|a| a.vpxord_zmm_load_masked(Zmm(5), Kreg(3), Zmm(30), mem(RSI, 0)));
+        assert_eq!(b, [0x62, 0xF1, 0x0D, 0xC3, 0xEF, 0x2E]);
+        let (b, _) = bytes_of(|a| a.vpxord_zmm_load_masked(Zmm(17), Kreg(0), Zmm(30), mem(RSI, 0)));
+        assert_eq!(b, [0x62, 0xE1, 0x0D, 0x40, 0xEF, 0x0E]);
+        let (b, _) = bytes_of(|a| a.vpsubd_zmm_bcst(Zmm(2), Zmm(2), mem(RBX, 320)));
+        assert_eq!(b, [0x62, 0xF1, 0x6D, 0x58, 0xFA, 0x53, 0x50]);
+        let (b, _) = bytes_of(|a| a.vcmpps_zmm_k_masked(Kreg(1), Kreg(1), Zmm(7), Zmm(5), 13));
+        assert_eq!(b, [0x62, 0xF1, 0x44, 0x49, 0xC2, 0xCD, 0x0D]);
+        let (b, _) = bytes_of(|a| a.kandw(Kreg(1), Kreg(2), Kreg(3)));
+        assert_eq!(b, [0xC5, 0xEC, 0x41, 0xCB]);
+        let (b, _) = bytes_of(|a| a.kandw(Kreg(4), Kreg(4), Kreg(5)));
+        assert_eq!(b, [0xC5, 0xDC, 0x41, 0xE5]);
         // vpdpbusd zmm1, zmm2, zmm3 (llvm-mc)
         let (b, _) = bytes_of(|a| a.vpdpbusd_zmm(Zmm(1), Zmm(2), Zmm(3)));
         assert_eq!(b, [0x62, 0xF2, 0x6D, 0x48, 0x50, 0xCB]);

@@ -88,6 +88,13 @@ pub struct X86Backend {
     /// of several-head tiles by tile products (Sapphire Rapids and later
     /// Intel Xeons; not Zen 4). It needs `avx512_vnni` too.
     pub amx: bool,
+    /// With `avx512_vnni` and without `amx`: the decode attention scores
+    /// int8 keys of 4- to 7-head tiles 16 at a time with a key in each
+    /// dword lane ([`attention::DecodeIsa::lane_scores`]) rather than two
+    /// at a time along d. On by [`Self::detect`]; a tuning record may turn
+    /// it off where the pair loop measured faster
+    /// ([`Self::with_int8_keys_in_lanes`]).
+    pub int8_keys_in_lanes: bool,
     /// How the int8 kernels' GEMV and flat loops prefetch the weight
     /// stream: [`WeightPrefetch::INT8`], or a tuning record's choice.
     pub int8_prefetch: WeightPrefetch,
@@ -107,6 +114,7 @@ impl Default for X86Backend {
             avx512_bf16: false,
             avx512_fp16: false,
             amx: false,
+            int8_keys_in_lanes: false,
             int8_prefetch: WeightPrefetch::INT8,
             float_prefetch: WeightPrefetch::FLOAT,
         }
@@ -240,6 +248,25 @@ impl X86Backend {
         }
     }
 
+    /// This backend with the decode attention's int8 keys of several-head
+    /// tiles in lanes only where `lanes` ([`Self::int8_keys_in_lanes`]),
+    /// else along d two keys at a time; it never enables a missing
+    /// feature. The two forms the autotuner measures (where the CPU has
+    /// AVX512-VNNI and no AMX) and the runtime emits from its record.
+    pub fn with_int8_keys_in_lanes(self, lanes: bool) -> X86Backend {
+        X86Backend {
+            int8_keys_in_lanes: self.int8_keys_in_lanes && lanes,
+            ..self
+        }
+    }
+
+    /// Whether this backend's decode attention has the two int8 key forms
+    /// [`Self::with_int8_keys_in_lanes`] chooses between: AVX512-VNNI
+    /// without AMX (whose tile products take precedence).
+    pub fn has_int8_key_lanes(&self) -> bool {
+        self.avx512_vnni && !self.amx && self.int8_keys_in_lanes
+    }
+
     /// Which of this backend's prefetches `kernel`'s GEMV and flat loops
     /// use: [`Self::int8_prefetch`] for quantized activations (i8dyn),
     /// [`Self::float_prefetch`] for f32 or f16 ones; None for other
@@ -294,12 +321,20 @@ impl X86Backend {
         }
     }
 
-    /// How this backend's decode attention scores the int8 keys of a tile
-    /// of several query heads, named for reports: AMX tile products, the
-    /// zmm `vpdpwssd` loop (AVX512-VNNI), or a ymm integer dot.
-    pub fn int8_key_form(&self) -> &'static str {
+    /// How this backend's decode attention scores the int8 keys of a group
+    /// of `group` query heads on a KV head, named for reports: AMX tile
+    /// products, the zmm loops (AVX512-VNNI: keys in lanes for a tile of 4
+    /// to 7 heads where [`Self::int8_keys_in_lanes`], else key pairs by
+    /// `vpdpwssd`), or a ymm integer dot.
+    pub fn int8_key_form(&self, group: usize) -> &'static str {
+        // Tiles of 8 heads, the rest in one tile.
+        let lanes = self.has_int8_key_lanes()
+            && (attention::LANE_TILE_HEADS.contains(&(group % 8))
+                || attention::LANE_TILE_HEADS.contains(&group));
         match (self.avx512_vnni, self.amx, self.int8_dot()) {
             (true, true, _) => "AMX tdpbssd",
+            (true, false, _) if lanes && group > 8 => "zmm vpdpbusd keys in lanes, vpdpwssd pairs",
+            (true, false, _) if lanes => "zmm vpdpbusd, keys in lanes",
             (true, false, _) => "zmm vpdpwssd",
             (false, _, int8::Dot::VexVnni) => "ymm vpdpwssd",
             (false, _, _) => "ymm vpmaddwd",
@@ -323,6 +358,7 @@ impl X86Backend {
             avx512_bf16: host_has_avx512_bf16(),
             avx512_fp16: host_has_avx512_fp16(),
             amx: amx::request_tile_data(),
+            int8_keys_in_lanes: true,
             int8_prefetch: WeightPrefetch::INT8,
             float_prefetch: WeightPrefetch::FLOAT,
         })
@@ -494,6 +530,7 @@ impl X86Backend {
             f16_pv: self.avx512_fp16,
             zmm_scores: self.avx512_vnni,
             amx_scores: self.amx && self.avx512_vnni,
+            lane_scores: self.avx512_vnni && self.int8_keys_in_lanes,
         };
         attention::emit_for(kernel, blocks, isa)
     }

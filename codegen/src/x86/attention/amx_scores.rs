@@ -96,6 +96,12 @@ pub(super) fn config(a: &mut X86Asm) {
     a.mov_imm(RAX, SCORE_BLOCK);
     a.bind(done);
     a.store64(mem(RSP, S_SCORE_BLOCK), RAX);
+    q_parts_offsets(a);
+}
+
+/// Where q's int8 parts start in a tile's q area (`S_QPARTS`: past its
+/// zmm codes), and the i16 pair (128, 128) at `S_W128`. Clobbers rax.
+pub(super) fn q_parts_offsets(a: &mut X86Asm) {
     a.load64(RAX, mem(RSP, S_D));
     a.add_imm(RAX, 31);
     a.shr_imm(RAX, 5);

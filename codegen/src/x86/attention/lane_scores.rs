@@ -1,0 +1,448 @@
+//! Int8 key scores of a several-head tile with its keys in lanes
+//! ([`DecodeIsa::lane_scores`]): 16 keys a trip, one key per dword lane of
+//! a zmm, so a head's 16 scores come out of its accumulators as one
+//! vector, with no sum across lanes and one finish for all 16.
+//!
+//! The pair loop ([`key_pairs_zmm`]) lays d along the lanes: per key pair
+//! it reduces 12 accumulators of 16 partial sums (a 41-instruction tree)
+//! and finishes each key alone (16 instructions). Measured on an AMD Zen 5
+//! (Qwen2-1.5B kv8, 4096 keys, one thread, hot), its score pass took about
+//! 6.3 ns a key and KV head, of which the `vpdpwssd` alone 3.5: the tree
+//! 1.3, the finishes 1.6. Here each 64-byte chunk of the 16 rows is
+//! loaded as it lies, made unsigned (xor 0x80), and transposed in
+//! registers (4 shuffle stages, 8 shuffles a key at d = 128), so that
+//! register r holds dword r of every key; `vpdpbusd` then multiplies it by
+//! q's dword r broadcast from memory. `vpdpbusd` takes unsigned bytes
+//! against signed ones, so q's i16 code goes in as the AMX loop's two
+//! int8 parts (`c = 256·hi + lo`, [`amx_scores::q_int8_parts`]'s layout),
+//! and the key bias comes back out once per head: `Σ(k + 128)·c =
+//! Σk·c + 128·Σc`, `128·Σc` computed with q ([`q_code_bias`]). The
+//! integer dots equal the pair loop's exactly (wrapping i32 arithmetic,
+//! whose result is the pair loop's wherever that one fits), and the
+//! finish does the pair loop's f32 operations in its order, so the scores
+//! are equal bit for bit.
+//!
+//! Registers: the rows and transposed dwords zmm0–15, two accumulators a
+//! head (hi, lo) from zmm16, the 0x80 bytes in zmm30, zmm31 the
+//! transpose's spare: 2·7 accumulators fit, so tiles of 4 to 7 heads
+//! (fewer heads give each accumulator a dot more often than `vpdpbusd`'s
+//! latency allows). Fewer than 16 keys left go by the pair loop.
+
+use super::*;
+
+/// The area of this loop's constants and per-trip key parameters, past
+/// every P·V form's frame slots (as the AMX loop's, which it never meets).
+const V_LANES: i32 = FRAME_BF16;
+/// 0x80 in every byte (a dword, broadcast).
+const V_X80: i32 = V_LANES;
+/// `vpermt2d` indices: heads 0–3 and 4–7 of keys in 128-bit lanes 0, 1
+/// (`V_JOIN_LO`) and 2, 3 (`V_JOIN_HI`) side by side.
+const V_JOIN_LO: i32 = V_LANES + 64;
+const V_JOIN_HI: i32 = V_LANES + 128;
+/// Every bit set: the in-range lanes' mask as a vector.
+const V_ONES: i32 = V_LANES + 192;
+/// The trip's 16 keys' scales and offsets, gathered from their strided
+/// rows.
+const V_KEY_SCALE: i32 = V_LANES + 256;
+const V_KEY_OFFSET: i32 = V_LANES + 320;
+/// The decode frame with this loop's area.
+pub(super) const FRAME_LANES: i32 = V_LANES + 384;
+const _: () = assert!(V_LANES % 64 == 0 && FRAME_LANES >= FRAME_F16);
+
+/// Keys a trip takes, and the score block of a call whose group has
+/// several query heads (`S_SCORE_BLOCK`).
+const TRIP: i32 = 16;
+/// The tiles this loop serves ([`module docs`](self)).
+pub(super) const HEADS: std::ops::RangeInclusive<usize> = 4..=7;
+/// The hi accumulator of head h (its lo one follows).
+fn acc(h: usize, part: usize) -> Zmm {
+    Zmm((16 + 2 * h + part) as u8)
+}
+const X80: Zmm = Zmm(30);
+const SPARE: Zmm = Zmm(31);
+
+/// What a chunk's transpose leaves where: `DWORD_OF[r]` is the dword of
+/// d (within the 64-byte chunk) that zmm r holds for all 16 keys, key i in
+/// lane i.
+const DWORD_OF: [usize; 16] = transposed_dwords();
+
+/// After the first two stages on 8 registers of 16 keys' scores (zmm h =
+/// head h, key i in lane i): zmm s and 4 + s (s < 4) hold, in 128-bit
+/// lane l, heads 0–3 and 4–7 of key `4l + KEY_OF[s]`.
+const KEY_OF: [usize; 4] = in_lane_keys();
+
+/// `regs[r][lane]` = (the register, the lane) it came from, after the
+/// first `stages` stages of the in-place transpose of `n` registers:
+/// unpack dwords of register pairs (i, i + 1), qwords of (i, i + 2), then
+/// 128-bit lanes of (i, i + 4) and (i, i + 8).
+const fn replay(stages: usize, n: usize) -> [[(usize, usize); 16]; 16] {
+    let mut regs = [[(0usize, 0usize); 16]; 16];
+    let mut r = 0;
+    while r < 16 {
+        let mut l = 0;
+        while l < 16 {
+            regs[r][l] = (r, l);
+            l += 1;
+        }
+        r += 1;
+    }
+    let mut stage = 0;
+    while stage < stages {
+        let step = [1, 2, 4, 8][stage];
+        let mut x = 0;
+        while x < n {
+            if x & step == 0 {
+                let y = x + step;
+                let (a, b) = (regs[x], regs[y]);
+                let (mut lo, mut hi) = ([(0, 0); 16], [(0, 0); 16]);
+                let mut lane = 0;
+                while lane < 4 {
+                    let o = 4 * lane;
+                    let mut i = 0;
+                    while i < 4 {
+                        (lo[o + i], hi[o + i]) = match stage {
+                            // vpunpck{l,h}dq: a0 b0 a1 b1 / a2 b2 a3 b3.
+                            0 => {
+                                let s = [0, 0, 1, 1][i];
+                                if i % 2 == 0 {
+                                    (a[o + s], a[o + s + 2])
+                                } else {
+                                    (b[o + s], b[o + s + 2])
+                                }
+                            }
+                            // vpunpck{l,h}qdq: a0 a1 b0 b1 / a2 a3 b2 b3.
+                            1 => {
+                                if i < 2 {
+                                    (a[o + i], a[o + i + 2])
+                                } else {
+                                    (b[o + i - 2], b[o + i])
+                                }
+                            }
+                            // vshufi32x4 0x88 / 0xDD: lanes a0 a2 b0 b2 /
+                            // a1 a3 b1 b3.
+                            _ => {
+                                let from = if lane < 2 { a } else { b };
+                                let l = 2 * (lane % 2);
+                                (from[4 * l + i], from[4 * (l + 1) + i])
+                            }
+                        };
+                        i += 1;
+                    }
+                    lane += 1;
+                }
+                regs[x] = lo;
+                regs[y] = hi;
+            }
+            x += 1;
+        }
+        stage += 1;
+    }
+    regs
+}
+
+const fn transposed_dwords() -> [usize; 16] {
+    let regs = replay(4, 16);
+    let mut dword = [0usize; 16];
+    let mut r = 0;
+    while r < 16 {
+        let mut l = 0;
+        while l < 16 {
+            // Lane l holds key (register) l, every lane the same dword.
+            assert!(regs[r][l].0 == l && regs[r][l].1 == regs[r][0].1);
+            l += 1;
+        }
+        dword[r] = regs[r][0].1;
+        r += 1;
+    }
+    dword
+}
+
+const fn in_lane_keys() -> [usize; 4] {
+    let regs = replay(2, 8);
+    let mut key = [0usize; 4];
+    let mut s = 0;
+    while s < 4 {
+        key[s] = regs[s][0].1;
+        let mut m = 0;
+        while m < 2 {
+            let mut lane = 0;
+            while lane < 16 {
+                let (head, k) = regs[4 * m + s][lane];
+                assert!(head == 4 * m + lane % 4 && k == 4 * (lane / 4) + key[s]);
+                lane += 1;
+            }
+            m += 1;
+        }
+        s += 1;
+    }
+    key
+}
+
+/// The first `stages` stages of the transpose [`replay`] describes, on
+/// the registers `regs` names (logical register i in `regs[i]`) with
+/// `spare`: each pair's low result goes to the spare, which then names
+/// the pair's first register, and that register becomes the spare, so no
+/// result is moved.
+fn transpose(a: &mut X86Asm, regs: &mut [Zmm], spare: &mut Zmm, stages: usize) {
+    for (stage, step) in [1usize, 2, 4, 8].into_iter().enumerate().take(stages) {
+        for x in (0..regs.len()).filter(|x| x & step == 0) {
+            let (zx, zy, lo) = (regs[x], regs[x + step], *spare);
+            match stage {
+                0 => {
+                    a.vpunpckldq_zmm(lo, zx, zy);
+                    a.vpunpckhdq_zmm(zy, zx, zy);
+                }
+                1 => {
+                    a.vpunpcklqdq_zmm(lo, zx, zy);
+                    a.vpunpckhqdq_zmm(zy, zx, zy);
+                }
+                _ => {
+                    a.vshufi32x4_zmm(lo, zx, zy, 0x88);
+                    a.vshufi32x4_zmm(zy, zx, zy, 0xDD);
+                }
+            }
+            regs[x] = lo;
+            *spare = zx;
+        }
+    }
+}
+
+/// The call's constants and score block, and the q parts' offset.
+/// Clobbers rax, rcx.
+pub(super) fn config(a: &mut X86Asm) {
+    a.comment("keys in lanes: constants, score block, q parts' offset");
+    a.store32_imm(mem(RSP, V_X80), 0x8080_8080u32 as i32);
+    for i in 0..16 {
+        // Dword i of [A.l0 B.l0 A.l1 B.l1] and [A.l2 B.l2 A.l3 B.l3]
+        // (B's dwords are 16 on in vpermt2d's table).
+        let (lane, at) = (i / 4, i % 4);
+        let from = |l: i32| 4 * l + at + if lane % 2 == 1 { 16 } else { 0 };
+        a.store32_imm(mem(RSP, V_JOIN_LO + 4 * i), from(lane / 2));
+        a.store32_imm(mem(RSP, V_JOIN_HI + 4 * i), from(2 + lane / 2));
+        a.store32_imm(mem(RSP, V_ONES + 4 * i), -1);
+    }
+    amx_scores::q_parts_offsets(a);
+    let done = a.new_label();
+    a.mov_imm(RAX, TRIP);
+    a.load64(RCX, mem(RSP, S_GROUP));
+    a.cmp_imm(RCX, 1);
+    a.jcc(Cond::Ne, done);
+    a.mov_imm(RAX, SCORE_BLOCK);
+    a.bind(done);
+    a.store64(mem(RSP, S_SCORE_BLOCK), RAX);
+}
+
+/// Head r12's key bias `128·Σc` over its zmm codes (`qarea + 512·z +
+/// 64·r12`, zero past d) into the record's `R_CODE_BIAS` lane. Clobbers
+/// rax, rcx, rsi, ymm2–ymm4 (zmm2–zmm4).
+pub(super) fn q_code_bias(a: &mut X86Asm) {
+    let (sum, w128, codes) = (Zmm(2), Zmm(3), Zmm(4));
+    a.load64(RSI, mem(RBX, R_QAREA));
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 6);
+    a.add(RSI, RAX);
+    a.load64(RCX, mem(RSP, S_D));
+    a.add_imm(RCX, 31);
+    a.shr_imm(RCX, 5);
+    a.vpxord_zmm(sum, sum, sum);
+    a.vpbroadcastd_zmm_load(w128, mem(RSP, S_W128));
+    let chunk = a.new_label();
+    a.bind(chunk);
+    a.vmovdqu32_zmm_load(codes, mem(RSI, 0));
+    a.vpdpwssd_zmm(sum, codes, w128);
+    a.add_imm(RSI, 512);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    a.vextracti64x4_hi(Ymm(4), sum);
+    a.vpaddd(Ymm(2), Ymm(2), Ymm(4));
+    horizontal(a, Ymm(2), Ymm(4), X86Asm::vpaddd);
+    a.lea(RAX, mem(RBX, R_CODE_BIAS));
+    a.mov(RCX, R12);
+    a.shl_imm(RCX, 2);
+    a.add(RAX, RCX);
+    a.vmovss_store(mem(RAX, 0), Ymm(2));
+}
+
+/// Keys of the tile at rbx (a tile of `g` heads, [`HEADS`]) in trips of
+/// 16 while r12 ≥ 16 (registers as [`score_loop`] sets them: r13 the K
+/// row, r14 its stride, r15 the score cursor, r8 and r9 the key scale and
+/// offset cursors, r10 their stride, r12 the keys left). Clobbers rax,
+/// rcx, rdx, rsi, rbp, r11.
+pub(super) fn key_trips(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
+    assert!(HEADS.contains(&g), "keys in lanes serve tiles of 4–7 heads");
+    let (trip, out) = (a.new_label(), a.new_label());
+    let prefetch = Prefetch::for_loop(Keys::I8Asym, g);
+    // k3: the dwords of a last chunk of d % 64 bytes.
+    a.load64(RCX, mem(RSP, S_D));
+    a.and_imm(RCX, 63);
+    a.shr_imm(RCX, 2);
+    a.mov_imm(RAX, 1);
+    a.shl_cl(RAX);
+    a.sub_imm(RAX, 1);
+    a.kmovw_from_gp(Kreg(3), RAX);
+    a.bind(trip);
+    a.cmp_imm(R12, TRIP);
+    a.jcc(Cond::L, out);
+    // The keys' scales and offsets side by side (their rows lie kvh
+    // dwords apart).
+    for (cursor, at) in [(R8, V_KEY_SCALE), (R9, V_KEY_OFFSET)] {
+        for i in 0..TRIP {
+            let v = Ymm((i % 4) as u8);
+            a.vmovss_load(v, mem(cursor, 0));
+            a.vmovss_store(mem(RSP, at + 4 * i), v);
+            a.add(cursor, R10);
+        }
+    }
+    for h in 0..g {
+        for part in 0..2 {
+            a.vpxord_zmm(acc(h, part), acc(h, part), acc(h, part));
+        }
+    }
+    a.vpbroadcastd_zmm_load(X80, mem(RSP, V_X80));
+    // rdx = the chunk's bytes of the first row, rax = its q parts, rbp =
+    // the prefetch distance, rcx = whole chunks left.
+    a.mov(RDX, R13);
+    a.load64(RAX, mem(RBX, R_QAREA));
+    a.load64(RCX, mem(RSP, S_QPARTS));
+    a.add(RAX, RCX);
+    a.load64(RBP, mem(RSP, S_KAHEAD));
+    let chunk_dots = |a: &mut X86Asm, k: Kreg| {
+        let mut rows: Vec<Zmm> = (0..16).map(Zmm).collect();
+        a.mov(RSI, RDX);
+        for &row in &rows {
+            a.vpxord_zmm_load_masked(row, k, X80, mem(RSI, 0));
+            prefetch.line_indexed(a, RSI, RBP);
+            a.add(RSI, R14);
+        }
+        transpose(a, &mut rows, &mut SPARE.clone(), 4);
+        for (&row, &dword) in rows.iter().zip(&DWORD_OF) {
+            for h in 0..g {
+                for part in 0..2 {
+                    let at = 64 * dword as i32 + 32 * part as i32 + 4 * h as i32;
+                    a.vpdpbusd_zmm_bcst(acc(h, part), row, mem(RAX, at));
+                }
+            }
+        }
+    };
+    let (chunk, tail, dots_done) = (a.new_label(), a.new_label(), a.new_label());
+    a.load64(RCX, mem(RSP, S_D));
+    a.shr_imm(RCX, 6);
+    a.jcc(Cond::E, tail);
+    a.bind(chunk);
+    chunk_dots(a, Kreg(0));
+    a.add_imm(RDX, 64);
+    a.add_imm(RAX, 1024);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, chunk);
+    a.bind(tail);
+    a.load64(RCX, mem(RSP, S_D));
+    a.test_imm(RCX, 63);
+    a.jcc(Cond::E, dots_done);
+    chunk_dots(a, Kreg(3));
+    a.bind(dots_done);
+    finish(a, softmax, g);
+    a.mov(RAX, R14);
+    a.shl_imm(RAX, 4);
+    a.add(R13, RAX);
+    a.add_imm(R15, 32 * TRIP);
+    a.sub_imm(R12, TRIP);
+    a.jmp(trip);
+    a.bind(out);
+}
+
+/// A trip's 16 keys × `g` heads of integer dots to scores, as
+/// [`key_score`] computes each: `scale·(q scale·dot) + offset·Σq`, stored
+/// key by key into `sarea[j][8]` (head lanes past g zero), the running
+/// max and (async softmax) the range flags updated.
+fn finish(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
+    let (scale, offset) = (Zmm(30), Zmm(31));
+    a.vmovups_zmm_load(scale, mem(RSP, V_KEY_SCALE));
+    a.vmovups_zmm_load(offset, mem(RSP, V_KEY_OFFSET));
+    for h in 0..8 {
+        let s = Zmm(h as u8);
+        if h >= g {
+            a.vpxord_zmm(s, s, s);
+            continue;
+        }
+        let at = 4 * h as i32;
+        a.vpslld_zmm_imm(s, acc(h, 0), 8);
+        a.vpaddd_zmm(s, s, acc(h, 1));
+        a.vpsubd_zmm_bcst(s, s, mem(RBX, R_CODE_BIAS + at));
+        a.vcvtdq2ps_zmm(s, s);
+        a.vmulps_zmm_bcst(s, s, mem(RBX, R_QSCALE + at));
+        a.vmulps_zmm(s, s, scale);
+        a.vfmadd231ps_zmm_bcst(s, offset, mem(RBX, R_SUMQ + at));
+    }
+    // Heads × keys to keys × heads: within 128-bit lanes as the K rows'
+    // transpose, heads[s] (s < 4) then holds heads 0–3 and heads[4 + s]
+    // heads 4–7 of key `4·lane + KEY_OF[s]`; vpermt2d puts each key's 8
+    // heads in a ymm half.
+    let mut heads: Vec<Zmm> = (0..8).map(Zmm).collect();
+    transpose(a, &mut heads, &mut SPARE.clone(), 2);
+    let (join_lo, join_hi) = (Zmm(12), Zmm(13));
+    a.vmovups_zmm_load(join_lo, mem(RSP, V_JOIN_LO));
+    a.vmovups_zmm_load(join_hi, mem(RSP, V_JOIN_HI));
+    let mut rows = Vec::new();
+    for s in 0..4u8 {
+        let (lo, heads_lo, heads_hi) = (Zmm(8 + s), heads[s as usize], heads[4 + s as usize]);
+        a.vmovdqa64_zmm(lo, heads_lo);
+        a.vpermt2d_zmm(lo, join_lo, heads_hi);
+        a.vpermt2d_zmm(heads_lo, join_hi, heads_hi);
+        let key = KEY_OF[s as usize] as i32;
+        for (v, first) in [(lo, key), (heads_lo, 8 + key)] {
+            if v.0 < 16 {
+                a.vmovups_store(mem(R15, 32 * first), Ymm(v.0));
+            } else {
+                a.vmovups_ymm_evex_store(mem(R15, 32 * first), Ymm(v.0));
+            }
+            a.vextractf64x4_hi_store(mem(R15, 32 * (first + 4)), v);
+            rows.push(v);
+        }
+    }
+    // The running max: the pair loop's `vmaxps(score, max)` keeps the old
+    // max where a score is NaN; here a NaN may reach the max, but a NaN
+    // score also fails the range (the tile recomputes) and makes the
+    // head's output NaN either way.
+    // A tree over the 8 rows (zmm20–23: the accumulators are spent).
+    let pairs: Vec<Zmm> = (20..24).map(Zmm).collect();
+    for (i, &m) in pairs.iter().enumerate() {
+        a.vmaxps_zmm(m, rows[2 * i], rows[2 * i + 1]);
+    }
+    a.vmaxps_zmm(pairs[0], pairs[0], pairs[1]);
+    a.vmaxps_zmm(pairs[2], pairs[2], pairs[3]);
+    a.vmaxps_zmm(Zmm(14), pairs[0], pairs[2]);
+    a.vextracti64x4_hi(Ymm(15), Zmm(14));
+    a.vmaxps(Ymm(14), Ymm(14), Ymm(15));
+    a.vmaxps_mem(Ymm(14), Ymm(14), mem(RBX, R_MAX));
+    a.vmovups_store(mem(RBX, R_MAX), Ymm(14));
+    if let SoftmaxMode::Async { .. } = softmax {
+        // ok &= (score − phi ≥ lo) & (score − phi ≤ hi) for every key;
+        // NaN is out. Two rows a chain of masked compares, four chains
+        // (k1, k2, k4, k5; k3 holds the tail's dwords) ANDed at the end.
+        // The rows lie in zmm0–11 and zmm31; the accumulators are spent.
+        let (phi, lo, hi) = (Zmm(16), Zmm(17), Zmm(18));
+        a.vbroadcasti64x4_zmm_load(phi, mem(RSP, V_PHI));
+        a.vbroadcasti64x4_zmm_load(lo, mem(RSP, V_LO));
+        a.vbroadcasti64x4_zmm_load(hi, mem(RSP, V_HI));
+        let chains = [Kreg(1), Kreg(2), Kreg(4), Kreg(5)];
+        for (i, &r) in rows.iter().enumerate() {
+            let (k, t) = (chains[i / 2], Zmm(24 + i as u8));
+            a.vsubps_zmm(t, r, phi);
+            if i % 2 == 0 {
+                a.vcmpps_zmm_k(k, t, lo, 13); // ge (ordered)
+            } else {
+                a.vcmpps_zmm_k_masked(k, k, t, lo, 13);
+            }
+            a.vcmpps_zmm_k_masked(k, k, t, hi, 2); // le (ordered)
+        }
+        a.kandw(Kreg(1), Kreg(1), Kreg(2));
+        a.kandw(Kreg(4), Kreg(4), Kreg(5));
+        a.kandw(Kreg(1), Kreg(1), Kreg(4));
+        a.vmovups_zmm_load_masked(Zmm(7), Kreg(1), mem(RSP, V_ONES));
+        a.vextracti64x4_hi(Ymm(8), Zmm(7));
+        a.vandps(Ymm(7), Ymm(7), Ymm(8));
+        a.vmovups_load(Ymm(8), mem(RBX, R_OK));
+        a.vandps(Ymm(7), Ymm(7), Ymm(8));
+        a.vmovups_store(mem(RBX, R_OK), Ymm(7));
+    }
+}
