@@ -620,38 +620,8 @@ fn x86_attention_lane_scores_equal_the_pair_loops_bit_for_bit() {
             ..lane_form()
         },
     );
-    let mut seed = 700;
-    for s in [16usize, 47, 333, 1000] {
-        for (hq, kvh) in [(8usize, 2usize), (12, 2), (7, 1), (10, 2), (16, 2), (6, 2)] {
-            for d in [64usize, 72, 128, 200] {
-                for threads in [1, 2] {
-                    seed += 1;
-                    let inp = attention_inputs::inputs_with_values(
-                        &kernel,
-                        hq * d,
-                        s * kvh,
-                        d,
-                        0.5,
-                        1.0,
-                        seed,
-                    );
-                    let (kg, vg) = (inp.k.guarded(), inp.v.guarded());
-                    let (kc, vc) = (kg.cache(), vg.cache());
-                    let run = |att: &HostAttention| {
-                        let mut o = vec![f16::ZERO; hq * d];
-                        att.run(&inp.q, kc, vc, s, hq, kvh, d, &mut o, threads)
-                            .expect("run");
-                        o.iter().map(|x| x.to_bits()).collect::<Vec<u16>>()
-                    };
-                    assert_eq!(
-                        run(&lanes),
-                        run(&pairs),
-                        "s={s} hq={hq} kvh={kvh} d={d} threads={threads}"
-                    );
-                }
-            }
-        }
-    }
+    let shapes = [(8, 2), (12, 2), (7, 1), (10, 2), (16, 2), (6, 2)];
+    assert_equal_bits(&kernel, &lanes, &pairs, [16, 47, 333, 1000], &shapes, 700);
 }
 
 /// The AMX score loop computes the zmm loop's integer dots exactly (q's
@@ -680,14 +650,28 @@ fn x86_attention_amx_scores_equal_the_zmm_loops_bit_for_bit() {
             ..amx_form()
         },
     );
-    let mut seed = 500;
-    for s in [16usize, 95, 333, 1000] {
-        for (hq, kvh) in [(8usize, 2usize), (12, 2), (6, 1)] {
+    let shapes = [(8, 2), (12, 2), (6, 1)];
+    assert_equal_bits(&kernel, &amx, &zmm, [16, 95, 333, 1000], &shapes, 500);
+}
+
+/// Two forms of `kernel` give equal outputs, bit for bit, over contexts
+/// `contexts`, head layouts `shapes` (query heads, KV heads), head dims
+/// with and without a partial 64-byte chunk, and one and two threads.
+fn assert_equal_bits(
+    kernel: &Kernel,
+    a: &HostAttention,
+    b: &HostAttention,
+    contexts: [usize; 4],
+    shapes: &[(usize, usize)],
+    mut seed: u64,
+) {
+    for s in contexts {
+        for &(hq, kvh) in shapes {
             for d in [64usize, 72, 128, 200] {
                 for threads in [1, 2] {
                     seed += 1;
                     let inp = attention_inputs::inputs_with_values(
-                        &kernel,
+                        kernel,
                         hq * d,
                         s * kvh,
                         d,
@@ -704,8 +688,8 @@ fn x86_attention_amx_scores_equal_the_zmm_loops_bit_for_bit() {
                         o.iter().map(|x| x.to_bits()).collect::<Vec<u16>>()
                     };
                     assert_eq!(
-                        run(&amx),
-                        run(&zmm),
+                        run(a),
+                        run(b),
                         "s={s} hq={hq} kvh={kvh} d={d} threads={threads}"
                     );
                 }

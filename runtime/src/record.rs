@@ -730,13 +730,29 @@ impl TuningRecord {
         kv_heads: usize,
         head_dim: usize,
     ) -> Option<bool> {
+        let at = (device, generator, backend);
+        self.newest_decode(at, [heads, kv_heads, head_dim], |_| true)
+            .map(|p| p.fp8_values_packed)
+    }
+
+    /// The newest decode entry measured on `device` for `backend` for
+    /// `[heads, kv_heads, head_dim]` (the same head dim and grouping, any
+    /// weight format's entry) that `measured` accepts.
+    fn newest_decode<'a>(
+        &'a self,
+        (device, generator, backend): (&'a Fingerprint, &'a GeneratorId, &'a str),
+        [heads, kv_heads, head_dim]: [usize; 3],
+        measured: impl Fn(&DecodeEntry) -> bool,
+    ) -> Option<&'a DecodeEntry> {
         self.measured_on(device, generator, backend)
             .filter_map(|e| e.decode.as_ref().map(|p| (e.created_unix, p)))
             .filter(|(_, p)| {
-                p.head_dim == head_dim && same_grouping([p.heads, p.kv_heads], [heads, kv_heads])
+                measured(p)
+                    && p.head_dim == head_dim
+                    && same_grouping([p.heads, p.kv_heads], [heads, kv_heads])
             })
             .max_by_key(|(t, _)| *t)
-            .map(|(_, p)| p.fp8_values_packed)
+            .map(|(_, p)| p)
     }
 
     /// Whether the decode attention scores int8 keys in lanes
@@ -752,15 +768,11 @@ impl TuningRecord {
         kv_heads: usize,
         head_dim: usize,
     ) -> Option<bool> {
-        self.measured_on(device, generator, backend)
-            .filter_map(|e| e.decode.as_ref().map(|p| (e.created_unix, p)))
-            .filter(|(_, p)| {
-                p.int8_keys_in_lanes.is_some()
-                    && p.head_dim == head_dim
-                    && same_grouping([p.heads, p.kv_heads], [heads, kv_heads])
-            })
-            .max_by_key(|(t, _)| *t)
-            .and_then(|(_, p)| p.int8_keys_in_lanes)
+        let at = (device, generator, backend);
+        self.newest_decode(at, [heads, kv_heads, head_dim], |p| {
+            p.int8_keys_in_lanes.is_some()
+        })
+        .and_then(|p| p.int8_keys_in_lanes)
     }
 
     /// How `stream` (one of [`PREFETCH_STREAMS`]) is prefetched, as

@@ -829,17 +829,9 @@ fn decode_runs_the_records_fp8_value_form() {
         let (k, v) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
         let q = randh(&mut r, hq * d, 0.3);
         for (dev, bits) in [&probe, &dev].into_iter().zip(&mut outputs) {
-            let att = Attention::new(dev, hq, kvh, d, KvFormat::Kv8).unwrap();
-            let mut cache = KvCache::new(KvFormat::Kv8, kvh, d, KvCapacity::Max(s)).unwrap();
-            cache.append(&k, &v, s).unwrap();
-            let mut o = vec![f16::ZERO; hq * d];
-            att.decode(&q, &cache, &mut o).unwrap();
-            let want = reference_attention(KvFormat::Kv8, &q, &k, &v, 1, s, hq, kvh, d);
-            let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
-            let (err, _) = max_err(&got, &want);
             let packed = dev.fp8_values_packed(hq, kvh, d);
-            assert!(err <= 4e-3, "s {s}, packed {packed}: err {err}");
-            bits.extend(o.iter().map(|x| x.to_bits()));
+            let why = format!("s {s}, packed {packed}");
+            bits.extend(kv8_decode_bits(dev, [hq, kvh, d, s], &q, &k, &v, &why));
         }
     }
     assert_eq!(
@@ -847,6 +839,28 @@ fn decode_runs_the_records_fp8_value_form() {
         default,
         "the two devices' outputs differ exactly where the forms do"
     );
+}
+
+/// One kv8 decode step on `dev` over `s` keys (`[hq, kvh, d, s]`), checked
+/// against the interpreter's attention (`why` names the case), as f16 bits.
+fn kv8_decode_bits(
+    dev: &Arc<Device>,
+    [hq, kvh, d, s]: [usize; 4],
+    q: &[f16],
+    k: &[f32],
+    v: &[f32],
+    why: &str,
+) -> Vec<u16> {
+    let att = Attention::new(dev, hq, kvh, d, KvFormat::Kv8).unwrap();
+    let mut cache = KvCache::new(KvFormat::Kv8, kvh, d, KvCapacity::Max(s)).unwrap();
+    cache.append(k, v, s).unwrap();
+    let mut o = vec![f16::ZERO; hq * d];
+    att.decode(q, &cache, &mut o).unwrap();
+    let want = reference_attention(KvFormat::Kv8, q, k, v, 1, s, hq, kvh, d);
+    let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
+    let (err, _) = max_err(&got, &want);
+    assert!(err <= 4e-3, "{why}: err {err}");
+    o.iter().map(|x| x.to_bits()).collect()
 }
 
 /// A record's int8 key form (measured by the autotuner) is the one the
@@ -906,16 +920,14 @@ fn decode_runs_the_records_int8_key_form() {
         let (k, v) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
         let q = randh(&mut r, hq * d, 0.3);
         for (dev, bits) in [&probe, &dev].into_iter().zip(&mut outputs) {
-            let att = Attention::new(dev, hq, kvh, d, KvFormat::Kv8).unwrap();
-            let mut cache = KvCache::new(KvFormat::Kv8, kvh, d, KvCapacity::Max(s)).unwrap();
-            cache.append(&k, &v, s).unwrap();
-            let mut o = vec![f16::ZERO; hq * d];
-            att.decode(&q, &cache, &mut o).unwrap();
-            let want = reference_attention(KvFormat::Kv8, &q, &k, &v, 1, s, hq, kvh, d);
-            let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
-            let (err, _) = max_err(&got, &want);
-            assert!(err <= 4e-3, "s {s}: err {err}");
-            bits.extend(o.iter().map(|x| x.to_bits()));
+            bits.extend(kv8_decode_bits(
+                dev,
+                [hq, kvh, d, s],
+                &q,
+                &k,
+                &v,
+                &format!("s {s}"),
+            ));
         }
     }
     assert_eq!(outputs[0], outputs[1], "the key forms' outputs are equal");

@@ -88,20 +88,23 @@ pub(super) fn config(a: &mut X86Asm) {
     a.store16(mem(RSP, V_AMX_CFG + 52), RAX);
     a.bind(whole);
     a.ldtilecfg(RSP, V_AMX_CFG);
+    int8_parts_call(a, AMX_BLOCK);
+}
+
+/// What a call of a score loop on q's int8 parts sets (this one and the
+/// keys-in-lanes loop): the score block, `trip` keys where the call's
+/// group has several query heads, else [`SCORE_BLOCK`]; where q's parts
+/// start in a tile's q area (`S_QPARTS`: past its zmm codes); the i16 pair
+/// (128, 128) at `S_W128`. Clobbers rax, rcx.
+pub(super) fn int8_parts_call(a: &mut X86Asm, trip: i32) {
     let done = a.new_label();
-    a.mov_imm(RAX, AMX_BLOCK);
+    a.mov_imm(RAX, trip);
     a.load64(RCX, mem(RSP, S_GROUP));
     a.cmp_imm(RCX, 1);
     a.jcc(Cond::Ne, done);
     a.mov_imm(RAX, SCORE_BLOCK);
     a.bind(done);
     a.store64(mem(RSP, S_SCORE_BLOCK), RAX);
-    q_parts_offsets(a);
-}
-
-/// Where q's int8 parts start in a tile's q area (`S_QPARTS`: past its
-/// zmm codes), and the i16 pair (128, 128) at `S_W128`. Clobbers rax.
-pub(super) fn q_parts_offsets(a: &mut X86Asm) {
     a.load64(RAX, mem(RSP, S_D));
     a.add_imm(RAX, 31);
     a.shr_imm(RAX, 5);
@@ -154,6 +157,29 @@ pub(super) fn q_int8_parts(a: &mut X86Asm) {
     a.add_imm(RDX, 512);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, chunk);
+}
+
+/// d in 64-byte chunks of the int8 rows at `row` and q's parts at rax
+/// (1024 bytes a chunk): `chunk(a, true)` per whole chunk, each moving
+/// `row` 64 bytes and rax 1024 on, then `chunk(a, false)` once for a last
+/// `d % 64` bytes. Clobbers rcx.
+pub(super) fn int8_chunks(a: &mut X86Asm, row: Gp, chunk: impl Fn(&mut X86Asm, bool)) {
+    let (whole, tail, done) = (a.new_label(), a.new_label(), a.new_label());
+    a.load64(RCX, mem(RSP, S_D));
+    a.shr_imm(RCX, 6);
+    a.jcc(Cond::E, tail);
+    a.bind(whole);
+    chunk(a, true);
+    a.add_imm(row, 64);
+    a.add_imm(RAX, 1024);
+    a.sub_imm(RCX, 1);
+    a.jcc(Cond::Ne, whole);
+    a.bind(tail);
+    a.load64(RCX, mem(RSP, S_D));
+    a.test_imm(RCX, 63);
+    a.jcc(Cond::E, done);
+    chunk(a, false);
+    a.bind(done);
 }
 
 /// Keys of the tile at rbx in trips of 32 while r12 ≥ 32, then of 16
@@ -215,22 +241,13 @@ fn key_groups(a: &mut X86Asm, softmax: SoftmaxMode, g: usize, groups: usize) {
             }
         }
     };
-    let (chunk, tail, products_done) = (a.new_label(), a.new_label(), a.new_label());
-    a.load64(RCX, mem(RSP, S_D));
-    a.shr_imm(RCX, 6);
-    a.jcc(Cond::E, tail);
-    a.bind(chunk);
-    chunk_products(a, A, B);
-    a.add_imm(RBP, 64);
-    a.add_imm(RAX, 1024);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, chunk);
-    a.bind(tail);
-    a.load64(RCX, mem(RSP, S_D));
-    a.test_imm(RCX, 63);
-    a.jcc(Cond::E, products_done);
-    chunk_products(a, A_TAIL, B_TAIL);
-    a.bind(products_done);
+    int8_chunks(a, RBP, |a, whole| {
+        if whole {
+            chunk_products(a, A, B)
+        } else {
+            chunk_products(a, A_TAIL, B_TAIL)
+        }
+    });
     for (j, &c) in C_TILES[..groups].iter().enumerate() {
         let at = V_AMX_C + 1024 * j as i32;
         a.tilestored(

@@ -221,15 +221,7 @@ pub(super) fn config(a: &mut X86Asm) {
         a.store32_imm(mem(RSP, V_JOIN_HI + 4 * i), from(2 + lane / 2));
         a.store32_imm(mem(RSP, V_ONES + 4 * i), -1);
     }
-    amx_scores::q_parts_offsets(a);
-    let done = a.new_label();
-    a.mov_imm(RAX, TRIP);
-    a.load64(RCX, mem(RSP, S_GROUP));
-    a.cmp_imm(RCX, 1);
-    a.jcc(Cond::Ne, done);
-    a.mov_imm(RAX, SCORE_BLOCK);
-    a.bind(done);
-    a.store64(mem(RSP, S_SCORE_BLOCK), RAX);
+    amx_scores::int8_parts_call(a, TRIP);
 }
 
 /// Head r12's key bias `128·Σc` over its zmm codes (`qarea + 512·z +
@@ -324,22 +316,9 @@ pub(super) fn key_trips(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
             }
         }
     };
-    let (chunk, tail, dots_done) = (a.new_label(), a.new_label(), a.new_label());
-    a.load64(RCX, mem(RSP, S_D));
-    a.shr_imm(RCX, 6);
-    a.jcc(Cond::E, tail);
-    a.bind(chunk);
-    chunk_dots(a, Kreg(0));
-    a.add_imm(RDX, 64);
-    a.add_imm(RAX, 1024);
-    a.sub_imm(RCX, 1);
-    a.jcc(Cond::Ne, chunk);
-    a.bind(tail);
-    a.load64(RCX, mem(RSP, S_D));
-    a.test_imm(RCX, 63);
-    a.jcc(Cond::E, dots_done);
-    chunk_dots(a, Kreg(3));
-    a.bind(dots_done);
+    amx_scores::int8_chunks(a, RDX, |a, whole| {
+        chunk_dots(a, if whole { Kreg(0) } else { Kreg(3) })
+    });
     finish(a, softmax, g);
     a.mov(RAX, R14);
     a.shl_imm(RAX, 4);
