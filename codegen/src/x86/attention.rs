@@ -34,7 +34,9 @@
 //!      two at a time on zmm instead, 32 lanes of d a `vpdpwssd` for int8
 //!      keys or 16 a `vfmadd231ps` for f16 keys (q then in 16-d chunks,
 //!      `qarea[⌈d/16⌉][8 heads][16]`), the 16 sums reduced by one shuffle
-//!      tree (`key_pairs_zmm`); with
+//!      tree (`key_pairs_zmm`); for int8 keys of a tile of 4 to 7 heads
+//!      ([`DecodeIsa::lane_scores`]) 16 at a time, a key in each dword
+//!      lane, the rows transposed in registers (`lane_scores`); with
 //!      AMX-INT8 too ([`DecodeIsa::amx_scores`]) 32 at a time by tile
 //!      products, q's codes in two int8 parts (`amx_scores`). int8
 //!      keys: `score = scale·(q scale·(q₁₆·c)) + offset·Σq`. Each tile
