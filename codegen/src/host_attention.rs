@@ -1297,12 +1297,19 @@ pub const DECODE_Q_PAD: usize = 320;
 /// `group` query heads per KV head: each tile is
 /// `min(group − h % group, end − h, DECODE_TILE_HEADS)` heads from `h`.
 pub fn decode_tiles(head0: usize, heads: usize, group: usize) -> usize {
-    let (mut h, end, mut tiles) = (head0, head0 + heads, 0);
-    while h < end {
-        h += (group - h % group).min(end - h).min(DECODE_TILE_HEADS);
-        tiles += 1;
-    }
-    tiles
+    decode_tile_heads(head0, heads, group).count()
+}
+
+/// The head count of each of [`decode_tiles`]' tiles, in order.
+pub fn decode_tile_heads(head0: usize, heads: usize, group: usize) -> impl Iterator<Item = usize> {
+    let (mut h, end) = (head0, head0 + heads);
+    std::iter::from_fn(move || {
+        (h < end).then(|| {
+            let tile = (group - h % group).min(end - h).min(DECODE_TILE_HEADS);
+            h += tile;
+            tile
+        })
+    })
 }
 
 /// f32 of scratch one call over `s` keys in `tiles` tiles of query heads
@@ -1403,13 +1410,19 @@ mod tests {
     /// Tiles never cross a KV head's group and hold at most 8 heads.
     #[test]
     fn decode_tiles_follow_groups() {
-        use super::decode_tiles;
+        use super::{decode_tile_heads, decode_tiles};
         assert_eq!(decode_tiles(0, 32, 1), 32);
         assert_eq!(decode_tiles(0, 12, 6), 2);
         assert_eq!(decode_tiles(0, 18, 9), 4);
         assert_eq!(decode_tiles(3, 4, 6), 2);
         assert_eq!(decode_tiles(5, 0, 6), 0);
         assert_eq!(decode_tiles(0, 8, 8), 1);
+        let heads =
+            |head0, heads, group| decode_tile_heads(head0, heads, group).collect::<Vec<_>>();
+        assert_eq!(heads(0, 12, 6), [6, 6]);
+        assert_eq!(heads(0, 18, 9), [8, 1, 8, 1]);
+        assert_eq!(heads(3, 4, 6), [3, 1]);
+        assert_eq!(heads(0, 12, 12), [8, 4]);
     }
 
     /// Whole KV heads per worker where they divide evenly (every (token,

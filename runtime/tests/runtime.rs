@@ -913,6 +913,16 @@ fn decode_runs_the_records_int8_key_form() {
             Some("zmm vpdpwssd"),
             "tiles of 8"
         );
+        assert_eq!(
+            probe.int8_key_form(24, 2, d),
+            Some("zmm vpdpbusd keys in lanes, vpdpwssd pairs"),
+            "tiles of 8 and 4"
+        );
+        assert_eq!(
+            probe.int8_key_form(4, 2, d),
+            Some("zmm vpdpwssd"),
+            "tiles of 2"
+        );
     }
     let mut r = rng(12);
     let mut outputs: [Vec<u16>; 2] = Default::default();

@@ -327,13 +327,16 @@ impl X86Backend {
     /// to 7 heads where [`Self::int8_keys_in_lanes`], else key pairs by
     /// `vpdpwssd`), or a ymm integer dot.
     pub fn int8_key_form(&self, group: usize) -> &'static str {
-        // Tiles of 8 heads, the rest in one tile.
-        let lanes = self.has_int8_key_lanes()
-            && (attention::LANE_TILE_HEADS.contains(&(group % 8))
-                || attention::LANE_TILE_HEADS.contains(&group));
+        // The tiles of one KV head's group, as the decode call cuts them.
+        let (lanes, pairs) = crate::host_attention::decode_tile_heads(0, group, group.max(1))
+            .filter(|&t| t > 1)
+            .fold((false, false), |(lanes, pairs), t| {
+                let here = self.has_int8_key_lanes() && attention::LANE_TILE_HEADS.contains(&t);
+                (lanes || here, pairs || !here)
+            });
         match (self.avx512_vnni, self.amx, self.int8_dot()) {
             (true, true, _) => "AMX tdpbssd",
-            (true, false, _) if lanes && group > 8 => "zmm vpdpbusd keys in lanes, vpdpwssd pairs",
+            (true, false, _) if lanes && pairs => "zmm vpdpbusd keys in lanes, vpdpwssd pairs",
             (true, false, _) if lanes => "zmm vpdpbusd, keys in lanes",
             (true, false, _) => "zmm vpdpwssd",
             (false, _, int8::Dot::VexVnni) => "ymm vpdpwssd",

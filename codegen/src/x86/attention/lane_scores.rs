@@ -25,8 +25,8 @@
 //! Registers: the rows and transposed dwords zmm0–15, two accumulators a
 //! head (hi, lo) from zmm16, the 0x80 bytes in zmm30, zmm31 the
 //! transpose's spare: 2·7 accumulators fit, so tiles of 4 to 7 heads
-//! (fewer heads give each accumulator a dot more often than `vpdpbusd`'s
-//! latency allows). Fewer than 16 keys left go by the pair loop.
+//! ([`HEADS`]: with fewer the calls read at the memory bound in either
+//! form). Fewer than 16 keys left go by the pair loop.
 
 use super::*;
 
@@ -49,11 +49,17 @@ const V_KEY_OFFSET: i32 = V_LANES + 320;
 pub(super) const FRAME_LANES: i32 = V_LANES + 384;
 const _: () = assert!(V_LANES % 64 == 0 && FRAME_LANES >= FRAME_F16);
 
-/// Keys a trip takes, and the score block of a call whose group has
-/// several query heads (`S_SCORE_BLOCK`).
-const TRIP: i32 = 16;
-/// The tiles this loop serves ([`module docs`](self)).
-pub(super) const HEADS: std::ops::RangeInclusive<usize> = 4..=7;
+/// Keys a trip takes (the dword lanes of a zmm), and the score block of a
+/// call whose group has several query heads (`S_SCORE_BLOCK`).
+const TRIP: i32 = 512 / 32;
+/// zmm registers the loop holds besides its accumulators: the 16 rows,
+/// the 0x80 bytes and the transpose's spare.
+const FIXED_ZMM: usize = 16 + 2;
+/// The tiles this loop serves: as many heads as two accumulators each
+/// leave room for in the 32 zmm, and at least 4. At 2 and 3 heads (8/4
+/// and 12/4 caches, ctx 4096, one thread, Zen 5) a call read 78–93% of
+/// the probe in either form, so the pair loop keeps them.
+pub(super) const HEADS: std::ops::RangeInclusive<usize> = 4..=(32 - FIXED_ZMM) / 2;
 /// The hi accumulator of head h (its lo one follows).
 fn acc(h: usize, part: usize) -> Zmm {
     Zmm((16 + 2 * h + part) as u8)
