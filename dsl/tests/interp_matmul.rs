@@ -145,6 +145,11 @@ struct Case {
     x: Vec<f64>,
     /// w dequantized (QuantTensor::value) or widened.
     w: Vec<f64>,
+    /// The size of what makes each w: `|scale·v| + |offset|` for quantized
+    /// weights, whose scale and offset terms the integer path sums apart
+    /// (where they cancel, its rounding is of their size, not of w's),
+    /// else `|w|`.
+    w_terms: Vec<f64>,
     bias: Option<Vec<f64>>,
 }
 
@@ -160,12 +165,21 @@ fn make_case(rng: &mut impl Rng, spec: &Spec, e: usize, h: usize, l: usize) -> C
     } else {
         float_value(spec.x, &xs)
     };
-    let (wv, w) = if spec.w.is_float() {
-        float_value(spec.w, &random_f32(rng, h * l))
+    let (wv, w, w_terms) = if spec.w.is_float() {
+        let (wv, w) = float_value(spec.w, &random_f32(rng, h * l));
+        let w_terms = w.iter().map(|v: &f64| v.abs()).collect();
+        (wv, w, w_terms)
     } else {
         let q = random_quant(rng, spec.w, h, l);
         let w = q.dequantize().iter().map(|&v| f64::from(v)).collect();
-        (Value::Quant(q), w)
+        let w_terms = (0..h * l)
+            .map(|i| {
+                let (r, c) = (i / l, i % l);
+                let offset = f64::from(q.offset(r, c));
+                (f64::from(q.value(r, c)) - offset).abs() + offset.abs()
+            })
+            .collect();
+        (Value::Quant(q), w, w_terms)
     };
     let mut bindings = Bindings::new()
         .extent("e", e)
@@ -182,6 +196,7 @@ fn make_case(rng: &mut impl Rng, spec: &Spec, e: usize, h: usize, l: usize) -> C
         bindings,
         x,
         w,
+        w_terms,
         bias,
     }
 }
@@ -194,8 +209,8 @@ fn activate(act: Activation, v: f64) -> f64 {
     }
 }
 
-/// Plain dense math: y[e,h] = act(Σ_l x·w + b), plus Σ|x·w| per element for
-/// error bounds.
+/// Plain dense math: y[e,h] = act(Σ_l x·w + b), plus Σ|x|·[`Case::w_terms`]
+/// (+ |b|) per element for error bounds.
 fn dense(case: &Case, act: Activation, e: usize, h: usize, l: usize) -> Vec<(f64, f64)> {
     let mut out = Vec::new();
     for ei in 0..e {
@@ -203,9 +218,9 @@ fn dense(case: &Case, act: Activation, e: usize, h: usize, l: usize) -> Vec<(f64
             let mut sum = 0.0;
             let mut mag = 0.0;
             for li in 0..l {
-                let p = case.x[ei * l + li] * case.w[hi * l + li];
-                sum += p;
-                mag += p.abs();
+                let (x, at) = (case.x[ei * l + li], hi * l + li);
+                sum += x * case.w[at];
+                mag += x.abs() * case.w_terms[at];
             }
             if let Some(b) = &case.bias {
                 sum += b[hi];
@@ -227,7 +242,7 @@ fn out_eps(format: Format) -> f64 {
 }
 
 /// Run the case and compare with dense math: exactly (same f64 sum, same
-/// rounding) on float paths, within `rel`·Σ|x·w| on the integer path.
+/// rounding) on float paths, within `rel`·Σ|x|·(|scale·v| + |offset|) on the integer path.
 fn check(spec: &Spec, e: usize, h: usize, l: usize, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let case = make_case(&mut rng, spec, e, h, l);
