@@ -37,7 +37,10 @@ fn compile_for(kernel: &Kernel, isa: DecodeIsa) -> HostAttention {
 /// The kernel's code in every form this CPU runs: plain AVX2; each VNNI
 /// encoding of the int8-key dot it has (f16 keys have none); and with
 /// AVX512VL the P·V passes in ymm0–31, on the plain and the best dot.
-fn every_form(kernel: &Kernel) -> Vec<(DecodeIsa, HostAttention)> {
+/// A form of the kernel's code and what it was emitted for.
+type Form = (DecodeIsa, HostAttention);
+
+fn every_form(kernel: &Kernel) -> Vec<Form> {
     use tessera_codegen::x86::{host_has_avx_vnni, host_has_avx512_bf16, host_has_avx512_vnni};
     let int8_keys = kernel.tensor("k").unwrap().format != Format::F16;
     let mut dots = vec![KeyDot::Maddwd];
@@ -182,7 +185,8 @@ struct Case {
     kvh: usize,
     d: usize,
     q_amp: f32,
-    /// V uniform in ±`v_amp`; o is checked to `2e-3 · v_amp` absolute.
+    /// V uniform in ±`v_amp`; o is checked to `2e-3 · v_amp` absolute, or
+    /// where the form rounds p to its bound ([`DecodeIsa::fp8_p_rounding`]).
     v_amp: f32,
     threads: usize,
     chunk: Option<usize>,
@@ -190,16 +194,16 @@ struct Case {
 }
 
 /// Run one case against the interpreter; returns the recomputed rows.
-fn check(att: &HostAttention, kernel: &Kernel, c: &Case) -> u64 {
+fn check(form: &Form, kernel: &Kernel, c: &Case) -> u64 {
     let (s, hq, kvh, d) = (c.s, c.hq, c.kvh, c.d);
     let inp =
         attention_inputs::inputs_with_values(kernel, hq * d, s * kvh, d, c.q_amp, c.v_amp, c.seed);
-    check_inputs(att, kernel, c, &inp)
+    check_inputs(form, kernel, c, &inp)
 }
 
 /// [`check`] on given inputs (`c.q_amp` and `c.seed` unused).
 fn check_inputs(
-    att: &HostAttention,
+    (isa, att): &Form,
     kernel: &Kernel,
     c: &Case,
     inp: &attention_inputs::Inputs,
@@ -215,6 +219,19 @@ fn check_inputs(
     let out = interp::run(kernel, &bindings).expect("interp");
     let want = out.get("o").unwrap();
     let stats = out.softmax.unwrap();
+    // The absolute part of the tolerance, a fraction of max |v|: where the
+    // form rounds p (fp8 values by bf16 dots: 2^-8) that bound and a
+    // twentieth for the f32 sums (o's own f16 rounding is in the relative
+    // part), else 2e-3. Tight enough that p truncated to bf16 (2^-7) fails.
+    let p_rounding = match kernel.tensor("v").unwrap().format {
+        Format::Fp8E4M3 => isa.fp8_p_rounding(),
+        _ => 0.0,
+    };
+    let v_share = if p_rounding > 0.0 {
+        1.05 * p_rounding
+    } else {
+        2e-3
+    };
     // K and V each end at an inaccessible page: a read past either faults.
     let (kg, vg) = (inp.k.guarded(), inp.v.guarded());
     let (kc, vc) = (kg.cache(), vg.cache());
@@ -234,7 +251,7 @@ fn check_inputs(
     );
     for (i, (g, w)) in o.iter().zip(want).enumerate() {
         let g = g.to_f32();
-        let tol = 2e-3 * w.abs() + 2e-3 * c.v_amp;
+        let tol = 2e-3 * w.abs() + v_share * c.v_amp;
         let agree = (g - w).abs() <= tol || (g.is_nan() && w.is_nan());
         assert!(agree, "{what}: o[{i}] = {g}, want {w}");
     }
@@ -242,13 +259,13 @@ fn check_inputs(
 }
 
 fn sweep(kernel: &Kernel) {
-    for (isa, att) in every_form(kernel) {
-        eprintln!("{}: {isa:?}", kernel.name);
-        sweep_one(&att, kernel);
+    for form in every_form(kernel) {
+        eprintln!("{}: {:?}", kernel.name, form.0);
+        sweep_one(&form, kernel);
     }
 }
 
-fn sweep_one(att: &HostAttention, kernel: &Kernel) {
+fn sweep_one(form: &Form, kernel: &Kernel) {
     let mut seed = 11;
     // Past 256 keys the kernel keeps its scores super-block by super-block
     // and rescales what it summed when a head's reference max moves.
@@ -281,7 +298,7 @@ fn sweep_one(att: &HostAttention, kernel: &Kernel) {
                         chunk: None,
                         seed,
                     };
-                    check(att, kernel, &c);
+                    check(form, kernel, &c);
                 }
             }
         }
@@ -320,7 +337,7 @@ fn x86_attention_kv8_head_dims_past_512() {
         return;
     }
     let kernel = library::get("attention-decode-kv8").unwrap();
-    for (_, att) in every_form(&kernel) {
+    for form in every_form(&kernel) {
         for &(d, seed) in &[(520usize, 71u64), (1032, 72)] {
             let c = Case {
                 s: 70,
@@ -333,7 +350,7 @@ fn x86_attention_kv8_head_dims_past_512() {
                 chunk: None,
                 seed,
             };
-            check(&att, &kernel, &c);
+            check(&form, &kernel, &c);
         }
     }
 }
@@ -345,9 +362,9 @@ fn x86_attention_async_recomputes_out_of_range_rows() {
     }
     for name in ["attention-decode-f16", "attention-decode-kv8"] {
         let kernel = library::get(name).unwrap();
-        for (att, chunk) in every_form(&kernel)
+        for (form, chunk) in every_form(&kernel)
             .iter()
-            .flat_map(|(_, att)| [(att, None), (att, Some(64))])
+            .flat_map(|form| [(form, None), (form, Some(64))])
         {
             // |q| up to 8 over d = 16 puts scores far outside [-16.8, 6.5];
             // GQA, and multi-head attention (a tile per head).
@@ -363,7 +380,7 @@ fn x86_attention_async_recomputes_out_of_range_rows() {
                     chunk,
                     seed: 99,
                 };
-                let r = check(att, &kernel, &c);
+                let r = check(form, &kernel, &c);
                 assert!(r > 0, "{name} {hq}/{kvh} {chunk:?}: nothing recomputed");
             }
         }
@@ -386,7 +403,7 @@ fn x86_attention_large_values_match_the_interpreter() {
     ] {
         let base = library::get(name).unwrap();
         for kernel in [base.clone(), online(base)] {
-            for (_, att) in every_form(&kernel) {
+            for form in every_form(&kernel) {
                 for (s, q_amp) in [(40, 0.5), (300, 0.5), (300, 8.0)] {
                     seed += 1;
                     let c = Case {
@@ -400,7 +417,7 @@ fn x86_attention_large_values_match_the_interpreter() {
                         chunk: None,
                         seed,
                     };
-                    check(&att, &kernel, &c);
+                    check(&form, &kernel, &c);
                 }
             }
         }
@@ -427,7 +444,7 @@ fn x86_attention_kv8_subnormal_values_match_the_interpreter() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1300);
     let key: Vec<f32> = (0..d).map(|_| rng.gen_range(0.99..1.0)).collect();
     for kernel in [base.clone(), online(base)] {
-        for (_, att) in every_form(&kernel) {
+        for form in every_form(&kernel) {
             for (hq, kvh, s) in [(8, 8, 70), (6, 2, 300)] {
                 let rows = s * kvh;
                 let q = vec![f16::from_f32(-0.13); hq * d];
@@ -446,7 +463,7 @@ fn x86_attention_kv8_subnormal_values_match_the_interpreter() {
                     chunk: None,
                     seed: 0,
                 };
-                let recomputed = check_inputs(&att, &kernel, &c, &inp);
+                let recomputed = check_inputs(&form, &kernel, &c, &inp);
                 assert_eq!(
                     recomputed, 0,
                     "{}: scores left the async range",
@@ -476,7 +493,7 @@ fn x86_attention_async_flags_scores_under_the_range_and_nan() {
         let SoftmaxMode::Async { phi, lo, .. } = a.softmax else {
             panic!("{name}: the library's decode kernel is async")
         };
-        for (_, att) in every_form(&kernel) {
+        for form in every_form(&kernel) {
             for (hq, kvh, s, d) in [(6, 2, 300, 32), (12, 2, 70, 128), (8, 8, 70, 32)] {
                 let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1400 + hq as u64);
                 let rows = s * kvh;
@@ -504,7 +521,7 @@ fn x86_attention_async_flags_scores_under_the_range_and_nan() {
                         chunk: None,
                         seed: 0,
                     };
-                    let recomputed = check_inputs(&att, &kernel, &c, &inp);
+                    let recomputed = check_inputs(&form, &kernel, &c, &inp);
                     assert_eq!(
                         recomputed as usize,
                         hq.div_ceil(3),
@@ -524,7 +541,7 @@ fn x86_attention_split_chunks_match_the_interpreter() {
     let mut seed = 500;
     for name in ["attention-decode-f16", "attention-decode-kv8"] {
         let kernel = library::get(name).unwrap();
-        for (_, att) in every_form(&kernel) {
+        for form in every_form(&kernel) {
             for &(s, chunk) in &[(65usize, 1usize), (200, 7), (700, 300)] {
                 for &(hq, kvh) in &[(4usize, 2usize), (6, 1), (9, 9)] {
                     seed += 1;
@@ -539,7 +556,7 @@ fn x86_attention_split_chunks_match_the_interpreter() {
                         chunk: Some(chunk),
                         seed,
                     };
-                    check(&att, &kernel, &c);
+                    check(&form, &kernel, &c);
                 }
             }
         }

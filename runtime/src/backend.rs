@@ -1000,6 +1000,20 @@ impl Device {
         None
     }
 
+    /// The most this device's decode attention moves o by rounding p in
+    /// the P·V of fp8 values for `hq` query heads over `kvh` KV heads of
+    /// `d`, as a fraction of the largest |v| it weighs: 2^-8 where the x86
+    /// device takes bf16 dots ([`Self::fp8_values_packed`]), else 0.
+    pub fn fp8_p_rounding(&self, hq: usize, kvh: usize, d: usize) -> f32 {
+        #[cfg(feature = "jit")]
+        if let Engine::X86(b) = &self.engine {
+            let packed = self.fp8_values_packed(hq, kvh, d);
+            return b.with_fp8_values_packed(packed).fp8_p_rounding();
+        }
+        let _ = (hq, kvh, d);
+        0.0
+    }
+
     /// How the decode attention scores the int8 keys of `hq` query heads
     /// over `kvh` KV heads of `d` on the x86 JIT device, the record's form
     /// ([`tessera_codegen::x86::X86Backend::int8_key_form`]: `AMX

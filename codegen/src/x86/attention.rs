@@ -67,10 +67,12 @@
 //!      Qwen2-1.5B f16 call 1.16–1.24× faster on Zen 5, a kv8 one 1.2×
 //!      against the bf16 dots). Two packed forms replace the f32 FMAs for
 //!      fp8 values where the autotuner measured them faster
-//!      ([`super::X86Backend::with_fp8_values_packed`]): with AVX512_BF16
-//!      and AVX512_VBMI ([`DecodeIsa::bf16_values`]) `vdpbf16ps` on key
-//!      pairs, looked up as bf16 by `vpermi2b`, p split into two bf16
-//!      parts (`pv_pass_bf16`); with AVX512-FP16 ([`DecodeIsa::f16_pv`]),
+//!      ([`super::X86Backend::with_fp8_values_packed`]), both rounding p
+//!      to a 16-bit type for its products as FlashAttention does: with
+//!      AVX512_BF16 and AVX512_VBMI ([`DecodeIsa::bf16_values`])
+//!      `vdpbf16ps` on key pairs, looked up as bf16 by `vpermi2b`, p
+//!      rounded to bf16 (`pv_pass_bf16`, [`bf16_pairs`]: o within 2^-8 of
+//!      max |v|); with AVX512-FP16 ([`DecodeIsa::f16_pv`]),
 //!      for f16 values too, f16 FMAs on a tile of several heads, 32 lanes
 //!      of d each on zmm, p against the running max as f16 and f16 sums per
 //!      `pv_block_f16` keys (`pv_pass_f16`).
@@ -342,11 +344,9 @@ const V_BF16_HI: i32 = DECODE_FRAME + 192;
 /// `vpermw` index: two keys' 8 bf16 p side by side → (key 0, key 1) per
 /// head.
 const V_WORD_PAIRS: i32 = DECODE_FRAME + 320;
-/// 0xFFFF0000 per f32: p truncated to bf16 (its high half).
-const V_BF16_TRUNC: i32 = DECODE_FRAME + 352;
 /// `vpermt2d` index: 8 dwords of a and 8 of b → a0 b0 a1 b1 … (one head's
-/// high and low pairs side by side).
-const V_DWORD_PAIRS: i32 = DECODE_FRAME + 384;
+/// pairs, each followed by a zero).
+const V_DWORD_PAIRS: i32 = DECODE_FRAME + 352;
 /// 0x80 in every byte: the e4m3 sign.
 const V_BYTE_SIGN: i32 = DECODE_FRAME + 448;
 /// The decode frame with the bf16 P·V's constants.
@@ -490,9 +490,10 @@ pub struct DecodeIsa {
     /// zmm FMAs are twice its ymm ones.
     pub ymm32: bool,
     /// AVX512_BF16 with AVX512_VBMI and AVX512BW: P·V of fp8 values by
-    /// `vdpbf16ps` on key pairs (`pv_pass_bf16`). It needs `ymm32` (its
-    /// zmm accumulators take the whole file) and has no effect without it
-    /// or for f16 values.
+    /// `vdpbf16ps` on key pairs (`pv_pass_bf16`), p rounded to bf16, so o
+    /// moves by at most 2^-8 of max |v| ([`Self::fp8_p_rounding`]). It needs `ymm32`
+    /// (its zmm accumulators take the whole file) and has no effect
+    /// without it or for f16 values.
     pub bf16_values: bool,
     /// AVX512-FP16 with AVX512VL: P·V of a tile of several query heads by
     /// `vfmadd231ph` on ymm, 16 f16 lanes an FMA where `vfmadd231ps` takes
@@ -524,6 +525,23 @@ pub struct DecodeIsa {
     /// broadcast), so no sum runs across lanes and one finish serves 16
     /// keys (`lane_scores`); the integer dots equal the pair loop's.
     pub lane_scores: bool,
+}
+
+impl DecodeIsa {
+    /// Whether fp8 values take the bf16 dots: they need `ymm32`, and the
+    /// f16 P·V takes precedence.
+    fn bf16_pv(&self) -> bool {
+        self.bf16_values && self.ymm32 && !self.f16_pv
+    }
+
+    /// The most the P·V of fp8 values in this form moves o, as a fraction
+    /// of the largest |v| the head attends to: 2^-8 for the bf16 dots,
+    /// whose p is rounded to bf16 ([`bf16_pairs`]); 0 for f32 FMAs (their
+    /// f32 sums' rounding aside). The f16 P·V's bound is its own
+    /// ([`Self::f16_pv`]).
+    pub fn fp8_p_rounding(&self) -> f32 {
+        if self.bf16_pv() { 1.0 / 256.0 } else { 0.0 }
+    }
 }
 
 /// How a call's keys are scored ([`DecodeIsa`]'s `key_dot` for int8
@@ -744,7 +762,7 @@ pub fn emit_for(
         }
     ));
     let f16 = isa.f16_pv && isa.ymm32;
-    let bf16 = isa.bf16_values && isa.ymm32 && values == Values::E4M3 && !f16;
+    let bf16 = isa.bf16_pv() && values == Values::E4M3;
     let fp8_f32 = values == Values::E4M3 && !bf16 && !f16 && fp8_f32_fits(softmax);
     let zmm_f32_pv = isa.ymm32 && !f16 && (values == Values::F16 || fp8_f32);
     if isa.ymm32 {
@@ -768,7 +786,7 @@ pub fn emit_for(
     }
     if bf16 {
         a.comment(
-            "P·V of fp8 values by vdpbf16ps on key pairs: e4m3 → bf16 by vpermi2b lookups, p as two bf16 parts (AVX512_BF16, AVX512_VBMI)",
+            "P·V of fp8 values by vdpbf16ps on key pairs: e4m3 → bf16 by vpermi2b lookups, p rounded to bf16 (AVX512_BF16, AVX512_VBMI)",
         );
     }
     if zmm_f32_pv {
@@ -2669,14 +2687,15 @@ impl PvRegisters {
     /// Heads per pass: the most whose accumulators for 4 chunks, their
     /// broadcasts and the widened row fit ([`Self::p_in_registers_heads`]).
     /// With [`Self::widen_once`] a whole tile, its p broadcast a head at a
-    /// time past that many heads. The bf16 pass broadcasts p from memory and sums 2 chunks per zmm, so a
-    /// whole tile fits ([`MAX_TILE`]: 8 heads at 6 chunks) and a GQA-7 or
-    /// GQA-8 tile converts each key's values once, not twice.
+    /// time past that many heads. The bf16 pass sums 2 chunks per zmm, so
+    /// a whole tile fits ([`MAX_TILE`]: 8 heads at 4 chunks, 6 at 6) and a
+    /// GQA-7 or GQA-8 tile converts each key's values once, not twice.
     fn heads(self) -> usize {
         if self.f16 || self.widen_once {
             return MAX_TILE;
         }
         if self.bf16 {
+            // A head's p and at least one accumulator.
             return ((self.count() - BF16_FIXED) / 2).min(MAX_TILE);
         }
         self.p_in_registers_heads()
@@ -2703,8 +2722,9 @@ impl PvRegisters {
             return (4 * ((self.count() - 2) / heads)).min(16);
         }
         if self.bf16 {
-            // zmm accumulators of 2 chunks beside the pass's 8 others.
-            return (2 * ((self.count() - BF16_FIXED) / heads)).min(16);
+            // zmm accumulators of 2 chunks beside the heads' p and the
+            // pass's 6 others.
+            return (2 * ((self.count() - BF16_FIXED - heads) / heads)).min(16);
         }
         if self.zmm_f32 {
             // zmm accumulators of 2 chunks beside the p broadcasts and the
@@ -3243,10 +3263,11 @@ fn pv_pass_zmm(
     }
 }
 
-/// Vector registers a bf16 P·V pass holds besides its accumulators: the
-/// codes, their low and high bytes, the two unpacked halves, the order
-/// index and the two tables' first halves.
-const BF16_FIXED: usize = 8;
+/// Vector registers a bf16 P·V pass holds besides its accumulators and
+/// its heads' p: the codes, their low and high bytes (the unpacked halves
+/// take the codes' and the high bytes' registers), the order index and
+/// the two tables' first halves.
+const BF16_FIXED: usize = 6;
 
 /// Byte `i` of the `vpermb` index that feeds [`pv_pass_bf16`]'s lookups:
 /// the source byte (key·32 + d of two keys' 32 codes) whose bf16, after
@@ -3289,7 +3310,6 @@ fn bf16_constants(a: &mut X86Asm) {
     for h in 0..8 {
         a.store32_imm(mem(RSP, V_WORD_PAIRS + 4 * h), h | (h + 8) << 16);
     }
-    splat(a, V_BF16_TRUNC, 0xFFFF_0000);
     for i in 0..16 {
         a.store32_imm(mem(RSP, V_DWORD_PAIRS + 4 * i), i / 2 + 16 * (i % 2));
     }
@@ -3305,12 +3325,18 @@ const _: () = assert!(
 );
 
 /// After the exponentials: the super-block's p of the tile at rbx as bf16
-/// pairs in place. p = hi + lo, hi its truncation to bf16 and lo the rest
-/// rounded to bf16 (together about 16 significant bits: bf16 alone, 8,
-/// would move o by up to 2^-8 of |v|, past the f16 output's tolerance).
-/// Pair i (keys 2i and 2i + 1, key 2i in each dword's low word) takes
-/// the two keys' slots: heads in lanes, 8 hi dwords then 8 lo; one head,
-/// its hi dword then its lo. An odd count's last key pairs with p = 0.
+/// pairs in place, each p rounded to the nearest bf16. Pair i (keys 2i and
+/// 2i + 1, key 2i in each dword's low word) takes the first key's slot:
+/// heads in lanes, 8 dwords; one head, one dword (the next is zero). An
+/// odd count's last key pairs with p = 0.
+///
+/// One bf16 part, as FlashAttention rounds P to its 16-bit input type for
+/// the P·V products: p's relative error is at most 2^-8 (8 significant
+/// bits), so o moves by at most 2^-8 of the largest |v| it weighs — a 16th
+/// of an e4m3 value's own rounding (2^-4). den sums the f32 p. Keeping the
+/// rest as a second bf16 part (about 16 bits) doubled the dots: a
+/// Qwen2-1.5B kv8 call at 4096 keys took 157 µs that way against 145 for
+/// the f32 FMAs, one thread, AMD Zen 5.
 fn bf16_pairs(a: &mut X86Asm) {
     let (one_head, done) = (a.new_label(), a.new_label());
     a.load64(RCX, mem(RSP, S_J1));
@@ -3335,41 +3361,32 @@ fn bf16_pairs(a: &mut X86Asm) {
     a.vmovdqu_load(Ymm(15), mem(RSP, V_WORD_PAIRS));
     let pair = a.new_label();
     a.bind(pair);
-    let (p0, p1, hi0, hi1) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
+    let (p0, p1, pairs) = (Ymm(0), Ymm(1), Ymm(2));
     a.vmovups_load(p0, mem(RSI, 0));
     a.vmovups_load(p1, mem(RSI, 32));
-    a.vpand_mem(hi0, p0, mem(RSP, V_BF16_TRUNC));
-    a.vpand_mem(hi1, p1, mem(RSP, V_BF16_TRUNC));
-    a.vsubps(p0, p0, hi0);
-    a.vsubps(p1, p1, hi1);
-    a.vcvtne2ps2bf16_ymm(hi0, hi1, hi0);
-    a.vcvtne2ps2bf16_ymm(p0, p1, p0);
-    a.vpermw_ymm(hi0, Ymm(15), hi0);
-    a.vpermw_ymm(p0, Ymm(15), p0);
-    a.vmovups_store(mem(RSI, 0), hi0);
-    a.vmovups_store(mem(RSI, 32), p0);
+    a.vcvtne2ps2bf16_ymm(pairs, p1, p0);
+    a.vpermw_ymm(pairs, Ymm(15), pairs);
+    a.vmovups_store(mem(RSI, 0), pairs);
     a.add_imm(RSI, 64);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, pair);
     a.jmp(done);
     // One head, keys side by side, 16 a step (the area holds SUPER keys
-    // and 16 more): the hi and lo bf16 arrays are the pairs, interleaved.
-    // An odd count's partner is 0 already: the exponentials zero the lanes
-    // of their last vector past the count.
+    // and 16 more): the bf16 array is the pairs, each followed by a zero
+    // dword. An odd count's partner is 0 already: the exponentials zero
+    // the lanes of their last vector past the count.
     a.bind(one_head);
     a.add_imm(RCX, 15);
     a.shr_imm(RCX, 4);
     a.vmovdqu32_zmm_load(Zmm(15), mem(RSP, V_DWORD_PAIRS));
     let sixteen = a.new_label();
     a.bind(sixteen);
-    let (p, hi) = (Zmm(0), Zmm(1));
+    let (p, pairs) = (Zmm(0), Zmm(1));
     a.vmovups_zmm_load(p, mem(RSI, 0));
-    a.vpandd_zmm_bcst(hi, p, mem(RSP, V_BF16_TRUNC));
-    a.vsubps_zmm(p, p, hi);
-    a.vcvtneps2bf16_zmm(Ymm(hi.0), hi);
-    a.vcvtneps2bf16_zmm(Ymm(p.0), p);
-    a.vpermt2d_zmm(hi, Zmm(15), p);
-    a.vmovups_zmm_store(mem(RSI, 0), hi);
+    a.vcvtneps2bf16_zmm(Ymm(pairs.0), p);
+    a.vpxord_zmm(p, p, p);
+    a.vpermt2d_zmm(pairs, Zmm(15), p);
+    a.vmovups_zmm_store(mem(RSI, 0), pairs);
     a.add_imm(RSI, 64);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, sixteen);
@@ -3381,14 +3398,17 @@ fn bf16_pairs(a: &mut X86Asm) {
 /// so a short last step reads nothing past its chunks), one `vpermb` puts
 /// them in pair order, two `vpermi2b` look up their bf16's low and high
 /// bytes (the sign ORed back), and the byte unpacks give per d the pair
-/// (key 0, key 1) that `vdpbf16ps` multiplies by each head's hi and lo p
-/// pairs, broadcast from what [`bf16_pairs`] left. Accumulators are zmm
-/// of two chunks. An odd last key pairs with itself, against p = 0.
+/// (key 0, key 1) that `vdpbf16ps` multiplies by each head's p pair, which
+/// [`bf16_pairs`] left and the pass broadcasts into a register once a pair
+/// of keys. Accumulators are zmm of two chunks. An odd last key pairs with
+/// itself, against p = 0.
 ///
 /// The lookups replace the f16 route's widening (`vpmovsxbw`, shift, mask,
-/// `vcvtph2ps` per 8 values); the two dots per pair do the f32 FMAs' work.
-/// A C loop of this body (L1-resident, Zen 4) took 13.6 ns a key and KV
-/// head for 6 heads against 17.5 for the f16 route's.
+/// `vcvtph2ps` per 8 values); one dot per pair does two f32 FMAs' work. p
+/// in registers, not broadcast from memory by every dot: the loads, not
+/// the dots, bounded the body, which took 21.4 cycles for two keys × 64 d
+/// of a GQA-6 tile that way against 14.5 with six broadcasts a pair, in a
+/// loop held in L1 on an AMD Zen 5 (its 24 f32 FMAs: 24.6 for one key).
 fn pv_pass_bf16(
     a: &mut X86Asm,
     keys: Keys,
@@ -3397,14 +3417,18 @@ fn pv_pass_bf16(
     hs: usize,
     nc: usize,
 ) {
-    let (codes, lo, hi, w0, w1) = (Zmm(0), Zmm(1), Zmm(2), Zmm(3), Zmm(4));
-    let (order, tlo, thi) = (Zmm(5), Zmm(6), Zmm(7));
+    // The codes, then the first unpacked half; their low bytes; their
+    // high bytes, then the second half.
+    let (codes, lo, hi) = (Zmm(0), Zmm(1), Zmm(2));
+    let (w0, w1) = (codes, hi);
+    let (order, tlo, thi) = (Zmm(3), Zmm(4), Zmm(5));
     let pairs = nc.div_ceil(2);
     assert!(
-        BF16_FIXED + hs * pairs <= regs.count(),
+        BF16_FIXED + hs + hs * pairs <= regs.count(),
         "bf16 P·V registers"
     );
-    let acc = |h: usize, cp: usize| Zmm((BF16_FIXED + h * pairs + cp) as u8);
+    let p = |h: usize| Zmm((BF16_FIXED + h) as u8);
+    let acc = |h: usize, cp: usize| Zmm((BF16_FIXED + hs + h * pairs + cp) as u8);
     let low = |z: Zmm| Ymm(z.0);
     let num_at = |c: usize, h: usize| layout.at(c, h);
     num_cursor(a, layout);
@@ -3434,11 +3458,9 @@ fn pv_pass_bf16(
         a.shl_imm(RAX, 32);
         a.kmovq_from_gp(Kreg(4), RAX);
     }
-    // rsi / r9 = the hi / lo p pair of keys (jb, jb + 1) for head sub0
-    // (key jb's and jb + 1's slots, r12 each).
+    // rsi = the p pair of keys (jb, jb + 1) for head sub0 (key jb's slot;
+    // keys r12 apart).
     pv_cursors(a, 8);
-    a.lea(R9, mem(RSI, 0));
-    a.add(R9, R12);
     let (top, paired) = (a.new_label(), a.new_label());
     a.bind(top);
     // r11 = key 1's row: the next, or for an odd last key its own.
@@ -3455,6 +3477,9 @@ fn pv_pass_bf16(
         for line in (0..nc * 8).step_by(64) {
             prefetch.line(a, mem(RDX, line as i32));
         }
+    }
+    for h in 0..hs {
+        a.vpbroadcastd_zmm_load(p(h), mem(RSI, 4 * h as i32));
     }
     for step in 0..steps {
         let (k0, k1) = if step + 1 == steps && last_bytes < 32 {
@@ -3477,20 +3502,15 @@ fn pv_pass_bf16(
         if second {
             a.vpunpckhbw_zmm(w1, lo, hi);
         }
-        for p in [RSI, R9] {
-            for h in 0..hs {
-                let p = mem(p, 4 * h as i32);
-                a.vdpbf16ps_zmm_bcst(acc(h, 2 * step), w0, p);
-                if second {
-                    a.vdpbf16ps_zmm_bcst(acc(h, 2 * step + 1), w1, p);
-                }
+        for h in 0..hs {
+            a.vdpbf16ps_zmm(acc(h, 2 * step), w0, p(h));
+            if second {
+                a.vdpbf16ps_zmm(acc(h, 2 * step + 1), w1, p(h));
             }
         }
     }
-    for _ in 0..2 {
-        a.add(RSI, R12);
-        a.add(R9, R12);
-    }
+    a.add(RSI, R12);
+    a.add(RSI, R12);
     a.add(RAX, RCX);
     a.add(RAX, RCX);
     a.sub_imm(R8, 2);

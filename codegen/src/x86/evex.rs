@@ -885,6 +885,13 @@ impl X86Asm {
         self.evex(e, format!("vdpbf16ps {dst}, {a}, dword ptr {m}{{1to16}}"));
     }
 
+    /// `vdpbf16ps dst, a, b`: [`Self::vdpbf16ps_zmm_bcst`] with the pairs
+    /// in a register.
+    pub fn vdpbf16ps_zmm(&mut self, dst: Zmm, a: Zmm, b: Zmm) {
+        let e = Evex::plain(MAP_0F38, PP_F3, 0x52, dst.0, a.0, Rm::Reg(b.0 & 31), 64);
+        self.evex(e, format!("vdpbf16ps {dst}, {a}, {b}"));
+    }
+
     /// `vmovdqu8 dst {k} [{z}], zmmword ptr [m]`: the bytes set in `k`
     /// loaded (masked-off bytes never fault), the others zeroed or kept.
     pub fn vmovdqu8_zmm_load_masked(&mut self, dst: Zmm, k: Kreg, zeroing: bool, m: Mem) {
@@ -1139,6 +1146,9 @@ mod tests {
         let (b, l) = bytes_of(|a| a.vdpbf16ps_zmm_bcst(Zmm(8), Zmm(3), mem(RSI, 4)));
         assert_eq!(b, [0x62, 0x72, 0x66, 0x58, 0x52, 0x46, 0x01]);
         assert_eq!(l.trim(), "vdpbf16ps zmm8, zmm3, dword ptr [rsi + 4]{1to16}");
+        let (b, l) = bytes_of(|a| a.vdpbf16ps_zmm(Zmm(20), Zmm(3), Zmm(26)));
+        assert_eq!(b, [0x62, 0x82, 0x66, 0x48, 0x52, 0xE2]);
+        assert_eq!(l.trim(), "vdpbf16ps zmm20, zmm3, zmm26");
         let (b, _) = bytes_of(|a| a.vpermi2b_zmm_mem(Zmm(1), Zmm(6), mem(RSP, 1536)));
         assert_eq!(b, [0x62, 0xF2, 0x4D, 0x48, 0x75, 0x4C, 0x24, 0x18]);
         let (b, _) = bytes_of(|a| a.kmovq_from_gp(Kreg(1), RAX));

@@ -526,7 +526,12 @@ impl X86Backend {
         if self.amx {
             amx::request_tile_data();
         }
-        let isa = attention::DecodeIsa {
+        attention::emit_for(kernel, blocks, self.decode_isa())
+    }
+
+    /// What [`Self::attention`] emits with.
+    fn decode_isa(&self) -> attention::DecodeIsa {
+        attention::DecodeIsa {
             key_dot: self.int8_dot().into(),
             ymm32: self.avx512_vnni,
             bf16_values: self.avx512_bf16,
@@ -534,8 +539,15 @@ impl X86Backend {
             zmm_scores: self.avx512_vnni,
             amx_scores: self.amx && self.avx512_vnni,
             lane_scores: self.avx512_vnni && self.int8_keys_in_lanes,
-        };
-        attention::emit_for(kernel, blocks, isa)
+        }
+    }
+
+    /// The most this backend's decode attention moves o by rounding p in
+    /// the P·V of fp8 values, as a fraction of the largest |v| it weighs
+    /// ([`attention::DecodeIsa::fp8_p_rounding`]): 2^-8 with bf16 dots, 0
+    /// with f32 FMAs or f16 FMAs (whose bound is their own).
+    pub fn fp8_p_rounding(&self) -> f32 {
+        self.decode_isa().fp8_p_rounding()
     }
 
     /// Emit the matmul machine code (the GEMM variant).
