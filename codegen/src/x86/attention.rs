@@ -71,7 +71,7 @@
 //!      to a 16-bit type for its products as FlashAttention does: with
 //!      AVX512_BF16 and AVX512_VBMI ([`DecodeIsa::bf16_values`])
 //!      `vdpbf16ps` on key pairs, looked up as bf16 by `vpermi2b`, p
-//!      rounded to bf16 (`pv_pass_bf16`, [`bf16_pairs`]: o within 2^-8 of
+//!      rounded to bf16 (`pv_pass_bf16`, `bf16_pairs`: o within 2^-8 of
 //!      max |v|); with AVX512-FP16 ([`DecodeIsa::f16_pv`]),
 //!      for f16 values too, f16 FMAs on a tile of several heads, 32 lanes
 //!      of d each on zmm, p against the running max as f16 and f16 sums per
@@ -536,7 +536,7 @@ impl DecodeIsa {
 
     /// The most the P·V of fp8 values in this form moves o, as a fraction
     /// of the largest |v| the head attends to: 2^-8 for the bf16 dots,
-    /// whose p is rounded to bf16 ([`bf16_pairs`]); 0 for f32 FMAs (their
+    /// whose p is rounded to bf16 (`bf16_pairs`); 0 for f32 FMAs (their
     /// f32 sums' rounding aside). The f16 P·V's bound is its own
     /// ([`Self::f16_pv`]).
     pub fn fp8_p_rounding(&self) -> f32 {
