@@ -404,11 +404,14 @@ fn x86_attention_large_values_match_the_interpreter() {
         let base = library::get(name).unwrap();
         for kernel in [base.clone(), online(base)] {
             for form in every_form(&kernel) {
-                for (s, q_amp) in [(40, 0.5), (300, 0.5), (300, 8.0)] {
+                // Tiles of 6 heads and of 5 (whose bf16 P·V reads its
+                // lookup tables' second halves from memory, not registers).
+                for (s, q_amp, hq) in [(40, 0.5, 12), (300, 0.5, 12), (300, 8.0, 12), (40, 0.5, 10)]
+                {
                     seed += 1;
                     let c = Case {
                         s,
-                        hq: 12,
+                        hq,
                         kvh: 2,
                         d: 128,
                         q_amp,

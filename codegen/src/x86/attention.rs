@@ -3443,6 +3443,19 @@ fn pv_pass_bf16(
     a.vmovdqu8_zmm_load(order, mem(RSP, V_BF16_ORDER));
     a.vmovdqu8_zmm_load(tlo, mem(RSP, V_BF16_LO));
     a.vmovdqu8_zmm_load(thi, mem(RSP, V_BF16_HI));
+    // The tables' second halves in the last two registers where the pass
+    // leaves them free (a GQA-6 tile does), else memory operands.
+    let free = regs.count() - (BF16_FIXED + hs + hs * pairs);
+    let second_halves = (free >= 2).then(|| {
+        let (lo2, hi2) = (Zmm(regs.count() as u8 - 2), Zmm(regs.count() as u8 - 1));
+        a.vmovdqu8_zmm_load(lo2, mem(RSP, V_BF16_LO + 64));
+        a.vmovdqu8_zmm_load(hi2, mem(RSP, V_BF16_HI + 64));
+        (lo2, hi2)
+    });
+    let lookup = |a: &mut X86Asm, idx: Zmm, first: Zmm, second: usize| match second_halves {
+        Some(halves) => a.vpermi2b_zmm(idx, first, [halves.0, halves.1][second]),
+        None => a.vpermi2b_zmm_mem(idx, first, mem(RSP, [V_BF16_LO, V_BF16_HI][second] + 64)),
+    };
     // Byte masks: k1/k2 a whole step's 32 codes of key 0 / key 1 (bytes
     // 0–31 / 32–63), k3/k4 the last step's where it is short.
     let steps = nc.div_ceil(4);
@@ -3492,9 +3505,9 @@ fn pv_pass_bf16(
         a.vmovdqu8_zmm_load_masked(codes, k1, false, mem(R11, at - 32));
         a.vpermb_zmm(codes, order, codes);
         a.vmovdqa64_zmm(lo, codes);
-        a.vpermi2b_zmm_mem(lo, tlo, mem(RSP, V_BF16_LO + 64));
+        lookup(a, lo, tlo, 0);
         a.vmovdqa64_zmm(hi, codes);
-        a.vpermi2b_zmm_mem(hi, thi, mem(RSP, V_BF16_HI + 64));
+        lookup(a, hi, thi, 1);
         // hi |= codes & 0x80 (the sign).
         a.vpternlogd_zmm_bcst(hi, codes, mem(RSP, V_BYTE_SIGN), 0xF8);
         let second = 4 * step + 2 < nc;

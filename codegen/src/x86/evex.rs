@@ -840,6 +840,13 @@ impl X86Asm {
         self.raw(&e.encode_w1(), format!("vmovdqa64 {dst}, {src}"));
     }
 
+    /// `vpermi2b idx, t0, t1`: [`Self::vpermi2b_zmm_mem`] with the
+    /// table's second half in a register.
+    pub fn vpermi2b_zmm(&mut self, idx: Zmm, t0: Zmm, t1: Zmm) {
+        let e = Evex::plain(MAP_0F38, PP_66, 0x75, idx.0, t0.0, Rm::Reg(t1.0 & 31), 64);
+        self.evex(e, format!("vpermi2b {idx}, {t0}, {t1}"));
+    }
+
     /// `vpermi2b idx, t0, zmmword ptr [m]`: each byte of `idx` replaced by
     /// entry `idx & 127` of the 128-byte table `t0 ‖ [m]`.
     pub fn vpermi2b_zmm_mem(&mut self, idx: Zmm, t0: Zmm, m: Mem) {
@@ -1149,6 +1156,9 @@ mod tests {
         let (b, l) = bytes_of(|a| a.vdpbf16ps_zmm(Zmm(20), Zmm(3), Zmm(26)));
         assert_eq!(b, [0x62, 0x82, 0x66, 0x48, 0x52, 0xE2]);
         assert_eq!(l.trim(), "vdpbf16ps zmm20, zmm3, zmm26");
+        let (b, l) = bytes_of(|a| a.vpermi2b_zmm(Zmm(1), Zmm(4), Zmm(30)));
+        assert_eq!(b, [0x62, 0x92, 0x5D, 0x48, 0x75, 0xCE]);
+        assert_eq!(l.trim(), "vpermi2b zmm1, zmm4, zmm30");
         let (b, _) = bytes_of(|a| a.vpermi2b_zmm_mem(Zmm(1), Zmm(6), mem(RSP, 1536)));
         assert_eq!(b, [0x62, 0xF2, 0x4D, 0x48, 0x75, 0x4C, 0x24, 0x18]);
         let (b, _) = bytes_of(|a| a.kmovq_from_gp(Kreg(1), RAX));
