@@ -1002,8 +1002,9 @@ impl Device {
 
     /// The most this device's decode attention moves o by rounding p in
     /// the P·V of fp8 values for `hq` query heads over `kvh` KV heads of
-    /// `d`, as a fraction of the largest |v| it weighs: 2^-8 where the x86
-    /// device takes bf16 dots ([`Self::fp8_values_packed`]), else 0.
+    /// `d`, as a fraction of the largest |v| it weighs: on the x86 device
+    /// 2^-8 with bf16 dots and 2^-11 with f16 FMAs where it takes the
+    /// packed form ([`Self::fp8_values_packed`]), else 0.
     pub fn fp8_p_rounding(&self, hq: usize, kvh: usize, d: usize) -> f32 {
         #[cfg(feature = "jit")]
         if let Engine::X86(b) = &self.engine {

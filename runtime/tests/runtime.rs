@@ -821,9 +821,13 @@ fn decode_runs_the_records_fp8_value_form() {
     });
     let dev = device(Backend::HostX86, 2, Some(record));
     assert!(!dev.fp8_values_packed(hq, kvh, d), "12/4 groups as 6/2");
-    // Only the bf16 dots round p (to bf16); f32 FMAs do not.
-    let bf16_dots = probe.packed_fp8_form() == Some("bf16 dots");
-    let rounding = if bf16_dots { 1.0 / 256.0 } else { 0.0 };
+    // The packed forms round p (bf16 dots to bf16, f16 FMAs to f16); f32
+    // FMAs do not.
+    let rounding = match probe.packed_fp8_form() {
+        Some("bf16 dots") => 1.0 / 256.0,
+        Some("f16 FMAs") => 1.0 / 2048.0,
+        _ => 0.0,
+    };
     assert_eq!(probe.fp8_p_rounding(hq, kvh, d), rounding);
     assert_eq!(dev.fp8_p_rounding(hq, kvh, d), 0.0, "the record's FMAs");
     assert_eq!(dev.fp8_p_rounding(hq, 1, d), rounding, "another grouping");

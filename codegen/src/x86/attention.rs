@@ -534,13 +534,19 @@ impl DecodeIsa {
         self.bf16_values && self.ymm32 && !self.f16_pv
     }
 
-    /// The most the P·V of fp8 values in this form moves o, as a fraction
-    /// of the largest |v| the head attends to: 2^-8 for the bf16 dots,
-    /// whose p is rounded to bf16 (`bf16_pairs`); 0 for f32 FMAs (their
-    /// f32 sums' rounding aside). The f16 P·V's bound is its own
-    /// ([`Self::f16_pv`]).
+    /// The relative rounding of p in this form's P·V of fp8 values, so
+    /// the most it moves o as a fraction of the largest |v| the head
+    /// attends to: 2^-8 for the bf16 dots (`bf16_pairs`), 2^-11 for the
+    /// f16 P·V (whose f16 block sums add their own, [`Self::f16_pv`]), 0
+    /// for f32 FMAs (their f32 sums' rounding aside).
     pub fn fp8_p_rounding(&self) -> f32 {
-        if self.bf16_pv() { 1.0 / 256.0 } else { 0.0 }
+        if self.f16_pv && self.ymm32 {
+            1.0 / 2048.0
+        } else if self.bf16_pv() {
+            1.0 / 256.0
+        } else {
+            0.0
+        }
     }
 }
 

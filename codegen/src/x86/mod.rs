@@ -544,8 +544,9 @@ impl X86Backend {
 
     /// The most this backend's decode attention moves o by rounding p in
     /// the P·V of fp8 values, as a fraction of the largest |v| it weighs
-    /// ([`attention::DecodeIsa::fp8_p_rounding`]): 2^-8 with bf16 dots, 0
-    /// with f32 FMAs or f16 FMAs (whose bound is their own).
+    /// ([`attention::DecodeIsa::fp8_p_rounding`]): 2^-8 with bf16 dots,
+    /// 2^-11 with f16 FMAs (their f16 block sums add their own), 0 with
+    /// f32 FMAs.
     pub fn fp8_p_rounding(&self) -> f32 {
         self.decode_isa().fp8_p_rounding()
     }
