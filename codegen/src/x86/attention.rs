@@ -3403,7 +3403,9 @@ fn bf16_pairs(a: &mut X86Asm) {
 /// time, 32 lanes of d a step. Two keys' codes load into one zmm (masked,
 /// so a short last step reads nothing past its chunks), one `vpermb` puts
 /// them in pair order, two `vpermi2b` look up their bf16's low and high
-/// bytes (the sign ORed back), and the byte unpacks give per d the pair
+/// bytes (the sign ORed back; the tables' second halves in the file's last
+/// two registers where the pass leaves them free, as a GQA-6 tile's does,
+/// else memory operands), and the byte unpacks give per d the pair
 /// (key 0, key 1) that `vdpbf16ps` multiplies by each head's p pair, which
 /// [`bf16_pairs`] left and the pass broadcasts into a register once a pair
 /// of keys. Accumulators are zmm of two chunks. An odd last key pairs with
