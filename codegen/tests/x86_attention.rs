@@ -619,7 +619,8 @@ fn x86_attention_refusals_name_the_reason() {
 /// two forms' outputs are equal bit for bit: tiles of 4–7 heads (and 2, 3
 /// and 8, which stay on the pair loop), head dims with and without a
 /// partial 64-byte chunk, keys in 16-key trips and the pair loop's rest,
-/// one and two threads.
+/// one and two threads; one, two and four KV heads, whose keys' scales
+/// and offsets the trips gather as one vector, as two and one by one.
 #[test]
 fn x86_attention_lane_scores_equal_the_pair_loops_bit_for_bit() {
     if !runnable() {
@@ -638,7 +639,7 @@ fn x86_attention_lane_scores_equal_the_pair_loops_bit_for_bit() {
             ..lane_form()
         },
     );
-    let shapes = [(8, 2), (12, 2), (7, 1), (10, 2), (16, 2), (6, 2)];
+    let shapes = [(8, 2), (12, 2), (7, 1), (10, 2), (16, 2), (6, 2), (16, 4)];
     assert_equal_bits(&kernel, &lanes, &pairs, [16, 47, 333, 1000], &shapes, 700);
 }
 
