@@ -49,12 +49,9 @@ const V_KEY_OFFSET: i32 = V_LANES + 320;
 /// 0–15 and 15–30 (0, 2, …, 14, then 17, 19, …, 31): the trip's keys'
 /// parameters of one of two KV heads.
 const V_EVEN_DWORDS: i32 = V_LANES + 384;
-/// 8-byte slots: how far ahead of a trip its keys' scales and offsets are
-/// prefetched (as many keys as the K rows, `S_KAHEAD`), and the step
-/// between the lines a trip prefetches (a line, or one key's row where
-/// those lie further apart).
+/// 8-byte slot: how far ahead of a trip its keys' scales and offsets are
+/// prefetched (as many keys as the K rows, `S_KAHEAD`).
 const V_PARAM_AHEAD: i32 = V_LANES + 448;
-const V_PARAM_STEP: i32 = V_LANES + 456;
 /// The decode frame with this loop's area.
 pub(super) const FRAME_LANES: i32 = V_LANES + 512;
 const _: () = assert!(V_LANES % 64 == 0 && FRAME_LANES >= FRAME_F16);
@@ -238,8 +235,8 @@ pub(super) fn config(a: &mut X86Asm) {
         a.store32_imm(mem(RSP, V_ONES + 4 * i), -1);
         a.store32_imm(mem(RSP, V_EVEN_DWORDS + 4 * i), 2 * i + (i >= 8) as i32);
     }
-    // The parameters' prefetch: S_KAHEAD / S_KSTRIDE keys of 4·kvh bytes
-    // ahead, in steps of max(64, 4·kvh) bytes.
+    // The parameters' prefetch distance: S_KAHEAD / S_KSTRIDE keys of
+    // 4·kvh bytes.
     a.load64(RAX, mem(RSP, S_KAHEAD));
     a.zero(RDX);
     a.load64(RCX, mem(RSP, S_KSTRIDE));
@@ -248,12 +245,6 @@ pub(super) fn config(a: &mut X86Asm) {
     a.shl_imm(RCX, 2);
     a.imul(RAX, RCX);
     a.store64(mem(RSP, V_PARAM_AHEAD), RAX);
-    let step_set = a.new_label();
-    a.cmp_imm(RCX, 64);
-    a.jcc(Cond::Ae, step_set);
-    a.mov_imm(RCX, 64);
-    a.bind(step_set);
-    a.store64(mem(RSP, V_PARAM_STEP), RCX);
     amx_scores::int8_parts_call(a, TRIP);
 }
 
@@ -359,34 +350,36 @@ pub(super) fn key_trips(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
 /// with two the even dwords of dwords 0–15 and 15–30 (never the next
 /// key's, which may lie past the cache), else one by one (32 loads and 32
 /// stores a trip, which the score loop, bound by its loads, pays for).
-/// Each trip prefetches its lines `V_PARAM_AHEAD` bytes on.
-/// Clobbers rax, rcx, rdx, rsi and zmm0–zmm2.
+/// With one or two KV heads each trip prefetches its lines
+/// `V_PARAM_AHEAD` bytes on.
+/// Clobbers rax, rdx, rsi and zmm0–zmm2.
 fn key_parameters(a: &mut X86Asm, prefetch: Prefetch) {
     let params = [(R8, V_KEY_SCALE), (R9, V_KEY_OFFSET)];
     let (one_by_one, one_head, done) = (a.new_label(), a.new_label(), a.new_label());
     a.mov(RAX, R10);
     a.shl_imm(RAX, 4);
+    a.cmp_imm(R10, 8);
+    a.jcc(Cond::A, one_by_one);
     // The lines of the trip `V_PARAM_AHEAD` bytes on: without them each
     // new line of either stream waited on memory (Qwen2-1.5B kv8, 4096
     // keys, one thread, AMD Zen 5: 99 µs cold against 105, medians of
-    // eight alternating runs, with the gather below).
-    a.load64(RSI, mem(RSP, V_PARAM_STEP));
+    // eight alternating runs, with the gather below). With more KV heads
+    // every tile of a score block would prefetch the same lines again
+    // (32/8 heads: 3–5% slower), so only one or two do.
+    a.load64(RDX, mem(RSP, V_PARAM_AHEAD));
     for cursor in params.map(|(c, _)| c) {
-        let line = a.new_label();
-        a.load64(RDX, mem(RSP, V_PARAM_AHEAD));
-        a.add(RDX, cursor);
-        a.lea(RCX, mem(RDX, 0));
-        a.add(RCX, RAX);
-        a.bind(line);
-        prefetch.line(a, mem(RDX, 0));
-        a.add(RDX, RSI);
-        a.cmp(RDX, RCX);
-        a.jcc(Cond::B, line);
+        // The trip's 16·4·kvh bytes: one or two lines.
+        let one_line = a.new_label();
+        a.lea(RSI, mem(RDX, 0));
+        a.add(RSI, cursor);
+        prefetch.line(a, mem(RSI, 0));
+        a.cmp_imm(R10, 4);
+        a.jcc(Cond::E, one_line);
+        prefetch.line(a, mem(RSI, 64));
+        a.bind(one_line);
     }
     a.cmp_imm(R10, 4);
     a.jcc(Cond::E, one_head);
-    a.cmp_imm(R10, 8);
-    a.jcc(Cond::Ne, one_by_one);
     let (lo, hi, even) = (Zmm(0), Zmm(1), Zmm(2));
     a.vmovups_zmm_load(even, mem(RSP, V_EVEN_DWORDS));
     for (cursor, at) in params {
