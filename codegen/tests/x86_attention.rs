@@ -278,6 +278,9 @@ fn sweep_one(form: &Form, kernel: &Kernel) {
             (9, 1),
             (7, 1),
             (16, 2),
+            // Four KV heads of 4: a lane tile whose keys' parameters go
+            // one by one.
+            (16, 4),
             (8, 8),
             // Multi-head attention with more heads than one ymm's lanes.
             (12, 12),
