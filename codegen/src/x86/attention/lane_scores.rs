@@ -233,7 +233,7 @@ pub(super) fn config(a: &mut X86Asm) {
         a.store32_imm(mem(RSP, V_JOIN_LO + 4 * i), from(lane / 2));
         a.store32_imm(mem(RSP, V_JOIN_HI + 4 * i), from(2 + lane / 2));
         a.store32_imm(mem(RSP, V_ONES + 4 * i), -1);
-        a.store32_imm(mem(RSP, V_EVEN_DWORDS + 4 * i), 2 * i + (i >= 8) as i32);
+        a.store32_imm(mem(RSP, V_EVEN_DWORDS + 4 * i), even_dword_index(i));
     }
     // The parameters' prefetch distance: S_KAHEAD / S_KSTRIDE keys of
     // 4·kvh bytes.
@@ -344,6 +344,18 @@ pub(super) fn key_trips(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
     a.bind(out);
 }
 
+/// Lane `i`'s `vpermt2d` index of [`V_EVEN_DWORDS`]: dword `2i` of a
+/// two-head parameter row held as dwords 0..TRIP (the first register) and
+/// TRIP − 1..2·TRIP − 1 (the second, table entries TRIP on), so the loads
+/// end at dword `2·(TRIP − 1)`, the trip's last key.
+const fn even_dword_index(i: i32) -> i32 {
+    if 2 * i < TRIP {
+        2 * i
+    } else {
+        TRIP + 2 * i - (TRIP - 1)
+    }
+}
+
 /// The trip's 16 keys' scales and offsets side by side at `V_KEY_SCALE`
 /// and `V_KEY_OFFSET`, the cursors r8 and r9 moved 16 keys on. Their rows
 /// lie kvh dwords apart (r10 bytes): with one KV head they are a vector,
@@ -384,7 +396,7 @@ fn key_parameters(a: &mut X86Asm, prefetch: Prefetch) {
     a.vmovups_zmm_load(even, mem(RSP, V_EVEN_DWORDS));
     for (cursor, at) in params {
         a.vmovups_zmm_load(lo, mem(cursor, 0));
-        a.vmovups_zmm_load(hi, mem(cursor, 60));
+        a.vmovups_zmm_load(hi, mem(cursor, 4 * (TRIP - 1)));
         a.vpermt2d_zmm(lo, even, hi);
         a.vmovups_zmm_store(mem(RSP, at), lo);
         a.add(cursor, RAX);
