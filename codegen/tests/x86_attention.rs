@@ -84,15 +84,21 @@ fn every_form(kernel: &Kernel) -> Vec<Form> {
     }
     let fp8_values = kernel.tensor("v").unwrap().format == Format::Fp8E4M3;
     if fp8_values && host_has_avx512_vnni() && host_has_avx512_bf16() {
-        forms.push(DecodeIsa {
-            key_dot: dots[dots.len() - 1],
-            ymm32: true,
-            bf16_values: true,
-            f16_pv: false,
-            zmm_scores: false,
-            amx_scores: false,
-            lane_scores: false,
-        });
+        // The bf16 P·V beside each score loop: with the zmm scores the
+        // exponentials leave several-head tiles' bf16 pairs themselves; keys
+        // in lanes with it is what the runtime runs on Zen 4 and Zen 5.
+        for (zmm_scores, lane_scores) in [(false, false), (true, false), (true, int8_keys)] {
+            forms.push(DecodeIsa {
+                key_dot: dots[dots.len() - 1],
+                ymm32: true,
+                bf16_values: true,
+                f16_pv: false,
+                zmm_scores,
+                amx_scores: false,
+                lane_scores,
+            });
+        }
+        forms.dedup();
     } else if fp8_values {
         eprintln!(
             "SKIP {}: no AVX512_BF16/VBMI here, the bf16 P·V untested",
