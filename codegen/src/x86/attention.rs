@@ -1136,10 +1136,9 @@ fn super_blocks(
     });
     each_tile(a, |a| {
         rebase(a, softmax);
-        let pairs_in_exponentials = regs.bf16 && form.zmm;
-        exponentials(a, values, regs.f16, form.zmm, pairs_in_exponentials);
+        exponentials(a, values, regs.f16, form.zmm);
         if regs.bf16 {
-            bf16_pairs(a, pairs_in_exponentials);
+            bf16_pairs(a);
         }
     });
     key_blocks(a, BlockSize::Slot(S_PV_BLOCK), |a| {
@@ -2313,15 +2312,8 @@ fn count_recomputed(a: &mut X86Asm, softmax: SoftmaxMode) {
 /// 1, or 2^8, whatever the reference; den still sums p), and per head in
 /// `R_PV_SCALE` what P·V's f16 sums are multiplied by into `num`:
 /// `e^(max − reference)` (× 2^8 for f16 values, which P·V scales by
-/// 2^-8). With `bf16_p` (and `zmm`) a tile of several heads stores its p
-/// as [`bf16_pairs`] would leave them, from the registers, so that pass
-/// need not read them back (it took about a fifth of the exponentials'
-/// time: a hot Qwen2-1.5B kv8 call, AMD Zen 5).
-fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool, zmm: bool, bf16_p: bool) {
-    assert!(
-        !(bf16_p && (f16_p || !zmm)),
-        "bf16 pairs from the zmm loop only"
-    );
+/// 2^-8).
+fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool, zmm: bool) {
     let (x, n, p, den) = (Ymm(0), Ymm(1), Ymm(2), Ymm(3));
     let (reference, k127) = (Ymm(6), Ymm(4));
     // f16 p: p · g, g = e^(reference − max) (× 2^8 for fp8 values).
@@ -2382,11 +2374,6 @@ fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool, zmm: bool, bf16_p: 
         if f16_p {
             a.vshufi32x4_zmm(zg, Zmm(g.0), Zmm(g.0), 0x44);
         }
-        // bf16 pairs: the word order of each pair's dword (g is free).
-        let word_pairs = g;
-        if bf16_p {
-            a.vmovdqu_load(word_pairs, mem(RSP, V_WORD_PAIRS));
-        }
         a.vpbroadcastd_zmm_load(zk127, mem(RSP, V_127));
         a.vpxord_zmm(zden, zden, zden);
         let (pairs, single) = (a.new_label(), a.new_label());
@@ -2406,11 +2393,7 @@ fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool, zmm: bool, bf16_p: 
             if values == Values::E4M3 {
                 a.vmulps_zmm_bcst(zp, zp, mem(RSP, V_P_SCALE));
             }
-            if bf16_p {
-                store_bf16_pair(a, zp, word_pairs);
-            } else {
-                a.vmovups_zmm_store(mem(R15, 0), zp);
-            }
+            a.vmovups_zmm_store(mem(R15, 0), zp);
         }
         a.add_imm(R15, 64);
         a.sub_imm(RCX, 2);
@@ -2428,14 +2411,7 @@ fn exponentials(a: &mut X86Asm, values: Values, f16_p: bool, zmm: bool, bf16_p: 
     a.vsubps(x, x, reference);
     exp_ps(a, x, n, Ymm(5), p, k127);
     a.vaddps(den, den, p);
-    if bf16_p {
-        // The last key of an odd count (the zmm loop took the rest): its
-        // partner is p = 0, the zmm's upper half (zeroed by the VEX ops).
-        scale(a);
-        store_bf16_pair(a, Zmm(p.0), g);
-    } else {
-        store_heads_p(a);
-    }
+    store_heads_p(a);
     a.add_imm(R15, 32);
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, top);
@@ -3367,16 +3343,8 @@ const _: () = assert!(
 /// rest as a second bf16 part (about 16 bits) doubled the dots: a
 /// Qwen2-1.5B kv8 call at 4096 keys took 157 µs that way against 145 for
 /// the f32 FMAs, one thread, AMD Zen 5.
-///
-/// With `heads_done` the exponentials already left a several-head tile's
-/// pairs ([`store_bf16_pair`]), and only a one-head tile's are made here.
-fn bf16_pairs(a: &mut X86Asm, heads_done: bool) {
+fn bf16_pairs(a: &mut X86Asm) {
     let (one_head, done) = (a.new_label(), a.new_label());
-    if heads_done {
-        a.load64(RAX, mem(RBX, R_GT));
-        a.cmp_imm(RAX, 1);
-        a.jcc(Cond::Ne, done);
-    }
     a.load64(RCX, mem(RSP, S_J1));
     a.load64(RAX, mem(RSP, S_J0));
     a.sub(RCX, RAX);
@@ -3429,16 +3397,6 @@ fn bf16_pairs(a: &mut X86Asm, heads_done: bool) {
     a.sub_imm(RCX, 1);
     a.jcc(Cond::Ne, sixteen);
     a.bind(done);
-}
-
-/// Two keys' p of a several-head tile (`p`: key 2i's 8 head slots, then
-/// key 2i + 1's) as [`bf16_pairs`] leaves them, at r15 (key 2i's slot):
-/// each rounded to the nearest bf16, head h's pair in dword h. `word_pairs`
-/// holds `V_WORD_PAIRS`.
-fn store_bf16_pair(a: &mut X86Asm, p: Zmm, word_pairs: Ymm) {
-    a.vcvtneps2bf16_zmm(Ymm(p.0), p);
-    a.vpermw_ymm(Ymm(p.0), word_pairs, Ymm(p.0));
-    a.vmovups_store(mem(R15, 0), Ymm(p.0));
 }
 
 /// [`pv_pass`] for fp8 values by bf16 dots (AVX512_BF16): keys two at a
