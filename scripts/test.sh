@@ -266,6 +266,8 @@ main() {
     check "aarch64 NEON suite (qemu: max, cortex-a76, cortex-a72)" bash scripts/test-aarch64.sh
     check "remote tuning (aarch64 under qemu; ssh on loopback)" \
         cargo test --workspace --test remote -- --ignored
+    check "bench probes compile (cc, warnings are errors)" \
+        cc -O2 -Wall -Wextra -Werror -mavx512f -fsyntax-only bench/probes/kv8_read_pattern.c
 
     printf '\n==> summary\n'
     printf '  %s\n' "${SUMMARY[@]}"
