@@ -125,12 +125,16 @@ int main(int argc, char **argv) {
     size_t per = 2 * kv + 2 * params;
     int copies = (int)((1ull << 30) / per + 1);
     Cache *caches = calloc(copies, sizeof(Cache));
+    if (!caches) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
     for (int i = 0; i < copies; i++) {
         caches[i].k = aligned_alloc(64, kv);
         caches[i].v = aligned_alloc(64, kv);
         caches[i].scale = aligned_alloc(64, params);
         caches[i].offset = aligned_alloc(64, params);
-        if (!caches || !caches[i].k || !caches[i].v || !caches[i].scale || !caches[i].offset) {
+        if (!caches[i].k || !caches[i].v || !caches[i].scale || !caches[i].offset) {
             fprintf(stderr, "out of memory\n");
             return 1;
         }
