@@ -13,10 +13,14 @@
  * that every call reads DRAM, as `attention_bench` does. With ORDER `rows`
  * each block's whole token rows are read in address order instead (every
  * KV head's part of a row, then the next row): what a head-by-head walk of
- * a token-major cache gives up.
+ * a token-major cache gives up. With ORDER `whole` the reads are the
+ * `heads` order's, but the first KV head's pass over a block prefetches
+ * every KV head's lines of each row (the whole token row, in address
+ * order) and the later heads' passes prefetch nothing: whether the
+ * prefetch stream's order, not the demand loads', is what costs.
  *
  *   gcc -O2 -mavx512f kv8_read_pattern.c -o kv8_read_pattern
- *   ./kv8_read_pattern KEYS [KV_HEADS=2] [D=128] [AHEAD_BYTES=8192] [ORDER=heads|rows]
+ *   ./kv8_read_pattern KEYS [KV_HEADS=2] [D=128] [AHEAD_BYTES=8192] [ORDER=heads|rows|whole]
  *
  * Prints the median µs a call and GB/s of the pattern and of the linear
  * read, over 7 rounds of every copy once. Needs AVX-512F.
@@ -28,7 +32,7 @@
 #include <string.h>
 #include <time.h>
 
-static int kvh = 2, d = 128, whole_rows = 0;
+static int kvh = 2, d = 128, whole_rows = 0, whole_prefetch = 0;
 static __m512i sink;
 
 static double now(void) {
@@ -42,22 +46,40 @@ typedef struct {
     float *scale, *offset;
 } Cache;
 
-/* d bytes of every row from `row0`, rows `stride` apart, keys [j0, j1). */
-static __m512i rows(__m512i x, const uint8_t *row0, size_t stride, int j0, int j1, int ahead) {
+/* d bytes of every row from `row0`, rows `stride` apart, keys [j0, j1).
+   Per line read, the line `ahead` bytes on is prefetched; or, with
+   `span` > 0, per row the `span` bytes from `span0` on (`ahead` bytes on),
+   and with `span` < 0 nothing. */
+static __m512i rows_spanned(__m512i x, const uint8_t *row0, size_t stride, int j0, int j1, int ahead,
+                            const uint8_t *span0, int span) {
     for (int j = j0; j < j1; j++) {
         const uint8_t *r = row0 + (size_t)j * stride;
         for (int b = 0; b < d; b += 64) {
             x = _mm512_add_epi32(x, _mm512_loadu_si512(r + b));
-            if (ahead)
+            if (ahead && span == 0)
                 _mm_prefetch((const char *)r + ahead + b, _MM_HINT_T0);
         }
+        if (ahead && span > 0)
+            for (int b = 0; b < span; b += 64)
+                _mm_prefetch((const char *)span0 + (size_t)j * stride + ahead + b, _MM_HINT_T0);
     }
     return x;
 }
 
+static __m512i rows(__m512i x, const uint8_t *row0, size_t stride, int j0, int j1, int ahead) {
+    return rows_spanned(x, row0, stride, j0, j1, ahead, row0, 0);
+}
+
+/* KV head t's part of the rows [j0, j1) of `cache`, prefetched per the
+   ORDER (`heads`: its own lines; `whole`: head 0 every head's). */
+static __m512i head_rows(__m512i x, const uint8_t *cache, int t, int j0, int j1, int ahead) {
+    size_t stride = (size_t)kvh * d;
+    int span = whole_prefetch ? (t == 0 ? (int)stride : -1) : 0;
+    return rows_spanned(x, cache + t * d, stride, j0, j1, ahead, cache, span);
+}
+
 static void pattern(const Cache *c, int s, int ahead) {
     __m512i x = sink;
-    size_t stride = (size_t)kvh * d;
     for (int sb = 0; sb < s; sb += 256) {
         int end = sb + 256 < s ? sb + 256 : s;
         for (int jb = sb; jb < end; jb += 16)
@@ -68,7 +90,7 @@ static void pattern(const Cache *c, int s, int ahead) {
                 if (whole_rows)
                     x = rows(x, c->k, d, jb * kvh, j1 * kvh, ahead);
                 else
-                    x = rows(x, c->k + t * d, stride, jb, j1, ahead);
+                    x = head_rows(x, c->k, t, jb, j1, ahead);
                 /* The block's scales and offsets: 16·kvh floats each (all KV
                    heads' at once in `rows` order). */
                 for (int i = jb * kvh; i < j1 * kvh; i += 16) {
@@ -82,7 +104,7 @@ static void pattern(const Cache *c, int s, int ahead) {
                 x = rows(x, c->v, d, jb * kvh, j1 * kvh, ahead);
             else
                 for (int t = 0; t < kvh; t++)
-                    x = rows(x, c->v + t * d, stride, jb, j1, ahead);
+                    x = head_rows(x, c->v, t, jb, j1, ahead);
         }
     }
     sink = x;
@@ -109,14 +131,20 @@ static int by_time(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s KEYS [KV_HEADS] [D] [AHEAD_BYTES] [heads|rows]\n", argv[0]);
+        fprintf(stderr, "usage: %s KEYS [KV_HEADS] [D] [AHEAD_BYTES] [heads|rows|whole]\n", argv[0]);
         return 2;
     }
     int s = atoi(argv[1]);
     if (argc > 2) kvh = atoi(argv[2]);
     if (argc > 3) d = atoi(argv[3]);
     int ahead = argc > 4 ? atoi(argv[4]) : 8192;
-    whole_rows = argc > 5 && strcmp(argv[5], "rows") == 0;
+    const char *order = argc > 5 ? argv[5] : "heads";
+    whole_rows = strcmp(order, "rows") == 0;
+    whole_prefetch = strcmp(order, "whole") == 0;
+    if (!whole_rows && !whole_prefetch && strcmp(order, "heads") != 0) {
+        fprintf(stderr, "ORDER is heads, rows or whole\n");
+        return 2;
+    }
     if (s < 16 || s % 16 || kvh < 1 || d < 64 || d % 64) {
         fprintf(stderr, "KEYS a multiple of 16, D a multiple of 64\n");
         return 2;
@@ -160,6 +188,6 @@ int main(int argc, char **argv) {
         median[mode] = t[3];
     }
     printf("keys %d, %d KV heads x %d, %s order: pattern %.1f us (%.1f GB/s), linear %.1f us (%.1f GB/s)\n", s,
-           kvh, d, whole_rows ? "rows" : "heads", median[0] * 1e6, bytes / median[0] / 1e9, median[1] * 1e6, bytes / median[1] / 1e9);
+           kvh, d, order, median[0] * 1e6, bytes / median[0] / 1e9, median[1] * 1e6, bytes / median[1] / 1e9);
     return 0;
 }
