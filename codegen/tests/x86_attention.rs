@@ -63,6 +63,7 @@ fn every_form(kernel: &Kernel) -> Vec<Form> {
             zmm_scores: false,
             amx_scores: false,
             lane_scores: false,
+            lane_int8_q: false,
         })
         .collect();
     // host_has_avx512_vnni includes AVX512VL.
@@ -76,6 +77,7 @@ fn every_form(kernel: &Kernel) -> Vec<Form> {
                 zmm_scores: false,
                 amx_scores: false,
                 lane_scores: false,
+                lane_int8_q: false,
             });
         }
         forms.dedup();
@@ -96,6 +98,7 @@ fn every_form(kernel: &Kernel) -> Vec<Form> {
                 zmm_scores,
                 amx_scores: false,
                 lane_scores,
+                lane_int8_q: false,
             });
         }
         forms.dedup();
@@ -114,6 +117,7 @@ fn every_form(kernel: &Kernel) -> Vec<Form> {
             zmm_scores: true,
             amx_scores: false,
             lane_scores: false,
+            lane_int8_q: false,
         });
         if int8_keys {
             forms.push(lane_form());
@@ -128,6 +132,7 @@ fn every_form(kernel: &Kernel) -> Vec<Form> {
             zmm_scores: true,
             amx_scores: false,
             lane_scores: false,
+            lane_int8_q: false,
         });
     } else {
         eprintln!(
@@ -160,6 +165,7 @@ fn lane_form() -> DecodeIsa {
         zmm_scores: true,
         amx_scores: false,
         lane_scores: true,
+        lane_int8_q: false,
     }
 }
 
@@ -174,6 +180,7 @@ fn amx_form() -> DecodeIsa {
         zmm_scores: true,
         amx_scores: true,
         lane_scores: false,
+        lane_int8_q: false,
     }
 }
 
@@ -650,6 +657,126 @@ fn x86_attention_lane_scores_equal_the_pair_loops_bit_for_bit() {
     );
     let shapes = [(8, 2), (12, 2), (7, 1), (10, 2), (16, 2), (6, 2), (16, 4)];
     assert_equal_bits(&kernel, &lanes, &pairs, [16, 47, 333, 1000], &shapes, 700);
+}
+
+/// The lanes loop with q rounded to int8 in 32-d blocks
+/// ([`DecodeIsa::lane_int8_q`]) against a reference that rounds q the
+/// same way (`max|q|/127` a block, codes rounded to nearest even) and
+/// takes the offsets' term with q's own sum, as the kernel defines its
+/// scores; everything after the scores in f64. q's blocks differ in
+/// magnitude by up to 60×, so a per-head scale, a block's scale in
+/// another block's place or a dropped key bias fails. Head dims with a
+/// partial 64-byte chunk and each partial 32-d block (d % 32 = 8, 16,
+/// 24), tiles of 4 to 7 heads, keys in trips and the pair loop's rest
+/// (which keeps the exact i16 q), both softmax modes, one and two
+/// threads, the f32 and bf16 P·V.
+#[test]
+fn x86_attention_lane_int8_q_matches_its_rounding() {
+    use tessera_codegen::x86::{host_has_avx512_bf16, host_has_avx512_vnni};
+    if !runnable() {
+        return;
+    }
+    if !host_has_avx512_vnni() {
+        eprintln!("SKIP: no AVX512-VNNI here");
+        return;
+    }
+    let q8 = DecodeIsa {
+        lane_int8_q: true,
+        ..lane_form()
+    };
+    assert_eq!(q8.q_int8_rounding(), 1.0 / 254.0);
+    assert_eq!(lane_form().q_int8_rounding(), 0.0);
+    let mut forms = vec![q8];
+    if host_has_avx512_bf16() {
+        forms.push(DecodeIsa {
+            bf16_values: true,
+            ..q8
+        });
+    }
+    let base = library::get("attention-decode-kv8").unwrap();
+    let mut seed = 900;
+    for kernel in [base.clone(), online(base)] {
+        for isa in &forms {
+            let form = (*isa, compile_for(&kernel, *isa));
+            for s in [16usize, 47, 300, 700] {
+                for (hq, kvh) in [(12usize, 2usize), (8, 2), (10, 2), (7, 1), (14, 2), (16, 4)] {
+                    for d in [8usize, 40, 56, 64, 80, 128] {
+                        for threads in [1, 2] {
+                            seed += 1;
+                            check_int8_q(&form, &kernel, [s, hq, kvh, d], threads, seed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One case of [`x86_attention_lane_int8_q_matches_its_rounding`].
+fn check_int8_q((isa, att): &Form, kernel: &Kernel, shape: [usize; 4], threads: usize, seed: u64) {
+    use rand::{Rng, SeedableRng};
+    let [s, hq, kvh, d] = shape;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    // Blocks of 32 d at 0.5, 0.05, 1 and 0.017 of q's amplitude in turn.
+    let amp = [0.5f32, 0.05, 1.0, 0.017];
+    let q: Vec<f16> = (0..hq * d)
+        .map(|i| f16::from_f32(amp[(i % d) / 32 % 4] * rng.gen_range(-1.0f32..1.0)))
+        .collect();
+    let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let inp = attention_inputs::inputs_from(kernel, q.clone(), &kd, &vd, s * kvh, d);
+    let kq = inp.k.quant().expect("int8 keys");
+    let (k, v) = (
+        kq.dequantize(),
+        inp.v.quant().expect("fp8 values").dequantize(),
+    );
+    let (kg, vg) = (inp.k.guarded(), inp.v.guarded());
+    let mut o = vec![f16::ZERO; hq * d];
+    att.run(&q, kg.cache(), vg.cache(), s, hq, kvh, d, &mut o, threads)
+        .expect("run");
+    let group = hq / kvh;
+    let v_share = f32::max(2e-3, 1.05 * isa.fp8_p_rounding());
+    for h in 0..hq {
+        let qh: Vec<f32> = q[h * d..(h + 1) * d].iter().map(|x| x.to_f32()).collect();
+        // q as the kernel rounds it, block by block, in f32.
+        let mut rounded = vec![0f64; d];
+        for (b, block) in qh.chunks(32).enumerate() {
+            let m = block
+                .iter()
+                .fold(0f32, |m, x| m.max(x.abs()))
+                .max(f32::MIN_POSITIVE);
+            let (inv, scale) = (127.0f32 / m, m / 127.0f32);
+            for (i, &x) in block.iter().enumerate() {
+                rounded[32 * b + i] = f64::from((x * inv).round_ties_even() * scale);
+            }
+        }
+        let sum_q: f64 = qh.iter().map(|&x| f64::from(x)).sum();
+        let sum_rounded: f64 = rounded.iter().sum();
+        let kv = h / group;
+        let scores: Vec<f64> = (0..s)
+            .map(|j| {
+                let row = j * kvh + kv;
+                let dot: f64 = (0..d).map(|i| rounded[i] * f64::from(k[row * d + i])).sum();
+                dot + f64::from(kq.offsets[row]) * (sum_q - sum_rounded)
+            })
+            .collect();
+        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+        let den: f64 = p.iter().sum();
+        for i in 0..d {
+            let want = (0..s)
+                .map(|j| p[j] * f64::from(v[(j * kvh + kv) * d + i]))
+                .sum::<f64>()
+                / den;
+            let got = f64::from(o[h * d + i].to_f32());
+            let tol = 2e-3 * want.abs() + f64::from(v_share);
+            assert!(
+                (got - want).abs() <= tol,
+                "{} {isa:?} s={s} hq={hq} kvh={kvh} d={d} threads={threads}: o[{h}][{i}] = {got}, want {want}",
+                kernel.name
+            );
+        }
+    }
 }
 
 /// The AMX score loop computes the zmm loop's integer dots exactly (q's

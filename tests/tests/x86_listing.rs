@@ -173,11 +173,12 @@ fn every_x86_attention_listing_matches_its_bytes() {
                 (KeyDot::EvexVnni, true, true, false),
                 (KeyDot::EvexVnni, true, false, true),
             ] {
-                for (zmm_scores, amx_scores, lane_scores) in [
-                    (false, false, false),
-                    (true, false, false),
-                    (true, true, false),
-                    (true, false, true),
+                for (zmm_scores, amx_scores, lane_scores, lane_int8_q) in [
+                    (false, false, false, false),
+                    (true, false, false, false),
+                    (true, true, false, false),
+                    (true, false, true, false),
+                    (true, false, true, true),
                 ] {
                     let blocks = tessera_codegen::artifact::PrefillBlocks::DEFAULT;
                     let isa = DecodeIsa {
@@ -188,6 +189,7 @@ fn every_x86_attention_listing_matches_its_bytes() {
                         zmm_scores,
                         amx_scores,
                         lane_scores,
+                        lane_int8_q,
                     };
                     let code = attention::emit_for(&k, blocks, isa).unwrap();
                     if !agrees_with_llvm_mc(

@@ -503,9 +503,30 @@ pub struct DecodeIsa {
     /// broadcast), so no sum runs across lanes and one finish serves 16
     /// keys (`lane_scores`); the integer dots equal the pair loop's.
     pub lane_scores: bool,
+    /// With `lane_scores`: q rounded to int8 in blocks of 32 d, each with
+    /// its f32 scale `max|q|/127`, as ggml rounds q to Q8_0 against a
+    /// q8_0 K cache, so the lanes loop takes one `vpdpbusd` and one q
+    /// broadcast per key dword and head where the i16 form takes two
+    /// (`lane_scores::q8_parts`). A score moves by at most half a step of
+    /// each block's q: [`Self::q_int8_rounding`].
+    pub lane_int8_q: bool,
 }
 
 impl DecodeIsa {
+    /// Whether the keys-in-lanes loop takes q as int8 blocks.
+    fn lane_q8(&self) -> bool {
+        self.lane_int8_q && self.lane_scores && self.zmm_scores && !self.amx_scores
+    }
+
+    /// The most rounding q moves each of its elements by, as a fraction
+    /// of the largest |q| in its 32-d block: 1/254 where the lanes loop
+    /// takes q as int8 ([`Self::lane_int8_q`]), else 0 (the i16 form's
+    /// 2^-16 aside). A score `q·k` then moves by at most that times
+    /// `Σ_blocks max|q_block|·Σ|k_block|`.
+    pub fn q_int8_rounding(&self) -> f32 {
+        if self.lane_q8() { 1.0 / 254.0 } else { 0.0 }
+    }
+
     /// Whether fp8 values take the bf16 dots: they need `ymm32`, and the
     /// f16 P·V takes precedence.
     fn bf16_pv(&self) -> bool {
@@ -537,6 +558,8 @@ struct ScoreForm {
     zmm: bool,
     amx: bool,
     lanes: bool,
+    /// The lanes loop takes q as int8 blocks ([`DecodeIsa::lane_int8_q`]).
+    q8: bool,
 }
 
 fn unsupported(what: String) -> EmitError {
@@ -692,11 +715,14 @@ pub fn emit_for(
         zmm: isa.zmm_scores,
         amx: isa.zmm_scores && isa.amx_scores && keys == Keys::I8Asym,
         lanes: isa.zmm_scores && !isa.amx_scores && isa.lane_scores && keys == Keys::I8Asym,
+        q8: isa.lane_q8() && keys == Keys::I8Asym,
     };
     if form.lanes {
-        a.comment(
-            "int8 keys of 4-7-head tiles 16 a trip, a key per dword lane: rows transposed in registers, vpdpbusd against q's two int8 parts (AVX512-VNNI)",
-        );
+        a.comment(if form.q8 {
+            "int8 keys of 4-7-head tiles 16 a trip, a key per dword lane: rows transposed in registers, vpdpbusd against q rounded to int8 in 32-d blocks, max|q|/127 each (AVX512-VNNI)"
+        } else {
+            "int8 keys of 4-7-head tiles 16 a trip, a key per dword lane: rows transposed in registers, vpdpbusd against q's two int8 parts (AVX512-VNNI)"
+        });
     }
     if form.amx {
         a.comment(

@@ -95,6 +95,11 @@ pub struct X86Backend {
     /// it off where the pair loop measured faster
     /// ([`Self::with_int8_keys_in_lanes`]).
     pub int8_keys_in_lanes: bool,
+    /// With the lanes loop: q rounded to int8 in 32-d blocks for it
+    /// ([`attention::DecodeIsa::lane_int8_q`]), an accuracy trade (as
+    /// ggml's Q8_0 q) off unless a tuning record turns it on where it
+    /// measured faster ([`Self::with_int8_q_in_lanes`]).
+    pub int8_q_in_lanes: bool,
     /// How the int8 kernels' GEMV and flat loops prefetch the weight
     /// stream: [`WeightPrefetch::INT8`], or a tuning record's choice.
     pub int8_prefetch: WeightPrefetch,
@@ -115,6 +120,7 @@ impl Default for X86Backend {
             avx512_fp16: false,
             amx: false,
             int8_keys_in_lanes: false,
+            int8_q_in_lanes: false,
             int8_prefetch: WeightPrefetch::INT8,
             float_prefetch: WeightPrefetch::FLOAT,
         }
@@ -260,6 +266,25 @@ impl X86Backend {
         }
     }
 
+    /// This backend with q rounded to int8 in 32-d blocks for the lanes
+    /// loop where `int8_q` ([`Self::int8_q_in_lanes`]; no effect without
+    /// that loop). Unlike the other forms it changes the scores (by at
+    /// most [`Self::q_int8_rounding`] of each block's largest |q|), so
+    /// only a record turns it on.
+    pub fn with_int8_q_in_lanes(self, int8_q: bool) -> X86Backend {
+        X86Backend {
+            int8_q_in_lanes: int8_q,
+            ..self
+        }
+    }
+
+    /// The most rounding q moves each element of a 32-d block by in this
+    /// backend's decode attention, as a fraction of the block's largest
+    /// |q| ([`attention::DecodeIsa::q_int8_rounding`]).
+    pub fn q_int8_rounding(&self) -> f32 {
+        self.decode_isa().q_int8_rounding()
+    }
+
     /// Whether this backend's decode attention has the two int8 key forms
     /// [`Self::with_int8_keys_in_lanes`] chooses between: AVX512-VNNI
     /// without AMX (whose tile products take precedence).
@@ -362,6 +387,7 @@ impl X86Backend {
             avx512_fp16: host_has_avx512_fp16(),
             amx: amx::request_tile_data(),
             int8_keys_in_lanes: true,
+            int8_q_in_lanes: false,
             int8_prefetch: WeightPrefetch::INT8,
             float_prefetch: WeightPrefetch::FLOAT,
         })
@@ -539,6 +565,7 @@ impl X86Backend {
             zmm_scores: self.avx512_vnni,
             amx_scores: self.amx && self.avx512_vnni,
             lane_scores: self.avx512_vnni && self.int8_keys_in_lanes,
+            lane_int8_q: self.int8_q_in_lanes,
         }
     }
 

@@ -41,6 +41,11 @@ impl Side {
         }
     }
 
+    /// The quantized tensor (None for f16).
+    pub fn quant(&self) -> Option<&QuantTensor> {
+        self.quant.as_ref()
+    }
+
     /// As the host kernels read it.
     pub fn cache(&self) -> KvCache<'_> {
         self.quant

@@ -279,12 +279,160 @@ pub(super) fn q_code_bias(a: &mut X86Asm) {
     a.vmovss_store(mem(RAX, 0), Ymm(2));
 }
 
+/// Head r12's q (f16 row at r8) rounded to int8 in blocks of 32 d for the
+/// int8-q trips ([`DecodeIsa::lane_int8_q`]): per block the scale `s =
+/// max|q|/127` (at least the least normal f32) and codes `round(q/s)`,
+/// laid out where the i16 form's parts go (`qarea + S_QPARTS`, 1024 bytes
+/// a 64-d chunk): d's dword r of chunk c at `1024·c + 64·r + 4·r12` (the
+/// `hi` slots), the scale of the chunk's block b at `1024·c + 512·b + 32 +
+/// 4·r12` (the first `lo` slot of its dwords). Blocks past d keep the
+/// cleared area's zero codes and scales. The record's `R_CODE_BIAS` lane
+/// takes `−128·Σ_b s_b·Σc_b` as f32: what the unsigned keys add to the
+/// scaled dots. The head's i16 codes (the pair loop's, which scores the
+/// keys the trips leave, and every key of a tile of another size) are
+/// rewritten from the rounded q, `round(c·s_b/s)` with the head's scale
+/// `s` (`R_QSCALE`, which [`q_to_i16`] set), so every key of the tile
+/// meets the same q. Clobbers rax, rcx, rdx, rsi, ymm1–ymm15.
+pub(super) fn q8_parts(a: &mut X86Asm) {
+    let (c127, minus128, abs_mask, tiny, bias) = (Ymm(10), Ymm(11), Ymm(12), Ymm(13), Ymm(14));
+    for (reg, value) in [(c127, 127), (minus128, -128)] {
+        a.mov_imm(RAX, value);
+        a.vcvtsi2ss(reg, RAX);
+        a.vbroadcastss_reg(reg, reg);
+    }
+    a.vpbroadcastd_load(abs_mask, mem(RSP, S_ABS_MASK));
+    a.vpbroadcastd_load(tiny, mem(RSP, S_TINY));
+    a.vxorps(bias, bias, bias);
+    // 1/s, and rax = the head's i16 codes (`qarea + 512·z + 64·r12`).
+    let inv_head = Ymm(1);
+    a.lea(RAX, mem(RBX, R_QSCALE));
+    a.mov(RCX, R12);
+    a.shl_imm(RCX, 2);
+    a.add(RAX, RCX);
+    a.vpbroadcastd_load(Ymm(2), mem(RAX, 0));
+    a.mov_imm(RAX, 1);
+    a.vcvtsi2ss(inv_head, RAX);
+    a.vbroadcastss_reg(inv_head, inv_head);
+    a.vdivps(inv_head, inv_head, Ymm(2));
+    a.mov(RSI, R8);
+    a.load64(RDX, mem(RBX, R_QAREA));
+    a.load64(RAX, mem(RSP, S_QPARTS));
+    a.add(RDX, RAX);
+    a.mov(RAX, R12);
+    a.shl_imm(RAX, 2);
+    a.add(RDX, RAX);
+    a.load64(RAX, mem(RBX, R_QAREA));
+    a.mov(RCX, R12);
+    a.shl_imm(RCX, 6);
+    a.add(RAX, RCX);
+    let block = |a: &mut X86Asm, groups: usize| {
+        let ys = [Ymm(2), Ymm(3), Ymm(4), Ymm(5)];
+        let (m, t, inv) = (Ymm(6), Ymm(7), Ymm(8));
+        for (k, &y) in ys.iter().enumerate() {
+            if k < groups {
+                a.vcvtph2ps_load(y, mem(RSI, 16 * k as i32));
+            } else {
+                a.vxorps(y, y, y);
+            }
+        }
+        a.vandps(m, ys[0], abs_mask);
+        for &y in &ys[1..] {
+            a.vandps(t, y, abs_mask);
+            a.vmaxps(m, m, t);
+        }
+        horizontal(a, m, t, X86Asm::vmaxps);
+        a.vmaxps(m, m, tiny);
+        a.vbroadcastss_reg(m, m);
+        a.vdivps(inv, c127, m);
+        a.vdivps(m, m, c127);
+        a.vmovss_store(mem(RDX, 32), m);
+        for &y in &ys {
+            a.vmulps(y, y, inv);
+            a.vcvtps2dq(y, y);
+        }
+        // bias += s·Σc (lane 0).
+        a.vpaddd(t, ys[0], ys[1]);
+        a.vpaddd(inv, ys[2], ys[3]);
+        a.vpaddd(t, t, inv);
+        horizontal(a, t, inv, X86Asm::vpaddd);
+        a.vcvtdq2ps(t, t);
+        a.vmulps(t, t, m);
+        a.vaddps(bias, bias, t);
+        // 32 codes: i32 → i16 in order (d 0–15, 16–31), → i8: 128-bit
+        // lane 0 holds dwords 0, 1, 4, 5 of the block, lane 1 2, 3, 6, 7.
+        let (lo, hi, spare) = (Ymm(8), Ymm(9), Ymm(15));
+        for (dst, pair) in [(lo, [ys[0], ys[1]]), (hi, [ys[2], ys[3]])] {
+            a.vperm2f128(dst, pair[0], pair[1], 0x20);
+            a.vperm2f128(spare, pair[0], pair[1], 0x31);
+            a.vpackssdw(dst, dst, spare);
+        }
+        a.vpacksswb(lo, lo, hi);
+        a.vextracti128_hi(hi, lo);
+        for (v, dwords) in [(lo, [0, 1, 4, 5]), (hi, [2, 3, 6, 7])] {
+            a.vmovd_store(mem(RDX, 64 * dwords[0]), v);
+            for (i, &dw) in dwords.iter().enumerate().skip(1) {
+                a.vpextrd_store(mem(RDX, 64 * dw), v, i as i8);
+            }
+        }
+        // The i16 codes of the rounded q: round(c·s_b/s), in order.
+        a.vmulps(t, m, inv_head);
+        for &y in &ys {
+            a.vcvtdq2ps(y, y);
+            a.vmulps(y, y, t);
+            a.vcvtps2dq(y, y);
+        }
+        for (half, pair) in [[ys[0], ys[1]], [ys[2], ys[3]]].into_iter().enumerate() {
+            a.vperm2f128(lo, pair[0], pair[1], 0x20);
+            a.vperm2f128(spare, pair[0], pair[1], 0x31);
+            a.vpackssdw(lo, lo, spare);
+            a.vmovups_store(mem(RAX, 32 * half as i32), lo);
+        }
+    };
+    let (whole, tail, done) = (a.new_label(), a.new_label(), a.new_label());
+    a.load64(RCX, mem(RSP, S_D));
+    a.shr_imm(RCX, 5);
+    a.bind(whole);
+    a.cmp_imm(RCX, 0);
+    a.jcc(Cond::E, tail);
+    block(a, 4);
+    a.add_imm(RSI, 64);
+    a.add_imm(RDX, 512);
+    a.add_imm(RAX, 512);
+    a.sub_imm(RCX, 1);
+    a.jmp(whole);
+    // The last d % 32 (8, 16 or 24: d is a multiple of 8).
+    a.bind(tail);
+    a.load64(RCX, mem(RSP, S_D));
+    a.and_imm(RCX, 31);
+    a.shr_imm(RCX, 3);
+    for groups in 1..4 {
+        let next = a.new_label();
+        a.cmp_imm(RCX, groups as i32);
+        a.jcc(Cond::Ne, next);
+        block(a, groups);
+        a.jmp(done);
+        a.bind(next);
+    }
+    a.bind(done);
+    a.vmulps(bias, bias, minus128);
+    a.lea(RAX, mem(RBX, R_CODE_BIAS));
+    a.mov(RCX, R12);
+    a.shl_imm(RCX, 2);
+    a.add(RAX, RCX);
+    a.vmovss_store(mem(RAX, 0), bias);
+}
+
 /// Keys of the tile at rbx (a tile of `g` heads, [`HEADS`]) in trips of
 /// 16 while r12 ≥ 16 (registers as [`score_loop`] sets them: r13 the K
 /// row, r14 its stride, r15 the score cursor, r8 and r9 the key scale and
 /// offset cursors, r10 their stride, r12 the keys left). Clobbers rax,
 /// rcx, rdx, rsi, rbp, r11.
-pub(super) fn key_trips(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
+///
+/// With `q8` ([`DecodeIsa::lane_int8_q`]) each head's lo accumulator takes
+/// f32 sums instead: its hi one collects a 32-d block's integer dots (one
+/// `vpdpbusd` per dword against q's int8 code), then is converted and
+/// added × the block's scale.
+pub(super) fn key_trips(a: &mut X86Asm, softmax: SoftmaxMode, g: usize, q8: bool) {
     assert!(HEADS.contains(&g), "keys in lanes serve tiles of 4–7 heads");
     let (trip, out) = (a.new_label(), a.new_label());
     let prefetch = Prefetch::for_loop(Keys::I8Asym, g);
@@ -322,6 +470,28 @@ pub(super) fn key_trips(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
             a.add(RSI, R14);
         }
         transpose(a, &mut rows, &mut SPARE.clone(), 4);
+        if q8 {
+            for block in 0..2 {
+                let in_block = rows
+                    .iter()
+                    .zip(&DWORD_OF)
+                    .filter(|&(_, &dw)| dw / 8 == block);
+                for (&row, &dword) in in_block {
+                    for h in 0..g {
+                        let at = 64 * dword as i32 + 4 * h as i32;
+                        a.vpdpbusd_zmm_bcst(acc(h, 0), row, mem(RAX, at));
+                    }
+                }
+                for h in 0..g {
+                    let (dots, sum) = (acc(h, 0), acc(h, 1));
+                    let scale = 512 * block as i32 + 32 + 4 * h as i32;
+                    a.vcvtdq2ps_zmm(dots, dots);
+                    a.vfmadd231ps_zmm_bcst(sum, dots, mem(RAX, scale));
+                    a.vpxord_zmm(dots, dots, dots);
+                }
+            }
+            return;
+        }
         for (&row, &dword) in rows.iter().zip(&DWORD_OF) {
             for h in 0..g {
                 for part in 0..2 {
@@ -334,7 +504,7 @@ pub(super) fn key_trips(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
     amx_scores::int8_chunks(a, RDX, |a, whole| {
         chunk_dots(a, if whole { Kreg(0) } else { Kreg(3) })
     });
-    finish(a, softmax, g);
+    finish(a, softmax, g, q8);
     a.mov(RAX, R14);
     a.shl_imm(RAX, 4);
     a.add(R13, RAX);
@@ -425,7 +595,7 @@ fn key_parameters(a: &mut X86Asm, prefetch: Prefetch) {
 /// [`key_score`] computes each: `scale·(q scale·dot) + offset·Σq`, stored
 /// key by key into `sarea[j][8]` (head lanes past g zero), the running
 /// max and (async softmax) the range flags updated.
-fn finish(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
+fn finish(a: &mut X86Asm, softmax: SoftmaxMode, g: usize, q8: bool) {
     let (scale, offset) = (Zmm(30), Zmm(31));
     a.vmovups_zmm_load(scale, mem(RSP, V_KEY_SCALE));
     a.vmovups_zmm_load(offset, mem(RSP, V_KEY_OFFSET));
@@ -436,6 +606,13 @@ fn finish(a: &mut X86Asm, softmax: SoftmaxMode, g: usize) {
             continue;
         }
         let at = 4 * h as i32;
+        if q8 {
+            // scale·(Σ_b s_b·dot_b − 128·Σ_b s_b·Σc_b) + offset·Σq.
+            a.vmulps_zmm(s, acc(h, 1), scale);
+            a.vfmadd231ps_zmm_bcst(s, scale, mem(RBX, R_CODE_BIAS + at));
+            a.vfmadd231ps_zmm_bcst(s, offset, mem(RBX, R_SUMQ + at));
+            continue;
+        }
         a.vpslld_zmm_imm(s, acc(h, 0), 8);
         a.vpaddd_zmm(s, s, acc(h, 1));
         a.vpsubd_zmm_bcst(s, s, mem(RBX, R_CODE_BIAS + at));

@@ -242,11 +242,15 @@ pub(super) fn widen_q(a: &mut X86Asm, keys: Keys, form: ScoreForm) {
             a.cmp_imm(RAX, 1);
             a.jcc(Cond::E, one);
             q_to_i16(a, RCX, true);
-            if form.amx || form.lanes {
-                amx_scores::q_int8_parts(a);
-            }
-            if form.lanes {
-                lane_scores::q_code_bias(a);
+            if form.q8 {
+                lane_scores::q8_parts(a);
+            } else {
+                if form.amx || form.lanes {
+                    amx_scores::q_int8_parts(a);
+                }
+                if form.lanes {
+                    lane_scores::q_code_bias(a);
+                }
             }
             a.jmp(packed);
             a.bind(one);
@@ -631,7 +635,7 @@ pub(super) fn score_loop(
             a.jcc(Cond::E, keys_done);
         }
         if form.lanes && lane_scores::HEADS.contains(&g) {
-            lane_scores::key_trips(a, softmax, g);
+            lane_scores::key_trips(a, softmax, g, form.q8);
             a.cmp_imm(R12, 0);
             a.jcc(Cond::E, keys_done);
         }
