@@ -210,15 +210,17 @@ pub trait TuneBackend {
     /// The decode attention `kernel` with fp8 values in the CPU's packed
     /// form ([`Self::packed_fp8_form`]; `fp8_values_packed`) or by f32
     /// FMAs, and int8 keys in lanes ([`Self::has_int8_key_lanes`];
-    /// `int8_keys_in_lanes`) or in pairs, where this backend has two forms
-    /// of either and this CPU runs them (None: one form of each).
+    /// `int8_keys_in_lanes`) or in pairs, and for keys in lanes q as int8
+    /// blocks (`int8_q`) or i16, where this backend has two forms of
+    /// either and this CPU runs them (None: one form of each).
     fn decode_attention(
         &self,
         kernel: &Kernel,
         fp8_values_packed: bool,
         int8_keys_in_lanes: bool,
+        int8_q: bool,
     ) -> Option<Result<MachineCode, String>> {
-        let _ = (kernel, fp8_values_packed, int8_keys_in_lanes);
+        let _ = (kernel, fp8_values_packed, int8_keys_in_lanes, int8_q);
         None
     }
 
@@ -362,11 +364,13 @@ impl TuneBackend for X86Tune {
         kernel: &Kernel,
         fp8_values_packed: bool,
         int8_keys_in_lanes: bool,
+        int8_q: bool,
     ) -> Option<Result<MachineCode, String>> {
         (self.packed_fp8_form().is_some() || self.has_int8_key_lanes()).then(|| {
             self.0
                 .with_fp8_values_packed(fp8_values_packed)
                 .with_int8_keys_in_lanes(int8_keys_in_lanes)
+                .with_int8_q_in_lanes(int8_q)
                 .attention(kernel, PrefillBlocks::DEFAULT)
                 .map_err(|e| e.to_string())
         })

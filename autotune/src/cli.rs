@@ -890,7 +890,7 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         )
         .map_err(CliError::Usage)?;
         entry.decode = decode::tune(
-            &|k, packed, lanes| b.decode_attention(k, packed, lanes),
+            &|k, packed, lanes, int8_q| b.decode_attention(k, packed, lanes, int8_q),
             decode::DecodeForms {
                 packed: b.packed_fp8_form(),
                 key_lanes: b.has_int8_key_lanes(),
@@ -976,68 +976,53 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
         );
     }
     if let Some(p) = &entry.decode {
-        let us = |packed: bool| {
-            p.measurements
-                .iter()
-                .find(|m| m.fp8_values_packed == packed)
-                .map_or(f64::NAN, |m| m.us)
-        };
-        let name = |packed: bool| {
-            if packed {
-                p.packed.as_str()
-            } else {
-                "f32 FMAs"
-            }
+        let us = |ms: &[(bool, f64)], form: bool| {
+            ms.iter()
+                .find(|&&(f, _)| f == form)
+                .map_or(f64::NAN, |&(_, us)| us)
         };
         if !p.measurements.is_empty() {
-            println!(
-                "decode fp8 values ({} / {} heads × {}, {} keys): {} ({} {:.0} µs, {} {:.0} µs{})",
-                p.heads,
-                p.kv_heads,
-                p.head_dim,
-                p.ctx,
-                name(p.fp8_values_packed),
-                name(true),
-                us(true),
-                name(false),
-                us(false),
-                if p.fp8_values_packed {
-                    format!(
-                        "; FMAs need {:.0}% twice to switch",
-                        (decode::MARGIN - 1.0) * 100.0
-                    )
-                } else {
-                    String::new()
-                }
+            let ms: Vec<_> = p
+                .measurements
+                .iter()
+                .map(|m| (m.fp8_values_packed, m.us))
+                .collect();
+            print_decode_duel(
+                p,
+                "fp8 values",
+                p.fp8_values_packed,
+                [
+                    (p.packed.as_str(), us(&ms, true)),
+                    ("f32 FMAs", us(&ms, false)),
+                ],
+                "FMAs",
             );
         }
         if let Some(lanes) = p.int8_keys_in_lanes {
-            let us = |in_lanes: bool| {
-                p.key_measurements
-                    .iter()
-                    .find(|m| m.in_lanes == in_lanes)
-                    .map_or(f64::NAN, |m| m.us)
-            };
-            let name = |in_lanes: bool| if in_lanes { "in lanes" } else { "in pairs" };
-            println!(
-                "decode int8 keys ({} / {} heads × {}, {} keys): {} ({} {:.0} µs, {} {:.0} µs{})",
-                p.heads,
-                p.kv_heads,
-                p.head_dim,
-                p.ctx,
-                name(lanes),
-                name(true),
-                us(true),
-                name(false),
-                us(false),
-                if lanes {
-                    format!(
-                        "; pairs need {:.0}% twice to switch",
-                        (decode::MARGIN - 1.0) * 100.0
-                    )
-                } else {
-                    String::new()
-                }
+            let ms: Vec<_> = p
+                .key_measurements
+                .iter()
+                .map(|m| (m.in_lanes, m.us))
+                .collect();
+            print_decode_duel(
+                p,
+                "int8 keys",
+                lanes,
+                [("in lanes", us(&ms, true)), ("in pairs", us(&ms, false))],
+                "pairs",
+            );
+        }
+        if let Some(int8_q) = p.int8_q_in_lanes {
+            let ms: Vec<_> = p.q_measurements.iter().map(|m| (!m.int8_q, m.us)).collect();
+            print_decode_duel(
+                p,
+                "q for keys in lanes",
+                !int8_q,
+                [
+                    ("i16", us(&ms, true)),
+                    ("int8 in 32-d blocks", us(&ms, false)),
+                ],
+                "int8 q",
             );
         }
     }
@@ -1074,4 +1059,33 @@ fn tune_group(args: &Args, job: &Job<'_>) -> Result<(), CliError> {
             out: args.out.display().to_string(),
         }),
     }
+}
+
+/// One line of a decode form's duel: the form chosen (`default` true: the
+/// first of `forms`, each with its median µs) and, where the default
+/// stayed, what the other (`challenger`) needs to switch.
+fn print_decode_duel(
+    p: &tessera_runtime::record::DecodeEntry,
+    what: &str,
+    default: bool,
+    forms: [(&str, f64); 2],
+    challenger: &str,
+) {
+    let [(first, first_us), (second, second_us)] = forms;
+    println!(
+        "decode {what} ({} / {} heads × {}, {} keys): {} ({first} {first_us:.0} µs, {second} {second_us:.0} µs{})",
+        p.heads,
+        p.kv_heads,
+        p.head_dim,
+        p.ctx,
+        if default { first } else { second },
+        if default {
+            format!(
+                "; {challenger} need {:.0}% twice to switch",
+                (decode::MARGIN - 1.0) * 100.0
+            )
+        } else {
+            String::new()
+        }
+    );
 }

@@ -15,6 +15,12 @@
 //! loop taken only when it beats keys in lanes by the same margin twice:
 //! on an AMD Zen 5 keys in lanes took Qwen2-1.5B's kv8 decode about 8%
 //! faster; other cores may order them otherwise.
+//!
+//! Where keys stay in lanes, q rounded to int8 in 32-d blocks for them (as
+//! ggml rounds q to Q8_0 against a q8_0 K cache) is timed last against
+//! the i16 form and taken by the same rule: it halves the lanes loop's
+//! dots and q broadcasts but moves the scores (by at most 1/254 of each
+//! block's largest |q|), so only a clear, repeated win takes it.
 
 use std::time::Duration;
 
@@ -25,7 +31,7 @@ use tessera_codegen::artifact::MachineCode;
 use tessera_codegen::host_attention::{HostAttention, KvCache};
 use tessera_dsl::library;
 use tessera_dsl::quant::quantize;
-use tessera_runtime::record::{DecodeEntry, DecodeMeasurement, KeyMeasurement};
+use tessera_runtime::record::{DecodeEntry, DecodeMeasurement, KeyMeasurement, QMeasurement};
 
 use crate::decide::beats_twice;
 use crate::model_source::AttentionHeads;
@@ -48,10 +54,11 @@ pub fn decide(first: [f64; 2], second: Option<[f64; 2]>) -> bool {
 }
 
 /// A backend's decode attention with fp8 values in the packed form (the
-/// first `true`) or f32 FMAs, and int8 keys in lanes (the second `true`)
-/// or in pairs: `None` where it has no such choices.
+/// first `true`) or f32 FMAs, int8 keys in lanes (the second `true`) or
+/// in pairs, and q as int8 blocks for the keys in lanes (the third
+/// `true`) or i16: `None` where it has no such choices.
 pub type EmitDecode<'a> =
-    &'a dyn Fn(&tessera_dsl::Kernel, bool, bool) -> Option<Result<MachineCode, String>>;
+    &'a dyn Fn(&tessera_dsl::Kernel, bool, bool, bool) -> Option<Result<MachineCode, String>>;
 
 /// The decode forms a backend has: the name of its packed fp8 form (None:
 /// f32 FMAs only), and whether it has int8 keys in lanes beside pairs.
@@ -98,18 +105,19 @@ pub fn tune(
         kv_heads: kvh,
         head_dim: d,
     } = heads;
-    let build = |packed: bool, lanes: bool| -> Result<Option<HostAttention>, String> {
-        let Some(code) = emit(&kernel, packed, lanes) else {
-            return Ok(None);
+    let build =
+        |packed: bool, lanes: bool, int8_q: bool| -> Result<Option<HostAttention>, String> {
+            let Some(code) = emit(&kernel, packed, lanes, int8_q) else {
+                return Ok(None);
+            };
+            let code = code?;
+            if !d.is_multiple_of(code.head_dim_multiple.max(1)) {
+                return Ok(None);
+            }
+            HostAttention::new(&kernel, &code)
+                .map(Some)
+                .map_err(|e| e.to_string())
         };
-        let code = code?;
-        if !d.is_multiple_of(code.head_dim_multiple.max(1)) {
-            return Ok(None);
-        }
-        HostAttention::new(&kernel, &code)
-            .map(Some)
-            .map_err(|e| e.to_string())
-    };
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let q: Vec<f16> = (0..hq * d)
         .map(|_| f16::from_f32(rng.gen_range(-0.5..0.5)))
@@ -157,7 +165,8 @@ pub fn tune(
     let lanes = forms.key_lanes;
     let (mut fp8_values_packed, mut measurements) = (false, Vec::new());
     if forms.packed.is_some() {
-        let (Some(packed), Some(fma)) = (build(true, lanes)?, build(false, lanes)?) else {
+        let (Some(packed), Some(fma)) = (build(true, lanes, false)?, build(false, lanes, false)?)
+        else {
             return Ok(None);
         };
         let (first, keep) = duel(&packed, &fma, decide)?;
@@ -174,8 +183,8 @@ pub fn tune(
     let (mut int8_keys_in_lanes, mut key_measurements) = (None, Vec::new());
     if lanes {
         let (Some(in_lanes), Some(in_pairs)) = (
-            build(fp8_values_packed, true)?,
-            build(fp8_values_packed, false)?,
+            build(fp8_values_packed, true, false)?,
+            build(fp8_values_packed, false, false)?,
         ) else {
             return Ok(None);
         };
@@ -185,6 +194,24 @@ pub fn tune(
             .into_iter()
             .zip(first)
             .map(|(in_lanes, us)| KeyMeasurement { in_lanes, us })
+            .collect();
+    }
+    let (mut int8_q_in_lanes, mut q_measurements) = (None, Vec::new());
+    if int8_keys_in_lanes == Some(true) {
+        let (Some(i16_q), Some(int8_q)) = (
+            build(fp8_values_packed, true, false)?,
+            build(fp8_values_packed, true, true)?,
+        ) else {
+            return Ok(None);
+        };
+        // The same rule as the key forms': the default (i16) stays unless
+        // int8 q beats it by the margin twice.
+        let (first, keep) = duel(&i16_q, &int8_q, decide_keys)?;
+        int8_q_in_lanes = Some(!keep);
+        q_measurements = [false, true]
+            .into_iter()
+            .zip(first)
+            .map(|(int8_q, us)| QMeasurement { int8_q, us })
             .collect();
     }
     Ok(Some(DecodeEntry {
@@ -198,6 +225,8 @@ pub fn tune(
         measurements,
         int8_keys_in_lanes,
         key_measurements,
+        int8_q_in_lanes,
+        q_measurements,
     }))
 }
 
@@ -261,7 +290,7 @@ mod tests {
                 key_lanes: b.has_int8_key_lanes(),
             };
             let entry = tune(
-                &|k, packed, lanes| b.decode_attention(k, packed, lanes),
+                &|k, packed, lanes, int8_q| b.decode_attention(k, packed, lanes, int8_q),
                 forms,
                 heads,
                 2,
@@ -286,12 +315,18 @@ mod tests {
             let key_forms: Vec<bool> = entry.key_measurements.iter().map(|m| m.in_lanes).collect();
             assert_eq!(key_forms, if two_keys { vec![true, false] } else { vec![] });
             assert_eq!(entry.int8_keys_in_lanes.is_some(), two_keys);
+            // q's form is timed exactly where keys stayed in lanes.
+            let in_lanes = entry.int8_keys_in_lanes == Some(true);
+            let q_forms: Vec<bool> = entry.q_measurements.iter().map(|m| m.int8_q).collect();
+            assert_eq!(q_forms, if in_lanes { vec![false, true] } else { vec![] });
+            assert_eq!(entry.int8_q_in_lanes.is_some(), in_lanes);
             assert!(
                 entry
                     .measurements
                     .iter()
                     .map(|m| m.us)
                     .chain(entry.key_measurements.iter().map(|m| m.us))
+                    .chain(entry.q_measurements.iter().map(|m| m.us))
                     .all(|us| us.is_finite() && us > 0.0)
             );
         }

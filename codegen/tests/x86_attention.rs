@@ -7,7 +7,7 @@
 
 use half::f16;
 use tessera_codegen::artifact::PrefillBlocks;
-use tessera_codegen::host_attention::{HostAttention, KvCache};
+use tessera_codegen::host_attention::{HostAttention, KvCache, decode_tile_heads};
 use tessera_codegen::x86::attention::{self, DecodeIsa, HEAD_DIM_MULTIPLE, KeyDot};
 use tessera_dsl::interp::{self, Bindings, Value};
 
@@ -668,8 +668,9 @@ fn x86_attention_lane_scores_equal_the_pair_loops_bit_for_bit() {
 /// another block's place or a dropped key bias fails. Head dims with a
 /// partial 64-byte chunk and each partial 32-d block (d % 32 = 8, 16,
 /// 24), tiles of 4 to 7 heads, keys in trips and the pair loop's rest
-/// (which keeps the exact i16 q), both softmax modes, one and two
-/// threads, the f32 and bf16 P·V.
+/// (which takes the same rounded q), groups whose tiles of 8 and 2 keep
+/// the i16 q (the lanes loop does not take them), both softmax modes, one
+/// and two threads, the f32 and bf16 P·V.
 #[test]
 fn x86_attention_lane_int8_q_matches_its_rounding() {
     use tessera_codegen::x86::{host_has_avx512_bf16, host_has_avx512_vnni};
@@ -699,7 +700,16 @@ fn x86_attention_lane_int8_q_matches_its_rounding() {
         for isa in &forms {
             let form = (*isa, compile_for(&kernel, *isa));
             for s in [16usize, 47, 300, 700] {
-                for (hq, kvh) in [(12usize, 2usize), (8, 2), (10, 2), (7, 1), (14, 2), (16, 4)] {
+                for (hq, kvh) in [
+                    (12usize, 2usize),
+                    (8, 2),
+                    (10, 2),
+                    (7, 1),
+                    (14, 2),
+                    (16, 4),
+                    (16, 2),
+                    (20, 2),
+                ] {
                     for d in [8usize, 40, 56, 64, 80, 128] {
                         for threads in [1, 2] {
                             seed += 1;
@@ -736,11 +746,17 @@ fn check_int8_q((isa, att): &Form, kernel: &Kernel, shape: [usize; 4], threads: 
         .expect("run");
     let group = hq / kvh;
     let v_share = f32::max(2e-3, 1.05 * isa.fp8_p_rounding());
+    // The size of the tile each head of a group falls in.
+    let tile_of: Vec<usize> = decode_tile_heads(0, group, group)
+        .flat_map(|t| std::iter::repeat_n(t, t))
+        .collect();
     for h in 0..hq {
         let qh: Vec<f32> = q[h * d..(h + 1) * d].iter().map(|x| x.to_f32()).collect();
-        // q as the kernel rounds it, block by block, in f32.
-        let mut rounded = vec![0f64; d];
-        for (b, block) in qh.chunks(32).enumerate() {
+        // q as the kernel rounds it, block by block, in f32, where the
+        // lanes loop takes the head's tile.
+        let mut rounded: Vec<f64> = qh.iter().map(|&x| f64::from(x)).collect();
+        let lanes = attention::LANE_TILE_HEADS.contains(&tile_of[h % group]);
+        for (b, block) in qh.chunks(32).enumerate().filter(|_| lanes) {
             let m = block
                 .iter()
                 .fold(0f32, |m, x| m.max(x.abs()))

@@ -922,13 +922,16 @@ impl Device {
         name: &str,
         d: usize,
     ) -> Result<Arc<HostAttention>, RuntimeError> {
-        self.attention_in(name, d, PrefillBlocks::DEFAULT, false, false)
+        self.attention_in(name, d, PrefillBlocks::DEFAULT, false, false, false)
     }
 
     /// The decode kernel of cache `format` for `hq` query heads over `kvh`
     /// KV heads of `d` ([`Device::attention`]): fp8 values by f32 FMAs
     /// where the record measured that faster than the packed form for this
     /// grouping ([`Device::fp8_values_packed`]); f16 values have one form.
+    /// int8 keys in lanes or in pairs, and q as int8 blocks or i16 for the
+    /// lanes, as the record measured ([`Device::int8_keys_in_lanes`],
+    /// [`Device::int8_q_in_lanes`]).
     pub(crate) fn decode_attention(
         &self,
         format: crate::attention::KvFormat,
@@ -942,12 +945,14 @@ impl Device {
         let int8_keys = format.key_format() != tessera_dsl::ir::Format::F16;
         let key_pairs =
             int8_keys && self.x86_has_int8_key_lanes() && !self.int8_keys_in_lanes(hq, kvh, d);
+        let int8_q = int8_keys && self.int8_q_in_lanes(hq, kvh, d);
         self.attention_in(
             format.kernel_name(),
             d,
             PrefillBlocks::DEFAULT,
             by_fma,
             key_pairs,
+            int8_q,
         )
     }
 
@@ -1025,7 +1030,10 @@ impl Device {
         if let Engine::X86(b) = &self.engine {
             let lanes = self.int8_keys_in_lanes(hq, kvh, d);
             let group = hq.checked_div(kvh).unwrap_or(1);
-            return Some(b.with_int8_keys_in_lanes(lanes).int8_key_form(group));
+            let form = b
+                .with_int8_keys_in_lanes(lanes)
+                .with_int8_q_in_lanes(self.int8_q_in_lanes(hq, kvh, d));
+            return Some(form.int8_key_form(group));
         }
         let _ = (hq, kvh, d);
         None
@@ -1059,6 +1067,47 @@ impl Device {
         false
     }
 
+    /// Whether this device's decode attention takes q as int8 in 32-d
+    /// blocks for the int8 keys it scores in lanes
+    /// ([`tessera_codegen::x86::X86Backend::with_int8_q_in_lanes`]): only
+    /// where it scores them in lanes ([`Self::int8_keys_in_lanes`]) and
+    /// the record measured int8 q faster for this grouping; never
+    /// elsewhere (an accuracy trade no default makes).
+    pub fn int8_q_in_lanes(&self, hq: usize, kvh: usize, d: usize) -> bool {
+        #[cfg(feature = "jit")]
+        if matches!(self.engine, Engine::X86(_)) {
+            return self.int8_keys_in_lanes(hq, kvh, d)
+                && self.record.as_ref().is_some_and(|r| {
+                    r.int8_q_in_lanes(
+                        &self.fingerprint,
+                        &self.generator,
+                        self.backend.record_name(),
+                        hq,
+                        kvh,
+                        d,
+                    ) == Some(true)
+                });
+        }
+        let _ = (hq, kvh, d);
+        false
+    }
+
+    /// The most this device's decode attention moves each element of q by
+    /// rounding it, as a fraction of the largest |q| of its 32-d block,
+    /// for `hq` query heads over `kvh` KV heads of `d`: 1/254 where it
+    /// takes q as int8 ([`Self::int8_q_in_lanes`]), else 0.
+    pub fn q_int8_rounding(&self, hq: usize, kvh: usize, d: usize) -> f32 {
+        #[cfg(feature = "jit")]
+        if let Engine::X86(b) = &self.engine {
+            return b
+                .with_int8_keys_in_lanes(self.int8_keys_in_lanes(hq, kvh, d))
+                .with_int8_q_in_lanes(self.int8_q_in_lanes(hq, kvh, d))
+                .q_int8_rounding();
+        }
+        let _ = (hq, kvh, d);
+        0.0
+    }
+
     /// The x86 JIT device on a CPU whose decode attention may score int8
     /// keys in lanes.
     fn x86_has_int8_key_lanes(&self) -> bool {
@@ -1077,9 +1126,9 @@ impl Device {
 
     /// [`Device::attention`] with a prefill kernel's flash loop in `blocks`
     /// (JIT devices; a prebuilt set's code has its own) and, on x86, fp8
-    /// values by f32 FMAs where `fp8_values_by_fma` (not the packed form)
-    /// and int8 keys two at a time along d where `int8_key_pairs` (not in
-    /// lanes).
+    /// values by f32 FMAs where `fp8_values_by_fma` (not the packed form),
+    /// int8 keys two at a time along d where `int8_key_pairs` (not in
+    /// lanes) and q as int8 blocks for the keys in lanes where `int8_q`.
     fn attention_in(
         &self,
         name: &str,
@@ -1087,6 +1136,7 @@ impl Device {
         blocks: PrefillBlocks,
         fp8_values_by_fma: bool,
         int8_key_pairs: bool,
+        int8_q: bool,
     ) -> Result<Arc<HostAttention>, RuntimeError> {
         self.host_only("a host attention kernel")?;
         #[cfg(feature = "jit")]
@@ -1111,6 +1161,9 @@ impl Device {
         if int8_key_pairs {
             key = format!("{key} int8-key-pairs");
         }
+        if int8_q {
+            key = format!("{key} int8-q");
+        }
         if let Some(code) = lock(&self.attentions).get(&key) {
             return Ok(Arc::clone(code));
         }
@@ -1120,6 +1173,7 @@ impl Device {
             let code = backend
                 .with_fp8_values_packed(!fp8_values_by_fma)
                 .with_int8_keys_in_lanes(!int8_key_pairs)
+                .with_int8_q_in_lanes(int8_q)
                 .attention(&kernel, blocks)
                 .map_err(|e| RuntimeError::NoKernel {
                     what: name.to_string(),
@@ -1173,9 +1227,14 @@ impl Device {
         let code = match &self.engine {
             Engine::Prebuilt(set) if set.attention(name).is_some() => self.attention(name, d)?,
             #[cfg(feature = "jit")]
-            Engine::X86(_) | Engine::Neon(_) => {
-                self.attention_in(name, d, self.prefill_blocks(hq, kvh, d), false, false)?
-            }
+            Engine::X86(_) | Engine::Neon(_) => self.attention_in(
+                name,
+                d,
+                self.prefill_blocks(hq, kvh, d),
+                false,
+                false,
+                false,
+            )?,
             _ => return Ok(None),
         };
         Ok((code.whole_prefill() && code.takes_head_dim(d)).then_some(code))

@@ -401,6 +401,24 @@ pub struct DecodeEntry {
     /// fp8 values' chosen form.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key_measurements: Vec<KeyMeasurement>,
+    /// Where int8 keys are scored in lanes: whether q is rounded to int8
+    /// in 32-d blocks for them (`true`), as ggml rounds q to Q8_0, rather
+    /// than to i16 (`false`, the default). It changes the scores, so the
+    /// tuner takes it only where it beat the i16 form by its margin twice.
+    /// None: not measured (i16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int8_q_in_lanes: Option<bool>,
+    /// Median µs per call of each q form (i16 first), with the fp8 values'
+    /// and the keys' chosen forms.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub q_measurements: Vec<QMeasurement>,
+}
+
+/// One q form's time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QMeasurement {
+    pub int8_q: bool,
+    pub us: f64,
 }
 
 /// One int8 key form's time.
@@ -769,10 +787,35 @@ impl TuningRecord {
         head_dim: usize,
     ) -> Option<bool> {
         let at = (device, generator, backend);
-        self.newest_decode(at, [heads, kv_heads, head_dim], |p| {
-            p.int8_keys_in_lanes.is_some()
-        })
-        .and_then(|p| p.int8_keys_in_lanes)
+        self.decode_choice(at, [heads, kv_heads, head_dim], |p| p.int8_keys_in_lanes)
+    }
+
+    /// Whether the keys-in-lanes loop takes q as int8 blocks
+    /// ([`DecodeEntry::int8_q_in_lanes`]), as [`Self::int8_keys_in_lanes`]
+    /// finds its entry; None where none measured it.
+    pub fn int8_q_in_lanes(
+        &self,
+        device: &Fingerprint,
+        generator: &GeneratorId,
+        backend: &str,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Option<bool> {
+        let at = (device, generator, backend);
+        self.decode_choice(at, [heads, kv_heads, head_dim], |p| p.int8_q_in_lanes)
+    }
+
+    /// The choice `pick` reads from the newest decode entry for the head
+    /// layout that made it.
+    fn decode_choice(
+        &self,
+        at: (&Fingerprint, &GeneratorId, &str),
+        shape: [usize; 3],
+        pick: fn(&DecodeEntry) -> Option<bool>,
+    ) -> Option<bool> {
+        self.newest_decode(at, shape, |p| pick(p).is_some())
+            .and_then(pick)
     }
 
     /// How `stream` (one of [`PREFETCH_STREAMS`]) is prefetched, as
@@ -1257,6 +1300,8 @@ mod tests {
                 measurements: vec![],
                 int8_keys_in_lanes: None,
                 key_measurements: vec![],
+                int8_q_in_lanes: None,
+                q_measurements: vec![],
             })
         };
         let mut older = dated("qwen2-1.5b", 1);
@@ -1304,6 +1349,8 @@ mod tests {
                 measurements: vec![],
                 int8_keys_in_lanes: lanes,
                 key_measurements: vec![],
+                int8_q_in_lanes: lanes.map(|l| !l),
+                q_measurements: vec![],
             })
         };
         let mut older = dated("qwen2-1.5b", 1);
@@ -1321,6 +1368,11 @@ mod tests {
         let (fp, generator) = (&older.fingerprint, &older.generator);
         let form = |hq, kvh, d| rec.int8_keys_in_lanes(fp, generator, "host", hq, kvh, d);
         assert_eq!(form(12, 2, 128), Some(false), "the newest that measured it");
+        // The q form is found the same way, from its own field.
+        let q_form = |hq, kvh, d| rec.int8_q_in_lanes(fp, generator, "host", hq, kvh, d);
+        assert_eq!(q_form(12, 2, 128), Some(true));
+        assert_eq!(q_form(8, 2, 128), Some(false));
+        assert_eq!(q_form(12, 2, 64), None);
         assert_eq!(form(6, 1, 128), Some(false), "the same grouping");
         assert_eq!(form(8, 2, 128), Some(true));
         assert_eq!(form(12, 2, 64), None, "another head dim");
@@ -1338,12 +1390,15 @@ mod tests {
             let d = e["decode"].as_object_mut().unwrap();
             d.remove("int8_keys_in_lanes");
             d.remove("key_measurements");
+            d.remove("int8_q_in_lanes");
+            d.remove("q_measurements");
         }
         let old = TuningRecord::from_json(&value.to_string(), "mem").unwrap();
         assert_eq!(
             old.int8_keys_in_lanes(fp, generator, "host", 12, 2, 128),
             None
         );
+        assert_eq!(old.int8_q_in_lanes(fp, generator, "host", 12, 2, 128), None);
     }
 
     /// A measured int8 prefetch of `bytes` into L1.

@@ -818,6 +818,8 @@ fn decode_runs_the_records_fp8_value_form() {
         measurements: vec![],
         int8_keys_in_lanes: None,
         key_measurements: vec![],
+        int8_q_in_lanes: None,
+        q_measurements: vec![],
     });
     let dev = device(Backend::HostX86, 2, Some(record));
     assert!(!dev.fp8_values_packed(hq, kvh, d), "12/4 groups as 6/2");
@@ -876,7 +878,27 @@ fn kv8_decode_bits(
     let got: Vec<f32> = o.iter().map(|x| x.to_f32()).collect();
     let (err, _) = max_err(&got, &want);
     let v_max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let tol = 4e-3 + v_max * dev.fp8_p_rounding(hq, kvh, d);
+    // Where q is rounded to int8 blocks, each score moves by at most
+    // `r·Σ_b max|q_b|·Σ_b|k|` (r the rounding), and o by at most
+    // `(e^{2·that} − 1)·max|v|`.
+    let r = dev.q_int8_rounding(hq, kvh, d);
+    let group = hq / kvh;
+    let score_shift = (0..hq)
+        .flat_map(|h| (0..s).map(move |j| (h, j)))
+        .map(|(h, j)| {
+            let (qh, kj) = (&q[h * d..(h + 1) * d], &k[(j * kvh + h / group) * d..][..d]);
+            qh.chunks(32)
+                .zip(kj.chunks(32))
+                .map(|(qb, kb)| {
+                    let m = qb.iter().fold(0f32, |m, x| m.max(x.to_f32().abs()));
+                    m * kb.iter().map(|x| x.abs()).sum::<f32>()
+                })
+                .sum::<f32>()
+        })
+        .fold(0f32, f32::max)
+        * r;
+    let q_share = (2.0 * score_shift).exp_m1();
+    let tol = 4e-3 + v_max * (dev.fp8_p_rounding(hq, kvh, d) + q_share);
     assert!(err <= tol, "{why}: err {err}");
     o.iter().map(|x| x.to_bits()).collect()
 }
@@ -911,6 +933,8 @@ fn decode_runs_the_records_int8_key_form() {
         measurements: vec![],
         int8_keys_in_lanes: Some(false),
         key_measurements: vec![],
+        int8_q_in_lanes: None,
+        q_measurements: vec![],
     });
     let dev = device(Backend::HostX86, 2, Some(record));
     assert!(!dev.int8_keys_in_lanes(hq, kvh, d), "6/1 groups as 12/2");
@@ -959,6 +983,70 @@ fn decode_runs_the_records_int8_key_form() {
         }
     }
     assert_eq!(outputs[0], outputs[1], "the key forms' outputs are equal");
+}
+
+/// A record's q form for keys in lanes (measured by the autotuner: int8
+/// in 32-d blocks or i16) is the one the x86 device reports and emits for
+/// that head grouping, only where it scores keys in lanes; without a
+/// record q stays i16. Decode stays within the rounding's bound of the
+/// interpreter, and differs from the i16 form's.
+#[test]
+fn decode_runs_the_records_int8_q_form() {
+    if !host_backends().contains(&Backend::HostX86) {
+        return;
+    }
+    let (hq, kvh, d) = (12, 2, 80);
+    let probe = device(Backend::HostX86, 2, None);
+    let lanes = tessera_codegen::x86::X86Backend::detect().is_ok_and(|b| b.has_int8_key_lanes());
+    assert!(!probe.int8_q_in_lanes(hq, kvh, d), "without a record: i16");
+    assert_eq!(probe.q_int8_rounding(hq, kvh, d), 0.0);
+    let entry = |int8_keys_in_lanes| DecodeEntry {
+        heads: 6,
+        kv_heads: 1,
+        head_dim: d,
+        ctx: 4096,
+        kv: "kv8".into(),
+        fp8_values_packed: true,
+        packed: "bf16 dots".into(),
+        measurements: vec![],
+        int8_keys_in_lanes,
+        key_measurements: vec![],
+        int8_q_in_lanes: Some(true),
+        q_measurements: vec![],
+    };
+    let mut record = record_for(&probe, WeightFormat::W4A8, 40, 64, 3, 7);
+    record.entries[0].decode = Some(entry(Some(true)));
+    let dev = device(Backend::HostX86, 2, Some(record.clone()));
+    assert_eq!(dev.int8_q_in_lanes(hq, kvh, d), lanes, "6/1 groups as 12/2");
+    let rounding = if lanes { 1.0 / 254.0 } else { 0.0 };
+    assert_eq!(dev.q_int8_rounding(hq, kvh, d), rounding);
+    assert!(!dev.int8_q_in_lanes(8, 2, d), "another grouping");
+    assert!(!dev.int8_q_in_lanes(hq, kvh, 64), "another head dim");
+    // Keys in pairs: no lanes loop to take int8 q.
+    record.entries[0].decode = Some(entry(Some(false)));
+    let pairs = device(Backend::HostX86, 2, Some(record));
+    assert!(!pairs.int8_q_in_lanes(hq, kvh, d), "keys in pairs");
+    if lanes {
+        assert_eq!(
+            dev.int8_key_form(hq, kvh, d),
+            Some("zmm vpdpbusd, keys in lanes, q int8 in 32-d blocks")
+        );
+    }
+    let mut r = rng(13);
+    let mut outputs: [Vec<u16>; 2] = Default::default();
+    for s in [3, 16, 70] {
+        let (k, v) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
+        let q = randh(&mut r, hq * d, 0.3);
+        for (dev, bits) in [&probe, &dev].into_iter().zip(&mut outputs) {
+            let why = format!("s {s}");
+            bits.extend(kv8_decode_bits(dev, [hq, kvh, d, s], &q, &k, &v, &why));
+        }
+    }
+    assert_eq!(
+        outputs[0] != outputs[1],
+        lanes,
+        "the outputs differ exactly where the device took int8 q"
+    );
 }
 
 /// A record's weight prefetches (measured by the autotuner) are the ones

@@ -147,6 +147,7 @@ const AVX512: X86Backend = X86Backend {
     avx512_fp16: false,
     amx: false,
     int8_keys_in_lanes: false,
+    int8_q_in_lanes: false,
     int8_prefetch: tessera_codegen::x86::WeightPrefetch::INT8,
     float_prefetch: tessera_codegen::x86::WeightPrefetch::FLOAT,
 };

@@ -359,8 +359,13 @@ impl X86Backend {
                 let here = self.has_int8_key_lanes() && attention::LANE_TILE_HEADS.contains(&t);
                 (lanes || here, pairs || !here)
             });
+        let int8_q = lanes && self.int8_q_in_lanes;
         match (self.avx512_vnni, self.amx, self.int8_dot()) {
             (true, true, _) => "AMX tdpbssd",
+            (true, false, _) if int8_q && pairs => {
+                "zmm vpdpbusd keys in lanes, vpdpwssd pairs, q int8 in 32-d blocks"
+            }
+            (true, false, _) if int8_q => "zmm vpdpbusd, keys in lanes, q int8 in 32-d blocks",
             (true, false, _) if lanes && pairs => "zmm vpdpbusd keys in lanes, vpdpwssd pairs",
             (true, false, _) if lanes => "zmm vpdpbusd, keys in lanes",
             (true, false, _) => "zmm vpdpwssd",

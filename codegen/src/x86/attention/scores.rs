@@ -242,15 +242,24 @@ pub(super) fn widen_q(a: &mut X86Asm, keys: Keys, form: ScoreForm) {
             a.cmp_imm(RAX, 1);
             a.jcc(Cond::E, one);
             q_to_i16(a, RCX, true);
+            let i16_parts = a.new_label();
             if form.q8 {
+                // Tiles the lanes loop takes get q as int8 blocks (and
+                // their pair loop the same q); other sizes keep i16.
+                a.load64(RAX, mem(RBX, R_GT));
+                a.cmp_imm(RAX, *lane_scores::HEADS.start() as i32);
+                a.jcc(Cond::B, i16_parts);
+                a.cmp_imm(RAX, *lane_scores::HEADS.end() as i32);
+                a.jcc(Cond::A, i16_parts);
                 lane_scores::q8_parts(a);
-            } else {
-                if form.amx || form.lanes {
-                    amx_scores::q_int8_parts(a);
-                }
-                if form.lanes {
-                    lane_scores::q_code_bias(a);
-                }
+                a.jmp(packed);
+            }
+            a.bind(i16_parts);
+            if form.amx || form.lanes {
+                amx_scores::q_int8_parts(a);
+            }
+            if form.lanes {
+                lane_scores::q_code_bias(a);
             }
             a.jmp(packed);
             a.bind(one);
