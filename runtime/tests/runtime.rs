@@ -808,18 +808,9 @@ fn decode_runs_the_records_fp8_value_form() {
     );
     let mut record = record_for(&probe, WeightFormat::W4A8, 40, 64, 3, 7);
     record.entries[0].decode = Some(DecodeEntry {
-        heads: 12,
-        kv_heads: 4,
-        head_dim: d,
-        ctx: 4096,
-        kv: "kv8".into(),
         fp8_values_packed: false,
         packed: "f16 FMAs".into(),
-        measurements: vec![],
-        int8_keys_in_lanes: None,
-        key_measurements: vec![],
-        int8_q_in_lanes: None,
-        q_measurements: vec![],
+        ..kv8_decode_entry(12, 4, d)
     });
     let dev = device(Backend::HostX86, 2, Some(record));
     assert!(!dev.fp8_values_packed(hq, kvh, d), "12/4 groups as 6/2");
@@ -839,24 +830,58 @@ fn decode_runs_the_records_fp8_value_form() {
         default,
         "another head dim"
     );
-    let mut r = rng(11);
     // Where the forms differ, their roundings do: the device must have
     // emitted the record's form, not merely reported it.
-    let mut outputs: [Vec<u16>; 2] = Default::default();
-    for s in [1, 9, 70] {
-        let (k, v) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
-        let q = randh(&mut r, hq * d, 0.3);
-        for (dev, bits) in [&probe, &dev].into_iter().zip(&mut outputs) {
-            let packed = dev.fp8_values_packed(hq, kvh, d);
-            let why = format!("s {s}, packed {packed}");
-            bits.extend(kv8_decode_bits(dev, [hq, kvh, d, s], &q, &k, &v, &why));
-        }
-    }
+    let outputs = kv8_decode_bits_of([&probe, &dev], [hq, kvh, d], [1, 9, 70], 11);
     assert_eq!(
         outputs[0] != outputs[1],
         default,
         "the two devices' outputs differ exactly where the forms do"
     );
+}
+
+/// A kv8 `decode` entry for `heads` over `kv_heads` of `head_dim`: the
+/// packed fp8 form (bf16 dots), no key or q form measured.
+fn kv8_decode_entry(heads: usize, kv_heads: usize, head_dim: usize) -> DecodeEntry {
+    DecodeEntry {
+        heads,
+        kv_heads,
+        head_dim,
+        ctx: 4096,
+        kv: "kv8".into(),
+        fp8_values_packed: true,
+        packed: "bf16 dots".into(),
+        measurements: vec![],
+        int8_keys_in_lanes: None,
+        key_measurements: vec![],
+        int8_q_in_lanes: None,
+        q_measurements: vec![],
+    }
+}
+
+/// [`kv8_decode_bits`] of two devices on the same random inputs, for each
+/// of `contexts` (`[hq, kvh, d]`, inputs from `seed`).
+fn kv8_decode_bits_of(
+    devs: [&Arc<Device>; 2],
+    [hq, kvh, d]: [usize; 3],
+    contexts: [usize; 3],
+    seed: u64,
+) -> [Vec<u16>; 2] {
+    let mut r = rng(seed);
+    let mut outputs: [Vec<u16>; 2] = Default::default();
+    for s in contexts {
+        let (k, v) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
+        let q = randh(&mut r, hq * d, 0.3);
+        for (dev, bits) in devs.into_iter().zip(&mut outputs) {
+            let why = format!(
+                "s {s}, packed {}, key {:?}",
+                dev.fp8_values_packed(hq, kvh, d),
+                dev.int8_key_form(hq, kvh, d)
+            );
+            bits.extend(kv8_decode_bits(dev, [hq, kvh, d, s], &q, &k, &v, &why));
+        }
+    }
+    outputs
 }
 
 /// One kv8 decode step on `dev` over `s` keys (`[hq, kvh, d, s]`), checked
@@ -923,18 +948,8 @@ fn decode_runs_the_records_int8_key_form() {
     );
     let mut record = record_for(&probe, WeightFormat::W4A8, 40, 64, 3, 7);
     record.entries[0].decode = Some(DecodeEntry {
-        heads: 6,
-        kv_heads: 1,
-        head_dim: d,
-        ctx: 4096,
-        kv: "kv8".into(),
-        fp8_values_packed: true,
-        packed: "bf16 dots".into(),
-        measurements: vec![],
         int8_keys_in_lanes: Some(false),
-        key_measurements: vec![],
-        int8_q_in_lanes: None,
-        q_measurements: vec![],
+        ..kv8_decode_entry(6, 1, d)
     });
     let dev = device(Backend::HostX86, 2, Some(record));
     assert!(!dev.int8_keys_in_lanes(hq, kvh, d), "6/1 groups as 12/2");
@@ -966,22 +981,7 @@ fn decode_runs_the_records_int8_key_form() {
             "tiles of 2"
         );
     }
-    let mut r = rng(12);
-    let mut outputs: [Vec<u16>; 2] = Default::default();
-    for s in [3, 16, 70] {
-        let (k, v) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
-        let q = randh(&mut r, hq * d, 0.3);
-        for (dev, bits) in [&probe, &dev].into_iter().zip(&mut outputs) {
-            bits.extend(kv8_decode_bits(
-                dev,
-                [hq, kvh, d, s],
-                &q,
-                &k,
-                &v,
-                &format!("s {s}"),
-            ));
-        }
-    }
+    let outputs = kv8_decode_bits_of([&probe, &dev], [hq, kvh, d], [3, 16, 70], 12);
     assert_eq!(outputs[0], outputs[1], "the key forms' outputs are equal");
 }
 
@@ -1001,18 +1001,9 @@ fn decode_runs_the_records_int8_q_form() {
     assert!(!probe.int8_q_in_lanes(hq, kvh, d), "without a record: i16");
     assert_eq!(probe.q_int8_rounding(hq, kvh, d), 0.0);
     let entry = |int8_keys_in_lanes| DecodeEntry {
-        heads: 6,
-        kv_heads: 1,
-        head_dim: d,
-        ctx: 4096,
-        kv: "kv8".into(),
-        fp8_values_packed: true,
-        packed: "bf16 dots".into(),
-        measurements: vec![],
         int8_keys_in_lanes,
-        key_measurements: vec![],
         int8_q_in_lanes: Some(true),
-        q_measurements: vec![],
+        ..kv8_decode_entry(6, 1, d)
     };
     let mut record = record_for(&probe, WeightFormat::W4A8, 40, 64, 3, 7);
     record.entries[0].decode = Some(entry(Some(true)));
@@ -1032,16 +1023,7 @@ fn decode_runs_the_records_int8_q_form() {
             Some("zmm vpdpbusd, keys in lanes, q int8 in 32-d blocks")
         );
     }
-    let mut r = rng(13);
-    let mut outputs: [Vec<u16>; 2] = Default::default();
-    for s in [3, 16, 70] {
-        let (k, v) = (randv(&mut r, s * kvh * d), randv(&mut r, s * kvh * d));
-        let q = randh(&mut r, hq * d, 0.3);
-        for (dev, bits) in [&probe, &dev].into_iter().zip(&mut outputs) {
-            let why = format!("s {s}");
-            bits.extend(kv8_decode_bits(dev, [hq, kvh, d, s], &q, &k, &v, &why));
-        }
-    }
+    let outputs = kv8_decode_bits_of([&probe, &dev], [hq, kvh, d], [3, 16, 70], 13);
     assert_eq!(
         outputs[0] != outputs[1],
         lanes,
