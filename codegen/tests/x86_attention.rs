@@ -727,10 +727,11 @@ fn check_int8_q((isa, att): &Form, kernel: &Kernel, shape: [usize; 4], threads: 
     use rand::{Rng, SeedableRng};
     let [s, hq, kvh, d] = shape;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    // Blocks of 32 d at 0.5, 0.05, 1 and 0.017 of q's amplitude in turn.
-    let amp = [0.5f32, 0.05, 1.0, 0.017];
+    // Blocks of 32 d at 0.5, 0.05, 1, 0.017 and 0 of q's amplitude in
+    // turn, each head's pattern one block on from the last.
+    let amp = [0.5f32, 0.05, 1.0, 0.017, 0.0];
     let q: Vec<f16> = (0..hq * d)
-        .map(|i| f16::from_f32(amp[(i % d) / 32 % 4] * rng.gen_range(-1.0f32..1.0)))
+        .map(|i| f16::from_f32(amp[((i % d) / 32 + i / d) % 5] * rng.gen_range(-1.0f32..1.0)))
         .collect();
     let kd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let vd: Vec<f32> = (0..s * kvh * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
@@ -757,10 +758,8 @@ fn check_int8_q((isa, att): &Form, kernel: &Kernel, shape: [usize; 4], threads: 
         let mut rounded: Vec<f64> = qh.iter().map(|&x| f64::from(x)).collect();
         let lanes = attention::LANE_TILE_HEADS.contains(&tile_of[h % group]);
         for (b, block) in qh.chunks(32).enumerate().filter(|_| lanes) {
-            let m = block
-                .iter()
-                .fold(0f32, |m, x| m.max(x.abs()))
-                .max(f32::MIN_POSITIVE);
+            let m = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let m = m.max(attention::LANE_Q8_FLOOR);
             let (inv, scale) = (127.0f32 / m, m / 127.0f32);
             for (i, &x) in block.iter().enumerate() {
                 rounded[32 * b + i] = f64::from((x * inv).round_ties_even() * scale);

@@ -175,6 +175,9 @@ const SUPER: i32 = DECODE_SUPER_BLOCK as i32;
 /// 32-head cache (8 KiB rows) lost 4–10% at 32 keys and keeps 8.
 const AHEAD_KEYS: i32 = 8;
 const AHEAD_BYTES: i32 = 16 * 1024;
+/// The least block max of int8 q ([`DecodeIsa::lane_int8_q`]): a block
+/// of zeros gets zero codes.
+pub const LANE_Q8_FLOOR: f32 = lane_scores::Q8_FLOOR;
 /// The tiles whose int8 keys [`DecodeIsa::lane_scores`] puts in lanes.
 pub const LANE_TILE_HEADS: std::ops::RangeInclusive<usize> = lane_scores::HEADS;
 /// The head dimension must be a multiple of this.

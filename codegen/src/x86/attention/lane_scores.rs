@@ -52,9 +52,16 @@ const V_EVEN_DWORDS: i32 = V_LANES + 384;
 /// 8-byte slot: how far ahead of a trip its keys' scales and offsets are
 /// prefetched (as many keys as the K rows, `S_KAHEAD`).
 const V_PARAM_AHEAD: i32 = V_LANES + 448;
+/// 4-byte slot: 2^-100, the least block max of int8 q ([`q8_parts`]), so a
+/// block of zeros gets a finite `127/max` and zero codes.
+const V_Q8_FLOOR: i32 = V_LANES + 456;
 /// The decode frame with this loop's area.
 pub(super) const FRAME_LANES: i32 = V_LANES + 512;
 const _: () = assert!(V_LANES % 64 == 0 && FRAME_LANES >= FRAME_F16);
+
+/// The least block max [`q8_parts`] divides by: any nonzero f16 is far
+/// above it, and `127/2^-100` is a finite f32.
+pub const Q8_FLOOR: f32 = 1.0 / (1u128 << 100) as f32;
 
 /// Keys a trip takes (the dword lanes of a zmm), and the score block of a
 /// call whose group has several query heads (`S_SCORE_BLOCK`).
@@ -225,6 +232,7 @@ fn transpose(a: &mut X86Asm, regs: &mut [Zmm], spare: &mut Zmm, stages: usize) {
 pub(super) fn config(a: &mut X86Asm) {
     a.comment("keys in lanes: constants, score block, q parts' offset");
     a.store32_imm(mem(RSP, V_X80), 0x8080_8080u32 as i32);
+    a.store32_imm(mem(RSP, V_Q8_FLOOR), Q8_FLOOR.to_bits() as i32);
     for i in 0..16 {
         // Dword i of [A.l0 B.l0 A.l1 B.l1] and [A.l2 B.l2 A.l3 B.l3]
         // (B's dwords are 16 on in vpermt2d's table).
@@ -281,7 +289,7 @@ pub(super) fn q_code_bias(a: &mut X86Asm) {
 
 /// Head r12's q (f16 row at r8) rounded to int8 in blocks of 32 d for the
 /// int8-q trips ([`DecodeIsa::lane_int8_q`]): per block the scale `s =
-/// max|q|/127` (at least the least normal f32) and codes `round(q/s)`,
+/// max|q|/127` (the max at least [`Q8_FLOOR`]) and codes `round(q/s)`,
 /// laid out where the i16 form's parts go (`qarea + S_QPARTS`, 1024 bytes
 /// a 64-d chunk): d's dword r of chunk c at `1024·c + 64·r + 4·r12` (the
 /// `hi` slots), the scale of the chunk's block b at `1024·c + 512·b + 32 +
@@ -301,7 +309,7 @@ pub(super) fn q8_parts(a: &mut X86Asm) {
         a.vbroadcastss_reg(reg, reg);
     }
     a.vpbroadcastd_load(abs_mask, mem(RSP, S_ABS_MASK));
-    a.vpbroadcastd_load(tiny, mem(RSP, S_TINY));
+    a.vpbroadcastd_load(tiny, mem(RSP, V_Q8_FLOOR));
     a.vxorps(bias, bias, bias);
     // 1/s, and rax = the head's i16 codes (`qarea + 512·z + 64·r12`).
     let inv_head = Ymm(1);
