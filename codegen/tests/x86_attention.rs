@@ -711,9 +711,12 @@ fn x86_attention_lane_int8_q_matches_its_rounding() {
                     (20, 2),
                 ] {
                     for d in [8usize, 40, 56, 64, 80, 128] {
-                        for threads in [1, 2] {
+                        // One call per worker, and flash-decoding chunks of
+                        // 64 keys (calls from a KV head's first query head).
+                        for (threads, chunk) in [(1, None), (2, None), (2, Some(64))] {
                             seed += 1;
-                            check_int8_q(&form, &kernel, [s, hq, kvh, d], threads, seed);
+                            let shape = [s, hq, kvh, d];
+                            check_int8_q(&form, &kernel, shape, (threads, chunk), seed);
                         }
                     }
                 }
@@ -723,7 +726,13 @@ fn x86_attention_lane_int8_q_matches_its_rounding() {
 }
 
 /// One case of [`x86_attention_lane_int8_q_matches_its_rounding`].
-fn check_int8_q((isa, att): &Form, kernel: &Kernel, shape: [usize; 4], threads: usize, seed: u64) {
+fn check_int8_q(
+    (isa, att): &Form,
+    kernel: &Kernel,
+    shape: [usize; 4],
+    (threads, chunk): (usize, Option<usize>),
+    seed: u64,
+) {
     use rand::{Rng, SeedableRng};
     let [s, hq, kvh, d] = shape;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
@@ -743,8 +752,12 @@ fn check_int8_q((isa, att): &Form, kernel: &Kernel, shape: [usize; 4], threads: 
     );
     let (kg, vg) = (inp.k.guarded(), inp.v.guarded());
     let mut o = vec![f16::ZERO; hq * d];
-    att.run(&q, kg.cache(), vg.cache(), s, hq, kvh, d, &mut o, threads)
-        .expect("run");
+    let (kc, vc) = (kg.cache(), vg.cache());
+    match chunk {
+        None => att.run(&q, kc, vc, s, hq, kvh, d, &mut o, threads),
+        Some(ch) => att.run_chunked(&q, kc, vc, s, hq, kvh, d, &mut o, threads, ch),
+    }
+    .expect("run");
     let group = hq / kvh;
     let v_share = f32::max(2e-3, 1.05 * isa.fp8_p_rounding());
     // The size of the tile each head of a group falls in.
@@ -787,7 +800,7 @@ fn check_int8_q((isa, att): &Form, kernel: &Kernel, shape: [usize; 4], threads: 
             let tol = 2e-3 * want.abs() + f64::from(v_share);
             assert!(
                 (got - want).abs() <= tol,
-                "{} {isa:?} s={s} hq={hq} kvh={kvh} d={d} threads={threads}: o[{h}][{i}] = {got}, want {want}",
+                "{} {isa:?} s={s} hq={hq} kvh={kvh} d={d} threads={threads} chunk={chunk:?}: o[{h}][{i}] = {got}, want {want}",
                 kernel.name
             );
         }
