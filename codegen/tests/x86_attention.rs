@@ -670,7 +670,7 @@ fn x86_attention_lane_scores_equal_the_pair_loops_bit_for_bit() {
 /// 24), tiles of 4 to 7 heads, keys in trips and the pair loop's rest
 /// (which takes the same rounded q), groups whose tiles of 8 and 2 keep
 /// the i16 q (the lanes loop does not take them), both softmax modes, one
-/// and two threads, the f32 and bf16 P·V.
+/// and two threads and flash-decoding chunks, the f32 and bf16 P·V.
 #[test]
 fn x86_attention_lane_int8_q_matches_its_rounding() {
     use tessera_codegen::x86::{host_has_avx512_bf16, host_has_avx512_vnni};
