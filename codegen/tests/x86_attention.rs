@@ -758,6 +758,16 @@ fn check_int8_q(
         Some(ch) => att.run_chunked(&q, kc, vc, s, hq, kvh, d, &mut o, threads, ch),
     }
     .expect("run");
+    // The interpreter's attention (exact q), which the output must stay
+    // within the documented rounding's bound of.
+    let bindings = Bindings::decode_attention(
+        [hq, kvh, d, s],
+        Value::F16(q.clone()),
+        inp.k.value.clone(),
+        inp.v.value.clone(),
+    );
+    let interp_out = interp::run(kernel, &bindings).expect("interp");
+    let exact = interp_out.get("o").unwrap();
     let group = hq / kvh;
     let v_share = f32::max(2e-3, 1.05 * isa.fp8_p_rounding());
     // The size of the tile each head of a group falls in.
@@ -788,6 +798,27 @@ fn check_int8_q(
                 dot + f64::from(kq.offsets[row]) * (sum_q - sum_rounded)
             })
             .collect();
+        // Each score moves by at most `r·Σ_b max|q_b|·Σ_b|k|` from the
+        // exact q's, so o by at most `(e^{2·that} − 1)·max|v|` (|v| ≤ 1).
+        let r = if lanes {
+            f64::from(isa.q_int8_rounding())
+        } else {
+            0.0
+        };
+        let shift = (0..s)
+            .map(|j| {
+                let kj = &k[(j * kvh + kv) * d..][..d];
+                qh.chunks(32)
+                    .zip(kj.chunks(32))
+                    .map(|(qb, kb)| {
+                        let m = qb.iter().fold(0f32, |m, x| m.max(x.abs()));
+                        f64::from(m) * kb.iter().map(|x| f64::from(x.abs())).sum::<f64>()
+                    })
+                    .sum::<f64>()
+            })
+            .fold(0f64, f64::max)
+            * r;
+        let q_share = (2.0 * shift).exp_m1();
         let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let p: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
         let den: f64 = p.iter().sum();
@@ -798,10 +829,16 @@ fn check_int8_q(
                 / den;
             let got = f64::from(o[h * d + i].to_f32());
             let tol = 2e-3 * want.abs() + f64::from(v_share);
-            assert!(
-                (got - want).abs() <= tol,
-                "{} {isa:?} s={s} hq={hq} kvh={kvh} d={d} threads={threads} chunk={chunk:?}: o[{h}][{i}] = {got}, want {want}",
+            let what = format!(
+                "{} {isa:?} s={s} hq={hq} kvh={kvh} d={d} threads={threads} chunk={chunk:?}: o[{h}][{i}] = {got}",
                 kernel.name
+            );
+            assert!((got - want).abs() <= tol, "{what}, want {want}");
+            let w = f64::from(exact[h * d + i]);
+            let bound = 2e-3 * w.abs() + f64::from(v_share) + q_share;
+            assert!(
+                (got - w).abs() <= bound,
+                "{what}, the interpreter's {w} (bound {bound})"
             );
         }
     }

@@ -363,7 +363,7 @@ impl X86Backend {
         match (self.avx512_vnni, self.amx, self.int8_dot()) {
             (true, true, _) => "AMX tdpbssd",
             (true, false, _) if int8_q && pairs => {
-                "zmm vpdpbusd keys in lanes, vpdpwssd pairs, q int8 in 32-d blocks"
+                "zmm vpdpbusd keys in lanes (q int8 in 32-d blocks), vpdpwssd pairs"
             }
             (true, false, _) if int8_q => "zmm vpdpbusd, keys in lanes, q int8 in 32-d blocks",
             (true, false, _) if lanes && pairs => "zmm vpdpbusd keys in lanes, vpdpwssd pairs",
